@@ -1,0 +1,63 @@
+"""streamgrp: an event-sourced rollout queue for asynchronous RL post-training.
+
+The public surface is curated here. Torch-backed helpers (`normalize`, the policy loss and group
+metrics) load on first use, so importing the fold, the partitioner or the codec stays free of
+torch, redis and prometheus_client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamgrp._version import __version__
+from streamgrp.decision import Decision, decide_group
+from streamgrp.errors import (
+    ConfigError,
+    ContractViolation,
+    DecodeError,
+    RunFailed,
+    ServerError,
+    StreamgrpError,
+)
+from streamgrp.events import GroupDecided, RawArray, Sample, SlotResult, TaskIssued, Tick
+from streamgrp.partition import balanced_partition
+from streamgrp.policy import GroupPolicy, NormSpec
+
+_LAZY = {
+    "normalize": "streamgrp.advantages",
+    "token_weighted_policy_loss": "streamgrp.advantages",
+    "group_metrics": "streamgrp.advantages",
+}
+
+__all__ = [
+    "ConfigError",
+    "ContractViolation",
+    "Decision",
+    "DecodeError",
+    "GroupDecided",
+    "GroupPolicy",
+    "NormSpec",
+    "RawArray",
+    "RunFailed",
+    "Sample",
+    "ServerError",
+    "SlotResult",
+    "StreamgrpError",
+    "TaskIssued",
+    "Tick",
+    "__version__",
+    "balanced_partition",
+    "decide_group",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'streamgrp' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

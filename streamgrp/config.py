@@ -1,0 +1,176 @@
+"""Settings for every role: one pydantic model per concern, filled from a TOML file, `STREAMGRP_`
+environment variables and command-line flags (later sources win).
+
+The TOML file has one table per model (``[connection]``, ``[run]``, ``[worker]``, ``[assembler]``);
+a field ``name`` of any model is the flag ``--name`` (dashes for underscores) and the environment
+variable ``STREAMGRP_NAME``. A field name means the same thing in every model it appears in
+(``burst``: exit when idle), so one flat namespace of flags and variables serves every command. Settings objects are passed explicitly; there is no global.
+
+`RunConfig` is the part recorded as the run's first event; a process whose group policy differs
+from the recorded one refuses to start (`streamgrp.runs`).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from streamgrp.errors import ConfigError
+from streamgrp.policy import GroupPolicy, NormSpec
+
+ENV_PREFIX = "STREAMGRP_"
+CONFIG_ENV = "STREAMGRP_CONFIG"
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ConnectionConfig(_Settings):
+    """Where the server is and which run to use."""
+
+    redis_url: str | None = Field(None, description="Redis/Valkey URL (redis://, rediss://, unix://); "
+                                  "unset starts or reuses the embedded server in --data-dir")
+    data_dir: Path = Field(Path(".streamgrp"), description="embedded server data directory (AOF files, logs)")
+    run: str | None = Field(None, description="run name; inspection commands default to the latest run")
+
+
+class RunConfig(_Settings):
+    """Run-wide semantics, recorded once as the run's first event."""
+
+    n_samples: int = Field(4, description="slots per task (samples per prompt)")
+    min_usable_group_size: int | None = Field(None, description="explicit minimum usable slots per group")
+    drop_incomplete_group: bool = Field(False, description="drop any group with an unusable slot")
+    reward_norm: NormSpec | None = Field(None, description="reward normalization: 'group,group', 'batch,batch', JSON, or none")
+    adv_norm: NormSpec | None = Field(None, description="advantage normalization, same forms as --reward-norm")
+    group_timeout_s: float | None = Field(600.0, gt=0, description="seconds after issue when missing slots count as timeout")
+
+    def policy(self) -> GroupPolicy:
+        return GroupPolicy(n_samples=self.n_samples, min_usable_group_size=self.min_usable_group_size,
+                           drop_incomplete_group=self.drop_incomplete_group, reward_norm=self.reward_norm,
+                           adv_norm=self.adv_norm)
+
+
+class WorkerConfig(_Settings):
+    """A rollout worker process."""
+
+    rollout: str = Field("streamgrp.synthetic:synthetic_rollout", description="module:function called per slot")
+    concurrency: int = Field(4, ge=1, description="slots run at once (async functions) or threads (sync ones)")
+    claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long unacknowledged")
+    max_tasks: int | None = Field(None, ge=1, description="exit after this many tasks (default: run until stopped)")
+    burst: bool = Field(False, description="exit when no task is waiting instead of blocking")
+
+
+class AssemblerConfig(_Settings):
+    """The group assembler process."""
+
+    tick_interval_s: float = Field(0.25, gt=0, description="how often deadlines are checked")
+    read_count: int = Field(512, ge=1, description="entries read and committed per round")
+    lease_ttl_s: float = Field(5.0, gt=0, description="a standby takes over this long after the active assembler died")
+    max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="larger slot entries are dead-lettered")
+    burst: bool = Field(False, description="exit after the first read that brings nothing new")
+
+
+T = TypeVar("T", bound=_Settings)
+
+SECTIONS: dict[str, type[_Settings]] = {
+    "connection": ConnectionConfig,
+    "run": RunConfig,
+    "worker": WorkerConfig,
+    "assembler": AssemblerConfig,
+}
+
+
+def read_toml(path: str | Path | None) -> dict[str, Any]:
+    """The TOML file's tables; None reads ``$STREAMGRP_CONFIG`` if set, else nothing."""
+    path = path or os.environ.get(CONFIG_ENV)
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; fix --config / {CONFIG_ENV}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"config file {path} has unknown tables {unknown}; known tables are {sorted(SECTIONS)}")
+    return data
+
+
+def load(model: type[T], *, toml: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> T:
+    """Build one settings model: defaults < TOML table < environment < explicit overrides."""
+    section = _section_name(model)
+    values: dict[str, Any] = dict((toml or {}).get(section, {}))
+    env = os.environ if env is None else env
+    for name in model.model_fields:
+        raw = env.get(env_name(name))
+        if raw is not None:
+            values[name] = parse_env_value(model, name, raw)
+    for name, value in (overrides or {}).items():
+        if name in model.model_fields and value is not None:
+            values[name] = value
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or section}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid [{section}] settings: {problems}") from None
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def parse_env_value(model: type[_Settings], name: str, raw: str) -> Any:
+    """Text from an environment variable or flag, turned into what the field expects."""
+    annotation = str(model.model_fields[name].annotation)
+    text = raw.strip()
+    if text.lower() in ("none", "null") and "None" in annotation:
+        return None
+    if "NormSpec" in annotation:
+        return parse_norm(text)
+    if "bool" in annotation:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{env_name(name)}={raw!r}: expected true or false")
+    return text
+
+
+def parse_norm(text: str) -> NormSpec | None:
+    """``group,group`` / ``batch,none`` shorthand, a JSON object, or ``none``."""
+    if text.lower() in ("none", "null", ""):
+        return None
+    if text.startswith("{"):
+        try:
+            return NormSpec(**orjson.loads(text))
+        except (orjson.JSONDecodeError, ValidationError, TypeError) as exc:
+            raise ConfigError(f"normalization {text!r} is not a valid NormSpec: {exc}") from None
+    parts = [p.strip().lower() for p in text.split(",")]
+    if len(parts) != 2:
+        raise ConfigError(f"normalization {text!r}: write 'MEAN,STD' with each of group, batch or none")
+    levels = [None if p in ("none", "null") else p for p in parts]
+    try:
+        return NormSpec(levels[0], levels[1])
+    except ValidationError:
+        raise ConfigError(f"normalization {text!r}: each level must be group, batch or none") from None
+
+
+def _section_name(model: type[_Settings]) -> str:
+    for name, candidate in SECTIONS.items():
+        if candidate is model:
+            return name
+    raise KeyError(model)

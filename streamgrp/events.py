@@ -1,0 +1,259 @@
+"""Event models: every fact streamgrp records is one of these frozen pydantic models.
+
+Owns the schema (fields, invariants between fields, the schema version) and nothing about bytes:
+`streamgrp.codec` is the only code that turns events into stream entries and back. Tensors are
+`RawArray` values: a dtype, a shape and little-endian bytes, so neither this module nor the fold
+needs torch. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from array import array
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from streamgrp.policy import GroupPolicy
+
+SCHEMA_VERSION = 1
+
+#: dtype name -> (item size in bytes, array typecode for building from Python values or None)
+DTYPES: dict[str, tuple[int, str | None]] = {
+    "bool": (1, "B"),
+    "uint8": (1, "B"),
+    "int32": (4, "i"),
+    "int64": (8, "q"),
+    "float16": (2, None),
+    "bfloat16": (2, None),
+    "float32": (4, "f"),
+    "float64": (8, "d"),
+}
+
+Outcome = Literal["sample", "rejected", "failed"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RawArray(_Frozen):
+    """A tensor as raw little-endian bytes with its dtype and shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    @model_validator(mode="after")
+    def _check_size(self) -> RawArray:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {sorted(DTYPES)}")
+        if any(dim < 0 for dim in self.shape):
+            raise ValueError(f"negative dimension in shape {self.shape}")
+        expected = math.prod(self.shape) * DTYPES[self.dtype][0]
+        if len(self.data) != expected:
+            raise ValueError(
+                f"{self.dtype} array of shape {list(self.shape)} needs {expected} bytes, got {len(self.data)}"
+            )
+        return self
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @classmethod
+    def from_values(cls, values: Sequence[int | float | bool], dtype: str) -> RawArray:
+        """Build a 1-D array from Python numbers (no torch needed)."""
+        typecode = DTYPES.get(dtype, (0, None))[1]
+        if typecode is None:
+            raise ValueError(f"cannot build {dtype!r} from Python values; pass bytes with RawArray(...)")
+        packed = array(typecode, values)
+        if sys.byteorder != "little":
+            packed.byteswap()
+        return cls(dtype=dtype, shape=(len(packed),), data=packed.tobytes())
+
+    def to_list(self) -> list[Any]:
+        typecode = DTYPES[self.dtype][1]
+        if typecode is None:
+            raise ValueError(f"{self.dtype} arrays are read with torch, not as Python lists")
+        unpacked = array(typecode)
+        unpacked.frombytes(self.data)
+        if sys.byteorder != "little":
+            unpacked.byteswap()
+        return unpacked.tolist()
+
+
+class Sample(_Frozen):
+    """One slot's trajectory: one or more rows, stored flat with the length of each row.
+
+    ``token_ids``, ``loss_mask`` and ``logprobs`` are 1-D and span all rows back to back;
+    ``rewards`` has one value per row; ``version`` is the policy version that generated it.
+    """
+
+    token_ids: RawArray
+    loss_mask: RawArray
+    logprobs: RawArray
+    row_lengths: tuple[int, ...]
+    rewards: tuple[float, ...]
+    version: int = Field(ge=0)
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_rows(self) -> Sample:
+        if not self.row_lengths:
+            raise ValueError("a sample needs at least one row")
+        if any(length < 1 for length in self.row_lengths):
+            raise ValueError(f"every row needs at least one token, got row_lengths {list(self.row_lengths)}")
+        if len(self.rewards) != len(self.row_lengths):
+            raise ValueError(f"{len(self.row_lengths)} rows but {len(self.rewards)} rewards; give one reward per row")
+        if not all(math.isfinite(reward) for reward in self.rewards):
+            raise ValueError(f"rewards must be finite, got {list(self.rewards)}")
+        total = sum(self.row_lengths)
+        for name, allowed in (("token_ids", ("int32", "int64")), ("loss_mask", ("bool", "uint8")),
+                              ("logprobs", ("float32", "float16", "bfloat16", "float64"))):
+            tensor: RawArray = getattr(self, name)
+            if tensor.dtype not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {tensor.dtype}")
+            if tensor.shape != (total,):
+                raise ValueError(f"{name} has shape {list(tensor.shape)}, expected [{total}] (sum of row_lengths)")
+        return self
+
+    @property
+    def rows(self) -> int:
+        return len(self.row_lengths)
+
+    @property
+    def valid_tokens(self) -> int:
+        """Tokens whose loss mask is set: the group's weight in partitioning and in the loss."""
+        return len(self.loss_mask.data) - self.loss_mask.data.count(0)
+
+    @classmethod
+    def from_rows(
+        cls,
+        *,
+        token_ids: Sequence[Sequence[int]],
+        loss_mask: Sequence[Sequence[int | bool]],
+        logprobs: Sequence[Sequence[float]],
+        rewards: Sequence[float],
+        version: int,
+        meta: dict[str, Any] | None = None,
+    ) -> Sample:
+        """Build a sample from per-row Python lists (int32 tokens, uint8 mask, float32 logprobs)."""
+        lengths = tuple(len(row) for row in token_ids)
+        for name, rows in (("loss_mask", loss_mask), ("logprobs", logprobs)):
+            if tuple(len(row) for row in rows) != lengths:
+                raise ValueError(f"{name} rows have lengths {[len(r) for r in rows]}, token_ids {list(lengths)}")
+        return cls(
+            token_ids=RawArray.from_values([t for row in token_ids for t in row], "int32"),
+            loss_mask=RawArray.from_values([1 if m else 0 for row in loss_mask for m in row], "uint8"),
+            logprobs=RawArray.from_values([p for row in logprobs for p in row], "float32"),
+            row_lengths=lengths,
+            rewards=tuple(float(r) for r in rewards),
+            version=version,
+            meta=meta or {},
+        )
+
+
+class _Event(_Frozen):
+    """Fields every event carries: schema version, and the producer's identity and sequence number."""
+
+    schema_version: int = SCHEMA_VERSION
+    producer: str = ""
+    seq: int = Field(default=0, ge=0)
+
+
+class RunStarted(_Event):
+    """The run's first event: its recorded configuration, which every later process must match."""
+
+    kind: Literal["run_started"] = "run_started"
+    run: str
+    policy: GroupPolicy
+    settings: dict[str, Any] = Field(default_factory=dict)
+    started_at: float
+
+
+class TaskIssued(_Event):
+    """A prompt to sample ``n_samples`` times; ``issued_at`` is in the server's clock (seconds)."""
+
+    kind: Literal["task_issued"] = "task_issued"
+    task_id: str = Field(min_length=1, max_length=256)
+    prompt: dict[str, Any] = Field(default_factory=dict)
+    version: int = Field(default=0, ge=0)
+    issued_at: float
+
+
+class SlotResult(_Event):
+    """What a worker published for one slot: a sample, a rejection, or a failure with its text."""
+
+    kind: Literal["slot_result"] = "slot_result"
+    task_id: str = Field(min_length=1, max_length=256)
+    slot: int = Field(ge=0)
+    outcome: Outcome
+    sample: Sample | None = None
+    error: str | None = None
+
+    @model_validator(mode="after")
+    def _check_outcome(self) -> SlotResult:
+        if (self.outcome == "sample") != (self.sample is not None):
+            raise ValueError(f"outcome {self.outcome!r} {'needs' if self.outcome == 'sample' else 'forbids'} a sample")
+        if self.outcome == "failed" and not self.error:
+            raise ValueError("a failed slot carries its error text")
+        return self
+
+
+class Tick(_Event):
+    """Time passing, in the server's clock; closes groups whose deadline is at or before ``now``."""
+
+    kind: Literal["tick"] = "tick"
+    now: float
+
+
+class GroupDecided(_Event):
+    """The one decision for a task. Member lists are in slot order and aligned with each other.
+
+    ``slot_outcomes`` maps each slot index (as a string) to sample / rejected / failed / timeout;
+    ``member_entries`` are the slot stream entry ids replay reads; ``member_tokens`` the valid
+    loss tokens per member (partition weights); ``member_versions`` the generating policy versions.
+    """
+
+    kind: Literal["group_decided"] = "group_decided"
+    task_id: str
+    decision: Literal["complete", "partial", "dropped"]
+    reason: str | None = None
+    members: tuple[int, ...]
+    member_entries: tuple[str, ...]
+    member_rows: tuple[int, ...]
+    member_tokens: tuple[int, ...]
+    member_versions: tuple[int, ...]
+    slot_outcomes: dict[str, str]
+    stats: dict[str, int | float | bool]
+    error: str | None = None
+    closed_by: Literal["all_slots", "deadline"]
+    issued_at: float | None = None
+    decided_at: float | None = None
+
+    @property
+    def version(self) -> int | None:
+        """The group's policy version: the oldest among its members (SPEC section 4)."""
+        return min(self.member_versions) if self.member_versions else None
+
+    @property
+    def valid_tokens(self) -> int:
+        return sum(self.member_tokens)
+
+
+class RunTerminated(_Event):
+    """The run failed for good (contract violation, stall bound): every trainer rank raises ``message``."""
+
+    kind: Literal["run_failed"] = "run_failed"
+    reason: str
+    message: str
+    task_id: str | None = None
+    step: int | None = None
+
+
+_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, Tick, GroupDecided, RunTerminated)
+Event = Annotated[Union[_EVENT_MODELS], Field(discriminator="kind")]
+EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

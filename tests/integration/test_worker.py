@@ -1,0 +1,73 @@
+import asyncio
+import time
+
+from streamgrp import codec
+from streamgrp.events import SlotResult
+from streamgrp.keys import WORKERS_GROUP
+from streamgrp.synthetic import make_sample
+from streamgrp.worker import WorkerClient, WorkerProcess
+from streamgrp.config import WorkerConfig
+
+
+def slot_results(client, run):
+    events = [codec.decode(fields) for _, fields in client.xrange(run.keys.slots)]
+    return [e for e in events if isinstance(e, SlotResult)]
+
+
+def rollout(request):
+    if request.slot == 1:
+        return None
+    if request.slot == 2:
+        raise ValueError(f"bad prompt {request.prompt['q']}")
+    return make_sample(tokens=4, version=request.version)
+
+
+async def async_rollout(request):
+    await asyncio.sleep(0.001)
+    return make_sample(tokens=3)
+
+
+def test_worker_publishes_sample_rejected_and_failed_then_acks(client, make_run, issuer):
+    run = make_run(n_samples=3)
+    issuer(run).issue([{"q": "x"}, {"q": "y"}])
+    worker = WorkerClient(client, run.keys)
+    done = WorkerProcess(worker, rollout, WorkerConfig(burst=True), n_samples=3).run()
+    assert done == 2
+    results = slot_results(client, run)
+    assert sorted((r.slot, r.outcome) for r in results) == [(0, "sample"), (0, "sample"), (1, "rejected"),
+                                                             (1, "rejected"), (2, "failed"), (2, "failed")]
+    assert {r.error for r in results if r.outcome == "failed"} == {"ValueError: bad prompt x", "ValueError: bad prompt y"}
+    assert all(r.producer == worker.name for r in results)
+    assert sorted(r.seq for r in results) == list(range(6))
+    assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
+
+
+def test_async_rollout_functions_are_awaited(client, make_run, issuer):
+    run = make_run(n_samples=2)
+    issuer(run).issue([{}] * 3)
+    assert WorkerProcess(WorkerClient(client, run.keys), async_rollout, WorkerConfig(burst=True), n_samples=2).run() == 3
+    assert [r.outcome for r in slot_results(client, run)] == ["sample"] * 6
+
+
+def test_wrong_return_type_becomes_a_failed_slot(client, make_run, issuer):
+    run = make_run(n_samples=1)
+    issuer(run).issue([{}])
+    WorkerProcess(WorkerClient(client, run.keys), lambda request: {"tokens": [1]}, WorkerConfig(burst=True),
+                  n_samples=1).run()
+    [result] = slot_results(client, run)
+    assert result.outcome == "failed" and "return a streamgrp.Sample or None" in result.error
+
+
+def test_a_dead_workers_task_is_reclaimed_after_the_idle_timeout(client, make_run, issuer):
+    run = make_run(n_samples=2)
+    [task_event] = issuer(run).issue([{}])
+    dead = WorkerClient(client, run.keys, name="dead", claim_idle_s=0.2)
+    [task] = dead.take(1, block_ms=None)
+    dead.publish(task.event.task_id, 0, make_sample())  # then it dies without acknowledging
+    alive = WorkerClient(client, run.keys, name="alive", claim_idle_s=0.2)
+    assert alive.take(1, block_ms=None) == []  # not idle long enough yet
+    time.sleep(0.3)
+    [reclaimed] = alive.take(1, block_ms=None)
+    assert reclaimed.event == task_event and reclaimed.entry_id == task.entry_id
+    alive.done(reclaimed)
+    assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0

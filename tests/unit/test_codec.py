@@ -1,0 +1,132 @@
+import math
+
+import orjson
+import pytest
+
+from streamgrp import codec
+from streamgrp.errors import DecodeError
+from streamgrp.events import GroupDecided, RawArray, Sample, SlotResult, TaskIssued, Tick
+from streamgrp.synthetic import make_sample
+
+
+def slot_event(**overrides):
+    fields = dict(task_id="task-1", slot=2, outcome="sample", sample=make_sample(tokens=16, rows=2, version=3),
+                  producer="worker-a", seq=17)
+    fields.update(overrides)
+    return SlotResult(**fields)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        slot_event(),
+        slot_event(outcome="rejected", sample=None),
+        slot_event(outcome="failed", sample=None, error="ValueError: boom"),
+        TaskIssued(task_id="t", prompt={"text": "2+2?", "nested": [1, {"a": None}]}, issued_at=12.5, version=4),
+        Tick(now=1_700_000_000.125),
+        GroupDecided(task_id="t", decision="partial", members=(0, 2), member_entries=("1-0", "1-2"),
+                     member_rows=(1, 1), member_tokens=(5, 7), member_versions=(3, 2),
+                     slot_outcomes={"0": "sample", "1": "failed", "2": "sample"},
+                     stats={"usable_slot_count": 2, "fully_masked_group": False, "pre_filter_usable_slot_yield": 2 / 3},
+                     closed_by="deadline", issued_at=1.0, decided_at=2.0),
+    ],
+)
+def test_round_trip_is_exact(event):
+    decoded = codec.decode(codec.encode(event))
+    assert decoded == event
+    assert type(decoded) is type(event)
+
+
+def test_tensor_bytes_round_trip_bit_exact_including_nan_and_negative_zero():
+    special = RawArray(dtype="float32", shape=(4,), data=bytes.fromhex("0000c07f" "00000080" "0000807f" "01000000"))
+    sample = Sample(token_ids=RawArray.from_values([1, 2, 3, 4], "int32"),
+                    loss_mask=RawArray.from_values([0, 1, 1, 1], "uint8"), logprobs=special,
+                    row_lengths=(4,), rewards=(0.1,), version=0)
+    decoded = codec.decode(codec.encode(slot_event(sample=sample)))
+    assert decoded.sample.logprobs.data == special.data
+    assert decoded.sample.rewards == (0.1,)
+
+
+def test_tensors_travel_as_raw_bytes_beside_the_header():
+    fields = codec.encode(slot_event())
+    header = orjson.loads(fields[codec.HEADER])
+    assert header["sample"]["token_ids"] == {"__raw__": ["int32", [32], 0, 128]}
+    assert len(fields[codec.BLOB]) == 32 * (4 + 1 + 4)
+    assert header["schema_version"] == 1 and header["producer"] == "worker-a" and header["seq"] == 17
+
+
+def test_string_keys_from_a_decode_responses_client_are_accepted():
+    fields = codec.encode(Tick(now=3.0))
+    assert codec.decode({"h": fields[codec.HEADER].decode()}) == Tick(now=3.0)
+
+
+def _tamper(mutate):
+    fields = codec.encode(slot_event())
+    header = orjson.loads(fields[codec.HEADER])
+    blob = fields[codec.BLOB]
+    header, blob = mutate(header, blob)
+    out = {codec.HEADER: orjson.dumps(header) if not isinstance(header, bytes) else header}
+    if blob is not None:
+        out[codec.BLOB] = blob
+    return out
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda h, b: (b"{not json", b), "bad_header"),
+        (lambda h, b: ([1, 2], b), "bad_header"),
+        (lambda h, b: ({**h, "schema_version": 99}, b), "unsupported_schema"),
+        (lambda h, b: ({**h, "kind": "mystery"}, b), "unknown_kind"),
+        (lambda h, b: ({k: v for k, v in h.items() if k != "task_id"}, b), "missing_field"),
+        (lambda h, b: ({**h, "slot": "two"}, b), "wrong_type"),
+        (lambda h, b: ({**h, "slot": -1}, b), "invalid_value"),
+        (lambda h, b: (h, b[:-1]), "length_mismatch"),
+        (lambda h, b: (h, b + b"\0"), "length_mismatch"),
+        (lambda h, b: (h, None), "length_mismatch"),
+        (lambda h, b: (_set_dtype(h, "complex128"), b), "unknown_dtype"),
+        (lambda h, b: (_set_shape(h, [33]), b), "length_mismatch"),
+    ],
+)
+def test_bad_entries_raise_one_typed_error_with_a_reason(mutate, reason):
+    with pytest.raises(DecodeError) as caught:
+        codec.decode(_tamper(mutate))
+    assert caught.value.reason == reason
+    assert isinstance(caught.value, ValueError)
+
+
+def test_missing_header_and_oversized_entries():
+    with pytest.raises(DecodeError) as caught:
+        codec.decode({b"x": b"1"})
+    assert caught.value.reason == "missing_field"
+    with pytest.raises(DecodeError) as caught:
+        codec.decode(codec.encode(slot_event()), max_entry_bytes=100)
+    assert caught.value.reason == "oversized"
+
+
+def test_sample_validation_catches_inconsistent_rows():
+    with pytest.raises(ValueError, match="one reward per row"):
+        Sample.model_validate({**make_sample().model_dump(), "rewards": (1.0, 2.0)})
+    with pytest.raises(ValueError, match="sum of row_lengths"):
+        Sample(token_ids=RawArray.from_values([1, 2], "int32"), loss_mask=RawArray.from_values([1, 1, 1], "uint8"),
+               logprobs=RawArray.from_values([0.0, 0.0, 0.0], "float32"), row_lengths=(3,), rewards=(1.0,), version=0)
+    with pytest.raises(ValueError, match="finite"):
+        make_sample(reward=math.nan)
+    with pytest.raises(ValueError, match="needs a sample"):
+        SlotResult(task_id="t", slot=0, outcome="sample")
+    with pytest.raises(ValueError, match="error text"):
+        SlotResult(task_id="t", slot=0, outcome="failed")
+
+
+def test_valid_tokens_counts_the_loss_mask():
+    assert make_sample(tokens=10, rows=3, prompt_tokens=4).valid_tokens == 18
+
+
+def _set_dtype(header, dtype):
+    header["sample"]["token_ids"]["__raw__"][0] = dtype
+    return header
+
+
+def _set_shape(header, shape):
+    header["sample"]["token_ids"]["__raw__"][1] = shape
+    return header
