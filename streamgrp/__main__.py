@@ -1,0 +1,5 @@
+import sys
+
+from streamgrp.cli import main
+
+sys.exit(main())
