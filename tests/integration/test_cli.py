@@ -1,0 +1,70 @@
+"""The `streamgrp` command as users run it: real processes, TOML and environment settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from streamgrp import __version__, codec
+from streamgrp.keys import RunKeys
+
+
+def streamgrp(*args: str, env: dict[str, str] | None = None, cwd=None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streamgrp", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
+
+
+def test_version_and_help_show_environment_variables():
+    assert streamgrp("--version").stdout.strip() == f"streamgrp {__version__}"
+    help_text = streamgrp("worker", "--help").stdout
+    assert "--n-samples" in help_text and "STREAMGRP_N_SAMPLES" in help_text
+    assert "STREAMGRP_REDIS_URL" in help_text
+
+
+def test_toml_file_and_environment_configure_a_run_and_a_burst_drain(client, redis_url, run_name, tmp_path, issuer):
+    config = tmp_path / "streamgrp.toml"
+    config.write_text(f'[connection]\nrun = "{run_name}"\n\n[run]\nn_samples = 3\nreward_norm = '
+                      '{ mean_level = "group", std_level = "group" }\n\n[worker]\nconcurrency = 2\n')
+    env = {"STREAMGRP_CONFIG": str(config), "STREAMGRP_REDIS_URL": redis_url, "STREAMGRP_GROUP_TIMEOUT_S": "120"}
+    result = streamgrp("assembler", "--burst", env=env)
+    assert result.returncode == 0, result.stderr
+    from streamgrp.runs import open_run
+
+    run = open_run(client, run_name)
+    assert (run.config.n_samples, run.config.group_timeout_s) == (3, 120.0)
+    assert run.config.reward_norm.mean_level == "group"
+    issuer(run).issue([{"tokens": 8}] * 5)
+    assert streamgrp("worker", "--burst", env=env).returncode == 0
+    assert streamgrp("assembler", "--burst", env=env).returncode == 0
+    decisions = [codec.decode(f) for _, f in client.xrange(RunKeys(run_name).decisions)]
+    assert len(decisions) == 5 and all(d.decision == "complete" for d in decisions)
+
+
+def test_a_process_with_a_different_policy_refuses_to_start(redis_url, run_name):
+    first = streamgrp("assembler", "--burst", "--redis-url", redis_url, "--run", run_name, "--n-samples", "4")
+    assert first.returncode == 0, first.stderr
+    refused = streamgrp("worker", "--burst", "--redis-url", redis_url, "--run", run_name, "--n-samples", "8",
+                        "--reward-norm", "group,group")
+    assert refused.returncode == 2
+    assert "refuses to join" in refused.stderr
+    assert "n_samples: recorded 4, this process 8" in refused.stderr
+    assert "reward_norm: recorded None" in refused.stderr
+
+
+def test_bad_settings_say_what_to_change(redis_url):
+    result = streamgrp("worker", "--redis-url", redis_url, "--reward-norm", "mean-only")
+    assert result.returncode == 2 and "write 'MEAN,STD'" in result.stderr
+    result = streamgrp("worker", "--redis-url", redis_url, "--rollout", "nowhere_module:fn", "--burst")
+    assert result.returncode == 2 and "cannot import 'nowhere_module'" in result.stderr
+    result = streamgrp("worker", "--redis-url", "redis://127.0.0.1:1/0", "--burst")
+    assert result.returncode == 2 and "cannot reach" in result.stderr
+
+
+def test_without_a_url_the_embedded_server_starts_and_keeps_runs_across_commands(tmp_path):
+    first = streamgrp("assembler", "--burst", "--run", "persisted", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / ".streamgrp").is_dir()
+    listed = streamgrp("runs", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith("persisted\t")
