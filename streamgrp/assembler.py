@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections import Counter
 from importlib import resources
 from typing import Any
@@ -37,6 +36,7 @@ from streamgrp.errors import DecodeError
 from streamgrp.events import GroupDecided, RunTerminated, SlotResult, TaskIssued, Tick
 from streamgrp.fold import DUPLICATE, DUPLICATE_TASK, LATE, UNKNOWN_TASK, Closed, FoldState, fold, next_deadline
 from streamgrp.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
+from streamgrp.lease import Lease, LeaseLost
 from streamgrp.runs import Run, server_time
 from streamgrp.streams import ensure_group, entry_id_str, producer_name
 
@@ -44,10 +44,6 @@ log = logging.getLogger(__name__)
 
 _IGNORED_COUNTER = {DUPLICATE: "slots:duplicate", LATE: "slots:late", DUPLICATE_TASK: "tasks:duplicate"}
 _FOLDED_KINDS = (TaskIssued, SlotResult, Tick)
-
-
-class LeaseLost(Exception):
-    """Another assembler holds the lease; this one must stop committing."""
 
 
 class Assembler:
@@ -61,11 +57,10 @@ class Assembler:
         self.config = config
         self.name = name or producer_name("assembler")
         self.metrics = metrics
-        self.token = f"{self.name}:{uuid.uuid4().hex}"
+        self.lease = Lease(client, self.keys.assembler_lease, self.name, config.lease_ttl_s)
         self.state: FoldState | None = None
         self.decisions_written = 0
         self._commit = client.register_script(resources.files("streamgrp").joinpath("commit.lua").read_text())
-        self._lease_renewed_at = 0.0
         self._last_tick_check = 0.0
         self._seq = 0
         ensure_group(client, self.keys.slots, ASSEMBLER_GROUP)
@@ -80,13 +75,13 @@ class Assembler:
         stop = stop or threading.Event()
         try:
             while not stop.is_set():
-                if self.state is None:
-                    if not self._acquire_lease():
-                        stop.wait(min(1.0, self.config.lease_ttl_s / 3))
-                        continue
-                    self._rebuild()
+                if self.state is None and not self.lease.acquire():
+                    stop.wait(min(1.0, self.config.lease_ttl_s / 3))
+                    continue
                 try:
-                    self._renew_lease_if_due()
+                    if self.state is None:
+                        self._rebuild()
+                    self.lease.renew_if_due()
                     read = self._round(">", block_ms=int(self.config.tick_interval_s * 1000))
                     self._maybe_tick()
                 except LeaseLost:
@@ -97,7 +92,7 @@ class Assembler:
                     break
         finally:
             if self.state is not None:
-                self._release_lease()
+                self.lease.release()
         return self.decisions_written
 
     def _rebuild(self) -> None:
@@ -155,7 +150,8 @@ class Assembler:
                 _dead_letter(args, "unexpected_kind", entry_id, f"a {event.kind} event does not belong in the slot log",
                              fields)
                 continue
-            self.state, outputs = fold(self.state, event, entry_id)
+            digest = codec.entry_digest(fields) if isinstance(event, SlotResult) else ""
+            self.state, outputs = fold(self.state, event, entry_id, digest)
             if isinstance(event, Tick):
                 acks.setdefault("ticks", []).append(entry_id)
             for output in outputs:
@@ -193,7 +189,7 @@ class Assembler:
         keys = [self.keys.slots, self.keys.decisions, self.keys.deadletter, self.keys.decided, self.keys.counts,
                 self.keys.assembler_lease, self.keys.control]
         try:
-            written, redundant = self._commit(keys=keys, args=[self.token, ASSEMBLER_GROUP, *args])
+            written, redundant = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
         except redis.ResponseError as exc:
             if "LEASE" in str(exc):
                 raise LeaseLost(str(exc)) from None
@@ -217,32 +213,6 @@ class Assembler:
         if now >= earliest:
             self._seq += 1
             self.client.xadd(self.keys.slots, codec.encode(Tick(now=now, producer=self.name, seq=self._seq)))
-
-    # -- the lease ---------------------------------------------------------------------------------
-
-    def _acquire_lease(self) -> bool:
-        ttl_ms = int(self.config.lease_ttl_s * 1000)
-        if self.client.set(self.keys.assembler_lease, self.token, nx=True, px=ttl_ms):
-            self._lease_renewed_at = time.monotonic()
-            return True
-        return False
-
-    _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
-    _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-
-    def _renew_lease_if_due(self) -> None:
-        if time.monotonic() - self._lease_renewed_at < self.config.lease_ttl_s / 3:
-            return
-        ttl_ms = int(self.config.lease_ttl_s * 1000)
-        if not self.client.eval(self._RENEW, 1, self.keys.assembler_lease, self.token, ttl_ms):
-            raise LeaseLost("lease expired or taken")
-        self._lease_renewed_at = time.monotonic()
-
-    def _release_lease(self) -> None:
-        try:
-            self.client.eval(self._RELEASE, 1, self.keys.assembler_lease, self.token)
-        except redis.RedisError:
-            pass  # the TTL frees it anyway
 
 
 def _decision_counts(decision: GroupDecided) -> dict[str, int]:

@@ -14,8 +14,9 @@ Round trips are bit-exact. No pickle.
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -76,6 +77,24 @@ def decode(fields: Mapping[bytes | str, bytes | str], *, max_entry_bytes: int = 
         return model.model_validate(data)
     except ValidationError as exc:
         raise DecodeError(_reason(exc), _first_error(exc)) from None
+
+
+def entry_digest(fields: Mapping[bytes | str, bytes | str]) -> str:
+    """A digest of an entry's header and bytes: what replay checks the rebuilt tensors against."""
+    digest = hashlib.blake2b(digest_size=16)
+    for key in (HEADER, BLOB):
+        value = _field(fields, key) or b""
+        digest.update(value.encode() if isinstance(value, str) else value)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def combine_digests(digests: Iterable[str]) -> str:
+    """One digest for an ordered list of entry digests (a group's members, a shard's groups)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for item in digests:
+        digest.update(item.encode())
+    return digest.hexdigest()
 
 
 def _to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:

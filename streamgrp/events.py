@@ -214,7 +214,8 @@ class GroupDecided(_Event):
     """The one decision for a task. Member lists are in slot order and aligned with each other.
 
     ``slot_outcomes`` maps each slot index (as a string) to sample / rejected / failed / timeout;
-    ``member_entries`` are the slot stream entry ids replay reads; ``member_tokens`` the valid
+    ``member_entries`` are the slot stream entry ids replay reads and ``member_digests`` the digests
+    of their bytes (`streamgrp.codec.entry_digest`); ``member_tokens`` the valid
     loss tokens per member (partition weights); ``member_versions`` the generating policy versions.
     """
 
@@ -224,6 +225,7 @@ class GroupDecided(_Event):
     reason: str | None = None
     members: tuple[int, ...]
     member_entries: tuple[str, ...]
+    member_digests: tuple[str, ...] = ()
     member_rows: tuple[int, ...]
     member_tokens: tuple[int, ...]
     member_versions: tuple[int, ...]

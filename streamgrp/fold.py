@@ -35,6 +35,7 @@ class SlotRecord:
     tokens: int
     version: int
     entry_id: str
+    digest: str = ""
 
 
 @dataclass(slots=True)
@@ -80,10 +81,11 @@ class FoldState:
     _deadlines: list[tuple[float, str]] = field(default_factory=list)
 
 
-def fold(state: FoldState, event: TaskIssued | SlotResult | Tick, entry_id: str = "") -> tuple[FoldState, list[Output]]:
-    """Apply one event; ``entry_id`` is the event's stream entry id (recorded in decisions)."""
+def fold(state: FoldState, event: TaskIssued | SlotResult | Tick, entry_id: str = "",
+         digest: str = "") -> tuple[FoldState, list[Output]]:
+    """Apply one event; ``entry_id`` and ``digest`` identify its stream entry (recorded in decisions)."""
     if isinstance(event, SlotResult):
-        return state, _on_slot(state, event, entry_id)
+        return state, _on_slot(state, event, entry_id, digest)
     if isinstance(event, TaskIssued):
         return state, _on_task(state, event, entry_id)
     if isinstance(event, Tick):
@@ -102,7 +104,7 @@ def _on_task(state: FoldState, event: TaskIssued, entry_id: str) -> list[Output]
     return []
 
 
-def _on_slot(state: FoldState, event: SlotResult, entry_id: str) -> list[Output]:
+def _on_slot(state: FoldState, event: SlotResult, entry_id: str, digest: str) -> list[Output]:
     task_id, slot = event.task_id, event.slot
     n_samples = state.policy.n_samples
     if slot >= n_samples:
@@ -117,9 +119,9 @@ def _on_slot(state: FoldState, event: SlotResult, entry_id: str) -> list[Output]
         return [Ignored(entry_id, DUPLICATE, task_id, slot, "a result for this slot was already folded")]
     sample = event.sample
     if sample is None:
-        group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, entry_id)
+        group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, entry_id, digest)
     else:
-        group.results[slot] = SlotRecord("sample", sample.rows, sample.valid_tokens, sample.version, entry_id)
+        group.results[slot] = SlotRecord("sample", sample.rows, sample.valid_tokens, sample.version, entry_id, digest)
     if len(group.results) == n_samples:
         return [_close(state, group, "all_slots", None)]
     return []
@@ -152,6 +154,7 @@ def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None
         reason=decided.reason,
         members=decided.members,
         member_entries=tuple(r.entry_id for r in members),
+        member_digests=tuple(r.digest for r in members),
         member_rows=tuple(r.rows for r in members),
         member_tokens=tuple(r.tokens for r in members),
         member_versions=tuple(r.version for r in members),
@@ -177,10 +180,10 @@ def next_deadline(state: FoldState) -> float | None:
 
 
 def run_fold(policy: GroupPolicy, events, group_timeout_s: float | None = None) -> tuple[FoldState, list[Output]]:
-    """Fold a whole sequence of ``(entry_id, event)`` pairs from an empty state; for replay and tests."""
+    """Fold ``(entry_id, event)`` or ``(entry_id, event, digest)`` items from an empty state (replay, tests)."""
     state = FoldState(policy, group_timeout_s)
     outputs: list[Output] = []
-    for entry_id, event in events:
-        state, produced = fold(state, event, entry_id)
+    for entry_id, event, *digest in events:
+        state, produced = fold(state, event, entry_id, *digest)
         outputs.extend(produced)
     return state, outputs

@@ -4,7 +4,8 @@ import orjson
 import pytest
 
 from streamgrp import codec
-from streamgrp.assembler import Assembler, LeaseLost
+from streamgrp.assembler import Assembler
+from streamgrp.lease import LeaseLost
 from streamgrp.config import AssemblerConfig
 from streamgrp.events import GroupDecided, RunTerminated, SlotResult, TaskIssued
 from streamgrp.fold import Closed, run_fold
@@ -67,7 +68,7 @@ def test_a_standby_waits_for_the_lease_then_takes_over(client, make_run, issuer,
     run = make_run(n_samples=2)
     config = AssemblerConfig(lease_ttl_s=0.6, tick_interval_s=0.05)
     active = Assembler(client, run, config, name="active")
-    assert active._acquire_lease()  # then it "dies": it never renews and never releases
+    assert active.lease.acquire()  # then it "dies": it never renews and never releases
     [task] = issuer(run).issue([{}])
     worker = WorkerClient(client, run.keys)
     worker.publish(task.task_id, 0, make_sample())
@@ -85,7 +86,7 @@ def test_a_fenced_assembler_cannot_commit(client, make_run, issuer):
     [task] = issuer(run).issue([{}])
     WorkerClient(client, run.keys).publish(task.task_id, 0, make_sample())
     zombie = Assembler(client, run, FAST)
-    assert zombie._acquire_lease()
+    assert zombie.lease.acquire()
     client.set(run.keys.assembler_lease, "someone-else")
     zombie._rebuild()
     with pytest.raises(LeaseLost):
@@ -120,7 +121,7 @@ def test_duplicates_and_late_results_are_counted_and_acknowledged_never_folded(c
     Assembler(client, run, FAST).run(burst=True)
     worker.publish(task.task_id, 1, make_sample(tokens=4))
     worker.publish(task.task_id, 1, None)  # late
-    Assembler(client, run, FAST)._release_lease()
+    
     Assembler(client, run, FAST).run(burst=True)
     [decision] = decisions(client, run)
     assert decision.member_tokens == (3, 4)

@@ -91,7 +91,9 @@ def test_sigkill_assembler_and_worker_mid_group_loses_and_doubles_nothing(client
 
 
 def _check_log(client, run, issued, half_done):
-    log = [(eid.decode(), codec.decode(fields)) for eid, fields in client.xrange(run.keys.slots)]
+    raw = client.xrange(run.keys.slots)
+    log = [(eid.decode(), codec.decode(fields)) for eid, fields in raw]
+    digests = [codec.entry_digest(fields) if isinstance(event, SlotResult) else "" for (_, fields), (_, event) in zip(raw, log)]
     decisions = [codec.decode(fields) for _, fields in client.xrange(run.keys.decisions)]
 
     # every task has exactly one decision
@@ -107,7 +109,7 @@ def _check_log(client, run, issued, half_done):
             assert (event.task_id, event.slot, event.outcome) == (decision.task_id, slot, "sample")
 
     # decisions equal the pure fold over the same recorded log (ticks included)
-    _, outputs = run_fold(run.config.policy(), log, run.config.group_timeout_s)
+    _, outputs = run_fold(run.config.policy(), [(*item, d) for item, d in zip(log, digests)], run.config.group_timeout_s)
     expected = {o.decision.task_id: o.decision for o in outputs if isinstance(o, Closed)}
     assert {d.task_id: _key(d) for d in decisions} == {t: _key(d) for t, d in expected.items()}
 
@@ -133,7 +135,7 @@ def _check_log(client, run, issued, half_done):
 
 
 def _key(decision: GroupDecided):
-    return decision.decision, decision.reason, decision.members, decision.member_entries
+    return decision.decision, decision.reason, decision.members, decision.member_entries, decision.member_digests
 
 
 def _decided(client, run) -> int:

@@ -1,0 +1,449 @@
+"""End-to-end benchmark: streamgrp's publish-to-decision path against the raw Redis stream pattern.
+
+Three measurements, each with real OS processes (multiprocessing 'spawn') so the GIL of one role
+never slows another:
+
+1. raw baseline: producers XADD the exact encoded bytes of SlotResult entries (one XADD round trip
+   per entry, as workers do); one consumer XREADGROUP COUNT 512 BLOCK and one XACK per batch.
+   Rate = entries / (first XADD .. last XACK returned).
+2. streamgrp throughput: G tasks (n_samples=4) are issued and folded by the assembler (its own
+   process) before the clock starts; producers publish 4 pre-built samples per task through
+   `WorkerClient.publish` (no `take`: queue overhead only, no rollout compute). Rate = 4G slots /
+   (first publish .. the last `GroupDecided` entry seen by an observer blocked in XREAD on the
+   decisions stream).
+3. latency at ~50% of the best streamgrp rate for each token size: one paced producer publishes
+   whole groups; per group, last slot -> decision, three ways:
+     ids       decision entry id ms - last slot entry id ms (server clock, 1 ms resolution)
+     decided   `decided_at` (assembler wall clock, set when the decision is built, i.e. before the
+               commit script runs) - publisher wall time right after the last slot's XADD returned
+     observed  wall time at which an XREAD BLOCK reader of the decisions stream received the entry
+               - publisher wall time after the last XADD (includes the commit and the delivery)
+
+The goal reported against: streamgrp >= 0.5 x raw, latency p99 < 10 ms. ``--profile`` re-runs
+one throughput case with the assembler under cProfile and prints where its time goes.
+
+    python bench/bench_e2e.py [--groups 2000] [--tokens 256 1024] [--workers 1 4] [--redis-url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import math
+import multiprocessing as mp
+import os
+import pstats
+import queue
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+N_SAMPLES = 4
+READ_COUNT = 512
+SAMPLE_POOL = 8  # distinct pre-built samples per producer, reused round robin
+RAW_GROUP = "bench"
+READY_TIMEOUT_S = 60.0
+RUN_TIMEOUT_S = 120.0
+
+
+# --------------------------------------------------------------------------- helpers (any process)
+
+
+def _samples(tokens: int) -> list:
+    from streamgrp.synthetic import make_sample
+
+    return [make_sample(tokens=tokens, seed=i, reward=i / SAMPLE_POOL) for i in range(SAMPLE_POOL)]
+
+
+def _id_ms(entry_id: bytes | str) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.split("-", 1)[0])
+
+
+def _task_ids(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}-{i}" for i in range(count)]
+
+
+def _shares(items: list, parts: int) -> list[list]:
+    return [items[i::parts] for i in range(parts)]
+
+
+# --------------------------------------------------------------------------- child processes
+
+
+def _raw_producer(url: str, stream: str, tokens: int, task_ids: list[str], ready, start, results) -> None:
+    """XADD the encoded SlotResult fields of every (task, slot), one round trip each."""
+    from streamgrp import codec
+    from streamgrp.events import SlotResult
+    from streamgrp.runs import connect
+
+    client = connect(url)
+    samples = _samples(tokens)
+    name = f"rawbench-{os.getpid()}"
+    payloads = []
+    for t, task_id in enumerate(task_ids):
+        for slot in range(N_SAMPLES):
+            event = SlotResult(task_id=task_id, slot=slot, outcome="sample", producer=name, seq=len(payloads),
+                               sample=samples[(t * N_SAMPLES + slot) % SAMPLE_POOL])
+            payloads.append(codec.encode(event))
+    ready.put(("producer", os.getpid()))
+    start.wait()
+    xadd = client.xadd
+    began = time.time()
+    for fields in payloads:
+        xadd(stream, fields)
+    results.put(("producer", began, time.time(), len(payloads)))
+
+
+def _raw_consumer(url: str, stream: str, total: int, ready, results) -> None:
+    """XREADGROUP COUNT 512 BLOCK, one XACK per batch, until ``total`` entries are acknowledged."""
+    from streamgrp.runs import connect
+
+    client = connect(url)
+    ready.put(("consumer", os.getpid()))
+    acked = 0
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while acked < total and time.monotonic() < deadline:
+        reply = client.xreadgroup(RAW_GROUP, "c", {stream: ">"}, count=READ_COUNT, block=1000)
+        if not reply:
+            continue
+        ids = [entry_id for entry_id, _ in reply[0][1]]
+        acked += client.xack(stream, RAW_GROUP, *ids)
+    results.put(("consumer", time.time(), acked))
+
+
+def _sg_producer(url: str, run_name: str, tokens: int, task_ids: list[str], ready, start, results,
+                 group_interval_s: float | None = None) -> None:
+    """Publish 4 slots per task through `WorkerClient.publish`; paced per group when an interval is given."""
+    from streamgrp.keys import RunKeys
+    from streamgrp.runs import connect
+    from streamgrp.worker import WorkerClient
+
+    client = connect(url)
+    worker = WorkerClient(client, RunKeys(run_name))
+    samples = _samples(tokens)
+    ready.put(("producer", os.getpid()))
+    start.wait()
+    publish = worker.publish
+    marks = []  # (task id, last slot entry id, wall time after its XADD returned)
+    began = time.time()
+    origin = time.perf_counter()
+    for t, task_id in enumerate(task_ids):
+        if group_interval_s is not None:
+            delay = origin + t * group_interval_s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        for slot in range(N_SAMPLES):
+            entry_id = publish(task_id, slot, samples[(t * N_SAMPLES + slot) % SAMPLE_POOL])
+        marks.append((task_id, entry_id, time.time()))
+    finished = time.time()
+    results.put(("producer", began, finished, len(task_ids) * N_SAMPLES,
+                 marks if group_interval_s is not None else None))
+
+
+def _assembler(url: str, run_name: str, stop, ready, results, profile_path: str | None) -> None:
+    from streamgrp.assembler import Assembler
+    from streamgrp.config import AssemblerConfig, RunConfig
+    from streamgrp.runs import connect, join_run
+
+    client = connect(url)
+    run = join_run(client, run_name, RunConfig(n_samples=N_SAMPLES, group_timeout_s=600))
+    assembler = Assembler(client, run, AssemblerConfig(read_count=READ_COUNT))
+    ready.put(("assembler", os.getpid()))
+    if profile_path:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        written = assembler.run(stop)
+        profiler.disable()
+        profiler.dump_stats(profile_path)
+    else:
+        written = assembler.run(stop)
+    results.put(("assembler", written))
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+class Bench:
+    def __init__(self, url: str, groups: int) -> None:
+        from streamgrp.runs import connect
+
+        self.url = url
+        self.groups = groups
+        self.client = connect(url)
+        self.ctx = mp.get_context("spawn")
+        self.tag = uuid.uuid4().hex[:6]
+
+    # -- process plumbing
+
+    def _start(self, target, *args) -> mp.Process:
+        proc = self.ctx.Process(target=target, args=args, daemon=True)
+        proc.start()
+        return proc
+
+    @staticmethod
+    def _wait_ready(ready, count: int) -> None:
+        for _ in range(count):
+            ready.get(timeout=READY_TIMEOUT_S)
+
+    @staticmethod
+    def _collect(results, count: int) -> list[tuple]:
+        return [results.get(timeout=RUN_TIMEOUT_S) for _ in range(count)]
+
+    @staticmethod
+    def _join(procs: list[mp.Process]) -> None:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+            if proc.exitcode not in (0, None):
+                raise RuntimeError(f"bench child pid {proc.pid} exited with code {proc.exitcode}")
+
+    # -- 1. raw baseline
+
+    def raw(self, tokens: int, workers: int) -> float:
+        stream = f"sg:{{bench-{self.tag}}}:raw-{tokens}-{workers}"
+        self.client.delete(stream)
+        self.client.xgroup_create(stream, RAW_GROUP, id="0", mkstream=True)
+        task_ids = _task_ids(f"raw{tokens}x{workers}", self.groups)
+        ready, start, results = self.ctx.Queue(), self.ctx.Event(), self.ctx.Queue()
+        total = self.groups * N_SAMPLES
+        procs = [self._start(_raw_consumer, self.url, stream, total, ready, results)]
+        procs += [self._start(_raw_producer, self.url, stream, tokens, share, ready, start, results)
+                  for share in _shares(task_ids, workers)]
+        try:
+            self._wait_ready(ready, len(procs))
+            start.set()
+            replies = self._collect(results, len(procs))
+        finally:
+            self._join(procs)
+            self.client.delete(stream)
+        began = min(r[1] for r in replies if r[0] == "producer")
+        (_, ended, acked), = [r for r in replies if r[0] == "consumer"]
+        if acked != total:
+            raise RuntimeError(f"raw consumer acknowledged {acked} of {total} entries")
+        return total / (ended - began)
+
+    # -- 2. and 3. streamgrp
+
+    def _new_run(self, label: str, task_ids: list[str]):
+        from streamgrp.config import RunConfig
+        from streamgrp.runs import join_run
+        from streamgrp.tasks import TaskIssuer
+
+        run = join_run(self.client, f"bench-{self.tag}-{label}", RunConfig(n_samples=N_SAMPLES, group_timeout_s=600))
+        issuer = TaskIssuer(self.client, run.keys, producer="bench-issuer")
+        for i in range(0, len(task_ids), 500):
+            chunk = task_ids[i:i + 500]
+            issuer.issue([{}] * len(chunk), task_ids=chunk)
+        return run
+
+    def _drop_run(self, run) -> None:
+        from streamgrp.keys import RUNS
+
+        keys = run.keys
+        self.client.delete(keys.control, keys.tasks, keys.slots, keys.decisions, keys.deadletter, keys.decided,
+                           keys.counts, keys.assembler_lease, keys.worker_seq)
+        self.client.zrem(RUNS, run.name)
+
+    def _wait_folded(self, run, expected: int) -> None:
+        """Until the assembler has read every issued task (they stay pending until their decision)."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for group in self.client.xinfo_groups(run.keys.slots):
+                if group["name"] == b"assembler" and group["pending"] == expected and not group.get("lag"):
+                    return
+            time.sleep(0.02)
+        raise RuntimeError(f"the assembler did not read the {expected} issued tasks within {READY_TIMEOUT_S:g}s")
+
+    def _observe(self, run, expected: int, seen: list, done: threading.Event) -> threading.Thread:
+        """A thread blocked in XREAD on the decisions stream: (entry id, fields, wall time received)."""
+        from streamgrp.runs import connect
+
+        client = connect(self.url)
+
+        def loop() -> None:
+            last = "0-0"
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            while len(seen) < expected and time.monotonic() < deadline:
+                reply = client.xread({run.keys.decisions: last}, count=10_000, block=1000)
+                now = time.time()
+                if reply:
+                    entries = reply[0][1]
+                    seen.extend((entry_id, fields, now) for entry_id, fields in entries)
+                    last = entries[-1][0]
+            done.set()
+            client.close()
+
+        thread = threading.Thread(target=loop, name="decision-observer", daemon=True)
+        thread.start()
+        return thread
+
+    def streamgrp(self, tokens: int, workers: int, *, paced_rate: float | None = None, groups: int | None = None,
+                  profile_path: str | None = None) -> dict:
+        """Throughput (``paced_rate`` None) or paced latency run; returns the measurements."""
+        groups = groups or self.groups
+        label = f"{'lat' if paced_rate else 'tp'}{tokens}x{workers}{'p' if profile_path else ''}"
+        task_ids = _task_ids(label, groups)
+        run = self._new_run(label, task_ids)
+        ready, start, stop, results = self.ctx.Queue(), self.ctx.Event(), self.ctx.Event(), self.ctx.Queue()
+        assembler = self._start(_assembler, self.url, run.name, stop, ready, results, profile_path)
+        procs = [assembler]
+        try:
+            self._wait_ready(ready, 1)
+            self._wait_folded(run, groups)
+            interval = None if paced_rate is None else N_SAMPLES / paced_rate
+            procs += [self._start(_sg_producer, self.url, run.name, tokens, share, ready, start, results, interval)
+                      for share in _shares(task_ids, workers)]
+            self._wait_ready(ready, workers)
+            seen: list = []
+            done = threading.Event()
+            observer = self._observe(run, groups, seen, done)
+            start.set()
+            replies = self._collect(results, workers)
+            done.wait(RUN_TIMEOUT_S)
+            observer.join()
+            stop.set()
+            (_, written), = self._collect(results, 1)
+        finally:
+            stop.set()
+            self._join(procs)
+        counts = {k.decode(): int(v) for k, v in self.client.hgetall(run.keys.counts).items()}
+        self._drop_run(run)
+        if len(seen) != groups or written != groups or counts.get("decisions:complete") != groups:
+            raise RuntimeError(f"expected {groups} complete decisions; observed {len(seen)}, assembler wrote {written}, "
+                               f"counts {counts}")
+        began = min(r[1] for r in replies)
+        published = max(r[2] for r in replies)
+        ended = max(t for _, _, t in seen)
+        out = {"slots": groups * N_SAMPLES, "seconds": ended - began, "rate": groups * N_SAMPLES / (ended - began),
+               "publish_rate": groups * N_SAMPLES / (published - began)}
+        if paced_rate is not None:
+            out["latency"] = _latencies(replies, seen)
+        return out
+
+
+def _latencies(replies: list[tuple], seen: list) -> dict[str, list[float]]:
+    from streamgrp import codec
+
+    last_slot = {}
+    for reply in replies:
+        for task_id, entry_id, wall in reply[4]:
+            last_slot[task_id] = (_id_ms(entry_id), wall)
+    ids, decided, observed = [], [], []
+    for entry_id, fields, received in seen:
+        decision = codec.decode(fields)
+        slot_ms, published = last_slot[decision.task_id]
+        ids.append(float(_id_ms(entry_id) - slot_ms))
+        decided.append((decision.decided_at - published) * 1000)
+        observed.append((received - published) * 1000)
+    return {"ids": ids, "decided": decided, "observed": observed}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _print_profile(path: str, top: int) -> None:
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        stats = pstats.Stats(path, stream=text)
+        stats.strip_dirs().sort_stats(order).print_stats(top)
+        lines = text.getvalue().splitlines()
+        first = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls"))
+        print(f"\nassembler cProfile, top {top} by {order} ({lines[first - 3].strip() if first >= 3 else ''}):")
+        print("\n".join(lines[first - 1:first + top + 1]))
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=2000, help="tasks per throughput run (4 slots each)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024], help="tokens per sample")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4], help="producer processes")
+    parser.add_argument("--redis-url", default=None, help="server to use; default: an embedded Valkey in a temp dir")
+    parser.add_argument("--latency-seconds", type=float, default=5.0, help="length of each paced latency run")
+    parser.add_argument("--load", type=float, default=0.5, help="latency run rate as a fraction of the best rate")
+    parser.add_argument("--profile", action="store_true",
+                        help="afterwards, re-run the largest case with the assembler under cProfile and print it")
+    parser.add_argument("--profile-top", type=int, default=25)
+    args = parser.parse_args(argv)
+
+    server = None
+    tmp = None
+    url = args.redis_url
+    if url is None:
+        from streamgrp.server import EmbeddedServer
+
+        tmp = tempfile.TemporaryDirectory(prefix="streamgrp-bench-")
+        server = EmbeddedServer(tmp.name)
+        url = server.start()
+    wall = time.monotonic()
+    try:
+        bench = Bench(url, args.groups)
+        info = bench.client.info("server")
+        print(f"server: {info.get('server_name', 'redis')} {info.get('valkey_version', info.get('redis_version'))} "
+              f"({'embedded, appendonly everysec' if server else 'given URL'}); {os.cpu_count()} CPUs; "
+              f"{args.groups} groups x {N_SAMPLES} slots per throughput run")
+        rows = []
+        best: dict[int, float] = {}
+        for tokens in args.tokens:
+            for workers in args.workers:
+                raw = bench.raw(tokens, workers)
+                sg = bench.streamgrp(tokens, workers)
+                rows.append((tokens, workers, raw, sg))
+                best[tokens] = max(best.get(tokens, 0.0), sg["rate"])
+                print(f"  done tokens={tokens} workers={workers}: raw {raw:,.0f}/s, streamgrp {sg['rate']:,.0f}/s",
+                      flush=True)
+
+        print("\nthroughput (entries or slots per second; end to end)")
+        print(f"{'tokens':>6} {'workers':>7} {'raw XADD->XACK':>15} {'streamgrp pub->decision':>24} "
+              f"{'(publish only)':>14} {'sg/raw':>7} {'goal >=0.5':>10}")
+        for tokens, workers, raw, sg in rows:
+            ratio = sg["rate"] / raw
+            print(f"{tokens:>6} {workers:>7} {raw:>15,.0f} {sg['rate']:>24,.0f} {sg['publish_rate']:>14,.0f} "
+                  f"{ratio:>7.2f} {'ok' if ratio >= 0.5 else 'MISSED':>10}")
+
+        print(f"\nlatency, last slot -> decision, at ~{args.load:.0%} of the best streamgrp rate (1 paced producer)")
+        print(f"{'tokens':>6} {'target/s':>9} {'achieved/s':>10} {'groups':>6} {'clock':>9} "
+              f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'goal p99<10':>11}")
+        for tokens in args.tokens:
+            target = best[tokens] * args.load
+            groups = max(50, min(args.groups, int(target / N_SAMPLES * args.latency_seconds)))
+            lat = bench.streamgrp(tokens, 1, paced_rate=target, groups=groups)
+            for clock in ("ids", "decided", "observed"):
+                values = lat["latency"][clock]
+                p99 = _percentile(values, 0.99)
+                print(f"{tokens:>6} {target:>9,.0f} {lat['publish_rate']:>10,.0f} {groups:>6} {clock:>9} "
+                      f"{_percentile(values, 0.5):>8.2f} {p99:>8.2f} {max(values):>8.2f} "
+                      f"{'ok' if p99 < 10 else 'MISSED':>11}")
+        print("  ids: server clock, entry-id ms (1 ms resolution); decided: decided_at (assembler clock, before the "
+              "commit) - publisher after XADD;\n  observed: XREAD BLOCK reader of decisions - publisher after XADD")
+
+        if args.profile:
+            tokens, workers = max(args.tokens), max(args.workers)
+            path = os.path.join(tmp.name if tmp else tempfile.gettempdir(), f"assembler-{os.getpid()}.prof")
+            sg = bench.streamgrp(tokens, workers, profile_path=path)
+            print(f"\nprofiled re-run tokens={tokens} workers={workers}: {sg['rate']:,.0f} slots/s under cProfile")
+            _print_profile(path, args.profile_top)
+        print(f"\ntotal wall time {time.monotonic() - wall:.1f}s")
+    finally:
+        if server is not None:
+            server.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

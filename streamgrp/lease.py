@@ -1,0 +1,51 @@
+"""A lease with a TTL that makes one process of a role the active one (assembler, batcher).
+
+The holder renews it while working; a standby acquires it once the TTL runs out after the holder
+died. Commit scripts check the lease value (the holder's token) on the server, so a process that
+lost its lease while paused cannot write: that is the fence. A pause longer than the remaining
+TTL between the last renewal and a read is the one window it does not close; renewing at a third
+of the TTL keeps it small.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import redis
+
+_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+class LeaseLost(Exception):
+    """Another process holds the lease; this one must stop committing and stand by."""
+
+
+class Lease:
+    def __init__(self, client: redis.Redis, key: str, owner: str, ttl_s: float) -> None:
+        self.client = client
+        self.key = key
+        self.token = f"{owner}:{uuid.uuid4().hex}"
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self._renewed_at = 0.0
+
+    def acquire(self) -> bool:
+        if self.client.set(self.key, self.token, nx=True, px=self.ttl_ms):
+            self._renewed_at = time.monotonic()
+            return True
+        return False
+
+    def renew_if_due(self) -> None:
+        """Renew once a third of the TTL has passed; raises `LeaseLost` if someone else holds it."""
+        if (time.monotonic() - self._renewed_at) * 1000 < self.ttl_ms / 3:
+            return
+        if not self.client.eval(_RENEW, 1, self.key, self.token, self.ttl_ms):
+            raise LeaseLost(f"lease {self.key} expired or was taken")
+        self._renewed_at = time.monotonic()
+
+    def release(self) -> None:
+        try:
+            self.client.eval(_RELEASE, 1, self.key, self.token)
+        except redis.RedisError:
+            pass  # the TTL frees it anyway
