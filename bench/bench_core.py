@@ -6,9 +6,10 @@ samples of 256 tokens, 10% rejected, 10% failed), interleaved across 64 concurre
 in random arrival order, a redelivered duplicate about every 50 slot results, and a `Tick` every
 500 entries. Policy ``GroupPolicy(n_samples=4, reward_norm=NormSpec("group", "group"))`` with a
 600 s group timeout (no deadline fires: the ticks stay well inside it). It is timed twice: on
-ready-made event objects, and with every entry first decoded from pre-encoded stream fields
-(`codec.decode`), which is what the assembler does per entry. The garbage collector stays on,
-as in the assembler.
+ready-made event objects (also with the garbage collector off, to show its share: here the
+whole event list is live, so full collections cost more than in the assembler), and with every
+entry first decoded from pre-encoded stream fields (`codec.decode`), which is what the assembler
+does per entry. Otherwise the garbage collector stays on, as in the assembler.
 
 Codec: median microseconds to encode and decode one `SlotResult` carrying a one-row sample of
 1024 (and 256) tokens, with streamgrp's codec (orjson header beside raw little-endian bytes)
@@ -24,6 +25,7 @@ Neither part touches Redis.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import random
@@ -154,6 +156,11 @@ def bench_fold(args: argparse.Namespace) -> None:
         return run_fold(policy, ((entry_id, decode(fields)) for entry_id, fields in encoded), GROUP_TIMEOUT_S)[1]
 
     fold_s, outputs = time_runs(fold_only, args.repeat)
+    gc.disable()
+    try:
+        fold_nogc_s, _ = time_runs(fold_only, args.repeat)
+    finally:
+        gc.enable()
     decode_s, _ = time_runs(decode_only, args.repeat)
     both_s, outputs_decoded = time_runs(decode_and_fold, args.repeat)
     if [o.decision if isinstance(o, Closed) else o for o in outputs] != \
@@ -165,10 +172,11 @@ def bench_fold(args: argparse.Namespace) -> None:
           f"({counts['slot_sample']} sample of 256 tokens, {counts['slot_rejected']} rejected, "
           f"{counts['slot_failed']} failed, {counts['slot_duplicate']} redelivered) + {counts['tick']} ticks")
     print(f"   outputs: {summarize(outputs)}")
-    print(f"   (built and encoded in {built:.1f} s, not timed; median of {args.repeat} runs, gc on)")
+    print(f"   (built and encoded in {built:.1f} s, not timed; median of {args.repeat} runs, gc on unless noted)")
     print()
     print(f"   {'path':<34}{'median s':>10}{'slot events/s':>15}{'entries/s':>12}{'us/entry':>10}")
     for label, seconds in (("fold (run_fold, events in memory)", fold_s),
+                           ("  same, gc off", fold_nogc_s),
                            ("codec.decode only", decode_s),
                            ("codec.decode + fold", both_s)):
         median = statistics.median(seconds)
@@ -220,9 +228,13 @@ def baseline_decode(data: bytes) -> SlotResult:
     return SlotResult.model_validate(fields)
 
 
-def median_us(fn: Callable[[], Any], repeat: int) -> float:
+def median_us(fn: Callable[[], Any], repeat: int, run_s: float = 0.1) -> float:
+    """Median microseconds per call over ``repeat`` timeit runs of about ``run_s`` seconds each."""
     timer = timeit.Timer(fn)
-    number, _ = timer.autorange()  # loops per run: enough for >= 0.2 s
+    number = 1
+    while (elapsed := timer.timeit(number)) < run_s / 10:
+        number *= 2
+    number = max(1, round(number * run_s / elapsed))
     runs = timer.repeat(repeat=repeat, number=number)
     return statistics.median(runs) / number * 1e6
 
@@ -230,7 +242,7 @@ def median_us(fn: Callable[[], Any], repeat: int) -> float:
 def bench_codec(args: argparse.Namespace) -> None:
     repeat = max(args.repeat, 5)
     print(f"2. Codec: one SlotResult with a one-row sample (int32 tokens, uint8 mask, float32 logprobs); "
-          f"median us of {repeat} timeit runs")
+          f"median us of {repeat} timeit runs of ~0.1 s")
     for tokens in (1024, 256):
         sample: Sample = make_sample(tokens=tokens, seed=args.seed, reward=0.25, version=3)
         event = SlotResult(task_id="task-0001234", slot=2, outcome="sample", sample=sample,

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import math
 import multiprocessing as mp
 import os
 import pstats
 import queue
+import statistics
 import sys
 import tempfile
 import threading
@@ -94,10 +96,11 @@ def _raw_producer(url: str, stream: str, tokens: int, task_ids: list[str], ready
     ready.put(("producer", os.getpid()))
     start.wait()
     xadd = client.xadd
+    cpu = time.process_time()
     began = time.time()
     for fields in payloads:
         xadd(stream, fields)
-    results.put(("producer", began, time.time(), len(payloads)))
+    results.put(("producer", began, time.time(), len(payloads), time.process_time() - cpu))
 
 
 def _raw_consumer(url: str, stream: str, total: int, ready, results) -> None:
@@ -106,6 +109,7 @@ def _raw_consumer(url: str, stream: str, total: int, ready, results) -> None:
 
     client = connect(url)
     ready.put(("consumer", os.getpid()))
+    cpu = time.process_time()
     acked = 0
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while acked < total and time.monotonic() < deadline:
@@ -114,7 +118,7 @@ def _raw_consumer(url: str, stream: str, total: int, ready, results) -> None:
             continue
         ids = [entry_id for entry_id, _ in reply[0][1]]
         acked += client.xack(stream, RAW_GROUP, *ids)
-    results.put(("consumer", time.time(), acked))
+    results.put(("consumer", time.time(), acked, time.process_time() - cpu))
 
 
 def _sg_producer(url: str, run_name: str, tokens: int, task_ids: list[str], ready, start, results,
@@ -131,6 +135,7 @@ def _sg_producer(url: str, run_name: str, tokens: int, task_ids: list[str], read
     start.wait()
     publish = worker.publish
     marks = []  # (task id, last slot entry id, wall time after its XADD returned)
+    cpu = time.process_time()
     began = time.time()
     origin = time.perf_counter()
     for t, task_id in enumerate(task_ids):
@@ -142,8 +147,9 @@ def _sg_producer(url: str, run_name: str, tokens: int, task_ids: list[str], read
             entry_id = publish(task_id, slot, samples[(t * N_SAMPLES + slot) % SAMPLE_POOL])
         marks.append((task_id, entry_id, time.time()))
     finished = time.time()
+    cpu = time.process_time() - cpu
     results.put(("producer", began, finished, len(task_ids) * N_SAMPLES,
-                 marks if group_interval_s is not None else None))
+                 marks if group_interval_s is not None else None, cpu))
 
 
 def _assembler(url: str, run_name: str, stop, ready, results, profile_path: str | None) -> None:
@@ -154,6 +160,7 @@ def _assembler(url: str, run_name: str, stop, ready, results, profile_path: str 
     client = connect(url)
     run = join_run(client, run_name, RunConfig(n_samples=N_SAMPLES, group_timeout_s=600))
     assembler = Assembler(client, run, AssemblerConfig(read_count=READ_COUNT))
+    pauses = _GcPauses()
     ready.put(("assembler", os.getpid()))
     if profile_path:
         profiler = cProfile.Profile()
@@ -163,17 +170,51 @@ def _assembler(url: str, run_name: str, stop, ready, results, profile_path: str 
         profiler.dump_stats(profile_path)
     else:
         written = assembler.run(stop)
-    results.put(("assembler", written))
+    results.put(("assembler", written, pauses.summary()))
+
+
+class _GcPauses:
+    """Times every garbage collection of this process (gc.callbacks): count, total and longest, per generation."""
+
+    def __init__(self) -> None:
+        self.stats = {0: [0, 0.0, 0.0], 1: [0, 0.0, 0.0], 2: [0, 0.0, 0.0]}
+        self._began = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took = time.perf_counter() - self._began
+        entry = self.stats[info["generation"]]
+        entry[0] += 1
+        entry[1] += took
+        entry[2] = max(entry[2], took)
+
+    def summary(self) -> dict[int, tuple[int, float, float]]:
+        return {gen: tuple(values) for gen, values in self.stats.items()}
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU of a local process so far (0 when it is not readable, e.g. a remote server)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------- parent side
 
 
 class Bench:
-    def __init__(self, url: str, groups: int) -> None:
+    def __init__(self, url: str, groups: int, server_pid: int | None = None) -> None:
         from streamgrp.runs import connect
 
         self.url = url
+        self.server_pid = server_pid
         self.groups = groups
         self.client = connect(url)
         self.ctx = mp.get_context("spawn")
@@ -187,13 +228,25 @@ class Bench:
         return proc
 
     @staticmethod
-    def _wait_ready(ready, count: int) -> None:
-        for _ in range(count):
-            ready.get(timeout=READY_TIMEOUT_S)
+    def _get(source, procs: list[mp.Process], timeout: float):
+        """The next message, failing fast (not after ``timeout``) when a child died."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return source.get(timeout=0.2)
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"bench child pid {dead[0].pid} exited with code {dead[0].exitcode}") from None
+                if time.monotonic() > deadline:
+                    raise
 
-    @staticmethod
-    def _collect(results, count: int) -> list[tuple]:
-        return [results.get(timeout=RUN_TIMEOUT_S) for _ in range(count)]
+    def _wait_ready(self, ready, procs: list[mp.Process], count: int) -> None:
+        for _ in range(count):
+            self._get(ready, procs, READY_TIMEOUT_S)
+
+    def _collect(self, results, procs: list[mp.Process], count: int) -> list[tuple]:
+        return [self._get(results, procs, RUN_TIMEOUT_S) for _ in range(count)]
 
     @staticmethod
     def _join(procs: list[mp.Process]) -> None:
@@ -218,17 +271,21 @@ class Bench:
         procs += [self._start(_raw_producer, self.url, stream, tokens, share, ready, start, results)
                   for share in _shares(task_ids, workers)]
         try:
-            self._wait_ready(ready, len(procs))
+            self._wait_ready(ready, procs, len(procs))
+            server_cpu = _cpu_seconds(self.server_pid)
             start.set()
-            replies = self._collect(results, len(procs))
+            replies = self._collect(results, procs, len(procs))
+            server_cpu = _cpu_seconds(self.server_pid) - server_cpu
         finally:
             self._join(procs)
             self.client.delete(stream)
-        began = min(r[1] for r in replies if r[0] == "producer")
-        (_, ended, acked), = [r for r in replies if r[0] == "consumer"]
+        producers = [r for r in replies if r[0] == "producer"]
+        (_, ended, acked, consumer_cpu), = [r for r in replies if r[0] == "consumer"]
         if acked != total:
             raise RuntimeError(f"raw consumer acknowledged {acked} of {total} entries")
-        return total / (ended - began)
+        began = min(r[1] for r in producers)
+        return {"rate": total / (ended - began), "seconds": ended - began,
+                "cpu": {"consumer": consumer_cpu, "producers": sum(r[4] for r in producers), "server": server_cpu}}
 
     # -- 2. and 3. streamgrp
 
@@ -296,21 +353,26 @@ class Bench:
         assembler = self._start(_assembler, self.url, run.name, stop, ready, results, profile_path)
         procs = [assembler]
         try:
-            self._wait_ready(ready, 1)
+            self._wait_ready(ready, procs, 1)
             self._wait_folded(run, groups)
             interval = None if paced_rate is None else N_SAMPLES / paced_rate
             procs += [self._start(_sg_producer, self.url, run.name, tokens, share, ready, start, results, interval)
                       for share in _shares(task_ids, workers)]
-            self._wait_ready(ready, workers)
+            self._wait_ready(ready, procs, workers)
             seen: list = []
             done = threading.Event()
             observer = self._observe(run, groups, seen, done)
+            # Producers exit when done, so they report their own CPU time.
+            roles = {"assembler": [assembler.pid], "server": [self.server_pid], "observer": [os.getpid()]}
+            cpu_before = {role: sum(map(_cpu_seconds, pids)) for role, pids in roles.items()}
             start.set()
-            replies = self._collect(results, workers)
+            replies = self._collect(results, procs, workers)
             done.wait(RUN_TIMEOUT_S)
             observer.join()
+            cpu = {role: sum(map(_cpu_seconds, pids)) - cpu_before[role] for role, pids in roles.items()}
+            cpu["producers"] = sum(reply[5] for reply in replies)
             stop.set()
-            (_, written), = self._collect(results, 1)
+            (_, written, gc_pauses), = self._collect(results, procs, 1)
         finally:
             stop.set()
             self._join(procs)
@@ -323,7 +385,7 @@ class Bench:
         published = max(r[2] for r in replies)
         ended = max(t for _, _, t in seen)
         out = {"slots": groups * N_SAMPLES, "seconds": ended - began, "rate": groups * N_SAMPLES / (ended - began),
-               "publish_rate": groups * N_SAMPLES / (published - began)}
+               "publish_rate": groups * N_SAMPLES / (published - began), "cpu": cpu, "gc": gc_pauses}
         if paced_rate is not None:
             out["latency"] = _latencies(replies, seen)
         return out
@@ -365,6 +427,14 @@ def _print_profile(path: str, top: int) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _us(seconds: float, count: int) -> float:
+    return seconds / count * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -372,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024], help="tokens per sample")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4], help="producer processes")
     parser.add_argument("--redis-url", default=None, help="server to use; default: an embedded Valkey in a temp dir")
+    parser.add_argument("--repeat", type=int, default=3, help="throughput runs per case (the median is reported)")
     parser.add_argument("--latency-seconds", type=float, default=5.0, help="length of each paced latency run")
     parser.add_argument("--load", type=float, default=0.5, help="latency run rate as a fraction of the best rate")
     parser.add_argument("--profile", action="store_true",
@@ -390,45 +461,70 @@ def main(argv: list[str] | None = None) -> int:
         url = server.start()
     wall = time.monotonic()
     try:
-        bench = Bench(url, args.groups)
+        bench = Bench(url, args.groups, server.pid if server else None)
         info = bench.client.info("server")
         print(f"server: {info.get('server_name', 'redis')} {info.get('valkey_version', info.get('redis_version'))} "
               f"({'embedded, appendonly everysec' if server else 'given URL'}); {os.cpu_count()} CPUs; "
-              f"{args.groups} groups x {N_SAMPLES} slots per throughput run")
-        rows = []
+              f"{args.groups} groups x {N_SAMPLES} slots per throughput run; median of {args.repeat} runs", flush=True)
+        cases = [(tokens, workers) for tokens in args.tokens for workers in args.workers]
+        raws: dict = {case: [] for case in cases}
+        sgs: dict = {case: [] for case in cases}
+        for _ in range(args.repeat):  # interleaved, so slow drift of the machine hits every case alike
+            for case in cases:
+                raws[case].append(bench.raw(*case))
+                sgs[case].append(bench.streamgrp(*case))
+        slots = args.groups * N_SAMPLES
+
+        print("\nthroughput, end to end (entries/s; median [min-max])")
+        print(f"{'tokens':>6} {'workers':>7} {'raw XADD->XACK':>22} {'streamgrp publish->decision':>28} "
+              f"{'publish only':>12} {'sg/raw':>6} {'goal>=0.5':>9}")
         best: dict[int, float] = {}
-        for tokens in args.tokens:
-            for workers in args.workers:
-                raw = bench.raw(tokens, workers)
-                sg = bench.streamgrp(tokens, workers)
-                rows.append((tokens, workers, raw, sg))
-                best[tokens] = max(best.get(tokens, 0.0), sg["rate"])
-                print(f"  done tokens={tokens} workers={workers}: raw {raw:,.0f}/s, streamgrp {sg['rate']:,.0f}/s",
-                      flush=True)
+        for case in cases:
+            raw = [r["rate"] for r in raws[case]]
+            sg = [r["rate"] for r in sgs[case]]
+            ratio = _median(sg) / _median(raw)
+            best[case[0]] = max(best.get(case[0], 0.0), _median(sg))
+            print(f"{case[0]:>6} {case[1]:>7} {_median(raw):>8,.0f} [{min(raw):>5,.0f}-{max(raw):>6,.0f}] "
+                  f"{_median(sg):>14,.0f} [{min(sg):>5,.0f}-{max(sg):>6,.0f}] "
+                  f"{_median([r['publish_rate'] for r in sgs[case]]):>12,.0f} {ratio:>6.2f} "
+                  f"{'ok' if ratio >= 0.5 else 'MISSED':>9}")
 
-        print("\nthroughput (entries or slots per second; end to end)")
-        print(f"{'tokens':>6} {'workers':>7} {'raw XADD->XACK':>15} {'streamgrp pub->decision':>24} "
-              f"{'(publish only)':>14} {'sg/raw':>7} {'goal >=0.5':>10}")
-        for tokens, workers, raw, sg in rows:
-            ratio = sg["rate"] / raw
-            print(f"{tokens:>6} {workers:>7} {raw:>15,.0f} {sg['rate']:>24,.0f} {sg['publish_rate']:>14,.0f} "
-                  f"{ratio:>7.2f} {'ok' if ratio >= 0.5 else 'MISSED':>10}")
+        print("\nCPU per entry during the throughput runs (microseconds of CPU per slot, mean over runs; "
+              "cores = CPU-s / wall-s, this machine has", os.cpu_count(), ")")
+        print(f"{'tokens':>6} {'workers':>7} | {'raw: producers':>14} {'consumer':>8} {'server':>6} {'cores':>5} | "
+              f"{'sg: producers':>13} {'assembler':>9} {'server':>6} {'observer':>8} {'cores':>5}")
+        for case in cases:
+            rc = {k: statistics.fmean(r["cpu"][k] for r in raws[case]) for k in raws[case][0]["cpu"]}
+            sc = {k: statistics.fmean(r["cpu"][k] for r in sgs[case]) for k in sgs[case][0]["cpu"]}
+            rw = statistics.fmean(r["seconds"] for r in raws[case])
+            sw = statistics.fmean(r["seconds"] for r in sgs[case])
+            print(f"{case[0]:>6} {case[1]:>7} | {_us(rc['producers'], slots):>14.0f} {_us(rc['consumer'], slots):>8.0f} "
+                  f"{_us(rc['server'], slots):>6.0f} {sum(rc.values()) / rw:>5.2f} | "
+                  f"{_us(sc['producers'], slots):>13.0f} {_us(sc['assembler'], slots):>9.0f} "
+                  f"{_us(sc['server'], slots):>6.0f} {_us(sc['observer'], slots):>8.0f} {sum(sc.values()) / sw:>5.2f}")
+        gcs = [r["gc"] for case in cases for r in sgs[case]]
+        print(f"assembler GC during throughput runs: gen2 {sum(g[2][0] for g in gcs)} collections, longest "
+              f"{max(g[2][2] for g in gcs) * 1000:.1f} ms; gen1 longest {max(g[1][2] for g in gcs) * 1000:.1f} ms",
+              flush=True)
 
-        print(f"\nlatency, last slot -> decision, at ~{args.load:.0%} of the best streamgrp rate (1 paced producer)")
-        print(f"{'tokens':>6} {'target/s':>9} {'achieved/s':>10} {'groups':>6} {'clock':>9} "
-              f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'goal p99<10':>11}")
+        print(f"\nlatency, last slot -> decision, one paced producer at ~{args.load:.0%} of the best streamgrp rate "
+              f"for the token size")
+        print(f"{'tokens':>6} {'target/s':>8} {'achieved':>8} {'groups':>6} {'clock':>8} "
+              f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'goal p99<10':>11}  assembler GC gen2 (n, longest)")
         for tokens in args.tokens:
             target = best[tokens] * args.load
             groups = max(50, min(args.groups, int(target / N_SAMPLES * args.latency_seconds)))
             lat = bench.streamgrp(tokens, 1, paced_rate=target, groups=groups)
+            gc2 = lat["gc"][2]
             for clock in ("ids", "decided", "observed"):
                 values = lat["latency"][clock]
                 p99 = _percentile(values, 0.99)
-                print(f"{tokens:>6} {target:>9,.0f} {lat['publish_rate']:>10,.0f} {groups:>6} {clock:>9} "
-                      f"{_percentile(values, 0.5):>8.2f} {p99:>8.2f} {max(values):>8.2f} "
-                      f"{'ok' if p99 < 10 else 'MISSED':>11}")
-        print("  ids: server clock, entry-id ms (1 ms resolution); decided: decided_at (assembler clock, before the "
-              "commit) - publisher after XADD;\n  observed: XREAD BLOCK reader of decisions - publisher after XADD")
+                print(f"{tokens:>6} {target:>8,.0f} {lat['publish_rate']:>8,.0f} {groups:>6} {clock:>8} "
+                      f"{_percentile(values, 0.5):>7.2f} {p99:>7.2f} {max(values):>7.2f} "
+                      f"{'ok' if p99 < 10 else 'MISSED':>11}  {gc2[0]}, {gc2[2] * 1000:.1f} ms", flush=True)
+        print("  ids: server clock, decision entry id ms - last slot entry id ms (1 ms resolution)\n"
+              "  decided: decided_at (assembler wall clock, set before the commit) - publisher wall time after the XADD\n"
+              "  observed: arrival at an XREAD BLOCK reader of decisions - publisher wall time after the XADD")
 
         if args.profile:
             tokens, workers = max(args.tokens), max(args.workers)

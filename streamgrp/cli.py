@@ -19,6 +19,7 @@ from typing import Any
 from streamgrp._version import __version__
 from streamgrp.config import (
     AssemblerConfig,
+    BatcherConfig,
     ConnectionConfig,
     RunConfig,
     WorkerConfig,
@@ -77,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (AssemblerConfig, "assembler")):
         _add_model_flags(assembler, model, title)
     assembler.set_defaults(handler=_cmd_assembler)
+
+    batcher = commands.add_parser("batcher", help="run the batcher and task feeder (one active, others stand by)")
+    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (BatcherConfig, "batcher")):
+        _add_model_flags(batcher, model, title)
+    batcher.set_defaults(handler=_cmd_batcher)
 
     runs = commands.add_parser("runs", help="list the runs on the server, newest last")
     _add_model_flags(runs, ConnectionConfig, "connection")
@@ -154,7 +160,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     with _connected(args) as (client, connection, _):
         run = _join(client, connection, args, "worker")
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s)
-        process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples)
+        process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
+                                version=lambda: int(client.get(run.keys.version) or 0))
         done = process.run(_stop_event())
         log.info("worker %s finished %d tasks", worker.name, done)
     return 0
@@ -170,6 +177,23 @@ def _cmd_assembler(args: argparse.Namespace) -> int:
         written = assembler.run(_stop_event(), burst=config.burst)
         log.info("assembler %s wrote %d decisions", assembler.name, written)
     return 0
+
+
+def _cmd_batcher(args: argparse.Namespace) -> int:
+    from streamgrp.batcher import Batcher
+    from streamgrp.feeder import load_dataset
+    from streamgrp.worker import load_callable
+
+    config = _settings(args, BatcherConfig)
+    group_filter = load_callable(config.group_filter) if config.group_filter else None
+    dataset = load_dataset(config.dataset) if config.dataset else None
+    with _connected(args) as (client, connection, _):
+        run = _join(client, connection, args, "batcher")
+        batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset)
+        outcome = batcher.run(_stop_event(), burst=config.burst)
+        log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
+                 batcher.steps_written)
+    return 1 if outcome == "failed" else 0
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:

@@ -16,10 +16,10 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from streamgrp.errors import ConfigError
 from streamgrp.policy import GroupPolicy, NormSpec
@@ -50,6 +50,20 @@ class RunConfig(_Settings):
     reward_norm: NormSpec | None = Field(None, description="reward normalization: 'group,group', 'batch,batch', JSON, or none")
     adv_norm: NormSpec | None = Field(None, description="advantage normalization, same forms as --reward-norm")
     group_timeout_s: float | None = Field(600.0, gt=0, description="seconds after issue when missing slots count as timeout")
+    dp_size: int = Field(1, ge=1, description="data-parallel trainer ranks; every step has one shard per rank")
+    batch_size: int = Field(8, ge=1, description="groups per step (fixed mode) and the feeder's window unit")
+    batch_mode: Literal["fixed", "dynamic"] = Field("fixed", description="fixed: batch_size groups per step; "
+                                                    "dynamic: the trainable groups of a round, at least dp_size")
+    max_staleness: int = Field(1, ge=0, description="drop groups more than this many policy versions old")
+    max_empty_rounds: int = Field(8, ge=1, description="stall bound: consecutive rounds without a trainable group")
+    stall_timeout_s: float = Field(1800.0, ge=0, description="stall bound: seconds without progress (both must hold)")
+
+    @model_validator(mode="after")
+    def _check_batching(self) -> RunConfig:
+        if self.batch_mode == "fixed" and self.batch_size < self.dp_size:
+            raise ValueError(f"batch_size ({self.batch_size}) is smaller than dp_size ({self.dp_size}): every rank "
+                             "needs at least one group per step; raise batch_size or lower dp_size")
+        return self
 
     def policy(self) -> GroupPolicy:
         return GroupPolicy(n_samples=self.n_samples, min_usable_group_size=self.min_usable_group_size,
@@ -65,6 +79,17 @@ class WorkerConfig(_Settings):
     claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long unacknowledged")
     max_tasks: int | None = Field(None, ge=1, description="exit after this many tasks (default: run until stopped)")
     burst: bool = Field(False, description="exit when no task is waiting instead of blocking")
+
+
+class BatcherConfig(_Settings):
+    """The batcher process, which also feeds tasks within the staleness window."""
+
+    round_s: float = Field(1.0, gt=0, description="length of one collection round")
+    lease_ttl_s: float = Field(5.0, gt=0, description="a standby takes over this long after the active one died")
+    dataset: str | None = Field(None, description="prompts to issue: a JSONL file or module:iterable (unset: no feeding)")
+    group_filter: str | None = Field(None, description="module:function predicate over a GroupDecided; False drops it as filtered")
+    max_steps: int | None = Field(None, ge=1, description="stop after writing this many steps")
+    burst: bool = Field(False, description="exit after the first read that brings nothing new")
 
 
 class AssemblerConfig(_Settings):
@@ -84,6 +109,7 @@ SECTIONS: dict[str, type[_Settings]] = {
     "run": RunConfig,
     "worker": WorkerConfig,
     "assembler": AssemblerConfig,
+    "batcher": BatcherConfig,
 }
 
 

@@ -216,7 +216,8 @@ class GroupDecided(_Event):
     ``slot_outcomes`` maps each slot index (as a string) to sample / rejected / failed / timeout;
     ``member_entries`` are the slot stream entry ids replay reads and ``member_digests`` the digests
     of their bytes (`streamgrp.codec.entry_digest`); ``member_tokens`` the valid
-    loss tokens per member (partition weights); ``member_versions`` the generating policy versions.
+    loss tokens per member (partition weights); ``member_versions`` the generating policy versions;
+    ``member_rewards`` each member's mean reward over its rows (what group filters look at).
     """
 
     kind: Literal["group_decided"] = "group_decided"
@@ -229,6 +230,7 @@ class GroupDecided(_Event):
     member_rows: tuple[int, ...]
     member_tokens: tuple[int, ...]
     member_versions: tuple[int, ...]
+    member_rewards: tuple[float, ...] = ()
     slot_outcomes: dict[str, str]
     stats: dict[str, int | float | bool]
     error: str | None = None
@@ -256,6 +258,90 @@ class RunTerminated(_Event):
     step: int | None = None
 
 
-_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, Tick, GroupDecided, RunTerminated)
+class ShardGroup(_Frozen):
+    """One group as a step uses it: where its members are and what their bytes hash to."""
+
+    task_id: str
+    decision_entry: str
+    members: tuple[int, ...]
+    member_entries: tuple[str, ...]
+    member_rows: tuple[int, ...]
+    member_tokens: tuple[int, ...]
+    member_versions: tuple[int, ...]
+    digest: str
+
+    @property
+    def valid_tokens(self) -> int:
+        return sum(self.member_tokens)
+
+
+class Shard(_Frozen):
+    """What one DP rank trains at a step: whole groups, and a digest over their members' bytes."""
+
+    rank: int
+    groups: tuple[ShardGroup, ...]
+    tokens: int
+    digest: str
+
+
+class StepManifest(_Event):
+    """One optimizer step: its number, the policy version it was batched at, one shard per rank."""
+
+    kind: Literal["step"] = "step"
+    step: int = Field(ge=0)
+    version: int
+    shards: tuple[Shard, ...]
+    imbalance: float
+    created_at: float
+
+
+class GroupDiscarded(_Event):
+    """A decided, trainable group the batcher did not train: ``stale``, ``filtered``, or ``leftover``
+    (fewer than dp_size groups remained when the dataset ran out)."""
+
+    kind: Literal["group_discarded"] = "group_discarded"
+    task_id: str
+    reason: Literal["stale", "filtered", "leftover"]
+    decision_entry: str
+    group_version: int | None = None
+    current_version: int | None = None
+    detail: str = ""
+
+
+class StepCommitted(_Event):
+    """A trainer rank finished a step."""
+
+    kind: Literal["step_committed"] = "step_committed"
+    step: int
+    rank: int
+    world_size: int
+
+
+class StepFailed(_Event):
+    """A trainer rank's step raised; ``error`` is the exception text."""
+
+    kind: Literal["step_failed"] = "step_failed"
+    step: int
+    rank: int
+    error: str
+
+
+class VersionAdvanced(_Event):
+    """Every rank committed ``step``: the policy is now at ``version`` (= steps fully committed)."""
+
+    kind: Literal["version"] = "version"
+    version: int
+    step: int
+
+
+class RunFinished(_Event):
+    """The dataset is exhausted and every accepted group was batched: ``steps`` is the last step + 1."""
+
+    kind: Literal["run_finished"] = "run_finished"
+    steps: int
+
+
+_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, Tick, GroupDecided, RunTerminated, StepManifest, GroupDiscarded,
+                 StepCommitted, StepFailed, VersionAdvanced, RunFinished)
 Event = Annotated[Union[_EVENT_MODELS], Field(discriminator="kind")]
 EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

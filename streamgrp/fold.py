@@ -36,6 +36,7 @@ class SlotRecord:
     version: int
     entry_id: str
     digest: str = ""
+    reward: float = 0.0
 
 
 @dataclass(slots=True)
@@ -121,7 +122,8 @@ def _on_slot(state: FoldState, event: SlotResult, entry_id: str, digest: str) ->
     if sample is None:
         group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, entry_id, digest)
     else:
-        group.results[slot] = SlotRecord("sample", sample.rows, sample.valid_tokens, sample.version, entry_id, digest)
+        group.results[slot] = SlotRecord("sample", sample.rows, sample.valid_tokens, sample.version, entry_id, digest,
+                                         sum(sample.rewards) / sample.rows)
     if len(group.results) == n_samples:
         return [_close(state, group, "all_slots", None)]
     return []
@@ -158,6 +160,7 @@ def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None
         member_rows=tuple(r.rows for r in members),
         member_tokens=tuple(r.tokens for r in members),
         member_versions=tuple(r.version for r in members),
+        member_rewards=tuple(r.reward for r in members),
         slot_outcomes={str(i): results[i].outcome if i in results else "timeout" for i in range(policy.n_samples)},
         stats=decided.stats,
         error=decided.error,

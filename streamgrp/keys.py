@@ -17,6 +17,8 @@ RUNS = f"{PREFIX}:runs"  # sorted set: run name -> start time (server clock)
 WORKERS_GROUP = "workers"
 ASSEMBLER_GROUP = "assembler"
 ASSEMBLER_CONSUMER = "assembler"
+BATCHER_GROUP = "batcher"
+BATCHER_CONSUMER = "batcher"
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -76,6 +78,40 @@ class RunKeys:
         return self._key("counts")
 
     @property
+    def steps(self) -> str:
+        """One `StepManifest` per step, at entry id ``{step}-1`` so a step can be written only once."""
+        return self._key("steps")
+
+    @property
+    def discarded(self) -> str:
+        """`GroupDiscarded` entries: trainable groups the batcher dropped as stale or filtered."""
+        return self._key("discarded")
+
+    @property
+    def commits(self) -> str:
+        """`StepCommitted` and `StepFailed` entries from trainer ranks."""
+        return self._key("commits")
+
+    @property
+    def committed(self) -> str:
+        """Hash rank -> last committed step."""
+        return self._key("committed")
+
+    @property
+    def version(self) -> str:
+        """The current policy version (steps every rank committed)."""
+        return self._key("version")
+
+    @property
+    def batcher_state(self) -> str:
+        """Hash: next step number, feeder cursor and the tasks it issued."""
+        return self._key("batcher")
+
+    @property
+    def batcher_lease(self) -> str:
+        return self._key("batcher:lease")
+
+    @property
     def assembler_lease(self) -> str:
         return self._key("assembler:lease")
 
@@ -85,5 +121,11 @@ class RunKeys:
         return self._key("worker:ids")
 
     def all_streams(self) -> dict[str, str]:
-        return {"control": self.control, "tasks": self.tasks, "slots": self.slots,
-                "decisions": self.decisions, "deadletter": self.deadletter}
+        return {"control": self.control, "tasks": self.tasks, "slots": self.slots, "decisions": self.decisions,
+                "steps": self.steps, "discarded": self.discarded, "commits": self.commits,
+                "deadletter": self.deadletter}
+
+
+def step_entry_id(step: int) -> str:
+    """The steps-stream entry id of a step: explicit ids make a second write of a step fail."""
+    return f"{step}-1"

@@ -1,0 +1,333 @@
+"""The batcher: turns group decisions into steps, one manifest per step, each step exactly once.
+
+Owns, for one run: reading decisions through the `batcher` consumer group, discarding stale and
+filtered groups, forming batches (fixed: ``batch_size`` groups; dynamic: the trainable groups a
+round produced, at least ``dp_size``), partitioning them over ranks, the stall bound, the end of the
+run, and (through `streamgrp.feeder`) issuing tasks within the staleness window.
+
+Exactly once: a step's manifest, the next-step counter and the acknowledgement of the decision
+entries it uses are one Lua call (`batch_commit.lua`), fenced by the batcher lease; manifests are
+written at explicit entry ids (``{step}-1``), so a step number can neither be skipped nor written
+twice. Groups buffered for a later step stay pending in the consumer group, so a restarted batcher
+rebuilds its buffer from its pending entries, in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import redis
+
+from streamgrp import codec
+from streamgrp.batching import is_stale, make_manifest
+from streamgrp.config import BatcherConfig
+from streamgrp.errors import DecodeError
+from streamgrp.events import GroupDecided, GroupDiscarded, RunFinished, RunTerminated
+from streamgrp.feeder import Feeder
+from streamgrp.keys import BATCHER_CONSUMER, BATCHER_GROUP
+from streamgrp.lease import Lease, LeaseLost
+from streamgrp.runs import Run, server_time
+from streamgrp.stall import StallTracker, stall_message
+from streamgrp.streams import ensure_group, entry_id_str, producer_name
+
+log = logging.getLogger(__name__)
+
+GroupFilter = Callable[[GroupDecided], bool]
+
+
+class Batcher:
+    """One batcher process's driver; `run` loops until stopped, finished, failed, or (burst) idle."""
+
+    def __init__(self, client: redis.Redis, run: Run, config: BatcherConfig, *, name: str | None = None,
+                 group_filter: GroupFilter | None = None, dataset=None, metrics: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.run_ = run
+        self.keys = run.keys
+        self.settings = run.config
+        self.config = config
+        self.name = name or producer_name("batcher")
+        self.group_filter = group_filter
+        self.dataset = dataset
+        self.metrics = metrics
+        self.clock = clock
+        self.lease = Lease(client, self.keys.batcher_lease, self.name, config.lease_ttl_s)
+        self.stall = StallTracker(self.settings.max_empty_rounds, self.settings.stall_timeout_s)
+        self.steps_written = 0
+        self.outcome = "running"  # running, finished, failed
+        self._commit = client.register_script(resources.files("streamgrp").joinpath("batch_commit.lua").read_text())
+        self._active = False
+        self._buffer: list[tuple[str, GroupDecided]] = []
+        self._next_step = 0
+        self._feeder: Feeder | None = None
+        self._control_last = "0-0"
+        self._seq = 0
+        ensure_group(client, self.keys.decisions, BATCHER_GROUP)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None, *, burst: bool = False) -> str:
+        """Returns the outcome: ``finished``, ``failed``, or ``running`` when stopped from outside."""
+        stop = stop or threading.Event()
+        try:
+            while not stop.is_set() and self.outcome == "running":
+                if not self._active and not self.lease.acquire():
+                    stop.wait(min(1.0, self.config.lease_ttl_s / 3))
+                    continue
+                try:
+                    if not self._active:
+                        self._activate()
+                        if self.outcome != "running":
+                            break
+                    read = self.round(stop)
+                except LeaseLost:
+                    log.warning("batcher %s lost its lease; standing by", self.name)
+                    self._active = False
+                    continue
+                if burst and read == 0:
+                    break
+        finally:
+            if self._active:
+                self.lease.release()
+        return self.outcome
+
+    def _activate(self) -> None:
+        """Take over: the next step from the server, the buffer from pending decisions."""
+        state = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.batcher_state).items()}
+        if "terminal" in state or "finished" in state:
+            self.outcome = "failed" if "terminal" in state else "finished"
+            log.info("run %s already %s; batcher exits", self.keys.run, self.outcome)
+            return
+        self._next_step = int(state.get("next_step", 0))
+        self._buffer = []
+        self._active = True
+        last = "0"
+        while True:
+            reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {self.keys.decisions: last}, count=512)
+            entries = reply[0][1] if reply else []
+            if not entries:
+                break
+            last = entry_id_str(entries[-1][0])
+            self._take(entries)
+        if self.dataset is not None:
+            self._feeder = Feeder(self.client, self.keys, self.dataset, batch_size=self.settings.batch_size,
+                                  max_staleness=self.settings.max_staleness, producer=self.name)
+        log.info("batcher %s active at step %d with %d buffered groups", self.name, self._next_step, len(self._buffer))
+
+    def round(self, stop: threading.Event | None = None) -> int:
+        """One collection round: feed, read decisions until the round ends, emit due steps, check the stall."""
+        self.lease.renew_if_due()
+        ends = self.clock() + self.config.round_s
+        added = read = 0
+        self._feed()
+        while True:
+            remaining = ends - self.clock()
+            if remaining <= 0 or (stop is not None and stop.is_set()):
+                break
+            reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {self.keys.decisions: ">"}, count=512,
+                                           block=max(1, int(remaining * 1000)))
+            entries = reply[0][1] if reply else []
+            read += len(entries)
+            added += self._take(entries)
+            if self.settings.batch_mode == "fixed":
+                self._emit_fixed()
+                self._feed()
+            self.lease.renew_if_due()
+            if self._finished():
+                return read
+        if self.settings.batch_mode == "dynamic":
+            self._emit(list(self._buffer))
+        self._check_terminal_from_others()
+        self._check_stall(added)
+        self._finished()
+        return read
+
+    # -- taking decisions ----------------------------------------------------------------------------
+
+    def _take(self, entries) -> int:
+        """Buffer trainable groups; acknowledge dropped ones; discard filtered ones. Returns trainable added."""
+        ops: list[Any] = []
+        dropped: list[str] = []
+        added = 0
+        for raw_id, fields in entries:
+            entry_id = entry_id_str(raw_id)
+            try:
+                decision = codec.decode(fields) if fields is not None else None
+            except DecodeError as exc:
+                log.error("decision entry %s does not decode (%s); acknowledging it", entry_id, exc)
+                decision = None
+            if not isinstance(decision, GroupDecided) or decision.decision == "dropped":
+                dropped.append(entry_id)
+                continue
+            verdict = self._filter(decision)
+            if verdict is not None:
+                ops += ["G", "filtered", self._discard(decision, entry_id, "filtered", verdict), entry_id]
+                continue
+            self._buffer.append((entry_id, decision))
+            added += 1
+        if dropped:
+            ops += ["A", len(dropped), *dropped]
+        self._apply(ops)
+        return added
+
+    def _filter(self, decision: GroupDecided) -> str | None:
+        """None to keep the group, else why the user filter dropped it."""
+        if self.group_filter is None:
+            return None
+        try:
+            keep = self.group_filter(decision)
+        except Exception as exc:  # a user bug must not stop the batcher; the group is dropped and says why
+            log.exception("group filter raised on task %s", decision.task_id)
+            return f"the group filter raised {type(exc).__name__}: {exc}"
+        return None if keep else "the group filter returned False"
+
+    def _discard(self, decision: GroupDecided, entry_id: str, reason: str, detail: str, version: int | None = None) -> bytes:
+        self._seq += 1
+        event = GroupDiscarded(task_id=decision.task_id, reason=reason, decision_entry=entry_id,
+                               group_version=decision.version, current_version=version, detail=detail,
+                               producer=self.name, seq=self._seq)
+        return codec.encode(event)[codec.HEADER]
+
+    # -- emitting steps -------------------------------------------------------------------------------
+
+    def _current_version(self) -> int:
+        return int(self.client.get(self.keys.version) or 0)
+
+    def _emit_fixed(self) -> None:
+        size = self.settings.batch_size
+        while len(self._buffer) >= size and not self._max_steps_reached():
+            self._emit(self._buffer[:size])
+
+    def _emit(self, candidates: list[tuple[str, GroupDecided]], *, final: bool = False) -> None:
+        """Write one step from ``candidates`` (stale ones are discarded first) if enough remain.
+
+        Fixed mode needs exactly ``batch_size`` fresh groups, except for the ``final`` step of a run.
+        """
+        if not candidates or self._max_steps_reached():
+            return
+        version = self._current_version()
+        ops: list[Any] = []
+        fresh = []
+        for entry_id, decision in candidates:
+            if is_stale(decision, version, self.settings.max_staleness):
+                detail = f"group version {decision.version}, policy version {version}, max_staleness {self.settings.max_staleness}"
+                ops += ["G", "stale", self._discard(decision, entry_id, "stale", detail, version), entry_id]
+            else:
+                fresh.append((entry_id, decision))
+        used = {entry for entry, _ in candidates}
+        if len(fresh) >= self.settings.dp_size and (self.settings.batch_mode == "dynamic" or final
+                                                    or len(fresh) == self.settings.batch_size):
+            manifest = make_manifest(self._next_step, version, fresh, self.settings.dp_size, server_time(self.client))
+            self._seq += 1
+            header = codec.encode(manifest.model_copy(update={"producer": self.name, "seq": self._seq}))[codec.HEADER]
+            ops += ["S", self._next_step, header, len(fresh), len(fresh), *(entry for entry, _ in fresh)]
+            self._buffer = [item for item in self._buffer if item[0] not in used]
+            self._next_step += 1
+            self.steps_written += 1
+            log.info("step %d: %d groups over %d ranks, imbalance %.3f", manifest.step, len(fresh),
+                     self.settings.dp_size, manifest.imbalance)
+        else:
+            stale = used - {entry for entry, _ in fresh}
+            self._buffer = [item for item in self._buffer if item[0] not in stale]
+        self._apply(ops)
+
+    def _apply(self, ops: list[Any]) -> None:
+        if not ops:
+            return
+        keys = [self.keys.decisions, self.keys.steps, self.keys.discarded, self.keys.counts, self.keys.batcher_lease,
+                self.keys.batcher_state, self.keys.control]
+        try:
+            self._commit(keys=keys, args=[self.lease.token, BATCHER_GROUP, *ops])
+        except redis.ResponseError as exc:
+            if "LEASE" in str(exc) or "STEP" in str(exc):
+                self._active = False
+                raise LeaseLost(str(exc)) from None
+            raise
+
+    # -- feeding, finishing, failing ----------------------------------------------------------------
+
+    def _feed(self) -> None:
+        if self._feeder is None:
+            return
+        try:
+            self._feeder.feed(self._current_version(), self.lease.token)
+        except redis.ResponseError as exc:
+            if "LEASE" in str(exc) or "CURSOR" in str(exc):
+                self._active = False
+                raise LeaseLost(str(exc)) from None
+            raise
+
+    def _max_steps_reached(self) -> bool:
+        return self.config.max_steps is not None and self._next_step >= self.config.max_steps
+
+    def _finished(self) -> bool:
+        """Write `RunFinished` once max_steps is reached or the dataset is used up and all of it decided."""
+        if self._max_steps_reached():
+            return self._finish()
+        feeder = self._feeder
+        if feeder is None or not feeder.exhausted:
+            return False
+        if self.client.hlen(self.keys.decided) < feeder.cursor or not self._read_every_decision():
+            return False
+        if self._buffer:
+            self._emit(list(self._buffer), final=True)  # the last, possibly smaller, step
+        ops: list[Any] = []
+        for entry_id, decision in self._buffer:  # fewer than dp_size groups remain: nothing can train them
+            ops += ["G", "leftover", self._discard(decision, entry_id, "leftover", "dataset ended"), entry_id]
+        self._buffer = []
+        self._apply(ops)
+        return self._finish()
+
+    def _read_every_decision(self) -> bool:
+        last_written = self.client.xinfo_stream(self.keys.decisions)["last-generated-id"]
+        for group in self.client.xinfo_groups(self.keys.decisions):
+            if group["name"] in (BATCHER_GROUP, BATCHER_GROUP.encode()):
+                return group["last-delivered-id"] == last_written
+        return False
+
+    def _finish(self) -> bool:
+        self._seq += 1
+        event = RunFinished(steps=self._next_step, producer=self.name, seq=self._seq)
+        self._apply(["F", codec.encode(event)[codec.HEADER]])
+        self.outcome = "finished"
+        log.info("run %s finished after %d steps", self.keys.run, self._next_step)
+        return True
+
+    def _check_stall(self, added: int) -> None:
+        now = self.clock()
+        if self.metrics is not None:
+            self.metrics.stall(self.stall.stall_seconds(now), self.stall.empty_rounds)
+        if not self.stall.round(added, now):
+            if self.stall.should_warn(now):
+                log.warning("no trainable group for %d rounds (%.0fs); the run fails after %d rounds and %gs",
+                            self.stall.empty_rounds, self.stall.stall_seconds(now), self.stall.max_empty_rounds,
+                            self.stall.stall_timeout_s)
+            return
+        counts = {k.decode(): int(float(v)) for k, v in self.client.hgetall(self.keys.counts).items()}
+        self._fail("stall", stall_message(self.stall, now, counts))
+
+    def _check_terminal_from_others(self) -> None:
+        """Stamp the assembler's terminal event (contract violation) with the step ranks fail at."""
+        reply = self.client.xread({self.keys.control: self._control_last}, count=100)
+        for _, entries in reply:
+            for raw_id, fields in entries:
+                self._control_last = entry_id_str(raw_id)
+                try:
+                    event = codec.decode(fields)
+                except DecodeError:
+                    continue
+                if isinstance(event, RunTerminated) and event.step is None:
+                    self._fail(event.reason, event.message)
+                    return
+
+    def _fail(self, reason: str, message: str) -> None:
+        self._seq += 1
+        event = RunTerminated(reason=reason, message=message, step=self._next_step, producer=self.name, seq=self._seq)
+        self._apply(["T", codec.encode(event)[codec.HEADER]])
+        self.outcome = "failed"
+        log.error("run %s failed at step %d: %s", self.keys.run, self._next_step, message)
