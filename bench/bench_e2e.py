@@ -174,15 +174,19 @@ def _assembler(url: str, run_name: str, stop, ready, results, profile_path: str 
 
 
 class _GcPauses:
-    """Times every garbage collection of this process (gc.callbacks): count, total and longest, per generation."""
+    """Times every garbage collection of this process (gc.callbacks): count, total and longest per
+    generation, and the wall-clock span of every pause of 1 ms or more (to line up with latency spikes)."""
 
     def __init__(self) -> None:
         self.stats = {0: [0, 0.0, 0.0], 1: [0, 0.0, 0.0], 2: [0, 0.0, 0.0]}
+        self.spans: list[tuple[int, float, float]] = []
         self._began = 0.0
+        self._began_wall = 0.0
         gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict) -> None:
         if phase == "start":
+            self._began_wall = time.time()
             self._began = time.perf_counter()
             return
         took = time.perf_counter() - self._began
@@ -190,9 +194,11 @@ class _GcPauses:
         entry[0] += 1
         entry[1] += took
         entry[2] = max(entry[2], took)
+        if took >= 0.001:
+            self.spans.append((info["generation"], self._began_wall, self._began_wall + took))
 
-    def summary(self) -> dict[int, tuple[int, float, float]]:
-        return {gen: tuple(values) for gen, values in self.stats.items()}
+    def summary(self) -> dict:
+        return {"stats": {gen: tuple(values) for gen, values in self.stats.items()}, "spans": self.spans}
 
 
 def _cpu_seconds(pid: int | None) -> float:
@@ -278,7 +284,7 @@ class Bench:
             server_cpu = _cpu_seconds(self.server_pid) - server_cpu
         finally:
             self._join(procs)
-            self.client.delete(stream)
+            self.client.unlink(stream)
         producers = [r for r in replies if r[0] == "producer"]
         (_, ended, acked, consumer_cpu), = [r for r in replies if r[0] == "consumer"]
         if acked != total:
@@ -305,7 +311,7 @@ class Bench:
         from streamgrp.keys import RUNS
 
         keys = run.keys
-        self.client.delete(keys.control, keys.tasks, keys.slots, keys.decisions, keys.deadletter, keys.decided,
+        self.client.unlink(keys.control, keys.tasks, keys.slots, keys.decisions, keys.deadletter, keys.decided,
                            keys.counts, keys.assembler_lease, keys.worker_seq)
         self.client.zrem(RUNS, run.name)
 
@@ -365,15 +371,18 @@ class Bench:
             # Producers exit when done, so they report their own CPU time.
             roles = {"assembler": [assembler.pid], "server": [self.server_pid], "observer": [os.getpid()]}
             cpu_before = {role: sum(map(_cpu_seconds, pids)) for role, pids in roles.items()}
+            gc.disable()  # the observer (this process) must not pause; the roles keep their own GC
             start.set()
             replies = self._collect(results, procs, workers)
             done.wait(RUN_TIMEOUT_S)
             observer.join()
+            gc.enable()
             cpu = {role: sum(map(_cpu_seconds, pids)) - cpu_before[role] for role, pids in roles.items()}
             cpu["producers"] = sum(reply[5] for reply in replies)
             stop.set()
             (_, written, gc_pauses), = self._collect(results, procs, 1)
         finally:
+            gc.enable()
             stop.set()
             self._join(procs)
         counts = {k.decode(): int(v) for k, v in self.client.hgetall(run.keys.counts).items()}
@@ -387,25 +396,29 @@ class Bench:
         out = {"slots": groups * N_SAMPLES, "seconds": ended - began, "rate": groups * N_SAMPLES / (ended - began),
                "publish_rate": groups * N_SAMPLES / (published - began), "cpu": cpu, "gc": gc_pauses}
         if paced_rate is not None:
-            out["latency"] = _latencies(replies, seen)
+            out["latency"], out["slow"] = _latencies(replies, seen, gc_pauses["spans"])
         return out
 
 
-def _latencies(replies: list[tuple], seen: list) -> dict[str, list[float]]:
+def _latencies(replies: list[tuple], seen: list, pauses: list[tuple[int, float, float]]):
+    """Per-group latencies in ms, and the groups observed over 10 ms with whether an assembler GC
+    pause overlapped their publish-to-observed window."""
     from streamgrp import codec
 
     last_slot = {}
     for reply in replies:
         for task_id, entry_id, wall in reply[4]:
             last_slot[task_id] = (_id_ms(entry_id), wall)
-    ids, decided, observed = [], [], []
+    ids, decided, observed, slow = [], [], [], []
     for entry_id, fields, received in seen:
         decision = codec.decode(fields)
         slot_ms, published = last_slot[decision.task_id]
         ids.append(float(_id_ms(entry_id) - slot_ms))
         decided.append((decision.decided_at - published) * 1000)
         observed.append((received - published) * 1000)
-    return {"ids": ids, "decided": decided, "observed": observed}
+        if observed[-1] > 10:
+            slow.append((decision.task_id, any(b < received and e > published for _, b, e in pauses)))
+    return {"ids": ids, "decided": decided, "observed": observed}, slow
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -425,6 +438,15 @@ def _print_profile(path: str, top: int) -> None:
 
 
 # --------------------------------------------------------------------------- main
+
+
+def _entry_bytes(tokens: int) -> int:
+    from streamgrp import codec
+    from streamgrp.events import SlotResult
+
+    event = SlotResult(task_id="tp1024x4-1999", slot=3, outcome="sample", sample=_samples(tokens)[0],
+                       producer="worker-host-12345-abcdef", seq=1999)
+    return sum(len(k) + len(v) for k, v in codec.encode(event).items())
 
 
 def _median(values: list[float]) -> float:
@@ -460,12 +482,15 @@ def main(argv: list[str] | None = None) -> int:
         server = EmbeddedServer(tmp.name)
         url = server.start()
     wall = time.monotonic()
+    load = os.getloadavg()[0]
     try:
         bench = Bench(url, args.groups, server.pid if server else None)
         info = bench.client.info("server")
         print(f"server: {info.get('server_name', 'redis')} {info.get('valkey_version', info.get('redis_version'))} "
               f"({'embedded, appendonly everysec' if server else 'given URL'}); {os.cpu_count()} CPUs; "
-              f"{args.groups} groups x {N_SAMPLES} slots per throughput run; median of {args.repeat} runs", flush=True)
+              f"{args.groups} groups x {N_SAMPLES} slots per throughput run; median of {args.repeat} runs\n"
+              f"slot entry sizes: {', '.join(f'{t} tokens {_entry_bytes(t):,} B' for t in args.tokens)}; "
+              f"1-min load average before start {load:.2f}", flush=True)
         cases = [(tokens, workers) for tokens in args.tokens for workers in args.workers]
         raws: dict = {case: [] for case in cases}
         sgs: dict = {case: [] for case in cases}
@@ -502,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_us(rc['server'], slots):>6.0f} {sum(rc.values()) / rw:>5.2f} | "
                   f"{_us(sc['producers'], slots):>13.0f} {_us(sc['assembler'], slots):>9.0f} "
                   f"{_us(sc['server'], slots):>6.0f} {_us(sc['observer'], slots):>8.0f} {sum(sc.values()) / sw:>5.2f}")
-        gcs = [r["gc"] for case in cases for r in sgs[case]]
+        gcs = [r["gc"]["stats"] for case in cases for r in sgs[case]]
         print(f"assembler GC during throughput runs: gen2 {sum(g[2][0] for g in gcs)} collections, longest "
               f"{max(g[2][2] for g in gcs) * 1000:.1f} ms; gen1 longest {max(g[1][2] for g in gcs) * 1000:.1f} ms",
               flush=True)
@@ -514,14 +539,26 @@ def main(argv: list[str] | None = None) -> int:
         for tokens in args.tokens:
             target = best[tokens] * args.load
             groups = max(50, min(args.groups, int(target / N_SAMPLES * args.latency_seconds)))
+            if server is not None:  # our own server: record its own stalls (fork, AOF writes, slow commands)
+                bench.client.config_set("latency-monitor-threshold", 2)
+                bench.client.execute_command("LATENCY", "RESET")
+            rewrites = bench.client.info("persistence").get("aof_rewrites", 0)
             lat = bench.streamgrp(tokens, 1, paced_rate=target, groups=groups)
-            gc2 = lat["gc"][2]
+            rewrites = bench.client.info("persistence").get("aof_rewrites", 0) - rewrites
+            events = bench.client.execute_command("LATENCY", "LATEST") if server is not None else []
+            gc2 = lat["gc"]["stats"][2]
             for clock in ("ids", "decided", "observed"):
                 values = lat["latency"][clock]
                 p99 = _percentile(values, 0.99)
                 print(f"{tokens:>6} {target:>8,.0f} {lat['publish_rate']:>8,.0f} {groups:>6} {clock:>8} "
                       f"{_percentile(values, 0.5):>7.2f} {p99:>7.2f} {max(values):>7.2f} "
                       f"{'ok' if p99 < 10 else 'MISSED':>11}  {gc2[0]}, {gc2[2] * 1000:.1f} ms", flush=True)
+            slow = lat["slow"]
+            print(f"{'':>6} groups observed over 10 ms: {len(slow)}; of those, {sum(1 for s in slow if s[1])} overlap an "
+                  f"assembler GC pause >= 1 ms (pauses: {len(lat['gc']['spans'])}, longest "
+                  f"{max((e - b for _, b, e in lat['gc']['spans']), default=0) * 1000:.1f} ms)")
+            stalls = ", ".join(f"{e[0].decode()} max {e[3]} ms" for e in events) or "none over 2 ms"
+            print(f"{'':>6} server during the run: AOF rewrites {rewrites}; stalls (LATENCY LATEST): {stalls}")
         print("  ids: server clock, decision entry id ms - last slot entry id ms (1 ms resolution)\n"
               "  decided: decided_at (assembler wall clock, set before the commit) - publisher wall time after the XADD\n"
               "  observed: arrival at an XREAD BLOCK reader of decisions - publisher wall time after the XADD")
@@ -532,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
             sg = bench.streamgrp(tokens, workers, profile_path=path)
             print(f"\nprofiled re-run tokens={tokens} workers={workers}: {sg['rate']:,.0f} slots/s under cProfile")
             _print_profile(path, args.profile_top)
-        print(f"\ntotal wall time {time.monotonic() - wall:.1f}s")
+        print(f"\ntotal wall time {time.monotonic() - wall:.1f}s; 1-min load average {load:.2f} before, "
+              f"{os.getloadavg()[0]:.2f} after (this bench alone keeps it near 1.3)")
     finally:
         if server is not None:
             server.stop()

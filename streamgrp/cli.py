@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -21,7 +22,9 @@ from streamgrp.config import (
     AssemblerConfig,
     BatcherConfig,
     ConnectionConfig,
+    DemoConfig,
     RunConfig,
+    TrainerConfig,
     WorkerConfig,
     env_name,
     flag_name,
@@ -39,7 +42,7 @@ def _add_model_flags(parser: argparse.ArgumentParser, model: type, title: str) -
     for name, field in model.model_fields.items():
         help_text = f"{field.description or ''} [env {env_name(name)}; default {field.default!r}]"
         extra: dict[str, Any] = {"nargs": "?", "const": True} if field.annotation is bool else {}
-        group.add_argument(flag_name(name), dest=name, default=None, metavar=name.upper(), help=help_text,
+        group.add_argument(flag_name(name, model), dest=name, default=None, metavar=name.upper(), help=help_text,
                            type=_flag_parser(model, name), **extra)
 
 
@@ -84,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
         _add_model_flags(batcher, model, title)
     batcher.set_defaults(handler=_cmd_batcher)
 
+    trainer = commands.add_parser("trainer", help="run a reference GRPO trainer rank (consumers.grpo_trainer)")
+    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (TrainerConfig, "trainer")):
+        _add_model_flags(trainer, model, title)
+    trainer.set_defaults(handler=_cmd_trainer)
+
+    demo = commands.add_parser("demo", help="run a whole asynchronous RL loop on the embedded server and summarize it")
+    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (DemoConfig, "demo")):
+        _add_model_flags(demo, model, title)
+    demo.set_defaults(handler=_cmd_demo)
+
     runs = commands.add_parser("runs", help="list the runs on the server, newest last")
     _add_model_flags(runs, ConnectionConfig, "connection")
     runs.set_defaults(handler=_cmd_runs)
@@ -91,7 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import os
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -157,8 +169,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     config = _settings(args, WorkerConfig)
     rollout = load_callable(config.rollout)
-    with _connected(args) as (client, connection, _):
+    with _connected(args) as (client, connection, handle):
         run = _join(client, connection, args, "worker")
+        # Rollout code (e.g. loading weights) finds the server and run the same way the worker did.
+        os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = handle.url, run.name
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s)
         process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
                                 version=lambda: int(client.get(run.keys.version) or 0))
@@ -194,6 +208,43 @@ def _cmd_batcher(args: argparse.Namespace) -> int:
         log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
                  batcher.steps_written)
     return 1 if outcome == "failed" else 0
+
+
+def _cmd_trainer(args: argparse.Namespace) -> int:
+    from consumers.grpo_trainer import train
+
+    config = _settings(args, TrainerConfig)
+    with _connected(args) as (client, connection, _):
+        run = _join(client, connection, args, f"trainer rank {config.rank}")
+        steps = train(client, run, config)
+        log.info("trainer rank %d committed %d steps", config.rank, steps)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from streamgrp.demo import run_demo
+
+    toml = read_toml(args.config)
+    connection = load(ConnectionConfig, toml=toml, overrides=vars(args))
+    run_settings = load(RunConfig, toml=toml, overrides=_demo_run_defaults(args))
+    demo = load(DemoConfig, toml=toml, overrides=vars(args))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        run_demo(connection, run_settings, demo, stop=stop)
+    except KeyboardInterrupt:
+        print("\nstreamgrp demo: interrupted; every process it started was stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _demo_run_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The demo's run settings: GRPO-style group normalization and a short deadline unless overridden."""
+    from streamgrp.policy import NormSpec
+
+    defaults: dict[str, Any] = {"n_samples": 6, "batch_size": 8, "max_staleness": 1, "group_timeout_s": 30.0,
+                                "reward_norm": NormSpec("group", "group"), "stall_timeout_s": 120.0}
+    return {**defaults, **{k: v for k, v in vars(args).items() if v is not None}}
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:

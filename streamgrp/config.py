@@ -92,6 +92,30 @@ class BatcherConfig(_Settings):
     burst: bool = Field(False, description="exit after the first read that brings nothing new")
 
 
+class TrainerConfig(_Settings):
+    """A reference trainer rank (`consumers.grpo_trainer`)."""
+
+    rank: int = Field(0, ge=0, description="this process's DP rank")
+    world_size: int = Field(1, ge=1, description="DP ranks in all; must equal the run's dp_size")
+    dist_url: str = Field("tcp://127.0.0.1:29511", description="torch.distributed rendezvous (gloo) for world_size > 1")
+    lr: float = Field(0.05, gt=0, description="Adam learning rate")
+    fail_at_step: int | None = Field(None, ge=0, description="inject an exception at this step (replay demos, tests)")
+
+
+class DemoConfig(_Settings):
+    """`streamgrp demo`: a whole asynchronous RL run on the embedded server."""
+
+    steps: int = Field(60, ge=1, description="optimizer steps to train")
+    workers: int = Field(3, ge=1, description="rollout worker processes")
+    ranks: int = Field(2, ge=1, description="trainer ranks (DP size)")
+    reject_rate: float = Field(0.2, ge=0, le=1, description="fraction of slots the toy reward function rejects")
+    fail_rate: float = Field(0.1, ge=0, le=1, description="fraction of slots whose rollout raises")
+    as_json: bool = Field(False, description="print the summary as one JSON object on the last line",
+                          json_schema_extra={"flag": "json"})
+    timeout_s: float = Field(600.0, gt=0, description="stop everything if the run takes longer")
+    trainer_fail_at_step: int | None = Field(None, ge=0, description="inject a trainer fault at this step (replay demo)")
+
+
 class AssemblerConfig(_Settings):
     """The group assembler process."""
 
@@ -110,6 +134,8 @@ SECTIONS: dict[str, type[_Settings]] = {
     "worker": WorkerConfig,
     "assembler": AssemblerConfig,
     "batcher": BatcherConfig,
+    "trainer": TrainerConfig,
+    "demo": DemoConfig,
 }
 
 
@@ -155,8 +181,11 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
-def flag_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
+def flag_name(field: str, model: type[BaseModel] | None = None) -> str:
+    """``--field-name``, or the field's own short flag (``as_json`` is ``--json``)."""
+    extra = model.model_fields[field].json_schema_extra if model is not None else None
+    name = extra.get("flag", field) if isinstance(extra, dict) else field
+    return "--" + str(name).replace("_", "-")
 
 
 def parse_env_value(model: type[_Settings], name: str, raw: str) -> Any:

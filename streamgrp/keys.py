@@ -103,6 +103,11 @@ class RunKeys:
         return self._key("version")
 
     @property
+    def trainer_metrics(self) -> str:
+        """Hash step -> JSON of the reference trainer's per-step metrics (reward, loss, wait)."""
+        return self._key("trainer:metrics")
+
+    @property
     def batcher_state(self) -> str:
         """Hash: next step number, feeder cursor and the tasks it issued."""
         return self._key("batcher")

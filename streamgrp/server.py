@@ -235,7 +235,7 @@ def _url(host: str, port: int, password: str | None) -> str:
     return f"redis://{auth}{netloc}:{port}/0"
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -261,7 +261,7 @@ def _config_quote(value: str) -> str:
     return '"' + "".join(f"\\x{byte:02x}" for byte in value.encode()) + '"'
 
 
-def _pdeathsig_preexec() -> Callable[[], None] | None:
+def pdeathsig_preexec() -> Callable[[], None] | None:
     """A preexec_fn asking the kernel to SIGTERM the child when its parent dies (Linux only)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -429,7 +429,7 @@ class EmbeddedServer:
             )
         attempts = _PORT_ATTEMPTS if self._requested_port == 0 else 1
         for attempt in range(1, attempts + 1):
-            port = self._requested_port or _free_port(self.host)
+            port = self._requested_port or free_port(self.host)
             try:
                 self._spawn_and_wait(port, timeout)
                 break
@@ -475,7 +475,7 @@ class EmbeddedServer:
                     stderr=subprocess.STDOUT,
                     cwd=self.data_dir,
                     start_new_session=True,
-                    preexec_fn=_pdeathsig_preexec(),
+                    preexec_fn=pdeathsig_preexec(),
                 )
         except OSError as exc:
             raise ServerError(

@@ -1,0 +1,114 @@
+"""The reference GRPO-style trainer: one process per DP rank, gloo all-reduce, streamgrp batches.
+
+Per step: group-normalized advantages over the actual group sizes (`streamgrp.normalize`), the
+globally token-weighted clipped policy loss (each rank divides by the whole step's loss tokens, so
+summing gradients across ranks gives the step's gradient whatever the shard sizes), one gradient
+all-reduce and one metrics all-reduce on every rank every step, then rank 0 publishes the new
+weights for the workers before committing. Trains the demo's toy policy (`consumers.toy_task`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+import redis
+import torch
+import torch.distributed as dist
+
+from consumers import toy_task
+from streamgrp.advantages import group_metrics, normalize, token_weighted_policy_loss
+from streamgrp.config import TrainerConfig
+from streamgrp.policy import NormSpec
+from streamgrp.runs import Run
+from streamgrp.trainer import TrainerClient
+from streamgrp.weights import publish
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADV_NORM = NormSpec("group", "group")
+
+
+def train(client: redis.Redis, run: Run, config: TrainerConfig) -> int:
+    """Train until the run finishes; returns the number of steps this rank committed."""
+    rank, world = config.rank, config.world_size
+    if world > 1:
+        dist.init_process_group("gloo", init_method=config.dist_url, rank=rank, world_size=world)
+    torch.manual_seed(0)
+    policy = toy_task.initial_policy()
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
+    spec = run.config.adv_norm or run.config.reward_norm or DEFAULT_ADV_NORM
+    trainer = TrainerClient(client, run)
+    start = trainer.next_step(rank)
+    if start > 0:
+        _restore(client, run, policy, start)
+    elif rank == 0:
+        publish(client, run.keys, 0, policy.state_dict())
+    steps = 0
+    waited_at = time.monotonic()
+    try:
+        with trainer.batches(rank=rank, world_size=world) as batches:
+            for batch in batches:
+                wait_s = time.monotonic() - waited_at
+                if config.fail_at_step is not None and batch.step == config.fail_at_step:
+                    raise FloatingPointError(f"injected fault: loss is NaN at step {batch.step} on rank {rank}")
+                metrics = _step(policy, optimizer, batch, spec, world)
+                if rank == 0:
+                    publish(client, run.keys, batch.step + 1, policy.state_dict())
+                    metrics.update(wait_s=round(wait_s, 4), step=batch.step)
+                    client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(metrics))
+                batch.commit()
+                steps += 1
+                log.info("rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs)", rank, batch.step,
+                         metrics["reward_mean"], metrics["loss"], batch.rows, wait_s)
+                waited_at = time.monotonic()
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+    return steps
+
+
+def _step(policy, optimizer, batch, spec: NormSpec, world: int) -> dict:
+    advantages = normalize(batch.rewards, batch.group_sizes, spec)
+    token_adv = advantages[:, None].expand_as(batch.logprobs) * batch.loss_mask
+    new_logprobs = toy_task.token_logprobs(policy, batch.token_ids)
+    loss = token_weighted_policy_loss(new_logprobs, batch.logprobs, token_adv, batch.loss_mask,
+                                      total_loss_tokens=batch.step_loss_tokens)
+    optimizer.zero_grad()
+    loss.backward()
+    # Every rank makes exactly these two collectives per step, whatever its shard size.
+    stats = torch.tensor([float(loss.detach()), float(batch.rewards.sum()), float(batch.rows)], dtype=torch.float64)
+    if world > 1:
+        grads = [p.grad for p in policy.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+        dist.all_reduce(stats)
+    optimizer.step()
+    tokens_per_group = _tokens_per_group(batch)
+    metrics = {"loss": stats[0].item(), "reward_mean": stats[1].item() / max(stats[2].item(), 1.0)}
+    metrics.update(group_metrics(batch.group_sizes.tolist(), tokens_per_group))
+    return metrics
+
+
+def _tokens_per_group(batch) -> list[int]:
+    per_row = batch.loss_mask.sum(dim=1).tolist()
+    out, offset = [], 0
+    for size in batch.group_sizes.tolist():
+        out.append(int(sum(per_row[offset:offset + size])))
+        offset += size
+    return out
+
+
+def _restore(client: redis.Redis, run: Run, policy, step: int) -> None:
+    """A restarted rank continues from the weights published for the step it resumes at."""
+    from streamgrp.weights import WeightCache
+
+    found = WeightCache(client, run.keys).get(step)
+    if found is not None:
+        policy.load_state_dict(found[1])
+        log.info("resumed at step %d with weights version %d", step, found[0])

@@ -1,0 +1,101 @@
+"""A tiny learnable task for the demo: copy a shifted sequence, with injected rejections and failures.
+
+A prompt is one token ``p`` (0..VOCAB-1); the policy writes ``LENGTH`` tokens and earns the fraction
+of them equal to ``(p + t) % VOCAB`` at position ``t``. A random policy scores 1/VOCAB; a trained one
+approaches 1 within a few dozen GRPO steps on a CPU. Rejections (the "reward function" refusing) and
+failures (an exception) are drawn per slot at the prompt's rates, so partial and dropped groups occur.
+Nothing is downloaded: the policy is a few thousand parameters, initialised from a fixed seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import torch
+from torch import nn
+
+from streamgrp.events import Sample
+from streamgrp.weights import WeightCache
+
+VOCAB = 8
+LENGTH = 4
+HIDDEN = 32
+
+
+class ToyPolicy(nn.Module):
+    """Logits for each generated position from the prompt token and the position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt = nn.Embedding(VOCAB, HIDDEN)
+        self.position = nn.Embedding(LENGTH, HIDDEN)
+        self.head = nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, prompts: torch.Tensor) -> torch.Tensor:
+        """[B] prompt tokens -> [B, LENGTH, VOCAB] logits."""
+        hidden = self.prompt(prompts)[:, None, :] + self.position.weight[None, :, :]
+        return self.head(torch.tanh(hidden))
+
+
+def initial_policy(seed: int = 0) -> ToyPolicy:
+    torch.manual_seed(seed)
+    return ToyPolicy()
+
+
+def reward(prompt: int, tokens: list[int]) -> float:
+    return sum(1 for t, token in enumerate(tokens) if token == (prompt + t) % VOCAB) / LENGTH
+
+
+def prompts(seed: int = 0, reject_rate: float = 0.1, fail_rate: float = 0.05):
+    """An endless dataset of prompts (use with the batcher's max_steps)."""
+    rng = random.Random(seed)
+    for index in itertools.count():
+        yield {"p": rng.randrange(VOCAB), "reject_rate": reject_rate, "fail_rate": fail_rate, "seed": seed, "i": index}
+
+
+_cache: WeightCache | None = None
+_policy: ToyPolicy | None = None
+_policy_version: int | None = None
+
+
+def rollout(request: Any) -> Sample | None:
+    """The worker's rollout: sample LENGTH tokens from the newest weights no newer than request.version."""
+    global _cache, _policy, _policy_version
+    prompt = request.prompt
+    rng = random.Random(f"{prompt.get('seed', 0)}:{request.task_id}:{request.slot}")
+    draw = rng.random()
+    if draw < float(prompt.get("fail_rate", 0.0)):
+        raise RuntimeError("injected rollout failure")
+    if draw < float(prompt.get("fail_rate", 0.0)) + float(prompt.get("reject_rate", 0.0)):
+        return None
+    if _cache is None:
+        _cache = WeightCache.from_env()
+        _policy = initial_policy()
+    found = _cache.get(request.version)
+    version = 0
+    if found is not None:
+        version, state = found
+        if version != _policy_version:
+            _policy.load_state_dict(state)
+            _policy_version = version
+    p = int(prompt["p"])
+    with torch.no_grad():
+        logits = _policy(torch.tensor([p]))[0]
+        generator = torch.Generator().manual_seed(rng.randrange(2**31))
+        tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
+        logprobs = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
+    generated = tokens.tolist()
+    return Sample.from_rows(token_ids=[[p, *generated]], loss_mask=[[0] + [1] * LENGTH],
+                            logprobs=[[0.0, *logprobs.tolist()]], rewards=[reward(p, generated)], version=version,
+                            meta={"p": p})
+
+
+def token_logprobs(policy: ToyPolicy, token_ids: torch.Tensor) -> torch.Tensor:
+    """[R, 1 + LENGTH] tokens -> [R, 1 + LENGTH] log-probabilities of each generated token (0 for the prompt)."""
+    logits = policy(token_ids[:, 0])
+    generated = token_ids[:, 1:1 + LENGTH]
+    out = torch.zeros(token_ids.shape, dtype=torch.float32)
+    out[:, 1:1 + LENGTH] = torch.log_softmax(logits, -1).gather(2, generated[:, :, None])[:, :, 0]
+    return out
