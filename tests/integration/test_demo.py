@@ -1,0 +1,100 @@
+"""`streamgrp demo` end to end: real processes, a real server, and a summary whose accounting adds up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+DEMO = ["--steps", "6", "--workers", "2", "--ranks", "2", "--json", "--timeout-s", "240"]
+
+
+def _demo(redis_url, tmp_path, *extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "streamgrp", "demo", "--redis-url", redis_url, "--data-dir",
+                             str(tmp_path), *DEMO, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _check_accounting(summary, steps=6, ranks=2):
+    assert summary["steps"] == steps
+    assert sum(summary["groups"].values()) == summary["tasks_decided"] <= summary["tasks"]
+    assert sum(summary["slots"][k] for k in ("sample", "rejected", "failed", "duplicate", "late", "invalid")) \
+        == summary["slots_published"]
+    assert summary["groups"]["dropped"] == sum(v for k, v in summary["dropped_reasons"].items()
+                                               if k not in ("stale", "filtered", "leftover"))
+    folded = summary["slots"]["sample"] + summary["slots"]["rejected"] + summary["slots"]["failed"]
+    target = folded + summary["slots"]["timeout"]
+    assert summary["usable_slot_yield"] == pytest.approx(summary["slots"]["sample"] / target)
+    assert 0 < summary["trainable_slot_yield"] <= summary["usable_slot_yield"] <= 1
+    assert summary["committed_steps"] == {str(rank): steps for rank in range(ranks)}
+    assert summary["reward_first"] is not None and summary["reward_last"] is not None
+
+
+def test_demo_runs_every_role_and_its_summary_adds_up(redis_url, tmp_path):
+    demo = _demo(redis_url, tmp_path)
+    out, err = demo.communicate(timeout=300)
+    assert demo.returncode == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    _check_accounting(summary)
+    assert "reward" in out and "streamgrp replay" in out
+    assert "step 6/6" in err
+    assert summary["slots"]["rejected"] + summary["slots"]["failed"] > 0  # injected failures happened
+    assert summary["groups"]["partial"] > 0
+
+
+def test_demo_survives_a_killed_worker_with_correct_accounting(redis_url, tmp_path):
+    demo = _demo(redis_url, tmp_path, "--steps", "8")
+    try:
+        worker = _wait_for_child(demo.pid, "worker", timeout=60)
+        time.sleep(3.0)  # let it take work
+        os.kill(worker, signal.SIGKILL)
+        out, err = demo.communicate(timeout=300)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, err
+    assert "worker" in err and "take over" in err
+    _check_accounting(json.loads(out.strip().splitlines()[-1]), steps=8)
+
+
+def test_a_failing_trainer_stops_everything_and_names_the_role(redis_url, tmp_path):
+    demo = _demo(redis_url, tmp_path, "--trainer-fail-at-step", "2")
+    out, err = demo.communicate(timeout=300)
+    assert demo.returncode == 2
+    assert "trainer" in err and "failed with exit code" in err
+    assert "injected fault" in err
+    children = [pid for pid in _children(demo.pid)]
+    assert children == []
+
+
+def _children(parent: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _wait_for_child(parent: int, role: str, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in _children(parent):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if role.encode() in cmdline:
+                return pid
+        time.sleep(0.1)
+    raise AssertionError(f"no {role} child of {parent} within {timeout}s")
