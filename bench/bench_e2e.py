@@ -201,6 +201,16 @@ class _GcPauses:
         return {"stats": {gen: tuple(values) for gen, values in self.stats.items()}, "spans": self.spans}
 
 
+def _machine_busy() -> float:
+    """CPU-seconds all processes of this machine have used so far (/proc/stat; 0 where unavailable)."""
+    try:
+        values = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_seconds(pid: int | None) -> float:
     """User + system CPU of a local process so far (0 when it is not readable, e.g. a remote server)."""
     if pid is None:
@@ -256,13 +266,15 @@ class Bench:
 
     @staticmethod
     def _join(procs: list[mp.Process]) -> None:
+        """Reap the children (terminating stragglers); raises afterwards if one failed."""
         for proc in procs:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.terminate()
                 proc.join()
-            if proc.exitcode not in (0, None):
-                raise RuntimeError(f"bench child pid {proc.pid} exited with code {proc.exitcode}")
+        failed = [proc for proc in procs if proc.exitcode != 0]
+        if failed and sys.exc_info()[0] is None:  # else the exception being handled says more
+            raise RuntimeError(f"bench child pid {failed[0].pid} exited with code {failed[0].exitcode}")
 
     # -- 1. raw baseline
 
@@ -278,10 +290,10 @@ class Bench:
                   for share in _shares(task_ids, workers)]
         try:
             self._wait_ready(ready, procs, len(procs))
-            server_cpu = _cpu_seconds(self.server_pid)
+            server_cpu, busy = _cpu_seconds(self.server_pid), _machine_busy()
             start.set()
             replies = self._collect(results, procs, len(procs))
-            server_cpu = _cpu_seconds(self.server_pid) - server_cpu
+            server_cpu, busy = _cpu_seconds(self.server_pid) - server_cpu, _machine_busy() - busy
         finally:
             self._join(procs)
             self.client.unlink(stream)
@@ -290,8 +302,9 @@ class Bench:
         if acked != total:
             raise RuntimeError(f"raw consumer acknowledged {acked} of {total} entries")
         began = min(r[1] for r in producers)
-        return {"rate": total / (ended - began), "seconds": ended - began,
-                "cpu": {"consumer": consumer_cpu, "producers": sum(r[4] for r in producers), "server": server_cpu}}
+        cpu = {"consumer": consumer_cpu, "producers": sum(r[4] for r in producers), "server": server_cpu}
+        cpu["others"] = max(0.0, busy - sum(cpu.values()))  # other sessions' processes on this machine
+        return {"rate": total / (ended - began), "seconds": ended - began, "cpu": cpu}
 
     # -- 2. and 3. streamgrp
 
@@ -371,6 +384,7 @@ class Bench:
             # Producers exit when done, so they report their own CPU time.
             roles = {"assembler": [assembler.pid], "server": [self.server_pid], "observer": [os.getpid()]}
             cpu_before = {role: sum(map(_cpu_seconds, pids)) for role, pids in roles.items()}
+            busy = _machine_busy()
             gc.disable()  # the observer (this process) must not pause; the roles keep their own GC
             start.set()
             replies = self._collect(results, procs, workers)
@@ -379,6 +393,7 @@ class Bench:
             gc.enable()
             cpu = {role: sum(map(_cpu_seconds, pids)) - cpu_before[role] for role, pids in roles.items()}
             cpu["producers"] = sum(reply[5] for reply in replies)
+            cpu["others"] = max(0.0, _machine_busy() - busy - sum(cpu.values()))
             stop.set()
             (_, written, gc_pauses), = self._collect(results, procs, 1)
         finally:
@@ -514,19 +529,24 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_median([r['publish_rate'] for r in sgs[case]]):>12,.0f} {ratio:>6.2f} "
                   f"{'ok' if ratio >= 0.5 else 'MISSED':>9}")
 
-        print("\nCPU per entry during the throughput runs (microseconds of CPU per slot, mean over runs; "
-              "cores = CPU-s / wall-s, this machine has", os.cpu_count(), ")")
-        print(f"{'tokens':>6} {'workers':>7} | {'raw: producers':>14} {'consumer':>8} {'server':>6} {'cores':>5} | "
-              f"{'sg: producers':>13} {'assembler':>9} {'server':>6} {'observer':>8} {'cores':>5}")
+        print("\nCPU per entry during the throughput runs (microseconds of CPU per slot, mean over runs);\n"
+              f"cores = this bench's CPU-s / wall-s; others = cores used meanwhile by other processes on this "
+              f"{os.cpu_count()}-CPU machine")
+        print(f"{'tokens':>6} {'workers':>7} | {'raw: producers':>14} {'consumer':>8} {'server':>6} {'cores':>5} "
+              f"{'others':>6} | {'sg: producers':>13} {'assembler':>9} {'server':>6} {'observer':>8} {'cores':>5} "
+              f"{'others':>6}")
         for case in cases:
             rc = {k: statistics.fmean(r["cpu"][k] for r in raws[case]) for k in raws[case][0]["cpu"]}
             sc = {k: statistics.fmean(r["cpu"][k] for r in sgs[case]) for k in sgs[case][0]["cpu"]}
             rw = statistics.fmean(r["seconds"] for r in raws[case])
             sw = statistics.fmean(r["seconds"] for r in sgs[case])
+            ours_raw = sum(v for k, v in rc.items() if k != "others")
+            ours_sg = sum(v for k, v in sc.items() if k != "others")
             print(f"{case[0]:>6} {case[1]:>7} | {_us(rc['producers'], slots):>14.0f} {_us(rc['consumer'], slots):>8.0f} "
-                  f"{_us(rc['server'], slots):>6.0f} {sum(rc.values()) / rw:>5.2f} | "
+                  f"{_us(rc['server'], slots):>6.0f} {ours_raw / rw:>5.2f} {rc['others'] / rw:>6.2f} | "
                   f"{_us(sc['producers'], slots):>13.0f} {_us(sc['assembler'], slots):>9.0f} "
-                  f"{_us(sc['server'], slots):>6.0f} {_us(sc['observer'], slots):>8.0f} {sum(sc.values()) / sw:>5.2f}")
+                  f"{_us(sc['server'], slots):>6.0f} {_us(sc['observer'], slots):>8.0f} {ours_sg / sw:>5.2f} "
+                  f"{sc['others'] / sw:>6.2f}")
         gcs = [r["gc"]["stats"] for case in cases for r in sgs[case]]
         print(f"assembler GC during throughput runs: gen2 {sum(g[2][0] for g in gcs)} collections, longest "
               f"{max(g[2][2] for g in gcs) * 1000:.1f} ms; gen1 longest {max(g[1][2] for g in gcs) * 1000:.1f} ms",
@@ -558,7 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"assembler GC pause >= 1 ms (pauses: {len(lat['gc']['spans'])}, longest "
                   f"{max((e - b for _, b, e in lat['gc']['spans']), default=0) * 1000:.1f} ms)")
             stalls = ", ".join(f"{e[0].decode()} max {e[3]} ms" for e in events) or "none over 2 ms"
-            print(f"{'':>6} server during the run: AOF rewrites {rewrites}; stalls (LATENCY LATEST): {stalls}")
+            print(f"{'':>6} server during the run: AOF rewrites {rewrites}; stalls (LATENCY LATEST): {stalls}; "
+                  f"other processes used {lat['cpu']['others'] / lat['seconds']:.2f} cores")
         print("  ids: server clock, decision entry id ms - last slot entry id ms (1 ms resolution)\n"
               "  decided: decided_at (assembler wall clock, set before the commit) - publisher wall time after the XADD\n"
               "  observed: arrival at an XREAD BLOCK reader of decisions - publisher wall time after the XADD")
@@ -570,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nprofiled re-run tokens={tokens} workers={workers}: {sg['rate']:,.0f} slots/s under cProfile")
             _print_profile(path, args.profile_top)
         print(f"\ntotal wall time {time.monotonic() - wall:.1f}s; 1-min load average {load:.2f} before, "
-              f"{os.getloadavg()[0]:.2f} after (this bench alone keeps it near 1.3)")
+              f"{os.getloadavg()[0]:.2f} after")
     finally:
         if server is not None:
             server.stop()

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ADV_NORM = NormSpec("group", "group")
 
 
-def train(client: redis.Redis, run: Run, config: TrainerConfig) -> int:
+def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None) -> int:
     """Train until the run finishes; returns the number of steps this rank committed."""
     rank, world = config.rank, config.world_size
     if world > 1:
@@ -51,6 +51,8 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig) -> int:
         with trainer.batches(rank=rank, world_size=world) as batches:
             for batch in batches:
                 wait_s = time.monotonic() - waited_at
+                if metrics is not None:
+                    metrics.batch_wait.observe(wait_s)
                 if config.fail_at_step is not None and batch.step == config.fail_at_step:
                     raise FloatingPointError(f"injected fault: loss is NaN at step {batch.step} on rank {rank}")
                 metrics = _step(policy, optimizer, batch, spec, world)
@@ -60,9 +62,16 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig) -> int:
                     client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(metrics))
                 batch.commit()
                 steps += 1
+                if metrics is not None:
+                    metrics.steps.inc()
+                    metrics.policy_version.set(batch.step + 1)
                 log.info("rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs)", rank, batch.step,
                          metrics["reward_mean"], metrics["loss"], batch.rows, wait_s)
                 waited_at = time.monotonic()
+    except Exception:
+        if metrics is not None:
+            metrics.step_failures.inc()
+        raise
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()

@@ -37,6 +37,7 @@ from streamgrp.events import GroupDecided, RunTerminated, SlotResult, TaskIssued
 from streamgrp.fold import DUPLICATE, DUPLICATE_TASK, LATE, UNKNOWN_TASK, Closed, FoldState, fold, next_deadline
 from streamgrp.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
 from streamgrp.lease import Lease, LeaseLost
+from streamgrp.metrics import pairs_to_counts
 from streamgrp.runs import Run, server_time
 from streamgrp.streams import ensure_group, entry_id_str, producer_name
 
@@ -135,6 +136,7 @@ class Assembler:
 
     def _process(self, entries: list[tuple[Any, Any]]) -> None:
         args: list[Any] = []
+        decisions: list[GroupDecided] = []
         acks: dict[str, list[str]] = {}
         for raw_id, fields in entries:
             entry_id = entry_id_str(raw_id)
@@ -156,7 +158,7 @@ class Assembler:
                 acks.setdefault("ticks", []).append(entry_id)
             for output in outputs:
                 if isinstance(output, Closed):
-                    self._decision_op(args, output)
+                    decisions.append(self._decision_op(args, output))
                 elif output.reason in _IGNORED_COUNTER:
                     acks.setdefault(_IGNORED_COUNTER[output.reason], []).append(output.entry_id)
                 elif output.reason == UNKNOWN_TASK:
@@ -166,9 +168,11 @@ class Assembler:
         for field, ids in acks.items():
             args += ["A", field, len(ids), *ids]
         if args:
-            self._commit_ops(args)
+            self._commit_ops(args, decisions)
+        if self.metrics is not None:
+            self.metrics.open_groups.set(len(self.state.open))
 
-    def _decision_op(self, args: list[Any], closed: Closed) -> None:
+    def _decision_op(self, args: list[Any], closed: Closed) -> GroupDecided:
         decision = closed.decision
         if decision.decided_at is None:
             decision = decision.model_copy(update={"decided_at": time.time()})
@@ -184,17 +188,23 @@ class Assembler:
                                      producer=self.name)
             args += ["F", codec.encode(terminal)[codec.HEADER]]
             log.error("run %s failed: %s", self.keys.run, decision.error)
+        return decision
 
-    def _commit_ops(self, args: list[Any]) -> None:
+    def _commit_ops(self, args: list[Any], decisions: list[GroupDecided] = ()) -> None:
         keys = [self.keys.slots, self.keys.decisions, self.keys.deadletter, self.keys.decided, self.keys.counts,
                 self.keys.assembler_lease, self.keys.control]
         try:
-            written, redundant = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
+            written, redundant, *applied = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
         except redis.ResponseError as exc:
             if "LEASE" in str(exc):
                 raise LeaseLost(str(exc)) from None
             raise
         self.decisions_written += written
+        if self.metrics is not None:
+            self.metrics.apply_counts(pairs_to_counts(applied))
+            for decision in decisions:
+                if decision.issued_at is not None and decision.decided_at is not None:
+                    self.metrics.group_assembly.observe(max(0.0, decision.decided_at - decision.issued_at))
         if redundant:
             log.warning("%d decisions were already recorded by another assembler and were not written again", redundant)
 

@@ -31,6 +31,7 @@ from streamgrp.events import GroupDecided, GroupDiscarded, RunFinished, RunTermi
 from streamgrp.feeder import Feeder
 from streamgrp.keys import BATCHER_CONSUMER, BATCHER_GROUP
 from streamgrp.lease import Lease, LeaseLost
+from streamgrp.metrics import pairs_to_counts
 from streamgrp.runs import Run, server_time
 from streamgrp.stall import StallTracker, stall_message
 from streamgrp.streams import ensure_group, entry_id_str, producer_name
@@ -228,6 +229,11 @@ class Batcher:
             ops += ["S", self._next_step, header, len(fresh), len(fresh), *(entry for entry, _ in fresh)]
             self._buffer = [item for item in self._buffer if item[0] not in used]
             self._next_step += 1
+            if self.metrics is not None:
+                self.metrics.batch_imbalance.set(manifest.imbalance)
+                self.metrics.policy_version.set(version)
+                for _, decision in fresh:
+                    self.metrics.staleness.observe(max(0, version - (decision.version or 0)))
             self.steps_written += 1
             log.info("step %d: %d groups over %d ranks, imbalance %.3f", manifest.step, len(fresh),
                      self.settings.dp_size, manifest.imbalance)
@@ -242,12 +248,14 @@ class Batcher:
         keys = [self.keys.decisions, self.keys.steps, self.keys.discarded, self.keys.counts, self.keys.batcher_lease,
                 self.keys.batcher_state, self.keys.control]
         try:
-            self._commit(keys=keys, args=[self.lease.token, BATCHER_GROUP, *ops])
+            _, *applied = self._commit(keys=keys, args=[self.lease.token, BATCHER_GROUP, *ops])
         except redis.ResponseError as exc:
             if "LEASE" in str(exc) or "STEP" in str(exc):
                 self._active = False
                 raise LeaseLost(str(exc)) from None
             raise
+        if self.metrics is not None:
+            self.metrics.apply_counts(pairs_to_counts(applied))
 
     # -- feeding, finishing, failing ----------------------------------------------------------------
 
@@ -300,9 +308,11 @@ class Batcher:
 
     def _check_stall(self, added: int) -> None:
         now = self.clock()
+        stalled = self.stall.round(added, now)
         if self.metrics is not None:
-            self.metrics.stall(self.stall.stall_seconds(now), self.stall.empty_rounds)
-        if not self.stall.round(added, now):
+            self.metrics.stall_seconds.set(self.stall.stall_seconds(now))
+            self.metrics.empty_rounds.set(self.stall.empty_rounds)
+        if not stalled:
             if self.stall.should_warn(now):
                 log.warning("no trainable group for %d rounds (%.0fs); the run fails after %d rounds and %gs",
                             self.stall.empty_rounds, self.stall.stall_seconds(now), self.stall.max_empty_rounds,

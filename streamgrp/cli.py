@@ -140,6 +140,19 @@ def _connected(args: argparse.Namespace):
             client.close()
 
 
+def _serve_metrics(port: int, client=None, streams=()):
+    """The process's metrics, served on ``port`` when it is not 0; None when off."""
+    if not port:
+        return None
+    from streamgrp.metrics import Metrics
+
+    metrics = Metrics()
+    if client is not None:
+        metrics.watch_streams(client, streams)
+    metrics.serve(port)
+    return metrics
+
+
 def _stop_event() -> threading.Event:
     """Set on SIGTERM or SIGINT, so a role finishes its round and releases what it holds."""
     stop = threading.Event()
@@ -173,9 +186,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         run = _join(client, connection, args, "worker")
         # Rollout code (e.g. loading weights) finds the server and run the same way the worker did.
         os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = handle.url, run.name
+        metrics = _serve_metrics(config.metrics_port)
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s)
         process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
-                                version=lambda: int(client.get(run.keys.version) or 0))
+                                version=lambda: int(client.get(run.keys.version) or 0), metrics=metrics)
         done = process.run(_stop_event())
         log.info("worker %s finished %d tasks", worker.name, done)
     return 0
@@ -187,7 +201,8 @@ def _cmd_assembler(args: argparse.Namespace) -> int:
     config = _settings(args, AssemblerConfig)
     with _connected(args) as (client, connection, _):
         run = _join(client, connection, args, "assembler")
-        assembler = Assembler(client, run, config)
+        metrics = _serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
+        assembler = Assembler(client, run, config, metrics=metrics)
         written = assembler.run(_stop_event(), burst=config.burst)
         log.info("assembler %s wrote %d decisions", assembler.name, written)
     return 0
@@ -203,7 +218,8 @@ def _cmd_batcher(args: argparse.Namespace) -> int:
     dataset = load_dataset(config.dataset) if config.dataset else None
     with _connected(args) as (client, connection, _):
         run = _join(client, connection, args, "batcher")
-        batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset)
+        metrics = _serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
+        batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics)
         outcome = batcher.run(_stop_event(), burst=config.burst)
         log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
                  batcher.steps_written)
@@ -216,7 +232,7 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
     config = _settings(args, TrainerConfig)
     with _connected(args) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {config.rank}")
-        steps = train(client, run, config)
+        steps = train(client, run, config, metrics=_serve_metrics(config.metrics_port))
         log.info("trainer rank %d committed %d steps", config.rank, steps)
     return 0
 

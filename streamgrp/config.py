@@ -79,6 +79,7 @@ class WorkerConfig(_Settings):
     claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long unacknowledged")
     max_tasks: int | None = Field(None, ge=1, description="exit after this many tasks (default: run until stopped)")
     burst: bool = Field(False, description="exit when no task is waiting instead of blocking")
+    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
 
 
 class BatcherConfig(_Settings):
@@ -90,6 +91,7 @@ class BatcherConfig(_Settings):
     group_filter: str | None = Field(None, description="module:function predicate over a GroupDecided; False drops it as filtered")
     max_steps: int | None = Field(None, ge=1, description="stop after writing this many steps")
     burst: bool = Field(False, description="exit after the first read that brings nothing new")
+    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
 
 
 class TrainerConfig(_Settings):
@@ -100,6 +102,7 @@ class TrainerConfig(_Settings):
     dist_url: str = Field("tcp://127.0.0.1:29511", description="torch.distributed rendezvous (gloo) for world_size > 1")
     lr: float = Field(0.05, gt=0, description="Adam learning rate")
     fail_at_step: int | None = Field(None, ge=0, description="inject an exception at this step (replay demos, tests)")
+    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
 
 
 class DemoConfig(_Settings):
@@ -124,6 +127,7 @@ class AssemblerConfig(_Settings):
     lease_ttl_s: float = Field(5.0, gt=0, description="a standby takes over this long after the active assembler died")
     max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="larger slot entries are dead-lettered")
     burst: bool = Field(False, description="exit after the first read that brings nothing new")
+    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
 
 
 T = TypeVar("T", bound=_Settings)

@@ -153,12 +153,13 @@ class WorkerProcess:
     """The `streamgrp worker` loop: keeps up to ``concurrency`` slots running and acks whole tasks."""
 
     def __init__(self, worker: WorkerClient, rollout: Callable[..., Any], config: WorkerConfig, *, n_samples: int,
-                 version: Callable[[], int] = lambda: 0) -> None:
+                 version: Callable[[], int] = lambda: 0, metrics: Any = None) -> None:
         self.worker = worker
         self.rollout = rollout
         self.config = config
         self.n_samples = n_samples
         self.version = version
+        self.metrics = metrics
         self.tasks_done = 0
         self._is_async = inspect.iscoroutinefunction(rollout)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -232,7 +233,12 @@ class WorkerProcess:
                 result = TypeError(f"rollout returned {type(result).__name__}; return a streamgrp.Sample or None")
         except Exception as exc:  # the user's failure becomes a failed slot, never a dead worker
             result = exc
-        return self.worker.publish(request.task_id, request.slot, result)
+        entry_id = self.worker.publish(request.task_id, request.slot, result)
+        if self.metrics is not None:
+            outcome = "failed" if isinstance(result, BaseException) else "rejected" if result is None else "sample"
+            self.metrics.slots.labels(outcome).inc()
+            self.metrics.policy_version.set(request.version)
+        return entry_id
 
 
 def _wait_any(in_flight, timeout: float | None = None) -> None:
