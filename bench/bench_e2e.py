@@ -361,6 +361,31 @@ class Bench:
         thread.start()
         return thread
 
+    def _poll_rewrites(self, spans: list[tuple[float, float]], done: threading.Event) -> threading.Thread:
+        """A thread noting (wall) when the server is rewriting its AOF (a forked child competing for CPU)."""
+        from streamgrp.runs import connect
+
+        client = connect(self.url)
+
+        def loop() -> None:
+            began = None
+            while not done.is_set():
+                busy = client.info("persistence").get("aof_rewrite_in_progress") == 1
+                now = time.time()
+                if busy and began is None:
+                    began = now
+                elif not busy and began is not None:
+                    spans.append((began, now))
+                    began = None
+                time.sleep(0.005)
+            if began is not None:
+                spans.append((began, time.time()))
+            client.close()
+
+        thread = threading.Thread(target=loop, name="aof-rewrite-poller", daemon=True)
+        thread.start()
+        return thread
+
     def streamgrp(self, tokens: int, workers: int, *, paced_rate: float | None = None, groups: int | None = None,
                   profile_path: str | None = None) -> dict:
         """Throughput (``paced_rate`` None) or paced latency run; returns the measurements."""
@@ -381,6 +406,8 @@ class Bench:
             seen: list = []
             done = threading.Event()
             observer = self._observe(run, groups, seen, done)
+            rewrites: list[tuple[float, float]] = []
+            poller = self._poll_rewrites(rewrites, done) if paced_rate is not None else None
             # Producers exit when done, so they report their own CPU time.
             roles = {"assembler": [assembler.pid], "server": [self.server_pid], "observer": [os.getpid()]}
             cpu_before = {role: sum(map(_cpu_seconds, pids)) for role, pids in roles.items()}
@@ -390,6 +417,8 @@ class Bench:
             replies = self._collect(results, procs, workers)
             done.wait(RUN_TIMEOUT_S)
             observer.join()
+            if poller is not None:
+                poller.join()
             gc.enable()
             cpu = {role: sum(map(_cpu_seconds, pids)) - cpu_before[role] for role, pids in roles.items()}
             cpu["producers"] = sum(reply[5] for reply in replies)
@@ -411,13 +440,15 @@ class Bench:
         out = {"slots": groups * N_SAMPLES, "seconds": ended - began, "rate": groups * N_SAMPLES / (ended - began),
                "publish_rate": groups * N_SAMPLES / (published - began), "cpu": cpu, "gc": gc_pauses}
         if paced_rate is not None:
-            out["latency"], out["slow"] = _latencies(replies, seen, gc_pauses["spans"])
+            out["latency"], out["slow"] = _latencies(replies, seen, gc_pauses["spans"], rewrites)
+            out["rewrites"] = rewrites
         return out
 
 
-def _latencies(replies: list[tuple], seen: list, pauses: list[tuple[int, float, float]]):
+def _latencies(replies: list[tuple], seen: list, pauses: list[tuple[int, float, float]],
+               rewrites: list[tuple[float, float]]):
     """Per-group latencies in ms, and the groups observed over 10 ms with whether an assembler GC
-    pause overlapped their publish-to-observed window."""
+    pause, or a server AOF rewrite, overlapped their publish-to-observed window."""
     from streamgrp import codec
 
     last_slot = {}
@@ -432,7 +463,8 @@ def _latencies(replies: list[tuple], seen: list, pauses: list[tuple[int, float, 
         decided.append((decision.decided_at - published) * 1000)
         observed.append((received - published) * 1000)
         if observed[-1] > 10:
-            slow.append((decision.task_id, any(b < received and e > published for _, b, e in pauses)))
+            slow.append((decision.task_id, any(b < received and e > published for _, b, e in pauses),
+                         any(b < received and e > published for b, e in rewrites)))
     return {"ids": ids, "decided": decided, "observed": observed}, slow
 
 
@@ -574,11 +606,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{_percentile(values, 0.5):>7.2f} {p99:>7.2f} {max(values):>7.2f} "
                       f"{'ok' if p99 < 10 else 'MISSED':>11}  {gc2[0]}, {gc2[2] * 1000:.1f} ms", flush=True)
             slow = lat["slow"]
-            print(f"{'':>6} groups observed over 10 ms: {len(slow)}; of those, {sum(1 for s in slow if s[1])} overlap an "
-                  f"assembler GC pause >= 1 ms (pauses: {len(lat['gc']['spans'])}, longest "
-                  f"{max((e - b for _, b, e in lat['gc']['spans']), default=0) * 1000:.1f} ms)")
+            spans = lat["gc"]["spans"]
+            print(f"{'':>6} groups observed over 10 ms: {len(slow)}; overlapping an assembler GC pause >= 1 ms: "
+                  f"{sum(1 for s in slow if s[1])}, an AOF rewrite: {sum(1 for s in slow if s[2])}, "
+                  f"neither: {sum(1 for s in slow if not (s[1] or s[2]))}")
             stalls = ", ".join(f"{e[0].decode()} max {e[3]} ms" for e in events) or "none over 2 ms"
-            print(f"{'':>6} server during the run: AOF rewrites {rewrites}; stalls (LATENCY LATEST): {stalls}; "
+            print(f"{'':>6} assembler GC pauses >= 1 ms: {len(spans)}, longest "
+                  f"{max((e - b for _, b, e in spans), default=0) * 1000:.1f} ms; server: AOF rewrites {rewrites} "
+                  f"({sum(e - b for b, e in lat['rewrites']):.2f} s), stalls (LATENCY LATEST) {stalls}; "
                   f"other processes used {lat['cpu']['others'] / lat['seconds']:.2f} cores")
         print("  ids: server clock, decision entry id ms - last slot entry id ms (1 ms resolution)\n"
               "  decided: decided_at (assembler wall clock, set before the commit) - publisher wall time after the XADD\n"

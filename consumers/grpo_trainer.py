@@ -55,18 +55,18 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
                     metrics.batch_wait.observe(wait_s)
                 if config.fail_at_step is not None and batch.step == config.fail_at_step:
                     raise FloatingPointError(f"injected fault: loss is NaN at step {batch.step} on rank {rank}")
-                metrics = _step(policy, optimizer, batch, spec, world)
+                step_metrics = _step(policy, optimizer, batch, spec, world)
                 if rank == 0:
                     publish(client, run.keys, batch.step + 1, policy.state_dict())
-                    metrics.update(wait_s=round(wait_s, 4), step=batch.step)
-                    client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(metrics))
+                    step_metrics.update(wait_s=round(wait_s, 4), step=batch.step)
+                    client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(step_metrics))
                 batch.commit()
                 steps += 1
                 if metrics is not None:
                     metrics.steps.inc()
                     metrics.policy_version.set(batch.step + 1)
                 log.info("rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs)", rank, batch.step,
-                         metrics["reward_mean"], metrics["loss"], batch.rows, wait_s)
+                         step_metrics["reward_mean"], step_metrics["loss"], batch.rows, wait_s)
                 waited_at = time.monotonic()
     except Exception:
         if metrics is not None:

@@ -13,13 +13,16 @@ terminal error on every rank at the same step. Moving to the next batch without 
 the previous one (the loop body finished). With the ``with`` form an exception inside the loop
 records a `StepFailed` event carrying the exception text before it propagates; a bare ``for``
 loop cannot see that exception, so an uncommitted step there is simply left for the next start.
+
+`build_batch` is the one place a shard becomes tensors; it reads slot entries through a fetch
+function, so `streamgrp.replay` rebuilds a step from the live log or an archive with the same code.
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -32,7 +35,7 @@ from streamgrp.errors import ConfigError, RunFailed, StreamgrpError
 from streamgrp.events import RunFinished, RunTerminated, Sample, Shard, StepCommitted, StepFailed, StepManifest, VersionAdvanced
 from streamgrp.keys import step_entry_id
 from streamgrp.runs import Run
-from streamgrp.streams import producer_name
+from streamgrp.streams import producer_name, read_entries
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,14 @@ _TORCH_DTYPES = {"bool": torch.bool, "uint8": torch.uint8, "int32": torch.int32,
 
 class DigestMismatch(StreamgrpError):
     """A shard's slot entries no longer hash to what the manifest recorded."""
+
+
+class ReadOnlyBatch(StreamgrpError):
+    """`commit` or `fail` on a batch that no trainer rank is consuming (a replay, or one loaded from a file)."""
+
+
+#: Reads slot entries by id: the fields of each, in order, None where an entry is gone.
+SlotFetch = Callable[[Sequence[str]], Sequence[Mapping[bytes, bytes] | None]]
 
 
 @dataclass
@@ -69,6 +80,7 @@ class Batch:
     step_loss_tokens: int
     digest: str
     samples: list[Sample] = field(repr=False, default_factory=list)
+    run: str = ""
     _client: TrainerClient | None = field(repr=False, default=None)
     settled: bool = field(default=False, repr=False)
 
@@ -78,15 +90,23 @@ class Batch:
 
     def commit(self) -> None:
         """Record this rank's step as done (idempotent)."""
+        self._check_live("commit")
         if not self.settled:
             self._client._commit(self)
             self.settled = True
 
     def fail(self, exc: BaseException | str) -> None:
         """Record a failed-step event with the exception text; the step stays uncommitted."""
+        self._check_live("fail")
         if not self.settled:
             self._client._fail(self, exc)
             self.settled = True
+
+    def _check_live(self, action: str) -> None:
+        if self._client is None:
+            raise ReadOnlyBatch(
+                f"cannot {action} step {self.step} rank {self.rank}: this batch is a replay (or was loaded from a "
+                "file), not a trainer rank's live batch; only batches from TrainerClient.batches() record progress")
 
 
 def shard_tensors(samples: list[Sample]) -> dict[str, torch.Tensor]:
@@ -188,33 +208,8 @@ class TrainerClient:
             self.client.xread({self.keys.steps: previous, self.keys.control: control_last}, block=self.poll_ms, count=1)
 
     def load(self, manifest: StepManifest, rank: int, world_size: int) -> Batch:
-        shard: Shard = manifest.shards[rank]
-        pipe = self.client.pipeline(transaction=False)
-        entries = [entry for group in shard.groups for entry in group.member_entries]
-        for entry in entries:
-            pipe.xrange(self.keys.slots, entry, entry)
-        found = pipe.execute()
-        by_entry = {}
-        for entry, result in zip(entries, found):
-            if not result:
-                raise DigestMismatch(f"step {manifest.step} rank {rank}: slot entry {entry} is gone from the slot log "
-                                     "(trimmed?); replay it from the archive")
-            by_entry[entry] = result[0][1]
-        samples, task_ids, sizes = [], [], []
-        for group in shard.groups:
-            digests = [codec.entry_digest(by_entry[e]) for e in group.member_entries]
-            if codec.combine_digests(digests) != group.digest:
-                raise DigestMismatch(f"step {manifest.step} rank {rank}: task {group.task_id}'s slot entries do not "
-                                     "match the digest the manifest recorded")
-            for entry in group.member_entries:
-                samples.append(codec.decode(by_entry[entry]).sample)
-            task_ids.append(group.task_id)
-            sizes.append(sum(group.member_rows))
-        tensors = shard_tensors(samples)
-        return Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
-                     group_sizes=torch.tensor(sizes, dtype=torch.int64),
-                     step_loss_tokens=sum(s.tokens for s in manifest.shards), digest=shard.digest,
-                     samples=samples, _client=self, **tensors)
+        return build_batch(manifest, rank, world_size, lambda ids: read_entries(self.client, self.keys.slots, list(ids)),
+                           run=self.keys.run, client=self)
 
     # -- writing ------------------------------------------------------------------------------------
 
@@ -238,6 +233,39 @@ class TrainerClient:
         event = StepFailed(step=batch.step, rank=batch.rank, error=text[:8000], producer=self.name, seq=self._next_seq())
         self.client.xadd(self.keys.commits, codec.encode(event))
         log.error("step %d failed on rank %d: %s", batch.step, batch.rank, text)
+
+
+def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: SlotFetch, *, run: str = "",
+                client: TrainerClient | None = None,
+                missing_hint: str = "replay it from the archive") -> Batch:
+    """Rank ``rank``'s shard of ``manifest`` as a `Batch`, its slot entries read through ``fetch``.
+
+    Every group's entries must hash to the digest the manifest recorded, else `DigestMismatch`.
+    Without ``client`` the batch is read-only: `Batch.commit` and `Batch.fail` raise `ReadOnlyBatch`.
+    """
+    shard: Shard = manifest.shards[rank]
+    entries = [entry for group in shard.groups for entry in group.member_entries]
+    by_entry = {}
+    for entry, fields in zip(entries, fetch(entries), strict=True):
+        if not fields:
+            raise DigestMismatch(f"step {manifest.step} rank {rank}: slot entry {entry} is gone from the slot log "
+                                 f"(trimmed?); {missing_hint}")
+        by_entry[entry] = fields
+    samples, task_ids, sizes = [], [], []
+    for group in shard.groups:
+        digests = [codec.entry_digest(by_entry[e]) for e in group.member_entries]
+        if codec.combine_digests(digests) != group.digest:
+            raise DigestMismatch(f"step {manifest.step} rank {rank}: task {group.task_id}'s slot entries do not "
+                                 "match the digest the manifest recorded")
+        for entry in group.member_entries:
+            samples.append(codec.decode(by_entry[entry]).sample)
+        task_ids.append(group.task_id)
+        sizes.append(sum(group.member_rows))
+    tensors = shard_tensors(samples)
+    return Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
+                 group_sizes=torch.tensor(sizes, dtype=torch.int64),
+                 step_loss_tokens=sum(s.tokens for s in manifest.shards), digest=shard.digest,
+                 samples=samples, run=run, _client=client, **tensors)
 
 
 class BatchStream:
