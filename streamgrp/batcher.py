@@ -115,7 +115,9 @@ class Batcher:
                 break
             last = entry_id_str(entries[-1][0])
             self._take(entries)
-        if self.dataset is not None:
+        if self._feeder is not None:
+            self._feeder.resume()  # the same dataset iterator: continue it, never re-open or re-skip it
+        elif self.dataset is not None:
             self._feeder = Feeder(self.client, self.keys, self.dataset, batch_size=self.settings.batch_size,
                                   max_staleness=self.settings.max_staleness, producer=self.name)
         log.info("batcher %s active at step %d with %d buffered groups", self.name, self._next_step, len(self._buffer))
@@ -131,7 +133,7 @@ class Batcher:
             if remaining <= 0 or (stop is not None and stop.is_set()):
                 break
             reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {self.keys.decisions: ">"}, count=512,
-                                           block=max(1, int(remaining * 1000)))
+                                           block=max(1, int(min(remaining, self.config.lease_ttl_s / 3) * 1000)))
             entries = reply[0][1] if reply else []
             read += len(entries)
             added += self._take(entries)

@@ -96,10 +96,34 @@ class Feeder:
         self.max_chunk = max_chunk
         self.exhausted = False
         self._script = client.register_script(_FEED)
-        cursor = int(client.hget(keys.batcher_state, "feeder_cursor") or 0)
-        self.cursor = cursor
-        self._items = islice(dataset, cursor, None)  # resume after what a predecessor issued
+        self._items = iter(dataset)
+        self._position = 0  # dataset items read from ``_items`` so far
+        self._held: list[dict[str, Any]] = []  # read but not (yet) issued: they end at ``_position``
+        self.cursor = 0
+        self.resume()
         ensure_group(client, keys.tasks, WORKERS_GROUP)
+
+    def resume(self) -> None:
+        """Continue after what this or any other batcher issued (at start, and after a lost lease).
+
+        The dataset is an iterator read once per process, so a batcher that loses its lease and later
+        takes over again must neither re-skip what it already read nor drop the prompts it read for an
+        issue that the fence refused.
+        """
+        cursor = int(self.client.hget(self.keys.batcher_state, "feeder_cursor") or 0)
+        first_held = self._position - len(self._held)
+        self._held = self._held[max(0, cursor - first_held):]
+        for _ in islice(self._items, max(0, cursor - self._position)):
+            self._position += 1
+        self.cursor = cursor
+        self.exhausted = False
+
+    def _prompts(self, n: int) -> list[dict[str, Any]]:
+        """The next ``n`` prompts (fewer at the end of the dataset), without consuming them."""
+        for item in islice(self._items, max(0, n - len(self._held))):
+            self._held.append(item)
+            self._position += 1
+        return self._held[:n]
 
     def outstanding(self) -> int:
         """Issued tasks not dropped by the assembler nor discarded by the batcher."""
@@ -113,7 +137,7 @@ class Feeder:
         room = feeder_capacity(version, self.max_staleness, self.batch_size) - self.outstanding()
         issued = 0
         while room > 0 and not self.exhausted:
-            prompts = list(islice(self._items, min(room, self.max_chunk)))
+            prompts = self._prompts(min(room, self.max_chunk))
             if len(prompts) < min(room, self.max_chunk):
                 self.exhausted = True
             if not prompts:
@@ -124,6 +148,7 @@ class Feeder:
                        for i, prompt in enumerate(prompts)]
             self.cursor = self._script(keys=[self.keys.tasks, self.keys.slots, self.keys.batcher_state,
                                              self.keys.batcher_lease], args=[lease_token, self.cursor, *headers])
+            del self._held[:len(prompts)]
             issued += len(prompts)
             room -= len(prompts)
         if issued:

@@ -7,7 +7,9 @@ collection round each) after taking the lease, so "exactly N rounds" means N cal
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -18,7 +20,7 @@ from processes import wait_until
 from streamgrp import codec
 from streamgrp.assembler import Assembler
 from streamgrp.batcher import Batcher
-from streamgrp.config import AssemblerConfig, BatcherConfig, WorkerConfig
+from streamgrp.config import AssemblerConfig, BatcherConfig
 from streamgrp.errors import ConfigError, RunFailed
 from streamgrp.events import (
     GroupDecided,
@@ -33,10 +35,11 @@ from streamgrp.events import (
     VersionAdvanced,
 )
 from streamgrp.keys import BATCHER_GROUP
+from streamgrp.lease import LeaseLost
 from streamgrp.stall import stall_message
 from streamgrp.synthetic import make_sample, synthetic_rollout
 from streamgrp.trainer import TrainerClient
-from streamgrp.worker import WorkerClient, WorkerProcess
+from streamgrp.worker import WorkerClient
 
 ROUND = BatcherConfig(round_s=0.05, lease_ttl_s=5)
 
@@ -62,9 +65,21 @@ def rows_rollout(request):
 
 
 def settle(client, run, fn=rollout, *, version: int = 0) -> None:
-    """Run every issued task through a worker and the assembler (burst), so their decisions exist."""
-    WorkerProcess(WorkerClient(client, run.keys), fn, WorkerConfig(burst=True, concurrency=4),
-                  n_samples=run.config.n_samples, version=lambda: version).run()
+    """Run every waiting task through a worker and the assembler (burst), so their decisions exist.
+
+    The worker side is `WorkerClient` driven inline (take, publish every slot, ack): the same
+    delivery path as `WorkerProcess` without its half-second idle wait before a burst exit.
+    """
+    worker = WorkerClient(client, run.keys)
+    while tasks := worker.take(100, block_ms=None):
+        for task in tasks:
+            for request in task.requests(run.config.n_samples, version):
+                try:
+                    result = fn(request)
+                except Exception as exc:  # a failed slot, as the worker would publish it
+                    result = exc
+                worker.publish(request.task_id, request.slot, result)
+            worker.done(task)
     Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)).run(burst=True)
 
 
@@ -125,12 +140,17 @@ def test_stall_fails_the_run_after_exactly_max_empty_rounds(client, make_run, is
     [terminal] = events(client, run.keys.control, RunTerminated)
     assert terminal.reason == "stall"
     assert terminal.step == 1 == batcher._next_step
-    server_counts = counts(client, run)
-    assert terminal.message == stall_message(batcher.stall, batcher.clock(), server_counts)
+    # the recorded message is the stall message for this tracker and the server's counters (its
+    # "Ns passed" is whatever the clock said then, at most the time since the last progress)
+    expected = stall_message(batcher.stall, batcher.clock(), counts(client, run))
+    [seconds] = re.findall(r"(\d+)s passed without progress", terminal.message)
+    assert int(seconds) <= round(time.monotonic() - batcher.stall.last_progress)
+    assert re.sub(r"\d+s passed", "Ns passed", terminal.message) == re.sub(r"\d+s passed", "Ns passed", expected)
     assert "3 consecutive batcher rounds" in terminal.message
     assert "'all_unusable': 4" in terminal.message and "usable_slot_yield=0.333" in terminal.message
 
     # the failure is durable: a new batcher does not resume the run, and no second terminal event appears
+    batcher.lease.release()
     assert Batcher(client, run, ROUND).run(threading.Event()) == "failed"
     assert len(events(client, run.keys.control, RunTerminated)) == 1
 
@@ -189,6 +209,29 @@ def test_a_stall_fails_every_rank_with_the_same_message_at_the_same_step(client,
     assert message == f"run {run.name} failed at step 2 (stall): {terminal.message}"
     assert "run stalled" in message
 
+
+
+def test_the_assemblers_terminal_event_is_stamped_with_the_step_every_rank_fails_at(client, redis_url, make_run,
+                                                                                    issuer):
+    run = make_run(n_samples=2, min_usable_group_size=2, dp_size=1, batch_size=1)
+    issue(issuer, run, [{}], ["good"])
+    settle(client, run)
+    batcher = active(client, run)
+    batcher.round()  # step 0
+    issue(issuer, run, [{"rows": 2}], ["two-rows"])  # two rows per slot break the one-sample-per-slot contract
+    settle(client, run)
+    [unstamped] = events(client, run.keys.control, RunTerminated)
+    assert unstamped.step is None and unstamped.reason == "contract_violation"
+
+    batcher.round()
+    assert batcher.outcome == "failed"
+    stamped = events(client, run.keys.control, RunTerminated)[1:]
+    assert [(t.reason, t.step, t.message) for t in stamped] == [("contract_violation", 1, unstamped.message)]
+    steps = []
+    with pytest.raises(RunFailed, match=r"failed at step 1 \(contract_violation\): .*slot sizes \[2, 2\]"):
+        for batch in TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1).batches(rank=0, world_size=1):
+            steps.append(batch.step)
+    assert steps == [0]
 
 # -- staleness and the feeder window --------------------------------------------------------------------
 
@@ -492,3 +535,27 @@ def test_the_policy_version_advances_only_when_every_rank_committed(client, redi
     assert [(v.version, v.step) for v in advanced] == [(1, 0), (2, 1)]
     committed = Counter((e.step, e.rank) for e in events(client, run.keys.commits, StepCommitted))
     assert committed == {(0, 0): 1, (1, 0): 1, (0, 1): 1, (1, 1): 1}
+
+
+def test_a_batcher_that_loses_and_regains_the_lease_issues_each_prompt_once_in_order(client, make_run):
+    run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=0)  # a window of 2 tasks per version
+    prompts = [{"seed": i} for i in range(20)]
+    first = active(client, run, dataset=iter(prompts))
+    first.round()  # t0, t1
+
+    # the first batcher pauses past its lease; a standby takes over and issues the next window
+    client.delete(run.keys.batcher_lease)
+    standby = active(client, run, dataset=iter(prompts))
+    client.set(run.keys.version, 1)
+    standby.round()  # t2, t3
+    with pytest.raises(LeaseLost):
+        first.round()  # fenced: it cannot issue (it already read its next prompts from the dataset)
+    standby.lease.release()
+
+    # the standby goes away and the first batcher takes over again, as its run loop would
+    client.set(run.keys.version, 2)
+    assert first.lease.acquire()
+    first._activate()
+    first.round()  # t4, t5
+    issued = events(client, run.keys.tasks, TaskIssued)
+    assert [(t.task_id, t.prompt["seed"]) for t in issued] == [(f"t{i:08d}", i) for i in range(6)]

@@ -123,8 +123,9 @@ def _check_log(client, run, issued, half_done):
     assert counts.get("slots:duplicate", 0) == ignored["duplicate"]
     assert counts.get("slots:late", 0) == ignored["late"]
     assert counts.get("slots:timeout", 0) == 0  # deadlines were long enough not to fire
-    # the killed worker's half-published tasks were reclaimed and republished: duplicates, not double folds
-    assert counts["slots:duplicate"] >= 1
+    # the killed worker's half-published tasks were reclaimed and republished: the repeats count as
+    # duplicates (group still open) or late (the reclaiming worker's other slots closed it first)
+    assert counts.get("slots:duplicate", 0) + counts.get("slots:late", 0) >= 1
     for task_id in half_done:
         assert sum(1 for _, e in log if isinstance(e, SlotResult) and e.task_id == task_id) > N_SAMPLES - 1
     outcomes = Counter(o for d in decisions for o in d.slot_outcomes.values())

@@ -18,7 +18,8 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def decision(task: int, tokens: list[int], versions: list[int] | None = None, rows: list[int] | None = None) -> tuple[str, GroupDecided]:
+def decision(task: int, tokens: list[int], versions: list[int] | None = None,
+             rows: list[int] | None = None) -> tuple[str, GroupDecided]:
     """A trainable group of ``len(tokens)`` members and the decision-entry id it would have."""
     n = len(tokens)
     members = tuple(range(n))
