@@ -100,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     runs = commands.add_parser("runs", help="list the runs on the server, newest last")
     _add_model_flags(runs, ConnectionConfig, "connection")
     runs.set_defaults(handler=_cmd_runs)
+
+    report = commands.add_parser("report", help="render the run's timeline as one self-contained HTML page")
+    _add_model_flags(report, ConnectionConfig, "connection")
+    report.add_argument("--out", default=None, metavar="FILE", help="where to write [default report-RUN.FORMAT]")
+    report.add_argument("--format", choices=["html", "png"], default="html",
+                        help="html (default; needs nothing) or png (needs matplotlib)")
+    report.set_defaults(handler=_cmd_report)
+    _add_replay_commands(commands)
     return parser
 
 
@@ -263,6 +271,26 @@ def _demo_run_defaults(args: argparse.Namespace) -> dict[str, Any]:
     return {**defaults, **{k: v for k, v in vars(args).items() if v is not None}}
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from streamgrp.errors import ConfigError
+    from streamgrp.report import build_report, render_html, render_png, require_png
+    from streamgrp.runs import open_run, resolve_run_name
+
+    if args.format == "png":
+        require_png()  # before connecting: say what to install without starting a server
+    with _connected(args) as (client, connection, _handle):
+        run = open_run(client, resolve_run_name(client, connection.run, create=False))
+        data = build_report(client, run.keys)
+    out = args.out or f"report-{run.name}.{args.format}"
+    try:
+        with open(out, "wb") as file:
+            file.write(render_png(data) if args.format == "png" else render_html(data).encode())
+    except OSError as exc:
+        raise ConfigError(f"cannot write the report to {out}: {exc.strerror}; pass --out with a writable path") from None
+    print(f"run {run.name}: {len(data.steps)} steps, report written to {out}")
+    return 0
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     import time
 
@@ -271,6 +299,126 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     with _connected(args) as (client, _, _handle):
         for name, started in list_runs(client):
             print(f"{name}\t{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}")
+    return 0
+
+
+# -- replay: steps, replay, verify, inspect (streamgrp.replay) ----------------------------------------
+
+
+def _add_replay_commands(commands: Any) -> None:
+    steps = commands.add_parser("steps", help="list the run's steps and each rank's status (committed, failed, ...)")
+    _add_model_flags(steps, ConnectionConfig, "connection")
+    steps.add_argument("--failed", action="store_true", help="only steps a rank failed, with the exception text")
+    steps.set_defaults(handler=_cmd_steps)
+
+    replay = commands.add_parser("replay", help="rebuild the exact tensors a rank consumed at a step, digests checked")
+    _add_model_flags(replay, ConnectionConfig, "connection")
+    replay.add_argument("step", type=int, metavar="STEP", help="the step to rebuild")
+    replay.add_argument("--rank", type=int, default=None, help="the rank to rebuild [default: every rank]")
+    replay.add_argument("--out", default=None, metavar="FILE",
+                        help="save the batch (safetensors layout, no pickle); for several ranks FILE gets .rankR")
+    replay.add_argument("--run-fn", default=None, metavar="MODULE:FUNCTION",
+                        help="call this with the replayed streamgrp.trainer.Batch and print what it returns "
+                        "(the module may sit in the current directory)")
+    replay.set_defaults(handler=_cmd_replay)
+
+    verify = commands.add_parser("verify", help="re-fold the slot log and re-partition the steps; exit 1 on any "
+                                 "difference from the record")
+    _add_model_flags(verify, ConnectionConfig, "connection")
+    verify.add_argument("--from", dest="from_step", type=int, default=None, metavar="STEP",
+                        help="first step to re-partition [default: 0]")
+    verify.add_argument("--to", dest="to_step", type=int, default=None, metavar="STEP",
+                        help="last step to re-partition [default: the last]")
+    verify.set_defaults(handler=_cmd_verify)
+
+    inspect = commands.add_parser("inspect", help="one task's timeline: issue, slot results, decision, step and rank")
+    _add_model_flags(inspect, ConnectionConfig, "connection")
+    inspect.add_argument("task_id", metavar="TASK_ID")
+    inspect.set_defaults(handler=_cmd_inspect)
+
+
+@contextmanager
+def _inspected_run(args: argparse.Namespace):
+    """A client and the keys of --run (default: the latest run), for read-only commands."""
+    from streamgrp.runs import open_run, resolve_run_name
+
+    with _connected(args) as (client, connection, _handle):
+        run = open_run(client, resolve_run_name(client, connection.run, create=False))
+        yield client, run
+
+
+def _cmd_steps(args: argparse.Namespace) -> int:
+    from streamgrp.replay import format_steps, list_steps
+
+    with _inspected_run(args) as (client, run):
+        steps = list_steps(client, run.keys)
+        shown = [s for s in steps if s.failed] if args.failed else steps
+        print(f"run {run.name}: {len(steps)} steps" + (f", {len(shown)} with a failed rank" if args.failed else ""))
+        if shown:
+            print(format_steps(shown))
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    import pprint
+    import traceback
+    from pathlib import Path
+
+    from streamgrp.replay import RedisSource, format_batch, read_manifest, replay_step, save_batch
+    from streamgrp.trainer import DigestMismatch
+    from streamgrp.worker import load_callable
+
+    if args.run_fn and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a debugging function usually sits in a file next to the user
+    run_fn = load_callable(args.run_fn) if args.run_fn else None
+    with _inspected_run(args) as (client, run):
+        ranks = [args.rank]
+        if args.rank is None:
+            manifest = read_manifest(RedisSource(client, run.keys), args.step)
+            ranks = list(range(len(manifest.shards))) if manifest is not None else [0]
+        status = 0
+        for rank in ranks:
+            try:
+                batch = replay_step(client, run.keys, args.step, rank)
+            except DigestMismatch as exc:
+                print(f"streamgrp replay: digest mismatch, the log no longer holds what rank {rank} trained: {exc}",
+                      file=sys.stderr)
+                status = 1
+                continue
+            print(format_batch(batch))
+            if args.out:
+                out = Path(args.out)
+                if len(ranks) > 1:
+                    out = out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+                print(f"  saved to {save_batch(batch, out)}")
+            if run_fn is not None:
+                try:
+                    result = run_fn(batch)
+                except Exception:
+                    print(f"streamgrp replay: {args.run_fn} raised on step {args.step} rank {rank}:", file=sys.stderr)
+                    traceback.print_exc()
+                    status = 1
+                    continue
+                print(result if isinstance(result, str) else pprint.pformat(result))
+    return status
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from streamgrp.replay import format_report, verify
+
+    with _inspected_run(args) as (client, run):
+        report = verify(client, run.keys, args.from_step, args.to_step)
+    print(format_report(report))
+    return 0 if report.ok else 1
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from streamgrp.replay import format_timeline, inspect_task
+
+    with _inspected_run(args) as (client, run):
+        timeline = inspect_task(client, run.keys, args.task_id)
+    print(f"task {args.task_id} in run {run.name}")
+    print(format_timeline(timeline))
     return 0
 
 

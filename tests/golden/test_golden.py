@@ -1,0 +1,84 @@
+"""The golden run log (`run.jsonl`, made by `make_golden.py`) replays to what its trainers consumed.
+
+Served two ways: from memory through the entry-source interface (no server; what an archive will
+do), and loaded into a fresh run on each real server kind with the recorded entry ids.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from runlog import MemorySource, load_run
+
+from streamgrp.replay import format_report, inspect_task, list_steps, replay_step, verify
+
+HERE = Path(__file__).resolve().parent
+EXPECTED = json.loads((HERE / "expected.json").read_text())
+
+
+def _check_replays(client, keys, source=None) -> None:
+    for step in EXPECTED["steps"]:
+        for want in step["ranks"]:
+            batch = replay_step(client, keys, step["step"], want["rank"], source=source)
+            assert (batch.step, batch.rank, batch.version, batch.run) == (step["step"], want["rank"], step["version"],
+                                                                          keys.run)
+            assert batch.digest == want["digest"]
+            assert batch.task_ids == want["task_ids"]
+            assert batch.group_sizes.tolist() == want["group_sizes"]
+            assert list(batch.token_ids.shape) == want["shape"]
+            assert int(batch.token_ids.sum()) == want["token_ids_sum"]
+            assert int(batch.loss_mask.sum()) == want["loss_mask_sum"]
+            assert int(batch.attention_mask.sum()) == want["attention_mask_sum"]
+            assert float(batch.logprobs.double().sum()) == want["logprobs_sum"]
+            assert batch.rewards.tolist() == want["rewards"]
+            assert batch.token_ids[0].tolist() == want["first_row"]
+            assert batch.step_loss_tokens == want["step_loss_tokens"]
+            assert batch.token_ids.dtype == torch.int64 and batch.loss_mask.dtype == torch.bool
+
+
+def _check_record(client, keys, source=None) -> None:
+    report = verify(client, keys, source=source)
+    assert report.ok, format_report(report)
+    assert report.decisions_checked == 13 and report.steps_checked == len(EXPECTED["steps"])
+    statuses = list_steps(client, keys, source=source)
+    assert {str(s.step): {str(r.rank): r.state for r in s.ranks} for s in statuses} == EXPECTED["rank_states"]
+    failed = [(s.step, r.rank, r.error) for s in statuses for r in s.ranks if r.state == "failed"]
+    assert failed == [(1, 1, EXPECTED["failure"])]
+    assert statuses[0].decisions == {"complete": 2, "partial": 2}  # g00, g04 | g01, g02
+    timeline = inspect_task(client, keys, "g05", source=source)
+    whats = [event.what for event in timeline]
+    assert whats == ["issued", "slot", "slot", "slot", "decided", "slot", "trained"]
+    decided = timeline[whats.index("decided")]
+    assert decided.data["closed_by"] == "deadline" and decided.data["decision"] == "partial"
+    assert "late" in timeline[5].text
+    trained = [event.data for event in timeline if event.what == "trained"]
+    assert trained == [{"step": 2, "rank": 0}]
+
+
+def test_golden_log_replays_from_an_entry_source_without_a_server():
+    source = MemorySource(HERE / "run.jsonl")
+    _check_replays(None, source.keys, source)
+    _check_record(None, source.keys, source)
+
+
+def test_golden_log_loaded_on_a_real_server_replays_and_verifies(client, run_name):
+    keys = load_run(client, HERE / "run.jsonl", run_name)
+    _check_replays(client, keys)
+    _check_record(client, keys)
+
+
+def test_golden_log_without_consumer_groups_still_verifies(client, run_name):
+    keys = load_run(client, HERE / "run.jsonl", run_name, groups=False)
+    report = verify(client, keys)
+    assert report.ok, format_report(report)
+    assert report.unread_entries == 0
+
+
+@pytest.mark.parametrize("task", ["g03", "g01"])
+def test_golden_decisions_are_the_recorded_ones(task):
+    source = MemorySource(HERE / "run.jsonl")
+    decided = next(e for e in inspect_task(None, source.keys, task, source=source) if e.what == "decided")
+    assert [decided.data["decision"], decided.data["reason"]] == EXPECTED["decisions"][task]

@@ -1,0 +1,138 @@
+"""`verify` and `replay_step` on the golden log with one fact altered, served from memory (no server).
+
+Each test changes one entry of a `MemorySource` and checks that the difference is reported with
+the right kind and subject, and nothing else is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from runlog import MemorySource
+
+from streamgrp import codec
+from streamgrp.events import GroupDecided
+from streamgrp.keys import step_entry_id
+from streamgrp.replay import format_report, replay_step, verify
+from streamgrp.trainer import DigestMismatch
+
+LOG = Path(__file__).resolve().parent / "run.jsonl"
+
+
+@pytest.fixture
+def source() -> MemorySource:
+    return MemorySource(LOG)
+
+
+def _kinds(report) -> set[tuple[str, str, str | None]]:
+    return {(d.kind, d.subject, d.field) for d in report.differences}
+
+
+def _decision(source, task_id) -> tuple[str, GroupDecided]:
+    return next((entry_id, event) for entry_id, fields in source.scan("decisions")
+                if (event := codec.decode(fields)).task_id == task_id)
+
+
+def _manifest(source, step):
+    return codec.decode(source.streams["steps"][step_entry_id(step)])
+
+
+def test_an_altered_decision_outcome_is_reported(source):
+    entry_id, decision = _decision(source, "g03")
+    source.streams["decisions"][entry_id] = codec.encode(decision.model_copy(update={"reason": "incomplete"}))
+    report = verify(None, source.keys, source=source)
+    assert _kinds(report) == {("decision_differs", "task g03", "reason")}
+    (difference,) = report.differences
+    assert (difference.recorded, difference.recomputed) == ("incomplete", "below_minimum")
+    assert "recorded incomplete, recomputed below_minimum" in format_report(report)
+
+
+def test_an_altered_stats_dict_is_reported(source):
+    entry_id, decision = _decision(source, "g05")
+    stats = {**decision.stats, "usable_slot_count": 4}
+    source.streams["decisions"][entry_id] = codec.encode(decision.model_copy(update={"stats": stats}))
+    assert _kinds(verify(None, source.keys, source=source)) == {("decision_differs", "task g05", "stats")}
+
+
+def test_a_missing_decision_is_reported_and_its_step_cannot_be_rebuilt(source):
+    entry_id, _ = _decision(source, "g00")
+    del source.streams["decisions"][entry_id]
+    kinds = _kinds(verify(None, source.keys, source=source))
+    assert ("decision_missing", "task g00", "decision") in kinds
+    assert ("step_decision_unknown", "step 0", "task g00") in kinds
+
+
+def test_a_decision_the_log_does_not_support_is_reported(source):
+    entry_id, decision = _decision(source, "g12")
+    source.streams["decisions"]["9999999999999-0"] = codec.encode(decision.model_copy(update={"task_id": "ghost"}))
+    assert _kinds(verify(None, source.keys, source=source)) == {("decision_extra", "task ghost", "decision")}
+
+
+def test_a_duplicate_decision_is_reported(source):
+    entry_id, decision = _decision(source, "g12")
+    source.streams["decisions"]["9999999999999-0"] = codec.encode(decision)
+    assert _kinds(verify(None, source.keys, source=source)) == {("decision_duplicate", "task g12", "entry")}
+
+
+def test_groups_moved_between_ranks_are_reported(source):
+    manifest = _manifest(source, 1)
+    first, second = manifest.shards
+    moved = (first.model_copy(update={"groups": second.groups}), second.model_copy(update={"groups": first.groups}))
+    source.streams["steps"][step_entry_id(1)] = codec.encode(manifest.model_copy(update={"shards": moved}))
+    report = verify(None, source.keys, source=source)
+    assert {("shard_groups", "step 1 rank 0", "task ids"), ("shard_groups", "step 1 rank 1", "task ids")} \
+        <= _kinds(report)
+    assert all(d.subject.startswith("step 1") for d in report.differences)
+    # Replay checks the shard against its own groups' digests first.
+    with pytest.raises(DigestMismatch, match="shard digest"):
+        replay_step(None, source.keys, 1, 0, source=source)
+
+
+def test_a_group_batched_twice_is_reported(source):
+    step0, step1 = _manifest(source, 0), _manifest(source, 1)
+    shard = step1.shards[0]
+    doubled = shard.model_copy(update={"groups": (step0.shards[0].groups[0], *shard.groups[1:])})
+    source.streams["steps"][step_entry_id(1)] = codec.encode(
+        step1.model_copy(update={"shards": (doubled, step1.shards[1])}))
+    task = step0.shards[0].groups[0].task_id
+    assert ("group_in_two_steps", f"task {task}", "step") in _kinds(verify(None, source.keys, source=source))
+
+
+def test_the_step_range_limits_repartitioning_but_not_decisions(source):
+    manifest = _manifest(source, 2)
+    source.streams["steps"][step_entry_id(2)] = codec.encode(manifest.model_copy(update={"imbalance": 9.0}))
+    assert _kinds(verify(None, source.keys, source=source)) == {("step_imbalance", "step 2", "imbalance")}
+    report = verify(None, source.keys, 0, 1, source=source)
+    assert report.ok and report.steps_checked == 2 and report.decisions_checked == 13
+
+
+def test_entries_the_assembler_never_read_are_not_folded(source):
+    slot_ids = list(source.streams["slots"])
+    # Pretend the assembler stopped right after the issue of every task: no decision is supported.
+    source.positions[("slots", "assembler")] = slot_ids[12]
+    report = verify(None, source.keys, source=source)
+    assert report.unread_entries == len(slot_ids) - 13 and report.entries_folded == 13
+    assert ("decision_extra", "task g00", "decision") in _kinds(report)
+
+
+def test_altered_slot_bytes_fail_replay_and_verify(source):
+    manifest = _manifest(source, 0)
+    group = manifest.shards[1].groups[0]
+    fields = source.streams["slots"][group.member_entries[0]]
+    blob = bytearray(fields[codec.BLOB])
+    blob[-1] ^= 0x01  # the last logprob's lowest bit: a valid entry with different bytes
+    source.streams["slots"][group.member_entries[0]] = {**fields, codec.BLOB: bytes(blob)}
+    with pytest.raises(DigestMismatch, match=f"task {group.task_id}'s slot entries"):
+        replay_step(None, source.keys, 0, 1, source=source)
+    replay_step(None, source.keys, 0, 0, source=source)  # the other rank's shard is intact
+    assert _kinds(verify(None, source.keys, source=source)) == {
+        ("decision_differs", f"task {group.task_id}", "member_digests")}
+
+
+def test_a_trimmed_slot_entry_names_the_entry(source):
+    manifest = _manifest(source, 2)
+    entry = manifest.shards[0].groups[0].member_entries[1]
+    del source.streams["slots"][entry]
+    with pytest.raises(DigestMismatch, match=f"slot entry {entry} is gone"):
+        replay_step(None, source.keys, 2, 0, source=source)
