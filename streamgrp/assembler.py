@@ -37,7 +37,7 @@ from streamgrp.errors import DecodeError
 from streamgrp.events import GroupDecided, RunTerminated, SlotResult, TaskIssued, Tick
 from streamgrp.fold import DUPLICATE, DUPLICATE_TASK, LATE, UNKNOWN_TASK, Closed, FoldState, fold, next_deadline
 from streamgrp.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
-from streamgrp.lease import Lease, LeaseLost
+from streamgrp.lease import Lease, LeaseLost, run_while_leased
 from streamgrp.metrics import pairs_to_counts
 from streamgrp.runs import Run, server_time
 from streamgrp.streams import ensure_group, entry_id_str, producer_name
@@ -74,28 +74,18 @@ class Assembler:
 
         Groups still open at a burst exit stay pending on the server; the next assembler rebuilds them.
         """
-        stop = stop or threading.Event()
-        try:
-            while not stop.is_set():
-                if self.state is None and not self.lease.acquire():
-                    stop.wait(min(1.0, self.config.lease_ttl_s / 3))
-                    continue
-                try:
-                    if self.state is None:
-                        self._rebuild()
-                    self.lease.renew_if_due()
-                    read = self._round(">", block_ms=int(self.config.tick_interval_s * 1000))
-                    self._maybe_tick()
-                except LeaseLost:
-                    log.warning("assembler %s lost its lease; standing by", self.name)
-                    self.state = None
-                    continue
-                if burst and read == 0:
-                    break
-        finally:
-            if self.state is not None:
-                self.lease.release()
+        run_while_leased(self.lease, who=f"assembler {self.name}", stop=stop or threading.Event(),
+                         is_active=lambda: self.state is not None, activate=self._rebuild, work=self._work,
+                         deactivate=self._stand_by, burst=burst)
         return self.decisions_written
+
+    def _work(self) -> int:
+        read = self._round(">", block_ms=int(self.config.tick_interval_s * 1000))
+        self._maybe_tick()
+        return read
+
+    def _stand_by(self) -> None:
+        self.state = None
 
     def _rebuild(self) -> None:
         """Start a fresh fold from this group's pending entries, oldest first."""

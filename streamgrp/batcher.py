@@ -30,7 +30,7 @@ from streamgrp.errors import DecodeError
 from streamgrp.events import GroupDecided, GroupDiscarded, RunFinished, RunTerminated
 from streamgrp.feeder import Feeder
 from streamgrp.keys import BATCHER_CONSUMER, BATCHER_GROUP
-from streamgrp.lease import Lease, LeaseLost
+from streamgrp.lease import Lease, LeaseLost, run_while_leased
 from streamgrp.metrics import pairs_to_counts
 from streamgrp.runs import Run, server_time
 from streamgrp.stall import StallTracker, stall_message
@@ -75,27 +75,13 @@ class Batcher:
     def run(self, stop: threading.Event | None = None, *, burst: bool = False) -> str:
         """Returns the outcome: ``finished``, ``failed``, or ``running`` when stopped from outside."""
         stop = stop or threading.Event()
-        try:
-            while not stop.is_set() and self.outcome == "running":
-                if not self._active and not self.lease.acquire():
-                    stop.wait(min(1.0, self.config.lease_ttl_s / 3))
-                    continue
-                try:
-                    if not self._active:
-                        self._activate()
-                        if self.outcome != "running":
-                            break
-                    read = self.round(stop)
-                except LeaseLost:
-                    log.warning("batcher %s lost its lease; standing by", self.name)
-                    self._active = False
-                    continue
-                if burst and read == 0:
-                    break
-        finally:
-            if self._active:
-                self.lease.release()
+        run_while_leased(self.lease, who=f"batcher {self.name}", stop=stop, is_active=lambda: self._active,
+                         activate=self._activate, work=lambda: self.round(stop), deactivate=self._stand_by,
+                         burst=burst, running=lambda: self.outcome == "running")
         return self.outcome
+
+    def _stand_by(self) -> None:
+        self._active = False
 
     def _activate(self) -> None:
         """Take over: the next step from the server, the buffer from pending decisions."""

@@ -49,17 +49,11 @@ def load_dataset(spec: str) -> Iterator[dict[str, Any]]:
         if not path.exists():
             raise ConfigError(f"dataset file {spec} does not exist; pass a JSONL file or module:iterable")
         return _jsonl(path)
-    from streamgrp.worker import load_callable
+    from streamgrp.worker import load_object
 
-    module_name, _, attr = spec.partition(":")
-    import importlib
-
-    try:
-        target: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"cannot load dataset {spec!r}: {exc}; use a JSONL path or module:iterable") from None
+    target = load_object(spec)
     if callable(target) and not hasattr(target, "__iter__"):
-        target = load_callable(spec)()
+        target = target()  # a factory of prompts
     return (_as_prompt(item, spec) for item in target)
 
 

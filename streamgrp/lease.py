@@ -9,10 +9,15 @@ of the TTL keeps it small.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import redis
+
+log = logging.getLogger(__name__)
 
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
@@ -49,3 +54,34 @@ class Lease:
             self.client.eval(_RELEASE, 1, self.key, self.token)
         except redis.RedisError:
             pass  # the TTL frees it anyway
+
+
+def run_while_leased(lease: Lease, *, who: str, stop: threading.Event, is_active: Callable[[], bool],
+                     activate: Callable[[], None], work: Callable[[], int], deactivate: Callable[[], None],
+                     burst: bool = False, running: Callable[[], bool] = lambda: True) -> None:
+    """The loop of a role with one active process: stand by until the lease is free, `activate`
+    (rebuild state from the server), then `work` rounds until stopped; on a lost lease `deactivate`
+    and stand by again. In burst mode return after a round that read nothing (``work`` returns 0).
+    """
+    poll_s = min(1.0, lease.ttl_ms / 3000)
+    try:
+        while not stop.is_set() and running():
+            if not is_active() and not lease.acquire():
+                stop.wait(poll_s)
+                continue
+            try:
+                if not is_active():
+                    activate()
+                    if not running():
+                        break
+                lease.renew_if_due()
+                read = work()
+            except LeaseLost:
+                log.warning("%s lost its lease; standing by", who)
+                deactivate()
+                continue
+            if burst and read == 0:
+                break
+    finally:
+        if is_active():
+            lease.release()

@@ -130,11 +130,11 @@ class WorkerClient:
         self.client.xack(self.keys.tasks, WORKERS_GROUP, task.entry_id)
 
 
-def load_callable(spec: str) -> Callable[..., Any]:
-    """Import ``module:function`` (attribute paths allowed after the colon)."""
+def load_object(spec: str) -> Any:
+    """Import ``module:attribute`` (attribute paths allowed after the colon)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"{spec!r} is not 'module:function'; for example streamgrp.synthetic:synthetic_rollout")
+        raise ConfigError(f"{spec!r} is not 'module:name'; for example streamgrp.synthetic:synthetic_rollout")
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -144,6 +144,12 @@ def load_callable(spec: str) -> Callable[..., Any]:
             target = getattr(target, part)
         except AttributeError:
             raise ConfigError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
+    return target
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    """Import ``module:function`` and check it can be called."""
+    target = load_object(spec)
     if not callable(target):
         raise ConfigError(f"{spec!r} is not callable")
     return target
