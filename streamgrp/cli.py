@@ -19,6 +19,7 @@ from typing import Any
 
 from streamgrp._version import __version__
 from streamgrp.config import (
+    ArchiverConfig,
     AssemblerConfig,
     BatcherConfig,
     ConnectionConfig,
@@ -107,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=["html", "png"], default="html",
                         help="html (default; needs nothing) or png (needs matplotlib)")
     report.set_defaults(handler=_cmd_report)
+
+    archiver = commands.add_parser("archiver", help="copy the run's streams to segment files on disk; with "
+                                   "--retention, trim the server behind the archive and every reader")
+    for model, title in ((ConnectionConfig, "connection"), (ArchiverConfig, "archiver")):
+        _add_model_flags(archiver, model, title)
+    archiver.set_defaults(handler=_cmd_archiver)
     _add_replay_commands(commands)
     return parser
 
@@ -275,12 +282,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from streamgrp.errors import ConfigError
     from streamgrp.report import build_report, render_html, render_png, require_png
     from streamgrp.runs import open_run, resolve_run_name
+    from streamgrp.sources import default_source
 
     if args.format == "png":
         require_png()  # before connecting: say what to install without starting a server
     with _connected(args) as (client, connection, _handle):
         run = open_run(client, resolve_run_name(client, connection.run, create=False))
-        data = build_report(client, run.keys)
+        data = build_report(client, run.keys, source=default_source(client, run.keys, connection.data_dir))
     out = args.out or f"report-{run.name}.{args.format}"
     try:
         with open(out, "wb") as file:
@@ -288,6 +296,34 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot write the report to {out}: {exc.strerror}; pass --out with a writable path") from None
     print(f"run {run.name}: {len(data.steps)} steps, report written to {out}")
+    return 0
+
+
+def _cmd_archiver(args: argparse.Namespace) -> int:
+    import time
+
+    from streamgrp.archive import Archiver, default_archive_dir
+    from streamgrp.errors import ConfigError
+    from streamgrp.runs import open_run, resolve_run_name
+
+    config = _settings(args, ArchiverConfig)
+    stop = _stop_event()
+    with _connected(args) as (client, connection, _):
+        while True:  # the archiver never creates a run: it waits for the one it was given
+            try:
+                run = open_run(client, resolve_run_name(client, connection.run, create=False))
+                break
+            except ConfigError:
+                if config.burst or connection.run is None or stop.wait(1.0):
+                    raise
+        directory = config.archive_dir or default_archive_dir(connection.data_dir, run.name)
+        archiver = Archiver(client, run.keys, directory, config, dp_size=run.config.dp_size)
+        log.info("archiver for run %s writing to %s (retention %s)", run.name, directory,
+                 "on" if config.retention else "off")
+        started = time.monotonic()
+        archived = archiver.run(stop, burst=config.burst)
+        log.info("archiver: %d entries archived in %.1fs, %d trimmed from the server", archived,
+                 time.monotonic() - started, archiver.trimmed)
     return 0
 
 
@@ -309,6 +345,7 @@ def _add_replay_commands(commands: Any) -> None:
     steps = commands.add_parser("steps", help="list the run's steps and each rank's status (committed, failed, ...)")
     _add_model_flags(steps, ConnectionConfig, "connection")
     steps.add_argument("--failed", action="store_true", help="only steps a rank failed, with the exception text")
+    _add_archive_flag(steps)
     steps.set_defaults(handler=_cmd_steps)
 
     replay = commands.add_parser("replay", help="rebuild the exact tensors a rank consumed at a step, digests checked")
@@ -320,6 +357,7 @@ def _add_replay_commands(commands: Any) -> None:
     replay.add_argument("--run-fn", default=None, metavar="MODULE:FUNCTION",
                         help="call this with the replayed streamgrp.trainer.Batch and print what it returns "
                         "(the module may sit in the current directory)")
+    _add_archive_flag(replay)
     replay.set_defaults(handler=_cmd_replay)
 
     verify = commands.add_parser("verify", help="re-fold the slot log and re-partition the steps; exit 1 on any "
@@ -329,29 +367,37 @@ def _add_replay_commands(commands: Any) -> None:
                         help="first step to re-partition [default: 0]")
     verify.add_argument("--to", dest="to_step", type=int, default=None, metavar="STEP",
                         help="last step to re-partition [default: the last]")
+    _add_archive_flag(verify)
     verify.set_defaults(handler=_cmd_verify)
 
     inspect = commands.add_parser("inspect", help="one task's timeline: issue, slot results, decision, step and rank")
     _add_model_flags(inspect, ConnectionConfig, "connection")
     inspect.add_argument("task_id", metavar="TASK_ID")
+    _add_archive_flag(inspect)
     inspect.set_defaults(handler=_cmd_inspect)
+
+
+def _add_archive_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--archive", default=os.environ.get("STREAMGRP_ARCHIVE"), metavar="DIR",
+                        help="read entries the server no longer holds from this archive (the whole run, when it is "
+                        "not on the server) [env STREAMGRP_ARCHIVE; default DATA_DIR/archive/RUN when it exists]")
 
 
 @contextmanager
 def _inspected_run(args: argparse.Namespace):
-    """A client and the keys of --run (default: the latest run), for read-only commands."""
-    from streamgrp.runs import open_run, resolve_run_name
+    """A client, --run (default: the latest run, or the archive's) and the entry source to read it through."""
+    from streamgrp.sources import open_run_source
 
     with _connected(args) as (client, connection, _handle):
-        run = open_run(client, resolve_run_name(client, connection.run, create=False))
-        yield client, run
+        run, source = open_run_source(client, connection.run, archive=args.archive, data_dir=connection.data_dir)
+        yield client, run, source
 
 
 def _cmd_steps(args: argparse.Namespace) -> int:
     from streamgrp.replay import format_steps, list_steps
 
-    with _inspected_run(args) as (client, run):
-        steps = list_steps(client, run.keys)
+    with _inspected_run(args) as (client, run, source):
+        steps = list_steps(client, run.keys, source=source)
         shown = [s for s in steps if s.failed] if args.failed else steps
         print(f"run {run.name}: {len(steps)} steps" + (f", {len(shown)} with a failed rank" if args.failed else ""))
         if shown:
@@ -364,22 +410,22 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     import traceback
     from pathlib import Path
 
-    from streamgrp.replay import RedisSource, format_batch, read_manifest, replay_step, save_batch
+    from streamgrp.replay import format_batch, read_manifest, replay_step, save_batch
     from streamgrp.trainer import DigestMismatch
     from streamgrp.worker import load_callable
 
     if args.run_fn and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a debugging function usually sits in a file next to the user
     run_fn = load_callable(args.run_fn) if args.run_fn else None
-    with _inspected_run(args) as (client, run):
+    with _inspected_run(args) as (client, run, source):
         ranks = [args.rank]
         if args.rank is None:
-            manifest = read_manifest(RedisSource(client, run.keys), args.step)
+            manifest = read_manifest(source, args.step)
             ranks = list(range(len(manifest.shards))) if manifest is not None else [0]
         status = 0
         for rank in ranks:
             try:
-                batch = replay_step(client, run.keys, args.step, rank)
+                batch = replay_step(client, run.keys, args.step, rank, source=source)
             except DigestMismatch as exc:
                 print(f"streamgrp replay: digest mismatch, the log no longer holds what rank {rank} trained: {exc}",
                       file=sys.stderr)
@@ -406,8 +452,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from streamgrp.replay import format_report, verify
 
-    with _inspected_run(args) as (client, run):
-        report = verify(client, run.keys, args.from_step, args.to_step)
+    with _inspected_run(args) as (client, run, source):
+        report = verify(client, run.keys, args.from_step, args.to_step, source=source)
     print(format_report(report))
     return 0 if report.ok else 1
 
@@ -415,8 +461,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from streamgrp.replay import format_timeline, inspect_task
 
-    with _inspected_run(args) as (client, run):
-        timeline = inspect_task(client, run.keys, args.task_id)
+    with _inspected_run(args) as (client, run, source):
+        timeline = inspect_task(client, run.keys, args.task_id, source=source)
     print(f"task {args.task_id} in run {run.name}")
     print(format_timeline(timeline))
     return 0

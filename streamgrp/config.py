@@ -117,6 +117,8 @@ class DemoConfig(_Settings):
                           json_schema_extra={"flag": "json"})
     timeout_s: float = Field(600.0, gt=0, description="stop everything if the run takes longer")
     trainer_fail_at_step: int | None = Field(None, ge=0, description="inject a trainer fault at this step (replay demo)")
+    prometheus: bool = Field(False, description="serve every process's metrics and scrape them with a local "
+                             "Prometheus (the prometheus binary on PATH); prints its URL")
 
 
 class AssemblerConfig(_Settings):
@@ -130,6 +132,20 @@ class AssemblerConfig(_Settings):
     metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
 
 
+class ArchiverConfig(_Settings):
+    """The archiver process (`streamgrp.archive`), and retention (`streamgrp.retention`)."""
+
+    archive_dir: Path | None = Field(None, description="where the run's archive goes (default DATA_DIR/archive/RUN)")
+    segment_bytes: int = Field(64 * 1024 * 1024, ge=4096, description="start a new segment file past this size")
+    archive_read_count: int = Field(1000, ge=1, description="entries read per stream per pass")
+    poll_s: float = Field(0.5, gt=0, description="pause between passes once caught up")
+    snapshot_interval_s: float = Field(5.0, ge=0, description="snapshot the run's hashes at most this often")
+    retention: bool = Field(False, description="trim the run's streams behind the archive and every reader "
+                            "(off by default: the archive then holds the only copy of old entries)")
+    retention_interval_s: float = Field(10.0, ge=0, description="seconds between retention passes")
+    burst: bool = Field(False, description="archive what is there, snapshot, trim (with --retention) and exit")
+
+
 T = TypeVar("T", bound=_Settings)
 
 SECTIONS: dict[str, type[_Settings]] = {
@@ -140,6 +156,7 @@ SECTIONS: dict[str, type[_Settings]] = {
     "batcher": BatcherConfig,
     "trainer": TrainerConfig,
     "demo": DemoConfig,
+    "archiver": ArchiverConfig,
 }
 
 

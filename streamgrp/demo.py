@@ -2,8 +2,10 @@
 
 Owns orchestration only: start the server, write the toy dataset, start the batcher (with its
 feeder), the assembler, the workers and the trainer ranks, show progress, stop every process it
-started (on success, on Ctrl-C, or when a role fails, naming it), and print the summary. Workers
-may die and the run goes on (another worker reclaims their tasks); any other role failing ends it.
+started (on success, on Ctrl-C, or when a role fails, naming it), and print the summary. With
+``--prometheus`` every process serves its metrics and a local Prometheus (`streamgrp.prom`) scrapes
+them. Workers may die and the run goes on (another worker reclaims their tasks); any other role
+failing ends it.
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
              err=sys.stderr, stop: threading.Event | None = None) -> dict[str, Any]:
     """Run the demo to the end and return its summary (also printed); raises `RoleFailed`."""
     stop = stop or threading.Event()
+    if demo.prometheus:
+        from streamgrp.prom import prometheus_binary
+
+        prometheus_binary()  # fail before anything starts when it is missing
     started = time.monotonic()
     run_name = connection.run or time.strftime("demo-%Y%m%d-%H%M%S")
     settings = run_settings.model_copy(update={"dp_size": demo.ranks, "reward_norm": run_settings.reward_norm})
@@ -87,17 +93,26 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
         log_dir.mkdir(parents=True, exist_ok=True)
         dataset = _write_dataset(log_dir / "prompts.jsonl", run.config, demo)
         children = _children(server.url, run_name, run.config, demo, dataset, log_dir)
+        prometheus = _prometheus(children, run.config, log_dir / "prometheus") if demo.prometheus else None
         print(f"streamgrp demo: run {run_name} on {server.url} ({len(children)} processes; logs in {log_dir})",
               file=err, flush=True)
         try:
+            if prometheus is not None:
+                print(f"streamgrp demo: Prometheus at {prometheus.start()} (config and data in {prometheus.data_dir})",
+                      file=err, flush=True)
             for child in children:
                 child.start()
             _watch(client, run.keys, children, demo, started, stop, err)
         finally:
             for child in sorted(children, key=lambda c: c.role != "trainer"):
                 child.stop()
+            if prometheus is not None:
+                prometheus.stop()
         seconds = time.monotonic() - started
-        summary = run_summary(client, run.keys)
+        from streamgrp.sources import default_source
+
+        # An archiver (with retention) may have trimmed the server: read what it trimmed from its archive.
+        summary = run_summary(client, run.keys, source=default_source(client, run.keys, connection.data_dir))
         summary["seconds"] = round(seconds, 2)
         print(format_summary(summary, seconds), file=out)
         print(f"  replay       streamgrp replay {max(summary['steps'] - 1, 0)} --rank 0 --run {run_name}"
@@ -134,6 +149,27 @@ def _children(url: str, run_name: str, run: RunConfig, demo: DemoConfig, dataset
         children.append(Child("trainer", rank, [*common, "--rank", str(rank), "--world-size", str(demo.ranks),
                                                 "--dist-url", dist_url, *extra], log_dir / f"trainer-{rank}.log"))
     return children
+
+
+def _prometheus(children: list[Child], run: RunConfig, directory: Path):
+    """Give every child a free metrics port, list them in a targets file, and return Prometheus (not started).
+
+    The alert rules get the run's own stall bounds, so the stall alert means the same thing as in the run.
+    """
+    from streamgrp import prom
+
+    ports: set[int] = set()
+    targets = []
+    for child in children:
+        port = free_port("127.0.0.1")
+        while port in ports:
+            port = free_port("127.0.0.1")
+        ports.add(port)
+        child.args += ["--metrics-port", str(port)]
+        targets.append(prom.Target(child.role, child.index, port))
+    config = prom.prepare(directory, targets, max_empty_rounds=run.max_empty_rounds,
+                          stall_timeout_s=run.stall_timeout_s)
+    return prom.Prometheus(config, directory)
 
 
 def _watch(client, keys, children: list[Child], demo: DemoConfig, started: float, stop: threading.Event, err) -> None:

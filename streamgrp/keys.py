@@ -121,6 +121,12 @@ class RunKeys:
         return self._key("assembler:lease")
 
     @property
+    def archive(self) -> str:
+        """Hash stream name -> last entry id the archiver wrote and fsynced (and ``archive_id``, whose
+        archive that is): retention never trims past it."""
+        return self._key("archive")
+
+    @property
     def worker_seq(self) -> str:
         """Counter handing out worker identities."""
         return self._key("worker:ids")

@@ -14,7 +14,9 @@ Owns reading a run's record after the fact (SPEC section 6) and nothing that cha
 
 The rest of the replay API lives beside it and is re-exported here: `save_batch` / `load_batch`
 (`streamgrp.batchfile`, batches on disk without pickle) and `verify` (`streamgrp.verify`, re-fold
-and re-partition, every difference reported). Deliberately ignores retention and archiving.
+and re-partition, every difference reported). Where entries come from is the entry source's business
+(`streamgrp.sources`: the server, an archive, or the server backed by an archive); this module
+deliberately ignores retention and archiving.
 """
 
 from __future__ import annotations
@@ -152,8 +154,8 @@ def replay_step(client: redis.Redis | None, keys: RunKeys, step: int, rank: int,
     source = source or RedisSource(client, keys)
     manifest = read_manifest(source, step)
     if manifest is None:
-        raise ConfigError(f"step {step} is not recorded in run {keys.run!r} (or no longer retained); "
-                          "list the steps with `streamgrp steps`")
+        raise ConfigError(f"step {step} is not recorded in run {keys.run!r} (or no longer retained: pass the run's "
+                          "archive with --archive DIR); list the steps with `streamgrp steps`")
     world = len(manifest.shards)
     if not 0 <= rank < world:
         raise ConfigError(f"rank {rank} is outside 0..{world - 1}: step {step} of run {keys.run!r} has {world} shards")

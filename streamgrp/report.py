@@ -130,29 +130,34 @@ class ReportData:
 
 # -- reading (the only part that talks to the server) ---------------------------------------------------
 
-def build_report(client: redis.Redis, keys: RunKeys) -> ReportData:
-    """Read a run's streams and compute its per-step series and totals."""
-    from streamgrp.streams import entry_id_str, entry_time
-    from streamgrp.summary import _scan, run_summary
+def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> ReportData:
+    """Read a run's streams and compute its per-step series and totals; ``source`` (default: the
+    server) may be an archive-backed entry source (`streamgrp.sources`) for a run retention trimmed."""
+    from streamgrp.sources import RedisSource
+    from streamgrp.streams import entry_time
+    from streamgrp.summary import run_summary
+
+    source = source or RedisSource(client, keys)
 
     def events(stream: str) -> list[tuple[float, Any]]:
         out = []
-        for raw_id, fields in _scan(client, stream):
+        for entry_id, fields in source.scan(stream):
             try:
-                out.append((entry_time(entry_id_str(raw_id)), codec.decode(fields)))
+                out.append((entry_time(entry_id), codec.decode(fields)))
             except DecodeError:
                 continue  # the summary counts what decodes; so does the timeline
         return out
 
-    control = [event for _, event in events(keys.control)]
+    control = [event for _, event in events("control")]
     started = next((e.started_at for e in control if isinstance(e, RunStarted)), None)
-    manifests = [e for _, e in events(keys.steps) if isinstance(e, StepManifest)]
-    decisions = [(t, e) for t, e in events(keys.decisions) if isinstance(e, GroupDecided)]
-    discards = [(t, e) for t, e in events(keys.discarded) if isinstance(e, GroupDiscarded)]
-    failures = tuple(e for _, e in events(keys.commits) if isinstance(e, StepFailed))
+    manifests = [e for _, e in events("steps") if isinstance(e, StepManifest)]
+    decisions = [(t, e) for t, e in events("decisions") if isinstance(e, GroupDecided)]
+    discards = [(t, e) for t, e in events("discarded") if isinstance(e, GroupDiscarded)]
+    failures = tuple(e for _, e in events("commits") if isinstance(e, StepFailed))
     rows, tail = step_rows(started_at=started, manifests=manifests, decisions=decisions, discards=discards)
     return ReportData(run=keys.run, started_at=started, steps=tuple(rows), after_last_step=tail,
-                      totals=run_summary(client, keys), status=run_status(control, len(rows)), failures=failures)
+                      totals=run_summary(client, keys, source=source), status=run_status(control, len(rows)),
+                      failures=failures)
 
 
 # -- the series (pure) ------------------------------------------------------------------------------------

@@ -16,29 +16,41 @@ import redis
 from streamgrp import codec
 from streamgrp.events import GroupDecided, GroupDiscarded, SlotResult, StepManifest, TaskIssued
 from streamgrp.keys import RunKeys
+from streamgrp.sources import RedisSource, id_key
 
 SLOT_OUTCOMES = ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid")
 
 
-def run_summary(client: redis.Redis, keys: RunKeys) -> dict[str, Any]:
-    counts = {k.decode(): int(float(v)) for k, v in client.hgetall(keys.counts).items()}
-    tasks = slots_published = 0
-    for _, fields in _scan(client, keys.slots):
+def run_summary(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource | None = None) -> dict[str, Any]:
+    """The run's accounting; ``source`` (default: the server) may be an archive-backed one
+    (`streamgrp.sources`), so the figures stay whole after retention trimmed the streams."""
+    source = source or RedisSource(client, keys)
+    counts = {k: int(float(v)) for k, v in source.hash("counts").items()}
+    folded_through = source.folded_through()
+    horizon = id_key(folded_through) if folded_through else (-1, -1)
+    tasks = slots_published = unread = 0
+    for entry_id, fields in source.scan("slots"):
         kind = _kind(fields)
         tasks += kind == "task_issued"
-        slots_published += kind == "slot_result"
-    decisions: list[GroupDecided] = [codec.decode(f) for _, f in _scan(client, keys.decisions)]
-    discarded: list[GroupDiscarded] = [codec.decode(f) for _, f in _scan(client, keys.discarded)]
-    manifests: list[StepManifest] = [codec.decode(f) for _, f in _scan(client, keys.steps)]
+        if kind == "slot_result":
+            slots_published += 1
+            unread += id_key(entry_id) > horizon
+    decisions: list[GroupDecided] = [codec.decode(f) for _, f in source.scan("decisions")]
+    discarded: list[GroupDiscarded] = [codec.decode(f) for _, f in source.scan("discarded")]
+    manifests: list[StepManifest] = [codec.decode(f) for _, f in source.scan("steps")]
     by_task = {d.task_id: d for d in decisions}
     groups = Counter(d.decision for d in decisions)
     dropped = Counter(d.reason for d in decisions if d.decision == "dropped")
     dropped.update(d.reason for d in discarded)
     slots = {outcome: counts.get(f"slots:{outcome}", 0) for outcome in SLOT_OUTCOMES}
+    # Results the assembler never read (published after it stopped), and results of groups still
+    # open when it stopped: neither folded nor ignored, so they are named rather than lost.
+    slots["unread"] = unread
+    slots["open"] = slots_published - unread - sum(counts.get(f"slots:{o}", 0) for o in SLOT_OUTCOMES if o != "timeout")
     target = counts.get("target_slots", 0)
-    committed = {int(rank): int(step) for rank, step in client.hgetall(keys.committed).items()}
+    committed = {int(rank): int(step) for rank, step in source.hash("committed").items()}
     rewards = [_step_reward(m, by_task) for m in manifests]
-    metrics = {int(k): orjson.loads(v) for k, v in client.hgetall(keys.trainer_metrics).items()}
+    metrics = {int(k): orjson.loads(v) for k, v in source.hash("trainer_metrics").items()}
     waits = [m["wait_s"] for _, m in sorted(metrics.items()) if "wait_s" in m]
     return {
         "run": keys.run,
@@ -65,18 +77,6 @@ def _step_reward(manifest: StepManifest, by_task: dict[str, GroupDecided]) -> fl
     rewards = [r for shard in manifest.shards for g in shard.groups for r in by_task[g.task_id].member_rewards
                if g.task_id in by_task]
     return sum(rewards) / len(rewards) if rewards else None
-
-
-def _scan(client: redis.Redis, stream: str, page: int = 2000):
-    last = "-"
-    while True:
-        entries = client.xrange(stream, last, "+", count=page)
-        if last != "-":
-            entries = entries[1:]
-        if not entries:
-            return
-        yield from entries
-        last = entries[-1][0].decode()
 
 
 def _kind(fields: dict[bytes, bytes]) -> str | None:

@@ -20,6 +20,8 @@ Kinds of `Difference` (``recorded`` is the log's value, ``recomputed`` verify's)
     stale_group_batched     a step trains a group older than max_staleness allows
     group_in_two_steps      one task's group is in two steps
     step_missing            step numbers have a gap
+    log_not_retained        the ``decided`` hash names decisions the log does not hold (trimmed by
+                            retention: verify with the run's archive, ``--archive DIR``)
     step_entry              a manifest is not at its step's entry id
     step_shards             a step does not have dp_size shards
     step_unbuildable        the step's groups cannot be partitioned (fewer than dp_size)
@@ -94,7 +96,9 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
     source = source or RedisSource(client, keys)
     config = recorded_config(source)
     report = VerifyReport(keys.run)
+    decided = source.hash("decided")  # before the log: every decision it names is in the log by then, or trimmed
     recorded = _recorded_decisions(source, report)
+    _check_retained(decided, recorded, report)
     refolded = _refold(source, config, report)
     _compare_decisions(recorded, refolded, report)
     by_entry = {entry_id: decision for entry_id, decision in recorded}
@@ -114,6 +118,18 @@ def _recorded_decisions(source: RedisSource, report: VerifyReport) -> list[tuple
         if isinstance(event, GroupDecided):
             out.append((entry_id, event))
     return out
+
+
+def _check_retained(decided: dict[str, str], recorded: list[tuple[str, GroupDecided]], report: VerifyReport) -> None:
+    """One difference when decisions the run recorded are gone from the log: nothing to check them against."""
+    tasks = {decision.task_id for _, decision in recorded}
+    gone = sorted((entry_id, task) for task, entry_id in decided.items() if task not in tasks)
+    if gone:
+        entry_id, task = gone[0]
+        report.differences.append(Difference(
+            "log_not_retained", "decisions", None,
+            f"{len(gone)} decisions in the decided hash (first: task {task} at {entry_id}) but not in the log",
+            "none to compare: pass --archive DIR (the run's archive) to verify what retention trimmed"))
 
 
 def _refold(source: RedisSource, config: RunConfig, report: VerifyReport) -> dict[str, GroupDecided]:

@@ -9,7 +9,8 @@ group position (``{"group": "assembler", "stream": "slots", "last_delivered": ID
 `load_run` writes a file into a fresh run namespace with the recorded entry ids (XADD with explicit
 ids); run names live only in keys and in the `RunStarted` record, which is rewritten to the new
 name. `MemorySource` serves a file without a server, through the same calls as
-`streamgrp.replay.RedisSource`: an archive stand-in.
+`streamgrp.replay.RedisSource`; `write_archive` writes it as an archive directory (the format
+`streamgrp archiver` writes), for `streamgrp.sources.ArchiveSource`.
 """
 
 from __future__ import annotations
@@ -132,3 +133,25 @@ class MemorySource:
 
     def folded_through(self) -> str | None:
         return self.positions.get(("slots", ASSEMBLER_GROUP))
+
+
+def write_archive(path: Path, directory: Path) -> RunKeys:
+    """Write the file as an archive directory (segments and a snapshot), without a server."""
+    from streamgrp.segments import ArchiveWriter
+
+    lines = read_lines(path)
+    keys = RunKeys(lines[0]["run"])
+    writer = ArchiveWriter(directory, run=keys.run)
+    hashes: dict[str, dict[str, str]] = {}
+    groups: dict[str, list[dict]] = {}
+    for line in lines[1:]:
+        if "stream" in line and "id" in line:
+            writer.append(line["stream"], line["id"], entry_fields(line))
+        elif "hash" in line:
+            hashes[line["hash"]] = dict(line["fields"])
+        elif "group" in line:
+            groups.setdefault(line["stream"], []).append({"name": line["group"],
+                                                           "last_delivered": line["last_delivered"], "pending": 0})
+    writer.write_snapshot({"hashes": hashes, "groups": groups})
+    writer.close()
+    return keys

@@ -1,7 +1,9 @@
 """The golden run log (`run.jsonl`, made by `make_golden.py`) replays to what its trainers consumed.
 
-Served two ways: from memory through the entry-source interface (no server; what an archive will
-do), and loaded into a fresh run on each real server kind with the recorded entry ids.
+Served every way a run's record can be read: from memory through the entry-source interface (no
+server), from an archive directory (no server), loaded into a fresh run on each real server kind
+with the recorded entry ids, archived from there by the archiver, and trimmed on the server with the
+archive behind it.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from runlog import MemorySource, load_run
+from runlog import MemorySource, load_run, write_archive
 
+from streamgrp.archive import Archiver
+from streamgrp.config import ArchiverConfig
+from streamgrp.errors import ConfigError
 from streamgrp.replay import format_report, inspect_task, list_steps, replay_step, verify
+from streamgrp.sources import ArchiveSource, FallbackSource, RedisSource
 
 HERE = Path(__file__).resolve().parent
 EXPECTED = json.loads((HERE / "expected.json").read_text())
@@ -62,6 +68,40 @@ def test_golden_log_replays_from_an_entry_source_without_a_server():
     source = MemorySource(HERE / "run.jsonl")
     _check_replays(None, source.keys, source)
     _check_record(None, source.keys, source)
+
+
+def test_golden_log_replays_from_an_archive_without_a_server(tmp_path):
+    keys = write_archive(HERE / "run.jsonl", tmp_path / "archive")
+    source = ArchiveSource(tmp_path / "archive")
+    assert source.keys == keys
+    _check_replays(None, source.keys, source)
+    _check_record(None, source.keys, source)
+
+
+def test_golden_log_archived_by_the_archiver_replays_once_the_server_forgot_it(client, run_name, tmp_path):
+    keys = load_run(client, HERE / "run.jsonl", run_name)
+    before = {name: client.xrange(key) for name, key in keys.all_streams().items()}
+    Archiver(client, keys, tmp_path / "archive").run(burst=True)
+    source = ArchiveSource(tmp_path / "archive")
+    for name, entries in before.items():  # every entry, byte for byte
+        assert list(source.scan(name)) == [(raw_id.decode(), fields) for raw_id, fields in entries], name
+    client.delete(*keys.all_streams().values(), keys.committed, keys.decided, keys.counts)
+    _check_replays(None, keys, source)
+    _check_record(None, keys, source)
+
+
+def test_golden_log_trimmed_on_the_server_replays_through_the_archive(client, run_name, tmp_path):
+    keys = load_run(client, HERE / "run.jsonl", run_name)
+    archiver = Archiver(client, keys, tmp_path / "archive", ArchiverConfig(retention=True))
+    archiver.run(burst=True)
+    assert archiver.trimmed > 0
+    assert client.xlen(keys.steps) < len(EXPECTED["steps"])  # steps every rank committed are gone...
+    with pytest.raises(ConfigError, match="no longer retained"):
+        replay_step(client, keys, 0, 0)
+    source = FallbackSource(RedisSource(client, keys), ArchiveSource(tmp_path / "archive"))
+    _check_replays(client, keys, source)  # ...and come back from the archive
+    _check_record(client, keys, source)
+    assert not verify(client, keys).ok  # the server alone cannot check what it no longer holds
 
 
 def test_golden_log_loaded_on_a_real_server_replays_and_verifies(client, run_name):

@@ -4,7 +4,8 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["streamgrp.fold", "streamgrp.partition", "streamgrp.codec", "streamgrp"])
+@pytest.mark.parametrize("module", ["streamgrp.fold", "streamgrp.partition", "streamgrp.codec", "streamgrp.segments",
+                                    "streamgrp"])
 def test_pure_modules_do_not_import_redis_torch_or_prometheus(module):
     code = (
         f"import sys, {module}\n"
