@@ -73,30 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="AOF fsync policy (see README: what each mode can lose)")
     server.set_defaults(handler=_cmd_server)
 
-    worker = commands.add_parser("worker", help="run a rollout worker process")
-    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (WorkerConfig, "worker")):
-        _add_model_flags(worker, model, title)
-    worker.set_defaults(handler=_cmd_worker)
-
-    assembler = commands.add_parser("assembler", help="run the group assembler (one active, others stand by)")
-    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (AssemblerConfig, "assembler")):
-        _add_model_flags(assembler, model, title)
-    assembler.set_defaults(handler=_cmd_assembler)
-
-    batcher = commands.add_parser("batcher", help="run the batcher and task feeder (one active, others stand by)")
-    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (BatcherConfig, "batcher")):
-        _add_model_flags(batcher, model, title)
-    batcher.set_defaults(handler=_cmd_batcher)
-
-    trainer = commands.add_parser("trainer", help="run a reference GRPO trainer rank (consumers.grpo_trainer)")
-    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (TrainerConfig, "trainer")):
-        _add_model_flags(trainer, model, title)
-    trainer.set_defaults(handler=_cmd_trainer)
-
-    demo = commands.add_parser("demo", help="run a whole asynchronous RL loop on the embedded server and summarize it")
-    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (DemoConfig, "demo")):
-        _add_model_flags(demo, model, title)
-    demo.set_defaults(handler=_cmd_demo)
+    # Each role takes the connection flags, the run's settings, and its own.
+    for name, help_text, model, handler in (
+        ("worker", "run a rollout worker process", WorkerConfig, _cmd_worker),
+        ("assembler", "run the group assembler (one active, others stand by)", AssemblerConfig, _cmd_assembler),
+        ("batcher", "run the batcher and task feeder (one active, others stand by)", BatcherConfig, _cmd_batcher),
+        ("trainer", "run a reference GRPO trainer rank (consumers.grpo_trainer)", TrainerConfig, _cmd_trainer),
+        ("demo", "run a whole asynchronous RL loop on the embedded server and summarize it", DemoConfig, _cmd_demo),
+    ):
+        role = commands.add_parser(name, help=help_text)
+        for section, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (model, name)):
+            _add_model_flags(role, section, title)
+        role.set_defaults(handler=handler)
 
     runs = commands.add_parser("runs", help="list the runs on the server, newest last")
     _add_model_flags(runs, ConnectionConfig, "connection")
