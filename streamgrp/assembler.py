@@ -26,12 +26,11 @@ import logging
 import threading
 import time
 from collections import Counter
-from importlib import resources
 from typing import Any
 
 import redis
 
-from streamgrp import codec
+from streamgrp import codec, scripts
 from streamgrp.config import AssemblerConfig
 from streamgrp.errors import DecodeError
 from streamgrp.events import GroupDecided, RunTerminated, SlotResult, TaskIssued, Tick
@@ -62,7 +61,7 @@ class Assembler:
         self.lease = Lease(client, self.keys.assembler_lease, self.name, config.lease_ttl_s)
         self.state: FoldState | None = None
         self.decisions_written = 0
-        self._commit = client.register_script(resources.files("streamgrp").joinpath("commit.lua").read_text())
+        self._commit = scripts.register(client, "commit.lua")
         self._last_tick_check = 0.0
         self._seq = 0
         ensure_group(client, self.keys.slots, ASSEMBLER_GROUP)

@@ -14,14 +14,6 @@ end
 local group = ARGV[2]
 local i = 3
 local steps = 0
-local applied, order = {}, {}
-
--- every counter change goes through here so the caller can mirror it in its metrics
-local function incr(field, amount)
-  redis.call('HINCRBY', KEYS[4], field, amount)
-  if applied[field] == nil then order[#order + 1] = field; applied[field] = 0 end
-  applied[field] = applied[field] + amount
-end
 while i <= #ARGV do
   local op = ARGV[i]
   if op == 'S' then
@@ -32,8 +24,8 @@ while i <= #ARGV do
     end
     redis.call('XADD', KEYS[2], step .. '-1', 'h', header)
     redis.call('HSET', KEYS[6], 'next_step', step + 1)
-    incr('steps', 1)
-    incr('groups:batched', n_groups)
+    incr(KEYS[4], 'steps', 1)
+    incr(KEYS[4], 'groups:batched', n_groups)
     local ids = {}
     for a = 1, n_ack do ids[a] = ARGV[i + 4 + a] end
     if n_ack > 0 then redis.call('XACK', KEYS[1], group, unpack(ids)) end
@@ -43,8 +35,8 @@ while i <= #ARGV do
     local reason, header, entry_id = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     if redis.call('XACK', KEYS[1], group, entry_id) == 1 then
       redis.call('XADD', KEYS[3], '*', 'h', header)
-      incr('dropped:' .. reason, 1)
-      incr('groups:discarded', 1)
+      incr(KEYS[4], 'dropped:' .. reason, 1)
+      incr(KEYS[4], 'groups:discarded', 1)
     end
     i = i + 4
   elseif op == 'A' then
@@ -63,9 +55,4 @@ while i <= #ARGV do
     return redis.error_reply('unknown batcher operation ' .. tostring(op))
   end
 end
-local reply = {steps}
-for _, field in ipairs(order) do
-  reply[#reply + 1] = field
-  reply[#reply + 1] = applied[field]
-end
-return reply
+return with_counts({steps})

@@ -18,12 +18,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from importlib import resources
 from typing import Any
 
 import redis
 
-from streamgrp import codec
+from streamgrp import codec, scripts
 from streamgrp.batching import is_stale, make_manifest
 from streamgrp.config import BatcherConfig
 from streamgrp.errors import DecodeError
@@ -61,7 +60,7 @@ class Batcher:
         self.stall = StallTracker(self.settings.max_empty_rounds, self.settings.stall_timeout_s)
         self.steps_written = 0
         self.outcome = "running"  # running, finished, failed
-        self._commit = client.register_script(resources.files("streamgrp").joinpath("batch_commit.lua").read_text())
+        self._commit = scripts.register(client, "batch_commit.lua")
         self._active = False
         self._buffer: list[tuple[str, GroupDecided]] = []
         self._next_step = 0

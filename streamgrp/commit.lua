@@ -16,14 +16,6 @@ end
 local group = ARGV[2]
 local written, redundant = 0, 0
 local i = 3
-local applied, order = {}, {}
-
--- every counter change goes through here so the caller can mirror it in its metrics
-local function incr(field, amount)
-  redis.call('HINCRBY', KEYS[5], field, amount)
-  if applied[field] == nil then order[#order + 1] = field; applied[field] = 0 end
-  applied[field] = applied[field] + amount
-end
 
 local function dead_letter(reason, entry_id, detail, n_fields)
   local fields = {'reason', reason, 'detail', detail, 'stream', KEYS[1], 'entry', entry_id}
@@ -34,8 +26,8 @@ local function dead_letter(reason, entry_id, detail, n_fields)
   i = i + 2 * n_fields
   if redis.call('XACK', KEYS[1], group, entry_id) == 1 then
     redis.call('XADD', KEYS[3], '*', unpack(fields))
-    incr('deadletter:' .. reason, 1)
-    incr('slots:invalid', 1)
+    incr(KEYS[5], 'deadletter:' .. reason, 1)
+    incr(KEYS[5], 'slots:invalid', 1)
   end
 end
 
@@ -53,11 +45,11 @@ while i <= #ARGV do
       redis.call('HSET', KEYS[4], task_id, id)
       written = written + 1
       for c = 0, n_incr - 1 do
-        incr(ARGV[i + 2 * c], tonumber(ARGV[i + 2 * c + 1]))
+        incr(KEYS[5], ARGV[i + 2 * c], tonumber(ARGV[i + 2 * c + 1]))
       end
     else
       redundant = redundant + 1
-      incr('redundant_decisions', 1)
+      incr(KEYS[5], 'redundant_decisions', 1)
     end
     i = i + 2 * n_incr
     if n_ack > 0 then redis.call('XACK', KEYS[1], group, unpack(ids)) end
@@ -67,14 +59,14 @@ while i <= #ARGV do
     for a = 1, n_ack do ids[a] = ARGV[i + 2 + a] end
     i = i + 3 + n_ack
     local acked = redis.call('XACK', KEYS[1], group, unpack(ids))
-    if field ~= '' and acked > 0 then incr(field, acked) end
+    if field ~= '' and acked > 0 then incr(KEYS[5], field, acked) end
   elseif op == 'L' then
     local task_id, entry_id, detail, n_fields = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4])
     i = i + 5
     if redis.call('HEXISTS', KEYS[4], task_id) == 1 then
       i = i + 2 * n_fields
       if redis.call('XACK', KEYS[1], group, entry_id) == 1 then
-        incr('slots:late', 1)
+        incr(KEYS[5], 'slots:late', 1)
       end
     else
       dead_letter('unknown_task', entry_id, detail, n_fields)
@@ -92,9 +84,4 @@ while i <= #ARGV do
     return redis.error_reply('unknown commit operation ' .. tostring(op))
   end
 end
-local reply = {written, redundant}
-for _, field in ipairs(order) do
-  reply[#reply + 1] = field
-  reply[#reply + 1] = applied[field]
-end
-return reply
+return with_counts({written, redundant})

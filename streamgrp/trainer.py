@@ -24,13 +24,12 @@ import logging
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import redis
 import torch
 
-from streamgrp import codec
+from streamgrp import codec, scripts
 from streamgrp.errors import ConfigError, RunFailed, StreamgrpError
 from streamgrp.events import RunFinished, RunTerminated, Sample, Shard, StepCommitted, StepFailed, StepManifest, VersionAdvanced
 from streamgrp.keys import step_entry_id
@@ -158,8 +157,7 @@ class TrainerClient:
         self.keys = run.keys
         self.poll_ms = max(1, int(poll_s * 1000))
         self.name = name or producer_name("trainer")
-        self._commit_script = client.register_script(
-            resources.files("streamgrp").joinpath("trainer_commit.lua").read_text())
+        self._commit_script = scripts.register(client, "trainer_commit.lua")
         self._seq = 0
 
     def next_step(self, rank: int) -> int:

@@ -205,3 +205,29 @@ def _wait_for(condition, timeout):
             return
         time.sleep(0.02)
     raise AssertionError("condition not met in time")
+
+
+def test_metrics_mirror_exactly_the_counters_the_commit_applied(client, make_run, issuer):
+    from prometheus_client import CollectorRegistry
+
+    from streamgrp.metrics import Metrics
+
+    run = make_run(n_samples=3)
+    tasks = issuer(run).issue([{}] * 4)
+    worker = WorkerClient(client, run.keys)
+    for task in tasks:
+        worker.publish(task.task_id, 0, make_sample())
+        worker.publish(task.task_id, 0, make_sample())  # duplicate
+        worker.publish(task.task_id, 1, None)
+        worker.publish(task.task_id, 2, make_sample())
+    client.xadd(run.keys.slots, {b"junk": b"1"})
+    metrics = Metrics(CollectorRegistry())
+    Assembler(client, run, FAST, metrics=metrics).run(burst=True)
+    c = counts(client, run)
+    sample = lambda name, **labels: metrics.registry.get_sample_value(name, labels) or 0  # noqa: E731
+    for outcome in ("sample", "rejected", "duplicate", "invalid"):
+        assert sample("streamgrp_slots_total", outcome=outcome) == c.get(f"slots:{outcome}", 0) > 0
+    assert sample("streamgrp_groups_total", decision="partial") == c["decisions:partial"] == 4
+    assert sample("streamgrp_target_slots_total") == c["target_slots"] == 12
+    assert sample("streamgrp_dead_letters_total", reason="missing_field") == 1
+    assert metrics.registry.get_sample_value("streamgrp_group_assembly_seconds_count") == 4
