@@ -32,6 +32,12 @@ class _Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class _RoleSettings(_Settings):
+    """What every long-running role has: its metrics endpoint."""
+
+    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
+
+
 class ConnectionConfig(_Settings):
     """Where the server is and which run to use."""
 
@@ -71,7 +77,7 @@ class RunConfig(_Settings):
                            adv_norm=self.adv_norm)
 
 
-class WorkerConfig(_Settings):
+class WorkerConfig(_RoleSettings):
     """A rollout worker process."""
 
     rollout: str = Field("streamgrp.synthetic:synthetic_rollout", description="module:function called per slot")
@@ -79,10 +85,9 @@ class WorkerConfig(_Settings):
     claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long unacknowledged")
     max_tasks: int | None = Field(None, ge=1, description="exit after this many tasks (default: run until stopped)")
     burst: bool = Field(False, description="exit when no task is waiting instead of blocking")
-    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
 
 
-class BatcherConfig(_Settings):
+class BatcherConfig(_RoleSettings):
     """The batcher process, which also feeds tasks within the staleness window."""
 
     round_s: float = Field(1.0, gt=0, description="length of one collection round")
@@ -91,10 +96,9 @@ class BatcherConfig(_Settings):
     group_filter: str | None = Field(None, description="module:function predicate over a GroupDecided; False drops it as filtered")
     max_steps: int | None = Field(None, ge=1, description="stop after writing this many steps")
     burst: bool = Field(False, description="exit after the first read that brings nothing new")
-    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
 
 
-class TrainerConfig(_Settings):
+class TrainerConfig(_RoleSettings):
     """A reference trainer rank (`consumers.grpo_trainer`)."""
 
     rank: int = Field(0, ge=0, description="this process's DP rank")
@@ -102,7 +106,6 @@ class TrainerConfig(_Settings):
     dist_url: str = Field("tcp://127.0.0.1:29511", description="torch.distributed rendezvous (gloo) for world_size > 1")
     lr: float = Field(0.05, gt=0, description="Adam learning rate")
     fail_at_step: int | None = Field(None, ge=0, description="inject an exception at this step (replay demos, tests)")
-    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
 
 
 class DemoConfig(_Settings):
@@ -121,7 +124,7 @@ class DemoConfig(_Settings):
                              "Prometheus (the prometheus binary on PATH); prints its URL")
 
 
-class AssemblerConfig(_Settings):
+class AssemblerConfig(_RoleSettings):
     """The group assembler process."""
 
     tick_interval_s: float = Field(0.25, gt=0, description="how often deadlines are checked")
@@ -129,7 +132,6 @@ class AssemblerConfig(_Settings):
     lease_ttl_s: float = Field(5.0, gt=0, description="a standby takes over this long after the active assembler died")
     max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="larger slot entries are dead-lettered")
     burst: bool = Field(False, description="exit after the first read that brings nothing new")
-    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
 
 
 class ArchiverConfig(_Settings):
