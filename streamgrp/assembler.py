@@ -32,14 +32,26 @@ import redis
 
 from streamgrp import codec, scripts
 from streamgrp.config import AssemblerConfig
+from streamgrp.connection import replicate
 from streamgrp.errors import DecodeError
 from streamgrp.events import GroupDecided, RunTerminated, SlotResult, TaskIssued, Tick
-from streamgrp.fold import DUPLICATE, DUPLICATE_TASK, LATE, UNKNOWN_TASK, Closed, FoldState, fold, next_deadline
+from streamgrp.deadletter import MAX_DETAIL_CHARS, op_fields
+from streamgrp.fold import (
+    DUPLICATE,
+    DUPLICATE_TASK,
+    LATE,
+    OPEN_GROUPS_FULL,
+    UNKNOWN_TASK,
+    Closed,
+    FoldState,
+    fold,
+    next_deadline,
+)
 from streamgrp.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
 from streamgrp.lease import Lease, LeaseLost, run_while_leased
 from streamgrp.metrics import pairs_to_counts
 from streamgrp.runs import Run, server_time
-from streamgrp.streams import ensure_group, entry_id_str, producer_name
+from streamgrp.streams import ensure_group, entry_id_str, entry_size, producer_name
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +76,7 @@ class Assembler:
         self._commit = scripts.register(client, "commit.lua")
         self._last_tick_check = 0.0
         self._seq = 0
+        self._largest_entry = 0
         ensure_group(client, self.keys.slots, ASSEMBLER_GROUP)
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -88,13 +101,14 @@ class Assembler:
 
     def _rebuild(self) -> None:
         """Start a fresh fold from this group's pending entries, oldest first."""
-        self.state = FoldState(self.run_.config.policy(), self.run_.config.group_timeout_s)
+        self.state = FoldState(self.run_.config.policy(), self.run_.config.group_timeout_s,
+                               max_open=self.config.max_open_groups)
         self._claim_orphans()
         last = "0"
         replayed = 0
         while True:
             reply = self.client.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: last},
-                                           count=self.config.read_count)
+                                           count=self._read_count())
             entries = reply[0][1] if reply else []
             if not entries:
                 break
@@ -120,11 +134,16 @@ class Assembler:
 
     def _round(self, start: str, *, block_ms: int | None) -> int:
         reply = self.client.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: start},
-                                       count=self.config.read_count, block=block_ms)
+                                       count=self._read_count(), block=block_ms)
         entries = reply[0][1] if reply else []
         if entries:
             self._process(entries)
         return len(entries)
+
+    def _read_count(self) -> int:
+        """Entries per read: ``read_count``, fewer once entries are large, so that a round brings in
+        about ``read_bytes`` at most (plus one entry: a stream entry cannot be read in parts)."""
+        return max(1, min(self.config.read_count, self.config.read_bytes // max(1, self._largest_entry)))
 
     # -- folding a round and committing it ---------------------------------------------------------
 
@@ -132,20 +151,9 @@ class Assembler:
         args: list[Any] = []
         decisions: list[GroupDecided] = []
         acks: dict[str, list[str]] = {}
-        for raw_id, fields in entries:
-            entry_id = entry_id_str(raw_id)
-            if fields is None:  # trimmed from the stream while pending: nothing left to fold
-                acks.setdefault("slots:trimmed", []).append(entry_id)
-                continue
-            try:
-                event = codec.decode(fields, max_entry_bytes=self.config.max_entry_bytes)
-            except DecodeError as exc:
-                _dead_letter(args, exc.reason, entry_id, exc.detail, fields)
-                continue
-            if not isinstance(event, _FOLDED_KINDS):
-                _dead_letter(args, "unexpected_kind", entry_id, f"a {event.kind} event does not belong in the slot log",
-                             fields)
-                continue
+        decoded = self._decode_round(entries, args, acks)
+        self._load_decided(decoded)
+        for entry_id, fields, event in decoded:
             digest = codec.entry_digest(fields) if isinstance(event, SlotResult) else ""
             self.state, outputs = fold(self.state, event, entry_id, digest)
             if isinstance(event, Tick):
@@ -156,15 +164,50 @@ class Assembler:
                 elif output.reason in _IGNORED_COUNTER:
                     acks.setdefault(_IGNORED_COUNTER[output.reason], []).append(output.entry_id)
                 elif output.reason == UNKNOWN_TASK:
-                    args += ["L", output.task_id, output.entry_id, output.detail, *_field_args(fields)]
+                    args += ["L", output.task_id, output.entry_id, output.detail[:MAX_DETAIL_CHARS],
+                             *op_fields(fields)]
                 else:
+                    if output.reason == OPEN_GROUPS_FULL:
+                        log.warning("task %s refused: %s", output.task_id, output.detail)
                     _dead_letter(args, output.reason, output.entry_id, output.detail, fields)
+        self.state.decided.clear()  # the server's decided hash is the record; keep only open groups
         for field, ids in acks.items():
             args += ["A", field, len(ids), *ids]
         if args:
             self._commit_ops(args, decisions)
         if self.metrics is not None:
             self.metrics.open_groups.set(len(self.state.open))
+
+    def _decode_round(self, entries, args: list[Any], acks: dict[str, list[str]]) -> list[tuple[str, Any, Any]]:
+        """The round's foldable events; what does not decode or belong is dead-lettered into ``args``."""
+        decoded = []
+        largest = 0
+        for raw_id, fields in entries:
+            entry_id = entry_id_str(raw_id)
+            if fields is None:  # trimmed from the stream while pending: nothing left to fold
+                acks.setdefault("slots:trimmed", []).append(entry_id)
+                continue
+            largest = max(largest, entry_size(fields))
+            try:
+                event = codec.decode(fields, max_entry_bytes=self.config.max_entry_bytes)
+            except DecodeError as exc:
+                _dead_letter(args, exc.reason, entry_id, exc.detail, fields)
+                continue
+            if not isinstance(event, _FOLDED_KINDS):
+                _dead_letter(args, "unexpected_kind", entry_id, f"a {event.kind} event does not belong in the slot log",
+                             fields)
+                continue
+            decoded.append((entry_id, fields, event))
+        self._largest_entry = largest
+        return decoded
+
+    def _load_decided(self, decoded: list[tuple[str, Any, Any]]) -> None:
+        """Tell the fold which tasks named in this round but not open are already decided (one HMGET)."""
+        names = sorted({event.task_id for _, _, event in decoded
+                        if not isinstance(event, Tick) and event.task_id not in self.state.open})
+        if names:
+            found = self.client.hmget(self.keys.decided, names)
+            self.state.decided.update(name for name, entry in zip(names, found) if entry is not None)
 
     def _decision_op(self, args: list[Any], closed: Closed) -> GroupDecided:
         decision = closed.decision
@@ -193,6 +236,7 @@ class Assembler:
             if "LEASE" in str(exc):
                 raise LeaseLost(str(exc)) from None
             raise
+        replicate(self.client)
         self.decisions_written += written
         if self.metrics is not None:
             self.metrics.apply_counts(pairs_to_counts(applied))
@@ -232,12 +276,5 @@ def _decision_counts(decision: GroupDecided) -> dict[str, int]:
     return dict(counts)
 
 
-def _field_args(fields: dict[Any, Any]) -> list[Any]:
-    out: list[Any] = [len(fields)]
-    for key, value in fields.items():
-        out += [key, value]
-    return out
-
-
 def _dead_letter(args: list[Any], reason: str, entry_id: str, detail: str, fields: dict[Any, Any]) -> None:
-    args += ["X", reason, entry_id, detail[:2000], *_field_args(fields)]
+    args += ["X", reason, entry_id, detail[:MAX_DETAIL_CHARS], *op_fields(fields)]

@@ -8,51 +8,72 @@
 --   A n_ack ids...                        ack decisions the assembler already dropped
 --   T header                              terminal run event (stall), written once
 --   F header                              run finished, written once
+-- The whole input is checked before anything is written (a STEP or BAD_INPUT error leaves the
+-- server as it was), and acknowledgements go in bounded chunks (acks.lua).
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then
   return redis.error_reply('LEASE lost: another batcher holds the lease')
 end
 local group = ARGV[2]
+
+-- Pass 1: parse and check. ops[k] = {kind, first argument index}
+local ops = {}
+local expected = tonumber(redis.call('HGET', KEYS[6], 'next_step') or '0')
 local i = 3
-local steps = 0
 while i <= #ARGV do
   local op = ARGV[i]
   if op == 'S' then
-    local step, header, n_groups, n_ack = tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
-    local expected = tonumber(redis.call('HGET', KEYS[6], 'next_step') or '0')
+    local step = tonumber(ARGV[i + 1])
     if step ~= expected then
-      return redis.error_reply('STEP ' .. step .. ' is not the next step ' .. expected)
+      return redis.error_reply('STEP ' .. tostring(ARGV[i + 1]) .. ' is not the next step ' .. expected)
     end
+    local n_ack = count_at(i + 4, 1, 'step acknowledgements')
+    if tonumber(ARGV[i + 3]) == nil then error('BAD_INPUT step group count ' .. tostring(ARGV[i + 3])) end
+    ops[#ops + 1] = {op, i}
+    expected = expected + 1
+    i = i + 5 + n_ack
+  elseif op == 'G' then
+    if i + 3 > #ARGV then error('BAD_INPUT discard at argument ' .. i .. ' runs past the end of the input') end
+    ops[#ops + 1] = {op, i}
+    i = i + 4
+  elseif op == 'A' then
+    local n_ack = count_at(i + 1, 1, 'acknowledgements')
+    ops[#ops + 1] = {op, i}
+    i = i + 2 + n_ack
+  elseif op == 'T' or op == 'F' then
+    if i + 1 > #ARGV then error('BAD_INPUT ' .. op .. ' without its header') end
+    ops[#ops + 1] = {op, i}
+    i = i + 2
+  else
+    return redis.error_reply('BAD_INPUT unknown batcher operation ' .. tostring(op))
+  end
+end
+
+-- Pass 2: apply.
+local steps = 0
+for _, parsed in ipairs(ops) do
+  local op, at = parsed[1], parsed[2]
+  if op == 'S' then
+    local step, header, n_groups, n_ack = tonumber(ARGV[at + 1]), ARGV[at + 2], tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
     redis.call('XADD', KEYS[2], step .. '-1', 'h', header)
     redis.call('HSET', KEYS[6], 'next_step', step + 1)
     incr(KEYS[4], 'steps', 1)
     incr(KEYS[4], 'groups:batched', n_groups)
-    local ids = {}
-    for a = 1, n_ack do ids[a] = ARGV[i + 4 + a] end
-    if n_ack > 0 then redis.call('XACK', KEYS[1], group, unpack(ids)) end
-    i = i + 5 + n_ack
+    ack_range(KEYS[1], group, at + 5, n_ack)
     steps = steps + 1
   elseif op == 'G' then
-    local reason, header, entry_id = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+    local reason, header, entry_id = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
     if redis.call('XACK', KEYS[1], group, entry_id) == 1 then
       redis.call('XADD', KEYS[3], '*', 'h', header)
       incr(KEYS[4], 'dropped:' .. reason, 1)
       incr(KEYS[4], 'groups:discarded', 1)
     end
-    i = i + 4
   elseif op == 'A' then
-    local n_ack = tonumber(ARGV[i + 1])
-    local ids = {}
-    for a = 1, n_ack do ids[a] = ARGV[i + 1 + a] end
-    if n_ack > 0 then redis.call('XACK', KEYS[1], group, unpack(ids)) end
-    i = i + 2 + n_ack
-  elseif op == 'T' or op == 'F' then
+    ack_range(KEYS[1], group, at + 2, tonumber(ARGV[at + 1]))
+  else
     local marker = (op == 'T') and 'terminal' or 'finished'
     if redis.call('HSETNX', KEYS[6], marker, 1) == 1 then
-      redis.call('XADD', KEYS[7], '*', 'h', ARGV[i + 1])
+      redis.call('XADD', KEYS[7], '*', 'h', ARGV[at + 1])
     end
-    i = i + 2
-  else
-    return redis.error_reply('unknown batcher operation ' .. tostring(op))
   end
 end
 return with_counts({steps})

@@ -25,6 +25,8 @@ import redis
 from streamgrp import codec, scripts
 from streamgrp.batching import is_stale, make_manifest
 from streamgrp.config import BatcherConfig
+from streamgrp.connection import MAX_BLOCK_MS, outage_of, replicate
+from streamgrp.deadletter import DeadLetters
 from streamgrp.errors import DecodeError
 from streamgrp.events import GroupDecided, GroupDiscarded, RunFinished, RunTerminated
 from streamgrp.feeder import Feeder
@@ -67,6 +69,9 @@ class Batcher:
         self._feeder: Feeder | None = None
         self._control_last = "0-0"
         self._seq = 0
+        self._inactive_since: float | None = None
+        self.outage = outage_of(client)
+        self.dead_letters = DeadLetters(client, self.keys, metrics=metrics)
         ensure_group(client, self.keys.decisions, BATCHER_GROUP)
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -81,6 +86,7 @@ class Batcher:
 
     def _stand_by(self) -> None:
         self._active = False
+        self._inactive_since = self.clock()
 
     def _activate(self) -> None:
         """Take over: the next step from the server, the buffer from pending decisions."""
@@ -92,6 +98,9 @@ class Batcher:
         self._next_step = int(state.get("next_step", 0))
         self._buffer = []
         self._active = True
+        if self._inactive_since is not None:  # standing by (an outage, a lost lease) is not stalling
+            self.stall.shift(self.clock() - self._inactive_since)
+            self._inactive_since = None
         last = "0"
         while True:
             reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {self.keys.decisions: last}, count=512)
@@ -110,7 +119,9 @@ class Batcher:
     def round(self, stop: threading.Event | None = None) -> int:
         """One collection round: feed, read decisions until the round ends, emit due steps, check the stall."""
         self.lease.renew_if_due()
-        ends = self.clock() + self.config.round_s
+        started = self.clock()
+        outages = self.outage.count
+        ends = started + self.config.round_s
         added = read = 0
         self._feed()
         while True:
@@ -118,7 +129,7 @@ class Batcher:
             if remaining <= 0 or (stop is not None and stop.is_set()):
                 break
             reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {self.keys.decisions: ">"}, count=512,
-                                           block=max(1, int(min(remaining, self.config.lease_ttl_s / 3) * 1000)))
+                                           block=max(1, min(MAX_BLOCK_MS, int(min(remaining, self.config.lease_ttl_s / 3) * 1000))))
             entries = reply[0][1] if reply else []
             read += len(entries)
             added += self._take(entries)
@@ -129,9 +140,13 @@ class Batcher:
             if self._finished():
                 return read
         if self.settings.batch_mode == "dynamic":
-            self._emit(list(self._buffer))
+            while self._buffer and self._emit(list(self._buffer)):
+                pass  # more than max_batch_size groups waiting: several steps
         self._check_terminal_from_others()
-        self._check_stall(added)
+        if self.outage.count != outages:  # the server was away during this round: not a stall
+            self.stall.shift(self.clock() - started)
+        else:
+            self._check_stall(added)
         self._finished()
         return read
 
@@ -147,9 +162,15 @@ class Batcher:
             try:
                 decision = codec.decode(fields) if fields is not None else None
             except DecodeError as exc:
-                log.error("decision entry %s does not decode (%s); acknowledging it", entry_id, exc)
-                decision = None
-            if not isinstance(decision, GroupDecided) or decision.decision == "dropped":
+                self.dead_letters.send(self.keys.decisions, entry_id, exc.reason, exc.detail, fields,
+                                       group=BATCHER_GROUP, counter="invalid:decisions")
+                continue
+            if fields is not None and not isinstance(decision, GroupDecided):
+                self.dead_letters.send(self.keys.decisions, entry_id, "unexpected_kind",
+                                       f"a {decision.kind} event does not belong in the decisions stream", fields,
+                                       group=BATCHER_GROUP, counter="invalid:decisions")
+                continue
+            if decision is None or decision.decision == "dropped":
                 dropped.append(entry_id)
                 continue
             verdict = self._filter(decision)
@@ -191,43 +212,50 @@ class Batcher:
         while len(self._buffer) >= size and not self._max_steps_reached():
             self._emit(self._buffer[:size])
 
-    def _emit(self, candidates: list[tuple[str, GroupDecided]], *, final: bool = False) -> None:
+    def _emit(self, candidates: list[tuple[str, GroupDecided]], *, final: bool = False) -> bool:
         """Write one step from ``candidates`` (stale ones are discarded first) if enough remain.
 
-        Fixed mode needs exactly ``batch_size`` fresh groups, except for the ``final`` step of a run.
+        Fixed mode needs exactly ``batch_size`` fresh groups, except for the ``final`` step of a run;
+        no step takes more than ``max_batch_size`` (the rest wait for the next one). True when a
+        step was written.
         """
         if not candidates or self._max_steps_reached():
-            return
+            return False
         version = self._current_version()
         ops: list[Any] = []
         fresh = []
+        used = set()
         for entry_id, decision in candidates:
             if is_stale(decision, version, self.settings.max_staleness):
                 detail = f"group version {decision.version}, policy version {version}, max_staleness {self.settings.max_staleness}"
                 ops += ["G", "stale", self._discard(decision, entry_id, "stale", detail, version), entry_id]
+                used.add(entry_id)
             else:
                 fresh.append((entry_id, decision))
-        used = {entry for entry, _ in candidates}
-        if len(fresh) >= self.settings.dp_size and (self.settings.batch_mode == "dynamic" or final
-                                                    or len(fresh) == self.settings.batch_size):
-            manifest = make_manifest(self._next_step, version, fresh, self.settings.dp_size, server_time(self.client))
-            self._seq += 1
-            header = codec.encode(manifest.model_copy(update={"producer": self.name, "seq": self._seq}))[codec.HEADER]
-            ops += ["S", self._next_step, header, len(fresh), len(fresh), *(entry for entry, _ in fresh)]
-            self._buffer = [item for item in self._buffer if item[0] not in used]
-            self._next_step += 1
-            if self.metrics is not None:
-                self.metrics.batch_imbalance.set(manifest.imbalance)
-                self.metrics.policy_version.set(version)
-                for _, decision in fresh:
-                    self.metrics.staleness.observe(max(0, version - (decision.version or 0)))
-            self.steps_written += 1
-            log.info("step %d: %d groups over %d ranks, imbalance %.3f", manifest.step, len(fresh),
-                     self.settings.dp_size, manifest.imbalance)
-        else:
-            stale = used - {entry for entry, _ in fresh}
-            self._buffer = [item for item in self._buffer if item[0] not in stale]
+        fresh = fresh[:self.settings.max_batch_size]
+        written = len(fresh) >= self.settings.dp_size and (self.settings.batch_mode == "dynamic" or final
+                                                          or len(fresh) == self.settings.batch_size)
+        if written:
+            self._step_op(ops, version, fresh)
+            used.update(entry for entry, _ in fresh)
+        self._buffer = [item for item in self._buffer if item[0] not in used]
         self._apply(ops)
+        return written
+
+    def _step_op(self, ops: list[Any], version: int, fresh: list[tuple[str, GroupDecided]]) -> None:
+        manifest = make_manifest(self._next_step, version, fresh, self.settings.dp_size, server_time(self.client))
+        self._seq += 1
+        header = codec.encode(manifest.model_copy(update={"producer": self.name, "seq": self._seq}))[codec.HEADER]
+        ops += ["S", self._next_step, header, len(fresh), len(fresh), *(entry for entry, _ in fresh)]
+        self._next_step += 1
+        if self.metrics is not None:
+            self.metrics.batch_imbalance.set(manifest.imbalance)
+            self.metrics.policy_version.set(version)
+            for _, decision in fresh:
+                self.metrics.staleness.observe(max(0, version - (decision.version or 0)))
+        self.steps_written += 1
+        log.info("step %d: %d groups over %d ranks, imbalance %.3f", manifest.step, len(fresh),
+                 self.settings.dp_size, manifest.imbalance)
 
     def _apply(self, ops: list[Any]) -> None:
         if not ops:
@@ -237,10 +265,13 @@ class Batcher:
         try:
             _, *applied = self._commit(keys=keys, args=[self.lease.token, BATCHER_GROUP, *ops])
         except redis.ResponseError as exc:
+            # STEP: the step was written already (by a batcher that took over, or by this call's first
+            # attempt, whose reply an outage lost): rebuild from the server's record either way.
             if "LEASE" in str(exc) or "STEP" in str(exc):
                 self._active = False
                 raise LeaseLost(str(exc)) from None
             raise
+        replicate(self.client)
         if self.metrics is not None:
             self.metrics.apply_counts(pairs_to_counts(applied))
 
@@ -295,18 +326,44 @@ class Batcher:
 
     def _check_stall(self, added: int) -> None:
         now = self.clock()
-        stalled = self.stall.round(added, now)
+        waiting = self._waiting_for_trainers()
+        stalled = self.stall.round(added, now, waiting_for_trainers=waiting)
         if self.metrics is not None:
             self.metrics.stall_seconds.set(self.stall.stall_seconds(now))
             self.metrics.empty_rounds.set(self.stall.empty_rounds)
+            if waiting and not added:
+                self.metrics.trainer_wait_rounds.inc()
         if not stalled:
             if self.stall.should_warn(now):
-                log.warning("no trainable group for %d rounds (%.0fs); the run fails after %d rounds and %gs",
+                log.warning("no trainable group for %d rounds (%.0fs); the run fails after %d rounds and %gs "
+                            "(%d rounds so far were spent waiting for trainers, which do not count)",
                             self.stall.empty_rounds, self.stall.stall_seconds(now), self.stall.max_empty_rounds,
-                            self.stall.stall_timeout_s)
+                            self.stall.stall_timeout_s, self.stall.trainer_wait_rounds)
             return
         counts = {k.decode(): int(float(v)) for k, v in self.client.hgetall(self.keys.counts).items()}
-        self._fail("stall", stall_message(self.stall, now, counts))
+        self._fail("stall", stall_message(self.stall, now, counts, server_note=self._memory_note()))
+
+    def _waiting_for_trainers(self) -> bool:
+        """The feeder's window is full and a written step is not committed by every rank yet: the
+        round waits for trainers, not for rollouts (SPEC section 4). Without a feeder the batcher
+        holds no window, so every round without a trainable group is empty."""
+        if self._feeder is None or not self._feeder.window_full:
+            return False
+        if self._next_step == 0:
+            return False
+        committed = self.client.hvals(self.keys.committed)
+        ranks = self.settings.dp_size
+        lowest = min((int(v) for v in committed), default=-1) if len(committed) >= ranks else -1
+        return lowest < self._next_step - 1
+
+    def _memory_note(self) -> str:
+        """A sentence for the stall message when the server is full (writes refused under noeviction)."""
+        memory = self.client.info("memory")
+        maxmemory, used = int(memory.get("maxmemory", 0) or 0), int(memory.get("used_memory", 0) or 0)
+        if maxmemory and used >= 0.95 * maxmemory:
+            return (f"The server is full ({used} of maxmemory {maxmemory} bytes): it refuses writes (OOM) until "
+                    "maxmemory is raised or retention trims the run (streamgrp archiver --retention).")
+        return ""
 
     def _check_terminal_from_others(self) -> None:
         """Stamp the assembler's terminal event (contract violation) with the step ranks fail at."""
@@ -316,7 +373,9 @@ class Batcher:
                 self._control_last = entry_id_str(raw_id)
                 try:
                     event = codec.decode(fields)
-                except DecodeError:
+                except DecodeError as exc:
+                    self.dead_letters.send(self.keys.control, self._control_last, exc.reason, exc.detail, fields,
+                                           counter="invalid:control")
                     continue
                 if isinstance(event, RunTerminated) and event.step is None:
                     self._fail(event.reason, event.message)

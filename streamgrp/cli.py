@@ -33,7 +33,7 @@ from streamgrp.config import (
     parse_env_value,
     read_toml,
 )
-from streamgrp.errors import StreamgrpError
+from streamgrp.errors import StopRequested, StreamgrpError
 
 log = logging.getLogger("streamgrp")
 
@@ -117,6 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return int(args.handler(args) or 0)
+    except StopRequested as exc:
+        log.info("%s", exc)  # shutting down while the server is away is not an error
+        return 0
     except StreamgrpError as exc:
         print(f"streamgrp {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -129,14 +132,18 @@ def _settings(args: argparse.Namespace, model: type) -> Any:
 
 
 @contextmanager
-def _connected(args: argparse.Namespace):
-    """A client for --redis-url, or for the embedded server (started here if none is running)."""
-    from streamgrp.runs import connect
+def _connected(args: argparse.Namespace, *, role: bool = False):
+    """A client for --redis-url, or for the embedded server (started here if none is running).
+
+    A long-running ``role`` gets the process's stop event, so SIGTERM ends an outage wait quietly;
+    inspection commands keep Ctrl-C as KeyboardInterrupt."""
+    from streamgrp.connection import connect
     from streamgrp.server import ensure_server
 
     connection = _settings(args, ConnectionConfig)
     with ensure_server(connection.redis_url, connection.data_dir) as handle:
-        client = connect(handle.url)
+        client = connect(handle.url, outage_budget_s=connection.outage_budget_s, stop=_stop_event() if role else None,
+                         wait_replicas=connection.wait_replicas, wait_timeout_ms=connection.wait_timeout_ms)
         try:
             yield client, connection, handle
         finally:
@@ -156,12 +163,19 @@ def _serve_metrics(port: int, client=None, streams=()):
     return metrics
 
 
+_STOP: list[threading.Event] = []
+
+
 def _stop_event() -> threading.Event:
-    """Set on SIGTERM or SIGINT, so a role finishes its round and releases what it holds."""
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    return stop
+    """The process's stop event, set on SIGTERM or SIGINT, so a role finishes its round and releases
+    what it holds, and a wait for an absent server ends quietly. Installed once per process."""
+    if not _STOP:
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: stop.set())
+        _STOP.append(stop)
+    return _STOP[0]
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
@@ -185,12 +199,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     config = _settings(args, WorkerConfig)
     rollout = load_callable(config.rollout)
-    with _connected(args) as (client, connection, handle):
+    with _connected(args, role=True) as (client, connection, handle):
         run = _join(client, connection, args, "worker")
         # Rollout code (e.g. loading weights) finds the server and run the same way the worker did.
         os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = handle.url, run.name
         metrics = _serve_metrics(config.metrics_port)
-        worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s)
+        worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
+                              metrics=metrics)
         process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
                                 version=lambda: int(client.get(run.keys.version) or 0), metrics=metrics)
         done = process.run(_stop_event())
@@ -202,7 +217,7 @@ def _cmd_assembler(args: argparse.Namespace) -> int:
     from streamgrp.assembler import Assembler
 
     config = _settings(args, AssemblerConfig)
-    with _connected(args) as (client, connection, _):
+    with _connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "assembler")
         metrics = _serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
         assembler = Assembler(client, run, config, metrics=metrics)
@@ -219,7 +234,7 @@ def _cmd_batcher(args: argparse.Namespace) -> int:
     config = _settings(args, BatcherConfig)
     group_filter = load_callable(config.group_filter) if config.group_filter else None
     dataset = load_dataset(config.dataset) if config.dataset else None
-    with _connected(args) as (client, connection, _):
+    with _connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "batcher")
         metrics = _serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
         batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics)
@@ -233,7 +248,7 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
     from consumers.grpo_trainer import train
 
     config = _settings(args, TrainerConfig)
-    with _connected(args) as (client, connection, _):
+    with _connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {config.rank}")
         steps = train(client, run, config, metrics=_serve_metrics(config.metrics_port))
         log.info("trainer rank %d committed %d steps", config.rank, steps)
@@ -296,7 +311,7 @@ def _cmd_archiver(args: argparse.Namespace) -> int:
 
     config = _settings(args, ArchiverConfig)
     stop = _stop_event()
-    with _connected(args) as (client, connection, _):
+    with _connected(args, role=True) as (client, connection, _):
         while True:  # the archiver never creates a run: it waits for the one it was given
             try:
                 run = open_run(client, resolve_run_name(client, connection.run, create=False))

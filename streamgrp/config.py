@@ -45,6 +45,11 @@ class ConnectionConfig(_Settings):
                                   "unset starts or reuses the embedded server in --data-dir")
     data_dir: Path = Field(Path(".streamgrp"), description="embedded server data directory (AOF files, logs)")
     run: str | None = Field(None, description="run name; inspection commands default to the latest run")
+    outage_budget_s: float = Field(300.0, gt=0, description="ride out a server outage (down, paused, restarting, "
+                                   "loading, full) for this long before giving up")
+    wait_replicas: int = Field(0, ge=0, description="after each commit wait until this many replicas have it "
+                               "(WAITAOF, or WAIT on Redis 7.0); 0: do not wait")
+    wait_timeout_ms: int = Field(1000, ge=1, description="how long one replica wait may take before a warning")
 
 
 class RunConfig(_Settings):
@@ -60,6 +65,8 @@ class RunConfig(_Settings):
     batch_size: int = Field(8, ge=1, description="groups per step (fixed mode) and the feeder's window unit")
     batch_mode: Literal["fixed", "dynamic"] = Field("fixed", description="fixed: batch_size groups per step; "
                                                     "dynamic: the trainable groups of a round, at least dp_size")
+    max_batch_size: int = Field(4096, ge=1, description="most groups one step may hold (dynamic mode takes at most "
+                                "this many per step; fixed mode's batch_size may not exceed it)")
     max_staleness: int = Field(1, ge=0, description="drop groups more than this many policy versions old")
     max_empty_rounds: int = Field(8, ge=1, description="stall bound: consecutive rounds without a trainable group")
     stall_timeout_s: float = Field(1800.0, ge=0, description="stall bound: seconds without progress (both must hold)")
@@ -69,6 +76,12 @@ class RunConfig(_Settings):
         if self.batch_mode == "fixed" and self.batch_size < self.dp_size:
             raise ValueError(f"batch_size ({self.batch_size}) is smaller than dp_size ({self.dp_size}): every rank "
                              "needs at least one group per step; raise batch_size or lower dp_size")
+        if self.batch_mode == "fixed" and self.batch_size > self.max_batch_size:
+            raise ValueError(f"batch_size ({self.batch_size}) is over max_batch_size ({self.max_batch_size}); lower "
+                             "batch_size or raise max_batch_size")
+        if self.max_batch_size < self.dp_size:
+            raise ValueError(f"max_batch_size ({self.max_batch_size}) is smaller than dp_size ({self.dp_size}); "
+                             "every rank needs at least one group per step")
         return self
 
     def policy(self) -> GroupPolicy:
@@ -84,6 +97,8 @@ class WorkerConfig(_RoleSettings):
     concurrency: int = Field(4, ge=1, description="slots run at once (async functions) or threads (sync ones)")
     claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long unacknowledged")
     max_tasks: int | None = Field(None, ge=1, description="exit after this many tasks (default: run until stopped)")
+    max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="a sample larger than this once encoded is "
+                                 "published as a failed slot saying so (the assembler would dead-letter it)")
     burst: bool = Field(False, description="exit when no task is waiting instead of blocking")
 
 
@@ -130,7 +145,12 @@ class AssemblerConfig(_RoleSettings):
     tick_interval_s: float = Field(0.25, gt=0, description="how often deadlines are checked")
     read_count: int = Field(512, ge=1, description="entries read and committed per round")
     lease_ttl_s: float = Field(5.0, gt=0, description="a standby takes over this long after the active assembler died")
-    max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="larger slot entries are dead-lettered")
+    max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="larger slot entries are dead-lettered "
+                                 "(as a stub: sizes and a digest, not the payload)")
+    read_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="about how many bytes one read round may bring "
+                            "in (fewer entries per read once entries are large)")
+    max_open_groups: int = Field(100_000, ge=1, description="refuse (dead-letter) a task issued while this many "
+                                 "groups are open: a flood of fake tasks cannot exhaust memory")
     burst: bool = Field(False, description="exit after the first read that brings nothing new")
 
 

@@ -5,7 +5,9 @@
     ├── DecodeError (also ValueError)       an entry's bytes do not decode or validate; carries .reason
     ├── ContractViolation                   a slot broke the one-sample-per-slot contract (terminal)
     ├── RunFailed                           the run reached a terminal event (stall bound, contract)
-    └── ServerError                         the Redis/Valkey server could not be started or reached
+    ├── ServerError                         the Redis/Valkey server could not be started or reached
+    │   └── OutageBudgetExceeded            the server stayed unavailable longer than the outage budget
+    └── StopRequested                       a stop (SIGTERM) arrived while waiting out an outage
 
 Every message says what to change, not only what went wrong.
 """
@@ -44,3 +46,11 @@ class RunFailed(StreamgrpError):
 
 class ServerError(StreamgrpError):
     """The Redis/Valkey server could not be started, reached, or is too old."""
+
+
+class OutageBudgetExceeded(ServerError):
+    """The server did not answer for longer than ``--outage-budget-s``; the process gives up."""
+
+
+class StopRequested(StreamgrpError):
+    """The process was asked to stop while it waited for the server; it exits quietly."""

@@ -4,6 +4,14 @@ Owns the schema (fields, invariants between fields, the schema version) and noth
 `streamgrp.codec` is the only code that turns events into stream entries and back. Tensors are
 `RawArray` values: a dtype, a shape and little-endian bytes, so neither this module nor the fold
 needs torch. Pure: no I/O.
+
+Numbers are strict, because a decoded header must mean exactly what its producer wrote: every
+integer field is `Int` (a JSON integer within the signed 64-bit range; ``true`` is not 1, ``2.0``
+is not 2, ``"2"`` is not 2) and every float field is `Float` (a finite JSON number: integers are
+accepted and become floats, as before; booleans and strings are not). `GroupDecided.stats` is
+the one deliberate exception: its values are ``int | float | bool`` and keep their JSON types.
+Free-form dicts (``prompt``, ``meta``, ``settings``) nest at most `FREE_FORM_DEPTH` levels, so
+every event an encoder can write stays inside the codec's header depth bound.
 """
 
 from __future__ import annotations
@@ -12,13 +20,46 @@ import math
 import sys
 from array import array
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, Union
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from streamgrp.policy import GroupPolicy
 
 SCHEMA_VERSION = 1
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: An integer field: an int (not a bool, not a float, not a string) within the signed 64-bit range.
+Int = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]
+#: A count, index, step or version: a non-negative `Int`.
+NonNegInt = Annotated[Int, Field(ge=0)]
+#: A float field: a finite int or float (not a bool, not a string); ints become floats.
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+#: How deep a free-form dict may nest, the dict itself being level 1. The deepest free-form field
+#: (``SlotResult.sample.meta``) sits at level 3 of a header, so headers stay within 3 + 24 - 1 = 26
+#: levels, inside the codec's bound of 32.
+FREE_FORM_DEPTH = 24
+
+
+def _check_free_form_depth(value: dict[str, Any]) -> dict[str, Any]:
+    if not value:
+        return value  # the common case (an empty meta) costs nothing
+    # An explicit stack, not recursion: a hostile value must not reach Python's recursion limit.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > FREE_FORM_DEPTH:
+            raise ValueError(f"nested deeper than {FREE_FORM_DEPTH} levels; flatten it")
+        for child in (item.values() if isinstance(item, dict) else item):
+            if isinstance(child, (dict, list, tuple)):
+                stack.append((child, depth + 1))
+    return value
+
+
+#: A free-form JSON object (prompt, meta, settings), at most `FREE_FORM_DEPTH` levels deep.
+FreeForm = Annotated[dict[str, Any], AfterValidator(_check_free_form_depth)]
 
 #: dtype name -> (item size in bytes, array typecode for building from Python values or None)
 DTYPES: dict[str, tuple[int, str | None]] = {
@@ -43,8 +84,8 @@ class RawArray(_Frozen):
     """A tensor as raw little-endian bytes with its dtype and shape."""
 
     dtype: str
-    shape: tuple[int, ...]
-    data: bytes
+    shape: tuple[NonNegInt, ...]
+    data: Annotated[bytes, Strict()]  # bytes only: a tensor never comes from header text
 
     @model_validator(mode="after")
     def _check_size(self) -> RawArray:
@@ -95,10 +136,10 @@ class Sample(_Frozen):
     token_ids: RawArray
     loss_mask: RawArray
     logprobs: RawArray
-    row_lengths: tuple[int, ...]
-    rewards: tuple[float, ...]
-    version: int = Field(ge=0)
-    meta: dict[str, Any] = Field(default_factory=dict)
+    row_lengths: tuple[Int, ...]
+    rewards: tuple[Float, ...]
+    version: NonNegInt
+    meta: FreeForm = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_rows(self) -> Sample:
@@ -159,9 +200,9 @@ class Sample(_Frozen):
 class _Event(_Frozen):
     """Fields every event carries: schema version, and the producer's identity and sequence number."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: Int = SCHEMA_VERSION
     producer: str = ""
-    seq: int = Field(default=0, ge=0)
+    seq: NonNegInt = 0
 
 
 class RunStarted(_Event):
@@ -170,8 +211,17 @@ class RunStarted(_Event):
     kind: Literal["run_started"] = "run_started"
     run: str
     policy: GroupPolicy
-    settings: dict[str, Any] = Field(default_factory=dict)
-    started_at: float
+    settings: FreeForm = Field(default_factory=dict)
+    started_at: Float
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _strict_policy_numbers(cls, value: Any) -> Any:
+        # GroupPolicy's own fields are lax (``true`` would pass as n_samples=1); a recorded
+        # policy is read as strictly as every other event field.
+        if isinstance(value, dict):
+            _check_strict_numbers(GroupPolicy, value, "")
+        return value
 
 
 class TaskIssued(_Event):
@@ -179,9 +229,9 @@ class TaskIssued(_Event):
 
     kind: Literal["task_issued"] = "task_issued"
     task_id: str = Field(min_length=1, max_length=256)
-    prompt: dict[str, Any] = Field(default_factory=dict)
-    version: int = Field(default=0, ge=0)
-    issued_at: float
+    prompt: FreeForm = Field(default_factory=dict)
+    version: NonNegInt = 0
+    issued_at: Float
 
 
 class SlotResult(_Event):
@@ -189,7 +239,7 @@ class SlotResult(_Event):
 
     kind: Literal["slot_result"] = "slot_result"
     task_id: str = Field(min_length=1, max_length=256)
-    slot: int = Field(ge=0)
+    slot: NonNegInt
     outcome: Outcome
     sample: Sample | None = None
     error: str | None = None
@@ -207,7 +257,7 @@ class Tick(_Event):
     """Time passing, in the server's clock; closes groups whose deadline is at or before ``now``."""
 
     kind: Literal["tick"] = "tick"
-    now: float
+    now: Float
 
 
 class GroupDecided(_Event):
@@ -224,19 +274,24 @@ class GroupDecided(_Event):
     task_id: str
     decision: Literal["complete", "partial", "dropped"]
     reason: str | None = None
-    members: tuple[int, ...]
+    members: tuple[NonNegInt, ...]
     member_entries: tuple[str, ...]
     member_digests: tuple[str, ...] = ()
-    member_rows: tuple[int, ...]
-    member_tokens: tuple[int, ...]
-    member_versions: tuple[int, ...]
-    member_rewards: tuple[float, ...] = ()
+    member_rows: tuple[Int, ...]
+    member_tokens: tuple[Int, ...]
+    member_versions: tuple[Int, ...]
+    member_rewards: tuple[Float, ...] = ()
     slot_outcomes: dict[str, str]
     stats: dict[str, int | float | bool]
     error: str | None = None
     closed_by: Literal["all_slots", "deadline"]
-    issued_at: float | None = None
-    decided_at: float | None = None
+    issued_at: Float | None = None
+    decided_at: Float | None = None
+
+    @model_validator(mode="after")
+    def _check_aligned(self) -> GroupDecided:
+        _check_member_lists(self, optional=("member_digests", "member_rewards"))
+        return self
 
     @property
     def version(self) -> int | None:
@@ -255,7 +310,56 @@ class RunTerminated(_Event):
     reason: str
     message: str
     task_id: str | None = None
-    step: int | None = None
+    step: Int | None = None
+
+
+_MEMBER_LISTS = ("members", "member_entries", "member_digests", "member_rows", "member_tokens", "member_versions",
+                 "member_rewards")
+
+
+def _check_member_lists(model: BaseModel, *, optional: tuple[str, ...]) -> None:
+    """Member lists are aligned: one item per member in each (``optional`` ones may also be empty)."""
+    count = len(model.members)  # type: ignore[attr-defined]
+    for name in _MEMBER_LISTS:
+        items = getattr(model, name, None)
+        if items is None or len(items) == count or (name in optional and not items):
+            continue
+        raise ValueError(f"{name} has {len(items)} items for {count} members; give one per member")
+
+
+def _check_strict_numbers(model: type[BaseModel], data: dict[Any, Any], where: str) -> None:
+    """Reject what lax validation would coerce in ``model``'s scalar fields: bools as numbers,
+    numbers as bools, floats and strings as ints. Nested models given as dicts are checked too."""
+    for name, value in data.items():
+        field = model.model_fields.get(name) if isinstance(name, str) else None
+        if field is None:
+            continue  # an unknown name: the model's own validation reports it
+        args = _annotation_args(field.annotation)
+        nested = [arg for arg in args if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        if nested and isinstance(value, dict):
+            _check_strict_numbers(nested[0], value, f"{where}{name}.")
+            continue
+        if not args <= {int, float, bool, type(None)} or not args & {int, float, bool}:
+            continue  # not a numeric scalar field
+        kind = type(value)
+        if kind is bool:
+            ok = bool in args
+        elif kind is int:
+            ok = int in args or float in args
+        elif kind is float:
+            ok = float in args
+        else:
+            ok = value is None and type(None) in args
+        if not ok:
+            expected = " or ".join(sorted(arg.__name__ for arg in args if arg is not type(None)))
+            raise PydanticCustomError("strict_type", "{where} must be {expected}, not {got}",
+                                      {"where": f"{where}{name}", "expected": expected, "got": kind.__name__})
+
+
+def _annotation_args(annotation: Any) -> set[Any]:
+    if get_origin(annotation) in (Union, UnionType):
+        return {arg for part in get_args(annotation) for arg in _annotation_args(part)}
+    return {annotation}
 
 
 class ShardGroup(_Frozen):
@@ -263,12 +367,17 @@ class ShardGroup(_Frozen):
 
     task_id: str
     decision_entry: str
-    members: tuple[int, ...]
+    members: tuple[NonNegInt, ...]
     member_entries: tuple[str, ...]
-    member_rows: tuple[int, ...]
-    member_tokens: tuple[int, ...]
-    member_versions: tuple[int, ...]
+    member_rows: tuple[Int, ...]
+    member_tokens: tuple[Int, ...]
+    member_versions: tuple[Int, ...]
     digest: str
+
+    @model_validator(mode="after")
+    def _check_aligned(self) -> ShardGroup:
+        _check_member_lists(self, optional=())
+        return self
 
     @property
     def valid_tokens(self) -> int:
@@ -278,9 +387,9 @@ class ShardGroup(_Frozen):
 class Shard(_Frozen):
     """What one DP rank trains at a step: whole groups, and a digest over their members' bytes."""
 
-    rank: int
+    rank: Int
     groups: tuple[ShardGroup, ...]
-    tokens: int
+    tokens: Int
     digest: str
 
 
@@ -288,11 +397,11 @@ class StepManifest(_Event):
     """One optimizer step: its number, the policy version it was batched at, one shard per rank."""
 
     kind: Literal["step"] = "step"
-    step: int = Field(ge=0)
-    version: int
+    step: NonNegInt
+    version: Int
     shards: tuple[Shard, ...]
-    imbalance: float
-    created_at: float
+    imbalance: Float
+    created_at: Float
 
 
 class GroupDiscarded(_Event):
@@ -303,8 +412,8 @@ class GroupDiscarded(_Event):
     task_id: str
     reason: Literal["stale", "filtered", "leftover"]
     decision_entry: str
-    group_version: int | None = None
-    current_version: int | None = None
+    group_version: Int | None = None
+    current_version: Int | None = None
     detail: str = ""
 
 
@@ -312,17 +421,17 @@ class StepCommitted(_Event):
     """A trainer rank finished a step."""
 
     kind: Literal["step_committed"] = "step_committed"
-    step: int
-    rank: int
-    world_size: int
+    step: Int
+    rank: Int
+    world_size: Int
 
 
 class StepFailed(_Event):
     """A trainer rank's step raised; ``error`` is the exception text."""
 
     kind: Literal["step_failed"] = "step_failed"
-    step: int
-    rank: int
+    step: Int
+    rank: Int
     error: str
 
 
@@ -330,15 +439,15 @@ class VersionAdvanced(_Event):
     """Every rank committed ``step``: the policy is now at ``version`` (= steps fully committed)."""
 
     kind: Literal["version"] = "version"
-    version: int
-    step: int
+    version: Int
+    step: Int
 
 
 class RunFinished(_Event):
     """The dataset is exhausted and every accepted group was batched: ``steps`` is the last step + 1."""
 
     kind: Literal["run_finished"] = "run_finished"
-    steps: int
+    steps: Int
 
 
 _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, Tick, GroupDecided, RunTerminated, StepManifest, GroupDiscarded,

@@ -21,6 +21,7 @@ import redis
 
 from streamgrp import codec
 from streamgrp.batching import feeder_capacity
+from streamgrp.connection import replicate
 from streamgrp.errors import ConfigError
 from streamgrp.events import TaskIssued
 from streamgrp.keys import WORKERS_GROUP, RunKeys
@@ -89,6 +90,8 @@ class Feeder:
         self.producer = producer
         self.max_chunk = max_chunk
         self.exhausted = False
+        #: The staleness window had no room at the last `feed` (the batcher waits for trainers then).
+        self.window_full = False
         self._script = client.register_script(_FEED)
         self._items = iter(dataset)
         self._position = 0  # dataset items read from ``_items`` so far
@@ -127,8 +130,10 @@ class Feeder:
     def feed(self, version: int, lease_token: str) -> int:
         """Issue as many tasks as the window allows now; returns how many."""
         if self.exhausted:
+            self.window_full = True  # nothing more to issue: rounds wait on in-flight work or trainers
             return 0
         room = feeder_capacity(version, self.max_staleness, self.batch_size) - self.outstanding()
+        self.window_full = room <= 0
         issued = 0
         while room > 0 and not self.exhausted:
             prompts = self._prompts(min(room, self.max_chunk))
@@ -142,6 +147,7 @@ class Feeder:
                        for i, prompt in enumerate(prompts)]
             self.cursor = self._script(keys=[self.keys.tasks, self.keys.slots, self.keys.batcher_state,
                                              self.keys.batcher_lease], args=[lease_token, self.cursor, *headers])
+            replicate(self.client)
             del self._held[:len(prompts)]
             issued += len(prompts)
             room -= len(prompts)

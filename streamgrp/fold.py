@@ -26,6 +26,7 @@ LATE = "late"
 UNKNOWN_TASK = "unknown_task"
 SLOT_OUT_OF_RANGE = "slot_out_of_range"
 DUPLICATE_TASK = "duplicate_task"
+OPEN_GROUPS_FULL = "open_groups_full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +75,20 @@ Output = Closed | Ignored
 
 @dataclass(slots=True)
 class FoldState:
+    """Open groups and what the fold must know of decided ones.
+
+    ``decided`` holds the tasks known to be decided that the next events may name; a driver that
+    keeps the decisions elsewhere (the assembler: the run's ``decided`` hash) fills it per round with
+    just those and clears it, so memory stays at the open groups. ``max_open`` bounds the open
+    groups: a task issued beyond it is refused (``open_groups_full``), so a flood of fake task
+    entries cannot grow the state without limit.
+    """
+
     policy: GroupPolicy
     group_timeout_s: float | None = None
     open: dict[str, OpenGroup] = field(default_factory=dict)
     decided: set[str] = field(default_factory=set)
+    max_open: int | None = None
     now: float | None = None
     _deadlines: list[tuple[float, str]] = field(default_factory=list)
 
@@ -98,6 +109,9 @@ def _on_task(state: FoldState, event: TaskIssued, entry_id: str) -> list[Output]
     task_id = event.task_id
     if task_id in state.open or task_id in state.decided:
         return [Ignored(entry_id, DUPLICATE_TASK, task_id, None, "task issued twice; the first issue stands")]
+    if state.max_open is not None and len(state.open) >= state.max_open:
+        return [Ignored(entry_id, OPEN_GROUPS_FULL, task_id, None,
+                        f"{len(state.open)} groups are open, the most max_open_groups allows; the task is refused")]
     deadline = None if state.group_timeout_s is None else event.issued_at + state.group_timeout_s
     state.open[task_id] = OpenGroup(task_id, event.issued_at, deadline, entry_id)
     if deadline is not None:

@@ -68,6 +68,12 @@ class RunKeys:
         return self._key("deadletter")
 
     @property
+    def deadlettered(self) -> str:
+        """Hash ``stream entry-id`` -> 1 for entries of streams without a consumer group (control)
+        that were dead-lettered: each is dead-lettered and counted once, whoever reads it first."""
+        return self._key("deadlettered")
+
+    @property
     def decided(self) -> str:
         """Hash task id -> decision entry id: the "already decided" marker written with the decision."""
         return self._key("decided")

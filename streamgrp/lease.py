@@ -17,8 +17,17 @@ from collections.abc import Callable
 
 import redis
 
+from streamgrp.connection import is_outage, outage_of, without_retries
+
 log = logging.getLogger(__name__)
 
+# Taking the lease again with our own token succeeds: after an outage the process may find the
+# lease it held (its TTL not yet run out), or the reply of its own SET may have been lost.
+_ACQUIRE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
@@ -36,7 +45,7 @@ class Lease:
         self._renewed_at = 0.0
 
     def acquire(self) -> bool:
-        if self.client.set(self.key, self.token, nx=True, px=self.ttl_ms):
+        if self.client.eval(_ACQUIRE, 1, self.key, self.token, self.ttl_ms):
             self._renewed_at = time.monotonic()
             return True
         return False
@@ -50,8 +59,8 @@ class Lease:
         self._renewed_at = time.monotonic()
 
     def release(self) -> None:
-        try:
-            self.client.eval(_RELEASE, 1, self.key, self.token)
+        try:  # once, without riding out an outage: shutting down must not wait for the server
+            without_retries(self.client).eval(_RELEASE, 1, self.key, self.token)
         except redis.RedisError:
             pass  # the TTL frees it anyway
 
@@ -62,8 +71,14 @@ def run_while_leased(lease: Lease, *, who: str, stop: threading.Event, is_active
     """The loop of a role with one active process: stand by until the lease is free, `activate`
     (rebuild state from the server), then `work` rounds until stopped; on a lost lease `deactivate`
     and stand by again. In burst mode return after a round that read nothing (``work`` returns 0).
+
+    An outage that reaches the loop (a consumer-group read whose reply may be lost, or a command
+    whose outage outlasted nothing yet) is waited out, then the role deactivates and activates
+    again: it rebuilds from the server exactly as after a crash, since what the failed command
+    did is unknown. `OutageBudgetExceeded` and `StopRequested` end the loop.
     """
     poll_s = min(1.0, lease.ttl_ms / 3000)
+    outage = outage_of(lease.client)
     try:
         while not stop.is_set() and running():
             if not is_active() and not lease.acquire():
@@ -78,6 +93,13 @@ def run_while_leased(lease: Lease, *, who: str, stop: threading.Event, is_active
                 read = work()
             except LeaseLost:
                 log.warning("%s lost its lease; standing by", who)
+                deactivate()
+                continue
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                outage.ride_out(exc, lease.client)
+                log.info("%s resumes from the server's record after the outage", who)
                 deactivate()
                 continue
             if burst and read == 0:

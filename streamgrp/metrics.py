@@ -46,6 +46,9 @@ class Metrics:
                                    registry=r)
         self.empty_rounds = Gauge("streamgrp_empty_rounds", "Consecutive batcher rounds without a trainable group",
                                   registry=r)
+        self.trainer_wait_rounds = Counter("streamgrp_trainer_wait_rounds", "Batcher rounds spent waiting for "
+                                           "trainers to commit (staleness window full); never empty rounds",
+                                           registry=r)
         self.open_groups = Gauge("streamgrp_open_groups", "Groups the assembler holds open", registry=r)
         self.policy_version = Gauge("streamgrp_policy_version", "Current policy version", registry=r)
         self.batch_imbalance = Gauge("streamgrp_batch_imbalance_ratio", "Largest shard tokens over the mean, last step",
@@ -94,7 +97,10 @@ class Metrics:
 
     def watch_streams(self, client, streams: Iterable[str]) -> None:
         """Export lag and pending entries of every consumer group on ``streams``, read at scrape time."""
-        self.registry.register(_StreamCollector(client, list(streams)))
+        from streamgrp.connection import without_retries
+
+        # A scrape during an outage must answer at once (without those series), not wait it out.
+        self.registry.register(_StreamCollector(without_retries(client), list(streams)))
 
 
 def pairs_to_counts(flat: list) -> dict[str, int]:

@@ -15,13 +15,12 @@ import redis
 
 from streamgrp import codec
 from streamgrp.config import RunConfig, env_name, flag_name
-from streamgrp.errors import ConfigError, ServerError
+from streamgrp.connection import connect, safe_url  # noqa: F401 - connect is documented here
+from streamgrp.errors import ConfigError
 from streamgrp.events import RunStarted
 from streamgrp.keys import RUNS, RunKeys, check_run_name
 
 log = logging.getLogger(__name__)
-
-MIN_SERVER_VERSION = (7, 0)
 
 # Creates the control stream with the run's record unless it exists; returns the first entry.
 _CREATE_RUN = """
@@ -30,29 +29,6 @@ if redis.call('XLEN', KEYS[1]) == 0 then
 end
 return redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
 """
-
-
-def connect(url: str) -> redis.Redis:
-    """A client for ``url`` (bytes replies), after checking the server answers and is Redis >= 7.0."""
-    client = redis.Redis.from_url(url, decode_responses=False, socket_keepalive=True, health_check_interval=30)
-    try:
-        info = client.info("server")
-    except redis.AuthenticationError as exc:
-        raise ServerError(f"the server at {_safe(url)} refused the password: {exc}; fix the password in --redis-url") from None
-    except redis.ConnectionError as exc:
-        raise ServerError(f"cannot reach {_safe(url)}: {exc}; start the server or fix --redis-url") from None
-    version = tuple(int(part) for part in str(info.get("redis_version", "0.0")).split(".")[:2])
-    if version < MIN_SERVER_VERSION:
-        raise ServerError(f"{_safe(url)} runs Redis {info.get('redis_version')}; streamgrp needs 7.0 or newer")
-    return client
-
-
-def _safe(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
 
 
 def server_time(client: redis.Redis) -> float:

@@ -1,7 +1,8 @@
 """Loading the server-side Lua scripts that ship with the package.
 
-Scripts that count (`commit.lua`, `batch_commit.lua`) share `counters.lua`, prepended here, so
-the counting code exists once; Redis sees one self-contained script per role.
+Scripts share preludes, prepended here, so that code exists once: `counters.lua` (counter
+changes the caller mirrors in metrics) and `acks.lua` (bounded-chunk acknowledgements and input
+checks). Redis sees one self-contained script per role.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from importlib import resources
 import redis
 from redis.commands.core import Script
 
-_SHARED = {"commit.lua": "counters.lua", "batch_commit.lua": "counters.lua"}
+_SHARED = {"commit.lua": ("counters.lua", "acks.lua"), "batch_commit.lua": ("counters.lua", "acks.lua"),
+           "deadletter.lua": ("acks.lua",)}
 
 
 def source(name: str) -> str:
     package = resources.files("streamgrp")
     body = package.joinpath(name).read_text()
-    prelude = _SHARED.get(name)
-    return body if prelude is None else package.joinpath(prelude).read_text() + "\n" + body
+    preludes = [package.joinpath(prelude).read_text() for prelude in _SHARED.get(name, ())]
+    return "\n".join([*preludes, body])
 
 
 def register(client: redis.Redis, name: str) -> Script:

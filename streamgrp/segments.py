@@ -22,7 +22,13 @@ Invariants the reader relies on, and that `SegmentWriter` and `ArchiveWriter` ke
 - within one segment one stream's ids strictly increase: a segment is written by one archiver process
   in stream order, and every start of an archiver opens a new segment;
 - a record that is incomplete or fails its checksum ends what is readable of a segment: the torn
-  write of an archiver killed mid-append, only ever at the end of the segment it was writing;
+  write of an archiver killed mid-append, only ever at the end of the segment it was writing. A
+  damaged record that a whole record follows is therefore not a torn write but damage (a bad disk,
+  an edit, a copy gone wrong): reading or sealing past it would lose every record after it for good,
+  so it raises `ArchiveError` and the file is left as it is;
+- an index file is checked before it is used: every offset and size it holds lies inside the
+  segment it names, so a damaged or hostile index raises `ArchiveError` instead of making a reader
+  seek or allocate wildly;
 - an id can be in several segments after a crash (the archiver copies again what it had written but
   not yet recorded as progress); the bytes are the same, and the copy in the later segment wins.
 
@@ -37,6 +43,7 @@ import errno
 import fcntl
 import heapq
 import os
+import re
 import struct
 import uuid
 import zlib
@@ -59,6 +66,7 @@ SEGMENT_MAGIC = b"SGSEG01\n"
 RECORD_MAGIC = b"SGR1"
 _PREFIX = struct.Struct("<4sIII")
 _MAX_HEADER = 64 * 1024 * 1024
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")  # a stream entry id: two u64s
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 
 Fields = dict[bytes, bytes]
@@ -102,16 +110,26 @@ class Record:
 
 def decode_record(buffer: bytes | memoryview, offset: int = 0) -> tuple[Record, int] | None:
     """The record at ``offset`` and the offset after it; None when it is incomplete or damaged."""
+    decoded = _decode(buffer, offset)
+    return None if isinstance(decoded, str) else decoded
+
+
+def _decode(buffer: bytes | memoryview, offset: int) -> tuple[Record, int] | str:
+    """The record at ``offset`` and the offset after it, or what is wrong with it (for error messages)."""
     end = offset + _PREFIX.size
     if end > len(buffer):
-        return None
+        return "the file ends inside the record's prefix"
     magic, header_len, body_len, crc = _PREFIX.unpack_from(buffer, offset)
-    if magic != RECORD_MAGIC or header_len > _MAX_HEADER or end + header_len + body_len > len(buffer):
-        return None
+    if magic != RECORD_MAGIC:
+        return f"no record starts there (bytes {magic!r})"
+    if header_len > _MAX_HEADER:
+        return f"a record header of {header_len} bytes"
+    if end + header_len + body_len > len(buffer):
+        return f"the record's {header_len + body_len} bytes run past the end of the file"
     header = bytes(buffer[end:end + header_len])
     body = bytes(buffer[end + header_len:end + header_len + body_len])
     if zlib.crc32(body, zlib.crc32(header)) != crc:
-        return None
+        return "the record fails its checksum"
     try:
         meta = orjson.loads(header)
         fields, at = {}, 0
@@ -120,10 +138,25 @@ def decode_record(buffer: bytes | memoryview, offset: int = 0) -> tuple[Record, 
             at += name_len + value_len
         record = Record(meta["s"], meta["i"], fields)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
+        return "the record's header is not a record header"
     if at != body_len:
-        return None
+        return "the record's field sizes do not add up to its body"
     return record, end + header_len + body_len
+
+
+def _next_record(buffer: bytes, start: int) -> int | None:
+    """The offset of the first whole, checksummed record at or after ``start``, if any.
+
+    Only used after a record failed to decode, to tell a torn tail (nothing whole after it) from
+    damage in the middle. Candidates are found by their magic; a false one is cheap to reject
+    because its lengths must fit the buffer and its checksum must match.
+    """
+    at = buffer.find(RECORD_MAGIC, start)
+    while at != -1:
+        if not isinstance(_decode(buffer, at), str):
+            return at
+        at = buffer.find(RECORD_MAGIC, at + 1)
+    return None
 
 
 # -- one segment ------------------------------------------------------------------------------------
@@ -153,21 +186,80 @@ class SegmentIndex:
         })
 
     @classmethod
-    def from_json(cls, raw: bytes, where: Path) -> SegmentIndex:
+    def from_json(cls, raw: bytes, where: Path, *, number: int | None = None,
+                  segment_size: int | None = None) -> SegmentIndex:
+        """Parse and check a sealed segment's index file; any problem raises `ArchiveError`.
+
+        ``number`` and ``segment_size`` (the segment file's bytes), when given, are checked too: the
+        index must name that segment and hold no record past its end.
+        """
         try:
-            data = orjson.loads(raw)
-            if data.get("format") != INDEX_FORMAT:
-                raise ValueError(f"format {data.get('format')!r}")
-            streams = {name: [(id_key(entry_id), entry_id, offset, size) for entry_id, offset, size in recs]
-                       for name, recs in data["records"].items()}
-            return cls(int(data["segment"]), int(data["length"]), streams, sealed=True)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise ArchiveError(f"segment index {where} is damaged ({exc}); delete it and the archiver rebuilds it "
-                               "from its segment on the next start") from None
+            return _parse_index(orjson.loads(raw), number, segment_size)
+        except ValueError as exc:  # orjson.JSONDecodeError is one
+            raise _damaged_index(where, str(exc)) from None
+
+
+def _damaged_index(where: Path, problem: str) -> ArchiveError:
+    """The error for an index file that cannot be used; the archiver rebuilds a deleted one."""
+    return ArchiveError(f"segment index {where} is damaged ({problem}); delete it and the archiver rebuilds it "
+                        "from its segment on the next start")
+
+
+def _parse_index(data: Any, number: int | None, segment_size: int | None) -> SegmentIndex:
+    """The index that decoded JSON describes; ValueError saying what is wrong when it is not a valid one.
+
+    Checks everything a reader later trusts without looking again: the types, that offsets and sizes
+    are non-negative and each record lies within the segment's readable bytes, and that each stream's
+    ids strictly increase (lookups bisect them).
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds a JSON {type(data).__name__}, not an object")
+    if data.get("format") != INDEX_FORMAT:
+        raise ValueError(f"format {data.get('format')!r:.80}, expected {INDEX_FORMAT!r}")
+    segment = _count(data.get("segment"), "segment")
+    if number is not None and segment != number:
+        raise ValueError(f"it indexes segment {segment}, not {number}")
+    length = _count(data.get("length"), "length")
+    if segment_size is not None and length > segment_size:
+        raise ValueError(f"length {length} is past the end of the {segment_size}-byte segment")
+    records = data.get("records")
+    if not isinstance(records, dict):
+        raise ValueError("'records' is not an object")
+    streams = {name: _stream_records(name, recs, length) for name, recs in records.items()}
+    return SegmentIndex(segment, length, streams, sealed=True)
+
+
+def _count(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what} is {value!r:.80}, not a non-negative integer")
+    return value
+
+
+def _stream_records(name: str, recs: Any, length: int) -> list[tuple[IdKey, str, int, int]]:
+    """One stream's ``[[entry id, offset, size], ...]`` from an index, checked against the segment's length."""
+    if not isinstance(recs, list):
+        raise ValueError(f"the records of {name!r:.80} are not a list")
+    out: list[tuple[IdKey, str, int, int]] = []
+    for item in recs:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                and _ENTRY_ID.fullmatch(item[0])):
+            raise ValueError(f"a record of {name!r:.80} is {item!r:.80}, not [entry id, offset, size]")
+        entry_id, offset, size = item[0], _count(item[1], "an offset"), _count(item[2], "a size")
+        if offset < len(SEGMENT_MAGIC) or size < _PREFIX.size or offset + size > length:
+            raise ValueError(f"{name!r:.80} entry {entry_id} spans bytes [{offset}, {offset + size}), outside the "
+                             f"segment's records [{len(SEGMENT_MAGIC)}, {length})")
+        key = id_key(entry_id)
+        if out and key <= out[-1][0]:
+            raise ValueError(f"{name!r:.80} entry {entry_id} is not after {out[-1][1]}")
+        out.append((key, entry_id, offset, size))
+    return out
 
 
 def scan_segment(path: Path, number: int, *, resume: SegmentIndex | None = None) -> SegmentIndex:
-    """Index a segment by reading it; stops at the first incomplete or damaged record (a torn tail).
+    """Index a segment by reading it; stops at a torn tail, raises `ArchiveError` at damage before the end.
+
+    A record that does not decode is a torn tail when nothing whole follows it (a crash mid-append);
+    when a whole record does follow, it is damage, and nothing is returned that a caller could seal.
 
     ``resume``: an index of the same segment taken earlier; only the bytes after its readable part
     are read (a segment being written only grows, and its torn tail may since have been completed).
@@ -182,15 +274,18 @@ def scan_segment(path: Path, number: int, *, resume: SegmentIndex | None = None)
         data = handle.read()
     if base == 0:
         if not data.startswith(SEGMENT_MAGIC):
-            index.torn = bool(data)  # killed before the magic reached the disk, or not a segment
+            # killed before the magic reached the disk, or not a segment; a damaged magic has records after it
+            _refuse_damage(path, data, 0, 0, "its magic bytes are wrong")
+            index.torn = bool(data)
             return index
         offset = len(SEGMENT_MAGIC)
     else:
         offset = 0
     unordered = False
     while offset < len(data):
-        decoded = decode_record(data, offset)
-        if decoded is None:
+        decoded = _decode(data, offset)
+        if isinstance(decoded, str):
+            _refuse_damage(path, data, offset, base, decoded)
             index.torn = True
             break
         record, after = decoded
@@ -204,6 +299,21 @@ def scan_segment(path: Path, number: int, *, resume: SegmentIndex | None = None)
         for recs in index.streams.values():
             recs.sort()
     return index
+
+
+def _refuse_damage(path: Path, data: bytes, offset: int, base: int, problem: str) -> None:
+    """Raise `ArchiveError` when a whole record follows the undecodable bytes at ``offset`` of ``data``.
+
+    ``data`` holds the segment from byte ``base`` on. A torn tail has nothing whole after it; anything
+    else is damage that neither the reader nor the archiver may skip or seal over.
+    """
+    following = _next_record(data, offset + 1)
+    if following is None:
+        return
+    raise ArchiveError(
+        f"segment {path} is damaged at offset {base + offset} ({problem}), yet a whole record follows at offset "
+        f"{base + following}: this is not the torn tail a crash leaves. Nothing was sealed or truncated. Restore "
+        f"{path.name} from a copy, or move it out of {path.parent} to go on without the entries it holds")
 
 
 class SegmentWriter:
@@ -342,7 +452,11 @@ class ArchiveWriter:
         return str(self.meta["archive_id"])
 
     def _seal_stale(self) -> int:
-        """Index every segment a killed writer left without one (its torn tail, if any, stays unread)."""
+        """Index every segment a killed writer left without one (its torn tail, if any, stays unread).
+
+        A segment damaged before its end raises `ArchiveError` from `scan_segment` and stays unsealed:
+        an index would make everything after the damage unreadable for good.
+        """
         sealed = 0
         for number, path in _segment_paths(self.directory):
             if not path.with_suffix(".idx").exists():
@@ -459,7 +573,7 @@ class ArchiveReader:
             cached = self._indexes.get(number)
             if cached is None or cached[0] != stamp:
                 if sealed:
-                    index = SegmentIndex.from_json(idx.read_bytes(), idx)
+                    index = _load_index(path, number)
                 else:  # being written (or left by a killed archiver): read only what was added since
                     index = scan_segment(path, number, resume=cached[1] if cached is not None else None)
                 cached = self._indexes[number] = (stamp, index)
@@ -473,7 +587,27 @@ class ArchiveReader:
 
     # -- reading entries ------------------------------------------------------------------------------
 
-    def _read(self, number: int, offset: int, size: int) -> Record:
+    def _read(self, number: int, offset: int, size: int, stream: str, entry_id: str) -> Record:
+        """The record the index puts at ``offset``, checked to be whole and to be ``stream``'s ``entry_id``."""
+        path = self._paths[number]
+        try:
+            raw = os.pread(self._fd(number), size, offset)
+        except OSError as exc:  # the segment went away or is unreadable since it was indexed
+            raise ArchiveError(f"segment {path} cannot be read ({exc}); restore it from a copy") from None
+        decoded = _decode(raw, 0)
+        if isinstance(decoded, str):
+            raise ArchiveError(f"segment {path} is damaged at offset {offset} ({decoded}): the record its index "
+                               "points at does not decode; restore the segment from a copy (or, when only its "
+                               ".idx file is wrong, delete that and the archiver rebuilds it on its next start)")
+        record, end = decoded
+        if (record.stream, record.entry_id, end) != (stream, entry_id, size):
+            raise _damaged_index(path.with_suffix(".idx"),
+                                f"it puts {stream} entry {entry_id} at offset {offset}, where {record.stream} entry "
+                                f"{record.entry_id} is")
+        return record
+
+    def _fd(self, number: int) -> int:
+        """An open descriptor of segment ``number``; at most ``max_open`` stay open, the least recently used close."""
         fd = self._open.get(number)
         if fd is None:
             fd = os.open(self._paths[number], os.O_RDONLY)
@@ -483,12 +617,7 @@ class ArchiveReader:
                 os.close(old)
         else:
             self._open.move_to_end(number)
-        raw = os.pread(fd, size, offset)
-        decoded = decode_record(raw)
-        if decoded is None:
-            raise ArchiveError(f"segment {self._paths[number]} is damaged at offset {offset}: the record its index "
-                               "points at does not decode; restore the segment from a backup")
-        return decoded[0]
+        return fd
 
     def get(self, stream: str, ids: Sequence[str]) -> list[Fields | None]:
         """The fields of each id of ``stream``, None where the archive does not hold it."""
@@ -503,7 +632,7 @@ class ArchiveReader:
                     continue
                 at = bisect.bisect_left(recs, (key,))
                 if at < len(recs) and recs[at][0] == key:
-                    found = self._read(index.number, recs[at][2], recs[at][3]).fields
+                    found = self._read(index.number, recs[at][2], recs[at][3], stream, entry_id).fields
                     break
             out.append(found)
         return out
@@ -532,13 +661,13 @@ class ArchiveReader:
     def scan(self, stream: str, *, after: str | None = None, before: str | None = None) -> Iterator[tuple[str, Fields]]:
         """Every entry of ``stream`` with an id strictly between ``after`` and ``before``, in id order, once."""
         for _, entry_id, number, offset, size in self._merged(stream, after, before):
-            yield entry_id, self._read(number, offset, size).fields
+            yield entry_id, self._read(number, offset, size, stream, entry_id).fields
 
     def copies(self, stream: str) -> Iterator[tuple[str, int, Fields]]:
         """Every stored copy of every entry (duplicates included), segment by segment: for checking an archive."""
         for index in self.segments():
             for _, entry_id, offset, size in index.streams.get(stream, ()):
-                yield entry_id, index.number, self._read(index.number, offset, size).fields
+                yield entry_id, index.number, self._read(index.number, offset, size, stream, entry_id).fields
 
     # -- the snapshot ---------------------------------------------------------------------------------
 
@@ -550,6 +679,28 @@ class ArchiveReader:
         except orjson.JSONDecodeError as exc:
             raise ArchiveError(f"{self.directory / 'snapshot.json'} is damaged ({exc}); the archiver rewrites it "
                                "when it next catches up") from None
+
+
+def _load_index(path: Path, number: int) -> SegmentIndex:
+    """The checked index of sealed segment ``number`` at ``path``; an unreadable one raises `ArchiveError`."""
+    idx = path.with_suffix(".idx")
+    try:
+        segment_size = path.stat().st_size
+        index_size = idx.stat().st_size
+        if index_size > _max_index_bytes(segment_size):  # refuse before reading a huge file into memory
+            raise _damaged_index(idx, f"{index_size} bytes, too large for a {segment_size}-byte segment")
+        raw = idx.read_bytes()
+    except OSError as exc:
+        raise ArchiveError(f"segment index {idx} cannot be read ({exc}); delete it and the archiver rebuilds it from "
+                           "its segment on the next start") from None
+    return SegmentIndex.from_json(raw, idx, number=number, segment_size=segment_size)
+
+
+def _max_index_bytes(segment_size: int) -> int:
+    # Each indexed record costs the index its id and two numbers, and each stream its name twice and a
+    # summary; the record itself holds a 16-byte prefix, its stream name and id. Four times the segment
+    # is room to spare for any index the writer makes, and still bounds what a reader loads.
+    return 4 * segment_size + 1024 * 1024
 
 
 def _run(recs: list[tuple[IdKey, str, int, int]], number: int) -> Iterator[tuple[IdKey, int, str, int, int]]:

@@ -5,6 +5,11 @@ A *round* is one collection attempt. The run fails when at least ``max_empty_rou
 rounds added no trainable group AND at least ``stall_timeout_s`` passed since the last progress.
 Requiring both keeps fast all-reject bursts alive (many empty rounds in little time) and keeps a
 single slow round from failing a run that is merely slow.
+
+A round spent waiting for trainers (the feeder's staleness window is full and a written step is
+not committed yet) is not an empty round: rollouts are not what holds the run up, so it is
+counted apart (``trainer_wait_rounds``) and the stall timer starts again after it. Time the
+batcher spent unable to reach the server is not stall time either (`shift`).
 """
 
 from __future__ import annotations
@@ -19,19 +24,29 @@ class StallTracker:
     max_empty_rounds: int = 8
     stall_timeout_s: float = 1800.0
     empty_rounds: int = 0
+    trainer_wait_rounds: int = 0
     last_progress: float | None = None
     _last_warning: float | None = field(default=None, repr=False)
 
-    def round(self, trainable_added: int, now: float) -> bool:
+    def round(self, trainable_added: int, now: float, *, waiting_for_trainers: bool = False) -> bool:
         """Record a round; True when the run has stalled for good."""
         if self.last_progress is None:
             self.last_progress = now
+        if waiting_for_trainers and trainable_added == 0:
+            self.trainer_wait_rounds += 1
+            self.last_progress = now
+            return False
         if trainable_added > 0:
             self.empty_rounds = 0
             self.last_progress = now
             return False
         self.empty_rounds += 1
         return self.empty_rounds >= self.max_empty_rounds and self.stall_seconds(now) >= self.stall_timeout_s
+
+    def shift(self, seconds: float) -> None:
+        """Leave ``seconds`` out of the stall timer (the batcher could not reach the server)."""
+        if self.last_progress is not None and seconds > 0:
+            self.last_progress += seconds
 
     def stall_seconds(self, now: float) -> float:
         return 0.0 if self.last_progress is None or self.empty_rounds == 0 else max(0.0, now - self.last_progress)
@@ -46,7 +61,7 @@ class StallTracker:
         return True
 
 
-def stall_message(tracker: StallTracker, now: float, counts: dict[str, int]) -> str:
+def stall_message(tracker: StallTracker, now: float, counts: dict[str, int], server_note: str = "") -> str:
     """The terminal message: what stalled, the likely causes, and the figures to check."""
     target = counts.get("target_slots", 0)
     usable = counts.get("usable_slots", 0)
@@ -64,4 +79,5 @@ def stall_message(tracker: StallTracker, now: float, counts: dict[str, int]) -> 
         f"Check: usable_slot_yield={usable_yield}, trainable_slot_yield={trainable_yield}, "
         f"drop reasons {drops or '{}'}, slot outcomes {outcomes or '{}'} "
         "(streamgrp_groups_dropped_total and streamgrp_slots_total on the dashboards)."
+        + (f" {server_note}" if server_note else "")
     )

@@ -30,7 +30,9 @@ import redis
 import torch
 
 from streamgrp import codec, scripts
-from streamgrp.errors import ConfigError, RunFailed, StreamgrpError
+from streamgrp.connection import MAX_BLOCK_MS, replicate
+from streamgrp.deadletter import DeadLetters
+from streamgrp.errors import ConfigError, DecodeError, RunFailed, StreamgrpError
 from streamgrp.events import RunFinished, RunTerminated, Sample, Shard, StepCommitted, StepFailed, StepManifest, VersionAdvanced
 from streamgrp.keys import step_entry_id
 from streamgrp.runs import Run
@@ -155,10 +157,14 @@ class TrainerClient:
         self.client = client
         self.run_ = run
         self.keys = run.keys
-        self.poll_ms = max(1, int(poll_s * 1000))
+        self.poll_ms = min(MAX_BLOCK_MS, max(1, int(poll_s * 1000)))
         self.name = name or producer_name("trainer")
         self._commit_script = scripts.register(client, "trainer_commit.lua")
         self._seq = 0
+        self._dead_letters = DeadLetters(client, self.keys)
+        self._control_last = "0-0"  # the control stream is read once, from a cursor, not per step
+        self._terminal: RunTerminated | None = None
+        self._finished: RunFinished | None = None
 
     def next_step(self, rank: int) -> int:
         last = self.client.hget(self.keys.committed, str(rank))
@@ -182,28 +188,40 @@ class TrainerClient:
 
     def wait_for_step(self, step: int, stop_check=None) -> StepManifest | None:
         """The manifest of ``step``; None when the run finished before it; raises `RunFailed`."""
-        control_last = "0-0"
-        terminal: RunTerminated | None = None
-        finished: RunFinished | None = None
         while True:
-            for raw_id, fields in self.client.xrange(self.keys.control, f"({control_last}" if control_last != "0-0" else "-", "+"):
-                control_last = raw_id.decode()
-                event = codec.decode(fields)
-                if isinstance(event, RunTerminated) and event.step is not None and terminal is None:
-                    terminal = event
-                elif isinstance(event, RunFinished):
-                    finished = event
+            self._read_control()
+            terminal = self._terminal
             if terminal is not None and step >= terminal.step:
                 raise RunFailed(f"run {self.keys.run} failed at step {terminal.step} ({terminal.reason}): {terminal.message}")
             manifest = self.manifest(step)
             if manifest is not None:
                 return manifest
-            if finished is not None and step >= finished.steps:
+            if self._finished is not None and step >= self._finished.steps:
                 return None
             if stop_check is not None and stop_check():
                 return None
             previous = step_entry_id(step - 1) if step > 0 else "0-0"
-            self.client.xread({self.keys.steps: previous, self.keys.control: control_last}, block=self.poll_ms, count=1)
+            self.client.xread({self.keys.steps: previous, self.keys.control: self._control_last}, block=self.poll_ms,
+                              count=1)
+
+    def _read_control(self) -> None:
+        """Read the control stream past this client's cursor: the terminal and finished events.
+
+        An entry that does not decode is dead-lettered (once for all ranks) and skipped: a forged or
+        damaged control entry must not stop every rank."""
+        start = f"({self._control_last}" if self._control_last != "0-0" else "-"
+        for raw_id, fields in self.client.xrange(self.keys.control, start, "+"):
+            self._control_last = raw_id.decode()
+            try:
+                event = codec.decode(fields)
+            except DecodeError as exc:
+                self._dead_letters.send(self.keys.control, self._control_last, exc.reason, exc.detail, fields,
+                                        counter="invalid:control")
+                continue
+            if isinstance(event, RunTerminated) and event.step is not None and self._terminal is None:
+                self._terminal = event
+            elif isinstance(event, RunFinished):
+                self._finished = event
 
     def load(self, manifest: StepManifest, rank: int, world_size: int) -> Batch:
         return build_batch(manifest, rank, world_size, lambda ids: read_entries(self.client, self.keys.slots, list(ids)),
@@ -222,6 +240,7 @@ class TrainerClient:
         self._commit_script(keys=[self.keys.committed, self.keys.commits, self.keys.version, self.keys.control],
                             args=[batch.rank, batch.step, batch.world_size, codec.encode(committed)[codec.HEADER],
                                   codec.encode(advanced)[codec.HEADER]])
+        replicate(self.client)
 
     def _fail(self, batch: Batch, exc: BaseException | str) -> None:
         if isinstance(exc, BaseException):

@@ -76,7 +76,11 @@ class WeightCache:
         url, run = os.environ.get("STREAMGRP_REDIS_URL"), os.environ.get("STREAMGRP_RUN")
         if not url or not run:
             raise RuntimeError("STREAMGRP_REDIS_URL and STREAMGRP_RUN are unset; run this rollout under `streamgrp worker`")
-        return cls(redis.Redis.from_url(url), RunKeys(run))
+        from streamgrp.connection import connect
+
+        # A client that rides out outages like the worker's own, so a restarting server does not
+        # turn weight loads into failed slots.
+        return cls(connect(url, check_settings=False), RunKeys(run))
 
     def get(self, version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(version used, state) for the newest published version <= ``version``, or None if none yet."""

@@ -28,10 +28,12 @@ import redis
 
 from streamgrp import codec
 from streamgrp.config import WorkerConfig
+from streamgrp.connection import is_outage, outage_of, replicate
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.events import Sample, SlotResult, TaskIssued
 from streamgrp.keys import WORKERS_GROUP, RunKeys
-from streamgrp.streams import ensure_group, entry_id_str, producer_name
+from streamgrp.deadletter import DeadLetters
+from streamgrp.streams import ensure_group, entry_id_str, entry_size, producer_name
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +63,13 @@ class Task:
 class WorkerClient:
     """The Python API of a worker: `take` tasks, `publish` slot results, `done` with a task."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0) -> None:
+    def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0,
+                 max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES, metrics: Any = None) -> None:
         self.client = client
         self.keys = keys
         self.name = name or producer_name("worker")
+        self.max_entry_bytes = max_entry_bytes
+        self.dead_letters = DeadLetters(client, keys, metrics=metrics)
         self.claim_idle_ms = int(claim_idle_s * 1000)
         self._seq = itertools.count()
         self._seq_lock = threading.Lock()
@@ -96,15 +101,15 @@ class WorkerClient:
                 self.client.xack(self.keys.tasks, WORKERS_GROUP, entry_id)
                 continue
             try:
-                event = codec.decode(fields)
+                event = codec.decode(fields, max_entry_bytes=self.max_entry_bytes)
             except DecodeError as exc:
-                # The assembler dead-letters the group log copy; the queue copy is just dropped.
-                log.warning("task entry %s does not decode (%s); acknowledging it", entry_id, exc)
-                self.client.xack(self.keys.tasks, WORKERS_GROUP, entry_id)
+                self.dead_letters.send(self.keys.tasks, entry_id, exc.reason, exc.detail, fields, group=WORKERS_GROUP,
+                                       counter="invalid:tasks")
                 continue
             if not isinstance(event, TaskIssued):
-                log.warning("task entry %s is a %s, not a task; acknowledging it", entry_id, type(event).__name__)
-                self.client.xack(self.keys.tasks, WORKERS_GROUP, entry_id)
+                self.dead_letters.send(self.keys.tasks, entry_id, "unexpected_kind",
+                                       f"a {event.kind} event does not belong in the task queue", fields,
+                                       group=WORKERS_GROUP, counter="invalid:tasks")
                 continue
             tasks.append(Task(entry_id, event))
         return tasks
@@ -123,7 +128,17 @@ class WorkerClient:
             event = SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=result, producer=self.name, seq=seq)
         else:
             raise TypeError(f"a rollout returns a streamgrp.Sample or None, not {type(result).__name__}")
-        return entry_id_str(self.client.xadd(self.keys.slots, codec.encode(event)))
+        fields = codec.encode(event)
+        size = entry_size(fields)
+        if size > self.max_entry_bytes:  # refused here, where the data enters, not after it is stored
+            event = SlotResult(task_id=task_id, slot=slot, outcome="failed", producer=self.name, seq=seq,
+                               error=f"the sample is {size} bytes encoded, over max_entry_bytes={self.max_entry_bytes}; "
+                               "return shorter samples, or raise --max-entry-bytes on the workers and the assembler")
+            fields = codec.encode(event)
+        # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate.
+        entry_id = entry_id_str(self.client.xadd(self.keys.slots, fields))
+        replicate(self.client)
+        return entry_id
 
     def done(self, task: Task) -> None:
         """Acknowledge a task once every slot's result was published."""
@@ -194,7 +209,15 @@ class WorkerProcess:
                     continue
                 if max_tasks is not None:
                     room = min(room, max_tasks - self.tasks_done - len(in_flight))
-                tasks = self.worker.take(room, block_ms=None if in_flight else 500)  # None: don't block
+                try:
+                    tasks = self.worker.take(room, block_ms=None if in_flight else 500)  # None: don't block
+                except Exception as exc:
+                    if not is_outage(exc):
+                        raise
+                    # A task read whose reply was lost sits in our pending list; XAUTOCLAIM hands it
+                    # back (to us or another worker) once it has been idle for claim_idle_s.
+                    outage_of(self.worker.client).ride_out(exc, self.worker.client)
+                    continue
                 if not tasks:
                     if self.config.burst and not in_flight:
                         break

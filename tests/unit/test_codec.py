@@ -2,10 +2,11 @@ import math
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from streamgrp import codec
 from streamgrp.errors import DecodeError
-from streamgrp.events import GroupDecided, RawArray, Sample, SlotResult, TaskIssued, Tick
+from streamgrp.events import GroupDecided, RawArray, Sample, SlotResult, StepCommitted, TaskIssued, Tick
 from streamgrp.synthetic import make_sample
 
 
@@ -130,3 +131,54 @@ def _set_dtype(header, dtype):
 def _set_shape(header, shape):
     header["sample"]["token_ids"]["__raw__"][1] = shape
     return header
+
+
+def test_entry_fields_gives_a_plain_dict_when_no_name_repeats():
+    fields = codec.entry_fields([b"h", b"{}", b"b", b"xy"])
+    assert type(fields) is dict and fields == {b"h": b"{}", b"b": b"xy"}
+    assert codec.entry_fields([]) == {} and codec.entry_fields(None) is None
+
+
+def test_entry_fields_keeps_every_pair_when_a_name_repeats():
+    good = codec.encode(Tick(now=1.0))[codec.HEADER]
+    fields = codec.entry_fields([b"h", good, b"x", b"1", b"h", b"{}", b"x", b"2", b"x", b"3"])
+    assert isinstance(fields, codec.EntryFields) and isinstance(fields, dict)
+    assert fields == {b"h": b"{}", b"x": b"3"}  # the last value of each name, as redis-py's dict
+    assert fields.pairs == [(b"h", good), (b"x", b"1"), (b"h", b"{}"), (b"x", b"2"), (b"x", b"3")]
+    assert fields.repeated == (b"h", b"x") and fields.malformed is None
+    with pytest.raises(DecodeError) as caught:
+        codec.decode(fields)
+    assert caught.value.reason == "repeated_field"
+    assert codec.EntryFields([(b"h", good)]).repeated == ()
+    assert codec.decode(codec.EntryFields([(b"h", good)])) == Tick(now=1.0)
+
+
+def test_entry_fields_marks_an_odd_list_as_malformed():
+    fields = codec.entry_fields([b"h", b"{}", b"b"])
+    assert isinstance(fields, codec.EntryFields)
+    assert fields.pairs == [(b"h", b"{}")] and "odd number" in fields.malformed
+    with pytest.raises(DecodeError) as caught:
+        codec.decode(fields)
+    assert caught.value.reason == "bad_fields"
+
+
+@pytest.mark.parametrize(
+    ("model", "fields"),
+    [
+        (SlotResult, dict(task_id="t", slot=True, outcome="rejected")),
+        (SlotResult, dict(task_id="t", slot=1.0, outcome="rejected")),
+        (SlotResult, dict(task_id="t", slot=2**63, outcome="rejected")),
+        (StepCommitted, dict(step=0, rank=False, world_size=1)),
+        (Tick, dict(now=True)),
+        (Tick, dict(now="1.0")),
+        (Tick, dict(now=math.inf)),
+        (TaskIssued, dict(task_id="t", issued_at=0.0, version=True)),
+    ],
+)
+def test_event_numbers_are_strict_when_built_in_python_too(model, fields):
+    with pytest.raises(ValidationError):
+        model(**fields)
+
+
+def test_float_fields_still_take_ints():
+    assert Tick(now=3) == Tick(now=3.0) and type(Tick(now=3).now) is float
