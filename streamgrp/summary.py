@@ -14,7 +14,7 @@ import orjson
 import redis
 
 from streamgrp import codec
-from streamgrp.events import GroupDecided, GroupDiscarded, SlotResult, StepManifest, TaskIssued
+from streamgrp.events import GroupDecided, GroupDiscarded, StepManifest
 from streamgrp.keys import RunKeys
 from streamgrp.sources import RedisSource, id_key
 
@@ -98,7 +98,7 @@ def format_summary(summary: dict[str, Any], seconds: float) -> str:
         f"  tasks        {summary['tasks']} issued, {summary['tasks_decided']} decided",
         f"  groups       complete {groups['complete']}, partial {groups['partial']}, dropped {groups['dropped']}",
         f"  drop reasons {', '.join(f'{k} {v}' for k, v in summary['dropped_reasons'].items()) or 'none'}",
-        f"  slots        " + ", ".join(f"{k} {v}" for k, v in slots.items()) + f" (published {summary['slots_published']})",
+        "  slots        " + ", ".join(f"{k} {v}" for k, v in slots.items()) + f" (published {summary['slots_published']})",
         f"  yields       usable {summary['usable_slot_yield']:.3f}, trainable {summary['trainable_slot_yield']:.3f} "
         "(slots that could train / slots asked for)",
         f"  reward       first step {reward(summary['reward_first'])}, last step {reward(summary['reward_last'])}",

@@ -24,7 +24,6 @@ import logging
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 import torch

@@ -24,9 +24,9 @@ class RoleProcess:
     def start(self) -> RoleProcess:
         self.starts += 1
         log_path = self.log_dir / f"{self.role}-{self.starts}.log"
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role, *self.args],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        with open(log_path, "wb") as log:  # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen([sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role,
+                                          *self.args], stdout=log, stderr=subprocess.STDOUT, env=self.env)
         return self
 
     @property
@@ -39,7 +39,6 @@ class RoleProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
-        self._log.close()
 
     def stop(self, timeout: float = 20) -> int:
         """SIGTERM and wait; returns the exit code."""
@@ -52,8 +51,6 @@ class RoleProcess:
             self.proc.kill()
             self.proc.wait()
             raise
-        finally:
-            self._log.close()
 
     def output(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob(f"{self.role}-*.log")))

@@ -7,7 +7,7 @@ from streamgrp import codec
 from streamgrp.assembler import Assembler
 from streamgrp.lease import LeaseLost
 from streamgrp.config import AssemblerConfig
-from streamgrp.events import GroupDecided, RunTerminated, SlotResult, TaskIssued
+from streamgrp.events import GroupDecided, RunTerminated, SlotResult
 from streamgrp.fold import Closed, run_fold
 from streamgrp.keys import ASSEMBLER_GROUP
 from streamgrp.synthetic import make_sample, synthetic_rollout
