@@ -108,18 +108,20 @@ class TrainerRank:
 
 
 class Pipeline:
-    """Every role of one run as real processes: one batcher (feeding ``dataset``), one assembler,
+    """Every role of one run as real processes: one batcher (feeding ``dataset`` unless None), one assembler,
     ``workers`` workers and ``dp_size`` trainer ranks. Leases and reclaim timers are short so that a
     killed role's successor takes over within about a second.
     """
 
-    def __init__(self, url: str, run_name: str, tmp_path: Path, dataset: Path, run_flags: list[str], *,
-                 dp_size: int, workers: int = 2, trainer_step_s: float = 0.2) -> None:
+    def __init__(self, url: str, run_name: str, tmp_path: Path, dataset: Path | None, run_flags: list[str], *,
+                 dp_size: int, workers: int = 2, trainer_step_s: float = 0.2,
+                 assembler_flags: tuple[str, ...] = ()) -> None:
         common = ["--redis-url", url, "--run", run_name]
-        self.batcher = RoleProcess("batcher", [*common, *run_flags, "--dataset", str(dataset), "--round-s", "0.1",
-                                               "--lease-ttl-s", "1"], tmp_path / "batcher", env=CHILD_ENV)
-        self.assembler = RoleProcess("assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"],
-                                     tmp_path / "assembler", env=CHILD_ENV)
+        feeding = ["--dataset", str(dataset)] if dataset is not None else []
+        self.batcher = RoleProcess("batcher", [*common, *run_flags, *feeding, "--round-s", "0.1", "--lease-ttl-s", "1"],
+                                   tmp_path / "batcher", env=CHILD_ENV)
+        self.assembler = RoleProcess("assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1",
+                                                   *assembler_flags], tmp_path / "assembler", env=CHILD_ENV)
         self.workers = [RoleProcess("worker", [*common, "--concurrency", "4", "--claim-idle-s", "1"],
                                     tmp_path / f"worker{i}", env=CHILD_ENV) for i in range(workers)]
         self.trainers = [TrainerRank(url, run_name, rank, dp_size, tmp_path / "trainers", step_s=trainer_step_s)
