@@ -66,6 +66,8 @@ MEMORY_WARNING_RATIO = 0.9
 
 def is_outage(exc: BaseException) -> bool:
     """True for an error that says the server is unavailable right now (including a script's OOM)."""
+    if isinstance(exc, redis.AuthenticationError):  # a ConnectionError to redis-py, but waiting cannot fix it
+        return False
     if isinstance(exc, OUTAGE_ERRORS):
         return True
     return isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc)

@@ -20,7 +20,7 @@ from processes import wait_until
 from streamgrp import codec
 from streamgrp.assembler import Assembler
 from streamgrp.batcher import Batcher
-from streamgrp.config import AssemblerConfig, BatcherConfig
+from streamgrp.config import AssemblerConfig, BatcherConfig, WorkerConfig
 from streamgrp.errors import ConfigError, RunFailed
 from streamgrp.events import (
     GroupDecided,
@@ -39,7 +39,7 @@ from streamgrp.lease import LeaseLost
 from streamgrp.stall import stall_message
 from streamgrp.synthetic import make_sample, synthetic_rollout
 from streamgrp.trainer import TrainerClient
-from streamgrp.worker import WorkerClient
+from streamgrp.worker import WorkerClient, WorkerProcess
 
 ROUND = BatcherConfig(round_s=0.05, lease_ttl_s=5)
 
@@ -164,6 +164,34 @@ def test_fast_empty_rounds_do_not_fail_with_the_default_timeout(client, make_run
         batcher.round()
     assert batcher.outcome == "running" and batcher.stall.empty_rounds == 8
     assert events(client, run.keys.control, RunTerminated) == []
+
+
+def test_a_slow_trainer_is_not_a_stall(client, redis_url, make_run, background):
+    # rollouts never reject, the trainer takes 2.5 s a step, and the bounds are 3 rounds and 2 s: every
+    # round while the window is full waits for the trainer, and none of them counts as empty
+    run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=0, max_empty_rounds=3, stall_timeout_s=2)
+    prompts = [{"tokens": 4, "seed": i} for i in range(6)]
+    reader = redis.Redis.from_url(redis_url)
+    worker = WorkerProcess(WorkerClient(redis.Redis.from_url(redis_url), run.keys), synthetic_rollout,
+                           WorkerConfig(concurrency=2), n_samples=2,
+                           version=lambda: int(reader.get(run.keys.version) or 0))
+    background(worker.run)
+    background(Assembler(redis.Redis.from_url(redis_url), run, AssemblerConfig(lease_ttl_s=5, tick_interval_s=0.05)).run)
+    batcher = Batcher(redis.Redis.from_url(redis_url), run, BatcherConfig(round_s=0.1, lease_ttl_s=5),
+                      dataset=iter(prompts))
+    outcome: list[str] = []
+    background(lambda stop: outcome.append(batcher.run(stop)))
+    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.05)
+    steps = []
+    for batch in trainer.batches(rank=0, world_size=1):
+        time.sleep(2.5)
+        steps.append(batch.step)
+        batch.commit()
+    wait_until(lambda: outcome, timeout=10, message="the batcher to finish")
+    assert outcome == ["finished"] and steps == [0, 1, 2]
+    assert not events(client, run.keys.control, RunTerminated)
+    assert batcher.stall.trainer_wait_rounds >= 20  # most of the 0.1 s rounds in 2 x 2.5 s of steps 0 and 1
+    assert batcher.stall.empty_rounds < 3
 
 
 def test_a_stall_fails_every_rank_with_the_same_message_at_the_same_step(client, redis_url, make_run, issuer):

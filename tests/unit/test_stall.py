@@ -117,3 +117,41 @@ def test_stall_module_is_pure():
             "print(','.join(sorted(m for m in ('redis', 'torch', 'prometheus_client') if m in sys.modules)))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""
+
+
+# -- rounds that wait for trainers, and time the server was away ------------------------------------
+
+def test_rounds_waiting_for_trainers_are_not_empty_and_restart_the_timer():
+    tracker = StallTracker(max_empty_rounds=3, stall_timeout_s=2)
+    assert tracker.round(1, 0.0) is False
+    # a trainer at 4 s a step: 40 rounds of 0.1 s with the window full, none of them empty
+    assert not any(tracker.round(0, 0.1 * i, waiting_for_trainers=True) for i in range(1, 41))
+    assert (tracker.empty_rounds, tracker.trainer_wait_rounds) == (0, 40)
+    assert tracker.last_progress == pytest.approx(4.0)
+    # once rollouts really produce nothing, the bound counts from the last wait
+    assert _empty_rounds(tracker, [4.5, 5.0, 5.9]) == [False, False, False]
+    assert tracker.round(0, 6.1) is True
+
+
+def test_a_waiting_round_that_brings_a_group_counts_as_progress_not_as_a_wait():
+    tracker = StallTracker(max_empty_rounds=1, stall_timeout_s=0)
+    assert tracker.round(2, 1.0, waiting_for_trainers=True) is False
+    assert tracker.trainer_wait_rounds == 0 and tracker.empty_rounds == 0
+
+
+def test_time_without_the_server_is_left_out_of_the_stall_timer():
+    tracker = StallTracker(max_empty_rounds=2, stall_timeout_s=10)
+    assert _empty_rounds(tracker, [0.0, 5.0]) == [False, False]
+    tracker.shift(30.0)  # 30 s of outage between these rounds
+    assert tracker.round(0, 38.0) is False  # 38 s of wall time, 8 s of stall time
+    assert tracker.stall_seconds(38.0) == pytest.approx(8.0)
+    assert tracker.round(0, 40.0) is True
+    StallTracker().shift(5.0)  # before any round there is nothing to shift
+
+
+def test_the_stall_message_names_a_full_server():
+    tracker = StallTracker(max_empty_rounds=1, stall_timeout_s=0)
+    tracker.round(0, 1.0)
+    note = "The server is full (100 of maxmemory 100 bytes)"
+    assert stall_message(tracker, 1.0, {}, server_note=note).endswith(note)
+    assert "server is full" not in stall_message(tracker, 1.0, {})
