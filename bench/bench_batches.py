@@ -25,16 +25,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson  # noqa: E402
 
-from streamgrp import codec  # noqa: E402
-from streamgrp.assembler import Assembler  # noqa: E402
-from streamgrp.config import AssemblerConfig, ConnectionConfig, DemoConfig, RunConfig, WorkerConfig  # noqa: E402
-from streamgrp.policy import NormSpec  # noqa: E402
-from streamgrp.partition import balanced_partition, greedy_partition, max_load  # noqa: E402
-from streamgrp.runs import connect, join_run  # noqa: E402
-from streamgrp.server import EmbeddedServer  # noqa: E402
-from streamgrp.synthetic import synthetic_rollout  # noqa: E402
-from streamgrp.tasks import TaskIssuer  # noqa: E402
-from streamgrp.worker import WorkerClient, WorkerProcess  # noqa: E402
+from streamgrp.cli.server import EmbeddedServer  # noqa: E402
+from streamgrp.config import (  # noqa: E402
+    AssemblerConfig,
+    ConnectionConfig,
+    DemoConfig,
+    RunConfig,
+    WorkerConfig,
+)
+from streamgrp.core import codec  # noqa: E402
+from streamgrp.core.partition import balanced_partition, greedy_partition, max_load  # noqa: E402
+from streamgrp.core.policy import NormSpec  # noqa: E402
+from streamgrp.services.assembler import Assembler  # noqa: E402
+from streamgrp.services.synthetic import synthetic_rollout  # noqa: E402
+from streamgrp.services.worker import WorkerClient, WorkerProcess  # noqa: E402
+from streamgrp.store.runs import connect, join_run  # noqa: E402
+from streamgrp.store.tasks import TaskIssuer  # noqa: E402
 
 
 def round_robin(weights, k):
@@ -86,7 +92,7 @@ def balance_table(weights: list[int], batch_size: int) -> None:
 
 
 def demo_waits(steps: int) -> None:
-    from streamgrp.demo import run_demo
+    from streamgrp.cli.demo import run_demo
 
     with tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
@@ -97,7 +103,7 @@ def demo_waits(steps: int) -> None:
         server = EmbeddedServer(Path(tmp))
         url = server.start()
         client = connect(url)
-        from streamgrp.keys import RunKeys
+        from streamgrp.store.keys import RunKeys
 
         by_step = {int(k): orjson.loads(v)["wait_s"] for k, v in client.hgetall(RunKeys(summary["run"]).trainer_metrics).items()}
         waits = [by_step[step] for step in sorted(by_step)]

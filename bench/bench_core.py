@@ -1,6 +1,6 @@
 """Benchmark the assembler's per-entry cost: the pure fold, the codec, and the two together.
 
-Fold: slot events per second through `streamgrp.fold.run_fold` over an in-memory event list built
+Fold: slot events per second through `streamgrp.core.group_fold.run_fold` over an in-memory event list built
 before timing: G groups of ``n_samples=4`` (a `TaskIssued`, then four `SlotResult`s, about 80%
 samples of 256 tokens, 10% rejected, 10% failed), interleaved across 64 concurrently open groups
 in random arrival order, a redelivered duplicate about every 50 slot results, and a `Tick` every
@@ -41,11 +41,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import orjson  # noqa: E402
 
-from streamgrp import codec  # noqa: E402
-from streamgrp.events import RawArray, Sample, SlotResult, TaskIssued, Tick  # noqa: E402
-from streamgrp.fold import Closed, Ignored, run_fold  # noqa: E402
-from streamgrp.policy import GroupPolicy, NormSpec  # noqa: E402
-from streamgrp.synthetic import make_sample  # noqa: E402
+from streamgrp.core import codec  # noqa: E402
+from streamgrp.core.events import RawArray, Sample, SlotResult, TaskIssued, Tick  # noqa: E402
+from streamgrp.core.group_fold import Closed, Ignored, run_fold  # noqa: E402
+from streamgrp.core.policy import GroupPolicy, NormSpec  # noqa: E402
+from streamgrp.services.synthetic import make_sample  # noqa: E402
 
 N_SAMPLES = 4
 OPEN_GROUPS = 64

@@ -67,7 +67,7 @@ RUN_TIMEOUT_S = 120.0
 
 
 def _samples(tokens: int) -> list:
-    from streamgrp.synthetic import make_sample
+    from streamgrp.services.synthetic import make_sample
 
     return [make_sample(tokens=tokens, seed=i, reward=i / SAMPLE_POOL) for i in range(SAMPLE_POOL)]
 
@@ -90,9 +90,9 @@ def _shares(items: list, parts: int) -> list[list]:
 
 def _raw_producer(url: str, stream: str, tokens: int, task_ids: list[str], ready, start, results) -> None:
     """XADD the encoded SlotResult fields of every (task, slot), one round trip each."""
-    from streamgrp import codec
-    from streamgrp.events import SlotResult
-    from streamgrp.runs import connect
+    from streamgrp.core import codec
+    from streamgrp.core.events import SlotResult
+    from streamgrp.store.runs import connect
 
     client = connect(url)
     samples = _samples(tokens)
@@ -115,7 +115,7 @@ def _raw_producer(url: str, stream: str, tokens: int, task_ids: list[str], ready
 
 def _raw_consumer(url: str, stream: str, total: int, ready, results) -> None:
     """XREADGROUP COUNT 512 BLOCK, one XACK per batch, until ``total`` entries are acknowledged."""
-    from streamgrp.runs import connect
+    from streamgrp.store.runs import connect
 
     client = connect(url)
     ready.put(("consumer", os.getpid()))
@@ -134,9 +134,9 @@ def _raw_consumer(url: str, stream: str, total: int, ready, results) -> None:
 def _sg_producer(url: str, run_name: str, tokens: int, task_ids: list[str], ready, start, results,
                  group_interval_s: float | None = None) -> None:
     """Publish 4 slots per task through `WorkerClient.publish`; paced per group when an interval is given."""
-    from streamgrp.keys import RunKeys
-    from streamgrp.runs import connect
-    from streamgrp.worker import WorkerClient
+    from streamgrp.services.worker import WorkerClient
+    from streamgrp.store.keys import RunKeys
+    from streamgrp.store.runs import connect
 
     client = connect(url)
     worker = WorkerClient(client, RunKeys(run_name))
@@ -163,9 +163,9 @@ def _sg_producer(url: str, run_name: str, tokens: int, task_ids: list[str], read
 
 
 def _assembler(url: str, run_name: str, stop, ready, results, profile_path: str | None, gc_freeze: bool) -> None:
-    from streamgrp.assembler import Assembler
     from streamgrp.config import AssemblerConfig, RunConfig
-    from streamgrp.runs import connect, join_run
+    from streamgrp.services.assembler import Assembler
+    from streamgrp.store.runs import connect, join_run
 
     client = connect(url)
     run = join_run(client, run_name, RunConfig(n_samples=N_SAMPLES, group_timeout_s=600))
@@ -240,7 +240,7 @@ def _cpu_seconds(pid: int | None) -> float:
 
 class Bench:
     def __init__(self, url: str, groups: int, server_pid: int | None = None, *, gc_freeze: bool = False) -> None:
-        from streamgrp.runs import connect
+        from streamgrp.store.runs import connect
 
         self.url = url
         self.server_pid = server_pid
@@ -325,8 +325,8 @@ class Bench:
 
     def _new_run(self, label: str, task_ids: list[str]):
         from streamgrp.config import RunConfig
-        from streamgrp.runs import join_run
-        from streamgrp.tasks import TaskIssuer
+        from streamgrp.store.runs import join_run
+        from streamgrp.store.tasks import TaskIssuer
 
         run = join_run(self.client, f"bench-{self.tag}-{label}", RunConfig(n_samples=N_SAMPLES, group_timeout_s=600))
         issuer = TaskIssuer(self.client, run.keys, producer="bench-issuer")
@@ -336,7 +336,7 @@ class Bench:
         return run
 
     def _drop_run(self, run) -> None:
-        from streamgrp.keys import RUNS
+        from streamgrp.store.keys import RUNS
 
         # Every key of the run shares its hash-tagged prefix; UNLINK frees big streams off the main thread.
         pattern = run.keys.control.rsplit(":", 1)[0] + ":*"
@@ -357,7 +357,7 @@ class Bench:
 
     def _observe(self, run, expected: int, seen: list, done: threading.Event) -> threading.Thread:
         """A thread blocked in XREAD on the decisions stream: (entry id, fields, wall time received)."""
-        from streamgrp.runs import connect
+        from streamgrp.store.runs import connect
 
         client = connect(self.url)
 
@@ -380,7 +380,7 @@ class Bench:
 
     def _poll_rewrites(self, spans: list[tuple[float, float]], done: threading.Event) -> threading.Thread:
         """A thread noting (wall) when the server is rewriting its AOF (a forked child competing for CPU)."""
-        from streamgrp.runs import connect
+        from streamgrp.store.runs import connect
 
         client = connect(self.url)
 
@@ -469,7 +469,7 @@ def _latencies(replies: list[tuple], seen: list, pauses: list[tuple[int, float, 
                rewrites: list[tuple[float, float]]):
     """Per-group latencies in ms, and the groups observed over 10 ms with whether an assembler GC
     pause, or a server AOF rewrite, overlapped their publish-to-observed window."""
-    from streamgrp import codec
+    from streamgrp.core import codec
 
     last_slot = {}
     for reply in replies:
@@ -508,8 +508,8 @@ def _print_profile(path: str, top: int) -> None:
 
 
 def _entry_bytes(tokens: int) -> int:
-    from streamgrp import codec
-    from streamgrp.events import SlotResult
+    from streamgrp.core import codec
+    from streamgrp.core.events import SlotResult
 
     event = SlotResult(task_id="tp1024x4-1999", slot=3, outcome="sample", sample=_samples(tokens)[0],
                        producer="worker-host-12345-abcdef", seq=1999)
@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None
     url = args.redis_url
     if url is None:
-        from streamgrp.server import EmbeddedServer
+        from streamgrp.cli.server import EmbeddedServer
 
         tmp = tempfile.TemporaryDirectory(prefix="streamgrp-bench-")
         server = EmbeddedServer(tmp.name)

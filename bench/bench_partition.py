@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from streamgrp.partition import balanced_partition, greedy_partition, max_load  # noqa: E402
+from streamgrp.core.partition import balanced_partition, greedy_partition, max_load  # noqa: E402
 
 MAX_TOKENS = 32768
 

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import orjson  # noqa: E402
 import redis  # noqa: E402
 
-from streamgrp.keys import RunKeys  # noqa: E402
-from streamgrp.server import EmbeddedServer  # noqa: E402
+from streamgrp.cli.server import EmbeddedServer  # noqa: E402
+from streamgrp.store.keys import RunKeys  # noqa: E402
 
 
 def stream_bytes(client: redis.Redis, keys: RunKeys) -> int:

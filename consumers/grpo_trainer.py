@@ -18,12 +18,16 @@ import torch
 import torch.distributed as dist
 
 from consumers import toy_task
-from streamgrp.advantages import group_metrics, normalize, token_weighted_policy_loss
 from streamgrp.config import TrainerConfig
-from streamgrp.policy import NormSpec
-from streamgrp.runs import Run
-from streamgrp.trainer import TrainerClient
-from streamgrp.weights import publish
+from streamgrp.core.policy import NormSpec
+from streamgrp.store.runs import Run
+from streamgrp.train.advantages import (
+    group_metrics,
+    normalize,
+    token_weighted_policy_loss,
+)
+from streamgrp.train.trainer import TrainerClient
+from streamgrp.train.weights import publish
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +119,7 @@ def _tokens_per_group(batch) -> list[int]:
 
 def _restore(client: redis.Redis, run: Run, policy, step: int) -> None:
     """A restarted rank continues from the weights published for the step it resumes at."""
-    from streamgrp.weights import WeightCache
+    from streamgrp.train.weights import WeightCache
 
     found = WeightCache(client, run.keys).get(step)
     if found is not None:

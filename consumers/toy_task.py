@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from streamgrp.events import Sample
-from streamgrp.weights import WeightCache
+from streamgrp.core.events import Sample
+from streamgrp.train.weights import WeightCache
 
 VOCAB = 8
 LENGTH = 4

@@ -10,7 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from streamgrp._version import __version__
-from streamgrp.decision import Decision, decide_group
+from streamgrp.core.decision import Decision, decide_group
+from streamgrp.core.events import (
+    GroupDecided,
+    RawArray,
+    Sample,
+    SlotResult,
+    TaskIssued,
+    Tick,
+)
+from streamgrp.core.partition import balanced_partition
+from streamgrp.core.policy import GroupPolicy, NormSpec
 from streamgrp.errors import (
     ConfigError,
     ContractViolation,
@@ -19,14 +29,11 @@ from streamgrp.errors import (
     ServerError,
     StreamgrpError,
 )
-from streamgrp.events import GroupDecided, RawArray, Sample, SlotResult, TaskIssued, Tick
-from streamgrp.partition import balanced_partition
-from streamgrp.policy import GroupPolicy, NormSpec
 
 _LAZY = {
-    "normalize": "streamgrp.advantages",
-    "token_weighted_policy_loss": "streamgrp.advantages",
-    "group_metrics": "streamgrp.advantages",
+    "normalize": "streamgrp.train.advantages",
+    "token_weighted_policy_loss": "streamgrp.train.advantages",
+    "group_metrics": "streamgrp.train.advantages",
 }
 
 __all__ = [

@@ -1,5 +1,5 @@
 import sys
 
-from streamgrp.cli import main
+from streamgrp.cli.main import main
 
 sys.exit(main())

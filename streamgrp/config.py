@@ -7,22 +7,23 @@ variable ``STREAMGRP_NAME``. A field name means the same thing in every model it
 (``burst``: exit when idle), so one flat namespace of flags and variables serves every command. Settings objects are passed explicitly; there is no global.
 
 `RunConfig` is the part recorded as the run's first event; a process whose group policy differs
-from the recorded one refuses to start (`streamgrp.runs`).
+from the recorded one refuses to start (`streamgrp.store.runs`).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from streamgrp.core.policy import GroupPolicy, NormSpec
 from streamgrp.errors import ConfigError
-from streamgrp.policy import GroupPolicy, NormSpec
 
 ENV_PREFIX = "STREAMGRP_"
 CONFIG_ENV = "STREAMGRP_CONFIG"
@@ -93,7 +94,7 @@ class RunConfig(_Settings):
 class WorkerConfig(_RoleSettings):
     """A rollout worker process."""
 
-    rollout: str = Field("streamgrp.synthetic:synthetic_rollout", description="module:function called per slot")
+    rollout: str = Field("streamgrp.services.synthetic:synthetic_rollout", description="module:function called per slot")
     concurrency: int = Field(4, ge=1, description="slots run at once (async functions) or threads (sync ones)")
     claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long unacknowledged")
     max_tasks: int | None = Field(None, ge=1, description="exit after this many tasks (default: run until stopped)")
@@ -155,7 +156,7 @@ class AssemblerConfig(_RoleSettings):
 
 
 class ArchiverConfig(_Settings):
-    """The archiver process (`streamgrp.archive`), and retention (`streamgrp.retention`)."""
+    """The archiver process (`streamgrp.services.archiver`), and retention (`streamgrp.services.retention`)."""
 
     archive_dir: Path | None = Field(None, description="where the run's archive goes (default DATA_DIR/archive/RUN)")
     segment_bytes: int = Field(64 * 1024 * 1024, ge=4096, description="start a new segment file past this size")
@@ -272,3 +273,30 @@ def _section_name(model: type[_Settings]) -> str:
         if candidate is model:
             return name
     raise KeyError(model)
+
+
+# -- settings that name Python objects ("module:attribute") ------------------------------------------
+
+def load_object(spec: str) -> Any:
+    """Import ``module:attribute`` (attribute paths allowed after the colon)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{spec!r} is not 'module:name'; for example streamgrp.services.synthetic:synthetic_rollout")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} for {spec!r}: {exc}; is it on PYTHONPATH?") from None
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ConfigError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
+    return target
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    """Import ``module:function`` and check it can be called."""
+    target = load_object(spec)
+    if not callable(target):
+        raise ConfigError(f"{spec!r} is not callable")
+    return target

@@ -5,6 +5,12 @@
     ├── DecodeError (also ValueError)       an entry's bytes do not decode or validate; carries .reason
     ├── ContractViolation                   a slot broke the one-sample-per-slot contract (terminal)
     ├── RunFailed                           the run reached a terminal event (stall bound, contract)
+    ├── LeaseLost                           another process holds the role's lease: stop committing, stand by
+    ├── DigestMismatch                      a shard's slot entries no longer hash to the manifest's digest
+    ├── ReadOnlyBatch                       commit or fail on a replayed or loaded batch
+    ├── BatchFileError                      a file given to load_batch is not a valid batch file
+    ├── ArchiveError                        the archive directory is unusable (not one, another run's, locked, damaged)
+    ├── RoleFailed                          a process the demo depends on exited with an error
     ├── ServerError                         the Redis/Valkey server could not be started or reached
     │   └── OutageBudgetExceeded            the server stayed unavailable longer than the outage budget
     └── StopRequested                       a stop (SIGTERM) arrived while waiting out an outage
@@ -42,6 +48,32 @@ class ContractViolation(StreamgrpError):
 
 class RunFailed(StreamgrpError):
     """The run has a terminal event; every trainer rank raises this with the same message."""
+
+
+class LeaseLost(StreamgrpError):
+    """Another process holds the lease (or a commit found its step already written); this one must stop
+    committing and stand by. Raised by `streamgrp.store.scripts` from a script's ``LEASE`` or ``STEP``
+    error reply, and by `streamgrp.store.lease.Lease.renew_if_due`."""
+
+
+class DigestMismatch(StreamgrpError):
+    """A shard's slot entries no longer hash to what the manifest recorded."""
+
+
+class ReadOnlyBatch(StreamgrpError):
+    """`commit` or `fail` on a batch that no trainer rank is consuming (a replay, or one loaded from a file)."""
+
+
+class BatchFileError(StreamgrpError):
+    """A file given to `load_batch` is not a valid streamgrp batch file."""
+
+
+class ArchiveError(StreamgrpError):
+    """The archive directory is unusable: not an archive, another run's, locked, or damaged."""
+
+
+class RoleFailed(StreamgrpError):
+    """A process the demo depends on exited with an error."""
 
 
 class ServerError(StreamgrpError):

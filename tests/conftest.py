@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from streamgrp.server import EmbeddedServer, bundled_binary
+from streamgrp.cli.server import EmbeddedServer, bundled_binary
 
 SERVER_KINDS = ("valkey", "redis7")
 REDIS_URL_ENV = "STREAMGRP_TEST_REDIS_URL"

@@ -11,9 +11,8 @@ import random
 import orjson
 import pytest
 
-from streamgrp import codec
-from streamgrp.batching import make_manifest
-from streamgrp.events import (
+from streamgrp.core import codec
+from streamgrp.core.events import (
     EVENT_TYPES,
     GroupDecided,
     GroupDiscarded,
@@ -27,8 +26,9 @@ from streamgrp.events import (
     Tick,
     VersionAdvanced,
 )
-from streamgrp.policy import GroupPolicy, NormSpec
-from streamgrp.synthetic import make_sample
+from streamgrp.core.manifest import make_manifest
+from streamgrp.core.policy import GroupPolicy, NormSpec
+from streamgrp.services.synthetic import make_sample
 
 TOKENS = (b"true", b"false", b"null", b"[", b"]", b"{", b"}", b'"', b",", b":", b"-1", b"0", b"1.5", b"1e400",
           b"18446744073709551616", b"9223372036854775808", b'"__raw__"', b'{"__raw__":', b"NaN", b"\xff", b"\\u0000",

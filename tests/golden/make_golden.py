@@ -27,16 +27,16 @@ sys.path.insert(0, str(HERE))
 
 from runlog import dump_run  # noqa: E402
 
-from streamgrp.assembler import Assembler  # noqa: E402
-from streamgrp.batcher import Batcher  # noqa: E402
+from streamgrp.cli.server import EmbeddedServer, bundled_binary  # noqa: E402
 from streamgrp.config import AssemblerConfig, BatcherConfig, RunConfig  # noqa: E402
-from streamgrp.policy import NormSpec  # noqa: E402
-from streamgrp.runs import Run, connect, join_run  # noqa: E402
-from streamgrp.server import EmbeddedServer, bundled_binary  # noqa: E402
-from streamgrp.synthetic import make_sample  # noqa: E402
-from streamgrp.tasks import TaskIssuer  # noqa: E402
-from streamgrp.trainer import TrainerClient  # noqa: E402
-from streamgrp.worker import WorkerClient  # noqa: E402
+from streamgrp.core.policy import NormSpec  # noqa: E402
+from streamgrp.services.assembler import Assembler  # noqa: E402
+from streamgrp.services.batcher import Batcher  # noqa: E402
+from streamgrp.services.synthetic import make_sample  # noqa: E402
+from streamgrp.services.worker import WorkerClient  # noqa: E402
+from streamgrp.store.runs import Run, connect, join_run  # noqa: E402
+from streamgrp.store.tasks import TaskIssuer  # noqa: E402
+from streamgrp.train.trainer import TrainerClient  # noqa: E402
 
 RUN = "golden"
 N_TASKS = 13

@@ -9,8 +9,8 @@ group position (``{"group": "assembler", "stream": "slots", "last_delivered": ID
 `load_run` writes a file into a fresh run namespace with the recorded entry ids (XADD with explicit
 ids); run names live only in keys and in the `RunStarted` record, which is rewritten to the new
 name. `MemorySource` serves a file without a server, through the same calls as
-`streamgrp.replay.RedisSource`; `write_archive` writes it as an archive directory (the format
-`streamgrp archiver` writes), for `streamgrp.sources.ArchiveSource`.
+`streamgrp.store.sources.RedisSource`; `write_archive` writes it as an archive directory (the format
+`streamgrp archiver` writes), for `streamgrp.store.sources.ArchiveSource`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from streamgrp import codec
-from streamgrp.events import RunStarted
-from streamgrp.keys import ASSEMBLER_GROUP, BATCHER_GROUP, RunKeys
+from streamgrp.core import codec
+from streamgrp.core.events import RunStarted
+from streamgrp.store.keys import ASSEMBLER_GROUP, BATCHER_GROUP, RunKeys
 
 FORMAT = "streamgrp-runlog/1"
 HASHES = ("committed", "decided", "counts")
@@ -106,7 +106,7 @@ def _renamed(fields: dict[bytes, bytes], run: str) -> dict[bytes, bytes]:
 
 
 class MemorySource:
-    """A run log file served from memory with `streamgrp.replay.RedisSource`'s calls (no server)."""
+    """A run log file served from memory with `streamgrp.store.sources.RedisSource`'s calls (no server)."""
 
     def __init__(self, path: Path) -> None:
         lines = read_lines(path)
@@ -137,7 +137,7 @@ class MemorySource:
 
 def write_archive(path: Path, directory: Path) -> RunKeys:
     """Write the file as an archive directory (segments and a snapshot), without a server."""
-    from streamgrp.segments import ArchiveWriter
+    from streamgrp.store.segments import ArchiveWriter
 
     lines = read_lines(path)
     keys = RunKeys(lines[0]["run"])

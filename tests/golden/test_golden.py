@@ -15,11 +15,17 @@ import pytest
 import torch
 from runlog import MemorySource, load_run, write_archive
 
-from streamgrp.archive import Archiver
 from streamgrp.config import ArchiverConfig
 from streamgrp.errors import ConfigError
-from streamgrp.replay import format_report, inspect_task, list_steps, replay_step, verify
-from streamgrp.sources import ArchiveSource, FallbackSource, RedisSource
+from streamgrp.replay import (
+    format_report,
+    inspect_task,
+    list_steps,
+    replay_step,
+    verify,
+)
+from streamgrp.services.archiver import Archiver
+from streamgrp.store.sources import ArchiveSource, FallbackSource, RedisSource
 
 HERE = Path(__file__).resolve().parent
 EXPECTED = json.loads((HERE / "expected.json").read_text())

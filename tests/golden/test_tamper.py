@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from runlog import MemorySource
 
-from streamgrp import codec
-from streamgrp.events import GroupDecided
-from streamgrp.keys import step_entry_id
+from streamgrp.core import codec
+from streamgrp.core.events import GroupDecided
 from streamgrp.replay import format_report, replay_step, verify
-from streamgrp.trainer import DigestMismatch
+from streamgrp.store.keys import step_entry_id
+from streamgrp.train.trainer import DigestMismatch
 
 LOG = Path(__file__).resolve().parent / "run.jsonl"
 

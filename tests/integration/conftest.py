@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from streamgrp.assembler import Assembler
 from streamgrp.config import AssemblerConfig, RunConfig, WorkerConfig
-from streamgrp.runs import join_run
-from streamgrp.tasks import TaskIssuer
-from streamgrp.worker import WorkerClient, WorkerProcess
+from streamgrp.services.assembler import Assembler
+from streamgrp.services.worker import WorkerClient, WorkerProcess
+from streamgrp.store.runs import join_run
+from streamgrp.store.tasks import TaskIssuer
 
 
 @pytest.fixture

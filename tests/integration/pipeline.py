@@ -12,12 +12,11 @@ from collections import Counter
 from pathlib import Path
 
 import orjson
+from processes import RoleProcess
 
 import streamgrp
-
-from processes import RoleProcess
-from streamgrp import codec
-from streamgrp.events import (
+from streamgrp.core import codec
+from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
     RunFinished,
@@ -26,13 +25,13 @@ from streamgrp.events import (
     StepManifest,
     TaskIssued,
 )
-from streamgrp.keys import ASSEMBLER_GROUP, BATCHER_GROUP, WORKERS_GROUP
+from streamgrp.store.keys import ASSEMBLER_GROUP, BATCHER_GROUP, WORKERS_GROUP
 
 # A trainer rank that uses only the library: it logs each step it starts and commits.
 TRAINER_SCRIPT = '''
 import sys, time
-from streamgrp.runs import connect, open_run
-from streamgrp.trainer import TrainerClient
+from streamgrp.store.runs import connect, open_run
+from streamgrp.train.trainer import TrainerClient
 
 url, run_name, rank, world_size, out, step_s = sys.argv[1:7]
 rank, world_size, step_s = int(rank), int(world_size), float(step_s)

@@ -2,7 +2,7 @@
 
 import time
 
-from streamgrp.synthetic import synthetic_rollout
+from streamgrp.services.synthetic import synthetic_rollout
 
 
 def stalls_at_slot_two(request):

@@ -12,21 +12,26 @@ from pathlib import Path
 
 import pytest
 
-from streamgrp import codec
-from streamgrp.archive import Archiver
-from streamgrp.assembler import Assembler
-from streamgrp.batcher import Batcher
-from streamgrp.cli import main
+from streamgrp.cli.main import main
 from streamgrp.config import ArchiverConfig, AssemblerConfig, BatcherConfig
-from streamgrp.events import GroupDecided, StepManifest
-from streamgrp.keys import ASSEMBLER_GROUP, BATCHER_GROUP, WORKERS_GROUP, step_entry_id
+from streamgrp.core import codec
+from streamgrp.core.events import GroupDecided, StepManifest
 from streamgrp.replay import replay_step, verify
-from streamgrp.retention import archive_progress, trim
-from streamgrp.segments import ArchiveReader
-from streamgrp.sources import ArchiveSource, FallbackSource, RedisSource
-from streamgrp.synthetic import make_sample
-from streamgrp.trainer import TrainerClient
-from streamgrp.worker import WorkerClient
+from streamgrp.services.archiver import Archiver
+from streamgrp.services.assembler import Assembler
+from streamgrp.services.batcher import Batcher
+from streamgrp.services.retention import archive_progress, trim
+from streamgrp.services.synthetic import make_sample
+from streamgrp.services.worker import WorkerClient
+from streamgrp.store.keys import (
+    ASSEMBLER_GROUP,
+    BATCHER_GROUP,
+    WORKERS_GROUP,
+    step_entry_id,
+)
+from streamgrp.store.segments import ArchiveReader
+from streamgrp.store.sources import ArchiveSource, FallbackSource, RedisSource
+from streamgrp.train.trainer import TrainerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
 from runlog import load_run  # noqa: E402

@@ -15,11 +15,11 @@ import pytest
 import redis
 from processes import RoleProcess
 
-from streamgrp import codec
-from streamgrp.keys import RunKeys, step_entry_id
+from streamgrp.core import codec
 from streamgrp.replay import replay_step, verify
-from streamgrp.segments import ArchiveReader
-from streamgrp.sources import ArchiveSource, FallbackSource, RedisSource
+from streamgrp.store.keys import RunKeys, step_entry_id
+from streamgrp.store.segments import ArchiveReader
+from streamgrp.store.sources import ArchiveSource, FallbackSource, RedisSource
 
 pytestmark = pytest.mark.slow
 

@@ -3,15 +3,15 @@ import time
 import orjson
 import pytest
 
-from streamgrp import codec
-from streamgrp.assembler import Assembler
-from streamgrp.lease import LeaseLost
 from streamgrp.config import AssemblerConfig
-from streamgrp.events import GroupDecided, RunTerminated, SlotResult
-from streamgrp.fold import Closed, run_fold
-from streamgrp.keys import ASSEMBLER_GROUP
-from streamgrp.synthetic import make_sample, synthetic_rollout
-from streamgrp.worker import WorkerClient
+from streamgrp.core import codec
+from streamgrp.core.events import GroupDecided, RunTerminated, SlotResult
+from streamgrp.core.group_fold import Closed, run_fold
+from streamgrp.services.assembler import Assembler
+from streamgrp.services.synthetic import make_sample, synthetic_rollout
+from streamgrp.services.worker import WorkerClient
+from streamgrp.store.keys import ASSEMBLER_GROUP
+from streamgrp.store.lease import LeaseLost
 
 FAST = AssemblerConfig(lease_ttl_s=1.0, tick_interval_s=0.05)
 
@@ -210,7 +210,7 @@ def _wait_for(condition, timeout):
 def test_metrics_mirror_exactly_the_counters_the_commit_applied(client, make_run, issuer):
     from prometheus_client import CollectorRegistry
 
-    from streamgrp.metrics import Metrics
+    from streamgrp.cli.metrics import Metrics
 
     run = make_run(n_samples=3)
     tasks = issuer(run).issue([{}] * 4)

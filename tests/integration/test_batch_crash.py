@@ -22,31 +22,30 @@ from pathlib import Path
 import orjson
 import pytest
 import redis
-
-import streamgrp
-
 from pipeline import check_run
 from processes import RoleProcess, wait_until
-from streamgrp import codec
-from streamgrp.assembler import Assembler
-from streamgrp.batcher import Batcher
+
+import streamgrp
 from streamgrp.config import AssemblerConfig, BatcherConfig, RunConfig
-from streamgrp.events import (
+from streamgrp.core import codec
+from streamgrp.core.events import (
     RunFinished,
     StepCommitted,
 )
-from streamgrp.runs import join_run
-from streamgrp.synthetic import make_sample
-from streamgrp.tasks import TaskIssuer
-from streamgrp.trainer import TrainerClient
-from streamgrp.worker import WorkerClient
+from streamgrp.services.assembler import Assembler
+from streamgrp.services.batcher import Batcher
+from streamgrp.services.synthetic import make_sample
+from streamgrp.services.worker import WorkerClient
+from streamgrp.store.runs import join_run
+from streamgrp.store.tasks import TaskIssuer
+from streamgrp.train.trainer import TrainerClient
 
 pytestmark = pytest.mark.slow
 
 TRAINER_SCRIPT = '''
 import sys, time
-from streamgrp.runs import connect, open_run
-from streamgrp.trainer import TrainerClient
+from streamgrp.store.runs import connect, open_run
+from streamgrp.train.trainer import TrainerClient
 
 url, run_name, rank, world_size, out = sys.argv[1:6]
 rank, world_size = int(rank), int(world_size)

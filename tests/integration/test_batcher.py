@@ -15,14 +15,11 @@ from collections import Counter
 import pytest
 import redis
 import torch
-
 from processes import wait_until
-from streamgrp import codec
-from streamgrp.assembler import Assembler
-from streamgrp.batcher import Batcher
+
 from streamgrp.config import AssemblerConfig, BatcherConfig, WorkerConfig
-from streamgrp.errors import ConfigError, RunFailed
-from streamgrp.events import (
+from streamgrp.core import codec
+from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
     RunFinished,
@@ -34,12 +31,15 @@ from streamgrp.events import (
     TaskIssued,
     VersionAdvanced,
 )
-from streamgrp.keys import BATCHER_GROUP
-from streamgrp.lease import LeaseLost
-from streamgrp.stall import stall_message
-from streamgrp.synthetic import make_sample, synthetic_rollout
-from streamgrp.trainer import TrainerClient
-from streamgrp.worker import WorkerClient, WorkerProcess
+from streamgrp.core.stall import stall_message
+from streamgrp.errors import ConfigError, RunFailed
+from streamgrp.services.assembler import Assembler
+from streamgrp.services.batcher import Batcher
+from streamgrp.services.synthetic import make_sample, synthetic_rollout
+from streamgrp.services.worker import WorkerClient, WorkerProcess
+from streamgrp.store.keys import BATCHER_GROUP
+from streamgrp.store.lease import LeaseLost
+from streamgrp.train.trainer import TrainerClient
 
 ROUND = BatcherConfig(round_s=0.05, lease_ttl_s=5)
 
@@ -139,7 +139,7 @@ def test_stall_fails_the_run_after_exactly_max_empty_rounds(client, make_run, is
     assert batcher.outcome == "failed"
     [terminal] = events(client, run.keys.control, RunTerminated)
     assert terminal.reason == "stall"
-    assert terminal.step == 1 == batcher._next_step
+    assert terminal.step == 1 == batcher.state.next_step
     # the recorded message is the stall message for this tracker and the server's counters (its
     # "Ns passed" is whatever the clock said then, at most the time since the last progress)
     expected = stall_message(batcher.stall, batcher.clock(), counts(client, run))

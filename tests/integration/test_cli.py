@@ -6,8 +6,9 @@ import os
 import subprocess
 import sys
 
-from streamgrp import __version__, codec
-from streamgrp.keys import RunKeys
+from streamgrp import __version__
+from streamgrp.core import codec
+from streamgrp.store.keys import RunKeys
 
 
 def streamgrp(*args: str, env: dict[str, str] | None = None, cwd=None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -29,7 +30,7 @@ def test_toml_file_and_environment_configure_a_run_and_a_burst_drain(client, red
     env = {"STREAMGRP_CONFIG": str(config), "STREAMGRP_REDIS_URL": redis_url, "STREAMGRP_GROUP_TIMEOUT_S": "120"}
     result = streamgrp("assembler", "--burst", env=env)
     assert result.returncode == 0, result.stderr
-    from streamgrp.runs import open_run
+    from streamgrp.store.runs import open_run
 
     run = open_run(client, run_name)
     assert (run.config.n_samples, run.config.group_timeout_s) == (3, 120.0)

@@ -1,4 +1,4 @@
-"""`streamgrp.connection` against real servers: settings that lose data are refused or warned
+"""`streamgrp.store.connection` against real servers: settings that lose data are refused or warned
 about at connect, a full noeviction server is waited out, replicas are waited for, a lease is
 taken again by its own holder, and a process stopped while the server is gone exits quietly."""
 
@@ -10,13 +10,13 @@ import time
 
 import pytest
 import redis
-
 from processes import RoleProcess, wait_until
+
 from streamgrp.config import RunConfig
-from streamgrp.connection import connect
 from streamgrp.errors import ConfigError, OutageBudgetExceeded
-from streamgrp.lease import Lease
-from streamgrp.runs import join_run
+from streamgrp.store.connection import connect
+from streamgrp.store.lease import Lease
+from streamgrp.store.runs import join_run
 
 
 def _warnings(caplog) -> list[str]:
@@ -34,18 +34,18 @@ def test_a_server_that_evicts_keys_is_refused_naming_the_setting(server_factory)
 
 def test_a_server_that_does_not_persist_is_warned_about(server_factory, caplog):
     server = server_factory(appendonly=False)
-    with caplog.at_level(logging.WARNING, logger="streamgrp.connection"):
+    with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         connect(server.url)
     [warning] = _warnings(caplog)
     assert "does not keep an append-only file (appendonly no)" in warning and "CONFIG SET appendonly yes" in warning
     caplog.clear()
     persisted = server_factory(appendfsync="no")
-    with caplog.at_level(logging.WARNING, logger="streamgrp.connection"):
+    with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         connect(persisted.url)
     [warning] = _warnings(caplog)
     assert "appendfsync no" in warning
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="streamgrp.connection"):
+    with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         connect(server_factory(appendfsync="always").url)
     assert _warnings(caplog) == []
 
@@ -66,7 +66,7 @@ def test_a_full_noeviction_server_is_waited_out_and_nothing_is_written_twice(ser
         client.eval("return redis.call('XADD', KEYS[1], '*', 'k', 'v')", 1, "s")  # a script's OOM reply
         done.append(True)
 
-    with caplog.at_level(logging.WARNING, logger="streamgrp.connection"):
+    with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         writer = threading.Thread(target=write, daemon=True)
         writer.start()
         time.sleep(1.5)
@@ -88,14 +88,14 @@ def test_wait_replicas_waits_for_a_replica_and_warns_when_too_few_confirm(server
     wait_until(lambda: replica_client.info("replication").get("master_link_status") == "up", timeout=20,
                message="the replica to sync")
     client = connect(primary.url, wait_replicas=1, wait_timeout_ms=5000)
-    with caplog.at_level(logging.WARNING, logger="streamgrp.connection"):
+    with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         for i in range(20):
             client.set(f"k{i}", i)
             client.replicate()
             assert replica_client.get(f"k{i}") == str(i).encode()  # on the replica once replicate returns
     assert _warnings(caplog) == []
     too_many = connect(primary.url, wait_replicas=2, wait_timeout_ms=200)
-    with caplog.at_level(logging.WARNING, logger="streamgrp.connection"):
+    with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         too_many.set("k", 1)
         too_many.replicate()
     assert "only 1 of 2 replicas confirmed a write within 200 ms" in _warnings(caplog)
@@ -105,7 +105,7 @@ def test_an_outage_longer_than_the_budget_raises_one_clear_error(server_factory,
     server = server_factory()
     client = connect(server.url, outage_budget_s=1.0)
     server.kill()
-    with caplog.at_level(logging.WARNING, logger="streamgrp.connection"):
+    with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         with pytest.raises(OutageBudgetExceeded, match="over the outage budget of 1s"):
             client.get("k")
     assert sum("is unavailable" in m for m in _warnings(caplog)) == 1

@@ -14,15 +14,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from processes import RoleProcess, wait_until
-from streamgrp import codec
+
 from streamgrp.config import RunConfig
-from streamgrp.events import GroupDecided, SlotResult, TaskIssued, Tick
-from streamgrp.fold import Closed, Ignored, run_fold
-from streamgrp.keys import ASSEMBLER_GROUP, WORKERS_GROUP
-from streamgrp.runs import join_run
-from streamgrp.tasks import TaskIssuer
+from streamgrp.core import codec
+from streamgrp.core.events import GroupDecided, SlotResult, TaskIssued, Tick
+from streamgrp.core.group_fold import Closed, Ignored, run_fold
+from streamgrp.store.keys import ASSEMBLER_GROUP, WORKERS_GROUP
+from streamgrp.store.runs import join_run
+from streamgrp.store.tasks import TaskIssuer
 
 pytestmark = pytest.mark.slow
 

@@ -18,13 +18,14 @@ from collections import Counter
 from malformed import MALFORMED, VALID, mutate_entry
 from pipeline import Pipeline, events
 from processes import wait_until
-from streamgrp import codec
+
 from streamgrp.config import RunConfig
+from streamgrp.core import codec
+from streamgrp.core.events import GroupDecided, SlotResult, StepCommitted, StepManifest
 from streamgrp.errors import DecodeError
-from streamgrp.events import GroupDecided, SlotResult, StepCommitted, StepManifest
-from streamgrp.runs import connect, join_run
-from streamgrp.synthetic import make_sample
-from streamgrp.tasks import TaskIssuer
+from streamgrp.services.synthetic import make_sample
+from streamgrp.store.runs import connect, join_run
+from streamgrp.store.tasks import TaskIssuer
 
 MUTANTS = 10_200
 VALID_TASKS = 60

@@ -18,15 +18,16 @@ import textwrap
 import pytest
 import redis
 
-from streamgrp import codec, scripts
-from streamgrp.assembler import Assembler
-from streamgrp.batcher import Batcher
 from streamgrp.config import AssemblerConfig, BatcherConfig, RunConfig
-from streamgrp.events import GroupDecided, SlotResult, StepManifest
-from streamgrp.keys import ASSEMBLER_GROUP, BATCHER_GROUP
-from streamgrp.runs import join_run
-from streamgrp.synthetic import make_sample
-from streamgrp.worker import WorkerClient
+from streamgrp.core import codec
+from streamgrp.core.events import GroupDecided, SlotResult, StepManifest
+from streamgrp.services.assembler import Assembler
+from streamgrp.services.batcher import Batcher
+from streamgrp.services.synthetic import make_sample
+from streamgrp.services.worker import WorkerClient
+from streamgrp.store import scripts
+from streamgrp.store.keys import ASSEMBLER_GROUP, BATCHER_GROUP
+from streamgrp.store.runs import join_run
 
 FAST = AssemblerConfig(lease_ttl_s=1.0, tick_interval_s=0.05)
 
@@ -89,7 +90,7 @@ def test_a_fixed_batch_size_over_the_bound_is_refused_with_the_fix():
 def test_a_round_acknowledging_9000_duplicates_commits_once(client, run_name):
     run = join_run(client, run_name, RunConfig(n_samples=2))
     worker = WorkerClient(client, run.keys)
-    from streamgrp.tasks import TaskIssuer
+    from streamgrp.store.tasks import TaskIssuer
 
     [task] = TaskIssuer(client, run.keys).issue([{}])
     worker.publish(task.task_id, 0, make_sample())
@@ -154,7 +155,7 @@ def test_the_batch_commit_refuses_a_wrong_step_before_writing(client, run_name):
 
 def test_a_task_flood_is_capped_at_max_open_groups(client, run_name):
     run = join_run(client, run_name, RunConfig(n_samples=2, group_timeout_s=3600))
-    from streamgrp.tasks import TaskIssuer
+    from streamgrp.store.tasks import TaskIssuer
 
     tasks = TaskIssuer(client, run.keys).issue([{}] * 15)
     assembler = Assembler(client, run, AssemblerConfig(lease_ttl_s=5, tick_interval_s=0.05, max_open_groups=10))
@@ -175,7 +176,7 @@ def test_a_task_flood_is_capped_at_max_open_groups(client, run_name):
 def test_decided_tasks_are_looked_up_on_the_server(client, run_name):
     """A late result and a second issue of a decided task are recognised by a fresh assembler."""
     run = join_run(client, run_name, RunConfig(n_samples=2))
-    from streamgrp.tasks import TaskIssuer
+    from streamgrp.store.tasks import TaskIssuer
 
     issuer = TaskIssuer(client, run.keys)
     [task] = issuer.issue([{}], task_ids=["only"])
@@ -202,10 +203,10 @@ def test_the_worker_refuses_an_oversized_sample_as_a_failed_slot(client, run_nam
 
 RSS_PROBE = textwrap.dedent("""
     import sys
-    from streamgrp.assembler import Assembler
+    from streamgrp.services.assembler import Assembler
     from streamgrp.config import AssemblerConfig
-    from streamgrp.connection import connect
-    from streamgrp.runs import open_run
+    from streamgrp.store.connection import connect
+    from streamgrp.store.runs import open_run
     client = connect(sys.argv[1], check_settings=False)
     run = open_run(client, sys.argv[2])
     def peak_kib():  # VmHWM: this process's peak RSS (ru_maxrss would include the parent's, from fork)

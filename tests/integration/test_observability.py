@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from streamgrp import prom
+from streamgrp.cli import prom
+from streamgrp.cli.server import free_port
 from streamgrp.config import RunConfig
 from streamgrp.errors import ConfigError
-from streamgrp.keys import RunKeys
-from streamgrp.runs import join_run
-from streamgrp.server import free_port
+from streamgrp.store.keys import RunKeys
+from streamgrp.store.runs import join_run
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ROOT / "ops"
@@ -137,7 +137,7 @@ def dashboard_queries() -> list[tuple[str, str, bool]]:
 
 @pytest.fixture
 def observer(tmp_path):
-    """Start a Prometheus (via streamgrp.prom) on a targets file; stopped at teardown."""
+    """Start a Prometheus (via streamgrp.cli.prom) on a targets file; stopped at teardown."""
     started: list[prom.Prometheus] = []
 
     def start(targets_file: Path, rules_file: Path | None = None, scrape_interval_s: float = 1.0) -> str:

@@ -16,14 +16,14 @@ import sys
 import time
 
 import pytest
-
 from pipeline import CHILD_ENV, Pipeline, check_run, events, write_dataset
 from processes import wait_until
+
+from streamgrp.cli.server import free_port
 from streamgrp.config import RunConfig
-from streamgrp.events import RunFinished
-from streamgrp.keys import WORKERS_GROUP
-from streamgrp.runs import connect, join_run
-from streamgrp.server import free_port
+from streamgrp.core.events import RunFinished
+from streamgrp.store.keys import WORKERS_GROUP
+from streamgrp.store.runs import connect, join_run
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from streamgrp import codec
-from streamgrp.cli import main
-from streamgrp.keys import RunKeys
+from streamgrp.cli.main import main
+from streamgrp.core import codec
 from streamgrp.replay import RedisSource, load_batch, read_manifest, replay_step
-from streamgrp.trainer import ReadOnlyBatch
+from streamgrp.store.keys import RunKeys
+from streamgrp.train.trainer import ReadOnlyBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
 from runlog import dump_run, load_run  # noqa: E402

@@ -9,11 +9,11 @@ from html.parser import HTMLParser
 
 import pytest
 
-from streamgrp.batcher import Batcher
 from streamgrp.config import BatcherConfig
-from streamgrp.report import CHART_IDS, build_report, png_available, render_html
-from streamgrp.summary import run_summary
-from streamgrp.synthetic import make_sample
+from streamgrp.replay.report import CHART_IDS, build_report, png_available, render_html
+from streamgrp.replay.summary import run_summary
+from streamgrp.services.batcher import Batcher
+from streamgrp.services.synthetic import make_sample
 
 ROUND = BatcherConfig(round_s=0.05, lease_ttl_s=5)
 

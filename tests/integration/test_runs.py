@@ -1,9 +1,15 @@
 import pytest
 
 from streamgrp.config import RunConfig
+from streamgrp.core.events import RunStarted
 from streamgrp.errors import ConfigError
-from streamgrp.events import RunStarted
-from streamgrp.runs import join_run, latest_run, list_runs, open_run, resolve_run_name
+from streamgrp.store.runs import (
+    join_run,
+    latest_run,
+    list_runs,
+    open_run,
+    resolve_run_name,
+)
 
 
 def test_first_join_records_the_configuration_as_the_first_event(client, run_name):

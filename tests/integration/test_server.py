@@ -1,6 +1,6 @@
 """The embedded server against real valkey-server / redis-server processes (no mocks).
 
-Covers the persistence table in ``streamgrp.server``'s docstring: what survives a stop, a SIGKILL
+Covers the persistence table in ``streamgrp.cli.server``'s docstring: what survives a stop, a SIGKILL
 of the server with ``appendfsync always``, and what ``appendonly=False`` loses.
 """
 
@@ -19,8 +19,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from streamgrp.cli.server import (
+    STATE_FILE,
+    EmbeddedServer,
+    ensure_server,
+    server_binary,
+)
 from streamgrp.errors import ConfigError, ServerError
-from streamgrp.server import STATE_FILE, EmbeddedServer, ensure_server, server_binary
 
 
 def pid_gone(pid: int) -> bool:
@@ -217,7 +222,7 @@ def test_server_dies_with_its_sigkilled_owner(kind_binary, tmp_path):
     owner_code = textwrap.dedent(
         """
         import sys, time
-        from streamgrp.server import EmbeddedServer
+        from streamgrp.cli.server import EmbeddedServer
         server = EmbeddedServer(sys.argv[1], binary=sys.argv[2])
         server.start()
         print(server.pid, flush=True)
@@ -253,7 +258,7 @@ def test_concurrent_ensure_server_calls_share_one_server(tmp_path):
     code = textwrap.dedent(
         """
         import json, sys
-        from streamgrp.server import ensure_server
+        from streamgrp.cli.server import ensure_server
         handle = ensure_server(None, sys.argv[1])
         print(json.dumps({"url": handle.url, "owned": handle.owned}), flush=True)
         sys.stdin.read()  # hold the handle until the test closes stdin

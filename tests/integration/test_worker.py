@@ -1,12 +1,12 @@
 import asyncio
 import time
 
-from streamgrp import codec
-from streamgrp.events import SlotResult
-from streamgrp.keys import WORKERS_GROUP
-from streamgrp.synthetic import make_sample
-from streamgrp.worker import WorkerClient, WorkerProcess
 from streamgrp.config import WorkerConfig
+from streamgrp.core import codec
+from streamgrp.core.events import SlotResult
+from streamgrp.services.synthetic import make_sample
+from streamgrp.services.worker import WorkerClient, WorkerProcess
+from streamgrp.store.keys import WORKERS_GROUP
 
 
 def slot_results(client, run):

@@ -4,9 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamgrp import GroupPolicy, NormSpec
-from streamgrp.events import SlotResult, TaskIssued
-from streamgrp.fold import Closed, run_fold
-from streamgrp.synthetic import make_sample
+from streamgrp.core.events import SlotResult, TaskIssued
+from streamgrp.core.group_fold import Closed, run_fold
+from streamgrp.services.synthetic import make_sample
 
 OUTCOMES = st.sampled_from(["sample", "sample", "multi", "rejected", "failed"])
 POLICIES = st.sampled_from([

@@ -1,11 +1,11 @@
-"""Hypothesis properties of streamgrp.partition: the module docstring's invariants on random inputs."""
+"""Hypothesis properties of streamgrp.core.partition: the module docstring's invariants on random inputs."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamgrp.partition import (
+from streamgrp.core.partition import (
     balanced_partition,
     check_partition_invariants,
     greedy_partition,

@@ -1,4 +1,4 @@
-"""Unit tests of streamgrp.advantages: normalization over actual group sizes, the loss, group metrics."""
+"""Unit tests of streamgrp.train.advantages: normalization over actual group sizes, the loss, group metrics."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import threading
 import pytest
 import torch
 
-from streamgrp.advantages import group_metrics, normalize, token_weighted_policy_loss
-from streamgrp.policy import NormSpec
+from streamgrp.core.policy import NormSpec
+from streamgrp.train.advantages import (
+    group_metrics,
+    normalize,
+    token_weighted_policy_loss,
+)
 
 EPS = 1e-5
 

@@ -10,9 +10,9 @@ import orjson
 import pytest
 import torch
 
-from streamgrp.batchfile import BatchFileError, load_batch, save_batch
 from streamgrp.errors import StreamgrpError
-from streamgrp.trainer import Batch
+from streamgrp.train.batchfile import BatchFileError, load_batch, save_batch
+from streamgrp.train.trainer import Batch
 
 MISSING = object()  # a metadata key left out
 

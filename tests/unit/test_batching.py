@@ -1,4 +1,4 @@
-"""Unit tests of streamgrp.batching: manifests (shards, whole groups, digests), staleness, the window."""
+"""Unit tests of streamgrp.core.manifest: manifests (shards, whole groups, digests), staleness, the window."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from collections import Counter
 
 import pytest
 
-from streamgrp.batching import feeder_capacity, imbalance, is_stale, make_manifest
-from streamgrp.codec import combine_digests
-from streamgrp.events import GroupDecided, Shard
-from streamgrp.partition import greedy_partition, max_load
+from streamgrp.core.batch_fold import feeder_capacity, is_stale
+from streamgrp.core.codec import combine_digests
+from streamgrp.core.events import GroupDecided, Shard
+from streamgrp.core.manifest import imbalance, make_manifest
+from streamgrp.core.partition import greedy_partition, max_load
 
 
 def _digest(text: str) -> str:

@@ -1,4 +1,4 @@
-"""The inline-SVG chart code on hand-made data: the invariants in `streamgrp.charts`' docstring."""
+"""The inline-SVG chart code on hand-made data: the invariants in `streamgrp.replay.charts`' docstring."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from streamgrp.charts import (
+from streamgrp.replay.charts import (
     MARGIN_LEFT,
     MARGIN_RIGHT,
     WIDTH,
@@ -204,7 +204,7 @@ def test_a_long_legend_wraps_and_pushes_the_plot_down_instead_of_covering_it():
 
 
 def test_the_chart_module_imports_nothing_heavy():
-    code = ("import sys, streamgrp.charts\n"
+    code = ("import sys, streamgrp.replay.charts\n"
             "print(','.join(m for m in ('redis', 'torch', 'prometheus_client', 'matplotlib') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""

@@ -4,10 +4,18 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from streamgrp import codec
+from streamgrp.core import codec
+from streamgrp.core.events import (
+    GroupDecided,
+    RawArray,
+    Sample,
+    SlotResult,
+    StepCommitted,
+    TaskIssued,
+    Tick,
+)
 from streamgrp.errors import DecodeError
-from streamgrp.events import GroupDecided, RawArray, Sample, SlotResult, StepCommitted, TaskIssued, Tick
-from streamgrp.synthetic import make_sample
+from streamgrp.services.synthetic import make_sample
 
 
 def slot_event(**overrides):

@@ -14,11 +14,19 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from malformed import (
+    MALFORMED,
+    VALID,
+    mutate_entry,
+    nested_prompt,
+    other,
+    slot_literal,
+    valid_events,
+)
 
-from malformed import MALFORMED, VALID, mutate_entry, nested_prompt, other, slot_literal, valid_events
-from streamgrp import codec
+from streamgrp.core import codec
+from streamgrp.core.events import EVENT_TYPES
 from streamgrp.errors import DecodeError
-from streamgrp.events import EVENT_TYPES
 
 SEEDS = range(4)
 MUTATIONS_PER_SEED = 2_600  # 10,400 mutated entries in all

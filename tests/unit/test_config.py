@@ -12,8 +12,8 @@ from streamgrp.config import (
     parse_norm,
     read_toml,
 )
+from streamgrp.core.policy import NormSpec
 from streamgrp.errors import ConfigError
-from streamgrp.policy import NormSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,9 +1,9 @@
 import pytest
 
 from streamgrp import GroupPolicy, NormSpec
-from streamgrp.fold import Closed, FoldState, Ignored, fold, run_fold
-from streamgrp.events import SlotResult, TaskIssued, Tick
-from streamgrp.synthetic import make_sample
+from streamgrp.core.events import SlotResult, TaskIssued, Tick
+from streamgrp.core.group_fold import Closed, FoldState, Ignored, fold, run_fold
+from streamgrp.services.synthetic import make_sample
 
 POLICY = GroupPolicy(n_samples=3, reward_norm=NormSpec("group", "group"))
 

@@ -1,4 +1,4 @@
-"""Unit tests of streamgrp.connection.Outage: backoff through an outage, one warning each way, the
+"""Unit tests of streamgrp.store.connection.Outage: backoff through an outage, one warning each way, the
 budget, a stop while waiting, and which errors count as an outage. The retried function is a plain
 callable here; riding out a real server's outage is in tests/integration/test_connection.py."""
 
@@ -11,8 +11,8 @@ import time
 import pytest
 import redis
 
-from streamgrp.connection import Outage, is_outage
 from streamgrp.errors import OutageBudgetExceeded, StopRequested
+from streamgrp.store.connection import Outage, is_outage
 
 
 class Flaky:

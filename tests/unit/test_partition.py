@@ -1,4 +1,4 @@
-"""Unit tests of streamgrp.partition: hand examples, errors, the invariant checker, purity."""
+"""Unit tests of streamgrp.core.partition: hand examples, errors, the invariant checker, purity."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streamgrp.partition import (
+from streamgrp.core.partition import (
     balanced_partition,
     check_partition_invariants,
     greedy_partition,
@@ -222,7 +222,7 @@ def test_checker_detects_nondeterminism():
 
 
 def test_module_imports_only_the_standard_library():
-    source = (ROOT / "streamgrp" / "partition.py").read_text()
+    source = (ROOT / "streamgrp" / "core" / "partition.py").read_text()
     imported = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -235,7 +235,7 @@ def test_module_imports_only_the_standard_library():
 
 def test_importing_it_loads_no_heavy_dependency():
     code = (
-        "import sys, streamgrp.partition\n"
+        "import sys, streamgrp.core.partition\n"
         "heavy = {'redis', 'torch', 'numpy', 'prometheus_client'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )

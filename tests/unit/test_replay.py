@@ -9,12 +9,12 @@ import struct
 import pytest
 import torch
 
-from streamgrp import codec
-from streamgrp.batching import make_manifest
+from streamgrp.core import codec
+from streamgrp.core.events import SlotResult, TaskIssued
+from streamgrp.core.group_fold import Closed, run_fold
+from streamgrp.core.manifest import make_manifest
+from streamgrp.core.policy import GroupPolicy, NormSpec
 from streamgrp.errors import StreamgrpError
-from streamgrp.events import SlotResult, TaskIssued
-from streamgrp.fold import Closed, run_fold
-from streamgrp.policy import GroupPolicy, NormSpec
 from streamgrp.replay import (
     BATCH_FORMAT,
     TENSOR_FIELDS,
@@ -25,8 +25,8 @@ from streamgrp.replay import (
     load_batch,
     save_batch,
 )
-from streamgrp.synthetic import make_sample
-from streamgrp.trainer import DigestMismatch, ReadOnlyBatch, build_batch
+from streamgrp.services.synthetic import make_sample
+from streamgrp.train.trainer import DigestMismatch, ReadOnlyBatch, build_batch
 
 POLICY = GroupPolicy(n_samples=2, reward_norm=NormSpec("group", "group"))
 

@@ -1,4 +1,4 @@
-"""`streamgrp.report`'s per-step series and page on hand-made events: windows, yields, gaps, the remainder."""
+"""`streamgrp.replay.report`'s per-step series and page on hand-made events: windows, yields, gaps, the remainder."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from streamgrp.errors import ConfigError
-from streamgrp.events import (
+from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
     RunFinished,
@@ -16,7 +15,8 @@ from streamgrp.events import (
     StepFailed,
     StepManifest,
 )
-from streamgrp.report import (
+from streamgrp.errors import ConfigError
+from streamgrp.replay.report import (
     CHART_IDS,
     ReportData,
     Tally,

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from streamgrp.errors import ConfigError
-from streamgrp.segments import (
+from streamgrp.store.segments import (
     SEGMENT_MAGIC,
     ArchiveError,
     ArchiveReader,

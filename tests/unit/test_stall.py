@@ -1,4 +1,4 @@
-"""Unit tests of streamgrp.stall: the stall bound (SPEC section 4) on fake times, and its message."""
+"""Unit tests of streamgrp.core.stall: the stall bound (SPEC section 4) on fake times, and its message."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from streamgrp.stall import WARNING_INTERVAL_S, StallTracker, stall_message
+from streamgrp.core.stall import WARNING_INTERVAL_S, StallTracker, stall_message
 
 
 def _empty_rounds(tracker: StallTracker, times) -> list[bool]:
@@ -113,7 +113,7 @@ def test_message_with_nothing_decided_says_so():
 
 
 def test_stall_module_is_pure():
-    code = ("import sys, streamgrp.stall, streamgrp.batching\n"
+    code = ("import sys, streamgrp.core.stall, streamgrp.core.manifest\n"
             "print(','.join(sorted(m for m in ('redis', 'torch', 'prometheus_client') if m in sys.modules)))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""

@@ -1,0 +1,223 @@
+"""`streamgrp demo`: a real asynchronous RL loop on the embedded server, as separate OS processes.
+
+Owns orchestration only: start the server, write the toy dataset, start the batcher (with its
+feeder), the assembler, the workers and the trainer ranks, show progress, stop every process it
+started (on success, on Ctrl-C, or when a role fails, naming it), and print the summary. With
+``--prometheus`` every process serves its metrics and a local Prometheus (`streamgrp.cli.prom`) scrapes
+them. Workers may die and the run goes on (another worker reclaims their tasks); any other role
+failing ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamgrp.cli.server import ensure_server, free_port, pdeathsig_preexec
+from streamgrp.config import ConnectionConfig, DemoConfig, RunConfig, load_callable
+from streamgrp.errors import RoleFailed
+from streamgrp.replay.summary import format_summary, run_summary
+from streamgrp.store.runs import connect, join_run
+
+log = logging.getLogger(__name__)
+
+#: The demo's prompts and rollout function; an example, so named by string, never imported here.
+TOY_TASK = "consumers.toy_task"
+OPTIONAL_ROLES = ("worker",)
+
+
+
+@dataclass
+class Child:
+    role: str
+    index: int
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    _log: Any = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} {self.index}"
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role, *self.args],
+                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=pdeathsig_preexec())
+
+    def tail(self, lines: int = 12) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoConfig, *, out=sys.stdout,
+             err=sys.stderr, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Run the demo to the end and return its summary (also printed); raises `RoleFailed`."""
+    stop = stop or threading.Event()
+    if demo.prometheus:
+        from streamgrp.cli.prom import prometheus_binary
+
+        prometheus_binary()  # fail before anything starts when it is missing
+    started = time.monotonic()
+    run_name = connection.run or time.strftime("demo-%Y%m%d-%H%M%S")
+    settings = run_settings.model_copy(update={"dp_size": demo.ranks, "reward_norm": run_settings.reward_norm})
+    with ensure_server(connection.redis_url, connection.data_dir) as server:
+        client = connect(server.url)
+        run = join_run(client, run_name, RunConfig(**settings.model_dump()))
+        log_dir = Path(connection.data_dir) / "logs" / run_name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        dataset = _write_dataset(log_dir / "prompts.jsonl", run.config, demo)
+        children = _children(server.url, run_name, run.config, demo, dataset, log_dir)
+        prometheus = _prometheus(children, run.config, log_dir / "prometheus") if demo.prometheus else None
+        print(f"streamgrp demo: run {run_name} on {server.url} ({len(children)} processes; logs in {log_dir})",
+              file=err, flush=True)
+        try:
+            if prometheus is not None:
+                print(f"streamgrp demo: Prometheus at {prometheus.start()} (config and data in {prometheus.data_dir})",
+                      file=err, flush=True)
+            for child in children:
+                child.start()
+            _watch(client, run.keys, children, demo, started, stop, err)
+        finally:
+            for child in sorted(children, key=lambda c: c.role != "trainer"):
+                child.stop()
+            if prometheus is not None:
+                prometheus.stop()
+        seconds = time.monotonic() - started
+        from streamgrp.store.sources import default_source
+
+        # An archiver (with retention) may have trimmed the server: read what it trimmed from its archive.
+        summary = run_summary(client, run.keys, source=default_source(client, run.keys, connection.data_dir))
+        summary["seconds"] = round(seconds, 2)
+        print(format_summary(summary, seconds), file=out)
+        print(f"  replay       streamgrp replay {max(summary['steps'] - 1, 0)} --rank 0 --run {run_name}"
+              + ("" if connection.redis_url else f" --data-dir {connection.data_dir}"), file=out)
+        if demo.as_json:
+            print(orjson.dumps(summary).decode(), file=out)
+        client.close()
+    return summary
+
+
+def _write_dataset(path: Path, run: RunConfig, demo: DemoConfig) -> Path:
+    prompts = load_callable(f"{TOY_TASK}:prompts")
+    count = demo.steps * run.batch_size * 4 + 64  # enough for drops and the staleness window
+    with path.open("wb") as handle:
+        for prompt, _ in zip(prompts(seed=0, reject_rate=demo.reject_rate, fail_rate=demo.fail_rate), range(count)):
+            handle.write(orjson.dumps(prompt) + b"\n")
+    return path
+
+
+def _children(url: str, run_name: str, run: RunConfig, demo: DemoConfig, dataset: Path, log_dir: Path) -> list[Child]:
+    common = ["--redis-url", url, "--run", run_name]
+    dist_url = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
+    children = [
+        Child("batcher", 0, [*common, "--dataset", str(dataset), "--max-steps", str(demo.steps), "--round-s", "0.5"],
+              log_dir / "batcher.log"),
+        Child("assembler", 0, [*common, "--tick-interval-s", "0.2"], log_dir / "assembler.log"),
+    ]
+    for index in range(demo.workers):
+        children.append(Child("worker", index, [*common, "--rollout", f"{TOY_TASK}:rollout", "--concurrency", "4",
+                                                "--claim-idle-s", "5"], log_dir / f"worker-{index}.log"))
+    for rank in range(demo.ranks):
+        extra = ["--fail-at-step", str(demo.trainer_fail_at_step)] if demo.trainer_fail_at_step is not None else []
+        children.append(Child("trainer", rank, [*common, "--rank", str(rank), "--world-size", str(demo.ranks),
+                                                "--dist-url", dist_url, *extra], log_dir / f"trainer-{rank}.log"))
+    return children
+
+
+def _prometheus(children: list[Child], run: RunConfig, directory: Path):
+    """Give every child a free metrics port, list them in a targets file, and return Prometheus (not started).
+
+    The alert rules get the run's own stall bounds, so the stall alert means the same thing as in the run.
+    """
+    from streamgrp.cli import prom
+
+    ports: set[int] = set()
+    targets = []
+    for child in children:
+        port = free_port("127.0.0.1")
+        while port in ports:
+            port = free_port("127.0.0.1")
+        ports.add(port)
+        child.args += ["--metrics-port", str(port)]
+        targets.append(prom.Target(child.role, child.index, port))
+    config = prom.prepare(directory, targets, max_empty_rounds=run.max_empty_rounds,
+                          stall_timeout_s=run.stall_timeout_s)
+    return prom.Prometheus(config, directory)
+
+
+def _watch(client, keys, children: list[Child], demo: DemoConfig, started: float, stop: threading.Event, err) -> None:
+    """Wait until every trainer finished; raise `RoleFailed` when a needed role exits with an error."""
+    trainers = [c for c in children if c.role == "trainer"]
+    progress = _Progress(demo.steps, err)
+    while True:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        for child in children:
+            code = child.proc.poll()
+            if code is None or (code == 0 and child.role in ("trainer", "batcher")):
+                continue
+            if child.role in OPTIONAL_ROLES and any(c.proc.poll() is None for c in children if c.role == child.role):
+                if not getattr(child, "_reported", False):
+                    print(f"\nstreamgrp demo: {child.label} exited ({code}); the others take over its tasks", file=err)
+                    child._reported = True  # type: ignore[attr-defined]
+                continue
+            raise RoleFailed(f"{child.label} failed with exit code {code}; last lines of {child.log_path}:\n{child.tail()}")
+        if all(c.proc.poll() == 0 for c in trainers):
+            progress.update(client, keys, final=True)
+            return
+        if time.monotonic() - started > demo.timeout_s:
+            raise RoleFailed(f"the demo did not finish within {demo.timeout_s:g}s (--timeout-s); see the logs")
+        progress.update(client, keys)
+        stop.wait(0.25)
+
+
+class _Progress:
+    """One status line: a bar of steps, the yields, and the newest step's reward."""
+
+    def __init__(self, steps: int, err) -> None:
+        self.steps = steps
+        self.err = err
+        self.tty = err.isatty()
+        self._last_line = 0.0
+
+    def update(self, client, keys, final: bool = False) -> None:
+        now = time.monotonic()
+        if not (self.tty or final or now - self._last_line >= 5):
+            return
+        self._last_line = now
+        counts = {k.decode(): float(v) for k, v in client.hgetall(keys.counts).items()}
+        done = int(counts.get("steps", 0))
+        target = counts.get("target_slots", 0)
+        usable = counts.get("usable_slots", 0) / target if target else 0.0
+        trainable = counts.get("trainable_slots", 0) / target if target else 0.0
+        metrics = client.hget(keys.trainer_metrics, max(done - 1, 0))
+        reward = orjson.loads(metrics)["reward_mean"] if metrics else None
+        filled = int(20 * min(done, self.steps) / self.steps)
+        line = (f"[{'#' * filled}{'.' * (20 - filled)}] step {done}/{self.steps}  yields usable {usable:.2f} "
+                f"trainable {trainable:.2f}  reward {'-' if reward is None else f'{reward:.3f}'}")
+        print(("\r" + line) if self.tty else line, end="\n" if (final or not self.tty) else "", file=self.err, flush=True)

@@ -1,0 +1,335 @@
+"""The batch fold: ``(state, event) -> (state, outputs)`` over decisions, version changes, round ends
+and the end of the dataset (SPEC section 4).
+
+Owns, for one run: which decided groups train (a dropped decision is only acknowledged; the user's
+group filter and the staleness bound discard others, each with its reason), when a step is due
+(fixed mode: exactly ``batch_size`` fresh groups, or a smaller final step once the dataset has
+ended; dynamic mode: every fresh group buffered when a round ends, at least ``dp_size``), the
+``max_batch_size`` bound, step numbering, ``max_steps``, leftovers, the end of the run, and the
+stall bound (through `streamgrp.core.stall`). It reads no clock and does no I/O: time arrives as
+`RoundEnded.now`, the policy version as `VersionSet`. The driver (`streamgrp.services.batcher`)
+owns reading, the commit script, acknowledgements, manifests' timestamps and metrics; `verify`
+runs this same fold over the recorded decisions to check the steps.
+
+Invariants, for any order of the same decisions: every trainable group is in at most one step or
+discarded once, never both; a step holds between ``dp_size`` and ``max_batch_size`` groups (fixed
+mode: exactly ``batch_size`` except the final step); no group in a step is more than
+``max_staleness`` versions behind the step's version; steps are numbered 0, 1, 2, ... without gaps.
+
+State is mutated in place and returned, like the group fold's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from streamgrp.core.events import GroupDecided
+from streamgrp.core.stall import StallTracker
+
+GroupFilter = Callable[[GroupDecided], bool]
+Buffered = tuple[str, GroupDecided]
+
+# Why a trainable group was discarded instead of trained.
+STALE = "stale"
+FILTERED = "filtered"
+LEFTOVER = "leftover"
+
+
+def is_stale(decision: GroupDecided, current_version: int, max_staleness: int) -> bool:
+    """A group is stale when its oldest member is more than ``max_staleness`` versions behind."""
+    version = decision.version
+    return version is not None and current_version - version > max_staleness
+
+
+def feeder_capacity(current_version: int, max_staleness: int, batch_size: int) -> int:
+    """How many tasks may be issued or accepted: ``(max_staleness + version + 1) * batch_size``."""
+    return (max_staleness + current_version + 1) * batch_size
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRules:
+    """The run's batching settings (its recorded `RunConfig`) and the batcher's ``max_steps``."""
+
+    batch_mode: Literal["fixed", "dynamic"] = "fixed"
+    batch_size: int = 8
+    max_batch_size: int = 4096
+    dp_size: int = 1
+    max_staleness: int = 1
+    max_steps: int | None = None
+    max_empty_rounds: int = 8
+    stall_timeout_s: float = 1800.0
+
+    @classmethod
+    def of(cls, run_config, max_steps: int | None = None) -> BatchRules:
+        """From a `streamgrp.config.RunConfig` (duck-typed: core does not import config)."""
+        return cls(batch_mode=run_config.batch_mode, batch_size=run_config.batch_size,
+                   max_batch_size=run_config.max_batch_size, dp_size=run_config.dp_size,
+                   max_staleness=run_config.max_staleness, max_steps=max_steps,
+                   max_empty_rounds=run_config.max_empty_rounds, stall_timeout_s=run_config.stall_timeout_s)
+
+
+# -- events ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A decision entry read from the decisions stream; ``decision`` is None when its fields are gone."""
+
+    entry_id: str
+    decision: GroupDecided | None
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSet:
+    """The policy version now (read from the server before steps may be due)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundEnded:
+    """A collection round ended at ``now`` (the driver's monotonic clock).
+
+    ``window_full``: the feeder had no room to issue; ``lowest_committed``: the lowest step every
+    rank has committed (-1 when some rank has none); together they say whether the round waited for
+    trainers (SPEC section 4). ``server_away``: the server was unreachable during the round, so the
+    round says nothing about rollouts; its ``duration`` is not stall time.
+    """
+
+    now: float
+    window_full: bool = False
+    lowest_committed: int = -1
+    server_away: bool = False
+    duration: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetEnded:
+    """The feeder issued the whole dataset and every issued task is decided and read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Terminated:
+    """Another role wrote a terminal event (a contract violation); the run fails at the next step."""
+
+    reason: str
+    message: str
+
+
+Event = Decided | VersionSet | RoundEnded | DatasetEnded | Terminated
+
+
+# -- outputs ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """Decision entries that need only an acknowledgement (groups the assembler dropped)."""
+
+    entry_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Discarded:
+    """A trainable group that will not train, and why (``stale``, ``filtered``, ``leftover``)."""
+
+    entry_id: str
+    decision: GroupDecided
+    reason: str
+    detail: str
+    current_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepDue:
+    """Step ``step`` is due with ``groups`` (decision entry, decision), at policy ``version``."""
+
+    step: int
+    version: int
+    groups: tuple[Buffered, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    reason: str
+    message: str
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stalling:
+    """Rounds without a trainable group, the run not stalled for good yet: at most one a minute, for
+    the driver to warn with (the streak itself is `BatchState.stall`)."""
+
+    empty_rounds: int
+    stall_seconds: float
+
+
+Output = Acked | Discarded | StepDue | Finished | Failed | Stalling
+
+
+@dataclass(slots=True)
+class BatchState:
+    """The buffer of trainable groups not yet in a step, the next step number, the policy version,
+    the stall streak and how the run stands (``running``, ``finished``, ``failed``)."""
+
+    rules: BatchRules
+    group_filter: GroupFilter | None = None
+    next_step: int = 0
+    version: int = 0
+    buffer: list[Buffered] = field(default_factory=list)
+    stall: StallTracker = field(default_factory=StallTracker)
+    outcome: str = "running"
+    #: Trainable groups buffered since the last round ended (what the stall bound counts).
+    added: int = 0
+
+    def __post_init__(self) -> None:
+        if self.stall.max_empty_rounds != self.rules.max_empty_rounds or \
+                self.stall.stall_timeout_s != self.rules.stall_timeout_s:
+            self.stall = StallTracker(self.rules.max_empty_rounds, self.rules.stall_timeout_s)
+
+    @property
+    def max_steps_reached(self) -> bool:
+        return self.rules.max_steps is not None and self.next_step >= self.rules.max_steps
+
+
+def fold(state: BatchState, event: Event) -> tuple[BatchState, list[Output]]:
+    """Apply one event; a run that has finished or failed ignores everything after."""
+    if state.outcome != "running":
+        return state, []
+    if isinstance(event, Decided):
+        return state, _on_decided(state, event)
+    if isinstance(event, VersionSet):
+        state.version = event.version
+        return state, []
+    if isinstance(event, RoundEnded):
+        return state, _on_round_end(state, event)
+    if isinstance(event, DatasetEnded):
+        return state, _on_dataset_end(state)
+    if isinstance(event, Terminated):
+        return state, [_fail(state, event.reason, event.message)]
+    raise TypeError(f"the batch fold takes Decided, VersionSet, RoundEnded, DatasetEnded or Terminated, "
+                    f"not {type(event).__name__}")
+
+
+def _on_decided(state: BatchState, event: Decided) -> list[Output]:
+    decision = event.decision
+    if decision is None or decision.decision == "dropped":
+        return [Acked((event.entry_id,))]
+    verdict = _filter_verdict(state.group_filter, decision)
+    if verdict is not None:
+        return [Discarded(event.entry_id, decision, FILTERED, verdict)]
+    state.buffer.append((event.entry_id, decision))
+    state.added += 1
+    outputs: list[Output] = []
+    if state.rules.batch_mode == "fixed":
+        size = state.rules.batch_size
+        while len(state.buffer) >= size and not state.max_steps_reached:
+            outputs += _emit(state, state.buffer[:size])
+    return outputs + _finish_if_done(state)
+
+
+def _filter_verdict(group_filter: GroupFilter | None, decision: GroupDecided) -> str | None:
+    """None to keep the group, else why the user's filter dropped it."""
+    if group_filter is None:
+        return None
+    try:
+        keep = group_filter(decision)
+    except Exception as exc:  # a user bug must not stop the batcher: the group is dropped and says why
+        return f"the group filter raised {type(exc).__name__}: {exc}"
+    return None if keep else "the group filter returned False"
+
+
+def _emit(state: BatchState, candidates: list[Buffered], *, final: bool = False) -> list[Output]:
+    """One step from ``candidates`` if enough fresh ones remain; stale ones are discarded either way.
+
+    Fixed mode needs exactly ``batch_size`` fresh groups, except for the ``final`` step of a run; no
+    step takes more than ``max_batch_size`` (the rest wait for the next one).
+    """
+    rules, version = state.rules, state.version
+    outputs: list[Output] = []
+    fresh: list[Buffered] = []
+    used: set[str] = set()
+    for entry_id, decision in candidates:
+        if is_stale(decision, version, rules.max_staleness):
+            detail = f"group version {decision.version}, policy version {version}, max_staleness {rules.max_staleness}"
+            outputs.append(Discarded(entry_id, decision, STALE, detail, version))
+            used.add(entry_id)
+        else:
+            fresh.append((entry_id, decision))
+    fresh = fresh[:rules.max_batch_size]
+    due = len(fresh) >= rules.dp_size and (rules.batch_mode == "dynamic" or final or len(fresh) == rules.batch_size)
+    if due:
+        outputs.append(StepDue(state.next_step, version, tuple(fresh)))
+        state.next_step += 1
+        used.update(entry for entry, _ in fresh)
+    state.buffer = [item for item in state.buffer if item[0] not in used]
+    return outputs
+
+
+def _on_round_end(state: BatchState, event: RoundEnded) -> list[Output]:
+    outputs: list[Output] = []
+    if state.rules.batch_mode == "dynamic":
+        while state.buffer and not state.max_steps_reached:
+            step = _emit(state, list(state.buffer))
+            outputs += step
+            if not any(isinstance(o, StepDue) for o in step):
+                break  # fewer than dp_size fresh groups: they wait for the next round
+    outputs += _finish_if_done(state)
+    if state.outcome != "running":
+        return outputs
+    added, state.added = state.added, 0
+    if event.server_away:  # a round without the server says nothing about rollouts
+        state.stall.shift(event.duration)
+        return outputs
+    waiting = _waiting_for_trainers(state, event)
+    if state.stall.round(added, event.now, waiting_for_trainers=waiting):
+        return outputs + [_fail(state, "stall", "")]
+    if state.stall.should_warn(event.now):
+        outputs.append(Stalling(state.stall.empty_rounds, state.stall.stall_seconds(event.now)))
+    return outputs
+
+
+def _waiting_for_trainers(state: BatchState, event: RoundEnded) -> bool:
+    """The feeder's window is full and a written step is not committed by every rank yet: the round
+    waits for trainers, not for rollouts. Without a feeder there is no window to fill."""
+    return event.window_full and state.next_step > 0 and event.lowest_committed < state.next_step - 1
+
+
+def _on_dataset_end(state: BatchState) -> list[Output]:
+    outputs: list[Output] = []
+    if state.buffer and not state.max_steps_reached:
+        outputs += _emit(state, list(state.buffer), final=True)  # the last, possibly smaller, step
+    for entry_id, decision in state.buffer:  # fewer than dp_size groups remain: nothing can train them
+        outputs.append(Discarded(entry_id, decision, LEFTOVER, "dataset ended"))
+    state.buffer = []
+    state.outcome = "finished"
+    return outputs + [Finished(state.next_step)]
+
+
+def _finish_if_done(state: BatchState) -> list[Output]:
+    if not state.max_steps_reached:
+        return []
+    state.outcome = "finished"
+    return [Finished(state.next_step)]
+
+
+def _fail(state: BatchState, reason: str, message: str) -> Failed:
+    """The run fails at the next step; an empty ``message`` is the driver's to fill (the stall text
+    needs the run's counters, which only the driver reads)."""
+    state.outcome = "failed"
+    return Failed(reason, message, state.next_step)
+
+
+def run_batch_fold(state: BatchState, events) -> tuple[BatchState, list[Output]]:
+    """Fold a whole sequence (verify and the tests); returns every output in order."""
+    outputs: list[Output] = []
+    for event in events:
+        state, produced = fold(state, event)
+        outputs += produced
+    return state, outputs

@@ -1,0 +1,442 @@
+"""The only code that turns events into stream-entry fields and back.
+
+An entry has two fields: ``h``, an orjson header holding the event's fields with every tensor
+replaced by a descriptor ``{"__raw__": [dtype, shape, offset, nbytes]}``, and ``b``, the tensors'
+raw little-endian bytes back to back (absent when the event has no tensors). Other fields are
+ignored (but counted in the size).
+
+`decode` is total: whatever it is given, it returns a validated event or raises `DecodeError`
+(never another exception) whose ``reason`` is one of `DECODE_REASONS`, a stable token used as the
+dead-letter reason and a metric label. Checks run cheapest and least trusting first, so a size
+is checked before anything is parsed and a header's depth before pydantic sees it:
+
+    bad_fields          the fields are not a mapping of bytes (or str) names to bytes (or str)
+                        values, a str has no UTF-8 bytes (a lone surrogate), or the entry's
+                        RESP field list was malformed (odd length, unhashable name)
+    oversized           names plus values of every field exceed ``max_entry_bytes`` (checked
+                        before anything is parsed)
+    repeated_field      a field name occurs more than once in the entry (see `EntryFields`)
+    missing_field       no ``h`` field; or the event lacks a required field
+    bad_header          ``h`` is not UTF-8 JSON, not an object, nested deeper than
+                        `MAX_HEADER_DEPTH`, or a tensor descriptor is malformed or sits where
+                        the schema has no tensor
+    unsupported_schema  ``schema_version`` is not the integer this build reads
+    unknown_kind        ``kind`` is missing, not a string, or not an event kind
+    unknown_dtype       a tensor descriptor names a dtype outside `streamgrp.core.events.DTYPES`
+    length_mismatch     descriptors and the ``b`` bytes disagree (sizes, order, leftovers)
+    wrong_type          a field has the wrong JSON type (``true`` or ``2.0`` for an integer)
+    invalid_value       a field has the right type but a value the schema refuses (range,
+                        extra field, inconsistent rows); also the safety net for anything
+                        unexpected raised while validating
+
+Round trips are bit-exact. No pickle. The work per tensor is a constant number of checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any, Union, get_args, get_origin
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from streamgrp.core.events import DTYPES, EVENT_TYPES, SCHEMA_VERSION, RawArray
+from streamgrp.errors import DecodeError
+
+HEADER = b"h"
+BLOB = b"b"
+RAW_KEY = "__raw__"
+#: Default ceiling for one entry (header plus bytes); larger entries are dead-lettered as oversized.
+DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
+#: The deepest a header's JSON objects and arrays may nest (the header itself is level 1; a
+#: tensor descriptor counts as one level). Encoded events reach about 6 (a step manifest).
+MAX_HEADER_DEPTH = 32
+#: The most dimensions a tensor descriptor may give (bounds the work of checking its size).
+MAX_NDIM = 32
+#: Every `DecodeError.reason` that `decode` can raise.
+DECODE_REASONS = frozenset({
+    "bad_fields", "oversized", "repeated_field", "missing_field", "bad_header", "unsupported_schema",
+    "unknown_kind", "unknown_dtype", "length_mismatch", "wrong_type", "invalid_value",
+})
+
+_WRONG_TYPE_SUFFIXES = ("_type", "_parsing")
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+class EntryFields(dict):  # type: ignore[type-arg]
+    """A stream entry's fields when its RESP field list was not a plain set of distinct names.
+
+    As a dict it maps each name to its **last** value, which is what redis-py's own
+    ``dict(zip(it, it))`` has always given; ``pairs`` keeps every ``(name, value)`` in entry
+    order, so a dead letter can record the entry exactly as it was. ``repeated`` names the fields
+    given more than once; ``malformed`` says why the list was not a field list at all (odd length,
+    unhashable name), else None. `decode` refuses both (``bad_fields``, ``repeated_field``).
+    """
+
+    __slots__ = ("pairs", "malformed")
+
+    def __init__(self, pairs: Iterable[tuple[Any, Any]] = (), *, malformed: str | None = None) -> None:
+        super().__init__()
+        self.pairs: list[tuple[Any, Any]] = list(pairs)
+        for name, value in self.pairs:
+            try:
+                self[name] = value
+            except TypeError:
+                malformed = malformed or f"field name {_show(name)} is not hashable"
+        self.malformed = malformed
+
+    @property
+    def repeated(self) -> tuple[Any, ...]:
+        """Names that occur more than once, in order of first occurrence; empty when none do."""
+        seen: set[Any] = set()
+        repeated: list[Any] = []
+        for name, _ in self.pairs:
+            try:
+                if name not in seen:
+                    seen.add(name)
+                elif name not in repeated:
+                    repeated.append(name)
+            except TypeError:
+                continue  # unhashable: already reported by ``malformed``
+        return tuple(repeated)
+
+    def __repr__(self) -> str:
+        extra = f", malformed={self.malformed!r}" if self.malformed else ""
+        return f"EntryFields({self.pairs!r}{extra})"
+
+
+def entry_fields(flat: list[bytes] | None) -> dict[bytes, bytes] | EntryFields | None:
+    """The fields of one entry from its flat RESP list ``[k1, v1, k2, v2, ...]``. Pure, never raises.
+
+    A plain dict when every name is distinct (nearly every entry); an `EntryFields` when a name
+    repeats or the list is not a field list (odd length, unhashable name, not a list), which
+    `decode` then refuses with a reason. None (an entry deleted while pending) stays None.
+    """
+    if flat is None:
+        return None
+    if flat.__class__ is list or flat.__class__ is tuple:
+        count = len(flat)
+        if not count & 1:
+            items = iter(flat)
+            try:
+                fields = dict(zip(items, items))
+            except TypeError:
+                pass  # an unhashable name: the slow path says which
+            else:
+                if len(fields) * 2 == count:
+                    return fields
+        pairs = list(zip(flat[0::2], flat[1::2]))
+        if count & 1:
+            return EntryFields(pairs, malformed=f"the field list has an odd number of items ({count}): "
+                                                f"name {_show(flat[-1])} has no value")
+        return EntryFields(pairs)
+    return EntryFields(malformed=f"the field list is a {type(flat).__name__}, not a list of names and values")
+
+
+def encode(event: BaseModel) -> dict[bytes, bytes]:
+    """Fields for XADD: the orjson header and, if the event carries tensors, the raw bytes."""
+    blobs: list[bytes] = []
+    header = _to_header(event, blobs, [0])
+    fields = {HEADER: orjson.dumps(header)}
+    if blobs:
+        fields[BLOB] = b"".join(blobs)
+    return fields
+
+
+def decode(fields: Mapping[bytes | str, bytes | str], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> Any:
+    """Rebuild and validate an event from XREAD fields; raises `DecodeError` with a reason, nothing else."""
+    try:
+        return _decode(fields, max_entry_bytes)
+    except DecodeError:
+        raise
+    except Exception as exc:  # the safety net behind the explicit checks: decode is total
+        raise DecodeError("invalid_value", f"unexpected {type(exc).__name__} while decoding: {_clip(_text(exc))}") \
+            from None
+
+
+def _decode(fields: Any, max_entry_bytes: int) -> Any:
+    items: Iterable[tuple[Any, Any]]
+    if fields.__class__ is dict:  # the fast path: what redis-py and `entry_fields` return
+        items = fields.items()
+    else:
+        if not isinstance(fields, Mapping):
+            raise DecodeError("bad_fields", f"entry fields are a {type(fields).__name__}, not a mapping of names "
+                              "to values" + (" (the entry was deleted?)" if fields is None else ""))
+        malformed = getattr(fields, "malformed", None)
+        if malformed:
+            raise DecodeError("bad_fields", _clip(str(malformed)))
+        pairs = getattr(fields, "pairs", None)
+        items = pairs if isinstance(pairs, list) else fields.items()
+
+    # Size first, before anything is parsed: every name and value of every field counts.
+    size = 0
+    text = False
+    for key, value in items:
+        if key.__class__ is not bytes or value.__class__ is not bytes:
+            _check_field_types(key, value)
+            text = True
+        size += len(key) + len(value)
+    if size <= max_entry_bytes and text:
+        # A str counted its characters, a lower bound; count the UTF-8 bytes the server holds.
+        size = sum(len(_as_bytes(key)) + len(_as_bytes(value)) for key, value in items)
+    if size > max_entry_bytes:
+        raise DecodeError("oversized", f"entry is {'at least ' if text else ''}{size} bytes, over the "
+                          f"{max_entry_bytes}-byte limit (max_entry_bytes); write smaller events or raise the limit")
+
+    if fields.__class__ is not dict:
+        repeated = getattr(fields, "repeated", ())
+        if repeated:
+            raise DecodeError("repeated_field", f"field names repeated in one entry: {_show_names(repeated)}; "
+                              "each field must appear once (was the entry written by streamgrp.core.codec?)")
+    raw_header = fields.get(HEADER)
+    blob = fields.get(BLOB)
+    if text:
+        raw_header, blob = _text_fields(fields, raw_header, blob)
+    if raw_header is None:
+        raise DecodeError("missing_field", f"entry has no {HEADER.decode()!r} header field (fields: {_names(fields)})")
+    if blob is None:
+        blob = b""
+
+    try:
+        header = orjson.loads(raw_header)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError("bad_header", f"header is not UTF-8 JSON: {_clip(str(exc))}") from None
+    if header.__class__ is not dict:
+        raise DecodeError("bad_header", f"header is a JSON {_json_name(header)}, expected an object")
+    version = header.get("schema_version", SCHEMA_VERSION)
+    if version.__class__ is not int or version != SCHEMA_VERSION:
+        raise DecodeError("unsupported_schema",
+                          f"schema_version {_show(version)}; this build reads the integer {SCHEMA_VERSION}")
+    kind = header.get("kind")
+    model = EVENT_TYPES.get(kind) if kind.__class__ is str else None
+    if model is None:
+        raise DecodeError("unknown_kind", f"kind {_show(kind)} is not one of {sorted(EVENT_TYPES)}")
+    state = [0, 0]  # bytes of ``blob`` used so far, descriptors seen
+    data = _from_header(header, blob, state, 1)
+    if state[0] != len(blob):
+        raise DecodeError("length_mismatch", f"descriptors cover {state[0]} bytes but the entry carries {len(blob)}")
+    try:
+        event = model.model_validate(data)
+    except ValidationError as exc:
+        raise DecodeError(_reason(exc), _first_error(exc)) from None
+    if state[1] and state[1] != _tensor_count(event, _TENSOR_FIELDS[model]):
+        raise DecodeError("bad_header", f"the header has {state[1]} tensor descriptors but the {kind} event has "
+                          f"{_tensor_count(event, _TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
+                          "that takes no tensor")
+    return event
+
+
+def entry_digest(fields: Mapping[bytes | str, bytes | str]) -> str:
+    """A digest of an entry's header and bytes: what replay checks the rebuilt tensors against."""
+    digest = hashlib.blake2b(digest_size=16)
+    for key in (HEADER, BLOB):
+        value = _field(fields, key) or b""
+        digest.update(value.encode() if isinstance(value, str) else value)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def combine_digests(digests: Iterable[str]) -> str:
+    """One digest for an ordered list of entry digests (a group's members, a shard's groups)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for item in digests:
+        digest.update(item.encode())
+    return digest.hexdigest()
+
+
+def _to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
+    if isinstance(value, RawArray):
+        start = offset[0]
+        blobs.append(value.data)
+        offset[0] += len(value.data)
+        return {RAW_KEY: [value.dtype, list(value.shape), start, len(value.data)]}
+    if isinstance(value, BaseModel):
+        return {name: _to_header(item, blobs, offset) for name, item in value.__dict__.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_header(item, blobs, offset) for item in value]
+    if isinstance(value, dict):
+        return {key: _to_header(item, blobs, offset) for key, item in value.items()}
+    return value
+
+
+def _from_header(value: dict[str, Any] | list[Any], blob: bytes, state: list[int], depth: int) -> Any:
+    # Only containers come here (scalars are copied by the caller), and never deeper than
+    # MAX_HEADER_DEPTH: the bound is explicit, not Python's recursion limit.
+    if depth > MAX_HEADER_DEPTH:
+        raise DecodeError("bad_header", f"header nests deeper than {MAX_HEADER_DEPTH} levels")
+    if value.__class__ is dict:
+        if len(value) == 1:
+            descriptor = value.get(RAW_KEY)
+            if descriptor is not None:
+                return _raw_array(descriptor, blob, state)
+        out = {}
+        for key, item in value.items():  # type: ignore[union-attr]
+            kind = item.__class__
+            out[key] = _from_header(item, blob, state, depth + 1) if kind is dict or kind is list else item
+        return out
+    return [_from_header(item, blob, state, depth + 1) if item.__class__ is dict or item.__class__ is list else item
+            for item in value]
+
+
+def _raw_array(descriptor: Any, blob: bytes, state: list[int]) -> dict[str, Any]:
+    if descriptor.__class__ is not list or len(descriptor) != 4:
+        raise DecodeError("bad_header", f"tensor descriptor {_show(descriptor)} is not [dtype, shape, offset, nbytes]")
+    dtype, shape, start, nbytes = descriptor
+    if dtype.__class__ is not str or dtype not in DTYPES:
+        raise DecodeError("unknown_dtype", f"dtype {_show(dtype)} is not one of {sorted(DTYPES)}")
+    if shape.__class__ is not list or len(shape) > MAX_NDIM:
+        raise DecodeError("bad_header", f"shape {_show(shape)} is not a list of at most {MAX_NDIM} dimensions")
+    for dim in shape:  # a loop, not all(...): a third of the cost per tensor
+        if dim.__class__ is not int or dim < 0:
+            raise DecodeError("bad_header", f"shape {_show(shape)} has a dimension {_show(dim)}; dimensions are "
+                              "non-negative integers")
+    if start.__class__ is not int or nbytes.__class__ is not int or start < 0 or nbytes < 0:
+        raise DecodeError("bad_header",
+                          f"offset {_show(start)} and nbytes {_show(nbytes)} must be non-negative integers")
+    expected = math.prod(shape) * DTYPES[dtype][0]
+    if nbytes != expected:
+        raise DecodeError("length_mismatch",
+                          f"{dtype} {_clip(str(shape), 80)} needs {_show(expected)} bytes, header says {nbytes}")
+    used = state[0]
+    if start != used or start + nbytes > len(blob):
+        raise DecodeError(
+            "length_mismatch",
+            f"tensor at offset {start} of {nbytes} bytes does not follow the previous one inside a {len(blob)}-byte blob",
+        )
+    state[0] = start + nbytes
+    state[1] += 1
+    # A plain dict: pydantic builds the RawArray once (its own size check included) in the model's
+    # validation pass; constructing it here first doubled the work on the assembler's hot path.
+    return {"dtype": dtype, "shape": shape, "data": blob[start : start + nbytes]}
+
+
+def _tensor_fields(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
+    """Where ``model`` holds tensors: ``(field, None)`` for a RawArray, ``(field, nested)`` for a model."""
+    found = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        parts = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+        for part in parts:
+            if part is RawArray:
+                found.append((name, None))
+            elif isinstance(part, type) and issubclass(part, BaseModel):
+                if nested := _tensor_fields(part):
+                    found.append((name, nested))
+            elif _holds_tensors(part):  # e.g. tuple[RawArray, ...]: _tensor_count would not see them
+                raise TypeError(f"{model.__name__}.{name}: the codec counts tensors only in fields and nested models")
+    return tuple(found)
+
+
+def _holds_tensors(annotation: Any) -> bool:
+    if annotation is RawArray:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return bool(_tensor_fields(annotation))
+    return any(_holds_tensors(arg) for arg in get_args(annotation))
+
+
+def _tensor_count(value: Any, where: tuple[tuple[str, Any], ...]) -> int:
+    count = 0
+    for name, nested in where:
+        item = getattr(value, name)
+        if item is not None:
+            count += 1 if nested is None else _tensor_count(item, nested)
+    return count
+
+
+_TENSOR_FIELDS = {model: _tensor_fields(model) for model in EVENT_TYPES.values()}
+
+
+def _check_field_types(key: Any, value: Any) -> None:
+    for what, item in (("name", key), ("value", value)):
+        if item.__class__ is not bytes and item.__class__ is not str:
+            raise DecodeError("bad_fields", f"a field {what} is of type {type(item).__name__} ({_show(item)}), "
+                              "expected bytes (or str from a decode_responses client)")
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    if value.__class__ is bytes:
+        return value  # type: ignore[return-value]
+    try:
+        # surrogateescape gives back the server's bytes when the client decoded them that way
+        return value.encode("utf-8", "surrogateescape")  # type: ignore[union-attr]
+    except UnicodeEncodeError as exc:
+        raise DecodeError("bad_fields", f"a str field holds text that has no UTF-8 bytes: {exc.reason}") from None
+
+
+def _text_fields(fields: Mapping[Any, Any], raw_header: Any, blob: Any) -> tuple[bytes | None, bytes | None]:
+    """The header and blob from a mapping with str names or values (a decode_responses client)."""
+    for key, value in ((HEADER, raw_header), (BLOB, blob)):
+        if value is not None and key.decode() in fields:
+            raise DecodeError("repeated_field", f"field {key.decode()!r} is given both as bytes and as str")
+    if raw_header is None:
+        raw_header = fields.get(HEADER.decode())
+    if blob is None:
+        blob = fields.get(BLOB.decode())
+    return (None if raw_header is None else _as_bytes(raw_header),
+            None if blob is None else _as_bytes(blob))
+
+
+def _field(fields: Mapping[bytes | str, bytes | str], key: bytes) -> bytes | str | None:
+    value = fields.get(key)
+    if value is None:
+        value = fields.get(key.decode())  # type: ignore[call-overload]
+    return value
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A short, safe rendering of a decoded value for an error detail (never a deep repr)."""
+    kind = value.__class__
+    if kind is dict or kind is list or kind is tuple:
+        return f"(a {kind.__name__} of length {len(value)})"
+    if kind is int and value.bit_length() > 64:
+        return f"(an integer of {value.bit_length()} bits)"
+    if (kind is str or kind is bytes) and len(value) > limit:
+        return repr(value[:limit]) + f"... ({len(value)} long)"
+    if kind in _JSON_NAMES or kind is bytes:
+        return repr(value)
+    return f"(a {kind.__name__})"
+
+
+def _json_name(value: Any) -> str:
+    return _JSON_NAMES.get(value.__class__, "array" if isinstance(value, tuple) else type(value).__name__)
+
+
+def _show_names(names: Iterable[Any]) -> str:
+    return ", ".join(_show(name) for name in list(names)[:10])
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a hostile __str__ must not escape decode either
+        return type(exc).__name__
+
+
+def _names(fields: Mapping[Any, Any]) -> str:
+    names = sorted(_show(k.decode(errors="replace") if isinstance(k, bytes) else k, 20) for k in list(fields)[:10])
+    return f"[{', '.join(names)}{', ...' if len(fields) > 10 else ''}]"
+
+
+def _reason(exc: ValidationError) -> str:
+    kind = exc.errors()[0]["type"]
+    if kind == "missing":
+        return "missing_field"
+    if kind.endswith(_WRONG_TYPE_SUFFIXES) or kind in ("literal_error", "union_tag_invalid", "model_attributes_type"):
+        return "wrong_type"
+    return "invalid_value"
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "event"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return _clip(f"{_clip(where, 100)}: {error['msg']}", 280) + more

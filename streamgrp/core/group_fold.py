@@ -1,0 +1,206 @@
+"""The assembler fold: ``(state, event) -> (state, outputs)`` over task, slot and tick events.
+
+Owns open groups, their deadlines, first-result-wins per ``(task, slot)``, and the moment a group
+closes: when every slot has a result, or when a `Tick` reaches its deadline (``issued_at +
+group_timeout_s``), the missing slots counting as ``timeout``. It reads no clock and does no I/O:
+time arrives only as `Tick.now`, so the same events in the same order give the same outputs in
+any process (replay and the crash test rely on this). The driver (`streamgrp.services.assembler`) owns
+acknowledgements, dead letters and persistence; this module deliberately ignores them and only
+says, per output, which stream entries a decision or an ignored entry accounts for.
+
+State is mutated in place and returned, to keep the fold signature without copying every group.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from streamgrp.core.decision import decide_group
+from streamgrp.core.events import GroupDecided, SlotResult, TaskIssued, Tick
+from streamgrp.core.policy import GroupPolicy
+
+# Why a slot entry was acknowledged without being folded.
+DUPLICATE = "duplicate"
+LATE = "late"
+UNKNOWN_TASK = "unknown_task"
+SLOT_OUT_OF_RANGE = "slot_out_of_range"
+DUPLICATE_TASK = "duplicate_task"
+OPEN_GROUPS_FULL = "open_groups_full"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRecord:
+    outcome: str
+    rows: int
+    tokens: int
+    version: int
+    entry_id: str
+    digest: str = ""
+    reward: float = 0.0
+
+
+@dataclass(slots=True)
+class OpenGroup:
+    task_id: str
+    issued_at: float
+    deadline: float | None
+    task_entry: str
+    results: dict[int, SlotRecord] = field(default_factory=dict)
+    #: Entries already acknowledged as duplicates while open; kept only for accounting.
+    duplicates: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """A group decision and every stream entry it accounts for (task entry and its slot entries)."""
+
+    decision: GroupDecided
+    entries: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ignored:
+    """An entry acknowledged without folding: a duplicate, a late result, or one that fits no task."""
+
+    entry_id: str
+    reason: str
+    task_id: str
+    slot: int | None
+    detail: str = ""
+
+
+Output = Closed | Ignored
+
+
+@dataclass(slots=True)
+class FoldState:
+    """Open groups and what the fold must know of decided ones.
+
+    ``decided`` holds the tasks known to be decided that the next events may name; a driver that
+    keeps the decisions elsewhere (the assembler: the run's ``decided`` hash) fills it per round with
+    just those and clears it, so memory stays at the open groups. ``max_open`` bounds the open
+    groups: a task issued beyond it is refused (``open_groups_full``), so a flood of fake task
+    entries cannot grow the state without limit.
+    """
+
+    policy: GroupPolicy
+    group_timeout_s: float | None = None
+    open: dict[str, OpenGroup] = field(default_factory=dict)
+    decided: set[str] = field(default_factory=set)
+    max_open: int | None = None
+    now: float | None = None
+    _deadlines: list[tuple[float, str]] = field(default_factory=list)
+
+
+def fold(state: FoldState, event: TaskIssued | SlotResult | Tick, entry_id: str = "",
+         digest: str = "") -> tuple[FoldState, list[Output]]:
+    """Apply one event; ``entry_id`` and ``digest`` identify its stream entry (recorded in decisions)."""
+    if isinstance(event, SlotResult):
+        return state, _on_slot(state, event, entry_id, digest)
+    if isinstance(event, TaskIssued):
+        return state, _on_task(state, event, entry_id)
+    if isinstance(event, Tick):
+        return state, _on_tick(state, event.now)
+    raise TypeError(f"the assembler fold takes TaskIssued, SlotResult or Tick, not {type(event).__name__}")
+
+
+def _on_task(state: FoldState, event: TaskIssued, entry_id: str) -> list[Output]:
+    task_id = event.task_id
+    if task_id in state.open or task_id in state.decided:
+        return [Ignored(entry_id, DUPLICATE_TASK, task_id, None, "task issued twice; the first issue stands")]
+    if state.max_open is not None and len(state.open) >= state.max_open:
+        return [Ignored(entry_id, OPEN_GROUPS_FULL, task_id, None,
+                        f"{len(state.open)} groups are open, the most max_open_groups allows; the task is refused")]
+    deadline = None if state.group_timeout_s is None else event.issued_at + state.group_timeout_s
+    state.open[task_id] = OpenGroup(task_id, event.issued_at, deadline, entry_id)
+    if deadline is not None:
+        heapq.heappush(state._deadlines, (deadline, task_id))
+    return []
+
+
+def _on_slot(state: FoldState, event: SlotResult, entry_id: str, digest: str) -> list[Output]:
+    task_id, slot = event.task_id, event.slot
+    n_samples = state.policy.n_samples
+    if slot >= n_samples:
+        return [Ignored(entry_id, SLOT_OUT_OF_RANGE, task_id, slot, f"slot {slot} is outside 0..{n_samples - 1}")]
+    group = state.open.get(task_id)
+    if group is None:
+        if task_id in state.decided:
+            return [Ignored(entry_id, LATE, task_id, slot, "the group was already decided")]
+        return [Ignored(entry_id, UNKNOWN_TASK, task_id, slot, "no task with this id is open in this run")]
+    if slot in group.results:
+        group.duplicates += 1
+        return [Ignored(entry_id, DUPLICATE, task_id, slot, "a result for this slot was already folded")]
+    sample = event.sample
+    if sample is None:
+        group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, entry_id, digest)
+    else:
+        group.results[slot] = SlotRecord("sample", sample.rows, sample.valid_tokens, sample.version, entry_id, digest,
+                                         sum(sample.rewards) / sample.rows)
+    if len(group.results) == n_samples:
+        return [_close(state, group, "all_slots", None)]
+    return []
+
+
+def _on_tick(state: FoldState, now: float) -> list[Output]:
+    if state.now is not None and now < state.now:
+        now = state.now  # time never runs backwards, even if a clock did
+    state.now = now
+    outputs: list[Output] = []
+    deadlines = state._deadlines
+    while deadlines and deadlines[0][0] <= now:
+        _, task_id = heapq.heappop(deadlines)
+        group = state.open.get(task_id)
+        if group is not None:
+            outputs.append(_close(state, group, "deadline", now))
+    return outputs
+
+
+def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None) -> Closed:
+    policy = state.policy
+    results = group.results
+    row_counts = [results[i].rows if i in results and results[i].outcome == "sample" else None
+                  for i in range(policy.n_samples)]
+    decided = decide_group(policy, row_counts)
+    members = [results[i] for i in decided.members]
+    decision = GroupDecided(
+        task_id=group.task_id,
+        decision=decided.decision,
+        reason=decided.reason,
+        members=decided.members,
+        member_entries=tuple(r.entry_id for r in members),
+        member_digests=tuple(r.digest for r in members),
+        member_rows=tuple(r.rows for r in members),
+        member_tokens=tuple(r.tokens for r in members),
+        member_versions=tuple(r.version for r in members),
+        member_rewards=tuple(r.reward for r in members),
+        slot_outcomes={str(i): results[i].outcome if i in results else "timeout" for i in range(policy.n_samples)},
+        stats=decided.stats,
+        error=decided.error,
+        closed_by=closed_by,  # type: ignore[arg-type]
+        issued_at=group.issued_at,
+        decided_at=now,
+    )
+    del state.open[group.task_id]
+    state.decided.add(group.task_id)
+    entries = (group.task_entry, *(results[i].entry_id for i in sorted(results)))
+    return Closed(decision, entries)
+
+
+def next_deadline(state: FoldState) -> float | None:
+    """The earliest deadline among open groups, or None (the driver ticks once it has passed)."""
+    deadlines = state._deadlines
+    while deadlines and deadlines[0][1] not in state.open:
+        heapq.heappop(deadlines)
+    return deadlines[0][0] if deadlines else None
+
+
+def run_fold(policy: GroupPolicy, events, group_timeout_s: float | None = None) -> tuple[FoldState, list[Output]]:
+    """Fold ``(entry_id, event)`` or ``(entry_id, event, digest)`` items from an empty state (replay, tests)."""
+    state = FoldState(policy, group_timeout_s)
+    outputs: list[Output] = []
+    for entry_id, event, *digest in events:
+        state, produced = fold(state, event, entry_id, *digest)
+        outputs.extend(produced)
+    return state, outputs

@@ -1,0 +1,49 @@
+"""Turning decided groups into one step's manifest: shards per rank, digests, imbalance. Pure.
+
+Owns which rank trains which group (`balanced_partition` over valid tokens) and what each shard's
+digest is; ignores staleness, filtering and when a batch is due (the batcher decides those).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from streamgrp.core.codec import combine_digests
+from streamgrp.core.events import GroupDecided, Shard, ShardGroup, StepManifest
+from streamgrp.core.partition import balanced_partition
+
+
+def shard_group(decision_entry: str, decision: GroupDecided) -> ShardGroup:
+    return ShardGroup(
+        task_id=decision.task_id,
+        decision_entry=decision_entry,
+        members=decision.members,
+        member_entries=decision.member_entries,
+        member_rows=decision.member_rows,
+        member_tokens=decision.member_tokens,
+        member_versions=decision.member_versions,
+        digest=combine_digests(decision.member_digests),
+    )
+
+
+def make_manifest(step: int, version: int, groups: Sequence[tuple[str, GroupDecided]], dp_size: int,
+                  created_at: float) -> StepManifest:
+    """A step of ``groups`` split over ``dp_size`` ranks; raises ValueError with fewer groups than ranks."""
+    if len(groups) < dp_size:
+        raise ValueError(f"a step needs at least dp_size={dp_size} groups, got {len(groups)}")
+    items = [shard_group(entry, decision) for entry, decision in groups]
+    weights = [max(item.valid_tokens, 0) for item in items]
+    shards = []
+    for rank, indices in enumerate(balanced_partition(weights, dp_size)):
+        members = tuple(items[i] for i in indices)
+        shards.append(Shard(rank=rank, groups=members, tokens=sum(weights[i] for i in indices),
+                            digest=combine_digests(g.digest for g in members)))
+    return StepManifest(step=step, version=version, shards=tuple(shards), imbalance=imbalance(shards),
+                        created_at=created_at)
+
+
+def imbalance(shards: Sequence[Shard]) -> float:
+    """Largest shard's tokens over the mean (1.0 is perfect)."""
+    total = sum(s.tokens for s in shards)
+    return max(s.tokens for s in shards) * len(shards) / total if total else 1.0
+

@@ -1,0 +1,41 @@
+"""Read-only history, and the replay API (SPEC section 6).
+
+Modules: `steps` (list steps, rebuild a rank's batch, inspect a task), `verifier` (re-fold and
+re-batch the log, report every difference), `summary` (one run's totals), `report` (the HTML
+timeline) and `charts` (its inline SVG). Importing this package loads no torch: the names that
+need it (`replay_step`, `load_batch`, `save_batch`, ...) are resolved on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_API = {
+    "list_steps": "steps", "format_steps": "steps", "read_manifest": "steps", "replay_step": "steps",
+    "format_batch": "steps", "inspect_task": "steps", "format_timeline": "steps", "RankStatus": "steps",
+    "StepStatus": "steps", "TimelineEvent": "steps",
+    "verify": "verifier", "format_report": "verifier", "VerifyReport": "verifier", "Difference": "verifier",
+    "run_summary": "summary", "format_summary": "summary",
+}
+#: Names that live in other layers, re-exported because the replay API has always offered them.
+_ELSEWHERE = {
+    "load_batch": "streamgrp.train.batchfile", "save_batch": "streamgrp.train.batchfile",
+    "BATCH_FORMAT": "streamgrp.train.batchfile", "TENSOR_FIELDS": "streamgrp.train.batchfile",
+    "EntrySource": "streamgrp.store.sources", "RedisSource": "streamgrp.store.sources",
+    "ArchiveSource": "streamgrp.store.sources",
+}
+
+__all__ = sorted([*_API, *_ELSEWHERE])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        module = f"{__name__}.{_API[name]}"
+    elif name in _ELSEWHERE:
+        module = _ELSEWHERE[name]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,332 @@
+"""Replay any retained step: list steps, rebuild what a rank consumed, inspect a task; the replay API.
+
+Owns reading a run's record after the fact (SPEC section 6) and nothing that changes it:
+
+- `list_steps`: every step with each rank's status (committed, failed with the exception text, in
+  progress, pending) and its group statistics, from the ``steps`` and ``commits`` streams, the
+  ``committed`` hash and the ``decisions`` stream.
+- `replay_step`: the exact `Batch` a rank consumed at a step, rebuilt by `streamgrp.train.trainer.build_batch`
+  (the trainer's own code) from the manifest and the slot entries, digests checked. Entries come from
+  an entry source (`streamgrp.store.sources`): the server by default, an archive's source when given. A
+  replayed batch is read-only (`ReadOnlyBatch` on commit or fail).
+- `inspect_task`: one task's timeline: issue, each slot result, the decision, the step and rank it
+  trained in (or why it was discarded).
+
+The rest of the replay API (`save_batch` / `load_batch`, batches on disk without pickle, and
+`verify`) is offered by `streamgrp.replay`. Importing this module loads no torch: only rebuilding a
+batch does (`replay_step`). Where entries come from is the entry source's business
+(`streamgrp.store.sources`: the server, an archive, or the server backed by an archive); this module
+deliberately ignores retention and archiving.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import redis
+
+from streamgrp.core import codec
+from streamgrp.core.events import (
+    GroupDecided,
+    GroupDiscarded,
+    SlotResult,
+    StepCommitted,
+    StepFailed,
+    StepManifest,
+    TaskIssued,
+)
+from streamgrp.errors import ConfigError, DecodeError, DigestMismatch
+from streamgrp.store.keys import RunKeys, step_entry_id
+from streamgrp.store.sources import EntrySource, RedisSource, decode_all
+from streamgrp.store.streams import entry_time
+
+if TYPE_CHECKING:
+    from streamgrp.train.trainer import Batch
+
+
+# -- listing steps ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank at one step: ``committed``, ``failed`` (``error`` is the last exception text),
+    ``in_progress`` (the rank's next uncommitted step) or ``pending`` (the rank has not reached it)."""
+
+    rank: int
+    state: str
+    error: str | None = None
+    failures: int = 0
+    at: float | None = None  # server time of the commit or the last failure
+
+
+@dataclass(frozen=True)
+class StepStatus:
+    """One recorded step: its manifest's statistics per shard (rank) and each rank's status."""
+
+    step: int
+    version: int
+    created_at: float
+    groups: tuple[int, ...]  # per shard
+    rows: tuple[int, ...]  # per shard
+    tokens: tuple[int, ...]  # valid loss tokens per shard
+    imbalance: float
+    decisions: dict[str, int]  # complete / partial groups, from the decisions stream
+    ranks: tuple[RankStatus, ...]
+
+    @property
+    def failed(self) -> bool:
+        return any(r.state == "failed" for r in self.ranks)
+
+    @property
+    def committed(self) -> bool:
+        return all(r.state == "committed" for r in self.ranks)
+
+
+def list_steps(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource | None = None) -> list[StepStatus]:
+    """Every recorded step, in order, with each rank's status and the step's group statistics."""
+    source = source or RedisSource(client, keys)
+    kinds = {entry_id: event.decision for entry_id, event in decode_all(source, "decisions")
+             if isinstance(event, GroupDecided)}
+    ranks = _rank_events(source)
+    last_committed = {int(rank): int(step) for rank, step in source.hash("committed").items()}
+    out = []
+    for _, manifest in decode_all(source, "steps"):
+        if not isinstance(manifest, StepManifest):
+            continue
+        shards = manifest.shards
+        out.append(StepStatus(
+            step=manifest.step, version=manifest.version, created_at=manifest.created_at,
+            groups=tuple(len(s.groups) for s in shards),
+            rows=tuple(sum(sum(g.member_rows) for g in s.groups) for s in shards),
+            tokens=tuple(s.tokens for s in shards), imbalance=manifest.imbalance,
+            decisions=dict(Counter(kinds.get(g.decision_entry, "unknown") for s in shards for g in s.groups)),
+            ranks=tuple(_rank_status(manifest.step, rank, ranks, last_committed) for rank in range(len(shards))),
+        ))
+    return out
+
+
+def _rank_events(source: RedisSource) -> dict[tuple[int, int], list[tuple[str, StepCommitted | StepFailed]]]:
+    events: dict[tuple[int, int], list[tuple[str, StepCommitted | StepFailed]]] = {}
+    for entry_id, event in decode_all(source, "commits"):
+        if isinstance(event, (StepCommitted, StepFailed)):
+            events.setdefault((event.step, event.rank), []).append((entry_id, event))
+    return events
+
+
+def _rank_status(step: int, rank: int, events, last_committed: dict[int, int]) -> RankStatus:
+    mine = events.get((step, rank), [])
+    failures = [(entry_id, e) for entry_id, e in mine if isinstance(e, StepFailed)]
+    commits = [entry_id for entry_id, e in mine if isinstance(e, StepCommitted)]
+    if commits or last_committed.get(rank, -1) >= step:
+        return RankStatus(rank, "committed", failures=len(failures), at=entry_time(commits[0]) if commits else None)
+    if failures:
+        entry_id, last = failures[-1]
+        return RankStatus(rank, "failed", last.error, len(failures), entry_time(entry_id))
+    state = "in_progress" if last_committed.get(rank, -1) + 1 == step else "pending"
+    return RankStatus(rank, state)
+
+
+# -- replaying a step -------------------------------------------------------------------------------
+
+
+def read_manifest(source: EntrySource, step: int) -> StepManifest | None:
+    (fields,) = source("steps", [step_entry_id(step)])
+    return codec.decode(fields) if fields else None
+
+
+def replay_step(client: redis.Redis | None, keys: RunKeys, step: int, rank: int, *,
+                source: EntrySource | None = None) -> Batch:
+    """The `Batch` rank ``rank`` consumed at ``step``, rebuilt bit for bit; raises `DigestMismatch`.
+
+    ``source`` defaults to the server (`RedisSource`); pass an archive's source to replay trimmed steps.
+    """
+    from streamgrp.train.trainer import (
+        build_batch,  # torch: only when a batch is rebuilt
+    )
+
+    source = source or RedisSource(client, keys)
+    manifest = read_manifest(source, step)
+    if manifest is None:
+        raise ConfigError(f"step {step} is not recorded in run {keys.run!r} (or no longer retained: pass the run's "
+                          "archive with --archive DIR); list the steps with `streamgrp steps`")
+    world = len(manifest.shards)
+    if not 0 <= rank < world:
+        raise ConfigError(f"rank {rank} is outside 0..{world - 1}: step {step} of run {keys.run!r} has {world} shards")
+    shard = manifest.shards[rank]
+    if codec.combine_digests(g.digest for g in shard.groups) != shard.digest:
+        raise DigestMismatch(f"step {step} rank {rank}: the manifest's group digests do not combine to its shard "
+                             "digest; the manifest entry was altered")
+    return build_batch(manifest, rank, world, lambda ids: source("slots", ids), run=keys.run,
+                       missing_hint="replay it from an archive that still holds it")
+
+
+# -- one task's story -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One line of a task's story: when (server seconds, None if unknown), what, and the details."""
+
+    at: float | None
+    what: str
+    text: str
+    entry: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
+                 source: RedisSource | None = None) -> list[TimelineEvent]:
+    """The task's timeline in server-clock order: issued, each slot result (with its worker, outcome and
+    error), the decision, then the step and rank it trained in, or its discard."""
+    source = source or RedisSource(client, keys)
+    needle = b'"task_id":' + orjson.dumps(task_id)
+    found: list[tuple[str, Any]] = []  # (entry id, event or the DecodeError) of this task, in log order
+    for entry_id, fields in source.scan("slots"):
+        if needle in (fields.get(codec.HEADER) or b""):
+            try:
+                event = codec.decode(fields)
+            except DecodeError as exc:
+                found.append((entry_id, exc))
+                continue
+            if isinstance(event, (TaskIssued, SlotResult)) and event.task_id == task_id:
+                found.append((entry_id, event))
+    if not found:
+        raise ConfigError(f"task {task_id!r} is not in the slot log of run {keys.run!r} (wrong run? trimmed?)")
+    decision_entry, decision = _find_decision(source, task_id)
+    first_per_slot: dict[int, str] = {}
+    timeline: list[TimelineEvent] = []
+    for entry_id, event in found:
+        if isinstance(event, DecodeError):
+            timeline.append(TimelineEvent(entry_time(entry_id), "invalid", f"entry does not decode ({event.reason})",
+                                          entry_id))
+        elif isinstance(event, TaskIssued):
+            timeline.append(TimelineEvent(event.issued_at, "issued", f"version {event.version} by {event.producer}, "
+                                          f"prompt {_short(event.prompt, 160)}", entry_id,
+                                          {"version": event.version, "prompt": event.prompt}))
+        else:
+            first = first_per_slot.setdefault(event.slot, entry_id) == entry_id
+            text, data = _slot_text(entry_id, event, first, decision)
+            timeline.append(TimelineEvent(entry_time(entry_id), "slot", text, entry_id, data))
+    if decision is None:
+        timeline.append(TimelineEvent(None, "open", "no decision yet: the group is still open (or never folded)"))
+        return sorted(timeline, key=lambda event: (event.at is None, event.at or 0.0))
+    members = ", ".join(str(m) for m in decision.members) or "none"
+    text = (f"{decision.decision}" + (f" ({decision.reason})" if decision.reason else "")
+            + f", members [{members}], closed by {decision.closed_by}, usable {decision.stats.get('usable_slot_count')}"
+            f"/{decision.stats.get('target_slot_count')}")
+    if decision.decided_at is not None:
+        text += f", decided_at {_clock(decision.decided_at).strip()}"
+    if decision.error:
+        text += f"; {decision.error}"
+    # Recorded at: the entry's server time, the clock every other line uses (decided_at may be another host's).
+    timeline.append(TimelineEvent(entry_time(decision_entry), "decided", text, decision_entry,
+                                  decision.model_dump(mode="json", exclude={"producer", "seq", "schema_version"})))
+    timeline.extend(_placement(source, task_id))
+    return sorted(timeline, key=lambda event: (event.at is None, event.at or 0.0))
+
+
+def _find_decision(source: RedisSource, task_id: str) -> tuple[str | None, GroupDecided | None]:
+    entry_id = source.hash("decided").get(task_id)
+    if entry_id is not None:
+        (fields,) = source("decisions", [entry_id])
+        if fields:
+            return entry_id, codec.decode(fields)
+    for entry_id, event in decode_all(source, "decisions"):
+        if isinstance(event, GroupDecided) and event.task_id == task_id:
+            return entry_id, event
+    return None, None
+
+
+def _slot_text(entry_id: str, event: SlotResult, first: bool,
+               decision: GroupDecided | None) -> tuple[str, dict[str, Any]]:
+    text = f"slot {event.slot} {event.outcome} from {event.producer or '?'}"
+    data: dict[str, Any] = {"slot": event.slot, "outcome": event.outcome, "producer": event.producer}
+    if event.sample is not None:
+        sample = event.sample
+        text += (f": {sample.rows} row(s), {sample.valid_tokens} loss tokens, version {sample.version}, "
+                 f"reward {sum(sample.rewards) / sample.rows:.4g}")
+        data.update(rows=sample.rows, tokens=sample.valid_tokens, version=sample.version)
+    if event.error:
+        text += f": {_short(event.error, 300)}"
+        data["error"] = event.error
+    if not first:
+        text += " [repeat: ignored as a duplicate or late result]"
+    elif decision is not None and decision.slot_outcomes.get(str(event.slot)) == "timeout":
+        text += " [late: the deadline had already closed the group]"
+    elif decision is not None and entry_id in decision.member_entries:
+        text += " [member]"
+    return text, data
+
+
+def _placement(source: RedisSource, task_id: str) -> list[TimelineEvent]:
+    out = []
+    for entry_id, manifest in decode_all(source, "steps"):
+        if not isinstance(manifest, StepManifest):
+            continue
+        for shard in manifest.shards:
+            for position, group in enumerate(shard.groups):
+                if group.task_id == task_id:
+                    out.append(TimelineEvent(manifest.created_at, "trained",
+                                             f"step {manifest.step} rank {shard.rank} (group {position + 1} of "
+                                             f"{len(shard.groups)}, policy version {manifest.version})", entry_id,
+                                             {"step": manifest.step, "rank": shard.rank}))
+    for entry_id, event in decode_all(source, "discarded"):
+        if isinstance(event, GroupDiscarded) and event.task_id == task_id:
+            out.append(TimelineEvent(entry_time(entry_id), "discarded",
+                                     f"{event.reason}" + (f": {event.detail}" if event.detail else ""), entry_id,
+                                     {"reason": event.reason}))
+    if not out:
+        out.append(TimelineEvent(None, "waiting", "not in any step and not discarded (buffered by the batcher?)"))
+    return out
+
+
+# -- text for the CLI -------------------------------------------------------------------------------
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _clock(at: float | None) -> str:
+    if at is None:
+        return " " * 23
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
+
+
+def format_steps(steps: Sequence[StepStatus]) -> str:
+    lines = [f"{'step':>5} {'version':>7} {'groups':>6} {'complete+partial':>16} {'rows':>6} {'tokens/shard':>14} "
+             f"{'imbal':>6}  ranks"]
+    for status in steps:
+        ranks = " ".join(f"{r.rank}:{r.state}" for r in status.ranks)
+        kinds = f"{status.decisions.get('complete', 0)}+{status.decisions.get('partial', 0)}"
+        lines.append(f"{status.step:>5} {status.version:>7} {sum(status.groups):>6} {kinds:>16} {sum(status.rows):>6} "
+                     f"{','.join(map(str, status.tokens)):>14} {status.imbalance:>6.3f}  {ranks}")
+        for rank in status.ranks:
+            if rank.state == "failed":
+                again = f" ({rank.failures} failures)" if rank.failures > 1 else ""
+                lines.append(f"      rank {rank.rank} failed{again}: {rank.error}")
+    return "\n".join(lines)
+
+
+def format_batch(batch: Batch) -> str:
+    sums = ", ".join(f"{name} {getattr(batch, name).double().sum().item():.6g}"
+                     for name in ("token_ids", "loss_mask", "logprobs", "rewards"))
+    return "\n".join([
+        f"step {batch.step} rank {batch.rank}/{batch.world_size} of run {batch.run}: digest {batch.digest} matches "
+        "the manifest",
+        f"  {batch.rows} rows x {batch.token_ids.shape[1]} tokens, policy version {batch.version}, "
+        f"{len(batch.task_ids)} groups, step loss tokens {batch.step_loss_tokens}",
+        f"  group sizes {batch.group_sizes.tolist()}",
+        f"  tasks {', '.join(batch.task_ids)}",
+        f"  sums  {sums}",
+    ])
+
+
+def format_timeline(events: Sequence[TimelineEvent]) -> str:
+    return "\n".join(f"{_clock(e.at)}  {e.what:<9} {e.text}" + (f"  [{e.entry}]" if e.entry else "") for e in events)

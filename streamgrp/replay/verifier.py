@@ -1,0 +1,284 @@
+"""Verify a run's record: re-fold the slot log, re-partition the steps, report every difference.
+
+Owns the comparison, not the semantics: the fold (`streamgrp.core.group_fold.run_fold`) with the run's recorded
+policy and deadline decides every group again, and `streamgrp.core.manifest.make_manifest` splits each
+recorded step's groups again, in the order the batcher took them (decision stream order). Compared:
+every field of a recorded decision the fold determines, decisions the log does not support or that
+were never recorded, and per step the shards' groups, tokens and digests, groups trained twice,
+dropped or stale groups in a step, and gaps in step numbers. Nothing is fixed; reads only.
+
+Kinds of `Difference` (``recorded`` is the log's value, ``recomputed`` verify's):
+
+    decision_differs        a field of a decision (``field`` names it) differs from the re-fold's
+    decision_missing        the re-fold decides a group that has no recorded decision
+    decision_extra          a recorded decision the re-fold does not make (the group stays open or is unknown)
+    decision_duplicate      a second recorded decision for one task
+    decision_undecodable    a decision entry that does not decode
+    step_decision_unknown   a step's group points at a decision entry that is not recorded
+    step_decision_task      ... or at the decision of another task
+    dropped_group_batched   a step trains a dropped group
+    stale_group_batched     a step trains a group older than max_staleness allows
+    group_in_two_steps      one task's group is in two steps
+    step_missing            step numbers have a gap
+    log_not_retained        the ``decided`` hash names decisions the log does not hold (trimmed by
+                            retention: verify with the run's archive, ``--archive DIR``)
+    step_entry              a manifest is not at its step's entry id
+    step_shards             a step does not have dp_size shards
+    step_unbuildable        the step's groups cannot be partitioned (fewer than dp_size)
+    shard_groups            a rank's groups (task ids, in order) differ from the re-partition's
+    shard_group_differs     a group's members, entries, rows, tokens, versions or digest differ
+    shard_tokens, shard_digest, step_imbalance   a shard's tokens or digest, or the step's imbalance, differ
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from streamgrp.config import RunConfig
+from streamgrp.core import codec
+from streamgrp.core.batch_fold import is_stale
+from streamgrp.core.events import (
+    GroupDecided,
+    SlotResult,
+    StepManifest,
+    TaskIssued,
+    Tick,
+)
+from streamgrp.core.group_fold import Closed, run_fold
+from streamgrp.core.manifest import make_manifest
+from streamgrp.errors import DecodeError
+from streamgrp.store.keys import RunKeys, step_entry_id
+from streamgrp.store.sources import RedisSource, decode_all, id_key, recorded_config
+
+__all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
+
+#: GroupDecided fields the fold determines; ``decided_at`` too when the fold sets it (deadline closes).
+DECISION_FIELDS = ("decision", "reason", "members", "member_entries", "member_digests", "member_rows", "member_tokens",
+                   "member_versions", "member_rewards", "slot_outcomes", "stats", "error", "closed_by", "issued_at")
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One way the record differs from the recomputation: ``kind``, what it is about (``subject``: a
+    task or a step and rank), which ``field``, and both values."""
+
+    kind: str
+    subject: str
+    field: str | None = None
+    recorded: Any = None
+    recomputed: Any = None
+
+    def __str__(self) -> str:
+        where = f"{self.subject} {self.field}" if self.field else self.subject
+        return f"{self.kind}: {where}: recorded {_short(self.recorded)}, recomputed {_short(self.recomputed)}"
+
+
+@dataclass
+class VerifyReport:
+    run: str
+    entries_folded: int = 0
+    unread_entries: int = 0  # slot-log entries after the assembler's position, not folded
+    decisions_checked: int = 0
+    steps_checked: int = 0
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+
+def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = None, to_step: int | None = None, *,
+           source: RedisSource | None = None) -> VerifyReport:
+    """Re-fold the slot log and re-partition steps ``from_step..to_step`` (inclusive); report every difference.
+
+    The fold covers the log up to the last entry the assembler read (entries after it were never
+    folded by the service either); every recorded decision is compared whatever the step range.
+    Run it on a run whose assembler is stopped or idle: a decision the assembler is about to write
+    would show as missing.
+    """
+    source = source or RedisSource(client, keys)
+    config = recorded_config(source)
+    report = VerifyReport(keys.run)
+    decided = source.hash("decided")  # before the log: every decision it names is in the log by then, or trimmed
+    recorded = _recorded_decisions(source, report)
+    _check_retained(decided, recorded, report)
+    refolded = _refold(source, config, report)
+    _compare_decisions(recorded, refolded, report)
+    by_entry = {entry_id: decision for entry_id, decision in recorded}
+    _check_steps(source, config, by_entry, from_step, to_step, report)
+    return report
+
+
+def _recorded_decisions(source: RedisSource, report: VerifyReport) -> list[tuple[str, GroupDecided]]:
+    out = []
+    for entry_id, fields in source.scan("decisions"):
+        try:
+            event = codec.decode(fields)
+        except DecodeError as exc:
+            report.differences.append(Difference("decision_undecodable", f"decision entry {entry_id}", None,
+                                                 exc.reason, None))
+            continue
+        if isinstance(event, GroupDecided):
+            out.append((entry_id, event))
+    return out
+
+
+def _check_retained(decided: dict[str, str], recorded: list[tuple[str, GroupDecided]], report: VerifyReport) -> None:
+    """One difference when decisions the run recorded are gone from the log: nothing to check them against."""
+    tasks = {decision.task_id for _, decision in recorded}
+    gone = sorted((entry_id, task) for task, entry_id in decided.items() if task not in tasks)
+    if gone:
+        entry_id, task = gone[0]
+        report.differences.append(Difference(
+            "log_not_retained", "decisions", None,
+            f"{len(gone)} decisions in the decided hash (first: task {task} at {entry_id}) but not in the log",
+            "none to compare: pass --archive DIR (the run's archive) to verify what retention trimmed"))
+
+
+def _refold(source: RedisSource, config: RunConfig, report: VerifyReport) -> dict[str, GroupDecided]:
+    through = source.folded_through()
+    limit = id_key(through) if through is not None else None
+
+    def events():
+        for entry_id, fields in source.scan("slots"):
+            if limit is not None and id_key(entry_id) > limit:
+                report.unread_entries += 1
+                continue
+            try:
+                event = codec.decode(fields)
+            except DecodeError:
+                continue  # the assembler dead-lettered it; it was never folded
+            if isinstance(event, (TaskIssued, SlotResult, Tick)):
+                report.entries_folded += 1
+                yield entry_id, event, codec.entry_digest(fields)
+
+    _, outputs = run_fold(config.policy(), events(), config.group_timeout_s)
+    return {output.decision.task_id: output.decision for output in outputs if isinstance(output, Closed)}
+
+
+def _compare_decisions(recorded: list[tuple[str, GroupDecided]], refolded: dict[str, GroupDecided],
+                       report: VerifyReport) -> None:
+    seen: dict[str, str] = {}
+    for entry_id, decision in recorded:
+        task = decision.task_id
+        subject = f"task {task}"
+        if task in seen:
+            report.differences.append(Difference("decision_duplicate", subject, "entry", seen[task], entry_id))
+            continue
+        seen[task] = entry_id
+        report.decisions_checked += 1
+        mine = refolded.get(task)
+        if mine is None:
+            report.differences.append(Difference("decision_extra", subject, "decision", decision.decision, None))
+            continue
+        names = DECISION_FIELDS + (("decided_at",) if mine.decided_at is not None else ())
+        for name in names:
+            if getattr(decision, name) != getattr(mine, name):
+                report.differences.append(Difference("decision_differs", subject, name, getattr(decision, name),
+                                                     getattr(mine, name)))
+    for task, mine in refolded.items():
+        if task not in seen:
+            report.differences.append(Difference("decision_missing", f"task {task}", "decision", None, mine.decision))
+
+
+def _check_steps(source: RedisSource, config: RunConfig, by_entry: dict[str, GroupDecided], from_step: int | None,
+                 to_step: int | None, report: VerifyReport) -> None:
+    trained_in: dict[str, int] = {}
+    expected_step = 0
+    for entry_id, manifest in decode_all(source, "steps"):
+        if not isinstance(manifest, StepManifest):
+            continue
+        step = manifest.step
+        subject = f"step {step}"
+        if entry_id != step_entry_id(step):
+            report.differences.append(Difference("step_entry", subject, "entry id", entry_id, step_entry_id(step)))
+        if step != expected_step:
+            report.differences.append(Difference("step_missing", subject, "previous step", expected_step - 1,
+                                                 f"{expected_step}..{step - 1} absent"))
+        expected_step = step + 1
+        groups = []
+        for shard in manifest.shards:
+            for group in shard.groups:
+                decision = by_entry.get(group.decision_entry)
+                if group.task_id in trained_in:
+                    report.differences.append(Difference("group_in_two_steps", f"task {group.task_id}", "step",
+                                                         trained_in[group.task_id], step))
+                trained_in[group.task_id] = step
+                groups.append((group, decision))
+        if (from_step is not None and step < from_step) or (to_step is not None and step > to_step):
+            continue
+        report.steps_checked += 1
+        _check_step(manifest, groups, config, report)
+
+
+def _check_step(manifest: StepManifest, groups, config: RunConfig, report: VerifyReport) -> None:
+    step = manifest.step
+    subject = f"step {step}"
+    usable = True
+    for group, decision in groups:
+        if decision is None:
+            report.differences.append(Difference("step_decision_unknown", subject, f"task {group.task_id}",
+                                                 group.decision_entry, None))
+            usable = False
+        elif decision.task_id != group.task_id:
+            report.differences.append(Difference("step_decision_task", subject, f"decision {group.decision_entry}",
+                                                 group.task_id, decision.task_id))
+            usable = False
+        elif decision.decision == "dropped":
+            report.differences.append(Difference("dropped_group_batched", subject, f"task {group.task_id}",
+                                                 decision.reason, "not trainable"))
+        elif is_stale(decision, manifest.version, config.max_staleness):
+            report.differences.append(Difference("stale_group_batched", subject, f"task {group.task_id}",
+                                                 f"group version {decision.version}",
+                                                 f"stale at version {manifest.version}"))
+    if len(manifest.shards) != config.dp_size:
+        report.differences.append(Difference("step_shards", subject, "shards", len(manifest.shards), config.dp_size))
+        return
+    if not usable:
+        return
+    # The batcher buffers decisions in stream order and a step takes its fresh groups in that order.
+    ordered = sorted(((g.decision_entry, d) for g, d in groups), key=lambda item: id_key(item[0]))
+    try:
+        rebuilt = make_manifest(step, manifest.version, ordered, config.dp_size, manifest.created_at)
+    except ValueError as exc:
+        report.differences.append(Difference("step_unbuildable", subject, None, len(ordered), str(exc)))
+        return
+    for mine, theirs in zip(rebuilt.shards, manifest.shards):
+        where = f"step {step} rank {mine.rank}"
+        recorded_tasks = [g.task_id for g in theirs.groups]
+        rebuilt_tasks = [g.task_id for g in mine.groups]
+        if recorded_tasks != rebuilt_tasks:
+            report.differences.append(Difference("shard_groups", where, "task ids", recorded_tasks, rebuilt_tasks))
+        else:
+            for ours, recorded_group in zip(mine.groups, theirs.groups):
+                for name in ("members", "member_entries", "member_rows", "member_tokens", "member_versions",
+                             "digest"):
+                    if getattr(ours, name) != getattr(recorded_group, name):
+                        report.differences.append(Difference("shard_group_differs", f"{where} task {ours.task_id}",
+                                                             name, getattr(recorded_group, name), getattr(ours, name)))
+        if theirs.tokens != mine.tokens:
+            report.differences.append(Difference("shard_tokens", where, "tokens", theirs.tokens, mine.tokens))
+        if theirs.digest != mine.digest:
+            report.differences.append(Difference("shard_digest", where, "digest", theirs.digest, mine.digest))
+    if not math.isclose(manifest.imbalance, rebuilt.imbalance, rel_tol=1e-12):
+        report.differences.append(Difference("step_imbalance", subject, "imbalance", manifest.imbalance,
+                                             rebuilt.imbalance))
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def format_report(report: VerifyReport) -> str:
+    lines = [str(difference) for difference in report.differences]
+    unread = f", {report.unread_entries} entries after the assembler's position not folded" \
+        if report.unread_entries else ""
+    verdict = "all match" if report.ok else f"{len(report.differences)} differences"
+    lines.append(f"verify run {report.run}: folded {report.entries_folded} slot-log entries{unread}; checked "
+                 f"{report.decisions_checked} decisions and {report.steps_checked} steps: {verdict}")
+    return "\n".join(lines)

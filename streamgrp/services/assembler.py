@@ -1,0 +1,292 @@
+"""The group assembler: folds the run's slot log and emits each group decision exactly once.
+
+Owns delivery on the assembler side: reading the slot log through the `assembler` consumer group,
+turning fold outputs into one atomic commit per read round (`commit.lua`: the decision, the
+"already decided" marker, the counters and the acknowledgement of every entry the round accounts
+for, fenced by a lease), ticking deadlines, dead-lettering what does not decode, and rebuilding
+open groups from pending entries after a restart or a takeover. Decisions themselves come from
+the pure fold (`streamgrp.core.group_fold`).
+
+Why a Lua script and not MULTI/EXEC: the write must be conditional (write the decision only if the
+task has no decision yet, and only while this process holds the lease). MULTI/EXEC cannot branch
+on a value read inside the transaction; WATCH would turn every round into an optimistic retry
+loop. A script runs atomically on the server, so a SIGKILL of the assembler leaves a round either
+fully committed or not at all, and the server never sees half a decision.
+
+Why one fold in order: the decision for a group depends only on the log's order (ticks are entries
+in the same log), so a restarted assembler that re-reads its pending entries in id order and then
+continues reaches the same decisions as an uninterrupted one, and `verify` can re-fold the log.
+Only one assembler is active at a time (a lease with a TTL); standbys wait and take over.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import redis
+
+from streamgrp.config import AssemblerConfig
+from streamgrp.core import codec
+from streamgrp.core.counters import pairs_to_counts
+from streamgrp.core.events import (
+    GroupDecided,
+    RunTerminated,
+    SlotResult,
+    TaskIssued,
+    Tick,
+)
+from streamgrp.core.group_fold import (
+    DUPLICATE,
+    DUPLICATE_TASK,
+    LATE,
+    OPEN_GROUPS_FULL,
+    UNKNOWN_TASK,
+    Closed,
+    FoldState,
+    fold,
+    next_deadline,
+)
+from streamgrp.errors import DecodeError
+from streamgrp.store import scripts
+from streamgrp.store.connection import replicate
+from streamgrp.store.deadletter import MAX_DETAIL_CHARS, op_fields
+from streamgrp.store.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
+from streamgrp.store.lease import Lease, LeaseLost, run_while_leased
+from streamgrp.store.runs import Run, server_time
+from streamgrp.store.streams import (
+    ensure_group,
+    entry_id_str,
+    entry_size,
+    producer_name,
+)
+
+log = logging.getLogger(__name__)
+
+_IGNORED_COUNTER = {DUPLICATE: "slots:duplicate", LATE: "slots:late", DUPLICATE_TASK: "tasks:duplicate"}
+_FOLDED_KINDS = (TaskIssued, SlotResult, Tick)
+
+
+class Assembler:
+    """One assembler process's driver. `run` loops until ``stop`` is set (or, in burst mode, idle)."""
+
+    def __init__(self, client: redis.Redis, run: Run, config: AssemblerConfig, *, name: str | None = None,
+                 metrics: Any = None) -> None:
+        self.client = client
+        self.run_ = run
+        self.keys = run.keys
+        self.config = config
+        self.name = name or producer_name("assembler")
+        self.metrics = metrics
+        self.lease = Lease(client, self.keys.assembler_lease, self.name, config.lease_ttl_s)
+        self.state: FoldState | None = None
+        self.decisions_written = 0
+        self._commit = scripts.register(client, "commit.lua")
+        self._last_tick_check = 0.0
+        self._seq = 0
+        self._largest_entry = 0
+        ensure_group(client, self.keys.slots, ASSEMBLER_GROUP)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None, *, burst: bool = False) -> int:
+        """Fold until stopped; in burst mode return after the first read that brings nothing new.
+
+        Groups still open at a burst exit stay pending on the server; the next assembler rebuilds them.
+        """
+        run_while_leased(self.lease, who=f"assembler {self.name}", stop=stop or threading.Event(),
+                         is_active=lambda: self.state is not None, activate=self._rebuild, work=self._work,
+                         deactivate=self._stand_by, burst=burst)
+        return self.decisions_written
+
+    def _work(self) -> int:
+        read = self._round(">", block_ms=int(self.config.tick_interval_s * 1000))
+        self._maybe_tick()
+        return read
+
+    def _stand_by(self) -> None:
+        self.state = None
+
+    def _rebuild(self) -> None:
+        """Start a fresh fold from this group's pending entries, oldest first."""
+        self.state = FoldState(self.run_.config.policy(), self.run_.config.group_timeout_s,
+                               max_open=self.config.max_open_groups)
+        self._claim_orphans()
+        last = "0"
+        replayed = 0
+        while True:
+            reply = self.client.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: last},
+                                           count=self._read_count())
+            entries = reply[0][1] if reply else []
+            if not entries:
+                break
+            last = entry_id_str(entries[-1][0])
+            replayed += len(entries)
+            self._process(entries)
+        log.info("assembler %s active: replayed %d pending entries, %d groups open", self.name, replayed,
+                 len(self.state.open))
+        # Long-lived objects (imports, rebuilt groups) out of the collector's way: a full collection
+        # over them costs 10-30 ms, which lands directly on the decision latency's tail.
+        gc.collect()
+        gc.freeze()
+
+    def _claim_orphans(self) -> None:
+        """Move entries pending under any other consumer name to ours (assemblers that used --name)."""
+        cursor = "0-0"
+        while True:
+            cursor, claimed, *_ = self.client.xautoclaim(self.keys.slots, ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, 0,
+                                                         start_id=cursor, count=1000)
+            cursor = entry_id_str(cursor)
+            if cursor == "0-0":
+                break
+
+    def _round(self, start: str, *, block_ms: int | None) -> int:
+        reply = self.client.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: start},
+                                       count=self._read_count(), block=block_ms)
+        entries = reply[0][1] if reply else []
+        if entries:
+            self._process(entries)
+        return len(entries)
+
+    def _read_count(self) -> int:
+        """Entries per read: ``read_count``, fewer once entries are large, so that a round brings in
+        about ``read_bytes`` at most (plus one entry: a stream entry cannot be read in parts)."""
+        return max(1, min(self.config.read_count, self.config.read_bytes // max(1, self._largest_entry)))
+
+    # -- folding a round and committing it ---------------------------------------------------------
+
+    def _process(self, entries: list[tuple[Any, Any]]) -> None:
+        args: list[Any] = []
+        decisions: list[GroupDecided] = []
+        acks: dict[str, list[str]] = {}
+        decoded = self._decode_round(entries, args, acks)
+        self._load_decided(decoded)
+        for entry_id, fields, event in decoded:
+            digest = codec.entry_digest(fields) if isinstance(event, SlotResult) else ""
+            self.state, outputs = fold(self.state, event, entry_id, digest)
+            if isinstance(event, Tick):
+                acks.setdefault("ticks", []).append(entry_id)
+            for output in outputs:
+                if isinstance(output, Closed):
+                    decisions.append(self._decision_op(args, output))
+                elif output.reason in _IGNORED_COUNTER:
+                    acks.setdefault(_IGNORED_COUNTER[output.reason], []).append(output.entry_id)
+                elif output.reason == UNKNOWN_TASK:
+                    args += ["L", output.task_id, output.entry_id, output.detail[:MAX_DETAIL_CHARS],
+                             *op_fields(fields)]
+                else:
+                    if output.reason == OPEN_GROUPS_FULL:
+                        log.warning("task %s refused: %s", output.task_id, output.detail)
+                    _dead_letter(args, output.reason, output.entry_id, output.detail, fields)
+        self.state.decided.clear()  # the server's decided hash is the record; keep only open groups
+        for field, ids in acks.items():
+            args += ["A", field, len(ids), *ids]
+        if args:
+            self._commit_ops(args, decisions)
+        if self.metrics is not None:
+            self.metrics.open_groups.set(len(self.state.open))
+
+    def _decode_round(self, entries, args: list[Any], acks: dict[str, list[str]]) -> list[tuple[str, Any, Any]]:
+        """The round's foldable events; what does not decode or belong is dead-lettered into ``args``."""
+        decoded = []
+        largest = 0
+        for raw_id, fields in entries:
+            entry_id = entry_id_str(raw_id)
+            if fields is None:  # trimmed from the stream while pending: nothing left to fold
+                acks.setdefault("slots:trimmed", []).append(entry_id)
+                continue
+            largest = max(largest, entry_size(fields))
+            try:
+                event = codec.decode(fields, max_entry_bytes=self.config.max_entry_bytes)
+            except DecodeError as exc:
+                _dead_letter(args, exc.reason, entry_id, exc.detail, fields)
+                continue
+            if not isinstance(event, _FOLDED_KINDS):
+                _dead_letter(args, "unexpected_kind", entry_id, f"a {event.kind} event does not belong in the slot log",
+                             fields)
+                continue
+            decoded.append((entry_id, fields, event))
+        self._largest_entry = largest
+        return decoded
+
+    def _load_decided(self, decoded: list[tuple[str, Any, Any]]) -> None:
+        """Tell the fold which tasks named in this round but not open are already decided (one HMGET)."""
+        names = sorted({event.task_id for _, _, event in decoded
+                        if not isinstance(event, Tick) and event.task_id not in self.state.open})
+        if names:
+            found = self.client.hmget(self.keys.decided, names)
+            self.state.decided.update(name for name, entry in zip(names, found) if entry is not None)
+
+    def _decision_op(self, args: list[Any], closed: Closed) -> GroupDecided:
+        decision = closed.decision
+        if decision.decided_at is None:
+            decision = decision.model_copy(update={"decided_at": time.time()})
+        self._seq += 1
+        decision = decision.model_copy(update={"producer": self.name, "seq": self._seq})
+        header = codec.encode(decision)[codec.HEADER]
+        increments = _decision_counts(decision)
+        args += ["D", decision.task_id, header, len(closed.entries), *closed.entries, len(increments)]
+        for field, amount in increments.items():
+            args += [field, amount]
+        if decision.reason == "contract_violation":
+            terminal = RunTerminated(reason="contract_violation", message=decision.error or "", task_id=decision.task_id,
+                                     producer=self.name)
+            args += ["F", codec.encode(terminal)[codec.HEADER]]
+            log.error("run %s failed: %s", self.keys.run, decision.error)
+        return decision
+
+    def _commit_ops(self, args: list[Any], decisions: list[GroupDecided] = ()) -> None:
+        keys = [self.keys.slots, self.keys.decisions, self.keys.deadletter, self.keys.decided, self.keys.counts,
+                self.keys.assembler_lease, self.keys.control]
+        try:
+            written, redundant, *applied = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
+        except redis.ResponseError as exc:
+            if "LEASE" in str(exc):
+                raise LeaseLost(str(exc)) from None
+            raise
+        replicate(self.client)
+        self.decisions_written += written
+        if self.metrics is not None:
+            self.metrics.apply_counts(pairs_to_counts(applied))
+            for decision in decisions:
+                if decision.issued_at is not None and decision.decided_at is not None:
+                    self.metrics.group_assembly.observe(max(0.0, decision.decided_at - decision.issued_at))
+        if redundant:
+            log.warning("%d decisions were already recorded by another assembler and were not written again", redundant)
+
+    # -- deadlines ---------------------------------------------------------------------------------
+
+    def _maybe_tick(self) -> None:
+        """Append a tick to the log when the earliest open deadline has passed (server clock)."""
+        now_mono = time.monotonic()
+        if now_mono - self._last_tick_check < self.config.tick_interval_s:
+            return
+        self._last_tick_check = now_mono
+        earliest = next_deadline(self.state)
+        if earliest is None:
+            return
+        now = server_time(self.client)
+        if now >= earliest:
+            self._seq += 1
+            self.client.xadd(self.keys.slots, codec.encode(Tick(now=now, producer=self.name, seq=self._seq)))
+
+
+def _decision_counts(decision: GroupDecided) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for outcome in decision.slot_outcomes.values():
+        counts[f"slots:{outcome}"] += 1
+    counts[f"decisions:{decision.decision}"] += 1
+    if decision.reason:
+        counts[f"dropped:{decision.reason}"] += 1
+    counts["target_slots"] += int(decision.stats["target_slot_count"])
+    counts["usable_slots"] += int(decision.stats["usable_slot_count"])
+    counts["trainable_slots"] += int(decision.stats["trainable_slot_count"])
+    return dict(counts)
+
+
+def _dead_letter(args: list[Any], reason: str, entry_id: str, detail: str, fields: dict[Any, Any]) -> None:
+    args += ["X", reason, entry_id, detail[:MAX_DETAIL_CHARS], *op_fields(fields)]

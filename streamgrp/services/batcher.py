@@ -1,0 +1,355 @@
+"""The batcher: turns group decisions into steps, one manifest per step, each step exactly once.
+
+Owns, for one run: reading decisions through the `batcher` consumer group, discarding stale and
+filtered groups, forming batches (fixed: ``batch_size`` groups; dynamic: the trainable groups a
+round produced, at least ``dp_size``), partitioning them over ranks, the stall bound, the end of the
+run, and (through `streamgrp.services.feeder`) issuing tasks within the staleness window.
+
+Exactly once: a step's manifest, the next-step counter and the acknowledgement of the decision
+entries it uses are one Lua call (`batch_commit.lua`), fenced by the batcher lease; manifests are
+written at explicit entry ids (``{step}-1``), so a step number can neither be skipped nor written
+twice. Groups buffered for a later step stay pending in the consumer group, so a restarted batcher
+rebuilds its buffer from its pending entries, in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from streamgrp.config import BatcherConfig
+from streamgrp.core import batch_fold, codec
+from streamgrp.core.batch_fold import BatchRules, BatchState, GroupFilter
+from streamgrp.core.counters import pairs_to_counts
+from streamgrp.core.events import (
+    GroupDecided,
+    GroupDiscarded,
+    RunFinished,
+    RunTerminated,
+)
+from streamgrp.core.manifest import make_manifest
+from streamgrp.core.stall import StallTracker, stall_message
+from streamgrp.errors import DecodeError, LeaseLost
+from streamgrp.services.feeder import Feeder
+from streamgrp.store import scripts
+from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
+from streamgrp.store.deadletter import DeadLetters
+from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP
+from streamgrp.store.lease import Lease, run_while_leased
+from streamgrp.store.runs import Run, server_time
+from streamgrp.store.streams import ensure_group, entry_id_str, producer_name
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Batcher", "GroupFilter"]
+
+
+class Batcher:
+    """One batcher process's driver; `run` loops until stopped, finished, failed, or (burst) idle."""
+
+    def __init__(self, client: redis.Redis, run: Run, config: BatcherConfig, *, name: str | None = None,
+                 group_filter: GroupFilter | None = None, dataset=None, metrics: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.run_ = run
+        self.keys = run.keys
+        self.settings = run.config
+        self.config = config
+        self.name = name or producer_name("batcher")
+        self.group_filter = group_filter
+        self.dataset = dataset
+        self.metrics = metrics
+        self.clock = clock
+        self.lease = Lease(client, self.keys.batcher_lease, self.name, config.lease_ttl_s)
+        self.rules = BatchRules.of(self.settings, config.max_steps)
+        self.state = BatchState(self.rules, group_filter)
+        self.steps_written = 0
+        self._finished_outcome: str | None = None  # found already finished or failed at activation
+        self._commit = scripts.register(client, "batch_commit.lua")
+        self._active = False
+        self._feeder: Feeder | None = None
+        self._control_last = "0-0"
+        self._seq = 0
+        self._pending_ops: list[Any] = []  # acks and discards of the read batch being folded
+        self._pending_steps: list[batch_fold.StepDue] = []
+        self._inactive_since: float | None = None
+        self.outage = outage_of(client)
+        self.dead_letters = DeadLetters(client, self.keys, metrics=metrics)
+        ensure_group(client, self.keys.decisions, BATCHER_GROUP)
+
+    @property
+    def outcome(self) -> str:
+        """``running``, ``finished`` or ``failed``."""
+        return self._finished_outcome or self.state.outcome
+
+    @property
+    def stall(self) -> StallTracker:
+        return self.state.stall
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None, *, burst: bool = False) -> str:
+        """Returns the outcome: ``finished``, ``failed``, or ``running`` when stopped from outside."""
+        stop = stop or threading.Event()
+        run_while_leased(self.lease, who=f"batcher {self.name}", stop=stop, is_active=lambda: self._active,
+                         activate=self._activate, work=lambda: self.round(stop), deactivate=self._stand_by,
+                         burst=burst, running=lambda: self.outcome == "running")
+        return self.outcome
+
+    def _stand_by(self) -> None:
+        self._active = False
+        self._inactive_since = self.clock()
+
+    def _activate(self) -> None:
+        """Take over: the next step from the server, the buffer from pending decisions."""
+        state = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.batcher_state).items()}
+        if "terminal" in state or "finished" in state:
+            self._finished_outcome = "failed" if "terminal" in state else "finished"
+            log.info("run %s already %s; batcher exits", self.keys.run, self._finished_outcome)
+            return
+        stall = self.state.stall
+        if self._inactive_since is not None:  # standing by (an outage, a lost lease) is not stalling
+            stall.shift(self.clock() - self._inactive_since)
+            self._inactive_since = None
+        self.state = BatchState(self.rules, self.group_filter, next_step=int(state.get("next_step", 0)), stall=stall)
+        self._active = True
+        last = "0"
+        while True:
+            reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {self.keys.decisions: last}, count=512)
+            entries = reply[0][1] if reply else []
+            if not entries:
+                break
+            last = entry_id_str(entries[-1][0])
+            self._take(entries, replaying=True)
+        if self._feeder is not None:
+            self._feeder.resume()  # the same dataset iterator: continue it, never re-open or re-skip it
+        elif self.dataset is not None:
+            self._feeder = Feeder(self.client, self.keys, self.dataset, batch_size=self.settings.batch_size,
+                                  max_staleness=self.settings.max_staleness, producer=self.name)
+        log.info("batcher %s active at step %d with %d buffered groups", self.name, self.state.next_step,
+                 len(self.state.buffer))
+
+    def round(self, stop: threading.Event | None = None) -> int:
+        """One collection round: feed, read decisions until the round ends, emit due steps, check the stall."""
+        self.lease.renew_if_due()
+        started = self.clock()
+        outages = self.outage.count
+        ends = started + self.config.round_s
+        read = 0
+        self._feed()
+        while self.outcome == "running":
+            remaining = ends - self.clock()
+            if remaining <= 0 or (stop is not None and stop.is_set()):
+                break
+            block = max(1, min(MAX_BLOCK_MS, int(min(remaining, self.config.lease_ttl_s / 3) * 1000)))
+            reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {self.keys.decisions: ">"}, count=512,
+                                           block=block)
+            entries = reply[0][1] if reply else []
+            read += len(entries)
+            self._take(entries)
+            if self.settings.batch_mode == "fixed":
+                self._feed()
+            self.lease.renew_if_due()
+        if self.outcome == "running":
+            self._check_terminal_from_others()
+        if self.outcome == "running":
+            self._end_round(started, away=self.outage.count != outages)
+        return read
+
+    # -- from the server into the fold ----------------------------------------------------------------
+
+    def _take(self, entries, *, replaying: bool = False) -> None:
+        """Fold a read batch of decision entries; dead-letter the ones that are not decisions."""
+        self._fold(batch_fold.VersionSet(self._current_version()))
+        for raw_id, fields in entries:
+            entry_id = entry_id_str(raw_id)
+            try:
+                decision = codec.decode(fields) if fields is not None else None
+            except DecodeError as exc:
+                self.dead_letters.send(self.keys.decisions, entry_id, exc.reason, exc.detail, fields,
+                                       group=BATCHER_GROUP, counter="invalid:decisions")
+                continue
+            if fields is not None and not isinstance(decision, GroupDecided):
+                self.dead_letters.send(self.keys.decisions, entry_id, "unexpected_kind",
+                                       f"a {decision.kind} event does not belong in the decisions stream", fields,
+                                       group=BATCHER_GROUP, counter="invalid:decisions")
+                continue
+            self._fold(batch_fold.Decided(entry_id, decision), defer=True)
+        self._flush()
+        if not replaying and self.outcome == "running" and self._dataset_done():
+            self._fold(batch_fold.VersionSet(self._current_version()))
+            self._fold(batch_fold.DatasetEnded())
+
+    def _end_round(self, started: float, *, away: bool) -> None:
+        self._fold(batch_fold.VersionSet(self._current_version()))
+        if self._dataset_done():
+            self._fold(batch_fold.DatasetEnded())
+            return
+        window_full = self._feeder is not None and self._feeder.window_full
+        waits_before = self.state.stall.trainer_wait_rounds
+        now = self.clock()
+        self._fold(batch_fold.RoundEnded(now, window_full=window_full,
+                                         lowest_committed=self._lowest_committed() if window_full else -1,
+                                         server_away=away, duration=now - started))
+        if self.metrics is not None and not away:
+            self.metrics.stall_seconds.set(self.state.stall.stall_seconds(now))
+            self.metrics.empty_rounds.set(self.state.stall.empty_rounds)
+            if self.state.stall.trainer_wait_rounds > waits_before:
+                self.metrics.trainer_wait_rounds.inc()
+
+    # -- from the fold onto the server ------------------------------------------------------------------
+
+    def _fold(self, event: batch_fold.Event, *, defer: bool = False) -> None:
+        """Apply ``event`` and carry out its outputs. ``defer`` holds them for `_flush` (one script call
+        for a read batch's acknowledgements and discards, then one per step, as the batch was read)."""
+        self.state, outputs = batch_fold.fold(self.state, event)
+        for output in outputs:
+            if isinstance(output, batch_fold.Acked):
+                self._pending_ops += ["A", len(output.entry_ids), *output.entry_ids]
+            elif isinstance(output, batch_fold.Discarded):
+                if output.reason == batch_fold.FILTERED and "raised" in output.detail:
+                    log.warning("task %s: %s", output.decision.task_id, output.detail)
+                self._pending_ops += ["G", output.reason, self._discard_header(output), output.entry_id]
+            elif isinstance(output, batch_fold.StepDue):
+                self._pending_steps.append(output)
+            elif isinstance(output, batch_fold.Finished):
+                self._flush()
+                self._apply(["F", self._header(RunFinished(steps=output.steps))])
+                log.info("run %s finished after %d steps", self.keys.run, output.steps)
+            elif isinstance(output, batch_fold.Failed):
+                self._flush()
+                self._write_failure(output)
+            elif isinstance(output, batch_fold.Stalling):
+                log.warning("no trainable group for %d rounds (%.0fs); the run fails after %d rounds and %gs "
+                            "(%d rounds so far were spent waiting for trainers, which do not count)",
+                            output.empty_rounds, output.stall_seconds, self.rules.max_empty_rounds,
+                            self.rules.stall_timeout_s, self.state.stall.trainer_wait_rounds)
+        if not defer:
+            self._flush()
+
+    def _flush(self) -> None:
+        ops, self._pending_ops = self._pending_ops, []
+        self._apply(ops)
+        steps, self._pending_steps = self._pending_steps, []
+        for due in steps:
+            self._apply(self._step_ops(due))
+
+    def _header(self, event) -> bytes:
+        self._seq += 1
+        return codec.encode(event.model_copy(update={"producer": self.name, "seq": self._seq}))[codec.HEADER]
+
+    def _discard_header(self, output: batch_fold.Discarded) -> bytes:
+        decision = output.decision
+        return self._header(GroupDiscarded(task_id=decision.task_id, reason=output.reason,
+                                           decision_entry=output.entry_id, group_version=decision.version,
+                                           current_version=output.current_version, detail=output.detail))
+
+    def _step_ops(self, due: batch_fold.StepDue) -> list[Any]:
+        manifest = make_manifest(due.step, due.version, due.groups, self.settings.dp_size, server_time(self.client))
+        entries = [entry for entry, _ in due.groups]
+        ops = ["S", due.step, self._header(manifest), len(entries), len(entries), *entries]
+        if self.metrics is not None:
+            self.metrics.batch_imbalance.set(manifest.imbalance)
+            self.metrics.policy_version.set(due.version)
+            for _, decision in due.groups:
+                self.metrics.staleness.observe(max(0, due.version - (decision.version or 0)))
+        self.steps_written += 1
+        log.info("step %d: %d groups over %d ranks, imbalance %.3f", manifest.step, len(entries),
+                 self.settings.dp_size, manifest.imbalance)
+        return ops
+
+    def _write_failure(self, failed: batch_fold.Failed) -> None:
+        message = failed.message
+        if failed.reason == "stall" and not message:
+            counts = {k.decode(): int(float(v)) for k, v in self.client.hgetall(self.keys.counts).items()}
+            message = stall_message(self.state.stall, self.clock(), counts, server_note=self._memory_note())
+        event = RunTerminated(reason=failed.reason, message=message, step=failed.step)
+        self._apply(["T", self._header(event)])
+        log.error("run %s failed at step %d: %s", self.keys.run, failed.step, message)
+
+    def _apply(self, ops: list[Any]) -> None:
+        """Run the commit script on ``ops``; a lost lease (or a step already written) drops what is pending."""
+        if not ops:
+            return
+        keys = [self.keys.decisions, self.keys.steps, self.keys.discarded, self.keys.counts, self.keys.batcher_lease,
+                self.keys.batcher_state, self.keys.control]
+        try:
+            _, *applied = self._commit(keys=keys, args=[self.lease.token, BATCHER_GROUP, *ops])
+        except redis.ResponseError as exc:
+            # STEP: the step was written already (by a batcher that took over, or by this call's first
+            # attempt, whose reply an outage lost): rebuild from the server's record either way.
+            if "LEASE" in str(exc) or "STEP" in str(exc):
+                self._active = False
+                self._pending_ops, self._pending_steps = [], []
+                raise LeaseLost(str(exc)) from None
+            raise
+        replicate(self.client)
+        if self.metrics is not None:
+            self.metrics.apply_counts(pairs_to_counts(applied))
+
+    # -- what the fold is told: version, trainers, dataset, others' terminal events ---------------------
+
+    def _current_version(self) -> int:
+        return int(self.client.get(self.keys.version) or 0)
+
+    def _feed(self) -> None:
+        if self._feeder is None or self.outcome != "running":
+            return
+        try:
+            self._feeder.feed(self._current_version(), self.lease.token)
+        except redis.ResponseError as exc:
+            if "LEASE" in str(exc) or "CURSOR" in str(exc):
+                self._active = False
+                raise LeaseLost(str(exc)) from None
+            raise
+
+    def _dataset_done(self) -> bool:
+        """The feeder issued the whole dataset, every issued task is decided, and every decision read."""
+        feeder = self._feeder
+        if feeder is None or not feeder.exhausted:
+            return False
+        return self.client.hlen(self.keys.decided) >= feeder.cursor and self._read_every_decision()
+
+    def _read_every_decision(self) -> bool:
+        last_written = self.client.xinfo_stream(self.keys.decisions)["last-generated-id"]
+        for group in self.client.xinfo_groups(self.keys.decisions):
+            if group["name"] in (BATCHER_GROUP, BATCHER_GROUP.encode()):
+                return group["last-delivered-id"] == last_written
+        return False
+
+    def _lowest_committed(self) -> int:
+        """The lowest step every rank has committed; -1 while some rank has committed none."""
+        committed = self.client.hvals(self.keys.committed)
+        if len(committed) < self.settings.dp_size:
+            return -1
+        return min(int(v) for v in committed)
+
+    def _memory_note(self) -> str:
+        """A sentence for the stall message when the server is full (writes refused under noeviction)."""
+        memory = self.client.info("memory")
+        maxmemory, used = int(memory.get("maxmemory", 0) or 0), int(memory.get("used_memory", 0) or 0)
+        if maxmemory and used >= 0.95 * maxmemory:
+            return (f"The server is full ({used} of maxmemory {maxmemory} bytes): it refuses writes (OOM) until "
+                    "maxmemory is raised or retention trims the run (streamgrp archiver --retention).")
+        return ""
+
+    def _check_terminal_from_others(self) -> None:
+        """Fail the run at the next step when the assembler wrote a terminal event (contract violation)."""
+        reply = self.client.xread({self.keys.control: self._control_last}, count=100)
+        for _, entries in reply:
+            for raw_id, fields in entries:
+                self._control_last = entry_id_str(raw_id)
+                try:
+                    event = codec.decode(fields)
+                except DecodeError as exc:
+                    self.dead_letters.send(self.keys.control, self._control_last, exc.reason, exc.detail, fields,
+                                           counter="invalid:control")
+                    continue
+                if isinstance(event, RunTerminated) and event.step is None:
+                    self._fold(batch_fold.Terminated(event.reason, event.message))
+                    return

@@ -1,0 +1,143 @@
+"""Task feeding within the staleness window (SPEC section 4), run inside the batcher process.
+
+Why inside the batcher: the window depends on the current policy version and on how many issued
+groups were accepted or dropped, which the batcher already tracks each round, and a single
+lease-holding process then owns both "how much work exists" and "what becomes a step". The feeder
+issues a new task only while ``issued - dropped - discarded < (max_staleness + version + 1) *
+batch_size``. Issuing is one Lua call that checks the lease and the dataset cursor, so a restarted
+or zombie batcher can never issue a prompt twice; task ids are the dataset position (``t00000042``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from streamgrp.config import load_object
+from streamgrp.core import codec
+from streamgrp.core.batch_fold import feeder_capacity
+from streamgrp.core.events import TaskIssued
+from streamgrp.errors import ConfigError
+from streamgrp.store import scripts
+from streamgrp.store.connection import replicate
+from streamgrp.store.keys import WORKERS_GROUP, RunKeys
+from streamgrp.store.runs import server_time
+from streamgrp.store.streams import ensure_group
+
+log = logging.getLogger(__name__)
+
+def load_dataset(spec: str) -> Iterator[dict[str, Any]]:
+    """Prompts from a JSONL file (one JSON object per line) or a ``module:iterable`` (or factory)."""
+    path = Path(spec)
+    if path.suffix in (".jsonl", ".json") or path.exists():
+        if not path.exists():
+            raise ConfigError(f"dataset file {spec} does not exist; pass a JSONL file or module:iterable")
+        return _jsonl(path)
+    target = load_object(spec)
+    if callable(target) and not hasattr(target, "__iter__"):
+        target = target()  # a factory of prompts
+    return (_as_prompt(item, spec) for item in target)
+
+
+def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                item = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{number} is not JSON ({exc}); each line must be one JSON object") from None
+            yield _as_prompt(item, f"{path}:{number}")
+
+
+def _as_prompt(item: Any, where: str) -> dict[str, Any]:
+    if isinstance(item, dict):
+        return item
+    if isinstance(item, str):
+        return {"text": item}
+    raise ConfigError(f"dataset item at {where} is a {type(item).__name__}; give a JSON object or a string")
+
+
+class Feeder:
+    """Issues dataset prompts as tasks while the staleness window has room."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, dataset: Iterator[dict[str, Any]], *, batch_size: int,
+                 max_staleness: int, producer: str, max_chunk: int = 256) -> None:
+        self.client = client
+        self.keys = keys
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness
+        self.producer = producer
+        self.max_chunk = max_chunk
+        self.exhausted = False
+        #: The staleness window had no room at the last `feed` (the batcher waits for trainers then).
+        self.window_full = False
+        self._script = scripts.register(client, "feed.lua")
+        self._items = iter(dataset)
+        self._position = 0  # dataset items read from ``_items`` so far
+        self._held: list[dict[str, Any]] = []  # read but not (yet) issued: they end at ``_position``
+        self.cursor = 0
+        self.resume()
+        ensure_group(client, keys.tasks, WORKERS_GROUP)
+
+    def resume(self) -> None:
+        """Continue after what this or any other batcher issued (at start, and after a lost lease).
+
+        The dataset is an iterator read once per process, so a batcher that loses its lease and later
+        takes over again must neither re-skip what it already read nor drop the prompts it read for an
+        issue that the fence refused.
+        """
+        cursor = int(self.client.hget(self.keys.batcher_state, "feeder_cursor") or 0)
+        first_held = self._position - len(self._held)
+        self._held = self._held[max(0, cursor - first_held):]
+        for _ in islice(self._items, max(0, cursor - self._position)):
+            self._position += 1
+        self.cursor = cursor
+        self.exhausted = False
+
+    def _prompts(self, n: int) -> list[dict[str, Any]]:
+        """The next ``n`` prompts (fewer at the end of the dataset), without consuming them."""
+        for item in islice(self._items, max(0, n - len(self._held))):
+            self._held.append(item)
+            self._position += 1
+        return self._held[:n]
+
+    def outstanding(self) -> int:
+        """Issued tasks not dropped by the assembler nor discarded by the batcher."""
+        dropped, discarded = self.client.hmget(self.keys.counts, "decisions:dropped", "groups:discarded")
+        return self.cursor - int(dropped or 0) - int(discarded or 0)
+
+    def feed(self, version: int, lease_token: str) -> int:
+        """Issue as many tasks as the window allows now; returns how many."""
+        if self.exhausted:
+            self.window_full = True  # nothing more to issue: rounds wait on in-flight work or trainers
+            return 0
+        room = feeder_capacity(version, self.max_staleness, self.batch_size) - self.outstanding()
+        self.window_full = room <= 0
+        issued = 0
+        while room > 0 and not self.exhausted:
+            prompts = self._prompts(min(room, self.max_chunk))
+            if len(prompts) < min(room, self.max_chunk):
+                self.exhausted = True
+            if not prompts:
+                break
+            now = server_time(self.client)
+            headers = [codec.encode(TaskIssued(task_id=f"t{self.cursor + i:08d}", prompt=prompt, version=version,
+                                               issued_at=now, producer=self.producer, seq=self.cursor + i))[codec.HEADER]
+                       for i, prompt in enumerate(prompts)]
+            self.cursor = self._script(keys=[self.keys.tasks, self.keys.slots, self.keys.batcher_state,
+                                             self.keys.batcher_lease], args=[lease_token, self.cursor, *headers])
+            replicate(self.client)
+            del self._held[:len(prompts)]
+            issued += len(prompts)
+            room -= len(prompts)
+        if issued:
+            log.debug("issued %d tasks (cursor %d, version %d)", issued, self.cursor, version)
+        return issued

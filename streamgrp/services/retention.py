@@ -1,0 +1,262 @@
+"""Retention: trim a run's streams behind the archive and behind every reader that still needs them.
+
+    trim(client, keys, archive_progress) -> TrimReport
+
+For each stream the smallest entry id that must stay (its *floor*) is the lowest of the bounds
+below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothing else:
+
+    every stream but control   the archive: only entries at or before the last id the archiver
+                               fsynced (``archive_progress``, the run's ``archive`` hash) may go
+    slots       the assembler group's pending entries and everything it was not delivered yet;
+                the members of decisions the batcher has not batched (pending or undelivered);
+                the members of every step some rank has not committed (after min over ranks)
+    decisions   the batcher group's pending and undelivered entries; the decisions of uncommitted steps
+    steps       every step after the lowest step all ranks committed (a rank that restarts reads its
+                next step's manifest)
+    tasks       the workers group's pending and undelivered entries
+    discarded, commits, deadletter    the archive only: no service reads them back
+    control     never: it is small and every process reads the run's record from it
+
+A stream whose consumer group does not exist yet is not trimmed: no reader has said what it took;
+nor is the slot log while the decisions stream has no batcher group (every decision is unbatched).
+
+Why this is safe while every role runs: entries move one way (slot log -> decision -> step ->
+committed by every rank), and an entry leaves a stage only atomically with entering the next
+(`commit.lua` acknowledges slot entries with the decision it writes; `batch_commit.lua` acknowledges
+decisions with the step it writes). The group positions, pending entries and committed steps are
+read in one MULTI/EXEC, so they are one instant's state; the decisions and steps they point at are
+read after it, which can only find more to keep. Entries added after that instant have ids above
+every floor. So no entry a role or a restarted role still reads is trimmed.
+
+Why XTRIM MINID, not XDEL, also for `steps`, whose ids are explicit (``{step}-1``): MINID compares
+ids, and explicit ids are ordered like any others (there they are step numbers), so one command per
+stream removes exactly the prefix below the floor, with no list of ids to read first. What is
+trimmed is always a prefix, which is what lets `streamgrp.store.sources.FallbackSource` find every
+trimmed entry in the archive by id range.
+
+Deliberately ignores the hashes (``decided``, ``counts``, ``committed``...): they grow by one small
+field per task or step and every role reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import redis
+
+from streamgrp.core import codec
+from streamgrp.core.events import GroupDecided, RunStarted, StepManifest
+from streamgrp.errors import DecodeError
+from streamgrp.store.keys import (
+    ASSEMBLER_GROUP,
+    BATCHER_GROUP,
+    WORKERS_GROUP,
+    RunKeys,
+    step_entry_id,
+)
+from streamgrp.store.segments import IdKey, id_key
+from streamgrp.store.streams import entry_id_str, read_entries
+
+__all__ = ["NEVER_TRIMMED", "StreamTrim", "TrimReport", "archive_progress", "floors", "trim"]
+
+log = logging.getLogger(__name__)
+
+NEVER_TRIMMED = ("control",)
+#: Pending decisions read one page at a time; more than this many falls back to a wider, safe range.
+PENDING_PAGE = 10_000
+_PAGE = 1000
+KEEP_ALL: IdKey = (0, 0)
+
+
+@dataclass(frozen=True)
+class StreamTrim:
+    """One stream after a trim: its floor (entries before it were removed), which bound set it, how many went."""
+
+    stream: str
+    floor: str | None  # None: nothing may be trimmed
+    bound: str
+    removed: int = 0
+
+
+@dataclass
+class TrimReport:
+    streams: dict[str, StreamTrim] = field(default_factory=dict)
+
+    @property
+    def removed(self) -> int:
+        return sum(s.removed for s in self.streams.values())
+
+    def __str__(self) -> str:
+        return ", ".join(f"{s.stream} -{s.removed} (floor {s.floor or 'none'}: {s.bound})"
+                         for s in self.streams.values())
+
+
+def archive_progress(client: redis.Redis, keys: RunKeys) -> dict[str, str]:
+    """The archiver's durable progress: stream name -> last archived entry id."""
+    streams = keys.all_streams()
+    return {k.decode(): v.decode() for k, v in client.hgetall(keys.archive).items() if k.decode() in streams}
+
+
+def _next(key: IdKey) -> IdKey:
+    return key[0], key[1] + 1
+
+
+def _text(key: IdKey) -> str:
+    return f"{key[0]}-{key[1]}"
+
+
+class _Floors:
+    def __init__(self, streams: Iterable[str]) -> None:
+        self.bounds: dict[str, list[tuple[IdKey, str]]] = {name: [] for name in streams}
+
+    def keep(self, stream: str, key: IdKey | None, why: str) -> None:
+        """Entries at or after ``key`` must stay (None: everything must stay)."""
+        self.bounds[stream].append((KEEP_ALL if key is None else key, why))
+
+    def result(self) -> dict[str, tuple[IdKey, str]]:
+        return {name: min(bounds) if bounds else (KEEP_ALL, "no bound") for name, bounds in self.bounds.items()}
+
+
+def _group(infos, name: str) -> dict | None:
+    if isinstance(infos, Exception):
+        return None
+    for info in infos:
+        if info["name"] in (name, name.encode()):
+            return info
+    return None
+
+
+def _pending_min(summary) -> IdKey | None:
+    if isinstance(summary, Exception) or not summary or not summary.get("pending"):
+        return None
+    return id_key(entry_id_str(summary["min"]))
+
+
+def _consumer_bounds(floors: _Floors, stream: str, infos, summary, group: str) -> bool:
+    """Keep what ``group`` has pending or was not delivered; False when the group does not exist."""
+    info = _group(infos, group)
+    if info is None:
+        floors.keep(stream, None, f"no {group} group yet")
+        return False
+    floors.keep(stream, _next(id_key(entry_id_str(info["last-delivered-id"]))), f"{group} undelivered")
+    pending = _pending_min(summary)
+    if pending is not None:
+        floors.keep(stream, pending, f"{group} pending")
+    return True
+
+
+def _recorded_dp_size(client: redis.Redis, keys: RunKeys) -> int:
+    first = client.xrange(keys.control, "-", "+", count=1)
+    if first:
+        event = codec.decode(first[0][1])
+        if isinstance(event, RunStarted):
+            return int(event.settings.get("dp_size", 1))
+    return 1
+
+
+def _scan(client: redis.Redis, key: str, start: str) -> Iterable[tuple[str, dict[bytes, bytes]]]:
+    """Entries of ``key`` from ``start`` (an XRANGE start, ``(`` for exclusive) to the end, in pages."""
+    while True:
+        page = client.xrange(key, start, "+", count=_PAGE)
+        for raw_id, fields in page:
+            yield entry_id_str(raw_id), fields
+        if len(page) < _PAGE:
+            return
+        start = "(" + entry_id_str(page[-1][0])
+
+
+def _decoded(pairs: Iterable[tuple[str, dict[bytes, bytes] | None]]):
+    for entry_id, fields in pairs:
+        if not fields:
+            continue
+        try:
+            yield entry_id, codec.decode(fields)
+        except DecodeError:
+            continue
+
+
+def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *,
+           dp_size: int | None = None) -> dict[str, tuple[IdKey, str]]:
+    """Each stream's floor (the lowest entry id that must stay) and the bound that set it."""
+    streams = keys.all_streams()
+    floors_ = _Floors(streams)
+    for name in streams:
+        if name in NEVER_TRIMMED:
+            floors_.keep(name, None, "never trimmed")
+        elif name in archive_progress:
+            floors_.keep(name, _next(id_key(archive_progress[name])), "archive")
+        else:
+            floors_.keep(name, None, "not archived yet")
+    if dp_size is None:
+        dp_size = _recorded_dp_size(client, keys)
+
+    # One instant's consumer state (see the module docstring for why this order of reads is safe).
+    pipe = client.pipeline(transaction=True)
+    pipe.xinfo_groups(keys.slots)
+    pipe.xpending(keys.slots, ASSEMBLER_GROUP)
+    pipe.xinfo_groups(keys.decisions)
+    pipe.xpending(keys.decisions, BATCHER_GROUP)
+    pipe.xpending_range(keys.decisions, BATCHER_GROUP, "-", "+", PENDING_PAGE)
+    pipe.xinfo_groups(keys.tasks)
+    pipe.xpending(keys.tasks, WORKERS_GROUP)
+    pipe.hgetall(keys.committed)
+    (slot_groups, slot_pending, decision_groups, decision_pending, pending_decisions, task_groups, task_pending,
+     committed) = pipe.execute(raise_on_error=False)
+
+    _consumer_bounds(floors_, "slots", slot_groups, slot_pending, ASSEMBLER_GROUP)
+    _consumer_bounds(floors_, "tasks", task_groups, task_pending, WORKERS_GROUP)
+    batcher = _consumer_bounds(floors_, "decisions", decision_groups, decision_pending, BATCHER_GROUP)
+
+    # Decisions not batched yet: their member slot entries will be some step's.
+    if not batcher:
+        floors_.keep("slots", None, "no batcher group yet")
+    else:
+        delivered = entry_id_str(_group(decision_groups, BATCHER_GROUP)["last-delivered-id"])
+        if not isinstance(pending_decisions, Exception) and len(pending_decisions) < PENDING_PAGE:
+            ids = [entry_id_str(p["message_id"]) for p in pending_decisions]
+            unbatched = [*zip(ids, read_entries(client, keys.decisions, ids)), *_scan(client, keys.decisions,
+                                                                                       "(" + delivered)]
+        else:  # too many to list: every decision from the oldest pending one on (a superset)
+            low = _pending_min(decision_pending)
+            unbatched = _scan(client, keys.decisions, _text(low) if low is not None else "(" + delivered)
+        for _, decision in _decoded(unbatched):
+            if isinstance(decision, GroupDecided) and decision.decision != "dropped" and decision.member_entries:
+                floors_.keep("slots", min(id_key(e) for e in decision.member_entries), "unbatched decisions")
+
+    # Steps some rank has not committed: their manifests, decisions and slot entries.
+    if isinstance(committed, Exception):
+        raise committed
+    done = {int(rank): int(step) for rank, step in committed.items()}
+    lowest = min(done.get(rank, -1) for rank in range(dp_size))
+    floors_.keep("steps", id_key(step_entry_id(lowest + 1)), f"steps after {lowest}, committed by every rank")
+    for _, manifest in _decoded(_scan(client, keys.steps, step_entry_id(lowest + 1))):
+        if not isinstance(manifest, StepManifest):
+            continue
+        for shard in manifest.shards:
+            for group in shard.groups:
+                floors_.keep("decisions", id_key(group.decision_entry), "uncommitted steps")
+                if group.member_entries:
+                    floors_.keep("slots", min(id_key(e) for e in group.member_entries), "uncommitted steps")
+    return floors_.result()
+
+
+def trim(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *, dp_size: int | None = None,
+         dry_run: bool = False) -> TrimReport:
+    """Trim every stream of the run down to its floor (see the module docstring); returns what was removed.
+
+    ``archive_progress`` is stream name -> last archived id (`archive_progress` reads the run's hash);
+    a stream missing from it is not trimmed. ``dp_size`` defaults to the run's recorded one.
+    """
+    report = TrimReport()
+    streams = keys.all_streams()
+    for name, (floor, why) in floors(client, keys, archive_progress, dp_size=dp_size).items():
+        if floor == KEEP_ALL:
+            report.streams[name] = StreamTrim(name, None, why)
+            continue
+        removed = 0 if dry_run else int(client.xtrim(streams[name], minid=_text(floor), approximate=False))
+        report.streams[name] = StreamTrim(name, _text(floor), why, removed)
+    if report.removed:
+        log.info("retention on run %s: %s", keys.run, report)
+    return report

@@ -1,0 +1,257 @@
+"""Rollout workers: take tasks from the run's queue, run a user function per slot, publish results.
+
+Owns the worker side of delivery: a consumer group over the task stream, reclaiming a dead
+worker's tasks after ``claim_idle_s`` (XAUTOCLAIM), and publishing one `SlotResult` per slot. A
+task is acknowledged only after every slot's publish returned, so a worker killed mid-group leaves
+its task pending; whoever reclaims it republishes every slot and the assembler counts the repeats
+as duplicates (first result wins). Deciding groups is not the worker's business.
+
+The user function takes a `SlotRequest` and returns a `Sample` (usable), None (rejected), or
+raises (failed, with the exception text). It may be sync (run on a thread pool) or async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import threading
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from streamgrp.config import WorkerConfig
+from streamgrp.core import codec
+from streamgrp.core.events import Sample, SlotResult, TaskIssued
+from streamgrp.errors import DecodeError
+from streamgrp.store.connection import is_outage, outage_of, replicate
+from streamgrp.store.deadletter import DeadLetters
+from streamgrp.store.keys import WORKERS_GROUP, RunKeys
+from streamgrp.store.streams import (
+    ensure_group,
+    entry_id_str,
+    entry_size,
+    producer_name,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRequest:
+    """What a rollout function is asked to do: sample ``slot`` of ``task_id`` for ``prompt``."""
+
+    task_id: str
+    slot: int
+    n_samples: int
+    prompt: dict[str, Any]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    entry_id: str
+    event: TaskIssued
+
+    def requests(self, n_samples: int, version: int) -> list[SlotRequest]:
+        return [SlotRequest(self.event.task_id, slot, n_samples, self.event.prompt, version) for slot in range(n_samples)]
+
+
+class WorkerClient:
+    """The Python API of a worker: `take` tasks, `publish` slot results, `done` with a task."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0,
+                 max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES, metrics: Any = None) -> None:
+        self.client = client
+        self.keys = keys
+        self.name = name or producer_name("worker")
+        self.max_entry_bytes = max_entry_bytes
+        self.dead_letters = DeadLetters(client, keys, metrics=metrics)
+        self.claim_idle_ms = int(claim_idle_s * 1000)
+        self._seq = itertools.count()
+        self._seq_lock = threading.Lock()
+        self._claim_cursor = "0-0"
+        ensure_group(client, keys.tasks, WORKERS_GROUP)
+
+    def take(self, count: int = 1, *, block_ms: int | None = 1000) -> list[Task]:
+        """Up to ``count`` tasks: first ones a dead worker left idle too long, then new ones."""
+        claimed = self._reclaim(count)
+        if claimed:
+            return claimed
+        reply = self.client.xreadgroup(WORKERS_GROUP, self.name, {self.keys.tasks: ">"}, count=count, block=block_ms)
+        return self._tasks(entries for _, entries in reply for entries in entries)
+
+    def _reclaim(self, count: int) -> list[Task]:
+        cursor, entries, *_ = self.client.xautoclaim(
+            self.keys.tasks, WORKERS_GROUP, self.name, self.claim_idle_ms, start_id=self._claim_cursor, count=count)
+        self._claim_cursor = entry_id_str(cursor)
+        tasks = self._tasks(entries)
+        for task in tasks:
+            log.info("reclaimed task %s (entry %s) from a worker that stopped", task.event.task_id, task.entry_id)
+        return tasks
+
+    def _tasks(self, entries) -> list[Task]:
+        tasks = []
+        for entry_id, fields in entries:
+            entry_id = entry_id_str(entry_id)
+            if fields is None:  # trimmed while pending
+                self.client.xack(self.keys.tasks, WORKERS_GROUP, entry_id)
+                continue
+            try:
+                event = codec.decode(fields, max_entry_bytes=self.max_entry_bytes)
+            except DecodeError as exc:
+                self.dead_letters.send(self.keys.tasks, entry_id, exc.reason, exc.detail, fields, group=WORKERS_GROUP,
+                                       counter="invalid:tasks")
+                continue
+            if not isinstance(event, TaskIssued):
+                self.dead_letters.send(self.keys.tasks, entry_id, "unexpected_kind",
+                                       f"a {event.kind} event does not belong in the task queue", fields,
+                                       group=WORKERS_GROUP, counter="invalid:tasks")
+                continue
+            tasks.append(Task(entry_id, event))
+        return tasks
+
+    def publish(self, task_id: str, slot: int, result: Sample | BaseException | None) -> str:
+        """Publish one slot result; when this returns, the result is in the server (SPEC section 5)."""
+        with self._seq_lock:
+            seq = next(self._seq)
+        if isinstance(result, BaseException):
+            text = "".join(traceback.format_exception_only(type(result), result)).strip() or type(result).__name__
+            event = SlotResult(task_id=task_id, slot=slot, outcome="failed", error=text[:MAX_ERROR_CHARS],
+                               producer=self.name, seq=seq)
+        elif result is None:
+            event = SlotResult(task_id=task_id, slot=slot, outcome="rejected", producer=self.name, seq=seq)
+        elif isinstance(result, Sample):
+            event = SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=result, producer=self.name, seq=seq)
+        else:
+            raise TypeError(f"a rollout returns a streamgrp.Sample or None, not {type(result).__name__}")
+        fields = codec.encode(event)
+        size = entry_size(fields)
+        if size > self.max_entry_bytes:  # refused here, where the data enters, not after it is stored
+            event = SlotResult(task_id=task_id, slot=slot, outcome="failed", producer=self.name, seq=seq,
+                               error=f"the sample is {size} bytes encoded, over max_entry_bytes={self.max_entry_bytes}; "
+                               "return shorter samples, or raise --max-entry-bytes on the workers and the assembler")
+            fields = codec.encode(event)
+        # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate.
+        entry_id = entry_id_str(self.client.xadd(self.keys.slots, fields))
+        replicate(self.client)
+        return entry_id
+
+    def done(self, task: Task) -> None:
+        """Acknowledge a task once every slot's result was published."""
+        self.client.xack(self.keys.tasks, WORKERS_GROUP, task.entry_id)
+
+
+class WorkerProcess:
+    """The `streamgrp worker` loop: keeps up to ``concurrency`` slots running and acks whole tasks."""
+
+    def __init__(self, worker: WorkerClient, rollout: Callable[..., Any], config: WorkerConfig, *, n_samples: int,
+                 version: Callable[[], int] = lambda: 0, metrics: Any = None) -> None:
+        self.worker = worker
+        self.rollout = rollout
+        self.config = config
+        self.n_samples = n_samples
+        self.version = version
+        self.metrics = metrics
+        self.tasks_done = 0
+        self._is_async = inspect.iscoroutinefunction(rollout)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, stop: threading.Event | None = None) -> int:
+        stop = stop or threading.Event()
+        max_tasks = self.config.max_tasks
+        in_flight: list[tuple[Task, list[Future[Any]]]] = []
+        capacity = max(1, -(-self.config.concurrency // self.n_samples))  # tasks whose slots fill the pool
+        loop_thread = None
+        if self._is_async:
+            self._loop = asyncio.new_event_loop()
+            loop_thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
+            loop_thread.start()
+        with ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="slot") as pool:
+            while not stop.is_set():
+                in_flight = self._finish_done(in_flight)
+                if max_tasks is not None and self.tasks_done + len(in_flight) >= max_tasks:
+                    if not in_flight:
+                        break
+                    _wait_any(in_flight)
+                    continue
+                room = capacity - len(in_flight)
+                if room <= 0:
+                    _wait_any(in_flight)
+                    continue
+                if max_tasks is not None:
+                    room = min(room, max_tasks - self.tasks_done - len(in_flight))
+                try:
+                    tasks = self.worker.take(room, block_ms=None if in_flight else 500)  # None: don't block
+                except Exception as exc:
+                    if not is_outage(exc):
+                        raise
+                    # A task read whose reply was lost sits in our pending list; XAUTOCLAIM hands it
+                    # back (to us or another worker) once it has been idle for claim_idle_s.
+                    outage_of(self.worker.client).ride_out(exc, self.worker.client)
+                    continue
+                if not tasks:
+                    if self.config.burst and not in_flight:
+                        break
+                    if in_flight:
+                        _wait_any(in_flight, timeout=0.05)
+                    continue
+                version = self.version()
+                for task in tasks:
+                    futures = [pool.submit(self._run_slot, request) for request in task.requests(self.n_samples, version)]
+                    in_flight.append((task, futures))
+            for task, futures in in_flight:
+                for future in futures:
+                    future.result()
+                self.worker.done(task)
+                self.tasks_done += 1
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            loop_thread.join()
+            self._loop.close()
+            self._loop = None
+        return self.tasks_done
+
+    def _finish_done(self, in_flight):
+        remaining = []
+        for task, futures in in_flight:
+            if all(f.done() for f in futures):
+                for future in futures:
+                    future.result()  # a publish error surfaces here and stops the worker
+                self.worker.done(task)
+                self.tasks_done += 1
+            else:
+                remaining.append((task, futures))
+        return remaining
+
+    def _run_slot(self, request: SlotRequest) -> str:
+        try:
+            if self._is_async:
+                result = asyncio.run_coroutine_threadsafe(self.rollout(request), self._loop).result()
+            else:
+                result = self.rollout(request)
+            if result is not None and not isinstance(result, Sample):
+                result = TypeError(f"rollout returned {type(result).__name__}; return a streamgrp.Sample or None")
+        except Exception as exc:  # the user's failure becomes a failed slot, never a dead worker
+            result = exc
+        entry_id = self.worker.publish(request.task_id, request.slot, result)
+        if self.metrics is not None:
+            outcome = "failed" if isinstance(result, BaseException) else "rejected" if result is None else "sample"
+            self.metrics.slots.labels(outcome).inc()
+            self.metrics.policy_version.set(request.version)
+        return entry_id
+
+
+def _wait_any(in_flight, timeout: float | None = None) -> None:
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    pending = [f for _, futures in in_flight for f in futures if not f.done()]
+    if pending:
+        wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)

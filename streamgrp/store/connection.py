@@ -1,0 +1,337 @@
+"""The connection to the server: riding out outages, refusing settings that lose data, replica waits.
+
+Owns how every streamgrp process talks to Redis/Valkey. `connect` returns a `ServerClient`, a
+redis-py client whose commands ride out an *outage* (a refused or reset connection, a paused
+server's read timeout, ``LOADING`` while a restarted server reads its AOF, ``OOM`` from a full
+``noeviction`` server, ``READONLY`` during a failover): the command is sent again with bounded
+exponential backoff and full jitter, one warning is logged when the outage starts and one when
+the server is back, and after ``outage_budget_s`` seconds of one outage the command raises
+`OutageBudgetExceeded`. A stop requested meanwhile (SIGTERM) raises `StopRequested`, so a
+process shuts down quietly while the server is gone.
+
+Why retry here and not with redis-py's own ``Retry``: redis-py retries every command blindly.
+Most of ours are safe to repeat: reads, acknowledgements, the commit scripts (each checks a
+marker, a cursor or an expected step before it writes, so a repeat after a lost reply writes
+nothing twice), and ``XADD`` of a slot result (a second copy is folded as a ``duplicate``: first
+result wins). Three are not: ``XREADGROUP``, ``XAUTOCLAIM`` and ``XCLAIM`` move entries into a
+consumer's pending list, so a lost reply leaves entries there that the process never saw. Those
+raise the outage to the role, which waits for the server and resumes from its pending entries,
+exactly as after a crash (`Outage.wait_for_server`, then each role's rebuild). Counters outside
+scripts (``INCR``, ``HINCRBY``) are never repeated either.
+
+What this module deliberately ignores: what the commands mean. Roles decide what to do after an
+outage; this module only says that one happened (`ServerClient.outages`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.client import Pipeline
+from redis.retry import Retry
+
+from streamgrp.errors import (
+    ConfigError,
+    OutageBudgetExceeded,
+    ServerError,
+    StopRequested,
+)
+from streamgrp.store.streams import keep_every_field
+
+log = logging.getLogger(__name__)
+
+MIN_SERVER_VERSION = (7, 0)
+#: Default seconds one outage may last before a process gives up (``--outage-budget-s``).
+DEFAULT_OUTAGE_BUDGET_S = 300.0
+#: A read that takes longer than this is taken for a paused server. Every blocking read streamgrp
+#: makes blocks for well under it (`MAX_BLOCK_MS`).
+SOCKET_TIMEOUT_S = 10.0
+MAX_BLOCK_MS = 5000
+#: Errors that mean "the server does not answer now", not "the command is wrong".
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,  # refused, reset, and BusyLoadingError (LOADING) is one of these
+    redis.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+    redis.exceptions.TryAgainError,
+)
+#: Commands never sent again by the client: their lost reply must be handled by the role.
+NOT_REPEATED = frozenset({b"XREADGROUP", b"XAUTOCLAIM", b"XCLAIM", b"INCR", b"INCRBY", b"DECR", b"DECRBY",
+                          b"HINCRBY", b"HINCRBYFLOAT", b"INCRBYFLOAT"})
+MEMORY_WARNING_RATIO = 0.9
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for an error that says the server is unavailable right now (including a script's OOM)."""
+    if isinstance(exc, redis.AuthenticationError):  # a ConnectionError to redis-py, but waiting cannot fix it
+        return False
+    if isinstance(exc, OUTAGE_ERRORS):
+        return True
+    return isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc)
+
+
+@dataclass
+class Outage:
+    """The outage policy of one process, shared by all its threads: backoff, budget, one log line.
+
+    ``budget_s`` bounds one outage (from its first failed command to the next success), not a
+    single command. ``stop``, when set, ends every wait with `StopRequested`.
+    """
+
+    budget_s: float = DEFAULT_OUTAGE_BUDGET_S
+    base_s: float = 0.05
+    cap_s: float = 2.0
+    stop: threading.Event | None = None
+    name: str = "the server"
+    #: Outages seen so far; roles compare it between rounds to know they must resynchronise.
+    count: int = 0
+    _down_since: float | None = field(default=None, repr=False)
+    _last_error: str = field(default="", repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def down_for(self) -> float:
+        """Seconds the current outage has lasted (0 when the server answers)."""
+        since = self._down_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def call(self, fn, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, sent again through outages until it answers or the budget runs out."""
+        attempt = 0
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                self.failed(exc, attempt)
+                attempt += 1
+                continue
+            if self._down_since is not None:
+                self.recovered()
+            return result
+
+    def failed(self, exc: BaseException, attempt: int = 0) -> None:
+        """Record a failure, raise when the budget is spent or a stop was asked, else back off."""
+        with self._lock:
+            now = time.monotonic()
+            if self._down_since is None:
+                self._down_since = now
+                self.count += 1
+                log.warning("%s is unavailable (%s: %s); retrying with backoff for up to %gs (--outage-budget-s)",
+                            self.name, type(exc).__name__, _short(exc), self.budget_s)
+            self._last_error = f"{type(exc).__name__}: {_short(exc)}"
+            down_for = now - self._down_since
+        if down_for >= self.budget_s:
+            raise OutageBudgetExceeded(
+                f"{self.name} has been unavailable for {down_for:.0f}s, over the outage budget of {self.budget_s:g}s "
+                f"(last error {self._last_error}); check that the server runs and is reachable "
+                "(a full server under noeviction needs more maxmemory or retention), or raise --outage-budget-s"
+            ) from None
+        # Full jitter: processes that lost the server together do not come back in lockstep.
+        delay = random.uniform(0, min(self.cap_s, self.base_s * 2 ** min(attempt, 16)))
+        delay = min(delay, max(0.0, self.budget_s - down_for))
+        if self.stop is not None:
+            if self.stop.is_set() or self.stop.wait(delay):
+                raise StopRequested(f"stopped while {self.name} was unavailable") from None
+        else:
+            time.sleep(delay)
+
+    def recovered(self) -> None:
+        with self._lock:
+            if self._down_since is None:
+                return
+            log.warning("%s answers again after %.1fs", self.name, time.monotonic() - self._down_since)
+            self._down_since = None
+
+    def ride_out(self, exc: BaseException, client: redis.Redis) -> None:
+        """After ``exc`` (an outage) reached a role: wait until the server answers again.
+
+        The role then resumes from what the server says (its pending entries, its commits), since
+        the command that failed may or may not have taken effect.
+        """
+        self.failed(exc)
+        plain = redis.Redis(connection_pool=client.connection_pool)
+        self.call(plain.ping)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+class ServerClient(redis.Redis):
+    """A redis-py client that rides out outages (`Outage`) and waits for replicas after writes.
+
+    Commands other than `NOT_REPEATED` ones are sent again through an outage; pipelines are too,
+    as a whole, when every command in them may be repeated.
+    """
+
+    outage: Outage
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
+    _waitaof: bool | None = None
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if _command_name(args) in NOT_REPEATED:
+            return super().execute_command(*args, **options)
+        return self.outage.call(super().execute_command, *args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
+        pipe = _RepeatablePipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+        pipe.outage = self.outage
+        return pipe
+
+    @property
+    def outages(self) -> int:
+        return self.outage.count
+
+    def without_retries(self) -> redis.Redis:
+        """A plain client on the same connections, for callers that must not wait (metrics scrapes)."""
+        return redis.Redis(connection_pool=self.connection_pool)
+
+    def replicate(self) -> None:
+        """After a commit: wait until ``wait_replicas`` replicas have it (WAITAOF where the server has it).
+
+        A replica that does not confirm within ``wait_timeout_ms`` is logged, not fatal: the write is
+        on the primary, and what asynchronous replication can lose is documented in the README.
+        """
+        if self.wait_replicas <= 0:
+            return
+        if self._waitaof is not False:
+            try:
+                local, replicas = self.execute_command("WAITAOF", 0, self.wait_replicas, self.wait_timeout_ms)
+                self._waitaof = True
+            except redis.ResponseError:
+                self._waitaof = False  # Redis 7.0 has no WAITAOF
+        if self._waitaof is False:
+            replicas = self.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+        if int(replicas) < self.wait_replicas:
+            log.warning("only %d of %d replicas confirmed a write within %d ms", int(replicas), self.wait_replicas,
+                        self.wait_timeout_ms)
+
+
+class _RepeatablePipeline(Pipeline):
+    """A pipeline sent again as a whole through an outage when all its commands may be repeated."""
+
+    outage: Outage
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        stack = list(self.command_stack)
+        if any(_command_name(args) in NOT_REPEATED for args, _options in stack):
+            return super().execute(raise_on_error)
+        scripts = list(self.scripts)
+
+        def attempt() -> list[Any]:
+            self.command_stack = list(stack)  # a failed execute resets the pipeline; queue it again
+            self.scripts = set(scripts)
+            return Pipeline.execute(self, raise_on_error)
+
+        return self.outage.call(attempt)
+
+
+def _command_name(args: tuple[Any, ...]) -> bytes:
+    name = args[0] if args else b""
+    if isinstance(name, str):
+        name = name.encode()
+    return name.split(b" ", 1)[0].upper()
+
+
+def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop: threading.Event | None = None,
+            wait_replicas: int = 0, wait_timeout_ms: int = 1000, check_settings: bool = True) -> ServerClient:
+    """A `ServerClient` for ``url`` once the server answers (waiting through an outage at start).
+
+    Checks that it is Redis/Valkey >= 7.0 and, unless ``check_settings`` is False, that it will not
+    evict keys (`check_server_settings`).
+    """
+    client = ServerClient.from_url(url, decode_responses=False, socket_keepalive=True, health_check_interval=30,
+                                   socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S,
+                                   retry=Retry(NoBackoff(), 0))
+    keep_every_field(client)
+    client.outage = Outage(budget_s=outage_budget_s, stop=stop, name=f"the server at {safe_url(url)}")
+    client.wait_replicas = wait_replicas
+    client.wait_timeout_ms = wait_timeout_ms
+    try:
+        info = client.info("server")
+    except redis.AuthenticationError as exc:
+        raise ServerError(f"the server at {safe_url(url)} refused the password: {exc}; fix the password in "
+                          "--redis-url") from None
+    version = tuple(int(part) for part in str(info.get("redis_version", "0.0")).split(".")[:2])
+    if version < MIN_SERVER_VERSION:
+        raise ServerError(f"{safe_url(url)} runs Redis {info.get('redis_version')}; streamgrp needs 7.0 or newer")
+    if check_settings:
+        check_server_settings(client, safe_url(url))
+    return client
+
+
+def check_server_settings(client: redis.Redis, where: str) -> None:
+    """Refuse a server that evicts keys; warn when it is nearly full or does not persist.
+
+    An evicting server silently deletes a run's state (committed steps, decisions, leases), so a
+    restarted trainer would start again from step 0: that is refused, not warned about.
+    """
+    memory = client.info("memory")
+    policy = str(memory.get("maxmemory_policy", "noeviction"))
+    if policy != "noeviction":
+        raise ConfigError(
+            f"the server at {where} evicts keys (maxmemory-policy {policy}): it would silently delete a run's "
+            "committed steps, decisions and leases. Set maxmemory-policy to noeviction (CONFIG SET "
+            "maxmemory-policy noeviction, or in its configuration file); a full server then refuses writes, "
+            "which streamgrp waits out and reports")
+    maxmemory, used = int(memory.get("maxmemory", 0) or 0), int(memory.get("used_memory", 0) or 0)
+    if maxmemory and used >= MEMORY_WARNING_RATIO * maxmemory:
+        log.warning("the server at %s uses %d of its %d bytes of maxmemory; writes stop when it is full "
+                    "(raise maxmemory or run the archiver with --retention)", where, used, maxmemory)
+    persistence = client.info("persistence")
+    if not int(persistence.get("aof_enabled", 0) or 0):
+        log.warning("the server at %s does not keep an append-only file (appendonly no): a server restart loses "
+                    "every write since its last snapshot. Turn it on with CONFIG SET appendonly yes (and "
+                    "appendfsync everysec or always), or use the embedded server, which does", where)
+        return
+    try:
+        values = client.config_get("appendfsync")
+        fsync = values.get(b"appendfsync", values.get("appendfsync"))
+    except redis.ResponseError:
+        return  # CONFIG may be refused to this user; the AOF is on, which is what matters most
+    if fsync in (b"no", "no"):
+        log.warning("the server at %s runs appendfsync no: a machine crash can lose about 30 s of acknowledged "
+                    "writes; use everysec (about 1 s) or always (none)", where)
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+
+
+def outage_of(client: redis.Redis) -> Outage:
+    """The client's outage policy; a plain redis-py client (tests) gets a default one of its own."""
+    outage = getattr(client, "outage", None)
+    if outage is None:
+        outage = Outage()
+        try:
+            client.outage = outage  # one policy per client, so every user of it counts the same outages
+        except AttributeError:
+            pass
+    return outage
+
+
+def without_retries(client: redis.Redis) -> redis.Redis:
+    """A client on the same connections that fails at once in an outage (shutdown, scrapes)."""
+    return client.without_retries() if isinstance(client, ServerClient) else client
+
+
+def replicate(client: redis.Redis) -> None:
+    """`ServerClient.replicate` for any client (a plain one never waits)."""
+    if isinstance(client, ServerClient):
+        client.replicate()

@@ -1,0 +1,106 @@
+"""Connecting to the server and joining a run: the registry of runs and each run's recorded config.
+
+A run's first event (`RunStarted` on its control stream) records its `RunConfig`. The first
+process to join creates it; every later process adopts the recorded values for settings it did not
+set and refuses to start, naming the fields, when a setting it did set disagrees.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+
+from streamgrp.config import RunConfig, env_name, flag_name
+from streamgrp.core import codec
+from streamgrp.core.events import RunStarted
+from streamgrp.errors import ConfigError
+from streamgrp.store import scripts
+from streamgrp.store.connection import connect, safe_url  # noqa: F401 - connect is documented here
+from streamgrp.store.keys import RUNS, RunKeys, check_run_name
+
+log = logging.getLogger(__name__)
+
+def server_time(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return seconds + micros / 1e6
+
+
+@dataclass(frozen=True)
+class Run:
+    """A joined run: its keys and the configuration every process of it uses."""
+
+    keys: RunKeys
+    config: RunConfig
+    record: RunStarted
+
+    @property
+    def name(self) -> str:
+        return self.keys.run
+
+
+def latest_run(client: redis.Redis) -> str | None:
+    newest = client.zrevrange(RUNS, 0, 0)
+    return newest[0].decode() if newest else None
+
+
+def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
+    return [(name.decode(), score) for name, score in client.zrange(RUNS, 0, -1, withscores=True)]
+
+
+def resolve_run_name(client: redis.Redis, run: str | None, *, create: bool) -> str:
+    """The run to use: the given name, else (for inspection) the latest, else (to create) a new name."""
+    if run:
+        return check_run_name(run)
+    existing = latest_run(client)
+    if existing and not create:
+        return existing
+    if not create:
+        raise ConfigError("no run exists yet on this server; start one, or pass --run NAME")
+    return time.strftime("run-%Y%m%d-%H%M%S")
+
+
+def join_run(client: redis.Redis, run: str, config: RunConfig, *, producer: str = "") -> Run:
+    """Create the run with ``config`` or join it; refuse when an explicitly set field disagrees."""
+    keys = RunKeys(run)
+    now = server_time(client)
+    record_event = RunStarted(run=run, policy=config.policy(), settings=config.model_dump(mode="json"),
+                              started_at=now, producer=producer)
+    entry_id, fields = scripts.register(client, "create_run.lua")(keys=[keys.control],
+                                                                  args=[codec.encode(record_event)[codec.HEADER]])
+    client.zadd(RUNS, {run: now}, nx=True)
+    record = codec.decode(_pairs(fields))
+    if not isinstance(record, RunStarted):
+        raise ConfigError(f"run {run!r} has a corrupt control stream (first entry {entry_id!r} is not run_started)")
+    recorded = RunConfig(**record.settings)
+    return Run(keys, _reconcile(run, recorded, config), record)
+
+
+def open_run(client: redis.Redis, run: str) -> Run:
+    """Read an existing run's record without proposing a configuration (inspection commands)."""
+    keys = RunKeys(run)
+    first = client.xrange(keys.control, "-", "+", count=1)
+    if not first:
+        raise ConfigError(f"run {run!r} does not exist on this server; list runs with `streamgrp runs`")
+    record = codec.decode(first[0][1])
+    return Run(keys, RunConfig(**record.settings), record)
+
+
+def _reconcile(run: str, recorded: RunConfig, mine: RunConfig) -> RunConfig:
+    differing = [name for name in sorted(mine.model_fields_set)
+                 if getattr(mine, name) != getattr(recorded, name)]
+    if differing:
+        lines = [f"  {name}: recorded {getattr(recorded, name)!r}, this process {getattr(mine, name)!r} "
+                 f"(from {flag_name(name)} / {env_name(name)} / the config file)" for name in differing]
+        raise ConfigError(
+            f"run {run!r} was started with a different configuration; this process refuses to join:\n"
+            + "\n".join(lines)
+            + "\nUse the recorded values (or unset them to adopt the record), or start a new run with --run."
+        )
+    return recorded
+
+
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    return dict(zip(flat[::2], flat[1::2]))

@@ -1,0 +1,247 @@
+"""Where replay reads a run's record: entry sources over the server's streams (an archive can add its own).
+
+An *entry source* is a callable ``source(stream, ids) -> [fields or None]``: the fields of each entry
+id of one of the run's streams, named as in `RunKeys.all_streams` (``"steps"``, ``"slots"``...), in
+order, None where the entry is not retained. That is all `streamgrp.replay.steps.replay_step` needs.
+Listing steps, verifying and inspecting also scan whole streams and read the run's hashes, which
+`RedisSource` offers as ``scan(stream)``, ``hash(name)`` and ``folded_through()``. Reads only.
+
+Three sources offer all of it:
+
+- `RedisSource`: the run's streams and hashes on the server;
+- `ArchiveSource`: an archive directory the archiver wrote (`streamgrp.services.archiver`), alone: the
+  streams from its segments, the hashes and the assembler's position from its last snapshot;
+- `FallbackSource`: the server first, the archive for what retention trimmed (or for a run whose
+  keys are gone); a scan merges both in id order, each id once.
+
+`open_run_source` picks one for the inspection commands: ``--archive DIR``, else the archive at the
+default place (``<data_dir>/archive/<run>``) when there is one, else the server alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from streamgrp.config import RunConfig
+from streamgrp.core import codec
+from streamgrp.core.events import RunStarted
+from streamgrp.errors import ConfigError, DecodeError
+from streamgrp.store.keys import ASSEMBLER_GROUP, RunKeys
+from streamgrp.store.segments import ArchiveReader, default_archive_dir
+from streamgrp.store.streams import entry_id_str, read_entries
+
+__all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source", "id_key",
+           "open_run_source", "recorded_config"]
+
+#: ``source(stream, ids)``: the fields of each entry id of a run's stream (a `RunKeys.all_streams`
+#: name), in order, None where the entry is not retained.
+EntrySource = Callable[[str, Sequence[str]], Sequence[Mapping[bytes, bytes] | None]]
+
+
+def id_key(entry_id: str) -> tuple[int, int]:
+    """Stream order of an entry id (``ms-seq``), for sorting ids taken from different places."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class RedisSource:
+    """The default entry source: the run's streams on the server. Also scans streams and reads hashes,
+    which `list_steps`, `verify` and `inspect_task` need (an archive source would offer the same)."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self._streams = keys.all_streams()
+
+    def _key(self, stream: str) -> str:
+        try:
+            return self._streams[stream]
+        except KeyError:
+            raise ValueError(f"unknown stream {stream!r}; expected one of {sorted(self._streams)}") from None
+
+    def __call__(self, stream: str, ids: Sequence[str]) -> list[dict[bytes, bytes] | None]:
+        return read_entries(self.client, self._key(stream), list(ids))
+
+    def scan(self, stream: str, page: int = 2000) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+        """Every entry of ``stream`` in order, read in pages."""
+        key, start = self._key(stream), "-"
+        while True:
+            entries = self.client.xrange(key, start, "+", count=page)
+            if not entries:
+                return
+            for raw_id, fields in entries:
+                yield entry_id_str(raw_id), fields
+            start = "(" + entry_id_str(entries[-1][0])
+
+    def hash(self, name: str) -> dict[str, str]:
+        """A run hash (``committed``, ``decided``) as text."""
+        return {k.decode(): v.decode() for k, v in self.client.hgetall(getattr(self.keys, name)).items()}
+
+    def folded_through(self) -> str | None:
+        """The last slot-log entry the assembler read (its consumer group position), None without one."""
+        try:
+            groups = self.client.xinfo_groups(self.keys.slots)
+        except redis.ResponseError:
+            return None
+        for group in groups:
+            if group["name"] in (ASSEMBLER_GROUP, ASSEMBLER_GROUP.encode()):
+                return entry_id_str(group["last-delivered-id"])
+        return None
+
+
+class ArchiveSource:
+    """An archive directory as an entry source, with no server: `RedisSource`'s calls, served from disk.
+
+    Streams come from the segments (each id once, the last copy wins); ``hash`` and
+    ``folded_through`` from the snapshot the archiver took when it last caught up (empty and None
+    before its first one). Safe to use while an archiver is writing.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, keys: RunKeys | None = None) -> None:
+        self.reader = ArchiveReader(directory)
+        self.directory = self.reader.directory
+        if keys is not None and keys.run != self.reader.run:
+            raise ConfigError(f"{self.directory} is the archive of run {self.reader.run!r}, not {keys.run!r}; pass "
+                              "that run's archive (default <data_dir>/archive/<run>)")
+        self.keys = keys or RunKeys(self.reader.run)
+        self._streams = self.keys.all_streams()
+
+    def _check(self, stream: str) -> None:
+        if stream not in self._streams:
+            raise ValueError(f"unknown stream {stream!r}; expected one of {sorted(self._streams)}")
+
+    def __call__(self, stream: str, ids: Sequence[str]) -> list[dict[bytes, bytes] | None]:
+        self._check(stream)
+        return self.reader.get(stream, list(ids))
+
+    def scan(self, stream: str, page: int = 2000, *, after: str | None = None,
+             before: str | None = None) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+        """Every archived entry of ``stream`` (strictly between ``after`` and ``before`` when given), in order."""
+        self._check(stream)
+        return self.reader.scan(stream, after=after, before=before)
+
+    def hash(self, name: str) -> dict[str, str]:
+        snapshot = self.reader.snapshot() or {}
+        return dict(snapshot.get("hashes", {}).get(name, {}))
+
+    def folded_through(self) -> str | None:
+        snapshot = self.reader.snapshot() or {}
+        for group in snapshot.get("groups", {}).get("slots", []):
+            if group.get("name") == ASSEMBLER_GROUP:
+                return group.get("last_delivered")
+        return None
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class FallbackSource:
+    """The server first, the archive for entries the server no longer holds (trimmed, or the run's keys gone).
+
+    A scan reads the server in pages and fills every gap before a page, and after the last one,
+    from the archive, so it yields each id once, in order, even while retention trims behind it.
+    A hash is the server's while it has one, else the archive snapshot's.
+    """
+
+    def __init__(self, server: RedisSource, archive: ArchiveSource) -> None:
+        if server.keys.run != archive.keys.run:
+            raise ConfigError(f"{archive.directory} is the archive of run {archive.keys.run!r}, not "
+                              f"{server.keys.run!r}; pass that run's archive")
+        self.server = server
+        self.archive = archive
+        self.keys = server.keys
+
+    def __call__(self, stream: str, ids: Sequence[str]) -> list[dict[bytes, bytes] | None]:
+        found = self.server(stream, ids)
+        missing = [i for i, fields in enumerate(found) if fields is None]
+        if missing:
+            for i, fields in zip(missing, self.archive(stream, [ids[i] for i in missing])):
+                found[i] = fields
+        return found
+
+    def scan(self, stream: str, page: int = 2000) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+        key, start, last = self.server._key(stream), "-", None
+        while True:
+            entries = self.server.client.xrange(key, start, "+", count=page)
+            if not entries:
+                break
+            # Whatever the server no longer holds before this page (trimmed) comes from the archive.
+            yield from self.archive.scan(stream, after=last, before=entry_id_str(entries[0][0]))
+            for raw_id, fields in entries:
+                yield entry_id_str(raw_id), fields
+            last = entry_id_str(entries[-1][0])
+            start = "(" + last
+        yield from self.archive.scan(stream, after=last)
+
+    def hash(self, name: str) -> dict[str, str]:
+        return self.server.hash(name) or self.archive.hash(name)
+
+    def folded_through(self) -> str | None:
+        through = self.server.folded_through()
+        return through if through is not None else self.archive.folded_through()
+
+
+def default_source(client: redis.Redis, keys: RunKeys, data_dir: str | os.PathLike[str] | None = None):
+    """The server, with the run's archive at the default place behind it when there is one."""
+    server = RedisSource(client, keys)
+    if data_dir is not None and (default_archive_dir(data_dir, keys.run) / "meta.json").exists():
+        return FallbackSource(server, ArchiveSource(default_archive_dir(data_dir, keys.run), keys=keys))
+    return server
+
+
+def open_run_source(client: redis.Redis, run: str | None, *, archive: str | os.PathLike[str] | None = None,
+                    data_dir: str | os.PathLike[str] | None = None):
+    """The run to inspect and the source to read it through: ``(Run, source)``.
+
+    ``archive`` given: the server backed by it, or the archive alone when the run is not on the server
+    (its keys deleted, or another server); its run is the default. Otherwise the server, backed by
+    the archive at ``<data_dir>/archive/<run>`` when that exists.
+    """
+    from streamgrp.store.runs import Run, open_run, resolve_run_name
+
+    archived = ArchiveSource(archive) if archive is not None else None
+    if run is None and archived is not None:
+        run = archived.keys.run
+    try:
+        opened = open_run(client, resolve_run_name(client, run, create=False))
+    except ConfigError:
+        if archived is None and run is not None and data_dir is not None \
+                and (default_archive_dir(data_dir, run) / "meta.json").exists():
+            archived = ArchiveSource(default_archive_dir(data_dir, run))
+        if archived is None:
+            raise
+        if archived.keys.run != run:
+            raise ConfigError(f"{archived.directory} is the archive of run {archived.keys.run!r}, not {run!r}; pass "
+                              f"--run {archived.keys.run} or that run's archive") from None
+        record = next((event for _, event in decode_all(archived, "control")), None)
+        if not isinstance(record, RunStarted):
+            raise ConfigError(f"the archive {archived.directory} has no run_started record; was the run's control "
+                              "stream archived?") from None
+        return Run(archived.keys, RunConfig(**record.settings), record), archived
+    if archived is not None:
+        if archived.keys.run != opened.name:
+            raise ConfigError(f"{archived.directory} is the archive of run {archived.keys.run!r}, not "
+                              f"{opened.name!r}; pass --run {archived.keys.run} or that run's archive")
+        return opened, FallbackSource(RedisSource(client, opened.keys), archived)
+    return opened, default_source(client, opened.keys, data_dir)
+
+
+def decode_all(source: RedisSource, stream: str) -> Iterator[tuple[str, Any]]:
+    """Decoded events of a stream; entries that do not decode are skipped (the services dead-letter them)."""
+    for entry_id, fields in source.scan(stream):
+        try:
+            yield entry_id, codec.decode(fields)
+        except DecodeError:
+            continue
+
+
+def recorded_config(source: RedisSource) -> RunConfig:
+    for _, event in decode_all(source, "control"):
+        if isinstance(event, RunStarted):
+            return RunConfig(**event.settings)
+        break
+    raise ConfigError(f"run {source.keys.run!r} has no run_started record; list runs with `streamgrp runs`")

@@ -1,0 +1,98 @@
+"""Policy weights by version through Redis: trainers publish, rollout workers pick them up.
+
+For small models (the demo's, tests'): a state dict is one orjson header (names, dtypes, shapes)
+beside the tensors' raw little-endian bytes, under one key per version; the last few versions are
+kept. Large models belong on a weight-transfer path of their own; this module is not that. No pickle.
+"""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+import redis
+import torch
+
+from streamgrp.store.keys import RunKeys
+
+KEEP_VERSIONS = 4
+_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                                       torch.int64, torch.int32, torch.uint8, torch.bool)}
+
+
+def weights_key(keys: RunKeys, version: int) -> str:
+    return f"{keys.control}:weights:{version}"
+
+
+def latest_key(keys: RunKeys) -> str:
+    return f"{keys.control}:weights:latest"
+
+
+def encode_state(state: dict[str, torch.Tensor]) -> bytes:
+    header, blobs, offset = [], [], 0
+    for name, tensor in state.items():
+        data = bytes(tensor.detach().cpu().contiguous().clone().untyped_storage()) if tensor.numel() else b""
+        header.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, len(data)])
+        blobs.append(data)
+        offset += len(data)
+    head = orjson.dumps(header)
+    return len(head).to_bytes(4, "little") + head + b"".join(blobs)
+
+
+def decode_state(payload: bytes) -> dict[str, torch.Tensor]:
+    size = int.from_bytes(payload[:4], "little")
+    header = orjson.loads(payload[4:4 + size])
+    body = payload[4 + size:]
+    state = {}
+    for name, dtype, shape, offset, length in header:
+        raw = bytearray(body[offset:offset + length])
+        tensor = torch.frombuffer(raw, dtype=_DTYPES[dtype]) if raw else torch.zeros(0, dtype=_DTYPES[dtype])
+        state[name] = tensor.reshape(shape)
+    return state
+
+
+def publish(client: redis.Redis, keys: RunKeys, version: int, state: dict[str, torch.Tensor]) -> None:
+    """Store ``state`` as ``version`` and make it the latest; drop versions older than the last few."""
+    pipe = client.pipeline(transaction=True)
+    pipe.set(weights_key(keys, version), encode_state(state))
+    pipe.set(latest_key(keys), version)
+    if version >= KEEP_VERSIONS:
+        pipe.delete(weights_key(keys, version - KEEP_VERSIONS))
+    pipe.execute()
+
+
+class WeightCache:
+    """A worker's copy of the newest published weights no newer than the version it was asked for."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self.version: int | None = None
+        self.state: dict[str, torch.Tensor] | None = None
+
+    @classmethod
+    def from_env(cls) -> WeightCache:
+        """Built from ``STREAMGRP_REDIS_URL`` and ``STREAMGRP_RUN``, which `streamgrp worker` exports."""
+        url, run = os.environ.get("STREAMGRP_REDIS_URL"), os.environ.get("STREAMGRP_RUN")
+        if not url or not run:
+            raise RuntimeError("STREAMGRP_REDIS_URL and STREAMGRP_RUN are unset; run this rollout under `streamgrp worker`")
+        from streamgrp.store.connection import connect
+
+        # A client that rides out outages like the worker's own, so a restarting server does not
+        # turn weight loads into failed slots.
+        return cls(connect(url, check_settings=False), RunKeys(run))
+
+    def get(self, version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """(version used, state) for the newest published version <= ``version``, or None if none yet."""
+        latest = self.client.get(latest_key(self.keys))
+        if latest is None:
+            return None
+        wanted = min(version, int(latest))
+        if self.version == wanted and self.state is not None:
+            return self.version, self.state
+        for candidate in range(wanted, max(-1, wanted - KEEP_VERSIONS), -1):
+            payload = self.client.get(weights_key(self.keys, candidate))
+            if payload is not None:
+                self.version, self.state = candidate, decode_state(payload)
+                return self.version, self.state
+        return None

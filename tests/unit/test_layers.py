@@ -1,0 +1,86 @@
+"""The package layout's import rules (`tests/layers.py`), on the real tree and on synthetic ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from layers import check_tree
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_package_follows_its_import_rules():
+    violations = check_tree(ROOT)
+    assert not violations, "\n".join(map(str, violations))
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in {"streamgrp/__init__.py": "", "streamgrp/errors.py": "", **files}.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for package in ("core", "store", "services", "train", "replay", "cli"):
+        (tmp_path / "streamgrp" / package).mkdir(exist_ok=True)
+        (tmp_path / "streamgrp" / package / "__init__.py").touch()
+    return tmp_path
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"streamgrp/core/fold.py": "import redis\n"}, "core must not import redis"),
+    ({"streamgrp/core/fold.py": "import time\n"}, "core must not import time"),
+    ({"streamgrp/core/fold.py": "def f():\n    import logging\n"}, "core must not import logging"),
+    ({"streamgrp/core/fold.py": "from streamgrp.store import keys\n", "streamgrp/store/keys.py": ""},
+     "core may import store never"),
+    ({"streamgrp/services/batcher.py": "import prometheus_client\n"}, "services must not import prometheus_client"),
+    ({"streamgrp/services/batcher.py": "from streamgrp.cli.metrics import Metrics\n", "streamgrp/cli/metrics.py": ""},
+     "services may import cli never"),
+    ({"streamgrp/replay/steps.py": "from streamgrp.train.trainer import build_batch\n",
+      "streamgrp/train/trainer.py": ""}, "replay may import train only inside a function"),
+    ({"streamgrp/replay/steps.py": "try:\n    import torch\nexcept ImportError:\n    pass\n"},
+     "replay must not import torch"),
+    ({"streamgrp/cli/demo.py": "from consumers.toy_task import prompts\n"}, "the library never imports consumers"),
+    ({"streamgrp/store/keys.py": "from .. import cli\n"}, "store may import cli never"),
+    ({"streamgrp/plugins/x.py": ""}, "layer 'plugins' has no import rule"),
+])
+def test_a_broken_rule_is_reported(tmp_path, files, expected):
+    violations = check_tree(_tree(tmp_path, files))
+    assert any(expected in str(v) for v in violations), violations
+
+
+def test_allowed_imports_are_not_reported(tmp_path):
+    tree = _tree(tmp_path, {
+        "streamgrp/core/codec.py": "import hashlib\nimport orjson\nfrom streamgrp.errors import DecodeError\n",
+        "streamgrp/store/keys.py": "import redis\nfrom streamgrp.core import codec\n",
+        "streamgrp/replay/steps.py": "def rebuild():\n    from streamgrp.train.trainer import build_batch\n",
+        "streamgrp/train/trainer.py": "import torch\n",
+        "streamgrp/cli/main.py": "from streamgrp.services import batcher\nLOAD = 'consumers.toy_task:rollout'\n",
+        "streamgrp/services/batcher.py": "",
+    })
+    assert check_tree(tree) == []
+
+
+def test_light_entry_points_load_nothing_heavy_at_run_time():
+    """What the rules promise, observed: the pure core, the replay commands (steps, verify, inspect)
+    and the curated package import none of redis' heavy neighbours: torch, prometheus_client."""
+    code = (
+        "import sys\n"
+        "import streamgrp, streamgrp.core.group_fold, streamgrp.core.partition, streamgrp.core.codec\n"
+        "import streamgrp.core.manifest, streamgrp.core.stall, streamgrp.store.segments, streamgrp.replay.charts\n"
+        "pure = sorted(m for m in ('redis', 'torch', 'prometheus_client', 'numpy', 'matplotlib') if m in sys.modules)\n"
+        "import streamgrp.replay.steps, streamgrp.replay.verifier, streamgrp.cli.main\n"
+        "light = sorted(m for m in ('torch', 'prometheus_client') if m in sys.modules)\n"
+        "print(','.join(pure) + '|' + ','.join(light))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert result.stdout.strip() == "|"
+
+
+def test_lazy_torch_exports_resolve():
+    import streamgrp
+
+    assert callable(streamgrp.normalize)
+    with pytest.raises(AttributeError):
+        streamgrp.does_not_exist  # noqa: B018
