@@ -1,4 +1,4 @@
-"""Verify a run's record: re-fold the slot log, re-partition the steps, report every difference.
+"""Verify a run's record: re-fold the slot log, re-batch and re-partition the steps, report every difference.
 
 Owns the comparison, not the semantics: the fold (`streamgrp.core.group_fold.run_fold`) with the run's recorded
 policy and deadline decides every group again, and `streamgrp.core.manifest.make_manifest` splits each
@@ -24,6 +24,8 @@ Kinds of `Difference` (``recorded`` is the log's value, ``recomputed`` verify's)
                             retention: verify with the run's archive, ``--archive DIR``)
     step_entry              a manifest is not at its step's entry id
     step_shards             a step does not have dp_size shards
+    step_groups             a step's groups differ from what the batch fold forms from the recorded decisions
+    step_not_rebatched      the batch fold forms no such step from the recorded decisions
     step_unbuildable        the step's groups cannot be partitioned (fewer than dp_size)
     shard_groups            a rank's groups (task ids, in order) differ from the re-partition's
     shard_group_differs     a group's members, entries, rows, tokens, versions or digest differ
@@ -39,10 +41,11 @@ from typing import Any
 import redis
 
 from streamgrp.config import RunConfig
-from streamgrp.core import codec
-from streamgrp.core.batch_fold import is_stale
+from streamgrp.core import batch_fold, codec
+from streamgrp.core.batch_fold import BatchRules, BatchState, is_stale
 from streamgrp.core.events import (
     GroupDecided,
+    GroupDiscarded,
     SlotResult,
     StepManifest,
     TaskIssued,
@@ -189,9 +192,9 @@ def _check_steps(source: RedisSource, config: RunConfig, by_entry: dict[str, Gro
                  to_step: int | None, report: VerifyReport) -> None:
     trained_in: dict[str, int] = {}
     expected_step = 0
-    for entry_id, manifest in decode_all(source, "steps"):
-        if not isinstance(manifest, StepManifest):
-            continue
+    recorded = [(entry_id, m) for entry_id, m in decode_all(source, "steps") if isinstance(m, StepManifest)]
+    rebatched = _rebatch(source, config, by_entry, {m.step: m for _, m in recorded})
+    for entry_id, manifest in recorded:
         step = manifest.step
         subject = f"step {step}"
         if entry_id != step_entry_id(step):
@@ -212,10 +215,52 @@ def _check_steps(source: RedisSource, config: RunConfig, by_entry: dict[str, Gro
         if (from_step is not None and step < from_step) or (to_step is not None and step > to_step):
             continue
         report.steps_checked += 1
-        _check_step(manifest, groups, config, report)
+        _check_step(manifest, groups, config, report, None if rebatched is None else rebatched.get(step, False))
 
 
-def _check_step(manifest: StepManifest, groups, config: RunConfig, report: VerifyReport) -> None:
+def _rebatch(source: RedisSource, config: RunConfig, by_entry: dict[str, GroupDecided],
+             manifests: dict[int, StepManifest]) -> dict[int, batch_fold.StepDue] | None:
+    """Batch the recorded decisions again with the batcher's own fold (`streamgrp.core.batch_fold`).
+
+    The log gives the decisions in the order the batcher read them (stream order) and, through each
+    recorded manifest, the policy version its step was formed at; the user's filter is replayed from
+    the recorded ``filtered`` discards. Round ends are what the log cannot give: in dynamic mode a
+    round is taken to end right after the last decision a recorded step holds. None when a step's
+    decisions are no longer retained (nothing to batch them from).
+    """
+    filtered = {event.task_id for _, event in decode_all(source, "discarded")
+                if isinstance(event, GroupDiscarded) and event.reason == batch_fold.FILTERED}
+    rules = BatchRules.of(config)
+    rules = BatchRules(**{**{f: getattr(rules, f) for f in rules.__slots__}, "max_empty_rounds": 2**62,
+                          "stall_timeout_s": float("inf")})
+    state = BatchState(rules, group_filter=lambda decision: decision.task_id not in filtered)
+    ends_round = {max((g.decision_entry for shard in m.shards for g in shard.groups), key=id_key): m.step
+                  for m in manifests.values() if any(shard.groups for shard in m.shards)}
+    due: dict[int, batch_fold.StepDue] = {}
+
+    def feed(event: batch_fold.Event) -> None:
+        nonlocal state
+        if state.next_step in manifests:
+            state, _ = batch_fold.fold(state, batch_fold.VersionSet(manifests[state.next_step].version))
+        state, outputs = batch_fold.fold(state, event)
+        due.update((o.step, o) for o in outputs if isinstance(o, batch_fold.StepDue))
+
+    retained = all(g.decision_entry in by_entry for m in manifests.values() for shard in m.shards for g in shard.groups)
+    if not retained:
+        return None
+    for entry_id in sorted(by_entry, key=id_key):
+        feed(batch_fold.Decided(entry_id, by_entry[entry_id]))
+        if rules.batch_mode == "dynamic" and entry_id in ends_round:
+            feed(batch_fold.RoundEnded(float(len(due))))
+    if len(due) < len(manifests):
+        feed(batch_fold.DatasetEnded())  # the run's last, smaller step
+    return due
+
+
+def _check_step(manifest: StepManifest, groups, config: RunConfig, report: VerifyReport,
+                rebatched: batch_fold.StepDue | bool | None) -> None:
+    """``rebatched``: the batch fold's step of that number, False when it forms none, None when the
+    decisions are not retained and the re-batch could not run."""
     step = manifest.step
     subject = f"step {step}"
     usable = True
@@ -242,6 +287,12 @@ def _check_step(manifest: StepManifest, groups, config: RunConfig, report: Verif
         return
     # The batcher buffers decisions in stream order and a step takes its fresh groups in that order.
     ordered = sorted(((g.decision_entry, d) for g, d in groups), key=lambda item: id_key(item[0]))
+    if rebatched is False:
+        report.differences.append(Difference("step_not_rebatched", subject, "groups", len(ordered),
+                                             "the batch fold forms no such step from the recorded decisions"))
+    elif rebatched is not None and [entry for entry, _ in rebatched.groups] != [entry for entry, _ in ordered]:
+        report.differences.append(Difference("step_groups", subject, "decision entries",
+                                             [e for e, _ in ordered], [e for e, _ in rebatched.groups]))
     try:
         rebuilt = make_manifest(step, manifest.version, ordered, config.dp_size, manifest.created_at)
     except ValueError as exc:

@@ -136,3 +136,17 @@ def test_a_trimmed_slot_entry_names_the_entry(source):
     del source.streams["slots"][entry]
     with pytest.raises(DigestMismatch, match=f"slot entry {entry} is gone"):
         replay_step(None, source.keys, 2, 0, source=source)
+
+
+def test_two_steps_with_their_groups_swapped_are_caught_by_the_re_batch(source):
+    """Each step alone still partitions cleanly; only batching the decisions again shows that step 0
+    holds groups the batcher could only have formed after step 0's."""
+    first, second = _manifest(source, 0), _manifest(source, 1)
+    swapped = {0: second.model_copy(update={"step": 0, "version": first.version, "created_at": first.created_at}),
+               1: first.model_copy(update={"step": 1, "version": second.version, "created_at": second.created_at})}
+    for step, manifest in swapped.items():
+        source.streams["steps"][step_entry_id(step)] = codec.encode(manifest)
+    kinds = _kinds(verify(None, source.keys, source=source))
+    assert {("step_groups", "step 0", "decision entries"), ("step_groups", "step 1", "decision entries")} <= kinds
+    assert not any(kind.startswith("shard_") for kind, _, _ in kinds)
+    assert verify(None, source.keys, source=MemorySource(LOG)).ok  # the untouched log re-batches exactly
