@@ -56,7 +56,7 @@ from streamgrp.store import scripts
 from streamgrp.store.connection import replicate
 from streamgrp.store.deadletter import MAX_DETAIL_CHARS, op_fields
 from streamgrp.store.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
-from streamgrp.store.lease import Lease, LeaseLost, run_while_leased
+from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.runs import Run, server_time
 from streamgrp.store.streams import (
     ensure_group,
@@ -85,7 +85,7 @@ class Assembler:
         self.lease = Lease(client, self.keys.assembler_lease, self.name, config.lease_ttl_s)
         self.state: FoldState | None = None
         self.decisions_written = 0
-        self._commit = scripts.register(client, "commit.lua")
+        self._commit = scripts.register_fenced(client, "commit.lua")
         self._last_tick_check = 0.0
         self._seq = 0
         self._largest_entry = 0
@@ -242,12 +242,7 @@ class Assembler:
     def _commit_ops(self, args: list[Any], decisions: list[GroupDecided] = ()) -> None:
         keys = [self.keys.slots, self.keys.decisions, self.keys.deadletter, self.keys.decided, self.keys.counts,
                 self.keys.assembler_lease, self.keys.control]
-        try:
-            written, redundant, *applied = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
-        except redis.ResponseError as exc:
-            if "LEASE" in str(exc):
-                raise LeaseLost(str(exc)) from None
-            raise
+        written, redundant, *applied = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
         replicate(self.client)
         self.decisions_written += written
         if self.metrics is not None:

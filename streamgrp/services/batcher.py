@@ -38,6 +38,7 @@ from streamgrp.errors import DecodeError, LeaseLost
 from streamgrp.services.feeder import Feeder
 from streamgrp.store import scripts
 from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
+from streamgrp.store.control import ControlCursor
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP
 from streamgrp.store.lease import Lease, run_while_leased
@@ -70,16 +71,16 @@ class Batcher:
         self.state = BatchState(self.rules, group_filter)
         self.steps_written = 0
         self._finished_outcome: str | None = None  # found already finished or failed at activation
-        self._commit = scripts.register(client, "batch_commit.lua")
+        self._commit = scripts.register_fenced(client, "batch_commit.lua")
         self._active = False
         self._feeder: Feeder | None = None
-        self._control_last = "0-0"
         self._seq = 0
         self._pending_ops: list[Any] = []  # acks and discards of the read batch being folded
         self._pending_steps: list[batch_fold.StepDue] = []
         self._inactive_since: float | None = None
         self.outage = outage_of(client)
         self.dead_letters = DeadLetters(client, self.keys, metrics=metrics)
+        self._control = ControlCursor(self.dead_letters)
         ensure_group(client, self.keys.decisions, BATCHER_GROUP)
 
     @property
@@ -280,13 +281,11 @@ class Batcher:
                 self.keys.batcher_state, self.keys.control]
         try:
             _, *applied = self._commit(keys=keys, args=[self.lease.token, BATCHER_GROUP, *ops])
-        except redis.ResponseError as exc:
-            # STEP: the step was written already (by a batcher that took over, or by this call's first
-            # attempt, whose reply an outage lost): rebuild from the server's record either way.
-            if "LEASE" in str(exc) or "STEP" in str(exc):
-                self._active = False
-                self._pending_ops, self._pending_steps = [], []
-                raise LeaseLost(str(exc)) from None
+        except LeaseLost:
+            # Also raised when the step was written already (by a batcher that took over, or by this
+            # call's first attempt, whose reply an outage lost): rebuild from the server's record either way.
+            self._active = False
+            self._pending_ops, self._pending_steps = [], []
             raise
         replicate(self.client)
         if self.metrics is not None:
@@ -302,10 +301,8 @@ class Batcher:
             return
         try:
             self._feeder.feed(self._current_version(), self.lease.token)
-        except redis.ResponseError as exc:
-            if "LEASE" in str(exc) or "CURSOR" in str(exc):
-                self._active = False
-                raise LeaseLost(str(exc)) from None
+        except LeaseLost:
+            self._active = False
             raise
 
     def _dataset_done(self) -> bool:
@@ -340,16 +337,7 @@ class Batcher:
 
     def _check_terminal_from_others(self) -> None:
         """Fail the run at the next step when the assembler wrote a terminal event (contract violation)."""
-        reply = self.client.xread({self.keys.control: self._control_last}, count=100)
-        for _, entries in reply:
-            for raw_id, fields in entries:
-                self._control_last = entry_id_str(raw_id)
-                try:
-                    event = codec.decode(fields)
-                except DecodeError as exc:
-                    self.dead_letters.send(self.keys.control, self._control_last, exc.reason, exc.detail, fields,
-                                           counter="invalid:control")
-                    continue
-                if isinstance(event, RunTerminated) and event.step is None:
-                    self._fold(batch_fold.Terminated(event.reason, event.message))
-                    return
+        for event in self._control.read():
+            if isinstance(event, RunTerminated) and event.step is None:
+                self._fold(batch_fold.Terminated(event.reason, event.message))
+                return

@@ -79,7 +79,7 @@ class Feeder:
         self.exhausted = False
         #: The staleness window had no room at the last `feed` (the batcher waits for trainers then).
         self.window_full = False
-        self._script = scripts.register(client, "feed.lua")
+        self._script = scripts.register_fenced(client, "feed.lua")
         self._items = iter(dataset)
         self._position = 0  # dataset items read from ``_items`` so far
         self._held: list[dict[str, Any]] = []  # read but not (yet) issued: they end at ``_position``

@@ -1,19 +1,30 @@
-"""Loading the server-side Lua scripts that ship with the package.
+"""Loading the server-side Lua scripts that ship with the package, and reading their error replies.
 
 Scripts share preludes, prepended here, so that code exists once: `counters.lua` (counter
 changes the caller mirrors in metrics) and `acks.lua` (bounded-chunk acknowledgements and input
 checks). Redis sees one self-contained script per role.
+
+A script refuses with an error reply whose first word is a code. The fencing codes (``LEASE``: the
+caller no longer holds its role's lease; ``STEP``: the step was written already; ``CURSOR``: the
+feeder's cursor moved) mean another process owns the role now, so `FencedScript` raises them as
+`LeaseLost` and callers never match text.
 """
 
 from __future__ import annotations
 
 from importlib import resources
+from typing import Any
 
 import redis
 from redis.commands.core import Script
 
+from streamgrp.errors import LeaseLost
+
 _SHARED = {"commit.lua": ("counters.lua", "acks.lua"), "batch_commit.lua": ("counters.lua", "acks.lua"),
            "deadletter.lua": ("acks.lua",)}
+
+#: Error-reply codes that mean "another process holds this role now".
+FENCING_CODES = frozenset({"LEASE", "STEP", "CURSOR"})
 
 
 def source(name: str) -> str:
@@ -25,3 +36,28 @@ def source(name: str) -> str:
 
 def register(client: redis.Redis, name: str) -> Script:
     return client.register_script(source(name))
+
+
+def error_code(exc: redis.ResponseError) -> str:
+    """The first word of a script's error reply (``LEASE``, ``STEP``, ``BAD_INPUT``, ...)."""
+    text = str(exc)
+    return text.split(None, 1)[0] if text else ""
+
+
+class FencedScript:
+    """A registered script whose fencing error replies are raised as `LeaseLost`."""
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self._script = register(client, name)
+
+    def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
+        try:
+            return self._script(keys=keys, args=args, client=client)
+        except redis.ResponseError as exc:
+            if error_code(exc) in FENCING_CODES:
+                raise LeaseLost(str(exc)) from None
+            raise
+
+
+def register_fenced(client: redis.Redis, name: str) -> FencedScript:
+    return FencedScript(client, name)

@@ -41,13 +41,13 @@ from streamgrp.core.events import (
 )
 from streamgrp.errors import (
     ConfigError,
-    DecodeError,
     DigestMismatch,
     ReadOnlyBatch,
     RunFailed,
 )
 from streamgrp.store import scripts
 from streamgrp.store.connection import MAX_BLOCK_MS, replicate
+from streamgrp.store.control import ControlCursor
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import step_entry_id
 from streamgrp.store.runs import Run
@@ -171,7 +171,7 @@ class TrainerClient:
         self._commit_script = scripts.register(client, "trainer_commit.lua")
         self._seq = 0
         self._dead_letters = DeadLetters(client, self.keys)
-        self._control_last = "0-0"  # the control stream is read once, from a cursor, not per step
+        self._control = ControlCursor(self._dead_letters)  # each entry read once, not from the start per step
         self._terminal: RunTerminated | None = None
         self._finished: RunFinished | None = None
 
@@ -210,23 +210,12 @@ class TrainerClient:
             if stop_check is not None and stop_check():
                 return None
             previous = step_entry_id(step - 1) if step > 0 else "0-0"
-            self.client.xread({self.keys.steps: previous, self.keys.control: self._control_last}, block=self.poll_ms,
+            self.client.xread({self.keys.steps: previous, self.keys.control: self._control.last}, block=self.poll_ms,
                               count=1)
 
     def _read_control(self) -> None:
-        """Read the control stream past this client's cursor: the terminal and finished events.
-
-        An entry that does not decode is dead-lettered (once for all ranks) and skipped: a forged or
-        damaged control entry must not stop every rank."""
-        start = f"({self._control_last}" if self._control_last != "0-0" else "-"
-        for raw_id, fields in self.client.xrange(self.keys.control, start, "+"):
-            self._control_last = raw_id.decode()
-            try:
-                event = codec.decode(fields)
-            except DecodeError as exc:
-                self._dead_letters.send(self.keys.control, self._control_last, exc.reason, exc.detail, fields,
-                                        counter="invalid:control")
-                continue
+        """Take the terminal and finished events from the control stream past this client's cursor."""
+        for event in self._control.read():
             if isinstance(event, RunTerminated) and event.step is not None and self._terminal is None:
                 self._terminal = event
             elif isinstance(event, RunFinished):

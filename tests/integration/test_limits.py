@@ -21,6 +21,7 @@ import redis
 from streamgrp.config import AssemblerConfig, BatcherConfig, RunConfig
 from streamgrp.core import codec
 from streamgrp.core.events import GroupDecided, SlotResult, StepManifest
+from streamgrp.errors import LeaseLost
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
 from streamgrp.services.synthetic import make_sample
@@ -144,13 +145,21 @@ def test_the_batch_commit_refuses_a_wrong_step_before_writing(client, run_name):
     run = join_run(client, run_name, RunConfig(n_samples=2))
     keys = run.keys
     client.set(keys.batcher_lease, "me")
-    commit = scripts.register(client, "batch_commit.lua")
+    commit = scripts.register_fenced(client, "batch_commit.lua")
     script_keys = [keys.decisions, keys.steps, keys.discarded, keys.counts, keys.batcher_lease, keys.batcher_state,
                    keys.control]
     ops = ["S", 0, b"{}", 1, 1, "1-0", "S", 2, b"{}", 1, 1, "2-0"]  # step 2 does not follow step 0
-    with pytest.raises(redis.ResponseError, match="STEP"):
+    # a step already written means another batcher owns the run now: the typed error, not a text match
+    with pytest.raises(LeaseLost, match="STEP 2 is not the next step 1"):
         commit(keys=script_keys, args=["me", BATCHER_GROUP, *ops])
     assert client.xlen(keys.steps) == 0 and client.hget(keys.batcher_state, "next_step") is None
+    with pytest.raises(LeaseLost, match="LEASE lost"):
+        commit(keys=script_keys, args=["someone-else", BATCHER_GROUP, *ops[:6]])
+    assert client.xlen(keys.steps) == 0
+    # an input error is not a fencing error: it stays a server error for the caller to report
+    with pytest.raises(redis.ResponseError, match="BAD_INPUT") as refused:
+        commit(keys=script_keys, args=["me", BATCHER_GROUP, "Q", 1])
+    assert not isinstance(refused.value, LeaseLost)
 
 
 def test_a_task_flood_is_capped_at_max_open_groups(client, run_name):
