@@ -16,6 +16,7 @@ from streamgrp.core.events import (
     EVENT_TYPES,
     GroupDecided,
     GroupDiscarded,
+    GroupStats,
     RunFinished,
     RunStarted,
     RunTerminated,
@@ -43,7 +44,7 @@ def _decision(task: int, members: int = 2) -> GroupDecided:
                         member_tokens=tuple(5 + m for m in slots), member_versions=(0,) * members,
                         member_rewards=tuple(0.5 * m for m in slots),
                         slot_outcomes={str(m): "sample" for m in slots},
-                        stats={"usable_slot_count": members, "fully_masked_group": False, "yield": 0.75},
+                        stats=GroupStats.of(members + 1, members, members),
                         closed_by="all_slots", issued_at=1.0, decided_at=2.5)
 
 
@@ -281,7 +282,11 @@ MALFORMED = [
                        started_at=1.0), "wrong_type", id="bool-policy-eps"),
     pytest.param(other("run_started", run="r", policy={**POLICY, "drop_incomplete_group": 1}, started_at=1.0),
                  "wrong_type", id="int-policy-bool"),
-    pytest.param(other("group_decided", **{**GROUP, "stats": {"x": {"y": 1}}}), "wrong_type", id="stats-nested"),
+    pytest.param(other("group_decided", **{**GROUP, "stats": {**GROUP["stats"], "fully_masked_group": 0}}), "wrong_type",
+                 id="stats-int-as-flag"),
+    pytest.param(other("group_decided", **{**GROUP, "stats": {**GROUP["stats"], "usable_slot_count": 2.0}}),
+                 "wrong_type", id="stats-float-as-count"),
+    pytest.param(other("group_decided", **{**GROUP, "stats": {"x": {"y": 1}}}), "missing_field", id="stats-unknown"),
     pytest.param(other("step_committed", step=0, rank=0, world_size=2.0), "wrong_type", id="float-world-size"),
     # values
     pytest.param(header({"slot": -1}), "invalid_value", id="negative-slot"),

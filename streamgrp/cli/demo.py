@@ -24,6 +24,7 @@ import orjson
 
 from streamgrp.cli.server import ensure_server, free_port, pdeathsig_preexec
 from streamgrp.config import ConnectionConfig, DemoConfig, RunConfig, load_callable
+from streamgrp.core import counters
 from streamgrp.errors import RoleFailed
 from streamgrp.replay.summary import format_summary, run_summary
 from streamgrp.store.runs import connect, join_run
@@ -211,10 +212,8 @@ class _Progress:
             return
         self._last_line = now
         counts = {k.decode(): float(v) for k, v in client.hgetall(keys.counts).items()}
-        done = int(counts.get("steps", 0))
-        target = counts.get("target_slots", 0)
-        usable = counts.get("usable_slots", 0) / target if target else 0.0
-        trainable = counts.get("trainable_slots", 0) / target if target else 0.0
+        done = int(counts.get(counters.STEPS, 0))
+        usable, trainable = counters.slot_yields(counts) or (0.0, 0.0)
         metrics = client.hget(keys.trainer_metrics, max(done - 1, 0))
         reward = orjson.loads(metrics)["reward_mean"] if metrics else None
         filled = int(20 * min(done, self.steps) / self.steps)

@@ -23,6 +23,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 
+from streamgrp.core import counters
+
 # `_created` series double every counter's output and no dashboard reads them.
 disable_created_metrics()
 
@@ -66,6 +68,10 @@ class Metrics:
                                     buckets=WAIT_BUCKETS, registry=r)
         self.staleness = Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when batched",
                                    buckets=STALENESS_BUCKETS, registry=r)
+        self._families = {counters.SLOTS: self.slots, counters.DECISIONS: self.groups,
+                          counters.DROPPED: self.groups_dropped, counters.DEADLETTER: self.dead_letters}
+        self._totals = {counters.TARGET_SLOTS: self.target_slots, counters.USABLE_SLOTS: self.usable_slots,
+                        counters.TRAINABLE_SLOTS: self.trainable_slots, counters.STEPS: self.steps}
         # Pre-create the label values dashboards plot, so every panel has data from the first scrape.
         for outcome in ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid"):
             self.slots.labels(outcome)
@@ -78,22 +84,11 @@ class Metrics:
             if amount <= 0:
                 continue
             kind, _, label = field.partition(":")
-            if kind == "slots":
-                self.slots.labels(label).inc(amount)
-            elif kind == "decisions":
-                self.groups.labels(label).inc(amount)
-            elif kind == "dropped":
-                self.groups_dropped.labels(label).inc(amount)
-            elif kind == "deadletter":
-                self.dead_letters.labels(label).inc(amount)
-            elif field == "target_slots":
-                self.target_slots.inc(amount)
-            elif field == "usable_slots":
-                self.usable_slots.inc(amount)
-            elif field == "trainable_slots":
-                self.trainable_slots.inc(amount)
-            elif field == "steps":
-                self.steps.inc(amount)
+            family = self._families.get(kind) if label else None
+            if family is not None:
+                family.labels(label).inc(amount)
+            elif field in self._totals:
+                self._totals[field].inc(amount)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Serve ``/metrics`` on ``port`` (0 disables); returns the port."""

@@ -43,12 +43,21 @@ from typing import Any, Union, get_args, get_origin
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from streamgrp.core.events import DTYPES, EVENT_TYPES, SCHEMA_VERSION, RawArray
+from streamgrp.core.events import (
+    DTYPES,
+    EVENT_TYPES,
+    SCHEMA_VERSION,
+    GroupDecided,
+    RawArray,
+    ShardGroup,
+)
 from streamgrp.errors import DecodeError
 
 HEADER = b"h"
 BLOB = b"b"
 RAW_KEY = "__raw__"
+#: Models written in their `wire_fields` form rather than field by field.
+_COLUMNAR = (GroupDecided, ShardGroup)
 #: Default ceiling for one entry (header plus bytes); larger entries are dead-lettered as oversized.
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
 #: The deepest a header's JSON objects and arrays may nest (the header itself is level 1; a
@@ -255,7 +264,9 @@ def _to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
         offset[0] += len(value.data)
         return {RAW_KEY: [value.dtype, list(value.shape), start, len(value.data)]}
     if isinstance(value, BaseModel):
-        return {name: _to_header(item, blobs, offset) for name, item in value.__dict__.items()}
+        # A model whose wire form differs from its fields (members as columns) says so by `wire_fields`.
+        fields = value.wire_fields() if value.__class__ in _COLUMNAR else value.__dict__
+        return {name: _to_header(item, blobs, offset) for name, item in fields.items()}
     if isinstance(value, (list, tuple)):
         return [_to_header(item, blobs, offset) for item in value]
     if isinstance(value, dict):

@@ -7,9 +7,10 @@ streams, deadlines or time. Deadlines, duplicates and late results belong to `st
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
+from streamgrp.core.events import GroupStats
 from streamgrp.core.policy import GroupPolicy
 
 DecisionKind = Literal["complete", "partial", "dropped"]
@@ -20,17 +21,6 @@ INCOMPLETE = "incomplete"
 BELOW_MINIMUM = "below_minimum"
 CONTRACT_VIOLATION = "contract_violation"
 ASSEMBLER_DROP_REASONS = (ALL_UNUSABLE, INCOMPLETE, BELOW_MINIMUM, CONTRACT_VIOLATION)
-
-STAT_NAMES = (
-    "target_slot_count",
-    "usable_slot_count",
-    "trainable_slot_count",
-    "fully_masked_group",
-    "singleton_slot_group",
-    "pre_filter_usable_slot_yield",
-    "pre_filter_trainable_slot_yield",
-)
-
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -43,7 +33,7 @@ class Decision:
     decision: DecisionKind
     reason: str | None
     members: tuple[int, ...]
-    stats: dict[str, int | float | bool] = field(hash=False)
+    stats: GroupStats
     error: str | None = None
 
 
@@ -80,16 +70,7 @@ def decide_group(policy: GroupPolicy, row_counts: Sequence[int | None]) -> Decis
     else:
         kind = "dropped"
         trainable = 0
-    stats = {
-        "target_slot_count": target,
-        "usable_slot_count": usable,
-        "trainable_slot_count": trainable,
-        "fully_masked_group": usable == 0,
-        "singleton_slot_group": usable == 1,
-        "pre_filter_usable_slot_yield": usable / target,
-        "pre_filter_trainable_slot_yield": trainable / target,
-    }
-    return Decision(kind, reason, members, stats, error)
+    return Decision(kind, reason, members, GroupStats.of(target, usable, trainable), error)
 
 
 def contract_violation_message(policy: GroupPolicy, slot_sizes: Sequence[int | None]) -> str:

@@ -8,10 +8,14 @@ needs torch. Pure: no I/O.
 Numbers are strict, because a decoded header must mean exactly what its producer wrote: every
 integer field is `Int` (a JSON integer within the signed 64-bit range; ``true`` is not 1, ``2.0``
 is not 2, ``"2"`` is not 2) and every float field is `Float` (a finite JSON number: integers are
-accepted and become floats, as before; booleans and strings are not). `GroupDecided.stats` is
-the one deliberate exception: its values are ``int | float | bool`` and keep their JSON types.
+accepted and become floats, as before; booleans and strings are not); flags are strict booleans.
 Free-form dicts (``prompt``, ``meta``, ``settings``) nest at most `FREE_FORM_DEPTH` levels, so
 every event an encoder can write stays inside the codec's header depth bound.
+
+A group's members are typed records (`Member`, `DecidedMember`) in Python and columns on the wire
+(``members`` for slot indices, ``member_entries``, ``member_rows``, ...): one list per field is
+what schema 1 records and the most compact form. `member_columns` and the models' ``_from_columns``
+validators are the only code that converts, so nothing else aligns lists by position.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    StrictBool,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from streamgrp.core.policy import GroupPolicy
 
@@ -268,47 +273,141 @@ class Tick(_Event):
     now: Float
 
 
-class GroupDecided(_Event):
-    """The one decision for a task. Member lists are in slot order and aligned with each other.
+class Member(_Frozen):
+    """One usable slot of a group as a step trains it: where its entry is and what it weighs.
 
-    ``slot_outcomes`` maps each slot index (as a string) to sample / rejected / failed / timeout;
-    ``member_entries`` are the slot stream entry ids replay reads and ``member_digests`` the digests
-    of their bytes (`streamgrp.core.codec.entry_digest`); ``member_tokens`` the valid
-    loss tokens per member (partition weights); ``member_versions`` the generating policy versions;
-    ``member_rewards`` each member's mean reward over its rows (what group filters look at).
+    ``entry`` is the slot stream entry id replay reads; ``rows`` the sample's rows; ``tokens`` its
+    valid loss tokens (the partition weight); ``version`` the policy version that generated it.
+    """
+
+    slot: NonNegInt
+    entry: str
+    rows: Int
+    tokens: Int
+    version: Int
+
+
+class DecidedMember(Member):
+    """A member as the decision records it: also the ``digest`` of its entry's bytes
+    (`streamgrp.core.codec.entry_digest`, empty when not recorded) and its mean ``reward`` over its
+    rows (what group filters look at; None when not recorded)."""
+
+    digest: str = ""
+    reward: Float | None = None
+
+    def placed(self) -> Member:
+        """The member as a step's shard records it (without digest and reward)."""
+        # Every field was validated when this record was; constructing again would only repeat it.
+        return Member.model_construct(slot=self.slot, entry=self.entry, rows=self.rows, tokens=self.tokens,
+                                      version=self.version)
+
+
+#: Wire column -> member field, in the order the columns are written.
+_COLUMNS = {"members": "slot", "member_entries": "entry", "member_digests": "digest", "member_rows": "rows",
+            "member_tokens": "tokens", "member_versions": "version", "member_rewards": "reward"}
+
+
+def _from_columns(data: Any, record: type[Member]) -> Any:
+    """Turn a header's member columns into records, checking that every column has one item per member.
+
+    Data already given as records (a model built in Python) passes through unchanged."""
+    if not isinstance(data, dict) or "member_entries" not in data:
+        return data
+    fields = {name: field for name, field in _COLUMNS.items() if field in record.model_fields}
+    data = dict(data)
+    columns = {}
+    for name in fields:
+        column = data.pop(name, ())
+        if not isinstance(column, (list, tuple)):
+            raise ValueError(f"{name} is a {type(column).__name__}, not a list")
+        columns[name] = column
+    count = len(columns["members"])
+    for name, column in columns.items():
+        optional = record.model_fields[fields[name]].default is not PydanticUndefined
+        if len(column) != count and not (optional and not column):
+            raise ValueError(f"{name} has {len(column)} items for {count} members; give one per member")
+    present = {name: column for name, column in columns.items() if column}
+    data["members"] = [{fields[name]: column[i] for name, column in present.items()} for i in range(count)]
+    return data
+
+
+def member_columns(members: Sequence[Member], record: type[Member]) -> dict[str, list[Any]]:
+    """The wire columns of ``members`` (the inverse of ``_from_columns``); an optional field that no
+    member recorded is written as an empty column, as schema 1 allows."""
+    columns: dict[str, list[Any]] = {}
+    for name, field in _COLUMNS.items():
+        info = record.model_fields.get(field)
+        if info is None:
+            continue
+        values = [getattr(member, field) for member in members]
+        if info.default is not PydanticUndefined and all(value == info.default for value in values):
+            values = []
+        columns[name] = values
+    return columns
+
+
+class GroupStats(_Frozen):
+    """The per-group statistics SPEC section 3 names, all derived from three slot counts (`of`)."""
+
+    target_slot_count: NonNegInt
+    usable_slot_count: NonNegInt
+    trainable_slot_count: NonNegInt
+    fully_masked_group: StrictBool
+    singleton_slot_group: StrictBool
+    pre_filter_usable_slot_yield: Float
+    pre_filter_trainable_slot_yield: Float
+
+    @classmethod
+    def of(cls, target: int, usable: int, trainable: int) -> GroupStats:
+        return cls(target_slot_count=target, usable_slot_count=usable, trainable_slot_count=trainable,
+                   fully_masked_group=usable == 0, singleton_slot_group=usable == 1,
+                   pre_filter_usable_slot_yield=usable / target if target else 0.0,
+                   pre_filter_trainable_slot_yield=trainable / target if target else 0.0)
+
+
+class GroupDecided(_Event):
+    """The one decision for a task; ``members`` are its usable slots in slot order.
+
+    ``slot_outcomes`` maps each slot index (as a string) to sample / rejected / failed / timeout.
     """
 
     kind: Literal["group_decided"] = "group_decided"
     task_id: str
     decision: Literal["complete", "partial", "dropped"]
     reason: str | None = None
-    members: tuple[NonNegInt, ...]
-    member_entries: tuple[str, ...]
-    member_digests: tuple[str, ...] = ()
-    member_rows: tuple[Int, ...]
-    member_tokens: tuple[Int, ...]
-    member_versions: tuple[Int, ...]
-    member_rewards: tuple[Float, ...] = ()
+    members: tuple[DecidedMember, ...]
     slot_outcomes: dict[str, str]
-    stats: dict[str, int | float | bool]
+    stats: GroupStats
     error: str | None = None
     closed_by: Literal["all_slots", "deadline"]
     issued_at: Float | None = None
     decided_at: Float | None = None
 
-    @model_validator(mode="after")
-    def _check_aligned(self) -> GroupDecided:
-        _check_member_lists(self, optional=("member_digests", "member_rewards"))
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _members_from_columns(cls, data: Any) -> Any:
+        return _from_columns(data, DecidedMember)
+
+    def wire_fields(self) -> dict[str, Any]:
+        """The fields as schema 1 writes them: members as columns."""
+        fields = dict(self.__dict__)
+        members = fields.pop("members")
+        at = list(fields).index("reason") + 1
+        items = list(fields.items())
+        return dict(items[:at] + list(member_columns(members, DecidedMember).items()) + items[at:])
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return tuple(member.slot for member in self.members)
 
     @property
     def version(self) -> int | None:
         """The group's policy version: the oldest among its members (SPEC section 4)."""
-        return min(self.member_versions) if self.member_versions else None
+        return min(member.version for member in self.members) if self.members else None
 
     @property
     def valid_tokens(self) -> int:
-        return sum(self.member_tokens)
+        return sum(member.tokens for member in self.members)
 
 
 class RunTerminated(_Event):
@@ -319,20 +418,6 @@ class RunTerminated(_Event):
     message: str
     task_id: str | None = None
     step: Int | None = None
-
-
-_MEMBER_LISTS = ("members", "member_entries", "member_digests", "member_rows", "member_tokens", "member_versions",
-                 "member_rewards")
-
-
-def _check_member_lists(model: BaseModel, *, optional: tuple[str, ...]) -> None:
-    """Member lists are aligned: one item per member in each (``optional`` ones may also be empty)."""
-    count = len(model.members)  # type: ignore[attr-defined]
-    for name in _MEMBER_LISTS:
-        items = getattr(model, name, None)
-        if items is None or len(items) == count or (name in optional and not items):
-            continue
-        raise ValueError(f"{name} has {len(items)} items for {count} members; give one per member")
 
 
 def _check_strict_numbers(model: type[BaseModel], data: dict[Any, Any], where: str) -> None:
@@ -375,21 +460,26 @@ class ShardGroup(_Frozen):
 
     task_id: str
     decision_entry: str
-    members: tuple[NonNegInt, ...]
-    member_entries: tuple[str, ...]
-    member_rows: tuple[Int, ...]
-    member_tokens: tuple[Int, ...]
-    member_versions: tuple[Int, ...]
+    members: tuple[Member, ...]
     digest: str
 
-    @model_validator(mode="after")
-    def _check_aligned(self) -> ShardGroup:
-        _check_member_lists(self, optional=())
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _members_from_columns(cls, data: Any) -> Any:
+        return _from_columns(data, Member)
+
+    def wire_fields(self) -> dict[str, Any]:
+        """The fields as schema 1 writes them: members as columns."""
+        return {"task_id": self.task_id, "decision_entry": self.decision_entry,
+                **member_columns(self.members, Member), "digest": self.digest}
 
     @property
     def valid_tokens(self) -> int:
-        return sum(self.member_tokens)
+        return sum(member.tokens for member in self.members)
+
+    @property
+    def rows(self) -> int:
+        return sum(member.rows for member in self.members)
 
 
 class Shard(_Frozen):
@@ -460,5 +550,4 @@ class RunFinished(_Event):
 
 _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, Tick, GroupDecided, RunTerminated, StepManifest, GroupDiscarded,
                  StepCommitted, StepFailed, VersionAdvanced, RunFinished)
-Event = Annotated[Union[_EVENT_MODELS], Field(discriminator="kind")]
 EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

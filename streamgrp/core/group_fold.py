@@ -17,7 +17,13 @@ import heapq
 from dataclasses import dataclass, field
 
 from streamgrp.core.decision import decide_group
-from streamgrp.core.events import GroupDecided, SlotResult, TaskIssued, Tick
+from streamgrp.core.events import (
+    DecidedMember,
+    GroupDecided,
+    SlotResult,
+    TaskIssued,
+    Tick,
+)
 from streamgrp.core.policy import GroupPolicy
 
 # Why a slot entry was acknowledged without being folded.
@@ -163,18 +169,13 @@ def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None
     row_counts = [results[i].rows if i in results and results[i].outcome == "sample" else None
                   for i in range(policy.n_samples)]
     decided = decide_group(policy, row_counts)
-    members = [results[i] for i in decided.members]
     decision = GroupDecided(
         task_id=group.task_id,
         decision=decided.decision,
         reason=decided.reason,
-        members=decided.members,
-        member_entries=tuple(r.entry_id for r in members),
-        member_digests=tuple(r.digest for r in members),
-        member_rows=tuple(r.rows for r in members),
-        member_tokens=tuple(r.tokens for r in members),
-        member_versions=tuple(r.version for r in members),
-        member_rewards=tuple(r.reward for r in members),
+        members=tuple(DecidedMember(slot=i, entry=results[i].entry_id, rows=results[i].rows, tokens=results[i].tokens,
+                                    version=results[i].version, digest=results[i].digest, reward=results[i].reward)
+                      for i in decided.members),
         slot_outcomes={str(i): results[i].outcome if i in results else "timeout" for i in range(policy.n_samples)},
         stats=decided.stats,
         error=decided.error,

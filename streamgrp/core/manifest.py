@@ -17,12 +17,8 @@ def shard_group(decision_entry: str, decision: GroupDecided) -> ShardGroup:
     return ShardGroup(
         task_id=decision.task_id,
         decision_entry=decision_entry,
-        members=decision.members,
-        member_entries=decision.member_entries,
-        member_rows=decision.member_rows,
-        member_tokens=decision.member_tokens,
-        member_versions=decision.member_versions,
-        digest=combine_digests(decision.member_digests),
+        members=tuple(member.placed() for member in decision.members),
+        digest=combine_digests(member.digest for member in decision.members),
     )
 
 

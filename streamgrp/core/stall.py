@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from streamgrp.core import counters
+
 WARNING_INTERVAL_S = 60.0
 
 
@@ -63,13 +65,11 @@ class StallTracker:
 
 def stall_message(tracker: StallTracker, now: float, counts: dict[str, int], server_note: str = "") -> str:
     """The terminal message: what stalled, the likely causes, and the figures to check."""
-    target = counts.get("target_slots", 0)
-    usable = counts.get("usable_slots", 0)
-    trainable = counts.get("trainable_slots", 0)
-    drops = {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("dropped:") and v}
-    outcomes = {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("slots:") and v}
-    usable_yield = f"{usable / target:.3f}" if target else "n/a (no group decided)"
-    trainable_yield = f"{trainable / target:.3f}" if target else "n/a"
+    yields = counters.slot_yields(counts)
+    drops = counters.family(counts, counters.DROPPED)
+    outcomes = counters.family(counts, counters.SLOTS)
+    usable_yield = f"{yields[0]:.3f}" if yields else "n/a (no group decided)"
+    trainable_yield = f"{yields[1]:.3f}" if yields else "n/a"
     return (
         f"run stalled: {tracker.empty_rounds} consecutive batcher rounds added no trainable group and "
         f"{tracker.stall_seconds(now):.0f}s passed without progress "

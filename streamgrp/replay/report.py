@@ -246,9 +246,9 @@ def _tally(events: Sequence[tuple[float, Any]]) -> Tally:
             decisions[event.decision] += 1
             if event.decision == "dropped" and event.reason:
                 reasons[event.reason] += 1
-            target += int(event.stats.get("target_slot_count", 0))
-            usable += int(event.stats.get("usable_slot_count", 0))
-            trainable += int(event.stats.get("trainable_slot_count", 0))
+            target += event.stats.target_slot_count
+            usable += event.stats.usable_slot_count
+            trainable += event.stats.trainable_slot_count
         else:
             reasons[event.reason] += 1
     return Tally(decisions, dict(sorted(reasons.items())), target, usable, trainable)

@@ -102,7 +102,7 @@ def list_steps(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource
         out.append(StepStatus(
             step=manifest.step, version=manifest.version, created_at=manifest.created_at,
             groups=tuple(len(s.groups) for s in shards),
-            rows=tuple(sum(sum(g.member_rows) for g in s.groups) for s in shards),
+            rows=tuple(sum(g.rows for g in s.groups) for s in shards),
             tokens=tuple(s.tokens for s in shards), imbalance=manifest.imbalance,
             decisions=dict(Counter(kinds.get(g.decision_entry, "unknown") for s in shards for g in s.groups)),
             ranks=tuple(_rank_status(manifest.step, rank, ranks, last_committed) for rank in range(len(shards))),
@@ -215,10 +215,10 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
     if decision is None:
         timeline.append(TimelineEvent(None, "open", "no decision yet: the group is still open (or never folded)"))
         return sorted(timeline, key=lambda event: (event.at is None, event.at or 0.0))
-    members = ", ".join(str(m) for m in decision.members) or "none"
+    members = ", ".join(str(m.slot) for m in decision.members) or "none"
     text = (f"{decision.decision}" + (f" ({decision.reason})" if decision.reason else "")
-            + f", members [{members}], closed by {decision.closed_by}, usable {decision.stats.get('usable_slot_count')}"
-            f"/{decision.stats.get('target_slot_count')}")
+            + f", members [{members}], closed by {decision.closed_by}, usable {decision.stats.usable_slot_count}"
+            f"/{decision.stats.target_slot_count}")
     if decision.decided_at is not None:
         text += f", decided_at {_clock(decision.decided_at).strip()}"
     if decision.error:
@@ -258,7 +258,7 @@ def _slot_text(entry_id: str, event: SlotResult, first: bool,
         text += " [repeat: ignored as a duplicate or late result]"
     elif decision is not None and decision.slot_outcomes.get(str(event.slot)) == "timeout":
         text += " [late: the deadline had already closed the group]"
-    elif decision is not None and entry_id in decision.member_entries:
+    elif decision is not None and any(m.entry == entry_id for m in decision.members):
         text += " [member]"
     return text, data
 

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import redis
 
-from streamgrp.core import codec
+from streamgrp.core import codec, counters
 from streamgrp.core.events import GroupDecided, GroupDiscarded, StepManifest
 from streamgrp.store.keys import RunKeys
 from streamgrp.store.sources import RedisSource, id_key
@@ -42,12 +42,12 @@ def run_summary(client: redis.Redis | None, keys: RunKeys, *, source: RedisSourc
     groups = Counter(d.decision for d in decisions)
     dropped = Counter(d.reason for d in decisions if d.decision == "dropped")
     dropped.update(d.reason for d in discarded)
-    slots = {outcome: counts.get(f"slots:{outcome}", 0) for outcome in SLOT_OUTCOMES}
+    slots = {outcome: counts.get(counters.slots(outcome), 0) for outcome in SLOT_OUTCOMES}
     # Results the assembler never read (published after it stopped), and results of groups still
     # open when it stopped: neither folded nor ignored, so they are named rather than lost.
     slots["unread"] = unread
-    slots["open"] = slots_published - unread - sum(counts.get(f"slots:{o}", 0) for o in SLOT_OUTCOMES if o != "timeout")
-    target = counts.get("target_slots", 0)
+    slots["open"] = slots_published - unread - sum(slots[o] for o in SLOT_OUTCOMES if o != "timeout")
+    usable_yield, trainable_yield = counters.slot_yields(counts) or (0.0, 0.0)
     committed = {int(rank): int(step) for rank, step in source.hash("committed").items()}
     rewards = [_step_reward(m, by_task) for m in manifests]
     metrics = {int(k): orjson.loads(v) for k, v in source.hash("trainer_metrics").items()}
@@ -62,20 +62,20 @@ def run_summary(client: redis.Redis | None, keys: RunKeys, *, source: RedisSourc
         "discarded_by_batcher": len(discarded),
         "slots": slots,
         "slots_published": slots_published,
-        "usable_slot_yield": counts.get("usable_slots", 0) / target if target else 0.0,
-        "trainable_slot_yield": counts.get("trainable_slots", 0) / target if target else 0.0,
+        "usable_slot_yield": usable_yield,
+        "trainable_slot_yield": trainable_yield,
         "committed_steps": {str(rank): step + 1 for rank, step in sorted(committed.items())},
         "reward_first": rewards[0] if rewards else None,
         "reward_last": rewards[-1] if rewards else None,
         "trainer_wait_s_mean": sum(waits) / len(waits) if waits else None,
         "imbalance_mean": sum(m.imbalance for m in manifests) / len(manifests) if manifests else None,
-        "dead_letters": sum(v for k, v in counts.items() if k.startswith("deadletter:")),
+        "dead_letters": sum(counters.family(counts, counters.DEADLETTER).values()),
     }
 
 
 def _step_reward(manifest: StepManifest, by_task: dict[str, GroupDecided]) -> float | None:
-    rewards = [r for shard in manifest.shards for g in shard.groups for r in by_task[g.task_id].member_rewards
-               if g.task_id in by_task]
+    rewards = [m.reward for shard in manifest.shards for g in shard.groups if g.task_id in by_task
+               for m in by_task[g.task_id].members if m.reward is not None]
     return sum(rewards) / len(rewards) if rewards else None
 
 

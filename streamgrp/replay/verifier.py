@@ -59,7 +59,8 @@ from streamgrp.store.sources import RedisSource, decode_all, id_key, recorded_co
 
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
 
-#: GroupDecided fields the fold determines; ``decided_at`` too when the fold sets it (deadline closes).
+#: GroupDecided fields the fold determines, by their recorded (wire) names so that a difference names
+#: what the header holds; ``decided_at`` too when the fold sets it (deadline closes).
 DECISION_FIELDS = ("decision", "reason", "members", "member_entries", "member_digests", "member_rows", "member_tokens",
                    "member_versions", "member_rewards", "slot_outcomes", "stats", "error", "closed_by", "issued_at")
 
@@ -179,10 +180,10 @@ def _compare_decisions(recorded: list[tuple[str, GroupDecided]], refolded: dict[
             report.differences.append(Difference("decision_extra", subject, "decision", decision.decision, None))
             continue
         names = DECISION_FIELDS + (("decided_at",) if mine.decided_at is not None else ())
+        theirs, ours = decision.wire_fields(), mine.wire_fields()
         for name in names:
-            if getattr(decision, name) != getattr(mine, name):
-                report.differences.append(Difference("decision_differs", subject, name, getattr(decision, name),
-                                                     getattr(mine, name)))
+            if theirs[name] != ours[name]:
+                report.differences.append(Difference("decision_differs", subject, name, theirs[name], ours[name]))
     for task, mine in refolded.items():
         if task not in seen:
             report.differences.append(Difference("decision_missing", f"task {task}", "decision", None, mine.decision))
@@ -306,11 +307,11 @@ def _check_step(manifest: StepManifest, groups, config: RunConfig, report: Verif
             report.differences.append(Difference("shard_groups", where, "task ids", recorded_tasks, rebuilt_tasks))
         else:
             for ours, recorded_group in zip(mine.groups, theirs.groups):
-                for name in ("members", "member_entries", "member_rows", "member_tokens", "member_versions",
-                             "digest"):
-                    if getattr(ours, name) != getattr(recorded_group, name):
+                rebuilt_fields, recorded_fields = ours.wire_fields(), recorded_group.wire_fields()
+                for name, value in recorded_fields.items():
+                    if value != rebuilt_fields[name]:
                         report.differences.append(Difference("shard_group_differs", f"{where} task {ours.task_id}",
-                                                             name, getattr(recorded_group, name), getattr(ours, name)))
+                                                             name, value, rebuilt_fields[name]))
         if theirs.tokens != mine.tokens:
             report.differences.append(Difference("shard_tokens", where, "tokens", theirs.tokens, mine.tokens))
         if theirs.digest != mine.digest:

@@ -25,13 +25,12 @@ import gc
 import logging
 import threading
 import time
-from collections import Counter
 from typing import Any
 
 import redis
 
 from streamgrp.config import AssemblerConfig
-from streamgrp.core import codec
+from streamgrp.core import codec, counters
 from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.events import (
     GroupDecided,
@@ -67,7 +66,8 @@ from streamgrp.store.streams import (
 
 log = logging.getLogger(__name__)
 
-_IGNORED_COUNTER = {DUPLICATE: "slots:duplicate", LATE: "slots:late", DUPLICATE_TASK: "tasks:duplicate"}
+_IGNORED_COUNTER = {DUPLICATE: counters.slots("duplicate"), LATE: counters.slots("late"),
+                    DUPLICATE_TASK: counters.TASKS_DUPLICATE}
 _FOLDED_KINDS = (TaskIssued, SlotResult, Tick)
 
 
@@ -197,7 +197,7 @@ class Assembler:
         for raw_id, fields in entries:
             entry_id = entry_id_str(raw_id)
             if fields is None:  # trimmed from the stream while pending: nothing left to fold
-                acks.setdefault("slots:trimmed", []).append(entry_id)
+                acks.setdefault(counters.slots("trimmed"), []).append(entry_id)
                 continue
             largest = max(largest, entry_size(fields))
             try:
@@ -228,7 +228,7 @@ class Assembler:
         self._seq += 1
         decision = decision.model_copy(update={"producer": self.name, "seq": self._seq})
         header = codec.encode(decision)[codec.HEADER]
-        increments = _decision_counts(decision)
+        increments = counters.decision_increments(decision)
         args += ["D", decision.task_id, header, len(closed.entries), *closed.entries, len(increments)]
         for field, amount in increments.items():
             args += [field, amount]
@@ -268,19 +268,6 @@ class Assembler:
         if now >= earliest:
             self._seq += 1
             self.client.xadd(self.keys.slots, codec.encode(Tick(now=now, producer=self.name, seq=self._seq)))
-
-
-def _decision_counts(decision: GroupDecided) -> dict[str, int]:
-    counts: Counter[str] = Counter()
-    for outcome in decision.slot_outcomes.values():
-        counts[f"slots:{outcome}"] += 1
-    counts[f"decisions:{decision.decision}"] += 1
-    if decision.reason:
-        counts[f"dropped:{decision.reason}"] += 1
-    counts["target_slots"] += int(decision.stats["target_slot_count"])
-    counts["usable_slots"] += int(decision.stats["usable_slot_count"])
-    counts["trainable_slots"] += int(decision.stats["trainable_slot_count"])
-    return dict(counts)
 
 
 def _dead_letter(args: list[Any], reason: str, entry_id: str, detail: str, fields: dict[Any, Any]) -> None:

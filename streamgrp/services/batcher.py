@@ -23,7 +23,7 @@ from typing import Any
 import redis
 
 from streamgrp.config import BatcherConfig
-from streamgrp.core import batch_fold, codec
+from streamgrp.core import batch_fold, codec, counters
 from streamgrp.core.batch_fold import BatchRules, BatchState, GroupFilter
 from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.events import (
@@ -173,12 +173,12 @@ class Batcher:
                 decision = codec.decode(fields) if fields is not None else None
             except DecodeError as exc:
                 self.dead_letters.send(self.keys.decisions, entry_id, exc.reason, exc.detail, fields,
-                                       group=BATCHER_GROUP, counter="invalid:decisions")
+                                       group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
                 continue
             if fields is not None and not isinstance(decision, GroupDecided):
                 self.dead_letters.send(self.keys.decisions, entry_id, "unexpected_kind",
                                        f"a {decision.kind} event does not belong in the decisions stream", fields,
-                                       group=BATCHER_GROUP, counter="invalid:decisions")
+                                       group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
                 continue
             self._fold(batch_fold.Decided(entry_id, decision), defer=True)
         self._flush()

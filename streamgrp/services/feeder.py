@@ -20,7 +20,7 @@ import orjson
 import redis
 
 from streamgrp.config import load_object
-from streamgrp.core import codec
+from streamgrp.core import codec, counters
 from streamgrp.core.batch_fold import feeder_capacity
 from streamgrp.core.events import TaskIssued
 from streamgrp.errors import ConfigError
@@ -111,7 +111,7 @@ class Feeder:
 
     def outstanding(self) -> int:
         """Issued tasks not dropped by the assembler nor discarded by the batcher."""
-        dropped, discarded = self.client.hmget(self.keys.counts, "decisions:dropped", "groups:discarded")
+        dropped, discarded = self.client.hmget(self.keys.counts, counters.decisions("dropped"), counters.GROUPS_DISCARDED)
         return self.cursor - int(dropped or 0) - int(discarded or 0)
 
     def feed(self, version: int, lease_token: str) -> int:

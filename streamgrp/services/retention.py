@@ -222,8 +222,8 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
             low = _pending_min(decision_pending)
             unbatched = _scan(client, keys.decisions, _text(low) if low is not None else "(" + delivered)
         for _, decision in _decoded(unbatched):
-            if isinstance(decision, GroupDecided) and decision.decision != "dropped" and decision.member_entries:
-                floors_.keep("slots", min(id_key(e) for e in decision.member_entries), "unbatched decisions")
+            if isinstance(decision, GroupDecided) and decision.decision != "dropped" and decision.members:
+                floors_.keep("slots", min(id_key(m.entry) for m in decision.members), "unbatched decisions")
 
     # Steps some rank has not committed: their manifests, decisions and slot entries.
     if isinstance(committed, Exception):
@@ -237,8 +237,8 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
         for shard in manifest.shards:
             for group in shard.groups:
                 floors_.keep("decisions", id_key(group.decision_entry), "uncommitted steps")
-                if group.member_entries:
-                    floors_.keep("slots", min(id_key(e) for e in group.member_entries), "uncommitted steps")
+                if group.members:
+                    floors_.keep("slots", min(id_key(m.entry) for m in group.members), "uncommitted steps")
     return floors_.result()
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from streamgrp.config import WorkerConfig
-from streamgrp.core import codec
+from streamgrp.core import codec, counters
 from streamgrp.core.events import Sample, SlotResult, TaskIssued
 from streamgrp.errors import DecodeError
 from streamgrp.store.connection import is_outage, outage_of, replicate
@@ -108,12 +108,12 @@ class WorkerClient:
                 event = codec.decode(fields, max_entry_bytes=self.max_entry_bytes)
             except DecodeError as exc:
                 self.dead_letters.send(self.keys.tasks, entry_id, exc.reason, exc.detail, fields, group=WORKERS_GROUP,
-                                       counter="invalid:tasks")
+                                       counter=counters.INVALID_TASKS)
                 continue
             if not isinstance(event, TaskIssued):
                 self.dead_letters.send(self.keys.tasks, entry_id, "unexpected_kind",
                                        f"a {event.kind} event does not belong in the task queue", fields,
-                                       group=WORKERS_GROUP, counter="invalid:tasks")
+                                       group=WORKERS_GROUP, counter=counters.INVALID_TASKS)
                 continue
             tasks.append(Task(entry_id, event))
         return tasks

@@ -8,7 +8,7 @@ damaged control entry must not stop a role.
 
 from __future__ import annotations
 
-from streamgrp.core import codec
+from streamgrp.core import codec, counters
 from streamgrp.errors import DecodeError
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.streams import entry_id_str
@@ -35,6 +35,6 @@ class ControlCursor:
                     events.append(codec.decode(fields))
                 except DecodeError as exc:
                     self.dead_letters.send(self.stream, self.last, exc.reason, exc.detail, fields,
-                                           counter="invalid:control")
+                                           counter=counters.INVALID_CONTROL)
             if len(entries) < self.chunk:
                 return events

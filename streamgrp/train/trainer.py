@@ -259,7 +259,7 @@ def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: SlotF
     Without ``client`` the batch is read-only: `Batch.commit` and `Batch.fail` raise `ReadOnlyBatch`.
     """
     shard: Shard = manifest.shards[rank]
-    entries = [entry for group in shard.groups for entry in group.member_entries]
+    entries = [member.entry for group in shard.groups for member in group.members]
     by_entry = {}
     for entry, fields in zip(entries, fetch(entries), strict=True):
         if not fields:
@@ -268,14 +268,14 @@ def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: SlotF
         by_entry[entry] = fields
     samples, task_ids, sizes = [], [], []
     for group in shard.groups:
-        digests = [codec.entry_digest(by_entry[e]) for e in group.member_entries]
+        digests = [codec.entry_digest(by_entry[member.entry]) for member in group.members]
         if codec.combine_digests(digests) != group.digest:
             raise DigestMismatch(f"step {manifest.step} rank {rank}: task {group.task_id}'s slot entries do not "
                                  "match the digest the manifest recorded")
-        for entry in group.member_entries:
-            samples.append(codec.decode(by_entry[entry]).sample)
+        for member in group.members:
+            samples.append(codec.decode(by_entry[member.entry]).sample)
         task_ids.append(group.task_id)
-        sizes.append(sum(group.member_rows))
+        sizes.append(group.rows)
     tensors = shard_tensors(samples)
     return Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
                  group_sizes=torch.tensor(sizes, dtype=torch.int64),

@@ -128,3 +128,22 @@ def test_golden_decisions_are_the_recorded_ones(task):
     source = MemorySource(HERE / "run.jsonl")
     decided = next(e for e in inspect_task(None, source.keys, task, source=source) if e.what == "decided")
     assert [decided.data["decision"], decided.data["reason"]] == EXPECTED["decisions"][task]
+
+
+def test_recorded_decisions_and_steps_re_encode_to_the_same_bytes():
+    """Members are records in Python and columns on the wire: decoding then encoding a recorded
+    decision or manifest gives back its exact header, so schema 1 logs and archives stay readable
+    and their digests hold."""
+    from streamgrp.core import codec
+    from streamgrp.core.events import DecidedMember, GroupDecided, StepManifest
+
+    source = MemorySource(HERE / "run.jsonl")
+    seen = {GroupDecided: 0, StepManifest: 0}
+    for stream in ("decisions", "steps"):
+        for fields in source.streams[stream].values():
+            event = codec.decode(fields)
+            seen[type(event)] += 1
+            assert codec.encode(event)[codec.HEADER] == fields[codec.HEADER]
+            if isinstance(event, GroupDecided):
+                assert all(isinstance(m, DecidedMember) and m.digest for m in event.members)
+    assert seen[GroupDecided] >= 10 and seen[StepManifest] >= 3

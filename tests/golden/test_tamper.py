@@ -50,7 +50,7 @@ def test_an_altered_decision_outcome_is_reported(source):
 
 def test_an_altered_stats_dict_is_reported(source):
     entry_id, decision = _decision(source, "g05")
-    stats = {**decision.stats, "usable_slot_count": 4}
+    stats = decision.stats.model_copy(update={"usable_slot_count": 4})
     source.streams["decisions"][entry_id] = codec.encode(decision.model_copy(update={"stats": stats}))
     assert _kinds(verify(None, source.keys, source=source)) == {("decision_differs", "task g05", "stats")}
 
@@ -119,10 +119,10 @@ def test_entries_the_assembler_never_read_are_not_folded(source):
 def test_altered_slot_bytes_fail_replay_and_verify(source):
     manifest = _manifest(source, 0)
     group = manifest.shards[1].groups[0]
-    fields = source.streams["slots"][group.member_entries[0]]
+    fields = source.streams["slots"][group.members[0].entry]
     blob = bytearray(fields[codec.BLOB])
     blob[-1] ^= 0x01  # the last logprob's lowest bit: a valid entry with different bytes
-    source.streams["slots"][group.member_entries[0]] = {**fields, codec.BLOB: bytes(blob)}
+    source.streams["slots"][group.members[0].entry] = {**fields, codec.BLOB: bytes(blob)}
     with pytest.raises(DigestMismatch, match=f"task {group.task_id}'s slot entries"):
         replay_step(None, source.keys, 0, 1, source=source)
     replay_step(None, source.keys, 0, 0, source=source)  # the other rank's shard is intact
@@ -132,7 +132,7 @@ def test_altered_slot_bytes_fail_replay_and_verify(source):
 
 def test_a_trimmed_slot_entry_names_the_entry(source):
     manifest = _manifest(source, 2)
-    entry = manifest.shards[0].groups[0].member_entries[1]
+    entry = manifest.shards[0].groups[0].members[1].entry
     del source.streams["slots"][entry]
     with pytest.raises(DigestMismatch, match=f"slot entry {entry} is gone"):
         replay_step(None, source.keys, 2, 0, source=source)

@@ -188,12 +188,12 @@ def check_run(client, run, *, prompts: int) -> int:
 
     decisions = {eid.decode(): codec.decode(fields) for eid, fields in client.xrange(run.keys.decisions)}
     assert sorted(d.task_id for d in decisions.values()) == [f"t{i:08d}" for i in range(prompts)]
-    members = [entry for d in decisions.values() for entry in d.member_entries]
+    members = [m.entry for d in decisions.values() for m in d.members]
     assert len(members) == len(set(members)), "a slot entry was folded into two decisions"
     slots = {eid.decode(): event for eid, event in
              ((eid, codec.decode(fields)) for eid, fields in client.xrange(run.keys.slots))}
     for decision in decisions.values():
-        for slot, entry in zip(decision.members, decision.member_entries):
+        for slot, entry in ((m.slot, m.entry) for m in decision.members):
             event = slots[entry]
             assert (event.task_id, event.slot, event.outcome) == (decision.task_id, slot, "sample")
 

@@ -114,17 +114,17 @@ def test_retention_trims_only_what_is_archived_and_no_reader_still_needs(client,
     issuer(run).issue([{}], task_ids=["waiting"])  # nobody has read it
 
     steps = [manifest(client, run, step) for step in range(3)]
-    needed_slots = [e for m in steps[1:] for s in m.shards for g in s.groups for e in g.member_entries]
+    needed_slots = [e for m in steps[1:] for s in m.shards for g in s.groups for e in (m.entry for m in g.members)]
     needed_decisions = [g.decision_entry for m in steps[1:] for s in m.shards for g in s.groups]
     for task in ("buffered", "undelivered"):
         entry_id, decision = decision_of(client, run, task)
         needed_decisions.append(entry_id)
-        needed_slots += decision.member_entries
+        needed_slots += [m.entry for m in decision.members]
     needed_slots += [entry_id.decode() for entry_id, _ in client.xrange(keys.slots, "-", "+")
                      if b'"open"' in _[b"h"] or b'"taken"' in _[b"h"] or b'"waiting"' in _[b"h"]]
     needed_tasks = [entry_id.decode() for entry_id, fields in client.xrange(keys.tasks, "-", "+")
                     if b'"taken"' in fields[b"h"] or b'"waiting"' in fields[b"h"]]
-    gone_slots = [e for s in steps[0].shards for g in s.groups for e in g.member_entries]
+    gone_slots = [e for s in steps[0].shards for g in s.groups for e in (m.entry for m in g.members)]
     lengths = {name: client.xlen(key) for name, key in keys.all_streams().items()}
 
     # Nothing is trimmed before it is archived...

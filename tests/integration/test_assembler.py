@@ -60,7 +60,7 @@ def test_restart_rebuilds_open_groups_from_pending_entries(client, make_run, iss
     second = Assembler(client, run, FAST)
     assert second.run(burst=True) == 1
     [decision] = decisions(client, run)
-    assert (decision.decision, decision.members, decision.member_tokens) == ("partial", (0, 2), (5, 7))
+    assert (decision.decision, decision.slots, [m.tokens for m in decision.members]) == ("partial", (0, 2), [5, 7])
     assert pending(client, run) == 0
 
 
@@ -124,7 +124,7 @@ def test_duplicates_and_late_results_are_counted_and_acknowledged_never_folded(c
     
     Assembler(client, run, FAST).run(burst=True)
     [decision] = decisions(client, run)
-    assert decision.member_tokens == (3, 4)
+    assert [m.tokens for m in decision.members] == [3, 4]
     c = counts(client, run)
     assert (c["slots:duplicate"], c["slots:late"], c["slots:sample"]) == (1, 1, 2)
     assert pending(client, run) == 0
@@ -195,7 +195,7 @@ def _patch_dtype(good, dtype):
 
 
 def _key(decision: GroupDecided):
-    return decision.task_id, decision.decision, decision.reason, decision.members, decision.member_entries
+    return decision.task_id, decision.decision, decision.reason, decision.slots, [m.entry for m in decision.members]
 
 
 def _wait_for(condition, timeout):

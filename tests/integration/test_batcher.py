@@ -376,7 +376,7 @@ def test_group_filter_drops_as_filtered_and_a_raising_filter_does_not_stop_the_b
     # decisions and their pre-filter statistics are the assembler's, untouched by filtering
     assert events(client, run.keys.decisions)[:6] == before
     for decision in before:
-        assert decision.stats["pre_filter_trainable_slot_yield"] == 1.0
+        assert decision.stats.pre_filter_trainable_slot_yield == 1.0
     for field in ("target_slots", "usable_slots", "trainable_slots"):
         assert counts(client, run)[field] == counts_before[field] * 9 // 6
     assert client.xpending(run.keys.decisions, BATCHER_GROUP)["pending"] == 0
@@ -393,12 +393,12 @@ def _check_manifest_against_the_log(client, run, manifest: StepManifest, decided
         for group in shard.groups:
             entry, decision = decided[group.task_id]
             assert group.decision_entry == entry
-            assert group.members == decision.members and group.member_entries == decision.member_entries
+            assert group.members == tuple(m.placed() for m in decision.members)
             # whole: every usable slot of the task is in this group, in this shard
             usable = sorted(s for s, outcome in decision.slot_outcomes.items() if outcome == "sample")
-            assert [str(m) for m in group.members] == usable
+            assert [str(m.slot) for m in group.members] == usable
             digests = []
-            for slot, member in zip(group.members, group.member_entries):
+            for slot, member in ((m.slot, m.entry) for m in group.members):
                 result = codec.decode(slot_log[member])
                 assert isinstance(result, SlotResult)
                 assert (result.task_id, result.slot, result.outcome) == (group.task_id, slot, "sample")
@@ -479,7 +479,7 @@ def test_each_rank_gets_padded_tensors_and_the_step_wide_loss_token_count(client
         total_loss_tokens = 0
         for batch in batches:
             shard = manifest.shards[batch.rank]
-            samples = [slot_log[e].sample for g in shard.groups for e in g.member_entries]
+            samples = [slot_log[m.entry].sample for g in shard.groups for m in g.members]
             lengths = [n for s in samples for n in s.row_lengths]
             assert batch.task_ids == [g.task_id for g in shard.groups]
             assert (batch.step, batch.world_size, batch.digest) == (step, 2, shard.digest)
@@ -490,7 +490,7 @@ def test_each_rank_gets_padded_tensors_and_the_step_wide_loss_token_count(client
             assert (batch.rewards.dtype, batch.rewards.shape) == (torch.float32, (batch.rows,))
             assert (batch.versions.dtype, batch.versions.shape) == (torch.int64, (batch.rows,))
             assert batch.group_sizes.dtype == torch.int64
-            assert batch.group_sizes.tolist() == [sum(decided[t][1].member_rows) for t in batch.task_ids]
+            assert batch.group_sizes.tolist() == [sum(m.rows for m in decided[t][1].members) for t in batch.task_ids]
             assert int(batch.group_sizes.sum()) == batch.rows
             assert batch.attention_mask.sum(dim=1).tolist() == lengths
             assert not (batch.loss_mask & ~batch.attention_mask).any()

@@ -101,10 +101,10 @@ def _check_log(client, run, issued, half_done):
 
     # no slot entry folded twice, and members are the right task's slots
     by_entry = {eid: event for eid, event in log}
-    member_entries = [entry for d in decisions for entry in d.member_entries]
+    member_entries = [m.entry for d in decisions for m in d.members]
     assert len(member_entries) == len(set(member_entries))
     for decision in decisions:
-        for slot, entry in zip(decision.members, decision.member_entries):
+        for slot, entry in ((m.slot, m.entry) for m in decision.members):
             event = by_entry[entry]
             assert (event.task_id, event.slot, event.outcome) == (decision.task_id, slot, "sample")
 
@@ -136,7 +136,7 @@ def _check_log(client, run, issued, half_done):
 
 
 def _key(decision: GroupDecided):
-    return decision.decision, decision.reason, decision.members, decision.member_entries, decision.member_digests
+    return decision.decision, decision.reason, decision.members
 
 
 def _decided(client, run) -> int:

@@ -174,7 +174,7 @@ def test_hostile_entries_in_every_stream_are_dead_lettered_and_valid_traffic_tra
     assert sorted(d.task_id for d in decisions) == sorted(valid)
     for decision in decisions:
         assert isinstance(decision, GroupDecided) and decision.decision == "complete", decision
-        members = [codec.decode(client.xrange(run.keys.slots, e, e)[0][1]) for e in decision.member_entries]
+        members = [codec.decode(client.xrange(run.keys.slots, e, e)[0][1]) for e in (m.entry for m in decision.members)]
         assert [(m.task_id, m.slot, m.outcome) for m in members] == \
             [(decision.task_id, 0, "sample"), (decision.task_id, 1, "sample")]
     manifests = [codec.decode(fields) for _, fields in client.xrange(run.keys.steps)]

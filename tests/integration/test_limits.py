@@ -20,7 +20,7 @@ import redis
 
 from streamgrp.config import AssemblerConfig, BatcherConfig, RunConfig
 from streamgrp.core import codec
-from streamgrp.core.events import GroupDecided, SlotResult, StepManifest
+from streamgrp.core.events import GroupDecided, GroupStats, SlotResult, StepManifest
 from streamgrp.errors import LeaseLost
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
@@ -42,7 +42,7 @@ def decision(task: int) -> GroupDecided:
     return GroupDecided(task_id=f"t{task:06d}", decision="complete", members=(0, 1),
                         member_entries=(f"{task + 1}-0", f"{task + 1}-1"), member_digests=(digest, digest),
                         member_rows=(1, 1), member_tokens=(8 + task % 5, 8), member_versions=(0, 0),
-                        slot_outcomes={"0": "sample", "1": "sample"}, stats={"target_slot_count": 2},
+                        slot_outcomes={"0": "sample", "1": "sample"}, stats=GroupStats.of(2, 2, 2),
                         closed_by="all_slots")
 
 

@@ -16,19 +16,19 @@ from streamgrp.core.batch_fold import (
     VersionSet,
     run_batch_fold,
 )
-from streamgrp.core.events import GroupDecided
+from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats
 from streamgrp.core.manifest import make_manifest
 from streamgrp.core.partition import check_partition_invariants
 
 
 def _group(task: str, version: int, tokens: int, dropped: bool) -> GroupDecided:
     if dropped:
-        return GroupDecided(task_id=task, decision="dropped", reason="below_minimum", members=(), member_entries=(),
-                            member_rows=(), member_tokens=(), member_versions=(), slot_outcomes={}, stats={},
-                            closed_by="all_slots")
-    return GroupDecided(task_id=task, decision="partial", members=(0, 1), member_entries=(f"{task}a", f"{task}b"),
-                        member_rows=(1, 1), member_tokens=(tokens, tokens + 1), member_versions=(version, version + 1),
-                        slot_outcomes={}, stats={}, closed_by="all_slots")
+        return GroupDecided(task_id=task, decision="dropped", reason="below_minimum", members=(), slot_outcomes={},
+                            stats=GroupStats.of(2, 1, 0), closed_by="all_slots")
+    members = (DecidedMember(slot=0, entry=f"{task}a", rows=1, tokens=tokens, version=version),
+               DecidedMember(slot=1, entry=f"{task}b", rows=1, tokens=tokens + 1, version=version + 1))
+    return GroupDecided(task_id=task, decision="partial", members=members, slot_outcomes={},
+                        stats=GroupStats.of(2, 2, 2), closed_by="all_slots")
 
 
 GROUPS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 50), st.booleans()), min_size=0, max_size=60)
@@ -76,7 +76,7 @@ def test_any_interleaving_gives_valid_steps(rules, groups, data):
         for _, decision in step.groups:
             assert step.version - decision.version <= rules.max_staleness
         manifest = make_manifest(step.step, step.version, step.groups, rules.dp_size, created_at=0.0)
-        weights = [sum(d.member_tokens) for _, d in step.groups]
+        weights = [d.valid_tokens for _, d in step.groups]
         by_task = {d.task_id: i for i, (_, d) in enumerate(step.groups)}
         shards = [[by_task[g.task_id] for g in shard.groups] for shard in manifest.shards]
         check_partition_invariants(weights, rules.dp_size, shards)

@@ -47,4 +47,4 @@ def _decide(policy, slot_events):
     _, outputs = run_fold(policy, [("task", TaskIssued(task_id="t", issued_at=0.0)), *slot_events])
     [closed] = [o for o in outputs if isinstance(o, Closed)]
     d = closed.decision
-    return d.decision, d.reason, d.members, d.member_entries, d.member_tokens, d.stats
+    return d.decision, d.reason, d.slots, [m.entry for m in d.members], [m.tokens for m in d.members], d.stats

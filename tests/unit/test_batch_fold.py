@@ -22,19 +22,18 @@ from streamgrp.core.batch_fold import (
     fold,
     run_batch_fold,
 )
-from streamgrp.core.events import GroupDecided
+from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats
 
 
 def group(task: str, *, version: int = 0, tokens: int = 4, decision: str = "complete", members: int = 2,
           reward: float = 1.0) -> GroupDecided:
     if decision == "dropped":
-        return GroupDecided(task_id=task, decision="dropped", reason="all_unusable", members=(), member_entries=(),
-                            member_rows=(), member_tokens=(), member_versions=(), slot_outcomes={}, stats={},
-                            closed_by="all_slots")
-    return GroupDecided(task_id=task, decision=decision, members=tuple(range(members)),
-                        member_entries=tuple(f"{task}-s{i}" for i in range(members)), member_rows=(1,) * members,
-                        member_tokens=(tokens,) * members, member_versions=(version,) * members,
-                        member_rewards=(reward,) * members, slot_outcomes={}, stats={}, closed_by="all_slots")
+        return GroupDecided(task_id=task, decision="dropped", reason="all_unusable", members=(), slot_outcomes={},
+                            stats=GroupStats.of(2, 0, 0), closed_by="all_slots")
+    return GroupDecided(task_id=task, decision=decision,
+                        members=tuple(DecidedMember(slot=i, entry=f"{task}-s{i}", rows=1, tokens=tokens, version=version,
+                                                    reward=reward) for i in range(members)),
+                        slot_outcomes={}, stats=GroupStats.of(members, members, members), closed_by="all_slots")
 
 
 def decided(n: int, start: int = 0, **kwargs) -> list[Decided]:

@@ -10,7 +10,7 @@ import pytest
 
 from streamgrp.core.batch_fold import feeder_capacity, is_stale
 from streamgrp.core.codec import combine_digests
-from streamgrp.core.events import GroupDecided, Shard
+from streamgrp.core.events import GroupDecided, GroupStats, Shard
 from streamgrp.core.manifest import imbalance, make_manifest
 from streamgrp.core.partition import greedy_partition, max_load
 
@@ -34,7 +34,7 @@ def decision(task: int, tokens: list[int], versions: list[int] | None = None,
         member_tokens=tuple(tokens),
         member_versions=tuple(versions or [0] * n),
         slot_outcomes={str(m): "sample" for m in members},
-        stats={"target_slot_count": n},
+        stats=GroupStats.of(n, n, n),
         closed_by="all_slots",
     )
 
@@ -56,15 +56,12 @@ def assert_manifest_invariants(manifest, groups, dp_size):
             entry, source = by_task[group.task_id]
             # whole: the shard carries every member of the group, nothing from another group
             assert group.decision_entry == entry
-            assert group.members == source.members
-            assert group.member_entries == source.member_entries
-            assert group.member_tokens == source.member_tokens
-            assert group.member_rows == source.member_rows
-            assert group.member_versions == source.member_versions
-            assert group.digest == combine_digests(source.member_digests)
+            assert [(m.slot, m.entry, m.rows, m.tokens, m.version) for m in group.members] == \
+                [(m.slot, m.entry, m.rows, m.tokens, m.version) for m in source.members]
+            assert group.digest == combine_digests(m.digest for m in source.members)
         assert shard.digest == combine_digests(g.digest for g in shard.groups)
-        assert shard.tokens == sum(sum(g.member_tokens) for g in shard.groups)
-    entries = [e for s in manifest.shards for g in s.groups for e in g.member_entries]
+        assert shard.tokens == sum(g.valid_tokens for g in shard.groups)
+    entries = [m.entry for s in manifest.shards for g in s.groups for m in g.members]
     assert len(entries) == len(set(entries))
 
 
@@ -105,9 +102,10 @@ def test_groups_stay_whole_even_when_splitting_would_balance_better():
 def test_shard_digest_depends_on_member_digests_and_order():
     groups = [decision(0, [3]), decision(1, [3])]
     one = make_manifest(0, 0, groups, 1, 0.0).shards[0]
-    assert one.digest == combine_digests([combine_digests(groups[0][1].member_digests),
-                                          combine_digests(groups[1][1].member_digests)])
-    changed = [groups[0], (groups[1][0], groups[1][1].model_copy(update={"member_digests": (_digest("other"),)}))]
+    assert one.digest == combine_digests([combine_digests(m.digest for m in groups[0][1].members),
+                                          combine_digests(m.digest for m in groups[1][1].members)])
+    other_member = groups[1][1].members[0].model_copy(update={"digest": _digest("other")})
+    changed = [groups[0], (groups[1][0], groups[1][1].model_copy(update={"members": (other_member,)}))]
     assert make_manifest(0, 0, changed, 1, 0.0).shards[0].digest != one.digest
 
 

@@ -6,7 +6,9 @@ from pydantic import ValidationError
 
 from streamgrp.core import codec
 from streamgrp.core.events import (
+    DecidedMember,
     GroupDecided,
+    GroupStats,
     RawArray,
     Sample,
     SlotResult,
@@ -36,7 +38,7 @@ def slot_event(**overrides):
         GroupDecided(task_id="t", decision="partial", members=(0, 2), member_entries=("1-0", "1-2"),
                      member_rows=(1, 1), member_tokens=(5, 7), member_versions=(3, 2),
                      slot_outcomes={"0": "sample", "1": "failed", "2": "sample"},
-                     stats={"usable_slot_count": 2, "fully_masked_group": False, "pre_filter_usable_slot_yield": 2 / 3},
+                     stats=GroupStats.of(3, 2, 2),
                      closed_by="deadline", issued_at=1.0, decided_at=2.0),
     ],
 )
@@ -190,3 +192,34 @@ def test_event_numbers_are_strict_when_built_in_python_too(model, fields):
 
 def test_float_fields_still_take_ints():
     assert Tick(now=3) == Tick(now=3.0) and type(Tick(now=3).now) is float
+
+
+def test_members_are_records_in_python_and_aligned_columns_on_the_wire():
+    members = (DecidedMember(slot=0, entry="1-0", rows=1, tokens=5, version=3, digest="d0", reward=0.5),
+               DecidedMember(slot=2, entry="1-2", rows=2, tokens=7, version=2, digest="d2", reward=-1.0))
+    decision = GroupDecided(task_id="t", decision="partial", members=members, slot_outcomes={"0": "sample"},
+                            stats=GroupStats.of(3, 2, 2), closed_by="all_slots")
+    header = orjson.loads(codec.encode(decision)[codec.HEADER])
+    assert (header["members"], header["member_entries"], header["member_rows"], header["member_tokens"],
+            header["member_versions"], header["member_digests"], header["member_rewards"]) == (
+        [0, 2], ["1-0", "1-2"], [1, 2], [5, 7], [3, 2], ["d0", "d2"], [0.5, -1.0])
+    assert codec.decode(codec.encode(decision)) == decision
+    # optional columns nobody recorded are written empty and read back as defaults
+    bare = decision.model_copy(update={"members": tuple(m.model_copy(update={"digest": "", "reward": None})
+                                                        for m in members)})
+    header = orjson.loads(codec.encode(bare)[codec.HEADER])
+    assert header["member_digests"] == [] and header["member_rewards"] == []
+    assert codec.decode(codec.encode(bare)) == bare
+
+
+@pytest.mark.parametrize("column", ["member_entries", "member_rows", "member_tokens", "member_versions",
+                                    "member_digests", "member_rewards"])
+def test_a_column_of_the_wrong_length_is_refused_naming_it(column):
+    members = (DecidedMember(slot=0, entry="1-0", rows=1, tokens=5, version=3, digest="d0", reward=0.5),
+               DecidedMember(slot=1, entry="1-1", rows=1, tokens=7, version=2, digest="d1", reward=1.0))
+    decision = GroupDecided(task_id="t", decision="complete", members=members, slot_outcomes={},
+                            stats=GroupStats.of(2, 2, 2), closed_by="all_slots")
+    header = orjson.loads(codec.encode(decision)[codec.HEADER])
+    header[column] = header[column][:1]
+    with pytest.raises(DecodeError, match=f"{column} has 1 items for 2 members"):
+        codec.decode({codec.HEADER: orjson.dumps(header)})

@@ -10,40 +10,40 @@ def test_partial_group_keeps_usable_members_with_two_thirds_yield():
     assert decision.decision == "partial"
     assert decision.reason is None
     assert decision.members == (0, 2)
-    assert decision.stats["pre_filter_usable_slot_yield"] == pytest.approx(2 / 3)
-    assert decision.stats["pre_filter_trainable_slot_yield"] == pytest.approx(2 / 3)
-    assert decision.stats["trainable_slot_count"] == 2
+    assert decision.stats.pre_filter_usable_slot_yield == pytest.approx(2 / 3)
+    assert decision.stats.pre_filter_trainable_slot_yield == pytest.approx(2 / 3)
+    assert decision.stats.trainable_slot_count == 2
 
 
 def test_complete_group():
     decision = decide_group(GroupPolicy(n_samples=3), [1, 1, 1])
     assert (decision.decision, decision.reason, decision.members) == ("complete", None, (0, 1, 2))
-    assert decision.stats["pre_filter_trainable_slot_yield"] == 1.0
+    assert decision.stats.pre_filter_trainable_slot_yield == 1.0
 
 
 def test_all_unusable_is_dropped_and_fully_masked():
     decision = decide_group(GroupPolicy(n_samples=3), [None, None, None])
     assert (decision.decision, decision.reason) == ("dropped", "all_unusable")
-    assert decision.stats["fully_masked_group"] is True
-    assert decision.stats["usable_slot_count"] == 0
-    assert decision.stats["pre_filter_usable_slot_yield"] == 0.0
+    assert decision.stats.fully_masked_group is True
+    assert decision.stats.usable_slot_count == 0
+    assert decision.stats.pre_filter_usable_slot_yield == 0.0
 
 
 def test_one_survivor_under_minimum_two_is_dropped_singleton():
     decision = decide_group(GroupPolicy(n_samples=3, reward_norm=GROUP), [None, 1, None])
     assert (decision.decision, decision.reason) == ("dropped", "below_minimum")
-    assert decision.stats["singleton_slot_group"] is True
-    assert decision.stats["usable_slot_count"] == 1
-    assert decision.stats["trainable_slot_count"] == 0
-    assert decision.stats["pre_filter_usable_slot_yield"] == pytest.approx(1 / 3)
-    assert decision.stats["pre_filter_trainable_slot_yield"] == 0.0
+    assert decision.stats.singleton_slot_group is True
+    assert decision.stats.usable_slot_count == 1
+    assert decision.stats.trainable_slot_count == 0
+    assert decision.stats.pre_filter_usable_slot_yield == pytest.approx(1 / 3)
+    assert decision.stats.pre_filter_trainable_slot_yield == 0.0
 
 
 def test_minimum_one_keeps_a_singleton():
     decision = decide_group(GroupPolicy(n_samples=3, reward_norm=NormSpec("batch", "batch")), [None, 1, None])
     assert (decision.decision, decision.members) == ("partial", (1,))
-    assert decision.stats["singleton_slot_group"] is True
-    assert decision.stats["trainable_slot_count"] == 1
+    assert decision.stats.singleton_slot_group is True
+    assert decision.stats.trainable_slot_count == 1
 
 
 def test_drop_incomplete_group_drops_before_minimum():
@@ -58,7 +58,7 @@ def test_multi_row_slot_under_minimum_two_is_a_contract_violation():
     assert (decision.decision, decision.reason) == ("dropped", "contract_violation")
     assert "slot sizes [2, 1]" in decision.error
     assert "one sample" in decision.error and "batch-level" in decision.error
-    assert decision.stats["trainable_slot_count"] == 0
+    assert decision.stats.trainable_slot_count == 0
 
 
 def test_multi_row_slot_is_fine_when_contract_not_armed():
@@ -80,7 +80,7 @@ def test_below_minimum_wins_over_contract():
 def test_stats_are_recorded_for_every_decision_kind():
     policy = GroupPolicy(n_samples=2, reward_norm=GROUP)
     for counts in ([1, 1], [None, None], [1, None], [2, 1]):
-        assert set(decide_group(policy, counts).stats) == {
+        assert set(decide_group(policy, counts).stats.model_dump()) == {
             "target_slot_count", "usable_slot_count", "trainable_slot_count", "fully_masked_group",
             "singleton_slot_group", "pre_filter_usable_slot_yield", "pre_filter_trainable_slot_yield",
         }

@@ -30,9 +30,9 @@ def test_group_closes_when_every_slot_has_a_result():
     [closed] = outputs
     assert isinstance(closed, Closed)
     d = closed.decision
-    assert (d.decision, d.members, d.closed_by) == ("partial", (0, 2), "all_slots")
-    assert d.member_entries == ("2-0", "4-0")
-    assert d.member_tokens == (5, 7) and d.member_versions == (2, 1) and d.version == 1
+    assert (d.decision, d.slots, d.closed_by) == ("partial", (0, 2), "all_slots")
+    assert [m.entry for m in d.members] == ["2-0", "4-0"]
+    assert [m.tokens for m in d.members] == [5, 7] and [m.version for m in d.members] == [2, 1] and d.version == 1
     assert d.slot_outcomes == {"0": "sample", "1": "rejected", "2": "sample"}
     assert closed.entries == ("1-0", "2-0", "3-0", "4-0")
 

@@ -67,7 +67,7 @@ def test_a_shard_is_rebuilt_from_any_entry_source():
 def test_changed_or_missing_entries_raise_digest_mismatch():
     entries = _log()
     manifest = _step(entries)
-    victim = manifest.shards[0].groups[0].member_entries[0]
+    victim = manifest.shards[0].groups[0].members[0].entry
     changed = dict(entries)
     blob = bytearray(changed[victim][codec.BLOB])
     blob[0] ^= 0xFF

@@ -9,6 +9,7 @@ import pytest
 from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
+    GroupStats,
     RunFinished,
     RunTerminated,
     Shard,
@@ -34,8 +35,7 @@ def decided(task: str, kind: str = "complete", usable: int = 3, target: int = 3,
     return GroupDecided(task_id=task, decision=kind, reason=reason, members=tuple(range(usable)),
                         member_entries=("1-0",) * usable, member_rows=(1,) * usable, member_tokens=(4,) * usable,
                         member_versions=(0,) * usable, slot_outcomes={str(i): "sample" for i in range(target)},
-                        stats={"target_slot_count": target, "usable_slot_count": usable,
-                               "trainable_slot_count": trainable}, closed_by="all_slots")
+                        stats=GroupStats.of(target, usable, trainable), closed_by="all_slots")
 
 
 def discarded(task: str, reason: str = "stale") -> GroupDiscarded:
