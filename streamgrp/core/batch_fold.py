@@ -5,8 +5,8 @@ Owns, for one run: which decided groups train (a dropped decision is only acknow
 group filter and the staleness bound discard others, each with its reason), when a step is due
 (fixed mode: exactly ``batch_size`` fresh groups, or a smaller final step once the dataset has
 ended; dynamic mode: every fresh group buffered when a round ends, at least ``dp_size``), the
-``max_batch_size`` bound, step numbering, ``max_steps``, leftovers, the end of the run, and the
-stall bound (through `streamgrp.core.stall`). It reads no clock and does no I/O: time arrives as
+``max_batch_size`` bound, step numbering, ``max_steps``, leftovers, the end of the run, the run's
+failure (a contract violation the assembler recorded, at the next step), and the stall bound (through `streamgrp.core.stall`). It reads no clock and does no I/O: time arrives as
 `RoundEnded.now`, the policy version as `VersionSet`. The driver (`streamgrp.services.batcher`)
 owns reading, the commit script, acknowledgements, manifests' timestamps and metrics; `verify`
 runs this same fold over the recorded decisions to check the steps.
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from streamgrp.core.decision import CONTRACT_VIOLATION
 from streamgrp.core.events import GroupDecided
 from streamgrp.core.stall import StallTracker
 
@@ -109,15 +110,7 @@ class DatasetEnded:
     """The feeder issued the whole dataset and every issued task is decided and read."""
 
 
-@dataclass(frozen=True, slots=True)
-class Terminated:
-    """Another role wrote a terminal event (a contract violation); the run fails at the next step."""
-
-    reason: str
-    message: str
-
-
-Event = Decided | VersionSet | RoundEnded | DatasetEnded | Terminated
+Event = Decided | VersionSet | RoundEnded | DatasetEnded
 
 
 # -- outputs ---------------------------------------------------------------------------------------
@@ -211,14 +204,15 @@ def fold(state: BatchState, event: Event) -> tuple[BatchState, list[Output]]:
         return state, _on_round_end(state, event)
     if isinstance(event, DatasetEnded):
         return state, _on_dataset_end(state)
-    if isinstance(event, Terminated):
-        return state, [_fail(state, event.reason, event.message)]
-    raise TypeError(f"the batch fold takes Decided, VersionSet, RoundEnded, DatasetEnded or Terminated, "
-                    f"not {type(event).__name__}")
+    raise TypeError(f"the batch fold takes Decided, VersionSet, RoundEnded or DatasetEnded, not {type(event).__name__}")
 
 
 def _on_decided(state: BatchState, event: Decided) -> list[Output]:
     decision = event.decision
+    if decision is not None and decision.reason == CONTRACT_VIOLATION:
+        # The assembler records the violation as a dropped decision; the run's one terminal event
+        # is written from here, with the step at which every trainer rank stops.
+        return [Acked((event.entry_id,)), _fail(state, CONTRACT_VIOLATION, decision.error or "")]
     if decision is None or decision.decision == "dropped":
         return [Acked((event.entry_id,))]
     verdict = _filter_verdict(state.group_filter, decision)

@@ -32,9 +32,9 @@ import redis
 from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec, counters
 from streamgrp.core.counters import pairs_to_counts
+from streamgrp.core.decision import CONTRACT_VIOLATION
 from streamgrp.core.events import (
     GroupDecided,
-    RunTerminated,
     SlotResult,
     TaskIssued,
     Tick,
@@ -88,6 +88,7 @@ class Assembler:
         self._commit = scripts.register_fenced(client, "commit.lua")
         self._last_tick_check = 0.0
         self._seq = 0
+        self._round_now: float | None = None
         self._largest_entry = 0
         ensure_group(client, self.keys.slots, ASSEMBLER_GROUP)
 
@@ -165,6 +166,7 @@ class Assembler:
         acks: dict[str, list[str]] = {}
         decoded = self._decode_round(entries, args, acks)
         self._load_decided(decoded)
+        self._round_now = None  # the server's clock, read once for the round's first decision
         for entry_id, fields, event in decoded:
             digest = codec.entry_digest(fields) if isinstance(event, SlotResult) else ""
             self.state, outputs = fold(self.state, event, entry_id, digest)
@@ -223,25 +225,28 @@ class Assembler:
 
     def _decision_op(self, args: list[Any], closed: Closed) -> GroupDecided:
         decision = closed.decision
-        if decision.decided_at is None:
-            decision = decision.model_copy(update={"decided_at": time.time()})
         self._seq += 1
-        decision = decision.model_copy(update={"producer": self.name, "seq": self._seq})
+        update: dict[str, Any] = {"producer": self.name, "seq": self._seq}
+        if decision.decided_at is None:
+            # A group closed by its last slot: stamped in the server's clock, as deadline closes
+            # (the Tick's time) and ``issued_at`` are, so decided_at - issued_at never mixes hosts' clocks.
+            if self._round_now is None:
+                self._round_now = server_time(self.client)
+            update["decided_at"] = self._round_now
+        decision = decision.model_copy(update=update)
         header = codec.encode(decision)[codec.HEADER]
         increments = counters.decision_increments(decision)
         args += ["D", decision.task_id, header, len(closed.entries), *closed.entries, len(increments)]
         for field, amount in increments.items():
             args += [field, amount]
-        if decision.reason == "contract_violation":
-            terminal = RunTerminated(reason="contract_violation", message=decision.error or "", task_id=decision.task_id,
-                                     producer=self.name)
-            args += ["F", codec.encode(terminal)[codec.HEADER]]
-            log.error("run %s failed: %s", self.keys.run, decision.error)
+        if decision.reason == CONTRACT_VIOLATION:
+            # Recorded as a dropped decision; the batcher reads it and writes the run's terminal event.
+            log.error("run %s fails at the next step: %s", self.keys.run, decision.error)
         return decision
 
     def _commit_ops(self, args: list[Any], decisions: list[GroupDecided] = ()) -> None:
         keys = [self.keys.slots, self.keys.decisions, self.keys.deadletter, self.keys.decided, self.keys.counts,
-                self.keys.assembler_lease, self.keys.control]
+                self.keys.assembler_lease]
         written, redundant, *applied = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
         replicate(self.client)
         self.decisions_written += written

@@ -38,7 +38,6 @@ from streamgrp.errors import DecodeError, LeaseLost
 from streamgrp.services.feeder import Feeder
 from streamgrp.store import scripts
 from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
-from streamgrp.store.control import ControlCursor
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP
 from streamgrp.store.lease import Lease, run_while_leased
@@ -80,7 +79,6 @@ class Batcher:
         self._inactive_since: float | None = None
         self.outage = outage_of(client)
         self.dead_letters = DeadLetters(client, self.keys, metrics=metrics)
-        self._control = ControlCursor(self.dead_letters)
         ensure_group(client, self.keys.decisions, BATCHER_GROUP)
 
     @property
@@ -156,8 +154,6 @@ class Batcher:
             if self.settings.batch_mode == "fixed":
                 self._feed()
             self.lease.renew_if_due()
-        if self.outcome == "running":
-            self._check_terminal_from_others()
         if self.outcome == "running":
             self._end_round(started, away=self.outage.count != outages)
         return read
@@ -334,10 +330,3 @@ class Batcher:
             return (f"The server is full ({used} of maxmemory {maxmemory} bytes): it refuses writes (OOM) until "
                     "maxmemory is raised or retention trims the run (streamgrp archiver --retention).")
         return ""
-
-    def _check_terminal_from_others(self) -> None:
-        """Fail the run at the next step when the assembler wrote a terminal event (contract violation)."""
-        for event in self._control.read():
-            if isinstance(event, RunTerminated) and event.step is None:
-                self._fold(batch_fold.Terminated(event.reason, event.message))
-                return

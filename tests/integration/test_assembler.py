@@ -130,7 +130,8 @@ def test_duplicates_and_late_results_are_counted_and_acknowledged_never_folded(c
     assert pending(client, run) == 0
 
 
-def test_contract_violation_writes_a_terminal_run_event(client, make_run, issuer):
+def test_a_contract_violation_is_recorded_as_a_dropped_decision_and_nothing_else(client, make_run, issuer):
+    """The batcher writes the run's one terminal event (with its step) when it reads this decision."""
     run = make_run(n_samples=2, min_usable_group_size=2)
     [task] = issuer(run).issue([{}])
     worker = WorkerClient(client, run.keys)
@@ -138,9 +139,9 @@ def test_contract_violation_writes_a_terminal_run_event(client, make_run, issuer
     worker.publish(task.task_id, 1, make_sample())
     Assembler(client, run, FAST).run(burst=True)
     [decision] = decisions(client, run)
-    assert decision.reason == "contract_violation"
-    terminal = [codec.decode(f) for _, f in client.xrange(run.keys.control)][-1]
-    assert isinstance(terminal, RunTerminated) and "slot sizes [2, 1]" in terminal.message
+    assert (decision.decision, decision.reason) == ("dropped", "contract_violation")
+    assert "slot sizes [2, 1]" in decision.error
+    assert not [e for e in (codec.decode(f) for _, f in client.xrange(run.keys.control)) if isinstance(e, RunTerminated)]
 
 
 BAD_ENTRIES = {
@@ -231,3 +232,25 @@ def test_metrics_mirror_exactly_the_counters_the_commit_applied(client, make_run
     assert sample("streamgrp_target_slots_total") == c["target_slots"] == 12
     assert sample("streamgrp_dead_letters_total", reason="missing_field") == 1
     assert metrics.registry.get_sample_value("streamgrp_group_assembly_seconds_count") == 4
+
+
+def test_decided_at_is_in_the_servers_clock_for_every_close(client, make_run, issuer, background, monkeypatch):
+    """A group closed by its last slot is stamped with the server's TIME, like deadline closes and
+    issued_at: here the assembler's host clock runs an hour ahead and no decision shows it."""
+    run = make_run(n_samples=2, group_timeout_s=0.3)
+    complete, timed_out = issuer(run).issue([{}, {}])
+    worker = WorkerClient(client, run.keys)
+    worker.publish(complete.task_id, 0, make_sample())
+    worker.publish(complete.task_id, 1, make_sample())
+    worker.publish(timed_out.task_id, 0, make_sample())
+    before = float(client.time()[0])
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600.0)
+    background(Assembler(client, run, FAST).run)
+    _wait_for(lambda: len(decisions(client, run)) == 2, timeout=5)
+    after = float(client.time()[0]) + 1
+    by_task = {d.task_id: d for d in decisions(client, run)}
+    assert by_task[complete.task_id].closed_by == "all_slots" and by_task[timed_out.task_id].closed_by == "deadline"
+    for decision in by_task.values():
+        assert before <= decision.decided_at <= after, (decision.closed_by, decision.decided_at, before)
+        assert decision.decided_at >= decision.issued_at

@@ -239,7 +239,7 @@ def test_a_stall_fails_every_rank_with_the_same_message_at_the_same_step(client,
 
 
 
-def test_the_assemblers_terminal_event_is_stamped_with_the_step_every_rank_fails_at(client, redis_url, make_run,
+def test_a_contract_violation_fails_the_run_with_one_terminal_event_at_the_next_step(client, redis_url, make_run,
                                                                                     issuer):
     run = make_run(n_samples=2, min_usable_group_size=2, dp_size=1, batch_size=1)
     issue(issuer, run, [{}], ["good"])
@@ -248,13 +248,13 @@ def test_the_assemblers_terminal_event_is_stamped_with_the_step_every_rank_fails
     batcher.round()  # step 0
     issue(issuer, run, [{"rows": 2}], ["two-rows"])  # two rows per slot break the one-sample-per-slot contract
     settle(client, run)
-    [unstamped] = events(client, run.keys.control, RunTerminated)
-    assert unstamped.step is None and unstamped.reason == "contract_violation"
+    assert events(client, run.keys.control, RunTerminated) == []  # the assembler only records the decision
 
     batcher.round()
     assert batcher.outcome == "failed"
-    stamped = events(client, run.keys.control, RunTerminated)[1:]
-    assert [(t.reason, t.step, t.message) for t in stamped] == [("contract_violation", 1, unstamped.message)]
+    [violation] = [d for _, d in decisions_by_task(client, run).values() if d.reason == "contract_violation"]
+    [terminal] = events(client, run.keys.control, RunTerminated)  # one terminal event, with its step
+    assert (terminal.reason, terminal.step, terminal.message) == ("contract_violation", 1, violation.error)
     steps = []
     with pytest.raises(RunFailed, match=r"failed at step 1 \(contract_violation\): .*slot sizes \[2, 2\]"):
         for batch in TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1).batches(rank=0, world_size=1):

@@ -127,8 +127,7 @@ def test_a_commit_with_malformed_input_writes_nothing(client, run_name):
     client.set(keys.assembler_lease, "me")
     commit = scripts.register(client, "commit.lua")
     header = codec.encode(decision(1))[codec.HEADER]
-    script_keys = [keys.slots, keys.decisions, keys.deadletter, keys.decided, keys.counts, keys.assembler_lease,
-                   keys.control]
+    script_keys = [keys.slots, keys.decisions, keys.deadletter, keys.decided, keys.counts, keys.assembler_lease]
     # a good decision first, then an acknowledgement list that claims more ids than it carries
     args = ["me", ASSEMBLER_GROUP, "D", "t000001", header, 0, 1, "decisions:complete", 1, "A", "", 50, "1-0"]
     with pytest.raises(redis.ResponseError, match="BAD_INPUT"):

@@ -16,7 +16,6 @@ from streamgrp.core.batch_fold import (
     RoundEnded,
     Stalling,
     StepDue,
-    Terminated,
     VersionSet,
     feeder_capacity,
     fold,
@@ -196,10 +195,15 @@ def test_progress_warnings_are_rate_limited_to_one_a_minute():
     assert [w.empty_rounds for w in warnings] == [1, 61, 121, 181]
 
 
-def test_another_roles_terminal_event_fails_the_run_at_the_next_step():
+def test_a_contract_violation_decision_fails_the_run_at_the_next_step():
     s, _ = run_batch_fold(state(), decided(4))
-    s, outputs = fold(s, Terminated("contract_violation", "slot 3 had 2 rows"))
-    assert outputs == [Failed("contract_violation", "slot 3 had 2 rows", 1)]
+    violation = group("bad", decision="dropped").model_copy(update={"reason": "contract_violation",
+                                                                     "error": "slot sizes [2, 1]"})
+    s, outputs = fold(s, Decided("9-0", violation))
+    assert outputs == [Acked(("9-0",)), Failed("contract_violation", "slot sizes [2, 1]", 1)]
+    assert s.outcome == "failed"
+    s, outputs = run_batch_fold(s, decided(4))
+    assert outputs == []  # a failed run ignores everything after
 
 
 def test_an_unknown_event_is_a_type_error():

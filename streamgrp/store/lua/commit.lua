@@ -1,13 +1,12 @@
 -- The assembler's commit: every output of one read round, applied atomically with the
 -- acknowledgements of the slot-log entries it accounts for, and fenced by the assembler lease.
 --
--- KEYS: 1 slots, 2 decisions, 3 deadletter, 4 decided, 5 counts, 6 lease, 7 control
+-- KEYS: 1 slots, 2 decisions, 3 deadletter, 4 decided, 5 counts, 6 lease
 -- ARGV: 1 lease token, 2 consumer group, then a flat list of operations:
 --   D task_id header n_ack ids... n_incr (field amount)...   decide once (HSETNX marker), ack, count
 --   A count_field n_ack ids...                               ack; count what was really acknowledged
 --   L task_id entry_id detail n_fields (k v)...              late if decided, else dead-letter unknown_task
 --   X reason entry_id detail n_fields (k v)...               dead-letter with the given fields, ack
---   F header                                                 terminal run event, written once
 -- Dead-letter fields are built by streamgrp.store.deadletter: at most MAX_DEAD_LETTER_FIELDS pairs (a
 -- stub stands in for a large or many-field entry), so the XADD of a dead letter is bounded.
 -- The whole input is checked before anything is written, and acknowledgements go in bounded
@@ -40,9 +39,6 @@ while i <= #ARGV do
             .. MAX_DEAD_LETTER_FIELDS)
     end
     i = i + 5 + 2 * n_fields
-  elseif op == 'F' then
-    if i + 1 > #ARGV then error('BAD_INPUT F without its header') end
-    i = i + 2
   else
     return redis.error_reply('BAD_INPUT unknown commit operation ' .. tostring(op))
   end
@@ -95,13 +91,9 @@ for _, parsed in ipairs(ops) do
     else
       dead_letter('unknown_task', entry_id, detail, at + 5, n_fields)
     end
-  elseif op == 'X' then
+  else  -- 'X'
     local reason, entry_id, detail, n_fields = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], tonumber(ARGV[at + 4])
     dead_letter(reason, entry_id, detail, at + 5, n_fields)
-  else
-    if redis.call('HSETNX', KEYS[5], 'run_failed', 1) == 1 then
-      redis.call('XADD', KEYS[7], '*', 'h', ARGV[at + 1])
-    end
   end
 end
 return with_counts({written, redundant})
