@@ -74,16 +74,18 @@ def _check_free_form_depth(value: dict[str, Any]) -> dict[str, Any]:
 #: A free-form JSON object (prompt, meta, settings), at most `FREE_FORM_DEPTH` levels deep.
 FreeForm = Annotated[dict[str, Any], AfterValidator(_check_free_form_depth)]
 
-#: dtype name -> (item size in bytes, array typecode for building from Python values or None)
-DTYPES: dict[str, tuple[int, str | None]] = {
-    "bool": (1, "B"),
-    "uint8": (1, "B"),
-    "int32": (4, "i"),
-    "int64": (8, "q"),
-    "float16": (2, None),
-    "bfloat16": (2, None),
-    "float32": (4, "f"),
-    "float64": (8, "d"),
+#: The one dtype table. name (also torch's attribute name) -> (item size in bytes, `array` typecode
+#: for building from Python values or None, safetensors code). `streamgrp.train.dtypes` derives the
+#: torch dtypes from it.
+DTYPES: dict[str, tuple[int, str | None, str]] = {
+    "bool": (1, "B", "BOOL"),
+    "uint8": (1, "B", "U8"),
+    "int32": (4, "i", "I32"),
+    "int64": (8, "q", "I64"),
+    "float16": (2, None, "F16"),
+    "bfloat16": (2, None, "BF16"),
+    "float32": (4, "f", "F32"),
+    "float64": (8, "d", "F64"),
 }
 
 Outcome = Literal["sample", "rejected", "failed"]

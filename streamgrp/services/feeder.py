@@ -4,7 +4,7 @@ Why inside the batcher: the window depends on the current policy version and on 
 groups were accepted or dropped, which the batcher already tracks each round, and a single
 lease-holding process then owns both "how much work exists" and "what becomes a step". The feeder
 issues a new task only while ``issued - dropped - discarded < (max_staleness + version + 1) *
-batch_size``. Issuing is one Lua call that checks the lease and the dataset cursor, so a restarted
+batch_size``. Issuing is one fenced `TaskWriter` call that checks the lease and the dataset cursor, so a restarted
 or zombie batcher can never issue a prompt twice; task ids are the dataset position (``t00000042``).
 """
 
@@ -20,15 +20,12 @@ import orjson
 import redis
 
 from streamgrp.config import load_object
-from streamgrp.core import codec, counters
+from streamgrp.core import counters
 from streamgrp.core.batch_fold import feeder_capacity
 from streamgrp.core.events import TaskIssued
 from streamgrp.errors import ConfigError
-from streamgrp.store import scripts
-from streamgrp.store.connection import replicate
-from streamgrp.store.keys import WORKERS_GROUP, RunKeys
-from streamgrp.store.runs import server_time
-from streamgrp.store.streams import ensure_group
+from streamgrp.store.keys import RunKeys
+from streamgrp.store.tasks import MAX_TASKS_PER_CALL, TaskWriter
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +66,7 @@ class Feeder:
     """Issues dataset prompts as tasks while the staleness window has room."""
 
     def __init__(self, client: redis.Redis, keys: RunKeys, dataset: Iterator[dict[str, Any]], *, batch_size: int,
-                 max_staleness: int, producer: str, max_chunk: int = 256) -> None:
+                 max_staleness: int, producer: str, max_chunk: int = MAX_TASKS_PER_CALL) -> None:
         self.client = client
         self.keys = keys
         self.batch_size = batch_size
@@ -79,13 +76,12 @@ class Feeder:
         self.exhausted = False
         #: The staleness window had no room at the last `feed` (the batcher waits for trainers then).
         self.window_full = False
-        self._script = scripts.register_fenced(client, "feed.lua")
+        self._writer = TaskWriter(client, keys)
         self._items = iter(dataset)
         self._position = 0  # dataset items read from ``_items`` so far
         self._held: list[dict[str, Any]] = []  # read but not (yet) issued: they end at ``_position``
         self.cursor = 0
         self.resume()
-        ensure_group(client, keys.tasks, WORKERS_GROUP)
 
     def resume(self) -> None:
         """Continue after what this or any other batcher issued (at start, and after a lost lease).
@@ -128,13 +124,10 @@ class Feeder:
                 self.exhausted = True
             if not prompts:
                 break
-            now = server_time(self.client)
-            headers = [codec.encode(TaskIssued(task_id=f"t{self.cursor + i:08d}", prompt=prompt, version=version,
-                                               issued_at=now, producer=self.producer, seq=self.cursor + i))[codec.HEADER]
-                       for i, prompt in enumerate(prompts)]
-            self.cursor = self._script(keys=[self.keys.tasks, self.keys.slots, self.keys.batcher_state,
-                                             self.keys.batcher_lease], args=[lease_token, self.cursor, *headers])
-            replicate(self.client)
+            now = self._writer.now()
+            events = [TaskIssued(task_id=f"t{self.cursor + i:08d}", prompt=prompt, version=version, issued_at=now,
+                                 producer=self.producer, seq=self.cursor + i) for i, prompt in enumerate(prompts)]
+            self.cursor = self._writer.write(events, lease_token=lease_token, cursor=self.cursor)
             del self._held[:len(prompts)]
             issued += len(prompts)
             room -= len(prompts)

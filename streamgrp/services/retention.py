@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import redis
 
 from streamgrp.core import codec
-from streamgrp.core.events import GroupDecided, RunStarted, StepManifest
+from streamgrp.core.events import GroupDecided, StepManifest
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import (
     ASSEMBLER_GROUP,
@@ -56,6 +56,7 @@ from streamgrp.store.keys import (
     RunKeys,
     step_entry_id,
 )
+from streamgrp.store.runs import read_record
 from streamgrp.store.segments import IdKey, id_key
 from streamgrp.store.streams import entry_id_str, read_entries
 
@@ -149,11 +150,7 @@ def _consumer_bounds(floors: _Floors, stream: str, infos, summary, group: str) -
 
 def _recorded_dp_size(client: redis.Redis, keys: RunKeys) -> int:
     first = client.xrange(keys.control, "-", "+", count=1)
-    if first:
-        event = codec.decode(first[0][1])
-        if isinstance(event, RunStarted):
-            return int(event.settings.get("dp_size", 1))
-    return 1
+    return read_record(keys.run, first[0][1], "the control stream's first entry")[1].dp_size if first else 1
 
 
 def _scan(client: redis.Redis, key: str, start: str) -> Iterable[tuple[str, dict[bytes, bytes]]]:

@@ -16,7 +16,7 @@ import redis
 from streamgrp.config import RunConfig, env_name, flag_name
 from streamgrp.core import codec
 from streamgrp.core.events import RunStarted
-from streamgrp.errors import ConfigError
+from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.connection import connect, safe_url  # noqa: F401 - connect is documented here
 from streamgrp.store.keys import RUNS, RunKeys, check_run_name
@@ -71,10 +71,7 @@ def join_run(client: redis.Redis, run: str, config: RunConfig, *, producer: str 
     entry_id, fields = scripts.register(client, "create_run.lua")(keys=[keys.control],
                                                                   args=[codec.encode(record_event)[codec.HEADER]])
     client.zadd(RUNS, {run: now}, nx=True)
-    record = codec.decode(_pairs(fields))
-    if not isinstance(record, RunStarted):
-        raise ConfigError(f"run {run!r} has a corrupt control stream (first entry {entry_id!r} is not run_started)")
-    recorded = RunConfig(**record.settings)
+    record, recorded = read_record(run, _pairs(fields), f"the control stream's first entry {entry_id!r}")
     return Run(keys, _reconcile(run, recorded, config), record)
 
 
@@ -84,8 +81,26 @@ def open_run(client: redis.Redis, run: str) -> Run:
     first = client.xrange(keys.control, "-", "+", count=1)
     if not first:
         raise ConfigError(f"run {run!r} does not exist on this server; list runs with `streamgrp runs`")
-    record = codec.decode(first[0][1])
-    return Run(keys, RunConfig(**record.settings), record)
+    record, recorded = read_record(run, first[0][1], "the control stream's first entry")
+    return Run(keys, recorded, record)
+
+
+def read_record(run: str, fields, where: str) -> tuple[RunStarted, RunConfig]:
+    """The run's recorded start event and configuration from the fields of its first control entry.
+
+    The one reader of a run's record (joining, opening, verifying, retention, archives), so that a
+    damaged record gives the same clear error everywhere."""
+    try:
+        record = codec.decode(fields) if fields is not None else None
+    except DecodeError as exc:
+        raise ConfigError(f"run {run!r}: {where} does not decode ({exc}); the run's record is damaged") from None
+    if not isinstance(record, RunStarted):
+        raise ConfigError(f"run {run!r}: {where} is not a run_started record; list runs with `streamgrp runs`")
+    try:
+        return record, RunConfig(**record.settings)
+    except ValueError as exc:
+        raise ConfigError(f"run {run!r}: the recorded configuration does not validate with this streamgrp "
+                          f"version: {exc}") from None
 
 
 def _reconcile(run: str, recorded: RunConfig, mine: RunConfig) -> RunConfig:

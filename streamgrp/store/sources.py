@@ -28,9 +28,9 @@ import redis
 
 from streamgrp.config import RunConfig
 from streamgrp.core import codec
-from streamgrp.core.events import RunStarted
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store.keys import ASSEMBLER_GROUP, RunKeys
+from streamgrp.store.runs import Run, open_run, read_record, resolve_run_name
 from streamgrp.store.segments import ArchiveReader, default_archive_dir
 from streamgrp.store.streams import entry_id_str, read_entries
 
@@ -201,8 +201,6 @@ def open_run_source(client: redis.Redis, run: str | None, *, archive: str | os.P
     (its keys deleted, or another server); its run is the default. Otherwise the server, backed by
     the archive at ``<data_dir>/archive/<run>`` when that exists.
     """
-    from streamgrp.store.runs import Run, open_run, resolve_run_name
-
     archived = ArchiveSource(archive) if archive is not None else None
     if run is None and archived is not None:
         run = archived.keys.run
@@ -217,11 +215,10 @@ def open_run_source(client: redis.Redis, run: str | None, *, archive: str | os.P
         if archived.keys.run != run:
             raise ConfigError(f"{archived.directory} is the archive of run {archived.keys.run!r}, not {run!r}; pass "
                               f"--run {archived.keys.run} or that run's archive") from None
-        record = next((event for _, event in decode_all(archived, "control")), None)
-        if not isinstance(record, RunStarted):
-            raise ConfigError(f"the archive {archived.directory} has no run_started record; was the run's control "
-                              "stream archived?") from None
-        return Run(archived.keys, RunConfig(**record.settings), record), archived
+        first = next(iter(archived.scan("control")), (None, None))[1]
+        record, recorded = read_record(archived.keys.run, first, f"the first control entry of the archive "
+                                                                 f"{archived.directory} (was the control stream archived?)")
+        return Run(archived.keys, recorded, record), archived
     if archived is not None:
         if archived.keys.run != opened.name:
             raise ConfigError(f"{archived.directory} is the archive of run {archived.keys.run!r}, not "
@@ -240,8 +237,5 @@ def decode_all(source: RedisSource, stream: str) -> Iterator[tuple[str, Any]]:
 
 
 def recorded_config(source: RedisSource) -> RunConfig:
-    for _, event in decode_all(source, "control"):
-        if isinstance(event, RunStarted):
-            return RunConfig(**event.settings)
-        break
-    raise ConfigError(f"run {source.keys.run!r} has no run_started record; list runs with `streamgrp runs`")
+    first = next(iter(source.scan("control")), (None, None))[1]
+    return read_record(source.keys.run, first, "the control stream's first entry")[1]

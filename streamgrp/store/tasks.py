@@ -1,52 +1,79 @@
-"""Issuing tasks: each task goes to the workers' queue and to the group log in one transaction.
+"""Issuing tasks: the one path by which a `TaskIssued` reaches the workers' queue and the group log.
 
-Writing `TaskIssued` to both streams in one MULTI/EXEC means a task is either everywhere or
-nowhere, and its entry in the group log always precedes its slot results (a worker can only see
-the task after the transaction), which is what lets the assembler fold one ordered stream.
+Every task is written by `issue_tasks.lua`, to both streams in one atomic call, stamped with the
+server's clock. The batcher's feeder issues fenced by its lease and dataset cursor (`TaskWriter`
+with a lease token); `TaskIssuer` issues unfenced, for producers that bring their own tasks (tests,
+benchmarks, a user's own scheduler).
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
 
 from streamgrp.core import codec
 from streamgrp.core.events import TaskIssued
+from streamgrp.store import scripts
+from streamgrp.store.connection import replicate
 from streamgrp.store.keys import WORKERS_GROUP, RunKeys
 from streamgrp.store.runs import server_time
 from streamgrp.store.streams import ensure_group, producer_name
 
+#: Tasks per script call: bounds the script's input whatever the caller hands over.
+MAX_TASKS_PER_CALL = 256
 
-class TaskIssuer:
-    """Publishes tasks for one run, numbering them with its producer identity and sequence."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, producer: str | None = None) -> None:
+class TaskWriter:
+    """Writes encoded tasks for one run; the fenced form is the feeder's (lease and cursor checked)."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
         self.client = client
         self.keys = keys
-        self.producer = producer or producer_name("issuer")
-        self._seq = itertools.count()
+        self._script = scripts.register_fenced(client, "issue_tasks.lua")
         ensure_group(client, keys.tasks, WORKERS_GROUP)
+
+    def now(self) -> float:
+        """The server's clock: what every ``issued_at`` is stamped with."""
+        return server_time(self.client)
+
+    def write(self, events: Sequence[TaskIssued], *, lease_token: str = "", cursor: int = 0) -> int:
+        """Write ``events`` (at most `MAX_TASKS_PER_CALL`). With ``lease_token`` the write is fenced by
+        the batcher lease and the expected dataset ``cursor`` (`LeaseLost` otherwise) and the new cursor
+        is returned; without, the number written."""
+        if len(events) > MAX_TASKS_PER_CALL:
+            raise ValueError(f"{len(events)} tasks in one call; write at most {MAX_TASKS_PER_CALL} at a time")
+        headers = [codec.encode(event)[codec.HEADER] for event in events]
+        result = self._script(keys=[self.keys.tasks, self.keys.slots, self.keys.batcher_state,
+                                    self.keys.batcher_lease], args=[lease_token, cursor if lease_token else "",
+                                                                    *headers])
+        replicate(self.client)
+        return int(result)
+
+
+class TaskIssuer:
+    """Publishes tasks for one run without a feeder, numbering them with its producer identity."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, *, producer: str | None = None) -> None:
+        self.keys = keys
+        self.producer = producer or producer_name("issuer")
+        self._writer = TaskWriter(client, keys)
+        self._seq = itertools.count()
 
     def issue(self, prompts: Iterable[Mapping[str, Any]], *, version: int = 0,
               task_ids: Iterable[str] | None = None) -> list[TaskIssued]:
         """Issue one task per prompt; returns the events written. Task ids default to unique ones."""
-        now = server_time(self.client)
+        now = self._writer.now()
         ids = iter(task_ids) if task_ids is not None else None
         events = []
-        pipe = self.client.pipeline(transaction=True)
         for prompt in prompts:
             seq = next(self._seq)
             task_id = next(ids) if ids is not None else f"{uuid.uuid4().hex[:12]}-{seq}"
-            event = TaskIssued(task_id=task_id, prompt=dict(prompt), version=version, issued_at=now,
-                               producer=self.producer, seq=seq)
-            fields = codec.encode(event)
-            pipe.xadd(self.keys.tasks, fields)
-            pipe.xadd(self.keys.slots, fields)
-            events.append(event)
-        if events:
-            pipe.execute()
+            events.append(TaskIssued(task_id=task_id, prompt=dict(prompt), version=version, issued_at=now,
+                                     producer=self.producer, seq=seq))
+        for start in range(0, len(events), MAX_TASKS_PER_CALL):
+            self._writer.write(events[start:start + MAX_TASKS_PER_CALL])
         return events

@@ -25,15 +25,15 @@ import orjson
 import torch
 
 from streamgrp.errors import BatchFileError, StreamgrpError
+from streamgrp.train import dtypes
 from streamgrp.train.trainer import Batch
 
 __all__ = ["BATCH_FORMAT", "TENSOR_FIELDS", "BatchFileError", "load_batch", "save_batch"]
 
 BATCH_FORMAT = "streamgrp.batch/1"
 TENSOR_FIELDS = ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions", "group_sizes")
-_ST_DTYPES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int32: "I32", torch.int64: "I64",
-              torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
-_TORCH_OF = {name: dtype for dtype, name in _ST_DTYPES.items()}
+_ST_DTYPES = dtypes.SAFETENSORS_OF
+_TORCH_OF = dtypes.TORCH_OF_SAFETENSORS
 _MAX_HEADER = 100 * 1024 * 1024
 _MAX_DIM = 2**63 - 1  # torch sizes are int64
 

@@ -52,12 +52,10 @@ from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import step_entry_id
 from streamgrp.store.runs import Run
 from streamgrp.store.streams import producer_name, read_entries
+from streamgrp.train import dtypes
 
 log = logging.getLogger(__name__)
 
-_TORCH_DTYPES = {"bool": torch.bool, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
-                 "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-                 "float64": torch.float64}
 
 
 
@@ -155,8 +153,8 @@ def shard_tensors(samples: list[Sample]) -> dict[str, torch.Tensor]:
 
 def _tensor(array) -> torch.Tensor:
     if not array.data:
-        return torch.zeros(array.shape, dtype=_TORCH_DTYPES[array.dtype])
-    return torch.frombuffer(bytearray(array.data), dtype=_TORCH_DTYPES[array.dtype]).reshape(array.shape)
+        return torch.zeros(array.shape, dtype=dtypes.TORCH[array.dtype])
+    return torch.frombuffer(bytearray(array.data), dtype=dtypes.TORCH[array.dtype]).reshape(array.shape)
 
 
 class TrainerClient:

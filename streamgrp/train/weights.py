@@ -14,10 +14,9 @@ import redis
 import torch
 
 from streamgrp.store.keys import RunKeys
+from streamgrp.train import dtypes
 
 KEEP_VERSIONS = 4
-_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
-                                                       torch.int64, torch.int32, torch.uint8, torch.bool)}
 
 
 def weights_key(keys: RunKeys, version: int) -> str:
@@ -31,8 +30,10 @@ def latest_key(keys: RunKeys) -> str:
 def encode_state(state: dict[str, torch.Tensor]) -> bytes:
     header, blobs, offset = [], [], 0
     for name, tensor in state.items():
+        if tensor.dtype not in dtypes.NAME_OF:
+            raise ValueError(f"weight {name} has dtype {tensor.dtype}; publish one of {', '.join(dtypes.TORCH)}")
         data = bytes(tensor.detach().cpu().contiguous().clone().untyped_storage()) if tensor.numel() else b""
-        header.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, len(data)])
+        header.append([name, dtypes.NAME_OF[tensor.dtype], list(tensor.shape), offset, len(data)])
         blobs.append(data)
         offset += len(data)
     head = orjson.dumps(header)
@@ -46,7 +47,7 @@ def decode_state(payload: bytes) -> dict[str, torch.Tensor]:
     state = {}
     for name, dtype, shape, offset, length in header:
         raw = bytearray(body[offset:offset + length])
-        tensor = torch.frombuffer(raw, dtype=_DTYPES[dtype]) if raw else torch.zeros(0, dtype=_DTYPES[dtype])
+        tensor = torch.frombuffer(raw, dtype=dtypes.TORCH[dtype]) if raw else torch.zeros(0, dtype=dtypes.TORCH[dtype])
         state[name] = tensor.reshape(shape)
     return state
 

@@ -1,0 +1,19 @@
+"""Torch dtypes for the names of `streamgrp.core.events.DTYPES`, the one dtype table.
+
+Event tensors, published weights and batch files all name dtypes by that table; this module only
+maps its names to torch and its safetensors codes back to names.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from streamgrp.core.events import DTYPES
+
+#: dtype name -> torch dtype
+TORCH: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
+#: torch dtype -> dtype name
+NAME_OF: dict[torch.dtype, str] = {dtype: name for name, dtype in TORCH.items()}
+#: safetensors code -> torch dtype, and back
+TORCH_OF_SAFETENSORS: dict[str, torch.dtype] = {DTYPES[name][2]: dtype for name, dtype in TORCH.items()}
+SAFETENSORS_OF: dict[torch.dtype, str] = {dtype: code for code, dtype in TORCH_OF_SAFETENSORS.items()}
