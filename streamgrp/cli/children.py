@@ -1,0 +1,101 @@
+"""Child processes the CLI starts and stops: the embedded server, Prometheus, the demo's roles.
+
+Owns how a child is started (its own session, stdout and stderr appended to a log file, stdin
+closed or a pipe, and on Linux ``PR_SET_PDEATHSIG`` so that it ends when its owner dies, even by
+SIGKILL), how it is stopped (SIGTERM, then SIGKILL after a timeout), and reading the tail of its log
+for error messages. Nothing here knows what the child is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def pdeathsig_preexec() -> Callable[[], None] | None:
+    """A preexec_fn asking the kernel to SIGTERM the child when its parent dies (Linux only).
+
+    The kernel sends it when the *thread* that started the child exits, so start long-lived children
+    from a thread that lives as long as they should (normally the main thread)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the owner died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def spawn(command: Sequence[str], log_path: Path, *, stdin: int = subprocess.DEVNULL, cwd: Path | None = None,
+          new_session: bool = True) -> subprocess.Popen[bytes]:
+    """Start ``command`` with stdout and stderr appended to ``log_path``; raises OSError if it cannot run.
+
+    ``new_session``: a Ctrl-C typed in the owner's terminal reaches only the owner, which then stops
+    the child cleanly."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(list(command), stdin=stdin, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                start_new_session=new_session, preexec_fn=pdeathsig_preexec())
+
+
+def stop(process: subprocess.Popen[bytes] | None, timeout: float) -> bool:
+    """SIGTERM, wait ``timeout`` seconds, then SIGKILL. True if it ended on SIGTERM (or had already ended)."""
+    if process is None or process.poll() is not None:
+        return True
+    process.terminate()
+    try:
+        process.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return False
+
+
+def log_tail(path: Path, lines: int, *, offset: int = 0, empty: str = "") -> str:
+    """The last ``lines`` lines of ``path`` after byte ``offset``; ``empty`` if there are none."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return "(no log)"
+    kept = text.strip().splitlines()[-lines:]
+    return "\n".join(kept) if kept else empty
+
+
+def free_port(host: str) -> int:
+    """A TCP port nothing listens on now (the caller binds it soon; a race is reported as such)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:  # a zombie is dead, just not reaped yet
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
