@@ -41,17 +41,31 @@ import argparse
 import cProfile
 import gc
 import io
-import math
-import multiprocessing as mp
 import os
 import pstats
-import queue
 import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
+
+from _harness import (
+    CTX,
+    collect,
+    cpu_seconds,
+    drop_run,
+    issue_tasks,
+    join,
+    machine_busy,
+    observe,
+    percentile,
+    spawn,
+    start_server,
+    stop_server,
+    wait_folded,
+    wait_ready,
+)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
@@ -214,27 +228,6 @@ class _GcPauses:
         return {"stats": {gen: tuple(values) for gen, values in self.stats.items()}, "spans": self.spans}
 
 
-def _machine_busy() -> float:
-    """CPU-seconds all processes of this machine have used so far (/proc/stat; 0 where unavailable)."""
-    try:
-        values = [int(v) for v in open("/proc/stat").readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    """User + system CPU of a local process so far (0 when it is not readable, e.g. a remote server)."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 # --------------------------------------------------------------------------- parent side
 
 
@@ -247,48 +240,7 @@ class Bench:
         self.gc_freeze = gc_freeze
         self.groups = groups
         self.client = connect(url)
-        self.ctx = mp.get_context("spawn")
         self.tag = uuid.uuid4().hex[:6]
-
-    # -- process plumbing
-
-    def _start(self, target, *args) -> mp.Process:
-        proc = self.ctx.Process(target=target, args=args, daemon=True)
-        proc.start()
-        return proc
-
-    @staticmethod
-    def _get(source, procs: list[mp.Process], timeout: float):
-        """The next message, failing fast (not after ``timeout``) when a child died."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return source.get(timeout=0.2)
-            except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"bench child pid {dead[0].pid} exited with code {dead[0].exitcode}") from None
-                if time.monotonic() > deadline:
-                    raise
-
-    def _wait_ready(self, ready, procs: list[mp.Process], count: int) -> None:
-        for _ in range(count):
-            self._get(ready, procs, READY_TIMEOUT_S)
-
-    def _collect(self, results, procs: list[mp.Process], count: int) -> list[tuple]:
-        return [self._get(results, procs, RUN_TIMEOUT_S) for _ in range(count)]
-
-    @staticmethod
-    def _join(procs: list[mp.Process]) -> None:
-        """Reap the children (terminating stragglers); raises afterwards if one failed."""
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
-        failed = [proc for proc in procs if proc.exitcode != 0]
-        if failed and sys.exc_info()[0] is None:  # else the exception being handled says more
-            raise RuntimeError(f"bench child pid {failed[0].pid} exited with code {failed[0].exitcode}")
 
     # -- 1. raw baseline
 
@@ -298,19 +250,19 @@ class Bench:
         self.client.delete(stream)
         self.client.xgroup_create(stream, RAW_GROUP, id="0", mkstream=True)
         task_ids = _task_ids(f"raw{tokens}x{workers}", self.groups)
-        ready, start, results = self.ctx.Queue(), self.ctx.Event(), self.ctx.Queue()
+        ready, start, results = CTX.Queue(), CTX.Event(), CTX.Queue()
         total = self.groups * N_SAMPLES
-        procs = [self._start(_raw_consumer, self.url, stream, total, ready, results)]
-        procs += [self._start(_raw_producer, self.url, stream, tokens, share, ready, start, results)
+        procs = [spawn(_raw_consumer, self.url, stream, total, ready, results)]
+        procs += [spawn(_raw_producer, self.url, stream, tokens, share, ready, start, results)
                   for share in _shares(task_ids, workers)]
         try:
-            self._wait_ready(ready, procs, len(procs))
-            server_cpu, busy = _cpu_seconds(self.server_pid), _machine_busy()
+            wait_ready(ready, procs, len(procs), READY_TIMEOUT_S)
+            server_cpu, busy = cpu_seconds(self.server_pid), machine_busy()
             start.set()
-            replies = self._collect(results, procs, len(procs))
-            server_cpu, busy = _cpu_seconds(self.server_pid) - server_cpu, _machine_busy() - busy
+            replies = collect(results, procs, len(procs), RUN_TIMEOUT_S)
+            server_cpu, busy = cpu_seconds(self.server_pid) - server_cpu, machine_busy() - busy
         finally:
-            self._join(procs)
+            join(procs)
             self.client.unlink(stream)
         producers = [r for r in replies if r[0] == "producer"]
         (_, ended, acked, consumer_cpu), = [r for r in replies if r[0] == "consumer"]
@@ -326,57 +278,10 @@ class Bench:
     def _new_run(self, label: str, task_ids: list[str]):
         from streamgrp.config import RunConfig
         from streamgrp.store.runs import join_run
-        from streamgrp.store.tasks import TaskIssuer
 
         run = join_run(self.client, f"bench-{self.tag}-{label}", RunConfig(n_samples=N_SAMPLES, group_timeout_s=600))
-        issuer = TaskIssuer(self.client, run.keys, producer="bench-issuer")
-        for i in range(0, len(task_ids), 500):
-            chunk = task_ids[i:i + 500]
-            issuer.issue([{}] * len(chunk), task_ids=chunk)
+        issue_tasks(self.client, run, task_ids)
         return run
-
-    def _drop_run(self, run) -> None:
-        from streamgrp.store.keys import RUNS
-
-        # Every key of the run shares its hash-tagged prefix; UNLINK frees big streams off the main thread.
-        pattern = run.keys.control.rsplit(":", 1)[0] + ":*"
-        keys = list(self.client.scan_iter(match=pattern, count=1000))
-        if keys:
-            self.client.unlink(*keys)
-        self.client.zrem(RUNS, run.name)
-
-    def _wait_folded(self, run, expected: int) -> None:
-        """Until the assembler has read every issued task (they stay pending until their decision)."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            for group in self.client.xinfo_groups(run.keys.slots):
-                if group["name"] == b"assembler" and group["pending"] == expected and not group.get("lag"):
-                    return
-            time.sleep(0.02)
-        raise RuntimeError(f"the assembler did not read the {expected} issued tasks within {READY_TIMEOUT_S:g}s")
-
-    def _observe(self, run, expected: int, seen: list, done: threading.Event) -> threading.Thread:
-        """A thread blocked in XREAD on the decisions stream: (entry id, fields, wall time received)."""
-        from streamgrp.store.runs import connect
-
-        client = connect(self.url)
-
-        def loop() -> None:
-            last = "0-0"
-            deadline = time.monotonic() + RUN_TIMEOUT_S
-            while len(seen) < expected and time.monotonic() < deadline:
-                reply = client.xread({run.keys.decisions: last}, count=10_000, block=1000)
-                now = time.time()
-                if reply:
-                    entries = reply[0][1]
-                    seen.extend((entry_id, fields, now) for entry_id, fields in entries)
-                    last = entries[-1][0]
-            done.set()
-            client.close()
-
-        thread = threading.Thread(target=loop, name="decision-observer", daemon=True)
-        thread.start()
-        return thread
 
     def _poll_rewrites(self, spans: list[tuple[float, float]], done: threading.Event) -> threading.Thread:
         """A thread noting (wall) when the server is rewriting its AOF (a forked child competing for CPU)."""
@@ -410,44 +315,44 @@ class Bench:
         label = f"{'lat' if paced_rate else 'tp'}{tokens}x{workers}{'p' if profile_path else ''}"
         task_ids = _task_ids(label, groups)
         run = self._new_run(label, task_ids)
-        ready, start, stop, results = self.ctx.Queue(), self.ctx.Event(), self.ctx.Event(), self.ctx.Queue()
-        assembler = self._start(_assembler, self.url, run.name, stop, ready, results, profile_path, self.gc_freeze)
+        ready, start, stop, results = CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue()
+        assembler = spawn(_assembler, self.url, run.name, stop, ready, results, profile_path, self.gc_freeze)
         procs = [assembler]
         try:
-            self._wait_ready(ready, procs, 1)
-            self._wait_folded(run, groups)
+            wait_ready(ready, procs, 1, READY_TIMEOUT_S)
+            wait_folded(self.client, run, groups, READY_TIMEOUT_S)
             interval = None if paced_rate is None else N_SAMPLES / paced_rate
-            procs += [self._start(_sg_producer, self.url, run.name, tokens, share, ready, start, results, interval)
+            procs += [spawn(_sg_producer, self.url, run.name, tokens, share, ready, start, results, interval)
                       for share in _shares(task_ids, workers)]
-            self._wait_ready(ready, procs, workers)
+            wait_ready(ready, procs, workers, READY_TIMEOUT_S)
             seen: list = []
             done = threading.Event()
-            observer = self._observe(run, groups, seen, done)
+            observer = observe(self.url, run.keys.decisions, groups, seen, done, RUN_TIMEOUT_S)
             rewrites: list[tuple[float, float]] = []
             poller = self._poll_rewrites(rewrites, done) if paced_rate is not None else None
             # Producers exit when done, so they report their own CPU time.
             roles = {"assembler": [assembler.pid], "server": [self.server_pid], "observer": [os.getpid()]}
-            cpu_before = {role: sum(map(_cpu_seconds, pids)) for role, pids in roles.items()}
-            busy = _machine_busy()
+            cpu_before = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
+            busy = machine_busy()
             gc.disable()  # the observer (this process) must not pause; the roles keep their own GC
             start.set()
-            replies = self._collect(results, procs, workers)
+            replies = collect(results, procs, workers, RUN_TIMEOUT_S)
             done.wait(RUN_TIMEOUT_S)
             observer.join()
             if poller is not None:
                 poller.join()
             gc.enable()
-            cpu = {role: sum(map(_cpu_seconds, pids)) - cpu_before[role] for role, pids in roles.items()}
+            cpu = {role: sum(map(cpu_seconds, pids)) - cpu_before[role] for role, pids in roles.items()}
             cpu["producers"] = sum(reply[5] for reply in replies)
-            cpu["others"] = max(0.0, _machine_busy() - busy - sum(cpu.values()))
+            cpu["others"] = max(0.0, machine_busy() - busy - sum(cpu.values()))
             stop.set()
-            (_, written, gc_pauses), = self._collect(results, procs, 1)
+            (_, written, gc_pauses), = collect(results, procs, 1, RUN_TIMEOUT_S)
         finally:
             gc.enable()
             stop.set()
-            self._join(procs)
+            join(procs)
         counts = {k.decode(): int(v) for k, v in self.client.hgetall(run.keys.counts).items()}
-        self._drop_run(run)
+        drop_run(self.client, run)
         if len(seen) != groups or written != groups or counts.get("decisions:complete") != groups:
             raise RuntimeError(f"expected {groups} complete decisions; observed {len(seen)}, "
                                f"assembler wrote {written}, "
@@ -486,11 +391,6 @@ def _latencies(replies: list[tuple], seen: list, pauses: list[tuple[int, float, 
             slow.append((decision.task_id, any(b < received and e > published for _, b, e in pauses),
                          any(b < received and e > published for b, e in rewrites)))
     return {"ids": ids, "decided": decided, "observed": observed}, slow
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def _print_profile(path: str, top: int) -> None:
@@ -542,15 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-top", type=int, default=25)
     args = parser.parse_args(argv)
 
-    server = None
-    tmp = None
-    url = args.redis_url
-    if url is None:
-        from streamgrp.cli.server import EmbeddedServer
-
-        tmp = tempfile.TemporaryDirectory(prefix="streamgrp-bench-")
-        server = EmbeddedServer(tmp.name)
-        url = server.start()
+    server = start_server() if args.redis_url is None else None
+    url = args.redis_url or server.url
     wall = time.monotonic()
     load = os.getloadavg()[0]
     try:
@@ -627,9 +520,9 @@ def main(argv: list[str] | None = None) -> int:
             events = bench.client.execute_command("LATENCY", "LATEST") if server is not None else []
             for clock in ("ids", "decided", "observed"):
                 values = lat["latency"][clock]
-                p99 = _percentile(values, 0.99)
+                p99 = percentile(values, 0.99)
                 print(f"{tokens:>6} {target:>8,.0f} {lat['publish_rate']:>8,.0f} {groups:>6} {clock:>8} "
-                      f"{_percentile(values, 0.5):>7.2f} {p99:>7.2f} {max(values):>7.2f} "
+                      f"{percentile(values, 0.5):>7.2f} {p99:>7.2f} {max(values):>7.2f} "
                       f"{'ok' if p99 < 10 else 'MISSED':>11}", flush=True)
             slow = lat["slow"]
             spans = lat["gc"]["spans"]
@@ -648,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.profile:
             tokens, workers = max(args.tokens), max(args.workers)
-            path = os.path.join(tmp.name if tmp else tempfile.gettempdir(), f"assembler-{os.getpid()}.prof")
+            path = os.path.join(server.data_dir if server else tempfile.gettempdir(), f"assembler-{os.getpid()}.prof")
             sg = bench.streamgrp(tokens, workers, profile_path=path)
             print(f"\nprofiled re-run tokens={tokens} workers={workers}: {sg['rate']:,.0f} slots/s under cProfile")
             _print_profile(path, args.profile_top)
@@ -656,9 +549,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{os.getloadavg()[0]:.2f} after")
     finally:
         if server is not None:
-            server.stop()
-        if tmp is not None:
-            tmp.cleanup()
+            stop_server(server)
     return 0
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from streamgrp.cli.server import EmbeddedServer, bundled_binary
+from streamgrp.cli.server import EmbeddedServer
+from streamgrp.cli.server_binary import bundled_binary
 
 SERVER_KINDS = ("valkey", "redis7")
 REDIS_URL_ENV = "STREAMGRP_TEST_REDIS_URL"

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from streamgrp.core import codec
+from streamgrp.core.entry_fields import entry_fields
 from streamgrp.core.events import (
     EVENT_TYPES,
     GroupDecided,
@@ -118,7 +119,7 @@ def mutate_entry(rng: random.Random, fields: dict[bytes, bytes]):
         flat[at:at] = [name, mutate_bytes(rng, fields[name])]
         if rng.random() < 0.2:
             flat.pop()  # and sometimes an odd list
-        return codec.entry_fields(flat)
+        return entry_fields(flat)
     else:  # fields dropped or added
         if codec.BLOB in fields and rng.random() < 0.5:
             del fields[codec.BLOB]
@@ -193,10 +194,10 @@ MALFORMED = [
     pytest.param({b"h": memoryview(SLOT_FIELDS[codec.HEADER])}, "bad_fields", id="h-value-memoryview"),
     pytest.param({1: b"x", **SLOT_FIELDS}, "bad_fields", id="name-int"),
     pytest.param({"h": "\ud800"}, "bad_fields", id="h-lone-surrogate"),
-    pytest.param(codec.entry_fields([b"h", SLOT_FIELDS[codec.HEADER], b"b"]), "bad_fields", id="odd-flat-list"),
-    pytest.param(codec.entry_fields([[b"h"], b"x", b"h", b"{}"]), "bad_fields", id="unhashable-name"),
-    pytest.param(codec.entry_fields(b"h"), "bad_fields", id="flat-not-a-list"),
-    pytest.param(codec.entry_fields([b"h", SLOT_FIELDS[codec.HEADER], b"b", BLOB, b"h", b"{}"]), "repeated_field",
+    pytest.param(entry_fields([b"h", SLOT_FIELDS[codec.HEADER], b"b"]), "bad_fields", id="odd-flat-list"),
+    pytest.param(entry_fields([[b"h"], b"x", b"h", b"{}"]), "bad_fields", id="unhashable-name"),
+    pytest.param(entry_fields(b"h"), "bad_fields", id="flat-not-a-list"),
+    pytest.param(entry_fields([b"h", SLOT_FIELDS[codec.HEADER], b"b", BLOB, b"h", b"{}"]), "repeated_field",
                  id="repeated-field-names"),
     pytest.param({"h": SLOT_FIELDS[codec.HEADER].decode(), **SLOT_FIELDS}, "repeated_field", id="h-as-bytes-and-str"),
     # size: checked first, before the header is parsed, over every field

@@ -15,14 +15,14 @@ is checked before anything is parsed and a header's depth before pydantic sees i
                         RESP field list was malformed (odd length, unhashable name)
     oversized           names plus values of every field exceed ``max_entry_bytes`` (checked
                         before anything is parsed)
-    repeated_field      a field name occurs more than once in the entry (see `EntryFields`)
+    repeated_field      a field name occurs more than once in the entry (see `streamgrp.core.entry_fields`)
     missing_field       no ``h`` field; or the event lacks a required field
     bad_header          ``h`` is not UTF-8 JSON, not an object, nested deeper than
                         `MAX_HEADER_DEPTH`, or a tensor descriptor is malformed or sits where
                         the schema has no tensor
     unsupported_schema  ``schema_version`` is not the integer this build reads
     unknown_kind        ``kind`` is missing, not a string, or not an event kind
-    unknown_dtype       a tensor descriptor names a dtype outside `streamgrp.core.events.DTYPES`
+    unknown_dtype       a tensor descriptor names a dtype outside `streamgrp.core.values.DTYPES`
     length_mismatch     descriptors and the ``b`` bytes disagree (sizes, order, leftovers)
     wrong_type          a field has the wrong JSON type (``true`` or ``2.0`` for an integer)
     invalid_value       a field has the right type but a value the schema refuses (range,
@@ -44,13 +44,21 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from streamgrp.core.events import (
-    DTYPES,
     EVENT_TYPES,
     SCHEMA_VERSION,
     GroupDecided,
     RawArray,
     ShardGroup,
 )
+from streamgrp.core.shown import (
+    clip,
+    field_names,
+    json_name,
+    safe_text,
+    show,
+    show_names,
+)
+from streamgrp.core.values import DTYPES
 from streamgrp.errors import DecodeError
 
 HEADER = b"h"
@@ -72,78 +80,6 @@ DECODE_REASONS = frozenset({
 })
 
 _WRONG_TYPE_SUFFIXES = ("_type", "_parsing")
-_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean",
-               type(None): "null"}
-
-
-class EntryFields(dict):  # type: ignore[type-arg]
-    """A stream entry's fields when its RESP field list was not a plain set of distinct names.
-
-    As a dict it maps each name to its **last** value, which is what redis-py's own
-    ``dict(zip(it, it))`` has always given; ``pairs`` keeps every ``(name, value)`` in entry
-    order, so a dead letter can record the entry exactly as it was. ``repeated`` names the fields
-    given more than once; ``malformed`` says why the list was not a field list at all (odd length,
-    unhashable name), else None. `decode` refuses both (``bad_fields``, ``repeated_field``).
-    """
-
-    __slots__ = ("pairs", "malformed")
-
-    def __init__(self, pairs: Iterable[tuple[Any, Any]] = (), *, malformed: str | None = None) -> None:
-        super().__init__()
-        self.pairs: list[tuple[Any, Any]] = list(pairs)
-        for name, value in self.pairs:
-            try:
-                self[name] = value
-            except TypeError:
-                malformed = malformed or f"field name {_show(name)} is not hashable"
-        self.malformed = malformed
-
-    @property
-    def repeated(self) -> tuple[Any, ...]:
-        """Names that occur more than once, in order of first occurrence; empty when none do."""
-        seen: set[Any] = set()
-        repeated: list[Any] = []
-        for name, _ in self.pairs:
-            try:
-                if name not in seen:
-                    seen.add(name)
-                elif name not in repeated:
-                    repeated.append(name)
-            except TypeError:
-                continue  # unhashable: already reported by ``malformed``
-        return tuple(repeated)
-
-    def __repr__(self) -> str:
-        extra = f", malformed={self.malformed!r}" if self.malformed else ""
-        return f"EntryFields({self.pairs!r}{extra})"
-
-
-def entry_fields(flat: list[bytes] | None) -> dict[bytes, bytes] | EntryFields | None:
-    """The fields of one entry from its flat RESP list ``[k1, v1, k2, v2, ...]``. Pure, never raises.
-
-    A plain dict when every name is distinct (nearly every entry); an `EntryFields` when a name
-    repeats or the list is not a field list (odd length, unhashable name, not a list), which
-    `decode` then refuses with a reason. None (an entry deleted while pending) stays None.
-    """
-    if flat is None:
-        return None
-    if flat.__class__ is list or flat.__class__ is tuple:
-        count = len(flat)
-        if not count & 1:
-            items = iter(flat)
-            try:
-                fields = dict(zip(items, items))
-            except TypeError:
-                pass  # an unhashable name: the slow path says which
-            else:
-                if len(fields) * 2 == count:
-                    return fields
-        pairs = list(zip(flat[0::2], flat[1::2]))
-        if count & 1:
-            return EntryFields(pairs, malformed=f"the field list has an odd number of items ({count}): "
-                                                f"name {_show(flat[-1])} has no value")
-        return EntryFields(pairs)
-    return EntryFields(malformed=f"the field list is a {type(flat).__name__}, not a list of names and values")
 
 
 def encode(event: BaseModel) -> dict[bytes, bytes]:
@@ -163,25 +99,48 @@ def decode(fields: Mapping[bytes | str, bytes | str], *, max_entry_bytes: int = 
     except DecodeError:
         raise
     except Exception as exc:  # the safety net behind the explicit checks: decode is total
-        raise DecodeError("invalid_value", f"unexpected {type(exc).__name__} while decoding: {_clip(_text(exc))}") \
+        raise DecodeError("invalid_value", f"unexpected {type(exc).__name__} while decoding: {clip(safe_text(exc))}") \
             from None
 
 
 def _decode(fields: Any, max_entry_bytes: int) -> Any:
-    items: Iterable[tuple[Any, Any]]
-    if fields.__class__ is dict:  # the fast path: what redis-py and `entry_fields` return
-        items = fields.items()
-    else:
-        if not isinstance(fields, Mapping):
-            raise DecodeError("bad_fields", f"entry fields are a {type(fields).__name__}, not a mapping of names "
-                              "to values" + (" (the entry was deleted?)" if fields is None else ""))
-        malformed = getattr(fields, "malformed", None)
-        if malformed:
-            raise DecodeError("bad_fields", _clip(str(malformed)))
-        pairs = getattr(fields, "pairs", None)
-        items = pairs if isinstance(pairs, list) else fields.items()
+    items = _field_items(fields)
+    text = _check_size(items, max_entry_bytes)
+    raw_header, blob = _header_and_blob(fields, text)
+    header = _parse_header(raw_header)
+    model = EVENT_TYPES[header["kind"]]
+    state = [0, 0]  # bytes of ``blob`` used so far, descriptors seen
+    data = _from_header(header, blob, state, 1)
+    if state[0] != len(blob):
+        raise DecodeError("length_mismatch", f"descriptors cover {state[0]} bytes but the entry carries {len(blob)}")
+    try:
+        event = model.model_validate(data)
+    except ValidationError as exc:
+        raise DecodeError(_reason(exc), _first_error(exc)) from None
+    if state[1] and state[1] != _tensor_count(event, _TENSOR_FIELDS[model]):
+        raise DecodeError("bad_header", f"the header has {state[1]} tensor descriptors but the {header['kind']} event "
+                          f"has {_tensor_count(event, _TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
+                          "that takes no tensor")
+    return event
 
-    # Size first, before anything is parsed: every name and value of every field counts.
+
+def _field_items(fields: Any) -> Iterable[tuple[Any, Any]]:
+    """Every (name, value) pair of the entry, repeats included; refuses what is not a field mapping."""
+    if fields.__class__ is dict:  # the fast path: what redis-py and `entry_fields` return
+        return fields.items()
+    if not isinstance(fields, Mapping):
+        raise DecodeError("bad_fields", f"entry fields are a {type(fields).__name__}, not a mapping of names "
+                          "to values" + (" (the entry was deleted?)" if fields is None else ""))
+    malformed = getattr(fields, "malformed", None)
+    if malformed:
+        raise DecodeError("bad_fields", clip(str(malformed)))
+    pairs = getattr(fields, "pairs", None)
+    return pairs if isinstance(pairs, list) else fields.items()
+
+
+def _check_size(items: Iterable[tuple[Any, Any]], max_entry_bytes: int) -> bool:
+    """Refuse an entry over ``max_entry_bytes`` before anything is parsed (every name and value counts).
+    Returns whether any name or value is a str (a decode_responses client)."""
     size = 0
     text = False
     for key, value in items:
@@ -195,48 +154,41 @@ def _decode(fields: Any, max_entry_bytes: int) -> Any:
     if size > max_entry_bytes:
         raise DecodeError("oversized", f"entry is {'at least ' if text else ''}{size} bytes, over the "
                           f"{max_entry_bytes}-byte limit (max_entry_bytes); write smaller events or raise the limit")
+    return text
 
+
+def _header_and_blob(fields: Any, text: bool) -> tuple[bytes, bytes]:
+    """The ``h`` and ``b`` values as bytes (``b`` empty when absent); refuses repeated or missing ones."""
     if fields.__class__ is not dict:
         repeated = getattr(fields, "repeated", ())
         if repeated:
-            raise DecodeError("repeated_field", f"field names repeated in one entry: {_show_names(repeated)}; "
+            raise DecodeError("repeated_field", f"field names repeated in one entry: {show_names(repeated)}; "
                               "each field must appear once (was the entry written by streamgrp.core.codec?)")
     raw_header = fields.get(HEADER)
     blob = fields.get(BLOB)
     if text:
         raw_header, blob = _text_fields(fields, raw_header, blob)
     if raw_header is None:
-        raise DecodeError("missing_field", f"entry has no {HEADER.decode()!r} header field (fields: {_names(fields)})")
-    if blob is None:
-        blob = b""
+        raise DecodeError("missing_field", f"entry has no {HEADER.decode()!r} header field (fields: {field_names(fields)})")
+    return raw_header, b"" if blob is None else blob
 
+
+def _parse_header(raw_header: bytes) -> dict[str, Any]:
+    """The header as a JSON object of this schema version and a known kind."""
     try:
         header = orjson.loads(raw_header)
     except orjson.JSONDecodeError as exc:
-        raise DecodeError("bad_header", f"header is not UTF-8 JSON: {_clip(str(exc))}") from None
+        raise DecodeError("bad_header", f"header is not UTF-8 JSON: {clip(str(exc))}") from None
     if header.__class__ is not dict:
-        raise DecodeError("bad_header", f"header is a JSON {_json_name(header)}, expected an object")
+        raise DecodeError("bad_header", f"header is a JSON {json_name(header)}, expected an object")
     version = header.get("schema_version", SCHEMA_VERSION)
     if version.__class__ is not int or version != SCHEMA_VERSION:
         raise DecodeError("unsupported_schema",
-                          f"schema_version {_show(version)}; this build reads the integer {SCHEMA_VERSION}")
+                          f"schema_version {show(version)}; this build reads the integer {SCHEMA_VERSION}")
     kind = header.get("kind")
-    model = EVENT_TYPES.get(kind) if kind.__class__ is str else None
-    if model is None:
-        raise DecodeError("unknown_kind", f"kind {_show(kind)} is not one of {sorted(EVENT_TYPES)}")
-    state = [0, 0]  # bytes of ``blob`` used so far, descriptors seen
-    data = _from_header(header, blob, state, 1)
-    if state[0] != len(blob):
-        raise DecodeError("length_mismatch", f"descriptors cover {state[0]} bytes but the entry carries {len(blob)}")
-    try:
-        event = model.model_validate(data)
-    except ValidationError as exc:
-        raise DecodeError(_reason(exc), _first_error(exc)) from None
-    if state[1] and state[1] != _tensor_count(event, _TENSOR_FIELDS[model]):
-        raise DecodeError("bad_header", f"the header has {state[1]} tensor descriptors but the {kind} event has "
-                          f"{_tensor_count(event, _TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
-                          "that takes no tensor")
-    return event
+    if kind.__class__ is not str or kind not in EVENT_TYPES:
+        raise DecodeError("unknown_kind", f"kind {show(kind)} is not one of {sorted(EVENT_TYPES)}")
+    return header
 
 
 def entry_digest(fields: Mapping[bytes | str, bytes | str]) -> str:
@@ -295,23 +247,23 @@ def _from_header(value: dict[str, Any] | list[Any], blob: bytes, state: list[int
 
 def _raw_array(descriptor: Any, blob: bytes, state: list[int]) -> dict[str, Any]:
     if descriptor.__class__ is not list or len(descriptor) != 4:
-        raise DecodeError("bad_header", f"tensor descriptor {_show(descriptor)} is not [dtype, shape, offset, nbytes]")
+        raise DecodeError("bad_header", f"tensor descriptor {show(descriptor)} is not [dtype, shape, offset, nbytes]")
     dtype, shape, start, nbytes = descriptor
     if dtype.__class__ is not str or dtype not in DTYPES:
-        raise DecodeError("unknown_dtype", f"dtype {_show(dtype)} is not one of {sorted(DTYPES)}")
+        raise DecodeError("unknown_dtype", f"dtype {show(dtype)} is not one of {sorted(DTYPES)}")
     if shape.__class__ is not list or len(shape) > MAX_NDIM:
-        raise DecodeError("bad_header", f"shape {_show(shape)} is not a list of at most {MAX_NDIM} dimensions")
+        raise DecodeError("bad_header", f"shape {show(shape)} is not a list of at most {MAX_NDIM} dimensions")
     for dim in shape:  # a loop, not all(...): a third of the cost per tensor
         if dim.__class__ is not int or dim < 0:
-            raise DecodeError("bad_header", f"shape {_show(shape)} has a dimension {_show(dim)}; dimensions are "
+            raise DecodeError("bad_header", f"shape {show(shape)} has a dimension {show(dim)}; dimensions are "
                               "non-negative integers")
     if start.__class__ is not int or nbytes.__class__ is not int or start < 0 or nbytes < 0:
         raise DecodeError("bad_header",
-                          f"offset {_show(start)} and nbytes {_show(nbytes)} must be non-negative integers")
+                          f"offset {show(start)} and nbytes {show(nbytes)} must be non-negative integers")
     expected = math.prod(shape) * DTYPES[dtype][0]
     if nbytes != expected:
         raise DecodeError("length_mismatch",
-                          f"{dtype} {_clip(str(shape), 80)} needs {_show(expected)} bytes, header says {nbytes}")
+                          f"{dtype} {clip(str(shape), 80)} needs {show(expected)} bytes, header says {nbytes}")
     used = state[0]
     if start != used or start + nbytes > len(blob):
         raise DecodeError(
@@ -365,7 +317,7 @@ _TENSOR_FIELDS = {model: _tensor_fields(model) for model in EVENT_TYPES.values()
 def _check_field_types(key: Any, value: Any) -> None:
     for what, item in (("name", key), ("value", value)):
         if item.__class__ is not bytes and item.__class__ is not str:
-            raise DecodeError("bad_fields", f"a field {what} is of type {type(item).__name__} ({_show(item)}), "
+            raise DecodeError("bad_fields", f"a field {what} is of type {type(item).__name__} ({show(item)}), "
                               "expected bytes (or str from a decode_responses client)")
 
 
@@ -399,44 +351,6 @@ def _field(fields: Mapping[bytes | str, bytes | str], key: bytes) -> bytes | str
     return value
 
 
-def _show(value: Any, limit: int = 60) -> str:
-    """A short, safe rendering of a decoded value for an error detail (never a deep repr)."""
-    kind = value.__class__
-    if kind is dict or kind is list or kind is tuple:
-        return f"(a {kind.__name__} of length {len(value)})"
-    if kind is int and value.bit_length() > 64:
-        return f"(an integer of {value.bit_length()} bits)"
-    if (kind is str or kind is bytes) and len(value) > limit:
-        return repr(value[:limit]) + f"... ({len(value)} long)"
-    if kind in _JSON_NAMES or kind is bytes:
-        return repr(value)
-    return f"(a {kind.__name__})"
-
-
-def _json_name(value: Any) -> str:
-    return _JSON_NAMES.get(value.__class__, "array" if isinstance(value, tuple) else type(value).__name__)
-
-
-def _show_names(names: Iterable[Any]) -> str:
-    return ", ".join(_show(name) for name in list(names)[:10])
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _text(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - a hostile __str__ must not escape decode either
-        return type(exc).__name__
-
-
-def _names(fields: Mapping[Any, Any]) -> str:
-    names = sorted(_show(k.decode(errors="replace") if isinstance(k, bytes) else k, 20) for k in list(fields)[:10])
-    return f"[{', '.join(names)}{', ...' if len(fields) > 10 else ''}]"
-
-
 def _reason(exc: ValidationError) -> str:
     kind = exc.errors()[0]["type"]
     if kind == "missing":
@@ -450,4 +364,4 @@ def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     where = ".".join(str(part) for part in error["loc"]) or "event"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return _clip(f"{_clip(where, 100)}: {error['msg']}", 280) + more
+    return clip(f"{clip(where, 100)}: {error['msg']}", 280) + more

@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import math
 import operator
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from heapq import heapify, heappop, heappush, heapreplace
+
+from streamgrp.core.partition_search import Shards, Weight, refine, total
 
 __all__ = [
     "balanced_partition",
@@ -47,15 +48,7 @@ __all__ = [
     "max_load",
 ]
 
-Weight = float | int
-Shards = list[list[int]]
 
-# Local search stops after this many accepted steps per candidate. Each step strictly lowers the sorted
-# load profile, so it terminates anyway; the cap only bounds the worst case latency.
-_MAX_REFINE_STEPS = 2000
-# 1-for-2 exchanges cost O(shard size ** 2) per shard pair; past this many items per shard, single swaps
-# already leave nothing for them to gain.
-_ONE_FOR_TWO_MAX_Q = 24
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -128,10 +121,6 @@ def _coerce_slow(ws: list[object]) -> tuple[list[Weight], bool]:
     return out, all_int
 
 
-def _total(values: Sequence[Weight], all_int: bool) -> Weight:
-    return sum(values) if all_int else math.fsum(values)
-
-
 def _canonical(shards: Shards) -> Shards:
     out = [sorted(s) for s in shards]
     out.sort(key=lambda s: s[0] if s else math.inf)
@@ -139,26 +128,26 @@ def _canonical(shards: Shards) -> Shards:
 
 
 def _max(ws: Sequence[Weight], shards: Shards, all_int: bool) -> Weight:
-    return max(_total([ws[i] for i in s], all_int) for s in shards)
+    return max(total([ws[i] for i in s], all_int) for s in shards)
 
 
 def _lower_bound(ws: list[Weight], order: list[int], k: int, all_int: bool) -> Weight:
     """No partition obeying the cardinality rule has a smaller largest load than this."""
     n = len(ws)
     q, r = divmod(n, k)
-    total = _total(ws, all_int)
-    bound = -(-total // k) if all_int else total / k
+    whole = total(ws, all_int)
+    bound = -(-whole // k) if all_int else whole / k
     smallest = [ws[i] for i in reversed(order)]  # ascending
     # the shard holding the heaviest item holds at least q - 1 others, each at least the lightest ones
-    bound = max(bound, ws[order[0]] + _total(smallest[: q - 1], all_int))
+    bound = max(bound, ws[order[0]] + total(smallest[: q - 1], all_int))
     if r:  # some shard holds q + 1 items
-        bound = max(bound, _total(smallest[: q + 1], all_int))
+        bound = max(bound, total(smallest[: q + 1], all_int))
     return bound
 
 
 def _profile(ws: Sequence[Weight], shards: Shards, all_int: bool) -> list[Weight]:
     """Shard loads, heaviest first: the tie-break key between candidates."""
-    return sorted((_total([ws[i] for i in s], all_int) for s in shards), reverse=True)
+    return sorted((total([ws[i] for i in s], all_int) for s in shards), reverse=True)
 
 
 # ---------------------------------------------------------------------------------------- public API
@@ -167,7 +156,7 @@ def _profile(ws: Sequence[Weight], shards: Shards, all_int: bool) -> list[Weight
 def max_load(weights: Sequence[Weight], shards: Sequence[Sequence[int]]) -> Weight:
     """The largest shard load: exact for ints, ``math.fsum`` (order independent) for floats."""
     all_int = all(isinstance(weights[i], int) for s in shards for i in s)
-    return max((_total([weights[i] for i in s], all_int) for s in shards), default=0)
+    return max((total([weights[i] for i in s], all_int) for s in shards), default=0)
 
 
 def greedy_partition(weights: Sequence[Weight], k: int) -> Shards:
@@ -203,9 +192,9 @@ def balanced_partition(weights: Sequence[Weight], k: int) -> Shards:
     # other start cannot lower the maximum (heavy tails can make one start slow to refine).
     starts = {"kk": kk, "greedy": greedy}
     first, second = ("kk", "greedy") if _max(ws, kk, all_int) <= _max(ws, greedy, all_int) else ("greedy", "kk")
-    candidates = {f"refined {first}": _refine(ws, starts[first], q, all_int)}
+    candidates = {f"refined {first}": refine(ws, starts[first], q, all_int)}
     if _max(ws, candidates[f"refined {first}"], all_int) > _lower_bound(ws, order, k, all_int):
-        candidates[f"refined {second}"] = _refine(ws, starts[second], q, all_int)
+        candidates[f"refined {second}"] = refine(ws, starts[second], q, all_int)
     candidates["greedy"] = greedy
     rank = {"refined kk": 0, "refined greedy": 1, "greedy": 2}
     best = min(candidates, key=lambda c: (_profile(ws, candidates[c], all_int), rank[c]))
@@ -314,153 +303,3 @@ def _kk(ws: list[Weight], k: int, order: list[int]) -> Shards:
 
 
 # --------------------------------------------------------------------------------- local search
-
-
-def _refine(ws: list[Weight], shards: Shards, q: int, all_int: bool) -> Shards:
-    """Lower the heaviest shard by swaps/moves/1-for-2 exchanges until none helps; returns new lists."""
-    idx = [sorted(s, key=lambda i: (ws[i], i)) for s in shards]
-    wts = [[ws[i] for i in s] for s in idx]
-    loads = [_total(w, all_int) for w in wts]
-    for _ in range(_MAX_REFINE_STEPS):
-        top = max(loads)
-        h = loads.index(top)
-        step = _best_step(wts, loads, h, q, all_int)
-        if step is None:
-            break
-        s, give, take = step
-        old = None if all_int else (list(idx[h]), list(wts[h]), list(idx[s]), list(wts[s]), loads[h], loads[s])
-        moved_out = [(wts[h][p], idx[h][p]) for p in give]
-        moved_in = [(wts[s][p], idx[s][p]) for p in take]
-        for p in sorted(give, reverse=True):
-            del wts[h][p], idx[h][p]
-        for p in sorted(take, reverse=True):
-            del wts[s][p], idx[s][p]
-        for w, i in moved_out:
-            _insert(wts[s], idx[s], w, i)
-        for w, i in moved_in:
-            _insert(wts[h], idx[h], w, i)
-        if all_int:
-            delta = sum(w for w, _ in moved_out) - sum(w for w, _ in moved_in)
-            loads[h] -= delta
-            loads[s] += delta
-        else:
-            loads[h], loads[s] = math.fsum(wts[h]), math.fsum(wts[s])
-            if not (loads[h] < top and loads[s] < top):  # rounding fooled the estimate: undo, stop
-                idx[h], wts[h], idx[s], wts[s], loads[h], loads[s] = old
-                break
-    return idx
-
-
-def _insert(wl: list[Weight], il: list[int], w: Weight, i: int) -> None:
-    p = bisect_left(wl, w)
-    while p < len(wl) and wl[p] == w and il[p] < i:
-        p += 1
-    wl.insert(p, w)
-    il.insert(p, i)
-
-
-def _best_step(
-    wts: list[list[Weight]], loads: list[Weight], h: int, q: int, all_int: bool
-) -> tuple[int, list[int], list[int]] | None:
-    """Best single step lowering shard h: (other shard, positions leaving h, positions leaving it).
-
-    A step that moves net weight d out of h into s (gap = load[h] - load[s]) leaves both strictly
-    below the old maximum iff 0 < d < gap; its gain is min(d, gap - d), largest at d = gap / 2.
-    Swaps and moves are tried first; 1-for-2 exchanges (quadratic in shard size) only when neither
-    helps and shards are small, which is where they matter.
-    """
-    top = loads[h]
-    hw = wts[h]
-    nh = len(hw)
-    best_gain: Weight = 0
-    best: tuple[int, list[int], list[int]] | None = None
-    others = sorted((loads[s], s) for s in range(len(wts)) if s != h)
-    for load_s, s in others:
-        gap = top - load_s
-        cap = gap // 2 if all_int else gap / 2
-        if cap <= best_gain:
-            break  # later shards are heavier: smaller gaps, smaller possible gains
-        half = gap / 2
-        sw = wts[s]
-        ns = len(sw)
-        # single-item swaps: take b from s for a from h, d = a - b near gap / 2
-        # only a in (min(s) + best_gain, max(s) + gap - best_gain) can beat the best step so far
-        prev = None
-        lo_b, hi_b = sw[0], sw[-1]
-        for pa in range(bisect_right(hw, lo_b + best_gain), nh):
-            a = hw[pa]
-            if a == prev:
-                continue
-            if a >= hi_b + gap - best_gain:
-                break
-            prev = a
-            p = bisect_left(sw, a - half)
-            if p < ns:
-                d = a - sw[p]
-                g = d if d < gap - d else gap - d
-                if g > best_gain:
-                    best_gain, best = g, (s, [pa], [p])
-            if p > 0:
-                d = a - sw[p - 1]
-                g = d if d < gap - d else gap - d
-                if g > best_gain:
-                    best_gain, best = g, (s, [pa], [p - 1])
-            if best_gain >= cap:
-                break
-        if best_gain < cap and nh == q + 1 and ns == q:
-            # move one item from a ceil shard to a floor shard
-            p = bisect_left(hw, half)
-            for pa in (p - 1, p):
-                if 0 <= pa < nh:
-                    d = hw[pa]
-                    g = d if d < gap - d else gap - d
-                    if g > best_gain:
-                        best_gain, best = g, (s, [pa], [])
-    if best is None and nh == q and q <= _ONE_FOR_TWO_MAX_Q:
-        for load_s, s in others:
-            sw = wts[s]
-            if len(sw) != q + 1 or len(sw) < 2:
-                continue
-            gap = top - load_s
-            if gap <= 0:
-                break
-            step = _one_for_two(hw, sw, gap, gap / 2, best_gain)
-            if step is not None:
-                best_gain, pa, pb = step
-                best = (s, [pa], pb)
-    return best
-
-
-def _one_for_two(
-    hw: list[Weight], sw: list[Weight], gap: Weight, half: Weight, best_gain: Weight
-) -> tuple[Weight, int, list[int]] | None:
-    """Best 1-for-2 exchange; pair sums of s searched with two pointers per item of h."""
-    ns = len(sw)
-    found = None
-    if hw[-1] - sw[0] - sw[1] <= best_gain:
-        return None  # even the heaviest item against the two lightest gains nothing
-    prev = None
-    for pa in range(len(hw) - 1, -1, -1):
-        a = hw[pa]
-        if a == prev:
-            continue
-        prev = a
-        if a - sw[0] - sw[1] <= best_gain:
-            break  # items are visited heaviest first
-        target = a - half  # wanted b1 + b2
-        lo, hi = 0, ns - 1
-        while lo < hi:
-            pair = sw[lo] + sw[hi]
-            d = a - pair
-            g = d if d < gap - d else gap - d
-            if g > best_gain:
-                best_gain, found = g, (pa, [lo, hi])
-            if pair < target:
-                lo += 1
-            elif pair > target:
-                hi -= 1
-            else:
-                break
-    if found is None:
-        return None
-    return best_gain, found[0], found[1]

@@ -1,9 +1,10 @@
 """Read-only history, and the replay API (SPEC section 6).
 
 Modules: `steps` (list steps, rebuild a rank's batch, inspect a task), `verifier` (re-fold and
-re-batch the log, report every difference), `summary` (one run's totals), `report` (the HTML
-timeline) and `charts` (its inline SVG). Importing this package loads no torch: the names that
-need it (`replay_step`, `load_batch`, `save_batch`, ...) are resolved on first use.
+re-batch the log, report every difference), `summary` (one run's totals), `report_series` (the
+per-step series of the timeline), `report` (the timeline as an HTML page or PNG) and `charts` (its
+inline SVG). Importing this package loads no torch: the names that need it (`replay_step`,
+`load_batch`, `save_batch`, ...) are resolved on first use.
 """
 
 from __future__ import annotations

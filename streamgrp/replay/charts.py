@@ -3,7 +3,7 @@
 Owns the drawing: scales, "nice" axis ticks, axes with labels, a legend, and one marker per step
 and series that carries ``data-step`` / ``data-series`` attributes (and a ``<title>`` tooltip), so
 a page stays readable and checkable without any JavaScript. Ignores where the numbers come from
-(`streamgrp.replay.report` computes them) and page layout.
+(`streamgrp.replay.report_series` computes them) and page layout.
 
 Invariants every chart keeps, whatever the data (tests check them):
 - the x axis is a band per step from the first to the last step given; a chart of no steps is

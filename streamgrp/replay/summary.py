@@ -15,8 +15,8 @@ import redis
 
 from streamgrp.core import codec, counters
 from streamgrp.core.events import GroupDecided, GroupDiscarded, StepManifest
-from streamgrp.store.keys import RunKeys
-from streamgrp.store.sources import RedisSource, id_key
+from streamgrp.store.keys import RunKeys, id_key
+from streamgrp.store.sources import RedisSource
 
 SLOT_OUTCOMES = ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid")
 

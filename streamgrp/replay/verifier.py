@@ -54,8 +54,8 @@ from streamgrp.core.events import (
 from streamgrp.core.group_fold import Closed, run_fold
 from streamgrp.core.manifest import make_manifest
 from streamgrp.errors import DecodeError
-from streamgrp.store.keys import RunKeys, step_entry_id
-from streamgrp.store.sources import RedisSource, decode_all, id_key, recorded_config
+from streamgrp.store.keys import RunKeys, id_key, step_entry_id
+from streamgrp.store.sources import RedisSource, decode_all, recorded_config
 
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
 
@@ -264,6 +264,30 @@ def _check_step(manifest: StepManifest, groups, config: RunConfig, report: Verif
     decisions are not retained and the re-batch could not run."""
     step = manifest.step
     subject = f"step {step}"
+    usable = _check_step_decisions(manifest, groups, config, report)
+    if len(manifest.shards) != config.dp_size:
+        report.differences.append(Difference("step_shards", subject, "shards", len(manifest.shards), config.dp_size))
+        return
+    if not usable:  # a group without its own decision cannot be partitioned again
+        return
+    # The batcher buffers decisions in stream order and a step takes its fresh groups in that order.
+    ordered = sorted(((g.decision_entry, d) for g, d in groups), key=lambda item: id_key(item[0]))
+    _check_rebatched(subject, ordered, rebatched, report)
+    try:
+        rebuilt = make_manifest(step, manifest.version, ordered, config.dp_size, manifest.created_at)
+    except ValueError as exc:
+        report.differences.append(Difference("step_unbuildable", subject, None, len(ordered), str(exc)))
+        return
+    _check_shards(step, manifest, rebuilt, report)
+    if not math.isclose(manifest.imbalance, rebuilt.imbalance, rel_tol=1e-12):
+        report.differences.append(Difference("step_imbalance", subject, "imbalance", manifest.imbalance,
+                                             rebuilt.imbalance))
+
+
+def _check_step_decisions(manifest: StepManifest, groups, config: RunConfig, report: VerifyReport) -> bool:
+    """Check that each of the step's groups points at its own trainable, fresh decision; False when
+    some group's decision is unknown or another task's (the step cannot be re-partitioned then)."""
+    subject = f"step {manifest.step}"
     usable = True
     for group, decision in groups:
         if decision is None:
@@ -281,24 +305,22 @@ def _check_step(manifest: StepManifest, groups, config: RunConfig, report: Verif
             report.differences.append(Difference("stale_group_batched", subject, f"task {group.task_id}",
                                                  f"group version {decision.version}",
                                                  f"stale at version {manifest.version}"))
-    if len(manifest.shards) != config.dp_size:
-        report.differences.append(Difference("step_shards", subject, "shards", len(manifest.shards), config.dp_size))
-        return
-    if not usable:
-        return
-    # The batcher buffers decisions in stream order and a step takes its fresh groups in that order.
-    ordered = sorted(((g.decision_entry, d) for g, d in groups), key=lambda item: id_key(item[0]))
+    return usable
+
+
+def _check_rebatched(subject: str, ordered: list[tuple[str, GroupDecided]],
+                     rebatched: batch_fold.StepDue | bool | None, report: VerifyReport) -> None:
+    """Compare the step's decision entries (in stream order) with the batch fold's step of that number."""
     if rebatched is False:
         report.differences.append(Difference("step_not_rebatched", subject, "groups", len(ordered),
                                              "the batch fold forms no such step from the recorded decisions"))
     elif rebatched is not None and [entry for entry, _ in rebatched.groups] != [entry for entry, _ in ordered]:
         report.differences.append(Difference("step_groups", subject, "decision entries",
                                              [e for e, _ in ordered], [e for e, _ in rebatched.groups]))
-    try:
-        rebuilt = make_manifest(step, manifest.version, ordered, config.dp_size, manifest.created_at)
-    except ValueError as exc:
-        report.differences.append(Difference("step_unbuildable", subject, None, len(ordered), str(exc)))
-        return
+
+
+def _check_shards(step: int, manifest: StepManifest, rebuilt: StepManifest, report: VerifyReport) -> None:
+    """Compare each recorded shard with the re-partition's shard of the same rank: groups, tokens, digest."""
     for mine, theirs in zip(rebuilt.shards, manifest.shards):
         where = f"step {step} rank {mine.rank}"
         recorded_tasks = [g.task_id for g in theirs.groups]
@@ -316,9 +338,6 @@ def _check_step(manifest: StepManifest, groups, config: RunConfig, report: Verif
             report.differences.append(Difference("shard_tokens", where, "tokens", theirs.tokens, mine.tokens))
         if theirs.digest != mine.digest:
             report.differences.append(Difference("shard_digest", where, "digest", theirs.digest, mine.digest))
-    if not math.isclose(manifest.imbalance, rebuilt.imbalance, rel_tol=1e-12):
-        report.differences.append(Difference("step_imbalance", subject, "imbalance", manifest.imbalance,
-                                             rebuilt.imbalance))
 
 
 def _short(value: Any, limit: int = 200) -> str:

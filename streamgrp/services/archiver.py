@@ -3,7 +3,7 @@
     streamgrp archiver [--archive-dir DIR] [--burst] [--retention]
 
 Owns, for one run: reading each stream of `RunKeys.all_streams` after the last archived id,
-appending the entries byte for byte to the archive (`streamgrp.store.segments`), and recording progress
+appending the entries byte for byte to the archive (`streamgrp.store.archive_writer`), and recording progress
 in the run's ``archive`` hash (stream -> last archived id) only after the segment file was fsynced.
 An archiver killed at any moment therefore resumes without a gap; what it wrote after its last
 recorded progress is written again, and readers keep one copy of each id (the bytes are the same).
@@ -34,8 +34,9 @@ import redis
 from streamgrp.config import ArchiverConfig
 from streamgrp.errors import ConfigError
 from streamgrp.services.retention import TrimReport, trim
+from streamgrp.store.archive_layout import default_archive_dir
+from streamgrp.store.archive_writer import ArchiveWriter
 from streamgrp.store.keys import RunKeys
-from streamgrp.store.segments import ArchiveWriter, default_archive_dir
 from streamgrp.store.streams import entry_id_str
 
 __all__ = ["ARCHIVE_ID_FIELD", "SNAPSHOT_HASHES", "Archiver", "default_archive_dir"]

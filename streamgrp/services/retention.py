@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -53,11 +54,12 @@ from streamgrp.store.keys import (
     ASSEMBLER_GROUP,
     BATCHER_GROUP,
     WORKERS_GROUP,
+    IdKey,
     RunKeys,
+    id_key,
     step_entry_id,
 )
 from streamgrp.store.runs import read_record
-from streamgrp.store.segments import IdKey, id_key
 from streamgrp.store.streams import entry_id_str, read_entries
 
 __all__ = ["NEVER_TRIMMED", "StreamTrim", "TrimReport", "archive_progress", "floors", "trim"]
@@ -179,6 +181,20 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
     """Each stream's floor (the lowest entry id that must stay) and the bound that set it."""
     streams = keys.all_streams()
     floors_ = _Floors(streams)
+    _archive_bounds(floors_, streams, archive_progress)
+    if dp_size is None:
+        dp_size = _recorded_dp_size(client, keys)
+    state = _consumer_state(client, keys)
+    _consumer_bounds(floors_, "slots", state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
+    _consumer_bounds(floors_, "tasks", state.task_groups, state.task_pending, WORKERS_GROUP)
+    batcher = _consumer_bounds(floors_, "decisions", state.decision_groups, state.decision_pending, BATCHER_GROUP)
+    _unbatched_bounds(floors_, client, keys, state, batcher=batcher)
+    _uncommitted_step_bounds(floors_, client, keys, state.committed, dp_size)
+    return floors_.result()
+
+
+def _archive_bounds(floors_: _Floors, streams: Iterable[str], archive_progress: Mapping[str, str]) -> None:
+    """Only what the archiver has fsynced may go; control never does."""
     for name in streams:
         if name in NEVER_TRIMMED:
             floors_.keep(name, None, "never trimmed")
@@ -186,10 +202,24 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
             floors_.keep(name, _next(id_key(archive_progress[name])), "archive")
         else:
             floors_.keep(name, None, "not archived yet")
-    if dp_size is None:
-        dp_size = _recorded_dp_size(client, keys)
 
-    # One instant's consumer state (see the module docstring for why this order of reads is safe).
+
+@dataclass(frozen=True)
+class _ConsumerState:
+    """The replies of one MULTI/EXEC; a reply can be the exception the server returned for it."""
+
+    slot_groups: Any
+    slot_pending: Any
+    decision_groups: Any
+    decision_pending: Any
+    pending_decisions: Any
+    task_groups: Any
+    task_pending: Any
+    committed: Any
+
+
+def _consumer_state(client: redis.Redis, keys: RunKeys) -> _ConsumerState:
+    """One instant's consumer state (see the module docstring for why this order of reads is safe)."""
     pipe = client.pipeline(transaction=True)
     pipe.xinfo_groups(keys.slots)
     pipe.xpending(keys.slots, ASSEMBLER_GROUP)
@@ -199,30 +229,32 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
     pipe.xinfo_groups(keys.tasks)
     pipe.xpending(keys.tasks, WORKERS_GROUP)
     pipe.hgetall(keys.committed)
-    (slot_groups, slot_pending, decision_groups, decision_pending, pending_decisions, task_groups, task_pending,
-     committed) = pipe.execute(raise_on_error=False)
+    return _ConsumerState(*pipe.execute(raise_on_error=False))
 
-    _consumer_bounds(floors_, "slots", slot_groups, slot_pending, ASSEMBLER_GROUP)
-    _consumer_bounds(floors_, "tasks", task_groups, task_pending, WORKERS_GROUP)
-    batcher = _consumer_bounds(floors_, "decisions", decision_groups, decision_pending, BATCHER_GROUP)
 
-    # Decisions not batched yet: their member slot entries will be some step's.
+def _unbatched_bounds(floors_: _Floors, client: redis.Redis, keys: RunKeys, state: _ConsumerState, *,
+                      batcher: bool) -> None:
+    """Decisions not batched yet: their member slot entries will be some step's."""
     if not batcher:
         floors_.keep("slots", None, "no batcher group yet")
-    else:
-        delivered = entry_id_str(_group(decision_groups, BATCHER_GROUP)["last-delivered-id"])
-        if not isinstance(pending_decisions, Exception) and len(pending_decisions) < PENDING_PAGE:
-            ids = [entry_id_str(p["message_id"]) for p in pending_decisions]
-            unbatched = [*zip(ids, read_entries(client, keys.decisions, ids)), *_scan(client, keys.decisions,
-                                                                                       "(" + delivered)]
-        else:  # too many to list: every decision from the oldest pending one on (a superset)
-            low = _pending_min(decision_pending)
-            unbatched = _scan(client, keys.decisions, _text(low) if low is not None else "(" + delivered)
-        for _, decision in _decoded(unbatched):
-            if isinstance(decision, GroupDecided) and decision.decision != "dropped" and decision.members:
-                floors_.keep("slots", min(id_key(m.entry) for m in decision.members), "unbatched decisions")
+        return
+    delivered = entry_id_str(_group(state.decision_groups, BATCHER_GROUP)["last-delivered-id"])
+    pending_decisions = state.pending_decisions
+    if not isinstance(pending_decisions, Exception) and len(pending_decisions) < PENDING_PAGE:
+        ids = [entry_id_str(p["message_id"]) for p in pending_decisions]
+        unbatched = [*zip(ids, read_entries(client, keys.decisions, ids)), *_scan(client, keys.decisions,
+                                                                                   "(" + delivered)]
+    else:  # too many to list: every decision from the oldest pending one on (a superset)
+        low = _pending_min(state.decision_pending)
+        unbatched = _scan(client, keys.decisions, _text(low) if low is not None else "(" + delivered)
+    for _, decision in _decoded(unbatched):
+        if isinstance(decision, GroupDecided) and decision.decision != "dropped" and decision.members:
+            floors_.keep("slots", min(id_key(m.entry) for m in decision.members), "unbatched decisions")
 
-    # Steps some rank has not committed: their manifests, decisions and slot entries.
+
+def _uncommitted_step_bounds(floors_: _Floors, client: redis.Redis, keys: RunKeys, committed: Any,
+                             dp_size: int) -> None:
+    """Steps some rank has not committed: their manifests, decisions and slot entries."""
     if isinstance(committed, Exception):
         raise committed
     done = {int(rank): int(step) for rank, step in committed.items()}
@@ -236,7 +268,6 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
                 floors_.keep("decisions", id_key(group.decision_entry), "uncommitted steps")
                 if group.members:
                     floors_.keep("slots", min(id_key(m.entry) for m in group.members), "uncommitted steps")
-    return floors_.result()
 
 
 def trim(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *, dp_size: int | None = None,

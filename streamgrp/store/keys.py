@@ -146,3 +146,13 @@ class RunKeys:
 def step_entry_id(step: int) -> str:
     """The steps-stream entry id of a step: explicit ids make a second write of a step fail."""
     return f"{step}-1"
+
+
+#: An entry id as a sortable pair (milliseconds, sequence).
+IdKey = tuple[int, int]
+
+
+def id_key(entry_id: str) -> IdKey:
+    """Stream order of an entry id (``ms-seq``), for sorting ids taken from different places."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -29,23 +29,18 @@ import redis
 from streamgrp.config import RunConfig
 from streamgrp.core import codec
 from streamgrp.errors import ConfigError, DecodeError
+from streamgrp.store.archive_layout import default_archive_dir
+from streamgrp.store.archive_reader import ArchiveReader
 from streamgrp.store.keys import ASSEMBLER_GROUP, RunKeys
 from streamgrp.store.runs import Run, open_run, read_record, resolve_run_name
-from streamgrp.store.segments import ArchiveReader, default_archive_dir
 from streamgrp.store.streams import entry_id_str, read_entries
 
-__all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source", "id_key",
+__all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source",
            "open_run_source", "recorded_config"]
 
 #: ``source(stream, ids)``: the fields of each entry id of a run's stream (a `RunKeys.all_streams`
 #: name), in order, None where the entry is not retained.
 EntrySource = Callable[[str, Sequence[str]], Sequence[Mapping[bytes, bytes] | None]]
-
-
-def id_key(entry_id: str) -> tuple[int, int]:
-    """Stream order of an entry id (``ms-seq``), for sorting ids taken from different places."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 class RedisSource:

@@ -8,7 +8,7 @@ import uuid
 
 import redis
 
-from streamgrp.core.codec import entry_fields
+from streamgrp.core.entry_fields import entry_fields
 
 
 def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
@@ -50,7 +50,7 @@ def read_entries(client: redis.Redis, stream: str, ids: list[str]) -> list[dict[
 
 # -- stream replies that keep every field ------------------------------------------------------------
 # redis-py turns an entry's fields into a dict, so an entry that repeats a field name loses a value
-# before anyone can see it. These parsers keep such entries whole (`codec.EntryFields`), so the codec
+# before anyone can see it. These parsers keep such entries whole (`EntryFields`), so the codec
 # refuses them (``repeated_field``) and the dead letter carries every pair.
 
 

@@ -38,6 +38,7 @@ Invariants of ``normalize`` (the unit tests check each one):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -80,73 +81,87 @@ def normalize(
 
     # Padding may hold garbage (NaN, -inf): it must not reach any sum.
     x = torch.where(valid, x, torch.zeros((), dtype=_F64, device=x.device))
-    w = valid.to(_F64)
-    device = x.device
-
-    row_ids = torch.arange(n_rows, device=device)
-    row_of_entry = row_ids.repeat_interleave(n_cols)
-    row_valid = valid.any(dim=1).to(_F64)
-    if sizes is not None:
-        group_of_row = torch.arange(len(sizes), device=device).repeat_interleave(
-            torch.tensor(sizes, dtype=torch.long, device=device), output_size=n_rows
-        )
-        n_groups = len(sizes)
-    else:
-        group_of_row = torch.zeros(n_rows, dtype=torch.long, device=device)
-        n_groups = 0
-    xf, wf = x.reshape(-1), w.reshape(-1)
-
-    def level_segments(level: Literal["group", "batch"]) -> tuple[torch.Tensor, int, BatchReduce | None]:
-        """(segment of each row, number of segments, reduce) for one level; batch is one segment."""
-        if level == "group":
-            return group_of_row, n_groups, None
-        return torch.zeros(n_rows, dtype=torch.long, device=device), 1, batch_reduce
-
-    # Step 1: the baseline of every entry, hence the centered values c.
-    if spec.mean_level is None:
-        centered = xf
-    else:
-        seg_of_row, n_seg, reduce = level_segments(spec.mean_level)
-        seg_of_entry = seg_of_row[row_of_entry]
-        seg_mean, seg_count = _refined_mean(xf, wf, seg_of_entry, n_seg, reduce)
-        if not spec.leave_one_out:
-            centered = xf - seg_mean[seg_of_entry]
-        else:
-            # Rows are segments of their own here: local statistics, never reduced.
-            row_mean, row_count = _refined_mean(xf, wf, row_of_entry, n_rows, None)
-            mean_of_row = seg_mean[seg_of_row]
-            others = seg_count[seg_of_row] - row_count
-            # (S - S_i) / (N - N_i) rewritten around the refined means, so equal values stay exact.
-            shift = row_count * (mean_of_row - row_mean) / torch.where(others > 0, others, 1.0)
-            baseline = torch.where(others > 0, mean_of_row + shift, mean_of_row)
-            has_peer = (others > 0)[row_of_entry]
-            centered = torch.where(has_peer, xf - baseline[row_of_entry], torch.zeros_like(xf))
-    centered = centered * wf
-
-    # Step 2: the scale, i.e. the spread of the centered values at the std level.
-    if spec.std_level is None:
-        out = centered
-    else:
-        seg_of_row, n_seg, reduce = level_segments(spec.std_level)
-        seg_of_entry = seg_of_row[row_of_entry]
-        sums = torch.stack(
-            [
-                _segment_sum(centered * centered, seg_of_entry, n_seg),
-                _segment_sum(wf, seg_of_entry, n_seg),
-                _segment_sum(row_valid, seg_of_row, n_seg),
-            ]
-        )
-        sq, count, members = _reduce(sums, reduce)
-        if spec.unbiased:
-            std = torch.where(members > 1, (sq / torch.clamp(count - 1, min=1.0)).sqrt(), 1.0)
-        else:
-            std = torch.where(count > 0, (sq / torch.clamp(count, min=1.0)).sqrt(), 1.0)
-        denom = std[seg_of_entry] + spec.eps
-        # c == 0 exactly wherever std is 0, so this also avoids 0/0 when eps is 0.
-        out = torch.where(centered == 0, torch.zeros_like(centered), centered / torch.where(denom > 0, denom, 1.0))
-
+    layout = _Layout.of(valid, sizes, batch_reduce)
+    xf, wf = x.reshape(-1), valid.to(_F64).reshape(-1)
+    centered = _centered(xf, wf, spec, layout) * wf
+    out = _scaled(centered, wf, spec, layout)
     out = out.reshape(n_rows, n_cols).to(torch.float32)
     return out.reshape(n_rows) if squeeze else out
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Which row each entry belongs to, which group each row belongs to, and how batches reduce."""
+
+    n_rows: int
+    row_of_entry: torch.Tensor
+    row_valid: torch.Tensor  # 1.0 for a row with at least one valid entry
+    group_of_row: torch.Tensor
+    n_groups: int
+    batch_reduce: BatchReduce | None
+
+    @classmethod
+    def of(cls, valid: torch.Tensor, sizes: list[int] | None, batch_reduce: BatchReduce | None) -> _Layout:
+        n_rows, n_cols = valid.shape
+        device = valid.device
+        if sizes is not None:
+            group_of_row = torch.arange(len(sizes), device=device).repeat_interleave(
+                torch.tensor(sizes, dtype=torch.long, device=device), output_size=n_rows
+            )
+        else:
+            group_of_row = torch.zeros(n_rows, dtype=torch.long, device=device)
+        return cls(n_rows, torch.arange(n_rows, device=device).repeat_interleave(n_cols),
+                   valid.any(dim=1).to(_F64), group_of_row, len(sizes) if sizes is not None else 0, batch_reduce)
+
+    def segments(self, level: Literal["group", "batch"]) -> tuple[torch.Tensor, int, BatchReduce | None]:
+        """(segment of each row, number of segments, reduce) for one level; batch is one segment."""
+        if level == "group":
+            return self.group_of_row, self.n_groups, None
+        return torch.zeros(self.n_rows, dtype=torch.long, device=self.group_of_row.device), 1, self.batch_reduce
+
+
+def _centered(xf: torch.Tensor, wf: torch.Tensor, spec: NormSpec, layout: _Layout) -> torch.Tensor:
+    """Step 1: every entry minus its baseline (the mean at the mean level, or its peers' with leave-one-out)."""
+    if spec.mean_level is None:
+        return xf
+    seg_of_row, n_seg, reduce = layout.segments(spec.mean_level)
+    seg_of_entry = seg_of_row[layout.row_of_entry]
+    seg_mean, seg_count = _refined_mean(xf, wf, seg_of_entry, n_seg, reduce)
+    if not spec.leave_one_out:
+        return xf - seg_mean[seg_of_entry]
+    # Rows are segments of their own here: local statistics, never reduced.
+    row_of_entry = layout.row_of_entry
+    row_mean, row_count = _refined_mean(xf, wf, row_of_entry, layout.n_rows, None)
+    mean_of_row = seg_mean[seg_of_row]
+    others = seg_count[seg_of_row] - row_count
+    # (S - S_i) / (N - N_i) rewritten around the refined means, so equal values stay exact.
+    shift = row_count * (mean_of_row - row_mean) / torch.where(others > 0, others, 1.0)
+    baseline = torch.where(others > 0, mean_of_row + shift, mean_of_row)
+    has_peer = (others > 0)[row_of_entry]
+    return torch.where(has_peer, xf - baseline[row_of_entry], torch.zeros_like(xf))
+
+
+def _scaled(centered: torch.Tensor, wf: torch.Tensor, spec: NormSpec, layout: _Layout) -> torch.Tensor:
+    """Step 2: the centered values over their spread at the std level, plus eps."""
+    if spec.std_level is None:
+        return centered
+    seg_of_row, n_seg, reduce = layout.segments(spec.std_level)
+    seg_of_entry = seg_of_row[layout.row_of_entry]
+    sums = torch.stack(
+        [
+            _segment_sum(centered * centered, seg_of_entry, n_seg),
+            _segment_sum(wf, seg_of_entry, n_seg),
+            _segment_sum(layout.row_valid, seg_of_row, n_seg),
+        ]
+    )
+    sq, count, members = _reduce(sums, reduce)
+    if spec.unbiased:
+        std = torch.where(members > 1, (sq / torch.clamp(count - 1, min=1.0)).sqrt(), 1.0)
+    else:
+        std = torch.where(count > 0, (sq / torch.clamp(count, min=1.0)).sqrt(), 1.0)
+    denom = std[seg_of_entry] + spec.eps
+    # c == 0 exactly wherever std is 0, so this also avoids 0/0 when eps is 0.
+    return torch.where(centered == 0, torch.zeros_like(centered), centered / torch.where(denom > 0, denom, 1.0))
 
 
 def token_weighted_policy_loss(

@@ -1,4 +1,4 @@
-"""Torch dtypes for the names of `streamgrp.core.events.DTYPES`, the one dtype table.
+"""Torch dtypes for the names of `streamgrp.core.values.DTYPES`, the one dtype table.
 
 Event tensors, published weights and batch files all name dtypes by that table; this module only
 maps its names to torch and its safetensors codes back to names.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from streamgrp.core.events import DTYPES
+from streamgrp.core.values import DTYPES
 
 #: dtype name -> torch dtype
 TORCH: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}

@@ -27,7 +27,8 @@ sys.path.insert(0, str(HERE))
 
 from runlog import dump_run  # noqa: E402
 
-from streamgrp.cli.server import EmbeddedServer, bundled_binary  # noqa: E402
+from streamgrp.cli.server import EmbeddedServer  # noqa: E402
+from streamgrp.cli.server_binary import bundled_binary  # noqa: E402
 from streamgrp.config import AssemblerConfig, BatcherConfig, RunConfig  # noqa: E402
 from streamgrp.core.policy import NormSpec  # noqa: E402
 from streamgrp.services.assembler import Assembler  # noqa: E402

@@ -137,7 +137,7 @@ class MemorySource:
 
 def write_archive(path: Path, directory: Path) -> RunKeys:
     """Write the file as an archive directory (segments and a snapshot), without a server."""
-    from streamgrp.store.segments import ArchiveWriter
+    from streamgrp.store.archive_writer import ArchiveWriter
 
     lines = read_lines(path)
     keys = RunKeys(lines[0]["run"])

@@ -23,13 +23,13 @@ from streamgrp.services.batcher import Batcher
 from streamgrp.services.retention import archive_progress, trim
 from streamgrp.services.synthetic import make_sample
 from streamgrp.services.worker import WorkerClient
+from streamgrp.store.archive_reader import ArchiveReader
 from streamgrp.store.keys import (
     ASSEMBLER_GROUP,
     BATCHER_GROUP,
     WORKERS_GROUP,
     step_entry_id,
 )
-from streamgrp.store.segments import ArchiveReader
 from streamgrp.store.sources import ArchiveSource, FallbackSource, RedisSource
 from streamgrp.train.trainer import TrainerClient
 

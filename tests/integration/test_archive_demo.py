@@ -17,8 +17,8 @@ from processes import RoleProcess
 
 from streamgrp.core import codec
 from streamgrp.replay import replay_step, verify
+from streamgrp.store.archive_reader import ArchiveReader
 from streamgrp.store.keys import RunKeys, step_entry_id
-from streamgrp.store.segments import ArchiveReader
 from streamgrp.store.sources import ArchiveSource, FallbackSource, RedisSource
 
 pytestmark = pytest.mark.slow

@@ -21,6 +21,7 @@ from processes import wait_until
 
 from streamgrp.config import RunConfig
 from streamgrp.core import codec
+from streamgrp.core.entry_fields import entry_fields
 from streamgrp.core.events import GroupDecided, SlotResult, StepCommitted, StepManifest
 from streamgrp.errors import DecodeError
 from streamgrp.services.synthetic import make_sample
@@ -49,7 +50,7 @@ def _storable_pairs(fields) -> list[tuple[bytes, bytes]] | None:
 
 def _as_read(pairs: list[tuple[bytes, bytes]]):
     """The fields a reader gets back for ``pairs`` (repeated names kept, as `connect` clients do)."""
-    return codec.entry_fields([item for pair in pairs for item in pair])
+    return entry_fields([item for pair in pairs for item in pair])
 
 
 def _decode_reason(pairs) -> str | None:

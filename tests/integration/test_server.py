@@ -19,12 +19,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from streamgrp.cli.server import (
-    STATE_FILE,
-    EmbeddedServer,
-    ensure_server,
-    server_binary,
-)
+from streamgrp.cli.server import EmbeddedServer, ensure_server
+from streamgrp.cli.server_binary import server_binary
+from streamgrp.cli.server_state import STATE_FILE
 from streamgrp.errors import ConfigError, ServerError
 
 

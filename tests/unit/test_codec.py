@@ -5,6 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from streamgrp.core import codec
+from streamgrp.core.entry_fields import EntryFields, entry_fields
 from streamgrp.core.events import (
     DecidedMember,
     GroupDecided,
@@ -144,28 +145,28 @@ def _set_shape(header, shape):
 
 
 def test_entry_fields_gives_a_plain_dict_when_no_name_repeats():
-    fields = codec.entry_fields([b"h", b"{}", b"b", b"xy"])
+    fields = entry_fields([b"h", b"{}", b"b", b"xy"])
     assert type(fields) is dict and fields == {b"h": b"{}", b"b": b"xy"}
-    assert codec.entry_fields([]) == {} and codec.entry_fields(None) is None
+    assert entry_fields([]) == {} and entry_fields(None) is None
 
 
 def test_entry_fields_keeps_every_pair_when_a_name_repeats():
     good = codec.encode(Tick(now=1.0))[codec.HEADER]
-    fields = codec.entry_fields([b"h", good, b"x", b"1", b"h", b"{}", b"x", b"2", b"x", b"3"])
-    assert isinstance(fields, codec.EntryFields) and isinstance(fields, dict)
+    fields = entry_fields([b"h", good, b"x", b"1", b"h", b"{}", b"x", b"2", b"x", b"3"])
+    assert isinstance(fields, EntryFields) and isinstance(fields, dict)
     assert fields == {b"h": b"{}", b"x": b"3"}  # the last value of each name, as redis-py's dict
     assert fields.pairs == [(b"h", good), (b"x", b"1"), (b"h", b"{}"), (b"x", b"2"), (b"x", b"3")]
     assert fields.repeated == (b"h", b"x") and fields.malformed is None
     with pytest.raises(DecodeError) as caught:
         codec.decode(fields)
     assert caught.value.reason == "repeated_field"
-    assert codec.EntryFields([(b"h", good)]).repeated == ()
-    assert codec.decode(codec.EntryFields([(b"h", good)])) == Tick(now=1.0)
+    assert EntryFields([(b"h", good)]).repeated == ()
+    assert codec.decode(EntryFields([(b"h", good)])) == Tick(now=1.0)
 
 
 def test_entry_fields_marks_an_odd_list_as_malformed():
-    fields = codec.entry_fields([b"h", b"{}", b"b"])
-    assert isinstance(fields, codec.EntryFields)
+    fields = entry_fields([b"h", b"{}", b"b"])
+    assert isinstance(fields, EntryFields)
     assert fields.pairs == [(b"h", b"{}")] and "odd number" in fields.malformed
     with pytest.raises(DecodeError) as caught:
         codec.decode(fields)

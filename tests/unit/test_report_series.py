@@ -17,14 +17,11 @@ from streamgrp.core.events import (
     StepManifest,
 )
 from streamgrp.errors import ConfigError
-from streamgrp.replay.report import (
-    CHART_IDS,
+from streamgrp.replay.report import CHART_IDS, png_available, render_html, render_png
+from streamgrp.replay.report_series import (
     ReportData,
     Tally,
     longest_gap,
-    png_available,
-    render_html,
-    render_png,
     run_status,
     step_rows,
 )

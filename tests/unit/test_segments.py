@@ -10,17 +10,11 @@ import struct
 import orjson
 import pytest
 
-from streamgrp.errors import ConfigError
-from streamgrp.store.segments import (
-    SEGMENT_MAGIC,
-    ArchiveError,
-    ArchiveReader,
-    ArchiveWriter,
-    decode_record,
-    encode_record,
-    last_ids,
-    scan_segment,
-)
+from streamgrp.errors import ArchiveError, ConfigError
+from streamgrp.store.archive_reader import ArchiveReader, last_ids
+from streamgrp.store.archive_writer import ArchiveWriter
+from streamgrp.store.segment_file import scan_segment
+from streamgrp.store.segment_format import SEGMENT_MAGIC, decode_record, encode_record
 
 
 def _entries(stream: str, count: int, *, start_ms: int = 1000, seed: int = 0, size: int = 64):

@@ -1,0 +1,71 @@
+"""What every subcommand handler shares: its settings, its client, the process's stop event, its metrics.
+
+Owns reading a handler's settings (TOML file, ``STREAMGRP_`` environment, flags), connecting to
+``--redis-url`` or to the embedded server (started if none is running), the one stop event SIGTERM
+and SIGINT set, and serving metrics when a port is given. ``redis`` and ``prometheus_client`` are
+imported only when a handler asks for a client or metrics, so ``--help`` and ``server`` stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Any
+
+from streamgrp.config import ConnectionConfig, load, read_toml
+
+__all__ = ["connected", "serve_metrics", "settings", "stop_event"]
+
+
+def settings(args: argparse.Namespace, model: type) -> Any:
+    """``model`` filled from the flags, then the environment, then the ``--config`` TOML file."""
+    return load(model, toml=read_toml(args.config), overrides=vars(args))
+
+
+@contextmanager
+def connected(args: argparse.Namespace, *, role: bool = False):
+    """A client for --redis-url, or for the embedded server (started here if none is running).
+
+    A long-running ``role`` gets the process's stop event, so SIGTERM ends an outage wait quietly;
+    inspection commands keep Ctrl-C as KeyboardInterrupt."""
+    from streamgrp.cli.server import ensure_server
+    from streamgrp.store.connection import connect
+
+    connection = settings(args, ConnectionConfig)
+    with ensure_server(connection.redis_url, connection.data_dir) as handle:
+        client = connect(handle.url, outage_budget_s=connection.outage_budget_s, stop=stop_event() if role else None,
+                         wait_replicas=connection.wait_replicas, wait_timeout_ms=connection.wait_timeout_ms)
+        try:
+            yield client, connection, handle
+        finally:
+            client.close()
+
+
+def serve_metrics(port: int, client=None, streams=()):
+    """The process's metrics, served on ``port`` when it is not 0; None when off."""
+    if not port:
+        return None
+    from streamgrp.cli.metrics import Metrics
+
+    metrics = Metrics()
+    if client is not None:
+        metrics.watch_streams(client, streams)
+    metrics.serve(port)
+    return metrics
+
+
+_STOP: list[threading.Event] = []
+
+
+def stop_event() -> threading.Event:
+    """The process's stop event, set on SIGTERM or SIGINT, so a role finishes its round and releases
+    what it holds, and a wait for an absent server ends quietly. Installed once per process."""
+    if not _STOP:
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: stop.set())
+        _STOP.append(stop)
+    return _STOP[0]

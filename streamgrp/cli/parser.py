@@ -1,0 +1,153 @@
+"""The `streamgrp` argument parser: one subcommand per role or inspection, each bound to its handler.
+
+Every setting of `streamgrp.config` is a flag ``--name`` and an environment variable
+``STREAMGRP_NAME`` (shown in `--help`); a TOML file (``--config`` / ``STREAMGRP_CONFIG``) fills
+the rest. Owns only the flags and which handler each subcommand runs; the handlers live in
+`streamgrp.cli.roles` and `streamgrp.cli.inspection`, and import what they need only when run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+from streamgrp._version import __version__
+from streamgrp.cli import inspection, roles
+from streamgrp.config import (
+    ArchiverConfig,
+    AssemblerConfig,
+    BatcherConfig,
+    ConnectionConfig,
+    DemoConfig,
+    RunConfig,
+    TrainerConfig,
+    WorkerConfig,
+    env_name,
+    flag_name,
+    parse_env_value,
+)
+from streamgrp.errors import StreamgrpError
+
+__all__ = ["build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamgrp",
+                                     description="Event-sourced rollout queue for asynchronous RL post-training.")
+    parser.add_argument("--version", action="version", version=f"streamgrp {__version__}")
+    parser.add_argument("--log-level", default=None, help="logging level [env STREAMGRP_LOG_LEVEL; default INFO]")
+    parser.add_argument("--config", default=None, help="TOML settings file [env STREAMGRP_CONFIG]")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    server = commands.add_parser("server", help="run the embedded Valkey server in the foreground")
+    _add_model_flags(server, ConnectionConfig, "connection")
+    server.add_argument("--port", type=int, default=6379, help="TCP port [default 6379]")
+    server.add_argument("--bind", default="127.0.0.1", help="address to listen on [default 127.0.0.1]")
+    server.add_argument("--appendfsync", choices=["always", "everysec", "no"], default="everysec",
+                        help="AOF fsync policy (see README: what each mode can lose)")
+    server.set_defaults(handler=roles.cmd_server)
+
+    # Each role takes the connection flags, the run's settings, and its own.
+    for name, help_text, model, handler in (
+        ("worker", "run a rollout worker process", WorkerConfig, roles.cmd_worker),
+        ("assembler", "run the group assembler (one active, others stand by)", AssemblerConfig, roles.cmd_assembler),
+        ("batcher", "run the batcher and task feeder (one active, others stand by)", BatcherConfig,
+         roles.cmd_batcher),
+        ("trainer", "run a reference GRPO trainer rank (consumers.grpo_trainer)", TrainerConfig, roles.cmd_trainer),
+        ("demo", "run a whole asynchronous RL loop on the embedded server and summarize it", DemoConfig,
+         roles.cmd_demo),
+    ):
+        role = commands.add_parser(name, help=help_text)
+        for section, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (model, name)):
+            _add_model_flags(role, section, title)
+        role.set_defaults(handler=handler)
+
+    runs = commands.add_parser("runs", help="list the runs on the server, newest last")
+    _add_model_flags(runs, ConnectionConfig, "connection")
+    runs.set_defaults(handler=inspection.cmd_runs)
+
+    report = commands.add_parser("report", help="render the run's timeline as one self-contained HTML page")
+    _add_model_flags(report, ConnectionConfig, "connection")
+    report.add_argument("--out", default=None, metavar="FILE", help="where to write [default report-RUN.FORMAT]")
+    report.add_argument("--format", choices=["html", "png"], default="html",
+                        help="html (default; needs nothing) or png (needs matplotlib)")
+    report.set_defaults(handler=inspection.cmd_report)
+
+    archiver = commands.add_parser("archiver", help="copy the run's streams to segment files on disk; with "
+                                   "--retention, trim the server behind the archive and every reader")
+    for model, title in ((ConnectionConfig, "connection"), (ArchiverConfig, "archiver")):
+        _add_model_flags(archiver, model, title)
+    archiver.set_defaults(handler=roles.cmd_archiver)
+    _add_replay_commands(commands)
+    return parser
+
+
+# -- replay: steps, replay, verify, inspect (streamgrp.replay) ---------------------------------------------
+
+
+def _add_replay_commands(commands: Any) -> None:
+    steps = commands.add_parser("steps", help="list the run's steps and each rank's status (committed, failed, ...)")
+    _add_model_flags(steps, ConnectionConfig, "connection")
+    steps.add_argument("--failed", action="store_true", help="only steps a rank failed, with the exception text")
+    _add_archive_flag(steps)
+    steps.set_defaults(handler=inspection.cmd_steps)
+
+    replay = commands.add_parser("replay", help="rebuild the exact tensors a rank consumed at a step, digests checked")
+    _add_model_flags(replay, ConnectionConfig, "connection")
+    replay.add_argument("step", type=int, metavar="STEP", help="the step to rebuild")
+    replay.add_argument("--rank", type=int, default=None, help="the rank to rebuild [default: every rank]")
+    replay.add_argument("--out", default=None, metavar="FILE",
+                        help="save the batch (safetensors layout, no pickle); for several ranks FILE gets .rankR")
+    replay.add_argument("--run-fn", default=None, metavar="MODULE:FUNCTION",
+                        help="call this with the replayed streamgrp.train.trainer.Batch and print what it returns "
+                        "(the module may sit in the current directory)")
+    _add_archive_flag(replay)
+    replay.set_defaults(handler=inspection.cmd_replay)
+
+    verify = commands.add_parser("verify", help="re-fold the slot log and re-partition the steps; exit 1 on any "
+                                 "difference from the record")
+    _add_model_flags(verify, ConnectionConfig, "connection")
+    verify.add_argument("--from", dest="from_step", type=int, default=None, metavar="STEP",
+                        help="first step to re-partition [default: 0]")
+    verify.add_argument("--to", dest="to_step", type=int, default=None, metavar="STEP",
+                        help="last step to re-partition [default: the last]")
+    _add_archive_flag(verify)
+    verify.set_defaults(handler=inspection.cmd_verify)
+
+    inspect = commands.add_parser("inspect", help="one task's timeline: issue, slot results, decision, step and rank")
+    _add_model_flags(inspect, ConnectionConfig, "connection")
+    inspect.add_argument("task_id", metavar="TASK_ID")
+    _add_archive_flag(inspect)
+    inspect.set_defaults(handler=inspection.cmd_inspect)
+
+
+def _add_archive_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--archive", default=os.environ.get("STREAMGRP_ARCHIVE"), metavar="DIR",
+                        help="read entries the server no longer holds from this archive (the whole run, when it is "
+                        "not on the server) [env STREAMGRP_ARCHIVE; default DATA_DIR/archive/RUN when it exists]")
+
+
+# -- flags from the settings models ------------------------------------------------------------------------
+
+
+def _add_model_flags(parser: argparse.ArgumentParser, model: type, title: str) -> None:
+    """One flag per field of ``model``; unset flags stay None so TOML and environment fill them."""
+    group = parser.add_argument_group(title)
+    for name, field in model.model_fields.items():
+        help_text = f"{field.description or ''} [env {env_name(name)}; default {field.default!r}]"
+        extra: dict[str, Any] = {"nargs": "?", "const": True} if field.annotation is bool else {}
+        group.add_argument(flag_name(name, model), dest=name, default=None, metavar=name.upper(), help=help_text,
+                           type=_flag_parser(model, name), **extra)
+
+
+def _flag_parser(model: type, name: str) -> Callable[[str], Any]:
+    """Parse a flag's text the way its environment variable is parsed, as an argparse type error."""
+    def parse(text: str) -> Any:
+        try:
+            return parse_env_value(model, name, text)
+        except StreamgrpError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse

@@ -1,0 +1,167 @@
+"""Handlers of the subcommands that run a process of a run: server, worker, assembler, batcher, trainer,
+archiver, and the demo that runs them all.
+
+Owns turning a role's settings into the service object and running it until its stop event (or,
+with ``--burst``, until it is drained). Each handler imports its service only when it runs, so one
+command never pays for another's imports (the trainer's torch above all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from streamgrp.cli.context import connected, serve_metrics, settings, stop_event
+from streamgrp.config import (
+    ArchiverConfig,
+    AssemblerConfig,
+    BatcherConfig,
+    ConnectionConfig,
+    DemoConfig,
+    RunConfig,
+    TrainerConfig,
+    WorkerConfig,
+    load,
+    load_callable,
+    read_toml,
+)
+from streamgrp.errors import ConfigError
+
+__all__ = ["REFERENCE_TRAINER", "cmd_archiver", "cmd_assembler", "cmd_batcher", "cmd_demo", "cmd_server",
+           "cmd_trainer", "cmd_worker"]
+
+#: The reference GRPO trainer `streamgrp trainer` runs; an example, so named by string, never imported here.
+REFERENCE_TRAINER = "consumers.grpo_trainer:train"
+
+log = logging.getLogger("streamgrp")  # the CLI's messages log as "streamgrp", whichever module sends them
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from streamgrp.cli.server_foreground import serve_forever
+
+    connection = settings(args, ConnectionConfig)
+    return serve_forever(connection.data_dir, port=args.port, bind=args.bind, appendfsync=args.appendfsync)
+
+
+def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str):
+    from streamgrp.store.runs import join_run, resolve_run_name
+
+    run_name = resolve_run_name(client, connection.run, create=True)
+    run = join_run(client, run_name, settings(args, RunConfig))
+    log.info("%s joined run %s", role, run.name)
+    return run
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from streamgrp.services.worker import WorkerClient, WorkerProcess
+
+    config = settings(args, WorkerConfig)
+    rollout = load_callable(config.rollout)
+    with connected(args, role=True) as (client, connection, handle):
+        run = _join(client, connection, args, "worker")
+        # Rollout code (e.g. loading weights) finds the server and run the same way the worker did.
+        os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = handle.url, run.name
+        metrics = serve_metrics(config.metrics_port)
+        worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
+                              metrics=metrics)
+        process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
+                                version=lambda: int(client.get(run.keys.version) or 0), metrics=metrics)
+        done = process.run(stop_event())
+        log.info("worker %s finished %d tasks", worker.name, done)
+    return 0
+
+
+def cmd_assembler(args: argparse.Namespace) -> int:
+    from streamgrp.services.assembler import Assembler
+
+    config = settings(args, AssemblerConfig)
+    with connected(args, role=True) as (client, connection, _):
+        run = _join(client, connection, args, "assembler")
+        metrics = serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
+        assembler = Assembler(client, run, config, metrics=metrics)
+        written = assembler.run(stop_event(), burst=config.burst)
+        log.info("assembler %s wrote %d decisions", assembler.name, written)
+    return 0
+
+
+def cmd_batcher(args: argparse.Namespace) -> int:
+    from streamgrp.services.batcher import Batcher
+    from streamgrp.services.feeder import load_dataset
+    config = settings(args, BatcherConfig)
+    group_filter = load_callable(config.group_filter) if config.group_filter else None
+    dataset = load_dataset(config.dataset) if config.dataset else None
+    with connected(args, role=True) as (client, connection, _):
+        run = _join(client, connection, args, "batcher")
+        metrics = serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
+        batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics)
+        outcome = batcher.run(stop_event(), burst=config.burst)
+        log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
+                 batcher.steps_written)
+    return 1 if outcome == "failed" else 0
+
+
+def cmd_trainer(args: argparse.Namespace) -> int:
+    train = load_callable(REFERENCE_TRAINER)
+    config = settings(args, TrainerConfig)
+    with connected(args, role=True) as (client, connection, _):
+        run = _join(client, connection, args, f"trainer rank {config.rank}")
+        steps = train(client, run, config, metrics=serve_metrics(config.metrics_port))
+        log.info("trainer rank %d committed %d steps", config.rank, steps)
+    return 0
+
+
+def cmd_archiver(args: argparse.Namespace) -> int:
+    from streamgrp.services.archiver import Archiver, default_archive_dir
+    from streamgrp.store.runs import open_run, resolve_run_name
+
+    config = settings(args, ArchiverConfig)
+    stop = stop_event()
+    with connected(args, role=True) as (client, connection, _):
+        while True:  # the archiver never creates a run: it waits for the one it was given
+            try:
+                run = open_run(client, resolve_run_name(client, connection.run, create=False))
+                break
+            except ConfigError:
+                if config.burst or connection.run is None or stop.wait(1.0):
+                    raise
+        directory = config.archive_dir or default_archive_dir(connection.data_dir, run.name)
+        archiver = Archiver(client, run.keys, directory, config, dp_size=run.config.dp_size)
+        log.info("archiver for run %s writing to %s (retention %s)", run.name, directory,
+                 "on" if config.retention else "off")
+        started = time.monotonic()
+        archived = archiver.run(stop, burst=config.burst)
+        log.info("archiver: %d entries archived in %.1fs, %d trimmed from the server", archived,
+                 time.monotonic() - started, archiver.trimmed)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from streamgrp.cli.demo import run_demo
+
+    toml = read_toml(args.config)
+    connection = load(ConnectionConfig, toml=toml, overrides=vars(args))
+    run_settings = load(RunConfig, toml=toml, overrides=_demo_run_defaults(args))
+    demo = load(DemoConfig, toml=toml, overrides=vars(args))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        run_demo(connection, run_settings, demo, stop=stop)
+    except KeyboardInterrupt:
+        print("\nstreamgrp demo: interrupted; every process it started was stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _demo_run_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The demo's run settings: GRPO-style group normalization and a short deadline unless overridden."""
+    from streamgrp.core.policy import NormSpec
+
+    defaults: dict[str, Any] = {"n_samples": 6, "batch_size": 8, "max_staleness": 1, "group_timeout_s": 30.0,
+                                "reward_norm": NormSpec("group", "group"), "stall_timeout_s": 120.0}
+    return {**defaults, **{k: v for k, v in vars(args).items() if v is not None}}

@@ -1,0 +1,73 @@
+"""``streamgrp server``: one server in the foreground until SIGINT or SIGTERM, then a clean stop.
+
+Owns that command's signal handling and noticing a server that exits by itself. The server is
+recorded in its data directory like any other, so the roles of a run reuse it through
+`streamgrp.cli.server.ensure_server`; how it is started and stopped is `EmbeddedServer`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from streamgrp.cli.server import DEFAULT_DATA_DIR, EmbeddedServer
+from streamgrp.cli.server_state import locked
+
+__all__ = ["serve_forever"]
+
+logger = logging.getLogger(__name__)
+
+
+def serve_forever(
+    data_dir: str | os.PathLike[str] = DEFAULT_DATA_DIR,
+    *,
+    port: int = 6379,
+    bind: str = "127.0.0.1",
+    appendonly: bool = True,
+    appendfsync: str = "everysec",
+    password: str | None = None,
+    binary: str | None = None,
+    ready: Callable[[str], None] | None = None,
+) -> int:
+    """Run a server in ``data_dir`` until SIGINT/SIGTERM, then stop it cleanly (``streamgrp server``).
+
+    Must run in the main thread (it installs signal handlers, restored on return). ``ready`` is
+    called with the URL once the server answers. Returns 0 after a requested stop, 1 if the server
+    exited on its own.
+    """
+    directory = Path(data_dir).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    stop_requested = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop_requested.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = EmbeddedServer(
+        directory, port=port, bind=bind, appendonly=appendonly, appendfsync=appendfsync,
+        password=password, binary=binary,
+    )
+    try:
+        with locked(directory):
+            url = server.start()
+        logger.info("serving %s at %s (data in %s); Ctrl-C to stop", Path(server.binary).name,
+                    server.display_url, directory)
+        if ready is not None:
+            ready(url)
+        while not stop_requested.wait(0.5):
+            if not server.running:
+                code = server.wait(0)
+                logger.error("server pid %s exited by itself with code %s; see %s",
+                             server.pid, code, server.log_path)
+                server.stop()
+                return 1
+        logger.info("stopping server pid %s", server.pid)
+        return 0
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,110 @@
+"""A decided group's members and statistics: typed records in Python, columns on the wire.
+
+A group's members are `Member` records (where a slot's entry is and what it weighs) and, in a
+decision, `DecidedMember` records (also its digest and mean reward). Schema 1 writes them as one
+list per field (``members`` for slot indices, ``member_entries``, ``member_rows``, ...), the most
+compact form; `from_columns` and `member_columns` are the only code that converts, so nothing else
+aligns lists by position. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import StrictBool
+from pydantic_core import PydanticUndefined
+
+from streamgrp.core.values import Float, Frozen, Int, NonNegInt
+
+
+class Member(Frozen):
+    """One usable slot of a group as a step trains it: where its entry is and what it weighs.
+
+    ``entry`` is the slot stream entry id replay reads; ``rows`` the sample's rows; ``tokens`` its
+    valid loss tokens (the partition weight); ``version`` the policy version that generated it.
+    """
+
+    slot: NonNegInt
+    entry: str
+    rows: Int
+    tokens: Int
+    version: Int
+
+
+class DecidedMember(Member):
+    """A member as the decision records it: also the ``digest`` of its entry's bytes
+    (`streamgrp.core.codec.entry_digest`, empty when not recorded) and its mean ``reward`` over its
+    rows (what group filters look at; None when not recorded)."""
+
+    digest: str = ""
+    reward: Float | None = None
+
+    def placed(self) -> Member:
+        """The member as a step's shard records it (without digest and reward)."""
+        # Every field was validated when this record was; constructing again would only repeat it.
+        return Member.model_construct(slot=self.slot, entry=self.entry, rows=self.rows, tokens=self.tokens,
+                                      version=self.version)
+
+
+#: Wire column -> member field, in the order the columns are written.
+_COLUMNS = {"members": "slot", "member_entries": "entry", "member_digests": "digest", "member_rows": "rows",
+            "member_tokens": "tokens", "member_versions": "version", "member_rewards": "reward"}
+
+
+def from_columns(data: Any, record: type[Member]) -> Any:
+    """Turn a header's member columns into records, checking that every column has one item per member.
+
+    Data already given as records (a model built in Python) passes through unchanged."""
+    if not isinstance(data, dict) or "member_entries" not in data:
+        return data
+    fields = {name: field for name, field in _COLUMNS.items() if field in record.model_fields}
+    data = dict(data)
+    columns = {}
+    for name in fields:
+        column = data.pop(name, ())
+        if not isinstance(column, (list, tuple)):
+            raise ValueError(f"{name} is a {type(column).__name__}, not a list")
+        columns[name] = column
+    count = len(columns["members"])
+    for name, column in columns.items():
+        optional = record.model_fields[fields[name]].default is not PydanticUndefined
+        if len(column) != count and not (optional and not column):
+            raise ValueError(f"{name} has {len(column)} items for {count} members; give one per member")
+    present = {name: column for name, column in columns.items() if column}
+    data["members"] = [{fields[name]: column[i] for name, column in present.items()} for i in range(count)]
+    return data
+
+
+def member_columns(members: Sequence[Member], record: type[Member]) -> dict[str, list[Any]]:
+    """The wire columns of ``members`` (the inverse of ``_from_columns``); an optional field that no
+    member recorded is written as an empty column, as schema 1 allows."""
+    columns: dict[str, list[Any]] = {}
+    for name, field in _COLUMNS.items():
+        info = record.model_fields.get(field)
+        if info is None:
+            continue
+        values = [getattr(member, field) for member in members]
+        if info.default is not PydanticUndefined and all(value == info.default for value in values):
+            values = []
+        columns[name] = values
+    return columns
+
+
+class GroupStats(Frozen):
+    """The per-group statistics SPEC section 3 names, all derived from three slot counts (`of`)."""
+
+    target_slot_count: NonNegInt
+    usable_slot_count: NonNegInt
+    trainable_slot_count: NonNegInt
+    fully_masked_group: StrictBool
+    singleton_slot_group: StrictBool
+    pre_filter_usable_slot_yield: Float
+    pre_filter_trainable_slot_yield: Float
+
+    @classmethod
+    def of(cls, target: int, usable: int, trainable: int) -> GroupStats:
+        return cls(target_slot_count=target, usable_slot_count=usable, trainable_slot_count=trainable,
+                   fully_masked_group=usable == 0, singleton_slot_group=usable == 1,
+                   pre_filter_usable_slot_yield=usable / target if target else 0.0,
+                   pre_filter_trainable_slot_yield=trainable / target if target else 0.0)

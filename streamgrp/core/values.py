@@ -1,0 +1,236 @@
+"""The value types every event is built from: strict numbers, bounded free-form dicts, tensors.
+
+Numbers are strict, because a decoded header must mean exactly what its producer wrote: every
+integer field is `Int` (a JSON integer within the signed 64-bit range; ``true`` is not 1, ``2.0``
+is not 2, ``"2"`` is not 2) and every float field is `Float` (a finite JSON number: integers are
+accepted and become floats; booleans and strings are not); flags are strict booleans.
+Free-form dicts (``prompt``, ``meta``, ``settings``) nest at most `FREE_FORM_DEPTH` levels, so
+every event an encoder can write stays inside the codec's header depth bound. Tensors are
+`RawArray` values: a dtype from `DTYPES` (the one dtype table), a shape and little-endian bytes,
+so neither the events nor the folds need torch. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from array import array
+from collections.abc import Sequence
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: An integer field: an int (not a bool, not a float, not a string) within the signed 64-bit range.
+Int = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]
+#: A count, index, step or version: a non-negative `Int`.
+NonNegInt = Annotated[Int, Field(ge=0)]
+#: A float field: a finite int or float (not a bool, not a string); ints become floats.
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+#: How deep a free-form dict may nest, the dict itself being level 1. The deepest free-form field
+#: (``SlotResult.sample.meta``) sits at level 3 of a header, so headers stay within 3 + 24 - 1 = 26
+#: levels, inside the codec's bound of 32.
+FREE_FORM_DEPTH = 24
+
+
+def _check_free_form_depth(value: dict[str, Any]) -> dict[str, Any]:
+    if not value:
+        return value  # the common case (an empty meta) costs nothing
+    # An explicit stack, not recursion: a hostile value must not reach Python's recursion limit.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > FREE_FORM_DEPTH:
+            raise ValueError(f"nested deeper than {FREE_FORM_DEPTH} levels; flatten it")
+        for child in (item.values() if isinstance(item, dict) else item):
+            if isinstance(child, (dict, list, tuple)):
+                stack.append((child, depth + 1))
+    return value
+
+
+#: A free-form JSON object (prompt, meta, settings), at most `FREE_FORM_DEPTH` levels deep.
+FreeForm = Annotated[dict[str, Any], AfterValidator(_check_free_form_depth)]
+
+#: The one dtype table. name (also torch's attribute name) -> (item size in bytes, `array` typecode
+#: for building from Python values or None, safetensors code). `streamgrp.train.dtypes` derives the
+#: torch dtypes from it.
+DTYPES: dict[str, tuple[int, str | None, str]] = {
+    "bool": (1, "B", "BOOL"),
+    "uint8": (1, "B", "U8"),
+    "int32": (4, "i", "I32"),
+    "int64": (8, "q", "I64"),
+    "float16": (2, None, "F16"),
+    "bfloat16": (2, None, "BF16"),
+    "float32": (4, "f", "F32"),
+    "float64": (8, "d", "F64"),
+}
+
+Outcome = Literal["sample", "rejected", "failed"]
+
+
+class Frozen(BaseModel):
+    """Immutable, and refuses fields it does not define."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RawArray(Frozen):
+    """A tensor as raw little-endian bytes with its dtype and shape."""
+
+    dtype: str
+    shape: tuple[NonNegInt, ...]
+    data: Annotated[bytes, Strict()]  # bytes only: a tensor never comes from header text
+
+    @model_validator(mode="after")
+    def _check_size(self) -> RawArray:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {sorted(DTYPES)}")
+        if any(dim < 0 for dim in self.shape):
+            raise ValueError(f"negative dimension in shape {self.shape}")
+        expected = math.prod(self.shape) * DTYPES[self.dtype][0]
+        if len(self.data) != expected:
+            raise ValueError(
+                f"{self.dtype} array of shape {list(self.shape)} needs {expected} bytes, got {len(self.data)}"
+            )
+        return self
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @classmethod
+    def from_values(cls, values: Sequence[int | float | bool], dtype: str) -> RawArray:
+        """Build a 1-D array from Python numbers (no torch needed)."""
+        typecode = DTYPES.get(dtype, (0, None))[1]
+        if typecode is None:
+            raise ValueError(f"cannot build {dtype!r} from Python values; pass bytes with RawArray(...)")
+        packed = array(typecode, values)
+        if sys.byteorder != "little":
+            packed.byteswap()
+        return cls(dtype=dtype, shape=(len(packed),), data=packed.tobytes())
+
+    def to_list(self) -> list[Any]:
+        typecode = DTYPES[self.dtype][1]
+        if typecode is None:
+            raise ValueError(f"{self.dtype} arrays are read with torch, not as Python lists")
+        unpacked = array(typecode)
+        unpacked.frombytes(self.data)
+        if sys.byteorder != "little":
+            unpacked.byteswap()
+        return unpacked.tolist()
+
+
+class Sample(Frozen):
+    """One slot's trajectory: one or more rows, stored flat with the length of each row.
+
+    ``token_ids``, ``loss_mask`` and ``logprobs`` are 1-D and span all rows back to back;
+    ``rewards`` has one value per row; ``version`` is the policy version that generated it.
+    """
+
+    token_ids: RawArray
+    loss_mask: RawArray
+    logprobs: RawArray
+    row_lengths: tuple[Int, ...]
+    rewards: tuple[Float, ...]
+    version: NonNegInt
+    meta: FreeForm = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_rows(self) -> Sample:
+        if not self.row_lengths:
+            raise ValueError("a sample needs at least one row")
+        if any(length < 1 for length in self.row_lengths):
+            raise ValueError(f"every row needs at least one token, got row_lengths {list(self.row_lengths)}")
+        if len(self.rewards) != len(self.row_lengths):
+            raise ValueError(f"{len(self.row_lengths)} rows but {len(self.rewards)} rewards; give one reward per row")
+        if not all(math.isfinite(reward) for reward in self.rewards):
+            raise ValueError(f"rewards must be finite, got {list(self.rewards)}")
+        total = sum(self.row_lengths)
+        for name, allowed in (("token_ids", ("int32", "int64")), ("loss_mask", ("bool", "uint8")),
+                              ("logprobs", ("float32", "float16", "bfloat16", "float64"))):
+            tensor: RawArray = getattr(self, name)
+            if tensor.dtype not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {tensor.dtype}")
+            if tensor.shape != (total,):
+                raise ValueError(f"{name} has shape {list(tensor.shape)}, expected [{total}] (sum of row_lengths)")
+        return self
+
+    @property
+    def rows(self) -> int:
+        return len(self.row_lengths)
+
+    @property
+    def valid_tokens(self) -> int:
+        """Tokens whose loss mask is set: the group's weight in partitioning and in the loss."""
+        return len(self.loss_mask.data) - self.loss_mask.data.count(0)
+
+    @classmethod
+    def from_rows(
+        cls,
+        *,
+        token_ids: Sequence[Sequence[int]],
+        loss_mask: Sequence[Sequence[int | bool]],
+        logprobs: Sequence[Sequence[float]],
+        rewards: Sequence[float],
+        version: int,
+        meta: dict[str, Any] | None = None,
+    ) -> Sample:
+        """Build a sample from per-row Python lists (int32 tokens, uint8 mask, float32 logprobs)."""
+        lengths = tuple(len(row) for row in token_ids)
+        for name, rows in (("loss_mask", loss_mask), ("logprobs", logprobs)):
+            if tuple(len(row) for row in rows) != lengths:
+                raise ValueError(f"{name} rows have lengths {[len(r) for r in rows]}, token_ids {list(lengths)}")
+        return cls(
+            token_ids=RawArray.from_values([t for row in token_ids for t in row], "int32"),
+            loss_mask=RawArray.from_values([1 if m else 0 for row in loss_mask for m in row], "uint8"),
+            logprobs=RawArray.from_values([p for row in logprobs for p in row], "float32"),
+            row_lengths=lengths,
+            rewards=tuple(float(r) for r in rewards),
+            version=version,
+            meta=meta or {},
+        )
+
+
+
+def check_strict_numbers(model: type[BaseModel], data: dict[Any, Any], where: str) -> None:
+    """Reject what lax validation would coerce in ``model``'s scalar fields: bools as numbers,
+    numbers as bools, floats and strings as ints. Nested models given as dicts are checked too."""
+    for name, value in data.items():
+        field = model.model_fields.get(name) if isinstance(name, str) else None
+        if field is None:
+            continue  # an unknown name: the model's own validation reports it
+        args = _annotation_args(field.annotation)
+        nested = [arg for arg in args if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        if nested and isinstance(value, dict):
+            check_strict_numbers(nested[0], value, f"{where}{name}.")
+            continue
+        if not args <= {int, float, bool, type(None)} or not args & {int, float, bool}:
+            continue  # not a numeric scalar field
+        kind = type(value)
+        if kind is bool:
+            ok = bool in args
+        elif kind is int:
+            ok = int in args or float in args
+        elif kind is float:
+            ok = float in args
+        else:
+            ok = value is None and type(None) in args
+        if not ok:
+            expected = " or ".join(sorted(arg.__name__ for arg in args if arg is not type(None)))
+            raise PydanticCustomError("strict_type", "{where} must be {expected}, not {got}",
+                                      {"where": f"{where}{name}", "expected": expected, "got": kind.__name__})
+
+
+def _annotation_args(annotation: Any) -> set[Any]:
+    if get_origin(annotation) in (Union, UnionType):
+        return {arg for part in get_args(annotation) for arg in _annotation_args(part)}
+    return {annotation}

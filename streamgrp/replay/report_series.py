@@ -1,0 +1,214 @@
+"""A run's per-step series, computed from timestamped events: what `streamgrp report` shows. Pure.
+
+Owns the series and their definitions; reading the run's streams and drawing the page is
+`streamgrp.replay.report`. The run totals are not computed here but taken from
+`streamgrp.replay.summary.run_summary` unchanged, so the page and the demo's summary never disagree.
+
+**Step windows.** Step ``k``'s window is ``(end of k-1, created_at of manifest k]``; step 0's
+starts when the run started (its `RunStarted` record). Every time is the server's clock: manifests
+carry ``created_at`` (server TIME), and a decision or discard is placed by its stream entry id
+(the server's clock when it was written; millisecond resolution). An event after the last manifest
+falls in no step; it is reported as "after the last step", so per-step counts plus that remainder
+equal the run totals.
+
+Per step, over its window:
+
+- *yields*: the groups the assembler decided in the window: usable slots / target slots and
+  trainable slots / target slots (the run-level definitions of `run_summary`, restricted to the
+  window). None when no group was decided in the window, e.g. a step cut at once from groups already
+  buffered; the cumulative yields (all windows up to and including the step) are always defined.
+- *decisions by kind*: complete / partial / dropped decisions written in the window.
+- *drop reasons*: the reasons of dropped decisions written in the window, plus the batcher's
+  discards (stale / filtered / leftover) written in it. A group the batcher discards as stale while
+  cutting step ``k`` is written in the same commit as manifest ``k``, just after its ``created_at``,
+  so it usually counts in step ``k+1``'s window.
+- *stall seconds*: the window's length (time since the previous manifest), and the longest
+  stretch of the window without a trainable (complete or partial) decision.
+- *imbalance*: the manifest's largest shard tokens over the mean (1.0 is perfect).
+
+Deliberately ignored: slot-level timing (when workers published), trainer-side timing, and anything
+the counters know but the streams do not (slot outcomes per step).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamgrp.core.events import (
+    GroupDecided,
+    GroupDiscarded,
+    RunFinished,
+    RunTerminated,
+    StepFailed,
+    StepManifest,
+)
+
+__all__ = ["DECISION_KINDS", "ReportData", "StepRow", "Tally", "longest_gap", "run_status", "step_rows"]
+
+DECISION_KINDS = ("complete", "partial", "dropped")
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What the assembler and batcher recorded in one window."""
+
+    decisions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DECISION_KINDS, 0))
+    drop_reasons: dict[str, int] = field(default_factory=dict)
+    target_slots: int = 0
+    usable_slots: int = 0
+    trainable_slots: int = 0
+
+    @property
+    def groups_decided(self) -> int:
+        return sum(self.decisions.values())
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step's numbers; see the module docstring for each definition."""
+
+    step: int
+    version: int
+    groups: int  # groups the step trains
+    tokens: int  # valid loss tokens over all shards
+    window_start: float
+    created_at: float
+    tally: Tally
+    usable_yield: float | None
+    trainable_yield: float | None
+    cumulative_usable_yield: float | None
+    cumulative_trainable_yield: float | None
+    step_seconds: float
+    longest_gap_s: float
+    imbalance: float
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything the page shows: one row per step, the tally after the last step, the run's totals and status."""
+
+    run: str
+    started_at: float | None
+    steps: tuple[StepRow, ...]
+    after_last_step: Tally
+    totals: dict[str, Any]
+    status: str
+    failures: tuple[StepFailed, ...] = ()
+
+    def series(self) -> dict[str, list[Any]]:
+        """Every per-step series by name, one value per step (what the charts draw)."""
+        reasons = sorted({reason for row in self.steps for reason in row.tally.drop_reasons})
+        out: dict[str, list[Any]] = {
+            "step": [r.step for r in self.steps],
+            "usable_yield": [r.usable_yield for r in self.steps],
+            "trainable_yield": [r.trainable_yield for r in self.steps],
+            "cumulative_usable_yield": [r.cumulative_usable_yield for r in self.steps],
+            "cumulative_trainable_yield": [r.cumulative_trainable_yield for r in self.steps],
+            "step_seconds": [r.step_seconds for r in self.steps],
+            "longest_gap_s": [r.longest_gap_s for r in self.steps],
+            "imbalance": [r.imbalance for r in self.steps],
+        }
+        for kind in DECISION_KINDS:
+            out[f"decisions:{kind}"] = [r.tally.decisions.get(kind, 0) for r in self.steps]
+        for reason in reasons:
+            out[f"dropped:{reason}"] = [r.tally.drop_reasons.get(reason, 0) for r in self.steps]
+        return out
+
+
+def step_rows(*, started_at: float | None, manifests: Sequence[StepManifest],
+              decisions: Sequence[tuple[float, GroupDecided]],
+              discards: Sequence[tuple[float, GroupDiscarded]]) -> tuple[list[StepRow], Tally]:
+    """Per-step rows from timestamped events, and the tally of what came after the last step.
+
+    Every decision and discard is counted exactly once: in the first window whose end is at or after
+    its time (an event before the run's start counts in step 0), or else in the returned remainder.
+    """
+    manifests = sorted(manifests, key=lambda m: m.step)
+    ends: list[float] = []
+    for manifest in manifests:  # a clock stepping back must not make windows overlap
+        ends.append(max(manifest.created_at, ends[-1]) if ends else manifest.created_at)
+    buckets: list[list[tuple[float, Any]]] = [[] for _ in range(len(manifests) + 1)]
+    for when, event in sorted([*decisions, *discards], key=lambda item: item[0]):
+        buckets[_window_of(ends, when)].append((when, event))
+    first_event = min([when for when, _ in [*decisions, *discards]], default=None)
+    start = started_at if started_at is not None else first_event
+    rows: list[StepRow] = []
+    running = Counter()
+    for index, manifest in enumerate(manifests):
+        end = ends[index]
+        window_start = min(start, end) if start is not None else end
+        tally = _tally(buckets[index])
+        running.update(target=tally.target_slots, usable=tally.usable_slots, trainable=tally.trainable_slots)
+        trainable_times = [when for when, event in buckets[index]
+                           if isinstance(event, GroupDecided) and event.decision != "dropped"]
+        rows.append(StepRow(
+            step=manifest.step,
+            version=manifest.version,
+            groups=sum(len(shard.groups) for shard in manifest.shards),
+            tokens=sum(shard.tokens for shard in manifest.shards),
+            window_start=window_start,
+            created_at=manifest.created_at,
+            tally=tally,
+            usable_yield=_ratio(tally.usable_slots, tally.target_slots),
+            trainable_yield=_ratio(tally.trainable_slots, tally.target_slots),
+            cumulative_usable_yield=_ratio(running["usable"], running["target"]),
+            cumulative_trainable_yield=_ratio(running["trainable"], running["target"]),
+            step_seconds=end - window_start,
+            longest_gap_s=longest_gap(window_start, end, trainable_times),
+            imbalance=manifest.imbalance,
+        ))
+        start = end
+    return rows, _tally(buckets[-1])
+
+
+def longest_gap(start: float, end: float, times: Sequence[float]) -> float:
+    """The longest stretch of [start, end] containing none of ``times`` (clipped to the interval)."""
+    points = [start, *sorted(min(max(t, start), end) for t in times), end]
+    return max((b - a for a, b in zip(points, points[1:])), default=0.0)
+
+
+def run_status(control: Sequence[Any], steps: int) -> str:
+    """One line: finished, failed (with the terminal reason and message), or still running."""
+    for event in control:
+        if isinstance(event, RunTerminated):
+            where = f" at step {event.step}" if event.step is not None else ""
+            return f"failed{where} ({event.reason}): {event.message}"
+    for event in control:
+        if isinstance(event, RunFinished):
+            return f"finished after {event.steps} steps"
+    return f"running ({steps} steps so far)"
+
+
+def _window_of(ends: Sequence[float], when: float) -> int:
+    low, high = 0, len(ends)
+    while low < high:  # the first window whose end is >= when
+        middle = (low + high) // 2
+        if ends[middle] < when:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _tally(events: Sequence[tuple[float, Any]]) -> Tally:
+    decisions = dict.fromkeys(DECISION_KINDS, 0)
+    reasons: Counter[str] = Counter()
+    target = usable = trainable = 0
+    for _, event in events:
+        if isinstance(event, GroupDecided):
+            decisions[event.decision] += 1
+            if event.decision == "dropped" and event.reason:
+                reasons[event.reason] += 1
+            target += event.stats.target_slot_count
+            usable += event.stats.usable_slot_count
+            trainable += event.stats.trainable_slot_count
+        else:
+            reasons[event.reason] += 1
+    return Tally(decisions, dict(sorted(reasons.items())), target, usable, trainable)
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
