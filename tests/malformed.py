@@ -21,6 +21,7 @@ from streamgrp.core.events import (
     RunFinished,
     RunStarted,
     RunTerminated,
+    SamplePayload,
     SlotResult,
     StepCommitted,
     StepFailed,
@@ -56,9 +57,10 @@ def valid_events() -> list:
                    settings={"dp_size": 2, "nested": {"a": [1, 2.5, None, True]}}, started_at=1_700_000_000.5),
         TaskIssued(task_id="t1", prompt={"text": "2+2?", "tokens": 8, "nested": [1, {"a": None}]}, version=3,
                    issued_at=12.5, producer="feeder", seq=4),
-        SlotResult(task_id="t1", slot=2, outcome="sample", sample=make_sample(tokens=6, rows=2, version=3, seed=1),
-                   producer="worker-a", seq=17),
-        SlotResult(task_id="t1", slot=0, outcome="sample", sample=make_sample(tokens=3, version=1, reward=-0.5)),
+        codec.sample_result("t1", 2, make_sample(tokens=6, rows=2, version=3, seed=1), producer="worker-a", seq=17)[0],
+        SamplePayload(task_id="t1", slot=2, sample=make_sample(tokens=6, rows=2, version=3, seed=1),
+                      producer="worker-a", seq=17),
+        SamplePayload(task_id="t1", slot=0, sample=make_sample(tokens=3, version=1, reward=-0.5)),
         SlotResult(task_id="t1", slot=1, outcome="rejected"),
         SlotResult(task_id="t1", slot=3, outcome="failed", error="ValueError: boom"),
         Tick(now=1_700_000_000.125),
@@ -129,14 +131,15 @@ def mutate_entry(rng: random.Random, fields: dict[bytes, bytes]):
 
 
 
-SLOT = SlotResult(task_id="t", slot=2, outcome="sample", sample=make_sample(tokens=4), producer="w", seq=1)
+SLOT = SamplePayload(task_id="t", slot=2, sample=make_sample(tokens=4), producer="w", seq=1)
 SLOT_FIELDS = codec.encode(SLOT)  # blob: token_ids 0..16, loss_mask 16..20, logprobs 20..36
 SLOT_HEADER = orjson.loads(SLOT_FIELDS[codec.HEADER])
 BLOB = SLOT_FIELDS[codec.BLOB]
 
 
 def header(update=None, *, sample=None, blob=BLOB, drop=()):
-    """Slot-result fields with header keys replaced (``sample``: keys of the sample replaced)."""
+    """Sample-payload fields (the event with tensors) with header keys replaced (``sample``: keys of the
+    sample replaced)."""
     h = {**SLOT_HEADER, **(update or {})}
     if sample is not None:
         h["sample"] = {**SLOT_HEADER["sample"], **sample}
@@ -153,7 +156,7 @@ def raw(header_bytes: bytes, blob: bytes | None = BLOB):
 
 
 def slot_literal(literal: bytes):
-    """Slot-result fields whose ``slot`` value is the JSON text ``literal`` (not something orjson writes)."""
+    """Sample-payload fields whose ``slot`` value is the JSON text ``literal`` (not something orjson writes)."""
     return raw(SLOT_FIELDS[codec.HEADER].replace(b'"slot":2', b'"slot":' + literal))
 
 
@@ -181,6 +184,7 @@ def inline_tensor():
     return raw(orjson.dumps(h), BLOB[16:])
 
 
+SUMMARY = {"rows": 1, "tokens": 4, "version": 0, "reward": 0.5, "digest": "ab" * 16}
 POLICY = {"n_samples": 4, "reward_norm": {"mean_level": "group", "std_level": "group"}}
 GROUP = {k: v for k, v in orjson.loads(codec.encode(_decision(1))[codec.HEADER]).items() if k != "kind"}
 
@@ -273,7 +277,11 @@ MALFORMED = [
     pytest.param(header(sample={"rewards": ["1.0"]}), "wrong_type", id="str-reward"),
     pytest.param(header({"sample": [1, 2]}, blob=None), "wrong_type", id="sample-list"),
     pytest.param(header({"sample": "sample"}, blob=None), "wrong_type", id="sample-str"),
-    pytest.param(header({"outcome": "great"}), "wrong_type", id="unknown-outcome"),
+    pytest.param(other("slot_result", task_id="t", slot=0, outcome="great"), "wrong_type", id="unknown-outcome"),
+    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "rows": True}),
+                 "wrong_type", id="bool-summary-rows"),
+    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "reward": "0.5"}),
+                 "wrong_type", id="str-summary-reward"),
     pytest.param(other("tick", now=True), "wrong_type", id="bool-tick-now"),
     pytest.param(other("tick", now="1.5"), "wrong_type", id="str-tick-now"),
     pytest.param(other("task_issued", task_id="t", prompt=["x"], issued_at=1.0), "wrong_type", id="prompt-list"),
@@ -299,7 +307,16 @@ MALFORMED = [
                  "missing_field", id="descriptor-with-extra-key"),
     pytest.param(header(sample={"rewards": [1.0, 2.0]}), "invalid_value", id="rewards-length-vs-rows"),
     pytest.param(header(sample={"row_lengths": [2, 2]}), "invalid_value", id="row-lengths-vs-rewards"),
-    pytest.param(header({"outcome": "rejected"}), "invalid_value", id="rejected-with-sample"),
+    pytest.param(other("slot_result", task_id="t", slot=0, outcome="rejected", sample=SUMMARY), "invalid_value",
+                 id="rejected-with-sample"),
+    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "rows": 0}),
+                 "invalid_value", id="summary-zero-rows"),
+    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "digest": ""}),
+                 "invalid_value", id="summary-empty-digest"),
+    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample",
+                       sample={**SUMMARY, "token_ids": [1, 2]}), "invalid_value", id="tensor-in-a-summary"),
+    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "version": -1}),
+                 "invalid_value", id="summary-negative-version"),
     pytest.param(other("group_decided", **{**GROUP, "member_tokens": [5]}), "invalid_value",
                  id="member-lists-wrong-length"),
     pytest.param(other("group_decided", **{**GROUP, "member_rewards": [0.5]}), "invalid_value",

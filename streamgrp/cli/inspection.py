@@ -80,13 +80,13 @@ def cmd_steps(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from streamgrp.errors import DigestMismatch
     from streamgrp.replay import (
         format_batch,
         read_manifest,
         replay_step,
         save_batch,
     )
-    from streamgrp.train.trainer import DigestMismatch
     if args.run_fn and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a debugging function usually sits in a file next to the user
     run_fn = load_callable(args.run_fn) if args.run_fn else None

@@ -101,7 +101,7 @@ def _add_replay_commands(commands: Any) -> None:
     replay.add_argument("--out", default=None, metavar="FILE",
                         help="save the batch (safetensors layout, no pickle); for several ranks FILE gets .rankR")
     replay.add_argument("--run-fn", default=None, metavar="MODULE:FUNCTION",
-                        help="call this with the replayed streamgrp.train.trainer.Batch and print what it returns "
+                        help="call this with the replayed streamgrp.train.batch.Batch and print what it returns "
                         "(the module may sit in the current directory)")
     _add_archive_flag(replay)
     replay.set_defaults(handler=inspection.cmd_replay)

@@ -45,11 +45,17 @@ from pydantic import BaseModel, ValidationError
 
 from streamgrp.core.events import (
     EVENT_TYPES,
+    READABLE_SCHEMAS,
     SCHEMA_VERSION,
     GroupDecided,
     RawArray,
+    Sample,
+    SamplePayload,
+    SampleSummary,
     ShardGroup,
+    SlotResult,
 )
+from streamgrp.core.legacy import LEGACY_SCHEMA, SlotResultV1
 from streamgrp.core.shown import (
     clip,
     field_names,
@@ -92,6 +98,16 @@ def encode(event: BaseModel) -> dict[bytes, bytes]:
     return fields
 
 
+def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = "",
+                  seq: int = 0) -> tuple[SlotResult, dict[bytes, bytes]]:
+    """A sample's slot result and its payload entry's fields: the result's summary carries the payload's
+    digest, computed here, once (what a publisher writes; `streamgrp.services.worker` is one)."""
+    payload = encode(SamplePayload(task_id=task_id, slot=slot, sample=sample, producer=producer, seq=seq))
+    summary = SampleSummary.of(sample, entry_digest(payload))
+    return SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=summary, producer=producer,
+                      seq=seq), payload
+
+
 def decode(fields: Mapping[bytes | str, bytes | str], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> Any:
     """Rebuild and validate an event from XREAD fields; raises `DecodeError` with a reason, nothing else."""
     try:
@@ -103,12 +119,30 @@ def decode(fields: Mapping[bytes | str, bytes | str], *, max_entry_bytes: int = 
             from None
 
 
-def _decode(fields: Any, max_entry_bytes: int) -> Any:
+def decode_v1_slot_result(fields: Mapping[bytes | str, bytes | str], *,
+                          max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> SlotResultV1:
+    """A schema-1 slot entry as recorded, its sample inline; raises `DecodeError` for anything else, a
+    schema-2 slot result included (its tensors are a payload)."""
+    try:
+        event = _decode(fields, max_entry_bytes, upcast=False)
+    except DecodeError:
+        raise
+    except Exception as exc:  # the same safety net as `decode`
+        raise DecodeError("invalid_value", f"unexpected {type(exc).__name__} while decoding: {clip(safe_text(exc))}") \
+            from None
+    if not isinstance(event, SlotResultV1):
+        raise DecodeError("unknown_kind", f"a {getattr(event, 'kind', type(event).__name__)} event (schema "
+                          f"{getattr(event, 'schema_version', '?')}) carries no inline sample")
+    return event
+
+
+def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     items = _field_items(fields)
     text = _check_size(items, max_entry_bytes)
     raw_header, blob = _header_and_blob(fields, text)
     header = _parse_header(raw_header)
-    model = EVENT_TYPES[header["kind"]]
+    legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"
+    model = SlotResultV1 if legacy else EVENT_TYPES[header["kind"]]
     state = [0, 0]  # bytes of ``blob`` used so far, descriptors seen
     data = _from_header(header, blob, state, 1)
     if state[0] != len(blob):
@@ -121,6 +155,8 @@ def _decode(fields: Any, max_entry_bytes: int) -> Any:
         raise DecodeError("bad_header", f"the header has {state[1]} tensor descriptors but the {header['kind']} event "
                           f"has {_tensor_count(event, _TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
                           "that takes no tensor")
+    if legacy and upcast:
+        return event.upcast(entry_digest(fields))
     return event
 
 
@@ -182,9 +218,9 @@ def _parse_header(raw_header: bytes) -> dict[str, Any]:
     if header.__class__ is not dict:
         raise DecodeError("bad_header", f"header is a JSON {json_name(header)}, expected an object")
     version = header.get("schema_version", SCHEMA_VERSION)
-    if version.__class__ is not int or version != SCHEMA_VERSION:
-        raise DecodeError("unsupported_schema",
-                          f"schema_version {show(version)}; this build reads the integer {SCHEMA_VERSION}")
+    if version.__class__ is not int or version not in READABLE_SCHEMAS:
+        raise DecodeError("unsupported_schema", f"schema_version {show(version)}; this build reads the integers "
+                          f"{', '.join(map(str, READABLE_SCHEMAS))} (a newer streamgrp wrote it? upgrade this one)")
     kind = header.get("kind")
     if kind.__class__ is not str or kind not in EVENT_TYPES:
         raise DecodeError("unknown_kind", f"kind {show(kind)} is not one of {sorted(EVENT_TYPES)}")
@@ -311,7 +347,7 @@ def _tensor_count(value: Any, where: tuple[tuple[str, Any], ...]) -> int:
     return count
 
 
-_TENSOR_FIELDS = {model: _tensor_fields(model) for model in EVENT_TYPES.values()}
+_TENSOR_FIELDS = {model: _tensor_fields(model) for model in (*EVENT_TYPES.values(), SlotResultV1)}
 
 
 def _check_field_types(key: Any, value: Any) -> None:

@@ -8,7 +8,7 @@ in `streamgrp.core.members`. Pure: no I/O.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -33,10 +33,15 @@ from streamgrp.core.values import (
 )
 
 __all__ = ["EVENT_TYPES", "SCHEMA_VERSION", "DecidedMember", "GroupDecided", "GroupDiscarded", "GroupStats", "Member",
-           "RawArray", "RunFinished", "RunStarted", "RunTerminated", "Sample", "Shard", "ShardGroup", "SlotResult",
+           "READABLE_SCHEMAS", "RawArray", "RunFinished", "RunStarted", "RunTerminated", "Sample", "SamplePayload",
+           "SampleSummary", "Shard", "ShardGroup", "SlotResult",
            "StepCommitted", "StepFailed", "StepManifest", "TaskIssued", "Tick", "VersionAdvanced"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Schema versions this build reads. 1: a slot result carried its whole sample in the slot log (read
+#: through `streamgrp.core.legacy`); 2: the slot log carries a `SampleSummary` and the sample's
+#: tensors are a `SamplePayload` in the payloads stream, at the same entry id.
+READABLE_SCHEMAS = (1, 2)
 
 
 class _Event(Frozen):
@@ -76,14 +81,34 @@ class TaskIssued(_Event):
     issued_at: Float
 
 
+class SampleSummary(Frozen):
+    """What the group log keeps of a sample: what folding, filtering and partitioning need.
+
+    ``tokens`` are the valid loss tokens (the partition weight), ``reward`` the mean over rows, and
+    ``digest`` the digest of the sample's payload entry (`streamgrp.core.codec.entry_digest`),
+    computed once, by the publisher; replay and verify check the payload against it.
+    """
+
+    rows: Annotated[Int, Field(ge=1)]
+    tokens: NonNegInt
+    version: NonNegInt
+    reward: Float
+    digest: str = Field(min_length=1, max_length=128)
+
+    @classmethod
+    def of(cls, sample: Sample, digest: str) -> SampleSummary:
+        return cls(rows=sample.rows, tokens=sample.valid_tokens, version=sample.version,
+                   reward=sum(sample.rewards) / sample.rows, digest=digest)
+
+
 class SlotResult(_Event):
-    """What a worker published for one slot: a sample, a rejection, or a failure with its text."""
+    """What a worker published for one slot: a sample (its summary), a rejection, or a failure with its text."""
 
     kind: Literal["slot_result"] = "slot_result"
     task_id: str = Field(min_length=1, max_length=256)
     slot: NonNegInt
     outcome: Outcome
-    sample: Sample | None = None
+    sample: SampleSummary | None = None
     error: str | None = None
 
     @model_validator(mode="after")
@@ -93,6 +118,17 @@ class SlotResult(_Event):
         if self.outcome == "failed" and not self.error:
             raise ValueError("a failed slot carries its error text")
         return self
+
+
+class SamplePayload(_Event):
+    """A sample's tensors and per-row values, in the payloads stream at the entry id of its slot result.
+
+    Written once, with its slot result, by the publish script; read by trainer ranks and replay only."""
+
+    kind: Literal["sample_payload"] = "sample_payload"
+    task_id: str = Field(min_length=1, max_length=256)
+    slot: NonNegInt
+    sample: Sample
 
 
 class Tick(_Event):
@@ -250,6 +286,6 @@ class RunFinished(_Event):
     steps: Int
 
 
-_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, Tick, GroupDecided, RunTerminated, StepManifest, GroupDiscarded,
-                 StepCommitted, StepFailed, VersionAdvanced, RunFinished)
+_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SamplePayload, Tick, GroupDecided, RunTerminated, StepManifest,
+                 GroupDiscarded, StepCommitted, StepFailed, VersionAdvanced, RunFinished)
 EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

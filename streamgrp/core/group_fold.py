@@ -99,11 +99,10 @@ class FoldState:
     _deadlines: list[tuple[float, str]] = field(default_factory=list)
 
 
-def fold(state: FoldState, event: TaskIssued | SlotResult | Tick, entry_id: str = "",
-         digest: str = "") -> tuple[FoldState, list[Output]]:
-    """Apply one event; ``entry_id`` and ``digest`` identify its stream entry (recorded in decisions)."""
+def fold(state: FoldState, event: TaskIssued | SlotResult | Tick, entry_id: str = "") -> tuple[FoldState, list[Output]]:
+    """Apply one event; ``entry_id`` identifies its stream entry (recorded in decisions)."""
     if isinstance(event, SlotResult):
-        return state, _on_slot(state, event, entry_id, digest)
+        return state, _on_slot(state, event, entry_id)
     if isinstance(event, TaskIssued):
         return state, _on_task(state, event, entry_id)
     if isinstance(event, Tick):
@@ -125,7 +124,7 @@ def _on_task(state: FoldState, event: TaskIssued, entry_id: str) -> list[Output]
     return []
 
 
-def _on_slot(state: FoldState, event: SlotResult, entry_id: str, digest: str) -> list[Output]:
+def _on_slot(state: FoldState, event: SlotResult, entry_id: str) -> list[Output]:
     task_id, slot = event.task_id, event.slot
     n_samples = state.policy.n_samples
     if slot >= n_samples:
@@ -140,10 +139,10 @@ def _on_slot(state: FoldState, event: SlotResult, entry_id: str, digest: str) ->
         return [Ignored(entry_id, DUPLICATE, task_id, slot, "a result for this slot was already folded")]
     sample = event.sample
     if sample is None:
-        group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, entry_id, digest)
+        group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, entry_id)
     else:
-        group.results[slot] = SlotRecord("sample", sample.rows, sample.valid_tokens, sample.version, entry_id, digest,
-                                         sum(sample.rewards) / sample.rows)
+        group.results[slot] = SlotRecord("sample", sample.rows, sample.tokens, sample.version, entry_id, sample.digest,
+                                         sample.reward)
     if len(group.results) == n_samples:
         return [_close(state, group, "all_slots", None)]
     return []
@@ -198,10 +197,10 @@ def next_deadline(state: FoldState) -> float | None:
 
 
 def run_fold(policy: GroupPolicy, events, group_timeout_s: float | None = None) -> tuple[FoldState, list[Output]]:
-    """Fold ``(entry_id, event)`` or ``(entry_id, event, digest)`` items from an empty state (replay, tests)."""
+    """Fold ``(entry_id, event)`` items from an empty state (replay, tests)."""
     state = FoldState(policy, group_timeout_s)
     outputs: list[Output] = []
-    for entry_id, event, *digest in events:
-        state, produced = fold(state, event, entry_id, *digest)
+    for entry_id, event in events:
+        state, produced = fold(state, event, entry_id)
         outputs.extend(produced)
     return state, outputs

@@ -5,7 +5,7 @@ Owns reading a run's record after the fact (SPEC section 6) and nothing that cha
 - `list_steps`: every step with each rank's status (committed, failed with the exception text, in
   progress, pending) and its group statistics, from the ``steps`` and ``commits`` streams, the
   ``committed`` hash and the ``decisions`` stream.
-- `replay_step`: the exact `Batch` a rank consumed at a step, rebuilt by `streamgrp.train.trainer.build_batch`
+- `replay_step`: the exact `Batch` a rank consumed at a step, rebuilt by `streamgrp.train.loader.build_batch`
   (the trainer's own code) from the manifest and the slot entries, digests checked. Entries come from
   an entry source (`streamgrp.store.sources`): the server by default, an archive's source when given. A
   replayed batch is read-only (`ReadOnlyBatch` on commit or fail).
@@ -46,7 +46,7 @@ from streamgrp.store.sources import EntrySource, RedisSource, decode_all
 from streamgrp.store.streams import entry_time
 
 if TYPE_CHECKING:
-    from streamgrp.train.trainer import Batch
+    from streamgrp.train.batch import Batch
 
 
 # -- listing steps ----------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def replay_step(client: redis.Redis | None, keys: RunKeys, step: int, rank: int,
 
     ``source`` defaults to the server (`RedisSource`); pass an archive's source to replay trimmed steps.
     """
-    from streamgrp.train.trainer import (
+    from streamgrp.train.loader import (
         build_batch,  # torch: only when a batch is rebuilt
     )
 
@@ -161,7 +161,7 @@ def replay_step(client: redis.Redis | None, keys: RunKeys, step: int, rank: int,
     if codec.combine_digests(g.digest for g in shard.groups) != shard.digest:
         raise DigestMismatch(f"step {step} rank {rank}: the manifest's group digests do not combine to its shard "
                              "digest; the manifest entry was altered")
-    return build_batch(manifest, rank, world, lambda ids: source("slots", ids), run=keys.run,
+    return build_batch(manifest, rank, world, source, run=keys.run, check_digests=True,
                        missing_hint="replay it from an archive that still holds it")
 
 
@@ -248,9 +248,9 @@ def _slot_text(entry_id: str, event: SlotResult, first: bool,
     data: dict[str, Any] = {"slot": event.slot, "outcome": event.outcome, "producer": event.producer}
     if event.sample is not None:
         sample = event.sample
-        text += (f": {sample.rows} row(s), {sample.valid_tokens} loss tokens, version {sample.version}, "
-                 f"reward {sum(sample.rewards) / sample.rows:.4g}")
-        data.update(rows=sample.rows, tokens=sample.valid_tokens, version=sample.version)
+        text += (f": {sample.rows} row(s), {sample.tokens} loss tokens, version {sample.version}, "
+                 f"reward {sample.reward:.4g}")
+        data.update(rows=sample.rows, tokens=sample.tokens, version=sample.version)
     if event.error:
         text += f": {_short(event.error, 300)}"
         data["error"] = event.error

@@ -14,6 +14,7 @@ Kinds of `Difference` (``recorded`` is the log's value, ``recomputed`` verify's)
     decision_extra          a recorded decision the re-fold does not make (the group stays open or is unknown)
     decision_duplicate      a second recorded decision for one task
     decision_undecodable    a decision entry that does not decode
+    payload_digest          a member's payload no longer hashes to the digest its slot result recorded
     step_decision_unknown   a step's group points at a decision entry that is not recorded
     step_decision_task      ... or at the decision of another task
     dropped_group_batched   a step trains a dropped group
@@ -87,6 +88,7 @@ class VerifyReport:
     entries_folded: int = 0
     unread_entries: int = 0  # slot-log entries after the assembler's position, not folded
     decisions_checked: int = 0
+    payloads_checked: int = 0
     steps_checked: int = 0
     differences: list[Difference] = field(default_factory=list)
 
@@ -112,9 +114,28 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
     _check_retained(decided, recorded, report)
     refolded = _refold(source, config, report)
     _compare_decisions(recorded, refolded, report)
+    _check_payloads(source, recorded, report)
     by_entry = {entry_id: decision for entry_id, decision in recorded}
     _check_steps(source, config, by_entry, from_step, to_step, report)
     return report
+
+
+def _check_payloads(source: RedisSource, recorded: list[tuple[str, GroupDecided]], report: VerifyReport,
+                    chunk: int = 512) -> None:
+    """Every retained payload of a decided member hashes to the digest its slot result (and decision) recorded.
+
+    A schema-1 log keeps samples in the slot log, whose digests the re-fold already compares."""
+    members = [(decision.task_id, member) for _, decision in recorded for member in decision.members]
+    for start in range(0, len(members), chunk):
+        part = members[start:start + chunk]
+        for (task_id, member), fields in zip(part, source("payloads", [m.entry for _, m in part])):
+            if fields is None:
+                continue  # a schema-1 entry, or trimmed with no archive behind it
+            report.payloads_checked += 1
+            digest = codec.entry_digest(fields)
+            if digest != member.digest:
+                report.differences.append(Difference("payload_digest", f"task {task_id} slot {member.slot}",
+                                                     f"payload {member.entry}", member.digest, digest))
 
 
 def _recorded_decisions(source: RedisSource, report: VerifyReport) -> list[tuple[str, GroupDecided]]:
@@ -158,7 +179,7 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport) -> dic
                 continue  # the assembler dead-lettered it; it was never folded
             if isinstance(event, (TaskIssued, SlotResult, Tick)):
                 report.entries_folded += 1
-                yield entry_id, event, codec.entry_digest(fields)
+                yield entry_id, event
 
     _, outputs = run_fold(config.policy(), events(), config.group_timeout_s)
     return {output.decision.task_id: output.decision for output in outputs if isinstance(output, Closed)}
@@ -351,5 +372,6 @@ def format_report(report: VerifyReport) -> str:
         if report.unread_entries else ""
     verdict = "all match" if report.ok else f"{len(report.differences)} differences"
     lines.append(f"verify run {report.run}: folded {report.entries_folded} slot-log entries{unread}; checked "
-                 f"{report.decisions_checked} decisions and {report.steps_checked} steps: {verdict}")
+                 f"{report.decisions_checked} decisions, {report.payloads_checked} payloads and "
+                 f"{report.steps_checked} steps: {verdict}")
     return "\n".join(lines)

@@ -168,8 +168,8 @@ class Assembler:
         self._load_decided(decoded)
         self._round_now = None  # the server's clock, read once for the round's first decision
         for entry_id, fields, event in decoded:
-            digest = codec.entry_digest(fields) if isinstance(event, SlotResult) else ""
-            self.state, outputs = fold(self.state, event, entry_id, digest)
+            # A sample's digest arrives in its summary, computed once by the publisher.
+            self.state, outputs = fold(self.state, event, entry_id)
             if isinstance(event, Tick):
                 acks.setdefault("ticks", []).append(entry_id)
             for output in outputs:

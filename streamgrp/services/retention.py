@@ -10,6 +10,7 @@ below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothi
     slots       the assembler group's pending entries and everything it was not delivered yet;
                 the members of decisions the batcher has not batched (pending or undelivered);
                 the members of every step some rank has not committed (after min over ranks)
+    payloads    the slot log's floor (a sample's payload sits at its slot result's id), and its own archive
     decisions   the batcher group's pending and undelivered entries; the decisions of uncommitted steps
     steps       every step after the lowest step all ranks committed (a rank that restarts reads its
                 next step's manifest)
@@ -110,6 +111,11 @@ def _text(key: IdKey) -> str:
     return f"{key[0]}-{key[1]}"
 
 
+#: Streams whose entries share another's ids: a sample's payload sits at its slot result's id, so
+#: whatever slot entry must stay keeps its payload too.
+_SAME_IDS = {"slots": ("payloads",)}
+
+
 class _Floors:
     def __init__(self, streams: Iterable[str]) -> None:
         self.bounds: dict[str, list[tuple[IdKey, str]]] = {name: [] for name in streams}
@@ -117,6 +123,9 @@ class _Floors:
     def keep(self, stream: str, key: IdKey | None, why: str) -> None:
         """Entries at or after ``key`` must stay (None: everything must stay)."""
         self.bounds[stream].append((KEEP_ALL if key is None else key, why))
+        for twin in _SAME_IDS.get(stream, ()):
+            if twin in self.bounds:
+                self.bounds[twin].append((KEEP_ALL if key is None else key, f"{why} (slot log)"))
 
     def result(self) -> dict[str, tuple[IdKey, str]]:
         return {name: min(bounds) if bounds else (KEEP_ALL, "no bound") for name, bounds in self.bounds.items()}

@@ -18,17 +18,22 @@ import itertools
 import logging
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from streamgrp.config import WorkerConfig
 from streamgrp.core import codec, counters
-from streamgrp.core.events import Sample, SlotResult, TaskIssued
+from streamgrp.core.events import (
+    Sample,
+    SlotResult,
+    TaskIssued,
+)
 from streamgrp.errors import DecodeError
+from streamgrp.store import scripts
 from streamgrp.store.connection import is_outage, outage_of, replicate
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import WORKERS_GROUP, RunKeys
@@ -42,6 +47,8 @@ from streamgrp.store.streams import (
 log = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 4000
+#: Slot results per publish script call: bounds the script's input whatever the caller hands over.
+PUBLISH_CHUNK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,7 @@ class WorkerClient:
         self._seq = itertools.count()
         self._seq_lock = threading.Lock()
         self._claim_cursor = "0-0"
+        self._publish = scripts.register(client, "publish.lua")
         ensure_group(client, keys.tasks, WORKERS_GROUP)
 
     def take(self, count: int = 1, *, block_ms: int | None = 1000) -> list[Task]:
@@ -120,37 +128,69 @@ class WorkerClient:
 
     def publish(self, task_id: str, slot: int, result: Sample | BaseException | None) -> str:
         """Publish one slot result; when this returns, the result is in the server (SPEC section 5)."""
+        return self.publish_many([(task_id, slot, result)])[0]
+
+    def publish_many(self, results: Sequence[tuple[str, int, Sample | BaseException | None]]) -> list[str]:
+        """Publish slot results (``(task_id, slot, result)``: a `Sample`, None for a rejection, an exception
+        for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot entry ids.
+
+        When this returns, every result is in the server. A sample's tensors go to the payloads stream
+        and its summary, with the payload's digest, to the group log, both in one script call."""
+        triples = [self._encode(task_id, slot, result) for task_id, slot, result in results]
+        ids: list[str] = []
+        for start in range(0, len(triples), PUBLISH_CHUNK):
+            chunk = triples[start:start + PUBLISH_CHUNK]
+            # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate.
+            written = self._publish(keys=[self.keys.slots, self.keys.payloads],
+                                    args=[part for triple in chunk for part in triple])
+            ids += [entry_id_str(entry_id) for entry_id in written]
+        replicate(self.client)
+        return ids
+
+    def _encode(self, task_id: str, slot: int, result: Sample | BaseException | None) -> tuple[bytes, bytes, bytes]:
+        """(slot header, payload header, payload blob) for one result; the payload is empty without a sample."""
         with self._seq_lock:
             seq = next(self._seq)
+        if isinstance(result, Sample):
+            event, payload = codec.sample_result(task_id, slot, result, producer=self.name, seq=seq)
+            size = entry_size(payload)
+            if size <= self.max_entry_bytes:
+                return codec.encode(event)[codec.HEADER], payload[codec.HEADER], payload.get(codec.BLOB, b"")
+            # refused here, where the data enters, not after it is stored
+            result = ValueError(f"the sample is {size} bytes encoded, over max_entry_bytes={self.max_entry_bytes}; "
+                                "return shorter samples, or raise --max-entry-bytes on the workers and trainers")
         if isinstance(result, BaseException):
             text = "".join(traceback.format_exception_only(type(result), result)).strip() or type(result).__name__
             event = SlotResult(task_id=task_id, slot=slot, outcome="failed", error=text[:MAX_ERROR_CHARS],
                                producer=self.name, seq=seq)
         elif result is None:
             event = SlotResult(task_id=task_id, slot=slot, outcome="rejected", producer=self.name, seq=seq)
-        elif isinstance(result, Sample):
-            event = SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=result, producer=self.name, seq=seq)
         else:
             raise TypeError(f"a rollout returns a streamgrp.Sample or None, not {type(result).__name__}")
-        fields = codec.encode(event)
-        size = entry_size(fields)
-        if size > self.max_entry_bytes:  # refused here, where the data enters, not after it is stored
-            event = SlotResult(task_id=task_id, slot=slot, outcome="failed", producer=self.name, seq=seq,
-                               error=f"the sample is {size} bytes encoded, over max_entry_bytes={self.max_entry_bytes}; "
-                               "return shorter samples, or raise --max-entry-bytes on the workers and the assembler")
-            fields = codec.encode(event)
-        # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate.
-        entry_id = entry_id_str(self.client.xadd(self.keys.slots, fields))
-        replicate(self.client)
-        return entry_id
+        return codec.encode(event)[codec.HEADER], b"", b""
 
     def done(self, task: Task) -> None:
         """Acknowledge a task once every slot's result was published."""
         self.client.xack(self.keys.tasks, WORKERS_GROUP, task.entry_id)
 
 
+@dataclass
+class _InFlight:
+    """A task whose slots are running: their futures, and which of them are published already."""
+
+    task: Task
+    requests: list[SlotRequest]
+    futures: list[Future[Any]]
+    published: set[int] = field(default_factory=set)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.published) == len(self.futures)
+
+
 class WorkerProcess:
-    """The `streamgrp worker` loop: keeps up to ``concurrency`` slots running and acks whole tasks."""
+    """The `streamgrp worker` loop: keeps up to ``concurrency`` slots running, publishes whatever slots
+    are ready in one call per round, and acknowledges each task once all its slots are published."""
 
     def __init__(self, worker: WorkerClient, rollout: Callable[..., Any], config: WorkerConfig, *, n_samples: int,
                  version: Callable[[], int] = lambda: 0, metrics: Any = None) -> None:
@@ -166,37 +206,20 @@ class WorkerProcess:
 
     def run(self, stop: threading.Event | None = None) -> int:
         stop = stop or threading.Event()
-        max_tasks = self.config.max_tasks
-        in_flight: list[tuple[Task, list[Future[Any]]]] = []
-        capacity = max(1, -(-self.config.concurrency // self.n_samples))  # tasks whose slots fill the pool
-        loop_thread = None
-        if self._is_async:
-            self._loop = asyncio.new_event_loop()
-            loop_thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
-            loop_thread.start()
+        in_flight: list[_InFlight] = []
+        loop_thread = self._start_loop() if self._is_async else None
         with ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="slot") as pool:
             while not stop.is_set():
-                in_flight = self._finish_done(in_flight)
-                if max_tasks is not None and self.tasks_done + len(in_flight) >= max_tasks:
-                    if not in_flight:
-                        break
-                    _wait_any(in_flight)
-                    continue
-                room = capacity - len(in_flight)
+                in_flight = self._publish_ready(in_flight)
+                room = self._room(in_flight)
+                if room is None:
+                    break  # max_tasks reached and nothing left in flight
                 if room <= 0:
                     _wait_any(in_flight)
                     continue
-                if max_tasks is not None:
-                    room = min(room, max_tasks - self.tasks_done - len(in_flight))
-                try:
-                    tasks = self.worker.take(room, block_ms=None if in_flight else 500)  # None: don't block
-                except Exception as exc:
-                    if not is_outage(exc):
-                        raise
-                    # A task read whose reply was lost sits in our pending list; XAUTOCLAIM hands it
-                    # back (to us or another worker) once it has been idle for claim_idle_s.
-                    outage_of(self.worker.client).ride_out(exc, self.worker.client)
-                    continue
+                tasks = self._take(room, block=not in_flight)
+                if tasks is None:
+                    continue  # the server was away; ridden out
                 if not tasks:
                     if self.config.burst and not in_flight:
                         break
@@ -205,33 +228,75 @@ class WorkerProcess:
                     continue
                 version = self.version()
                 for task in tasks:
-                    futures = [pool.submit(self._run_slot, request) for request in task.requests(self.n_samples, version)]
-                    in_flight.append((task, futures))
-            for task, futures in in_flight:
-                for future in futures:
+                    requests = task.requests(self.n_samples, version)
+                    in_flight.append(_InFlight(task, requests, [pool.submit(self._run_slot, r) for r in requests]))
+            for item in in_flight:  # stopping: finish and publish what is running, so no slot is lost
+                for future in item.futures:
                     future.result()
-                self.worker.done(task)
-                self.tasks_done += 1
-        if self._loop is not None:
+            self._publish_ready(in_flight)
+        if loop_thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             loop_thread.join()
             self._loop.close()
             self._loop = None
         return self.tasks_done
 
-    def _finish_done(self, in_flight):
+    def _start_loop(self) -> threading.Thread:
+        self._loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
+        thread.start()
+        return thread
+
+    def _room(self, in_flight: list[_InFlight]) -> int | None:
+        """How many more tasks to take now; None once ``max_tasks`` is reached and nothing is in flight."""
+        capacity = max(1, -(-self.config.concurrency // self.n_samples))  # tasks whose slots fill the pool
+        room = capacity - len(in_flight)
+        max_tasks = self.config.max_tasks
+        if max_tasks is not None:
+            left = max_tasks - self.tasks_done - len(in_flight)
+            if left <= 0:
+                return None if not in_flight else 0
+            room = min(room, left)
+        return room
+
+    def _take(self, room: int, *, block: bool) -> list[Task] | None:
+        try:
+            return self.worker.take(room, block_ms=500 if block else None)  # None: don't block
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            # A task read whose reply was lost sits in our pending list; XAUTOCLAIM hands it
+            # back (to us or another worker) once it has been idle for claim_idle_s.
+            outage_of(self.worker.client).ride_out(exc, self.worker.client)
+            return None
+
+    def _publish_ready(self, in_flight: list[_InFlight]) -> list[_InFlight]:
+        """Publish every finished, unpublished slot in one call; acknowledge the tasks now complete."""
+        ready = [(item, index) for item in in_flight for index, future in enumerate(item.futures)
+                 if index not in item.published and future.done()]
+        if ready:
+            results = [(item.task.event.task_id, index, item.futures[index].result()) for item, index in ready]
+            self.worker.publish_many(results)  # a publish error surfaces here and stops the worker
+            for (item, index), (_, _, result) in zip(ready, results):
+                item.published.add(index)
+                self._count(result, item.requests[index].version)
         remaining = []
-        for task, futures in in_flight:
-            if all(f.done() for f in futures):
-                for future in futures:
-                    future.result()  # a publish error surfaces here and stops the worker
-                self.worker.done(task)
+        for item in in_flight:
+            if item.complete:
+                self.worker.done(item.task)
                 self.tasks_done += 1
             else:
-                remaining.append((task, futures))
+                remaining.append(item)
         return remaining
 
-    def _run_slot(self, request: SlotRequest) -> str:
+    def _count(self, result: Any, version: int) -> None:
+        if self.metrics is not None:
+            outcome = "failed" if isinstance(result, BaseException) else "rejected" if result is None else "sample"
+            self.metrics.slots.labels(outcome).inc()
+            self.metrics.policy_version.set(version)
+
+    def _run_slot(self, request: SlotRequest) -> Sample | BaseException | None:
+        """The slot's result, never an exception raised: the user's failure becomes a failed slot."""
         try:
             if self._is_async:
                 result = asyncio.run_coroutine_threadsafe(self.rollout(request), self._loop).result()
@@ -239,19 +304,14 @@ class WorkerProcess:
                 result = self.rollout(request)
             if result is not None and not isinstance(result, Sample):
                 result = TypeError(f"rollout returned {type(result).__name__}; return a streamgrp.Sample or None")
-        except Exception as exc:  # the user's failure becomes a failed slot, never a dead worker
+        except Exception as exc:
             result = exc
-        entry_id = self.worker.publish(request.task_id, request.slot, result)
-        if self.metrics is not None:
-            outcome = "failed" if isinstance(result, BaseException) else "rejected" if result is None else "sample"
-            self.metrics.slots.labels(outcome).inc()
-            self.metrics.policy_version.set(request.version)
-        return entry_id
+        return result
 
 
 def _wait_any(in_flight, timeout: float | None = None) -> None:
     from concurrent.futures import FIRST_COMPLETED, wait
 
-    pending = [f for _, futures in in_flight for f in futures if not f.done()]
+    pending = [f for item in in_flight for f in item.futures if not f.done()]
     if pending:
         wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)

@@ -59,6 +59,12 @@ class RunKeys:
         return self._key("slots")
 
     @property
+    def payloads(self) -> str:
+        """`SamplePayload` entries: each sample's tensors, at the entry id of its slot result in ``slots``
+        (written by the same script call), read only by trainer ranks and replay."""
+        return self._key("payloads")
+
+    @property
     def decisions(self) -> str:
         """One `GroupDecided` entry per task."""
         return self._key("decisions")
@@ -138,7 +144,8 @@ class RunKeys:
         return self._key("worker:ids")
 
     def all_streams(self) -> dict[str, str]:
-        return {"control": self.control, "tasks": self.tasks, "slots": self.slots, "decisions": self.decisions,
+        return {"control": self.control, "tasks": self.tasks, "slots": self.slots, "payloads": self.payloads,
+                "decisions": self.decisions,
                 "steps": self.steps, "discarded": self.discarded, "commits": self.commits,
                 "deadletter": self.deadletter}
 

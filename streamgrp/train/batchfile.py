@@ -26,7 +26,7 @@ import torch
 
 from streamgrp.errors import BatchFileError, StreamgrpError
 from streamgrp.train import dtypes
-from streamgrp.train.trainer import Batch
+from streamgrp.train.batch import Batch
 
 __all__ = ["BATCH_FORMAT", "TENSOR_FIELDS", "BatchFileError", "load_batch", "save_batch"]
 

@@ -7,33 +7,29 @@
             batch.commit()
 
 Owns the rank's position (the next uncommitted step, kept on the server, so a restarted rank
-resumes there), loading a shard's slot entries and checking them against the manifest's digests,
-turning them into padded torch tensors, committing or failing steps, and raising the run's
+resumes there), loading each step's shard (`streamgrp.train.loader`), committing or failing steps, and raising the run's
 terminal error on every rank at the same step. Moving to the next batch without `commit` commits
 the previous one (the loop body finished). With the ``with`` form an exception inside the loop
 records a `StepFailed` event carrying the exception text before it propagates; a bare ``for``
 loop cannot see that exception, so an uncommitted step there is simply left for the next start.
 
-`build_batch` is the one place a shard becomes tensors; it reads slot entries through a fetch
-function, so `streamgrp.replay.steps` rebuilds a step from the live log or an archive with the same code.
+`streamgrp.train.loader.build_batch` is the one place a shard becomes tensors; it reads entries
+through a fetch function, so `streamgrp.replay.steps` rebuilds a step from the live log or an archive
+with the same code.
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 import redis
-import torch
 
 from streamgrp.core import codec
 from streamgrp.core.events import (
     RunFinished,
     RunTerminated,
-    Sample,
-    Shard,
     StepCommitted,
     StepFailed,
     StepManifest,
@@ -41,8 +37,6 @@ from streamgrp.core.events import (
 )
 from streamgrp.errors import (
     ConfigError,
-    DigestMismatch,
-    ReadOnlyBatch,
     RunFailed,
 )
 from streamgrp.store import scripts
@@ -52,7 +46,8 @@ from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import step_entry_id
 from streamgrp.store.runs import Run
 from streamgrp.store.streams import producer_name, read_entries
-from streamgrp.train import dtypes
+from streamgrp.train.batch import Batch
+from streamgrp.train.loader import build_batch
 
 log = logging.getLogger(__name__)
 
@@ -60,108 +55,14 @@ log = logging.getLogger(__name__)
 
 
 
-#: Reads slot entries by id: the fields of each, in order, None where an entry is gone.
-SlotFetch = Callable[[Sequence[str]], Sequence[Mapping[bytes, bytes] | None]]
-
-
-@dataclass
-class Batch:
-    """One rank's shard of one step, as padded tensors (rows x longest row), in group order.
-
-    ``group_sizes`` are the actual usable rows per group (use them with `streamgrp.normalize`);
-    ``step_loss_tokens`` counts the valid loss tokens of the whole step across all ranks, the
-    denominator of the globally token-weighted loss.
-    """
-
-    step: int
-    rank: int
-    world_size: int
-    version: int
-    task_ids: list[str]
-    token_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    logprobs: torch.Tensor
-    attention_mask: torch.Tensor
-    rewards: torch.Tensor
-    versions: torch.Tensor
-    group_sizes: torch.Tensor
-    step_loss_tokens: int
-    digest: str
-    samples: list[Sample] = field(repr=False, default_factory=list)
-    run: str = ""
-    _client: TrainerClient | None = field(repr=False, default=None)
-    settled: bool = field(default=False, repr=False)
-
-    @property
-    def rows(self) -> int:
-        return int(self.token_ids.shape[0])
-
-    def commit(self) -> None:
-        """Record this rank's step as done (idempotent)."""
-        self._check_live("commit")
-        if not self.settled:
-            self._client._commit(self)
-            self.settled = True
-
-    def fail(self, exc: BaseException | str) -> None:
-        """Record a failed-step event with the exception text; the step stays uncommitted."""
-        self._check_live("fail")
-        if not self.settled:
-            self._client._fail(self, exc)
-            self.settled = True
-
-    def _check_live(self, action: str) -> None:
-        if self._client is None:
-            raise ReadOnlyBatch(
-                f"cannot {action} step {self.step} rank {self.rank}: this batch is a replay (or was loaded from a "
-                "file), not a trainer rank's live batch; only batches from TrainerClient.batches() record progress")
-
-
-def shard_tensors(samples: list[Sample]) -> dict[str, torch.Tensor]:
-    """Padded [rows, T] tensors (and per-row rewards and versions) from samples, in order."""
-    rows: list[tuple[Sample, int, int, int]] = []
-    for sample in samples:
-        offset = 0
-        for index, length in enumerate(sample.row_lengths):
-            rows.append((sample, offset, length, index))
-            offset += length
-    width = max((row[2] for row in rows), default=0)
-    n = len(rows)
-    out = {
-        "token_ids": torch.zeros((n, width), dtype=torch.int64),
-        "loss_mask": torch.zeros((n, width), dtype=torch.bool),
-        "logprobs": torch.zeros((n, width), dtype=torch.float32),
-        "attention_mask": torch.zeros((n, width), dtype=torch.bool),
-    }
-    rewards, versions = [], []
-    flat: dict[int, dict[str, torch.Tensor]] = {}
-    for row, (sample, offset, length, index) in enumerate(rows):
-        tensors = flat.get(id(sample))
-        if tensors is None:
-            tensors = flat[id(sample)] = {name: _tensor(getattr(sample, name))
-                                          for name in ("token_ids", "loss_mask", "logprobs")}
-        out["token_ids"][row, :length] = tensors["token_ids"][offset:offset + length]
-        out["loss_mask"][row, :length] = tensors["loss_mask"][offset:offset + length].bool()
-        out["logprobs"][row, :length] = tensors["logprobs"][offset:offset + length].float()
-        out["attention_mask"][row, :length] = True
-        rewards.append(sample.rewards[index])
-        versions.append(sample.version)
-    out["rewards"] = torch.tensor(rewards, dtype=torch.float32)
-    out["versions"] = torch.tensor(versions, dtype=torch.int64)
-    return out
-
-
-def _tensor(array) -> torch.Tensor:
-    if not array.data:
-        return torch.zeros(array.shape, dtype=dtypes.TORCH[array.dtype])
-    return torch.frombuffer(bytearray(array.data), dtype=dtypes.TORCH[array.dtype]).reshape(array.shape)
-
-
 class TrainerClient:
     """A trainer process's view of a run: manifests in, commits and failures out."""
 
-    def __init__(self, client: redis.Redis, run: Run, *, poll_s: float = 1.0, name: str | None = None) -> None:
+    def __init__(self, client: redis.Redis, run: Run, *, poll_s: float = 1.0, name: str | None = None,
+                 check_digests: bool = True) -> None:
         self.client = client
+        #: Hash every payload and compare with the manifest's digests before training on it.
+        self.check_digests = check_digests
         self.run_ = run
         self.keys = run.keys
         self.poll_ms = min(MAX_BLOCK_MS, max(1, int(poll_s * 1000)))
@@ -220,8 +121,10 @@ class TrainerClient:
                 self._finished = event
 
     def load(self, manifest: StepManifest, rank: int, world_size: int) -> Batch:
-        return build_batch(manifest, rank, world_size, lambda ids: read_entries(self.client, self.keys.slots, list(ids)),
-                           run=self.keys.run, client=self)
+        streams = self.keys.all_streams()
+        return build_batch(manifest, rank, world_size,
+                           lambda stream, ids: read_entries(self.client, streams[stream], list(ids)),
+                           run=self.keys.run, client=self, check_digests=self.check_digests)
 
     # -- writing ------------------------------------------------------------------------------------
 
@@ -246,39 +149,6 @@ class TrainerClient:
         event = StepFailed(step=batch.step, rank=batch.rank, error=text[:8000], producer=self.name, seq=self._next_seq())
         self.client.xadd(self.keys.commits, codec.encode(event))
         log.error("step %d failed on rank %d: %s", batch.step, batch.rank, text)
-
-
-def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: SlotFetch, *, run: str = "",
-                client: TrainerClient | None = None,
-                missing_hint: str = "replay it from the archive") -> Batch:
-    """Rank ``rank``'s shard of ``manifest`` as a `Batch`, its slot entries read through ``fetch``.
-
-    Every group's entries must hash to the digest the manifest recorded, else `DigestMismatch`.
-    Without ``client`` the batch is read-only: `Batch.commit` and `Batch.fail` raise `ReadOnlyBatch`.
-    """
-    shard: Shard = manifest.shards[rank]
-    entries = [member.entry for group in shard.groups for member in group.members]
-    by_entry = {}
-    for entry, fields in zip(entries, fetch(entries), strict=True):
-        if not fields:
-            raise DigestMismatch(f"step {manifest.step} rank {rank}: slot entry {entry} is gone from the slot log "
-                                 f"(trimmed?); {missing_hint}")
-        by_entry[entry] = fields
-    samples, task_ids, sizes = [], [], []
-    for group in shard.groups:
-        digests = [codec.entry_digest(by_entry[member.entry]) for member in group.members]
-        if codec.combine_digests(digests) != group.digest:
-            raise DigestMismatch(f"step {manifest.step} rank {rank}: task {group.task_id}'s slot entries do not "
-                                 "match the digest the manifest recorded")
-        for member in group.members:
-            samples.append(codec.decode(by_entry[member.entry]).sample)
-        task_ids.append(group.task_id)
-        sizes.append(group.rows)
-    tensors = shard_tensors(samples)
-    return Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
-                 group_sizes=torch.tensor(sizes, dtype=torch.int64),
-                 step_loss_tokens=sum(s.tokens for s in manifest.shards), digest=shard.digest,
-                 samples=samples, run=run, _client=client, **tensors)
 
 
 class BatchStream:

@@ -1,4 +1,5 @@
-"""Regenerate the golden run log (`run.jsonl`) and what replaying it must give (`expected.json`).
+"""Regenerate the golden run log of the current schema (`run_v2.jsonl`) and what replaying it must give
+(`expected_v2.json`). `run_v1.jsonl` is kept as written by schema 1 (samples inline in the slot log).
 
     python tests/golden/make_golden.py [REDIS_URL]
 
@@ -132,9 +133,9 @@ def main() -> None:
         if client.exists(f"sg:{{{RUN}}}:control"):
             raise SystemExit(f"run {RUN!r} already exists on {url}; use a fresh server")
         run = build(client)
-        lines = dump_run(client, run.keys, HERE / "run.jsonl")
-        (HERE / "expected.json").write_text(json.dumps(expected(client, run), indent=1, sort_keys=True) + "\n")
-        print(f"wrote {lines} lines to {HERE / 'run.jsonl'} and {HERE / 'expected.json'}")
+        lines = dump_run(client, run.keys, HERE / "run_v2.jsonl")
+        (HERE / "expected_v2.json").write_text(json.dumps(expected(client, run), indent=1, sort_keys=True) + "\n")
+        print(f"wrote {lines} lines to {HERE / 'run_v2.jsonl'} and {HERE / 'expected_v2.json'}")
     finally:
         if server is not None:
             server.stop()

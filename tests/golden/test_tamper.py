@@ -13,11 +13,11 @@ from runlog import MemorySource
 
 from streamgrp.core import codec
 from streamgrp.core.events import GroupDecided
+from streamgrp.errors import DigestMismatch
 from streamgrp.replay import format_report, replay_step, verify
 from streamgrp.store.keys import step_entry_id
-from streamgrp.train.trainer import DigestMismatch
 
-LOG = Path(__file__).resolve().parent / "run.jsonl"
+LOG = Path(__file__).resolve().parent / "run_v1.jsonl"  # a schema-1 log: samples in the slot log
 
 
 @pytest.fixture

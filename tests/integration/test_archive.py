@@ -36,7 +36,7 @@ from streamgrp.train.trainer import TrainerClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
 from runlog import load_run  # noqa: E402
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "run.jsonl"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "run_v2.jsonl"
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ def test_inspection_commands_read_an_archive_alone_or_behind_the_server(client, 
         code, out, err = _cli(capsys, "replay", "2", "--redis-url", url, "--archive", str(archive))
         assert code == 0 and "digest" in out and "matches" in out, err
         code, out, _ = _cli(capsys, "verify", "--redis-url", url, "--archive", str(archive))
-        assert code == 0 and "checked 13 decisions and 3 steps: all match" in out
+        assert code == 0 and "checked 13 decisions, " in out and "payloads and 3 steps: all match" in out
         code, out, _ = _cli(capsys, "steps", "--redis-url", url, "--archive", str(archive), "--failed")
         assert code == 0 and "3 steps, 1 with a failed rank" in out
         code, out, _ = _cli(capsys, "inspect", "g05", "--redis-url", url, "--archive", str(archive))

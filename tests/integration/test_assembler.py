@@ -5,8 +5,9 @@ import pytest
 
 from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec
-from streamgrp.core.events import GroupDecided, RunTerminated, SlotResult
+from streamgrp.core.events import GroupDecided, RunTerminated
 from streamgrp.core.group_fold import Closed, run_fold
+from streamgrp.core.legacy import SlotResultV1
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.synthetic import make_sample, synthetic_rollout
 from streamgrp.services.worker import WorkerClient
@@ -160,7 +161,8 @@ def test_bad_entries_are_dead_lettered_with_distinct_reasons_while_valid_traffic
     run = make_run(n_samples=2)
     tasks = issuer(run).issue([{}] * 4)
     worker = WorkerClient(client, run.keys)
-    good = codec.encode(SlotResult(task_id=tasks[0].task_id, slot=0, outcome="sample", sample=make_sample(tokens=64)))
+    # A schema-1 slot result (sample inline) is still folded, so its tensor fields are broken here too.
+    good = codec.encode(SlotResultV1(task_id=tasks[0].task_id, slot=0, outcome="sample", sample=make_sample(tokens=64)))
     for index, task in enumerate(tasks):
         worker.publish(task.task_id, 0, make_sample())
         reason = list(BAD_ENTRIES)[index * 2: index * 2 + 2]

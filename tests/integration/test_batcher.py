@@ -24,6 +24,7 @@ from streamgrp.core.events import (
     GroupDiscarded,
     RunFinished,
     RunTerminated,
+    SamplePayload,
     SlotResult,
     StepCommitted,
     StepFailed,
@@ -386,6 +387,7 @@ def test_group_filter_drops_as_filtered_and_a_raising_filter_does_not_stop_the_b
 
 def _check_manifest_against_the_log(client, run, manifest: StepManifest, decided) -> None:
     slot_log = {eid.decode(): fields for eid, fields in client.xrange(run.keys.slots)}
+    payloads = {eid.decode(): fields for eid, fields in client.xrange(run.keys.payloads)}
     sizes = [len(s.groups) for s in manifest.shards]
     assert len(manifest.shards) == run.config.dp_size and max(sizes) - min(sizes) <= 1
     for shard in manifest.shards:
@@ -399,11 +401,13 @@ def _check_manifest_against_the_log(client, run, manifest: StepManifest, decided
             assert [str(m.slot) for m in group.members] == usable
             digests = []
             for slot, member in ((m.slot, m.entry) for m in group.members):
-                result = codec.decode(slot_log[member])
-                assert isinstance(result, SlotResult)
+                result, payload = codec.decode(slot_log[member]), codec.decode(payloads[member])
+                assert isinstance(result, SlotResult) and isinstance(payload, SamplePayload)
                 assert (result.task_id, result.slot, result.outcome) == (group.task_id, slot, "sample")
-                digests.append(codec.entry_digest(slot_log[member]))
-                tokens += result.sample.valid_tokens
+                assert (payload.task_id, payload.slot) == (group.task_id, slot)  # the payload at the slot's id
+                digests.append(codec.entry_digest(payloads[member]))
+                assert result.sample.digest == digests[-1]  # computed once, by the publisher
+                tokens += payload.sample.valid_tokens
             assert group.digest == codec.combine_digests(digests)
         assert shard.digest == codec.combine_digests(g.digest for g in shard.groups)
         assert shard.tokens == tokens
@@ -466,7 +470,7 @@ def test_each_rank_gets_padded_tensors_and_the_step_wide_loss_token_count(client
     settle(client, run, rows_rollout)
     active(client, run, BatcherConfig(round_s=0.05, max_steps=2)).round()
     decided = decisions_by_task(client, run)
-    slot_log = {eid.decode(): codec.decode(fields) for eid, fields in client.xrange(run.keys.slots)}
+    slot_log = {eid.decode(): codec.decode(fields) for eid, fields in client.xrange(run.keys.payloads)}
 
     trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
     per_step: dict[int, list] = {}

@@ -93,7 +93,6 @@ def test_sigkill_assembler_and_worker_mid_group_loses_and_doubles_nothing(client
 def _check_log(client, run, issued, half_done):
     raw = client.xrange(run.keys.slots)
     log = [(eid.decode(), codec.decode(fields)) for eid, fields in raw]
-    digests = [codec.entry_digest(fields) if isinstance(event, SlotResult) else "" for (_, fields), (_, event) in zip(raw, log)]
     decisions = [codec.decode(fields) for _, fields in client.xrange(run.keys.decisions)]
 
     # every task has exactly one decision
@@ -103,13 +102,16 @@ def _check_log(client, run, issued, half_done):
     by_entry = {eid: event for eid, event in log}
     member_entries = [m.entry for d in decisions for m in d.members]
     assert len(member_entries) == len(set(member_entries))
+    payloads = {eid.decode(): fields for eid, fields in client.xrange(run.keys.payloads)}
     for decision in decisions:
-        for slot, entry in ((m.slot, m.entry) for m in decision.members):
-            event = by_entry[entry]
-            assert (event.task_id, event.slot, event.outcome) == (decision.task_id, slot, "sample")
+        for member in decision.members:
+            event = by_entry[member.entry]
+            assert (event.task_id, event.slot, event.outcome) == (decision.task_id, member.slot, "sample")
+            # its payload sits at the same id and hashes to the digest the decision recorded
+            assert codec.entry_digest(payloads[member.entry]) == member.digest == event.sample.digest
 
     # decisions equal the pure fold over the same recorded log (ticks included)
-    _, outputs = run_fold(run.config.policy(), [(*item, d) for item, d in zip(log, digests)], run.config.group_timeout_s)
+    _, outputs = run_fold(run.config.policy(), log, run.config.group_timeout_s)
     expected = {o.decision.task_id: o.decision for o in outputs if isinstance(o, Closed)}
     assert {d.task_id: _key(d) for d in decisions} == {t: _key(d) for t, d in expected.items()}
 

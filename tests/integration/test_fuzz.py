@@ -23,6 +23,7 @@ from streamgrp.config import RunConfig
 from streamgrp.core import codec
 from streamgrp.core.entry_fields import entry_fields
 from streamgrp.core.events import GroupDecided, SlotResult, StepCommitted, StepManifest
+from streamgrp.core.legacy import SlotResultV1
 from streamgrp.errors import DecodeError
 from streamgrp.services.synthetic import make_sample
 from streamgrp.store.runs import connect, join_run
@@ -127,7 +128,8 @@ def test_hostile_entries_in_every_stream_are_dead_lettered_and_valid_traffic_tra
         inject("slots", list(codec.encode(StepCommitted(step=0, rank=0, world_size=1)).items()), "unexpected_kind")
         inject("tasks", list(codec.encode(SlotResult(task_id=some_task, slot=0, outcome="rejected")).items()),
                "unexpected_kind")
-        big = SlotResult(task_id=some_task, slot=1, outcome="sample", sample=make_sample(tokens=40_000))
+        # a schema-1 slot result, its sample inline: what a large entry in the slot log can still be
+        big = SlotResultV1(task_id=some_task, slot=1, outcome="sample", sample=make_sample(tokens=40_000))
         inject("slots", list(codec.encode(big).items()), "oversized")
         issue(20)
 

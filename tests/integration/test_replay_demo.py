@@ -11,9 +11,9 @@ import pytest
 
 from streamgrp.cli.main import main
 from streamgrp.core import codec
+from streamgrp.errors import ReadOnlyBatch
 from streamgrp.replay import RedisSource, load_batch, read_manifest, replay_step
 from streamgrp.store.keys import RunKeys
-from streamgrp.train.trainer import ReadOnlyBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
 from runlog import dump_run, load_run  # noqa: E402
@@ -119,7 +119,7 @@ def test_a_failed_step_is_listed_replayed_and_verified(failed_demo, client, redi
     victim = target.members[0].entry
 
     def flip_a_byte(stream, entry_id, fields):
-        if stream != "slots" or entry_id != victim:
+        if stream != "payloads" or entry_id != victim:
             return fields
         blob = bytearray(fields[codec.BLOB])
         blob[-1] ^= 0x01  # a logprob's lowest bit: still a valid entry, different bytes
@@ -132,4 +132,5 @@ def test_a_failed_step_is_listed_replayed_and_verified(failed_demo, client, redi
     assert code == 1
     assert "digest mismatch" in err and target.task_id in err
     code, out, _ = _cli(capsys, "verify", "--redis-url", redis_url, "--run", flipped_run)
-    assert code == 1 and f"decision_differs: task {target.task_id} member_digests" in out
+    # the slot result's recorded digest no longer matches its payload's bytes
+    assert code == 1 and f"payload_digest: task {target.task_id} slot {target.members[0].slot} payload {victim}" in out

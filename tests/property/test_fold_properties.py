@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamgrp import GroupPolicy, NormSpec
+from streamgrp.core import codec
 from streamgrp.core.events import SlotResult, TaskIssued
 from streamgrp.core.group_fold import Closed, run_fold
 from streamgrp.services.synthetic import make_sample
@@ -23,7 +24,7 @@ def _result(slot, outcome):
     if outcome == "failed":
         return SlotResult(task_id="t", slot=slot, outcome="failed", error="x")
     rows = 2 if outcome == "multi" else 1
-    return SlotResult(task_id="t", slot=slot, outcome="sample", sample=make_sample(tokens=3 + slot, rows=rows))
+    return codec.sample_result("t", slot, make_sample(tokens=3 + slot, rows=rows))[0]
 
 
 @settings(max_examples=300, deadline=None)

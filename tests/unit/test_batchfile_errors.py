@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from streamgrp.errors import StreamgrpError
+from streamgrp.train.batch import Batch
 from streamgrp.train.batchfile import BatchFileError, load_batch, save_batch
-from streamgrp.train.trainer import Batch
 
 MISSING = object()  # a metadata key left out
 

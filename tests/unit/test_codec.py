@@ -12,20 +12,26 @@ from streamgrp.core.events import (
     GroupStats,
     RawArray,
     Sample,
+    SamplePayload,
+    SampleSummary,
     SlotResult,
     StepCommitted,
     TaskIssued,
     Tick,
 )
+from streamgrp.core.legacy import SlotResultV1
 from streamgrp.errors import DecodeError
 from streamgrp.services.synthetic import make_sample
 
 
 def slot_event(**overrides):
-    fields = dict(task_id="task-1", slot=2, outcome="sample", sample=make_sample(tokens=16, rows=2, version=3),
-                  producer="worker-a", seq=17)
+    """A sample's payload event (the one that carries tensors); ``outcome``/``error`` make a slot result."""
+    if "outcome" in overrides:
+        return SlotResult(task_id="task-1", slot=2, producer="worker-a", seq=17, **overrides)
+    fields = dict(task_id="task-1", slot=2, sample=make_sample(tokens=16, rows=2, version=3), producer="worker-a",
+                  seq=17)
     fields.update(overrides)
-    return SlotResult(**fields)
+    return SamplePayload(**fields)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +70,7 @@ def test_tensors_travel_as_raw_bytes_beside_the_header():
     header = orjson.loads(fields[codec.HEADER])
     assert header["sample"]["token_ids"] == {"__raw__": ["int32", [32], 0, 128]}
     assert len(fields[codec.BLOB]) == 32 * (4 + 1 + 4)
-    assert header["schema_version"] == 1 and header["producer"] == "worker-a" and header["seq"] == 17
+    assert header["schema_version"] == 2 and header["producer"] == "worker-a" and header["seq"] == 17
 
 
 def test_string_keys_from_a_decode_responses_client_are_accepted():
@@ -224,3 +230,32 @@ def test_a_column_of_the_wrong_length_is_refused_naming_it(column):
     header[column] = header[column][:1]
     with pytest.raises(DecodeError, match=f"{column} has 1 items for 2 members"):
         codec.decode({codec.HEADER: orjson.dumps(header)})
+
+
+def test_a_schema_1_slot_result_is_upcast_with_its_entry_digest_and_keeps_its_inline_sample():
+    sample = make_sample(tokens=6, rows=2, version=3, reward=0.25)
+    fields = codec.encode(SlotResultV1(task_id="t", slot=1, outcome="sample", sample=sample, producer="w", seq=4))
+    assert orjson.loads(fields[codec.HEADER])["schema_version"] == 1
+    event = codec.decode(fields)
+    assert isinstance(event, SlotResult) and (event.task_id, event.slot, event.producer, event.seq) == ("t", 1, "w", 4)
+    assert event.sample == SampleSummary(rows=2, tokens=sample.valid_tokens, version=3, reward=0.25,
+                                         digest=codec.entry_digest(fields))
+    assert codec.decode_v1_slot_result(fields).sample == sample
+    with pytest.raises(DecodeError, match="carries no inline sample"):
+        codec.decode_v1_slot_result(codec.encode(event))
+
+
+def test_a_sample_result_carries_the_digest_of_its_payload():
+    sample = make_sample(tokens=5, rows=3, version=2)
+    event, payload = codec.sample_result("t", 0, sample, producer="w", seq=9)
+    assert event.sample.digest == codec.entry_digest(payload)
+    assert (event.sample.rows, event.sample.tokens, event.sample.version) == (3, sample.valid_tokens, 2)
+    decoded = codec.decode(payload)
+    assert isinstance(decoded, SamplePayload) and decoded.sample == sample and (decoded.task_id, decoded.slot) == ("t", 0)
+    assert len(codec.encode(event)[codec.HEADER]) < 300 and codec.BLOB not in codec.encode(event)  # header only
+
+
+def test_a_newer_schema_is_refused_naming_what_this_build_reads():
+    header = orjson.loads(codec.encode(Tick(now=1.0))[codec.HEADER])
+    with pytest.raises(DecodeError, match="this build reads the integers 1, 2"):
+        codec.decode({codec.HEADER: orjson.dumps({**header, "schema_version": 3})})

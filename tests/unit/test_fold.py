@@ -1,6 +1,7 @@
 import pytest
 
 from streamgrp import GroupPolicy, NormSpec
+from streamgrp.core import codec
 from streamgrp.core.events import SlotResult, TaskIssued, Tick
 from streamgrp.core.group_fold import Closed, FoldState, Ignored, fold, run_fold
 from streamgrp.services.synthetic import make_sample
@@ -13,7 +14,7 @@ def issued(task="t1", at=100.0):
 
 
 def sample(task="t1", slot=0, rows=1, tokens=4, version=0):
-    return SlotResult(task_id=task, slot=slot, outcome="sample", sample=make_sample(tokens=tokens, rows=rows, version=version))
+    return codec.sample_result(task, slot, make_sample(tokens=tokens, rows=rows, version=version))[0]
 
 
 def rejected(task="t1", slot=0):

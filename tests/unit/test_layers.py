@@ -37,8 +37,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"streamgrp/services/batcher.py": "import prometheus_client\n"}, "services must not import prometheus_client"),
     ({"streamgrp/services/batcher.py": "from streamgrp.cli.metrics import Metrics\n", "streamgrp/cli/metrics.py": ""},
      "services may import cli never"),
-    ({"streamgrp/replay/steps.py": "from streamgrp.train.trainer import build_batch\n",
-      "streamgrp/train/trainer.py": ""}, "replay may import train only inside a function"),
+    ({"streamgrp/replay/steps.py": "from streamgrp.train.loader import build_batch\n",
+      "streamgrp/train/loader.py": ""}, "replay may import train only inside a function"),
     ({"streamgrp/replay/steps.py": "try:\n    import torch\nexcept ImportError:\n    pass\n"},
      "replay must not import torch"),
     ({"streamgrp/cli/demo.py": "from consumers.toy_task import prompts\n"}, "the library never imports consumers"),
@@ -54,8 +54,8 @@ def test_allowed_imports_are_not_reported(tmp_path):
     tree = _tree(tmp_path, {
         "streamgrp/core/codec.py": "import hashlib\nimport orjson\nfrom streamgrp.errors import DecodeError\n",
         "streamgrp/store/keys.py": "import redis\nfrom streamgrp.core import codec\n",
-        "streamgrp/replay/steps.py": "def rebuild():\n    from streamgrp.train.trainer import build_batch\n",
-        "streamgrp/train/trainer.py": "import torch\n",
+        "streamgrp/replay/steps.py": "def rebuild():\n    from streamgrp.train.loader import build_batch\n",
+        "streamgrp/train/loader.py": "import torch\n",
         "streamgrp/cli/main.py": "from streamgrp.services import batcher\nLOAD = 'consumers.toy_task:rollout'\n",
         "streamgrp/services/batcher.py": "",
     })

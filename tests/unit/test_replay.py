@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from streamgrp.core import codec
-from streamgrp.core.events import SlotResult, TaskIssued
+from streamgrp.core.events import Sample, TaskIssued
 from streamgrp.core.group_fold import Closed, run_fold
+from streamgrp.core.legacy import SlotResultV1
 from streamgrp.core.manifest import make_manifest
 from streamgrp.core.policy import GroupPolicy, NormSpec
-from streamgrp.errors import StreamgrpError
+from streamgrp.errors import DigestMismatch, ReadOnlyBatch, StreamgrpError
 from streamgrp.replay import (
     BATCH_FORMAT,
     TENSOR_FIELDS,
@@ -26,34 +27,47 @@ from streamgrp.replay import (
     save_batch,
 )
 from streamgrp.services.synthetic import make_sample
-from streamgrp.train.trainer import DigestMismatch, ReadOnlyBatch, build_batch
+from streamgrp.train.loader import build_batch
 
 POLICY = GroupPolicy(n_samples=2, reward_norm=NormSpec("group", "group"))
 
 
-def _log(tasks: int = 4) -> dict[str, dict[bytes, bytes]]:
-    """Slot-log entries by id: each task issued, then two samples of different lengths."""
-    entries = {}
+def _samples(tasks: int = 4) -> dict[tuple[int, int], Sample]:
+    return {(task, slot): make_sample(tokens=2 + task + slot, reward=slot, seed=10 * task + slot, prompt_tokens=1)
+            for task in range(tasks) for slot in range(2)}
+
+
+def _log(tasks: int = 4, *, schema: int = 2) -> dict[str, dict[str, dict[bytes, bytes]]]:
+    """A run's slot log and payloads by id: each task issued, then two samples of different lengths.
+
+    ``schema=1``: the samples inline in the slot log, as logs written before payloads were split off."""
+    log: dict[str, dict[str, dict[bytes, bytes]]] = {"slots": {}, "payloads": {}}
     for task in range(tasks):
-        entries[f"{task + 1}-0"] = codec.encode(TaskIssued(task_id=f"t{task}", issued_at=0.0))
-        for slot in range(2):
-            sample = make_sample(tokens=2 + task + slot, reward=slot, seed=10 * task + slot, prompt_tokens=1)
-            entries[f"{task + 1}-{slot + 1}"] = codec.encode(SlotResult(task_id=f"t{task}", slot=slot,
-                                                                         outcome="sample", sample=sample))
-    return entries
+        log["slots"][f"{task + 1}-0"] = codec.encode(TaskIssued(task_id=f"t{task}", issued_at=0.0))
+    for (task, slot), sample in _samples(tasks).items():
+        entry = f"{task + 1}-{slot + 1}"
+        if schema == 1:
+            log["slots"][entry] = codec.encode(SlotResultV1(task_id=f"t{task}", slot=slot, outcome="sample",
+                                                            sample=sample))
+        else:
+            event, payload = codec.sample_result(f"t{task}", slot, sample)
+            log["slots"][entry], log["payloads"][entry] = codec.encode(event), payload
+    return log
 
 
-def _step(entries):
-    _, outputs = run_fold(POLICY, ((entry_id, codec.decode(fields), codec.entry_digest(fields))
-                                   for entry_id, fields in entries.items()))
+def _fetch(log):
+    return lambda stream, ids: [log[stream].get(i) for i in ids]
+
+
+def _step(log):
+    _, outputs = run_fold(POLICY, ((entry_id, codec.decode(fields)) for entry_id, fields in log["slots"].items()))
     groups = [(f"{100 + i}-0", output.decision) for i, output in enumerate(outputs) if isinstance(output, Closed)]
     return make_manifest(7, 3, groups, 2, 123.0)
 
 
-def _batch(entries=None, rank=0):
-    entries = entries or _log()
-    manifest = _step(_log())
-    return build_batch(manifest, rank, 2, lambda ids: [entries.get(i) for i in ids], run="r1")
+def _batch(log=None, rank=0, **options):
+    log = log or _log()
+    return build_batch(_step(log), rank, 2, _fetch(log), run="r1", **options)
 
 
 def test_a_shard_is_rebuilt_from_any_entry_source():
@@ -61,22 +75,71 @@ def test_a_shard_is_rebuilt_from_any_entry_source():
     assert (batch.run, batch.step, batch.rank, batch.world_size, batch.version) == ("r1", 7, 0, 2, 3)
     assert batch.group_sizes.tolist() == [2] * len(batch.task_ids)
     assert batch.rows == 2 * len(batch.task_ids)
-    assert batch.attention_mask.sum(dim=1).tolist() == [len(s.loss_mask.data) for s in batch.samples]
 
 
-def test_changed_or_missing_entries_raise_digest_mismatch():
-    entries = _log()
-    manifest = _step(entries)
+def test_the_tensors_hold_each_samples_rows_exactly_padded_with_zeros():
+    samples = _samples()
+    for rank in (0, 1):
+        batch = _batch(rank=rank)
+        expected = [samples[(int(task[1:]), slot)] for task in batch.task_ids for slot in range(2)]
+        lengths = [sample.row_lengths[0] for sample in expected]
+        assert batch.attention_mask.sum(dim=1).tolist() == lengths
+        for row, sample in enumerate(expected):
+            n = lengths[row]
+            assert batch.token_ids[row, :n].tolist() == sample.token_ids.to_list()
+            assert batch.loss_mask[row, :n].tolist() == [bool(v) for v in sample.loss_mask.to_list()]
+            assert batch.logprobs[row, :n].tolist() == sample.logprobs.to_list()
+            assert not batch.token_ids[row, n:].any() and not batch.loss_mask[row, n:].any()
+            assert batch.rewards[row].item() == sample.rewards[0] and batch.versions[row].item() == sample.version
+        assert (batch.token_ids.dtype, batch.loss_mask.dtype, batch.logprobs.dtype) == (torch.int64, torch.bool,
+                                                                                       torch.float32)
+
+
+def test_a_schema_1_log_with_samples_in_the_slot_log_rebuilds_the_same_tensors():
+    old, new = _batch(_log(schema=1)), _batch(_log())
+    for name in ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions", "group_sizes"):
+        assert getattr(old, name).equal(getattr(new, name)), name
+    assert old.task_ids == new.task_ids
+
+
+@pytest.mark.parametrize("schema", [1, 2])
+def test_changed_or_missing_entries_raise_digest_mismatch(schema):
+    log = _log(schema=schema)
+    manifest = _step(log)
+    stream = "slots" if schema == 1 else "payloads"
     victim = manifest.shards[0].groups[0].members[0].entry
-    changed = dict(entries)
-    blob = bytearray(changed[victim][codec.BLOB])
+    changed = {name: dict(entries) for name, entries in log.items()}
+    blob = bytearray(changed[stream][victim][codec.BLOB])
     blob[0] ^= 0xFF
-    changed[victim] = {**changed[victim], codec.BLOB: bytes(blob)}
+    changed[stream][victim] = {**changed[stream][victim], codec.BLOB: bytes(blob)}
     with pytest.raises(DigestMismatch, match="do not match the digest"):
-        build_batch(manifest, 0, 2, lambda ids: [changed.get(i) for i in ids])
-    del changed[victim]
+        build_batch(manifest, 0, 2, _fetch(changed))
+    build_batch(manifest, 0, 2, _fetch(changed), check_digests=False)  # what a trainer told not to hash loads
+    del changed[stream][victim]
+    if schema == 2:
+        del changed["slots"][victim]
     with pytest.raises(DigestMismatch, match=f"slot entry {victim} is gone"):
-        build_batch(manifest, 0, 2, lambda ids: [changed.get(i) for i in ids])
+        build_batch(manifest, 0, 2, _fetch(changed))
+
+
+@pytest.mark.parametrize("damage", [
+    lambda h, b: (h.replace(b'"sample_payload"', b'"slot_result"'), b),
+    lambda h, b: (h.replace(b'"slot":0', b'"slot":1'), b),
+    lambda h, b: (h, b[:-1]),
+    lambda h, b: (h.replace(b'"row_lengths":[', b'"row_lengths":[0,'), b),
+    lambda h, b: (h.replace(b'"int32"', b'"float99"'), b),
+    lambda h, b: (b"{not json", b),
+    lambda h, b: (b"[1, 2]", b),
+], ids=["kind", "slot", "short-blob", "zero-row", "dtype", "not-json", "not-object"])
+def test_a_payload_that_does_not_fit_its_description_is_refused_naming_the_entry(damage):
+    log = _log()
+    manifest = _step(log)
+    victim = next(m.entry for m in manifest.shards[0].groups[0].members if m.slot == 0)
+    fields = log["payloads"][victim]
+    header, blob = damage(fields[codec.HEADER], fields[codec.BLOB])
+    log["payloads"][victim] = {codec.HEADER: header, codec.BLOB: blob}
+    with pytest.raises(DigestMismatch, match=f"entry {victim} does not hold the sample payload"):
+        build_batch(manifest, 0, 2, _fetch(log), check_digests=False)
 
 
 def test_a_replayed_batch_cannot_commit_or_fail():
@@ -143,7 +206,7 @@ def test_other_files_are_refused_with_a_clear_error(tmp_path, content):
 
 def test_report_text_names_each_difference_and_the_verdict():
     report = VerifyReport("r1", entries_folded=10, decisions_checked=3, steps_checked=1)
-    assert report.ok and format_report(report).endswith("checked 3 decisions and 1 steps: all match")
+    assert report.ok and format_report(report).endswith("checked 3 decisions, 0 payloads and 1 steps: all match")
     report.differences.append(Difference("decision_differs", "task t1", "members", (0, 1), (0, 1, 2)))
     text = format_report(report)
     assert text.splitlines()[0] == "decision_differs: task t1 members: recorded (0, 1), recomputed (0, 1, 2)"

@@ -1,0 +1,74 @@
+"""`Batch`: one rank's shard of one step as padded tensors, and committing or failing it.
+
+A batch from `TrainerClient.batches` records progress through its owner; a replayed or loaded batch
+has no owner and refuses to (`ReadOnlyBatch`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from streamgrp.errors import ReadOnlyBatch
+
+
+class BatchOwner(Protocol):
+    """What records a live batch's outcome (the `TrainerClient` that loaded it)."""
+
+    def _commit(self, batch: Batch) -> None: ...
+
+    def _fail(self, batch: Batch, exc: BaseException | str) -> None: ...
+
+
+@dataclass
+class Batch:
+    """One rank's shard of one step, as padded tensors (rows x longest row), in group order.
+
+    ``group_sizes`` are the actual usable rows per group (use them with `streamgrp.normalize`);
+    ``step_loss_tokens`` counts the valid loss tokens of the whole step across all ranks, the
+    denominator of the globally token-weighted loss.
+    """
+
+    step: int
+    rank: int
+    world_size: int
+    version: int
+    task_ids: list[str]
+    token_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    logprobs: torch.Tensor
+    attention_mask: torch.Tensor
+    rewards: torch.Tensor
+    versions: torch.Tensor
+    group_sizes: torch.Tensor
+    step_loss_tokens: int
+    digest: str
+    run: str = ""
+    _client: BatchOwner | None = field(repr=False, default=None)
+    settled: bool = field(default=False, repr=False)
+
+    @property
+    def rows(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    def commit(self) -> None:
+        """Record this rank's step as done (idempotent)."""
+        self._check_live("commit")
+        if not self.settled:
+            self._client._commit(self)
+            self.settled = True
+
+    def fail(self, exc: BaseException | str) -> None:
+        """Record a failed-step event with the exception text; the step stays uncommitted."""
+        self._check_live("fail")
+        if not self.settled:
+            self._client._fail(self, exc)
+            self.settled = True
+
+    def _check_live(self, action: str) -> None:
+        if self._client is None:
+            raise ReadOnlyBatch(
+                f"cannot {action} step {self.step} rank {self.rank}: this batch is a replay (or was loaded from a "
+                "file), not a trainer rank's live batch; only batches from TrainerClient.batches() record progress")

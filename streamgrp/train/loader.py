@@ -1,0 +1,191 @@
+"""Loading a shard: a step's sample payloads in one read, into padded tensors with no per-row Python work.
+
+Owns `build_batch`, the one place a shard becomes tensors, for trainer ranks and replay alike. It
+reads every member's payload (schema 2: the payloads stream, at the member's slot entry id; a
+schema-1 log: the slot entry itself, which carried the sample) through one fetch call, checks each
+against the manifest (the digest, when asked, and always that it is a well-formed payload of that
+task and slot), then fills each field of the shard from one buffer: the raw bytes of every row,
+joined, viewed as one tensor and scattered into the padded [rows, longest row] tensor at once.
+
+Payloads were validated where they entered (the worker's publish), so they are read here from the
+orjson header and the raw bytes, without rebuilding a pydantic model; a payload that does not fit
+its description raises `DigestMismatch` naming the entry, never another error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import orjson
+import torch
+
+from streamgrp.core import codec
+from streamgrp.core.events import READABLE_SCHEMAS, Sample, ShardGroup, StepManifest
+from streamgrp.core.values import DTYPES
+from streamgrp.errors import DecodeError, DigestMismatch
+from streamgrp.train import dtypes
+from streamgrp.train.batch import Batch, BatchOwner
+
+#: ``fetch(stream, ids)``: the fields of each entry id of a run stream ("payloads", "slots"), in
+#: order, None where an entry is gone. One call should be one round trip.
+EntryFetch = Callable[[str, Sequence[str]], Sequence[Mapping[bytes, bytes] | None]]
+
+_ALLOWED = {"token_ids": ("int32", "int64"), "loss_mask": ("bool", "uint8"),
+            "logprobs": ("float32", "float16", "bfloat16", "float64")}
+_OUT = {"token_ids": torch.int64, "loss_mask": torch.bool, "logprobs": torch.float32}
+#: A bool mask is read as its bytes (0 or 1) and compared, never reinterpreted as torch.bool.
+_READ_AS = {**dtypes.TORCH, "bool": torch.uint8}
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRows:
+    """One sample as the loader needs it: each tensor field's raw bytes and dtype, and per-row values."""
+
+    data: dict[str, tuple[memoryview | bytes, str]]  # field -> (raw little-endian bytes, dtype name)
+    row_lengths: tuple[int, ...]
+    rewards: tuple[float, ...]
+    version: int
+
+
+class PayloadError(ValueError):
+    """A payload entry does not hold what a sample payload must (raised as `DigestMismatch`)."""
+
+
+def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: EntryFetch, *, run: str = "",
+                client: BatchOwner | None = None, check_digests: bool = True,
+                missing_hint: str = "replay it from the archive") -> Batch:
+    """Rank ``rank``'s shard of ``manifest`` as a `Batch`, its payloads read through ``fetch``.
+
+    With ``check_digests`` every group's payloads must hash to the digest the manifest recorded,
+    else `DigestMismatch`. Without ``client`` the batch is read-only (`ReadOnlyBatch` on commit).
+    """
+    shard = manifest.shards[rank]
+    where = f"step {manifest.step} rank {rank}"
+    fields = _fetch(shard.groups, fetch, where, missing_hint)
+    samples: list[SampleRows] = []
+    task_ids, sizes, at = [], [], 0
+    for group in shard.groups:
+        members = fields[at:at + len(group.members)]
+        at += len(group.members)
+        if check_digests and codec.combine_digests(codec.entry_digest(f) for f in members) != group.digest:
+            raise DigestMismatch(f"{where}: task {group.task_id}'s slot entries do not match the digest the "
+                                 "manifest recorded")
+        for member, entry in zip(group.members, members):
+            samples.append(_rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}"))
+        task_ids.append(group.task_id)
+        sizes.append(group.rows)
+    return Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
+                 group_sizes=torch.tensor(sizes, dtype=torch.int64),
+                 step_loss_tokens=sum(s.tokens for s in manifest.shards), digest=shard.digest, run=run,
+                 _client=client, **shard_tensors(samples))
+
+
+def _fetch(groups: Sequence[ShardGroup], fetch: EntryFetch, where: str, hint: str) -> list[Mapping[bytes, bytes]]:
+    """Every member's payload entry in shard order: the payloads stream first, the slot log for the
+    members a schema-1 log kept there."""
+    entries = [member.entry for group in groups for member in group.members]
+    found = list(fetch("payloads", entries)) if entries else []
+    missing = [entry for entry, fields in zip(entries, found) if fields is None]
+    if missing:
+        legacy = dict(zip(missing, fetch("slots", missing)))
+        found = [fields if fields is not None else legacy.get(entry) for entry, fields in zip(entries, found)]
+    for entry, fields in zip(entries, found):
+        if not fields:
+            raise DigestMismatch(f"{where}: slot entry {entry} is gone from the slot log (trimmed?); {hint}")
+    return found
+
+
+def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str) -> SampleRows:
+    """The sample in a payload entry (or a schema-1 slot entry), checked against its task and slot."""
+    try:
+        try:
+            header = orjson.loads(fields.get(codec.HEADER) or b"")
+        except orjson.JSONDecodeError as exc:
+            raise PayloadError(f"header is not JSON: {exc}") from None
+        if isinstance(header, dict) and header.get("kind") == "slot_result" and header.get("schema_version") == 1:
+            return _legacy_rows(fields, task_id, slot)
+        return _payload_rows(header, fields, task_id, slot)
+    except (PayloadError, DecodeError) as exc:
+        raise DigestMismatch(f"{where} does not hold the sample payload the manifest names ({exc}); the entry "
+                             "was altered or is not streamgrp's") from None
+
+
+def _payload_rows(header: object, fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows:
+    if not isinstance(header, dict) or header.get("kind") != "sample_payload" \
+            or header.get("schema_version") not in READABLE_SCHEMAS:
+        raise PayloadError("not a sample_payload event")
+    if header.get("task_id") != task_id or header.get("slot") != slot:
+        raise PayloadError(f"it is the payload of task {header.get('task_id')!r} slot {header.get('slot')!r}")
+    sample = header.get("sample")
+    if not isinstance(sample, dict):
+        raise PayloadError("no sample")
+    lengths, rewards, version = sample.get("row_lengths"), sample.get("rewards"), sample.get("version")
+    if not (isinstance(lengths, list) and lengths and all(type(n) is int and n >= 1 for n in lengths)):
+        raise PayloadError("row_lengths is not a list of positive integers")
+    if not (isinstance(rewards, list) and len(rewards) == len(lengths)
+            and all(type(r) in (int, float) and math.isfinite(r) for r in rewards)):
+        raise PayloadError("rewards are not one finite number per row")
+    if type(version) is not int or version < 0:
+        raise PayloadError("version is not a non-negative integer")
+    blob = memoryview(fields.get(codec.BLOB) or b"")
+    total = sum(lengths)
+    data = {name: _array(sample.get(name), name, total, blob) for name in _ALLOWED}
+    return SampleRows(data, tuple(lengths), tuple(float(r) for r in rewards), version)
+
+
+def _array(value: object, name: str, total: int, blob: memoryview) -> tuple[memoryview, str]:
+    descriptor = value.get(codec.RAW_KEY) if isinstance(value, dict) and len(value) == 1 else None
+    if not (isinstance(descriptor, list) and len(descriptor) == 4):
+        raise PayloadError(f"{name} is not a tensor descriptor")
+    dtype, shape, start, nbytes = descriptor
+    if dtype not in _ALLOWED[name] or shape != [total]:
+        raise PayloadError(f"{name} is {dtype!r:.20} {shape!r:.40}, not one of {_ALLOWED[name]} of [{total}]")
+    if not (type(start) is int and type(nbytes) is int and 0 <= start and start + nbytes <= len(blob)
+            and nbytes == total * DTYPES[dtype][0]):
+        raise PayloadError(f"{name}'s bytes [{start!r:.20}, +{nbytes!r:.20}) do not fit the entry")
+    return blob[start:start + nbytes], dtype
+
+
+def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows:
+    """A schema-1 slot entry, which carried its sample inline: fully decoded (old logs only)."""
+    event = codec.decode_v1_slot_result(fields)
+    if event.sample is None or (event.task_id, event.slot) != (task_id, slot):
+        raise PayloadError(f"it is slot {event.slot} of task {event.task_id!r}, {event.outcome}")
+    return sample_rows(event.sample)
+
+
+def sample_rows(sample: Sample) -> SampleRows:
+    """A validated `Sample` as the loader reads it (tests, and schema-1 entries)."""
+    data = {name: (getattr(sample, name).data, getattr(sample, name).dtype) for name in _ALLOWED}
+    return SampleRows(data, sample.row_lengths, sample.rewards, sample.version)
+
+
+def shard_tensors(samples: Sequence[SampleRows]) -> dict[str, torch.Tensor]:
+    """Padded [rows, T] tensors (and per-row rewards and versions) from samples, in order."""
+    lengths = torch.tensor([n for s in samples for n in s.row_lengths], dtype=torch.int64)
+    width = int(lengths.max()) if len(lengths) else 0
+    attention = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    out = {name: _padded([s.data[name] for s in samples], _OUT[name], attention) for name in _ALLOWED}
+    out["attention_mask"] = attention
+    out["rewards"] = torch.tensor([r for s in samples for r in s.rewards], dtype=torch.float32)
+    out["versions"] = torch.tensor([s.version for s in samples for _ in s.row_lengths], dtype=torch.int64)
+    return out
+
+
+def _padded(parts: list[tuple[memoryview | bytes, str]], out_dtype: torch.dtype,
+            attention: torch.Tensor) -> torch.Tensor:
+    """One field of the shard: every sample's bytes joined once, then scattered into the padding."""
+    out = torch.zeros(attention.shape, dtype=out_dtype)
+    if not parts:
+        return out
+    kinds = {dtype for _, dtype in parts}
+    if len(kinds) == 1:
+        joined = bytearray().join(data for data, _ in parts)  # one copy, into a writable buffer
+        flat = torch.frombuffer(joined, dtype=_READ_AS[kinds.pop()]) if joined else torch.zeros(0)
+    else:  # samples of mixed dtypes: converted one by one (rare: a worker writes one dtype per field)
+        flat = torch.cat([torch.frombuffer(bytearray(data), dtype=_READ_AS[dtype]).to(out_dtype)
+                          for data, dtype in parts])
+    out[attention] = flat.to(out_dtype)
+    return out
