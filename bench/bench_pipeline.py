@@ -109,14 +109,14 @@ def _samples(tokens: int) -> list:
 
 
 def _slot_entry_bytes(tokens: int) -> int:
-    """Bytes (field names and values) of one slot entry as the worker publishes it."""
+    """Bytes (field names and values) one sample costs as the worker publishes it: its slot entry (the
+    header) and its payload entry; the baseline's entries are made this size."""
     from streamgrp.core import codec
-    from streamgrp.core.events import SlotResult
     from streamgrp.store.streams import producer_name
 
-    event = SlotResult(task_id="p1024-r0-4095", slot=N_SAMPLES - 1, outcome="sample", sample=_samples(tokens)[0],
-                       producer=producer_name("worker"), seq=32767)
-    return sum(len(k) + len(v) for k, v in codec.encode(event).items())
+    event, payload = codec.sample_result("p1024-r0-4095", N_SAMPLES - 1, _samples(tokens)[0],
+                                         producer=producer_name("worker"), seq=32767)
+    return sum(len(k) + len(v) for fields in (codec.encode(event), payload) for k, v in fields.items())
 
 
 # --------------------------------------------------------------------------- child processes

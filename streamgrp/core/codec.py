@@ -245,20 +245,29 @@ def combine_digests(digests: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
+#: Values orjson writes as they are: the encoder copies them without a call (the hot path of publishing).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
-    if isinstance(value, RawArray):
+    kind = value.__class__
+    if kind in _SCALARS:
+        return value
+    if kind is RawArray:
         start = offset[0]
         blobs.append(value.data)
         offset[0] += len(value.data)
         return {RAW_KEY: [value.dtype, list(value.shape), start, len(value.data)]}
     if isinstance(value, BaseModel):
         # A model whose wire form differs from its fields (members as columns) says so by `wire_fields`.
-        fields = value.wire_fields() if value.__class__ in _COLUMNAR else value.__dict__
-        return {name: _to_header(item, blobs, offset) for name, item in fields.items()}
+        fields = value.wire_fields() if kind in _COLUMNAR else value.__dict__
+        return {name: item if item.__class__ in _SCALARS else _to_header(item, blobs, offset)
+                for name, item in fields.items()}
     if isinstance(value, (list, tuple)):
-        return [_to_header(item, blobs, offset) for item in value]
+        return [item if item.__class__ in _SCALARS else _to_header(item, blobs, offset) for item in value]
     if isinstance(value, dict):
-        return {key: _to_header(item, blobs, offset) for key, item in value.items()}
+        return {key: item if item.__class__ in _SCALARS else _to_header(item, blobs, offset)
+                for key, item in value.items()}
     return value
 
 

@@ -59,9 +59,11 @@ class TrainerClient:
     """A trainer process's view of a run: manifests in, commits and failures out."""
 
     def __init__(self, client: redis.Redis, run: Run, *, poll_s: float = 1.0, name: str | None = None,
-                 check_digests: bool = True) -> None:
+                 check_digests: bool = False) -> None:
         self.client = client
-        #: Hash every payload and compare with the manifest's digests before training on it.
+        #: Hash every payload and compare with the manifest's digests before training on it. Off by
+        #: default: the publisher computed each digest once, and replay and verify check them; the
+        #: payload's structure (task, slot, dtypes, sizes) is checked on every load either way.
         self.check_digests = check_digests
         self.run_ = run
         self.keys = run.keys
