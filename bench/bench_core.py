@@ -44,6 +44,7 @@ import orjson  # noqa: E402
 from streamgrp.core import codec  # noqa: E402
 from streamgrp.core.events import RawArray, Sample, SlotResult, TaskIssued, Tick  # noqa: E402
 from streamgrp.core.group_fold import Closed, Ignored, run_fold  # noqa: E402
+from streamgrp.core.legacy import SlotResultV1  # noqa: E402
 from streamgrp.core.policy import GroupPolicy, NormSpec  # noqa: E402
 from streamgrp.services.synthetic import make_sample  # noqa: E402
 
@@ -92,7 +93,7 @@ def build_events(groups: int, rng: random.Random) -> tuple[list[Entry], Counter[
         slot = pending.pop()
         draw = rng.random()
         if draw < 0.8:
-            event = SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=pool[rng.randrange(SAMPLE_POOL)])
+            event = codec.sample_result(task_id, slot, pool[rng.randrange(SAMPLE_POOL)])[0]
         elif draw < 0.9:
             event = SlotResult(task_id=task_id, slot=slot, outcome="rejected")
         else:
@@ -188,7 +189,7 @@ def bench_fold(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------- codec
 
 
-def baseline_encode(event: SlotResult) -> bytes:
+def baseline_encode(event: SlotResultV1) -> bytes:
     """The same fields as one orjson document, tensors as Python lists."""
     sample = event.sample
     assert sample is not None
@@ -213,19 +214,19 @@ def baseline_encode(event: SlotResult) -> bytes:
     })
 
 
-def baseline_document(event: SlotResult) -> dict[str, Any]:
+def baseline_document(event: SlotResultV1) -> dict[str, Any]:
     """What a worker holding Python lists already would hand to ``orjson.dumps``."""
     return orjson.loads(baseline_encode(event))
 
 
-def baseline_decode(data: bytes) -> SlotResult:
+def baseline_decode(data: bytes) -> SlotResultV1:
     """``orjson.loads``, then the lists back into RawArrays, then the same pydantic validation."""
     fields = orjson.loads(data)
     sample = fields["sample"]
     sample["token_ids"] = RawArray.from_values(sample["token_ids"], "int32")
     sample["loss_mask"] = RawArray.from_values(sample["loss_mask"], "uint8")
     sample["logprobs"] = RawArray.from_values(sample["logprobs"], "float32")
-    return SlotResult.model_validate(fields)
+    return SlotResultV1.model_validate(fields)
 
 
 def median_us(fn: Callable[[], Any], repeat: int, run_s: float = 0.1) -> float:
@@ -245,12 +246,13 @@ def bench_codec(args: argparse.Namespace) -> None:
           f"median us of {repeat} timeit runs of ~0.1 s")
     for tokens in (1024, 256):
         sample: Sample = make_sample(tokens=tokens, seed=args.seed, reward=0.25, version=3)
-        event = SlotResult(task_id="task-0001234", slot=2, outcome="sample", sample=sample,
-                           producer="worker-07", seq=123456)
+        # a schema-1 slot result (the sample inline): the tensor-carrying entry the codec is measured on
+        event = SlotResultV1(task_id="task-0001234", slot=2, outcome="sample", sample=sample,
+                             producer="worker-07", seq=123456)
         fields = codec.encode(event)
         data = baseline_encode(event)
         document = baseline_document(event)
-        if codec.decode(fields) != event or baseline_decode(data) != event:
+        if codec.decode_v1_slot_result(fields) != event or baseline_decode(data) != event:
             raise SystemExit(f"a {tokens}-token round trip did not give back the same SlotResult")
         raw_size = sum(len(key) + len(value) for key, value in fields.items())
         header, blob = len(fields[codec.HEADER]), len(fields.get(codec.BLOB, b""))

@@ -105,7 +105,6 @@ def _shares(items: list, parts: int) -> list[list]:
 def _raw_producer(url: str, stream: str, tokens: int, task_ids: list[str], ready, start, results) -> None:
     """XADD the encoded SlotResult fields of every (task, slot), one round trip each."""
     from streamgrp.core import codec
-    from streamgrp.core.events import SlotResult
     from streamgrp.store.runs import connect
 
     client = connect(url)
@@ -114,9 +113,9 @@ def _raw_producer(url: str, stream: str, tokens: int, task_ids: list[str], ready
     payloads = []
     for t, task_id in enumerate(task_ids):
         for slot in range(N_SAMPLES):
-            event = SlotResult(task_id=task_id, slot=slot, outcome="sample", producer=name, seq=len(payloads),
-                               sample=samples[(t * N_SAMPLES + slot) % SAMPLE_POOL])
-            payloads.append(codec.encode(event))
+            event, payload = codec.sample_result(task_id, slot, samples[(t * N_SAMPLES + slot) % SAMPLE_POOL],
+                                                 producer=name, seq=len(payloads))
+            payloads.append({**payload, b"s": codec.encode(event)[codec.HEADER]})  # what one sample costs
     ready.put(("producer", os.getpid()))
     start.wait()
     xadd = client.xadd
@@ -409,11 +408,10 @@ def _print_profile(path: str, top: int) -> None:
 
 def _entry_bytes(tokens: int) -> int:
     from streamgrp.core import codec
-    from streamgrp.core.events import SlotResult
 
-    event = SlotResult(task_id="tp1024x4-1999", slot=3, outcome="sample", sample=_samples(tokens)[0],
-                       producer="worker-host-12345-abcdef", seq=1999)
-    return sum(len(k) + len(v) for k, v in codec.encode(event).items())
+    event, payload = codec.sample_result("tp1024x4-1999", 3, _samples(tokens)[0], producer="worker-host-12345-abcdef",
+                                         seq=1999)
+    return sum(len(k) + len(v) for fields in (codec.encode(event), payload) for k, v in fields.items())
 
 
 def _median(values: list[float]) -> float:
