@@ -110,30 +110,30 @@ def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = ""
 
 def decode(fields: Mapping[bytes | str, bytes | str], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> Any:
     """Rebuild and validate an event from XREAD fields; raises `DecodeError` with a reason, nothing else."""
-    try:
-        return _decode(fields, max_entry_bytes)
-    except DecodeError:
-        raise
-    except Exception as exc:  # the safety net behind the explicit checks: decode is total
-        raise DecodeError("invalid_value", f"unexpected {type(exc).__name__} while decoding: {clip(safe_text(exc))}") \
-            from None
+    return _totally(_decode, fields, max_entry_bytes)
 
 
 def decode_v1_slot_result(fields: Mapping[bytes | str, bytes | str], *,
                           max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> SlotResultV1:
     """A schema-1 slot entry as recorded, its sample inline; raises `DecodeError` for anything else, a
     schema-2 slot result included (its tensors are a payload)."""
-    try:
-        event = _decode(fields, max_entry_bytes, upcast=False)
-    except DecodeError:
-        raise
-    except Exception as exc:  # the same safety net as `decode`
-        raise DecodeError("invalid_value", f"unexpected {type(exc).__name__} while decoding: {clip(safe_text(exc))}") \
-            from None
+    event = _totally(_decode, fields, max_entry_bytes, upcast=False)
     if not isinstance(event, SlotResultV1):
         raise DecodeError("unknown_kind", f"a {getattr(event, 'kind', type(event).__name__)} event (schema "
                           f"{getattr(event, 'schema_version', '?')}) carries no inline sample")
     return event
+
+
+def _totally(decoder: Any, *args: Any, **options: Any) -> Any:
+    """Run ``decoder``; anything it raises besides `DecodeError` becomes one (the safety net behind the
+    explicit checks: decoding is total)."""
+    try:
+        return decoder(*args, **options)
+    except DecodeError:
+        raise
+    except Exception as exc:
+        raise DecodeError("invalid_value", f"unexpected {type(exc).__name__} while decoding: {clip(safe_text(exc))}") \
+            from None
 
 
 def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:

@@ -81,6 +81,15 @@ class TaskIssued(_Event):
     issued_at: Float
 
 
+def check_outcome(outcome: str, sample: object, error: str | None) -> None:
+    """The rule of every slot result, whatever its schema: a sample exactly when the outcome says so,
+    and a failure's text."""
+    if (outcome == "sample") != (sample is not None):
+        raise ValueError(f"outcome {outcome!r} {'needs' if outcome == 'sample' else 'forbids'} a sample")
+    if outcome == "failed" and not error:
+        raise ValueError("a failed slot carries its error text")
+
+
 class SampleSummary(Frozen):
     """What the group log keeps of a sample: what folding, filtering and partitioning need.
 
@@ -113,10 +122,7 @@ class SlotResult(_Event):
 
     @model_validator(mode="after")
     def _check_outcome(self) -> SlotResult:
-        if (self.outcome == "sample") != (self.sample is not None):
-            raise ValueError(f"outcome {self.outcome!r} {'needs' if self.outcome == 'sample' else 'forbids'} a sample")
-        if self.outcome == "failed" and not self.error:
-            raise ValueError("a failed slot carries its error text")
+        check_outcome(self.outcome, self.sample, self.error)
         return self
 
 

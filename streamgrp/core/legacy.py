@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from streamgrp.core.events import SampleSummary, SlotResult
+from streamgrp.core.events import SampleSummary, SlotResult, check_outcome
 from streamgrp.core.values import Frozen, Int, NonNegInt, Outcome, Sample
 
 LEGACY_SCHEMA = 1
@@ -34,10 +34,7 @@ class SlotResultV1(Frozen):
 
     @model_validator(mode="after")
     def _check_outcome(self) -> SlotResultV1:
-        if (self.outcome == "sample") != (self.sample is not None):
-            raise ValueError(f"outcome {self.outcome!r} {'needs' if self.outcome == 'sample' else 'forbids'} a sample")
-        if self.outcome == "failed" and not self.error:
-            raise ValueError("a failed slot carries its error text")
+        check_outcome(self.outcome, self.sample, self.error)
         return self
 
     def upcast(self, entry_digest: str) -> SlotResult:

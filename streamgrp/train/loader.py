@@ -177,11 +177,11 @@ def shard_tensors(samples: Sequence[SampleRows]) -> dict[str, torch.Tensor]:
 def _padded(parts: list[tuple[memoryview | bytes, str]], out_dtype: torch.dtype,
             attention: torch.Tensor) -> torch.Tensor:
     """One field of the shard: every sample's bytes joined once, then scattered into the padding."""
-    kinds = {dtype for _, dtype in parts}
-    joined = bytearray().join(data for data, _ in parts)  # one copy, into a writable buffer
-    if not joined:
+    if not any(len(data) for data, _ in parts):
         return torch.zeros(attention.shape, dtype=out_dtype)
+    kinds = {dtype for _, dtype in parts}
     if len(kinds) == 1:
+        joined = bytearray().join(data for data, _ in parts)  # one copy, into a writable buffer
         flat = torch.frombuffer(joined, dtype=_READ_AS[kinds.pop()])
     else:  # samples of mixed dtypes: converted one by one (rare: a worker writes one dtype per field)
         flat = torch.cat([torch.frombuffer(bytearray(data), dtype=_READ_AS[dtype]).to(out_dtype)

@@ -17,6 +17,7 @@ import torch
 from runlog import MemorySource, load_run, write_archive
 
 from streamgrp.config import ArchiverConfig
+from streamgrp.core import codec
 from streamgrp.errors import ConfigError
 from streamgrp.replay import (
     format_report,
@@ -126,6 +127,16 @@ def test_golden_log_trimmed_on_the_server_replays_through_the_archive(golden, cl
     _check_replays(golden, client, keys, source)  # ...and come back from the archive
     _check_record(golden, client, keys, source)
     assert not verify(client, keys).ok  # the server alone cannot check what it no longer holds
+    # what a rank has still to train stays on the server, payloads included (they share the slot log's floor)
+    committed = {int(rank): int(step) for rank, step in client.hgetall(keys.committed).items()}
+    for manifest in (codec.decode(fields) for _, fields in client.xrange(keys.steps)):
+        if manifest.step > min(committed.values()):
+            for member in (m for shard in manifest.shards for group in shard.groups for m in group.members):
+                assert client.xrange(keys.slots, member.entry, member.entry), member.entry
+                if golden.log.name == "run_v2.jsonl":
+                    assert client.xrange(keys.payloads, member.entry, member.entry), member.entry
+    if golden.log.name == "run_v2.jsonl":
+        assert 0 < client.xlen(keys.payloads) < sum(1 for _ in ArchiveSource(tmp_path / "archive").scan("payloads"))
 
 
 def test_golden_log_loaded_on_a_real_server_replays_and_verifies(golden, client, run_name):

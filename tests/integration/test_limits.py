@@ -247,3 +247,17 @@ def test_a_100_mb_entry_costs_the_assembler_one_copy_and_the_dead_letter_a_stub(
     assert sum(len(k) + len(v) for k, v in letter.items()) < 4096
     assert letter[b"h_prefix"] == header[:512]
     assert client.xpending(run.keys.slots, ASSEMBLER_GROUP)["pending"] == 0
+
+
+def test_the_publish_script_checks_its_whole_input_before_writing(client, run_name):
+    keys = join_run(client, run_name, RunConfig(n_samples=2)).keys
+    publish = scripts.register(client, "publish.lua")
+    header = codec.encode(SlotResult(task_id="t", slot=0, outcome="rejected"))[codec.HEADER]
+    with pytest.raises(redis.ResponseError, match="BAD_INPUT publish takes at most 256"):
+        publish(keys=[keys.slots, keys.payloads], args=[header, b"", b""] * 257)
+    with pytest.raises(redis.ResponseError, match="BAD_INPUT an empty slot header at argument 4"):
+        publish(keys=[keys.slots, keys.payloads], args=[header, b"", b"", b"", b"", b""])
+    with pytest.raises(redis.ResponseError, match="BAD_INPUT publish takes"):
+        publish(keys=[keys.slots, keys.payloads], args=[header, b""])
+    assert client.xlen(keys.slots) == 0 and client.xlen(keys.payloads) == 0
+    assert len(publish(keys=[keys.slots, keys.payloads], args=[header, b"", b""] * 256)) == 256

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from streamgrp.core import codec
-from streamgrp.core.events import Sample, TaskIssued
+from streamgrp.core.events import RawArray, Sample, TaskIssued
 from streamgrp.core.group_fold import Closed, run_fold
 from streamgrp.core.legacy import SlotResultV1
 from streamgrp.core.manifest import make_manifest
@@ -216,3 +216,21 @@ def test_report_text_names_each_difference_and_the_verdict():
 def test_batch_summary_shows_identity_and_sums():
     text = format_batch(_batch())
     assert "step 7 rank 0/2 of run r1" in text and "group sizes [2, 2]" in text and "sums" in text
+
+
+def test_samples_of_other_dtypes_are_widened_to_the_batch_dtypes():
+    """A worker may write int64 tokens, a bool mask or float16 logprobs; the batch has one dtype per field."""
+    log = _log()
+    manifest = _step(log)
+    victim = next(m for m in manifest.shards[0].groups[0].members)
+    task = manifest.shards[0].groups[0].task_id
+    sample = _samples()[(int(task[1:]), victim.slot)]
+    wide = sample.model_copy(update={
+        "token_ids": RawArray.from_values(sample.token_ids.to_list(), "int64"),
+        "loss_mask": RawArray.from_values([bool(v) for v in sample.loss_mask.to_list()], "bool"),
+        "logprobs": RawArray.from_values(sample.logprobs.to_list(), "float64")})
+    _, log["payloads"][victim.entry] = codec.sample_result(task, victim.slot, wide)
+    mixed, plain = build_batch(manifest, 0, 2, _fetch(log), check_digests=False), _batch()
+    for name in ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions"):
+        assert getattr(mixed, name).dtype == getattr(plain, name).dtype, name
+        assert getattr(mixed, name).equal(getattr(plain, name)), name

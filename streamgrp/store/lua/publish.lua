@@ -4,9 +4,14 @@
 -- ARGV: (header, payload header, payload blob) triples; an empty payload header means no payload (a
 -- rejection or a failure). The caller bounds the triples per call (streamgrp.services.worker).
 -- Returns the slot entry ids, in order.
-if #ARGV % 3 ~= 0 then
-  return redis.error_reply('BAD_INPUT publish takes (header, payload header, payload blob) triples, got '
-                           .. #ARGV .. ' arguments')
+-- The whole input is checked before the first write.
+local MAX_RESULTS = 256
+if #ARGV % 3 ~= 0 or #ARGV > 3 * MAX_RESULTS then
+  return redis.error_reply('BAD_INPUT publish takes at most ' .. MAX_RESULTS .. ' (header, payload header, payload '
+                           .. 'blob) triples, got ' .. #ARGV .. ' arguments')
+end
+for i = 1, #ARGV, 3 do
+  if ARGV[i] == '' then return redis.error_reply('BAD_INPUT an empty slot header at argument ' .. i) end
 end
 local ids = {}
 for i = 1, #ARGV, 3 do
