@@ -9,6 +9,7 @@ aligns lists by position. Pure: no I/O.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,22 +59,28 @@ def from_columns(data: Any, record: type[Member]) -> Any:
     Data already given as records (a model built in Python) passes through unchanged."""
     if not isinstance(data, dict) or "member_entries" not in data:
         return data
-    fields = {name: field for name, field in _COLUMNS.items() if field in record.model_fields}
     data = dict(data)
-    columns = {}
-    for name in fields:
+    columns = []
+    for name, field, optional in _record_columns(record):
         column = data.pop(name, ())
         if not isinstance(column, (list, tuple)):
             raise ValueError(f"{name} is a {type(column).__name__}, not a list")
-        columns[name] = column
-    count = len(columns["members"])
-    for name, column in columns.items():
-        optional = record.model_fields[fields[name]].default is not PydanticUndefined
+        columns.append((name, field, optional, column))
+    count = len(columns[0][3])
+    for name, _, optional, column in columns:
         if len(column) != count and not (optional and not column):
             raise ValueError(f"{name} has {len(column)} items for {count} members; give one per member")
-    present = {name: column for name, column in columns.items() if column}
-    data["members"] = [{fields[name]: column[i] for name, column in present.items()} for i in range(count)]
+    present = [(field, column) for _, field, _, column in columns if column]
+    names = [field for field, _ in present]
+    data["members"] = [dict(zip(names, values)) for values in zip(*(column for _, column in present))]
     return data
+
+
+@functools.cache
+def _record_columns(record: type[Member]) -> tuple[tuple[str, str, bool], ...]:
+    """(wire column, field, optional) of each column ``record`` has, "members" (the slots) first."""
+    return tuple((name, field, record.model_fields[field].default is not PydanticUndefined)
+                 for name, field in _COLUMNS.items() if field in record.model_fields)
 
 
 def member_columns(members: Sequence[Member], record: type[Member]) -> dict[str, list[Any]]:

@@ -234,3 +234,19 @@ def test_samples_of_other_dtypes_are_widened_to_the_batch_dtypes():
     for name in ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions"):
         assert getattr(mixed, name).dtype == getattr(plain, name).dtype, name
         assert getattr(mixed, name).equal(getattr(plain, name)), name
+
+
+def test_a_shard_is_built_on_one_thread_and_the_callers_thread_count_is_restored(monkeypatch):
+    from streamgrp.train import loader
+
+    seen = []
+    build = loader._shard_tensors
+    monkeypatch.setattr(loader, "_shard_tensors", lambda samples: seen.append(torch.get_num_threads()) or build(samples))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        batch = _batch()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1] and batch.rows == 2 * len(batch.task_ids)
