@@ -151,12 +151,14 @@ def _worker(url: str, run_name: str, tokens: int, groups: int, ready, start, sto
             group_interval_s: float | None) -> None:
     """Take tasks, publish every slot, ack each task; paced per group when an interval is given."""
     _quiet()
+    from streamgrp.services import heap
     from streamgrp.services.worker import WorkerClient
     from streamgrp.store.keys import RunKeys
     from streamgrp.store.runs import connect
 
     worker = WorkerClient(connect(url), RunKeys(run_name))
     samples = _samples(tokens)
+    heap.settle()  # as `WorkerProcess.run` does before its first slot
     ready.put(("worker", os.getpid()))
     if not _started(start, stop):
         return
@@ -181,8 +183,7 @@ def _worker(url: str, run_name: str, tokens: int, groups: int, ready, start, sto
             published += len(slots)
             if group_interval_s is not None:
                 marks.append((batch[0].event.task_id, time.time()))
-            for task in batch:
-                worker.done(task)
+            worker.done(*batch)
     results.put(("worker", began, time.time(), published, marks))
     stop.wait()
 

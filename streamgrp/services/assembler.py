@@ -21,7 +21,6 @@ Only one assembler is active at a time (a lease with a TTL); standbys wait and t
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -51,6 +50,7 @@ from streamgrp.core.group_fold import (
     next_deadline,
 )
 from streamgrp.errors import DecodeError
+from streamgrp.services import heap
 from streamgrp.store import scripts
 from streamgrp.store.connection import replicate
 from streamgrp.store.deadletter import MAX_DETAIL_CHARS, op_fields
@@ -130,10 +130,7 @@ class Assembler:
             self._process(entries)
         log.info("assembler %s active: replayed %d pending entries, %d groups open", self.name, replayed,
                  len(self.state.open))
-        # Long-lived objects (imports, rebuilt groups) out of the collector's way: a full collection
-        # over them costs 10-30 ms, which lands directly on the decision latency's tail.
-        gc.collect()
-        gc.freeze()
+        heap.settle()  # imports and rebuilt groups: a full collection over them lands on the latency tail
 
     def _claim_orphans(self) -> None:
         """Move entries pending under any other consumer name to ours (assemblers that used --name)."""

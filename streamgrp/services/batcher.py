@@ -35,6 +35,7 @@ from streamgrp.core.events import (
 from streamgrp.core.manifest import make_manifest
 from streamgrp.core.stall import StallTracker, stall_message
 from streamgrp.errors import DecodeError, LeaseLost
+from streamgrp.services import heap
 from streamgrp.services.feeder import Feeder
 from streamgrp.store import scripts
 from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
@@ -132,6 +133,7 @@ class Batcher:
                                   max_staleness=self.settings.max_staleness, producer=self.name)
         log.info("batcher %s active at step %d with %d buffered groups", self.name, self.state.next_step,
                  len(self.state.buffer))
+        heap.settle()  # imports and the replayed buffer: out of the collector's way while steps are made
 
     def round(self, stop: threading.Event | None = None) -> int:
         """One collection round: feed, read decisions until the round ends, emit due steps, check the stall."""

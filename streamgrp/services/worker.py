@@ -33,6 +33,7 @@ from streamgrp.core.events import (
     TaskIssued,
 )
 from streamgrp.errors import DecodeError
+from streamgrp.services import heap
 from streamgrp.store import scripts
 from streamgrp.store.connection import is_outage, outage_of, replicate
 from streamgrp.store.deadletter import DeadLetters
@@ -169,9 +170,10 @@ class WorkerClient:
             raise TypeError(f"a rollout returns a streamgrp.Sample or None, not {type(result).__name__}")
         return codec.encode(event)[codec.HEADER], b"", b""
 
-    def done(self, task: Task) -> None:
-        """Acknowledge a task once every slot's result was published."""
-        self.client.xack(self.keys.tasks, WORKERS_GROUP, task.entry_id)
+    def done(self, *tasks: Task) -> None:
+        """Acknowledge tasks once every slot's result of each was published: one XACK for all of them."""
+        if tasks:
+            self.client.xack(self.keys.tasks, WORKERS_GROUP, *(task.entry_id for task in tasks))
 
 
 @dataclass
@@ -206,6 +208,7 @@ class WorkerProcess:
 
     def run(self, stop: threading.Event | None = None) -> int:
         stop = stop or threading.Event()
+        heap.settle()  # imports and the rollout's set-up: out of the collector's way while slots run
         in_flight: list[_InFlight] = []
         loop_thread = self._start_loop() if self._is_async else None
         with ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="slot") as pool:
@@ -280,14 +283,10 @@ class WorkerProcess:
             for (item, index), (_, _, result) in zip(ready, results):
                 item.published.add(index)
                 self._count(result, item.requests[index].version)
-        remaining = []
-        for item in in_flight:
-            if item.complete:
-                self.worker.done(item.task)
-                self.tasks_done += 1
-            else:
-                remaining.append(item)
-        return remaining
+        complete = [item.task for item in in_flight if item.complete]
+        self.worker.done(*complete)
+        self.tasks_done += len(complete)
+        return [item for item in in_flight if not item.complete]
 
     def _count(self, result: Any, version: int) -> None:
         if self.metrics is not None:

@@ -71,3 +71,15 @@ def test_a_dead_workers_task_is_reclaimed_after_the_idle_timeout(client, make_ru
     assert reclaimed.event == task_event and reclaimed.entry_id == task.entry_id
     alive.done(reclaimed)
     assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
+
+
+def test_done_acknowledges_several_tasks_in_one_call_and_nothing_when_given_none(client, make_run, issuer):
+    run = make_run(n_samples=1)
+    issuer(run).issue([{}] * 3)
+    worker = WorkerClient(client, run.keys)
+    tasks = worker.take(3, block_ms=None)
+    worker.done()
+    assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 3
+    worker.done(*tasks[:2])
+    pending = client.xpending_range(run.keys.tasks, WORKERS_GROUP, "-", "+", 10)
+    assert [p["message_id"].decode() for p in pending] == [tasks[2].entry_id]
