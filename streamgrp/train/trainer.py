@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 
@@ -59,8 +60,11 @@ class TrainerClient:
     """A trainer process's view of a run: manifests in, commits and failures out."""
 
     def __init__(self, client: redis.Redis, run: Run, *, poll_s: float = 1.0, name: str | None = None,
-                 check_digests: bool = False) -> None:
+                 check_digests: bool = False, prefetch: bool = True) -> None:
         self.client = client
+        #: Load the next step's shard on a background thread while the loop body trains on this one,
+        #: when its manifest is written already (one batch more in memory).
+        self.prefetch = prefetch
         #: Hash every payload and compare with the manifest's digests before training on it. Off by
         #: default: the publisher computed each digest once, and replay and verify check them; the
         #: payload's structure (task, slot, dtypes, sizes) is checked on every load either way.
@@ -96,14 +100,15 @@ class TrainerClient:
         found = self.client.xrange(self.keys.steps, entry, entry)
         return codec.decode(found[0][1]) if found else None
 
-    def wait_for_step(self, step: int, stop_check=None) -> StepManifest | None:
-        """The manifest of ``step``; None when the run finished before it; raises `RunFailed`."""
+    def wait_for_step(self, step: int, stop_check=None, *, known: StepManifest | None = None) -> StepManifest | None:
+        """The manifest of ``step`` (``known``: already read); None when the run finished before it; raises
+        `RunFailed`."""
         while True:
             self._read_control()
             terminal = self._terminal
             if terminal is not None and step >= terminal.step:
                 raise RunFailed(f"run {self.keys.run} failed at step {terminal.step} ({terminal.reason}): {terminal.message}")
-            manifest = self.manifest(step)
+            manifest = known if known is not None and known.step == step else self.manifest(step)
             if manifest is not None:
                 return manifest
             if self._finished is not None and step >= self._finished.steps:
@@ -163,17 +168,25 @@ class BatchStream:
         self.current: Batch | None = None
 
     def __iter__(self) -> Iterator[Batch]:
-        step = self.trainer.next_step(self.rank)
-        while True:
-            manifest = self.trainer.wait_for_step(step)
-            if manifest is None:
-                return
-            batch = self.trainer.load(manifest, self.rank, self.world_size)
-            self.current = batch
-            yield batch
-            batch.commit()  # the loop body finished: the step is done
-            self.current = None
-            step += 1
+        trainer = self.trainer
+        step = trainer.next_step(self.rank)
+        ahead: tuple[StepManifest, Future[Batch]] | None = None
+        # Terminal events, commits and the order of steps stay on this thread; the pool only loads.
+        with ThreadPoolExecutor(1, thread_name_prefix="streamgrp-prefetch") as pool:
+            while True:
+                manifest = trainer.wait_for_step(step, known=ahead[0] if ahead else None)
+                if manifest is None:
+                    return
+                batch = ahead[1].result() if ahead else trainer.load(manifest, self.rank, self.world_size)
+                ahead = None
+                following = trainer.manifest(step + 1) if trainer.prefetch else None
+                if following is not None:
+                    ahead = following, pool.submit(trainer.load, following, self.rank, self.world_size)
+                self.current = batch
+                yield batch
+                batch.commit()  # the loop body finished: the step is done
+                self.current = None
+                step += 1
 
     def __enter__(self) -> BatchStream:
         return self

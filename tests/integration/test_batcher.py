@@ -33,7 +33,7 @@ from streamgrp.core.events import (
     VersionAdvanced,
 )
 from streamgrp.core.stall import stall_message
-from streamgrp.errors import ConfigError, RunFailed
+from streamgrp.errors import ConfigError, DigestMismatch, RunFailed
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
 from streamgrp.services.synthetic import make_sample, synthetic_rollout
@@ -533,6 +533,43 @@ def test_an_exception_in_the_loop_records_step_failed_and_leaves_the_step_uncomm
     assert [(type(e).__name__, e.step) for e in events(client, run.keys.commits)] == [
         ("StepFailed", 0), ("StepCommitted", 0), ("StepCommitted", 1)]
     assert events(client, run.keys.control, RunFinished)[0].steps == 2
+
+
+def test_the_next_step_is_loaded_ahead_on_a_thread_and_is_the_batch_a_plain_load_gives(client, redis_url, make_run,
+                                                                                       issuer):
+    run = make_run(n_samples=2, dp_size=1, batch_size=2)
+    issue(issuer, run, [{"tokens": 3 + i} for i in range(6)])
+    settle(client, run)
+    active(client, run, BatcherConfig(round_s=0.05, max_steps=3)).round()
+    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+    loaded_on = []
+    load = trainer.load
+    trainer.load = lambda *args: loaded_on.append(threading.current_thread().name) or load(*args)
+    seen = []
+    for batch in trainer.batches(rank=0, world_size=1):
+        again = load(trainer.manifest(batch.step), 0, 1)
+        assert batch.task_ids == again.task_ids and batch.digest == again.digest
+        assert all(torch.equal(getattr(batch, name), getattr(again, name))
+                   for name in ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions"))
+        seen.append((batch.step, trainer.next_step(0)))
+    assert seen == [(0, 0), (1, 1), (2, 2)]  # each step once, in order, committed only after its loop body
+    assert loaded_on[0] == threading.current_thread().name
+    assert loaded_on[1:] == ["streamgrp-prefetch_0"] * 2
+
+
+def test_a_step_loaded_ahead_that_cannot_be_loaded_fails_only_when_the_loop_reaches_it(client, redis_url, make_run,
+                                                                                      issuer):
+    run = make_run(n_samples=2, dp_size=1, batch_size=1)
+    issue(issuer, run, [{}, {}])
+    settle(client, run)
+    active(client, run, BatcherConfig(round_s=0.05, max_steps=2)).round()
+    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+    client.xdel(run.keys.payloads, trainer.manifest(1).shards[0].groups[0].members[0].entry)
+    steps = []
+    with pytest.raises(DigestMismatch, match="step 1 rank 0"):
+        for batch in trainer.batches(rank=0, world_size=1):
+            steps.append(batch.step)
+    assert steps == [0] and trainer.next_step(0) == 1
 
 
 def test_world_size_must_match_dp_size(client, make_run):
