@@ -64,6 +64,7 @@ from streamgrp.core.shown import (
     show,
     show_names,
 )
+from streamgrp.core.slot_header import fast_slot_result
 from streamgrp.core.values import DTYPES
 from streamgrp.errors import DecodeError
 
@@ -141,6 +142,10 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     text = _check_size(items, max_entry_bytes)
     raw_header, blob = _header_and_blob(fields, text)
     header = _parse_header(raw_header)
+    if not blob and header["kind"] == "slot_result":
+        event = fast_slot_result(header)  # None: not the plain case, so the full path below judges it
+        if event is not None:
+            return event
     legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"
     model = SlotResultV1 if legacy else EVENT_TYPES[header["kind"]]
     state = [0, 0]  # bytes of ``blob`` used so far, descriptors seen

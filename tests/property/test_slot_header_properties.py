@@ -1,0 +1,124 @@
+"""The hand-written slot header check accepts exactly what the full decoder turns into the same event."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamgrp.core import codec
+from streamgrp.core.slot_header import fast_slot_result
+from streamgrp.core.values import INT64_MAX
+from streamgrp.errors import DecodeError
+
+_INTS = st.one_of(st.integers(-3, 3), st.sampled_from([INT64_MAX, INT64_MAX + 1, -(2**63) - 1]), st.booleans())
+_ODD = st.one_of(_INTS, st.none(), st.floats(allow_nan=False), st.text(max_size=3), st.lists(st.integers(), max_size=2),
+                 st.sampled_from(["", "x" * 256, "x" * 257, "d" * 128, "d" * 129, "sample", "slot_result"]))
+_COUNT = st.integers(0, INT64_MAX)
+
+
+@st.composite
+def _valid_header(draw) -> dict:
+    outcome = draw(st.sampled_from(["sample", "rejected", "failed"]))
+    sample = draw(st.fixed_dictionaries({
+        "rows": st.integers(1, INT64_MAX), "tokens": _COUNT, "version": _COUNT,
+        "reward": st.floats(allow_nan=False, allow_infinity=False),
+        "digest": st.text(min_size=1, max_size=128)})) if outcome == "sample" else None
+    error = draw(st.text(min_size=1, max_size=5)) if outcome == "failed" else draw(st.none() | st.text(max_size=3))
+    return {"schema_version": 2, "producer": draw(st.text(max_size=5)), "seq": draw(_COUNT), "kind": "slot_result",
+            "task_id": draw(st.text(min_size=1, max_size=256)), "slot": draw(_COUNT), "outcome": outcome,
+            "sample": sample, "error": error}
+
+
+_KEYS = ["schema_version", "producer", "seq", "kind", "task_id", "slot", "outcome", "sample", "error"]
+_SUMMARY_KEYS = ["rows", "tokens", "version", "reward", "digest"]
+#: One change to a valid header: a key given another value, dropped, or added; or the same in its summary.
+_CHANGE = st.one_of(st.none(), st.tuples(st.sampled_from(["set", "drop", "add"]), st.sampled_from(_KEYS), _ODD),
+                    st.tuples(st.sampled_from(["set summary", "drop summary", "add summary"]),
+                              st.sampled_from(_SUMMARY_KEYS), _ODD))
+
+
+def _changed(header: dict, change) -> dict:
+    if change is None:
+        return header
+    how, key, value = change
+    target = header
+    if how.endswith("summary"):
+        if not isinstance(header["sample"], dict):
+            return header
+        target = header["sample"]
+    if how.startswith("set"):
+        target[key] = value
+    elif how.startswith("drop"):
+        target.pop(key)
+    else:
+        target["more"] = value
+    return header
+
+
+def _full(header: dict, monkeypatch: pytest.MonkeyPatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(codec, "fast_slot_result", lambda header: None)
+        try:
+            return codec.decode({b"h": orjson.dumps(header)})
+        except DecodeError:
+            return None
+
+
+@settings(max_examples=800, deadline=None)
+@given(header=_valid_header(), change=_CHANGE)
+def test_the_fast_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(header, change):
+    header = _changed(header, change)
+    try:
+        orjson.dumps(header)
+    except orjson.JSONEncodeError:
+        return  # an integer JSON cannot carry: never a header
+    fast = fast_slot_result(orjson.loads(orjson.dumps(header)))
+    if fast is None:
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        full = _full(header, patch)
+    assert full is not None, f"the fast path accepted {header} which the full decoder refuses"
+    assert fast == full and codec.encode(fast) == codec.encode(full)
+    assert fast.model_fields_set == full.model_fields_set
+
+
+def test_a_plain_header_takes_the_fast_path_and_a_refused_one_gets_the_full_reason(monkeypatch):
+    good = {"schema_version": 2, "producer": "w", "seq": 1, "kind": "slot_result", "task_id": "t", "slot": 0,
+            "outcome": "sample", "sample": {"rows": 1, "tokens": 4, "version": 0, "reward": 0.5, "digest": "ab"},
+            "error": None}
+    assert fast_slot_result(good) == _full(good, monkeypatch)
+    bad = {**good, "sample": {**good["sample"], "rows": True}}
+    assert fast_slot_result(bad) is None
+    with pytest.raises(DecodeError) as refused:
+        codec.decode({b"h": orjson.dumps(bad)})
+    assert refused.value.reason == "wrong_type"
+
+
+_GOOD = ('{"schema_version":2,"producer":"w","seq":1,"kind":"slot_result","task_id":"t","slot":0,"outcome":"sample",'
+         '"sample":{"rows":1,"tokens":4,"version":0,"reward":0.5,"digest":"ab"},"error":null}')
+
+
+@pytest.mark.parametrize("edit", [('"t"', '"' + "x" * 257 + '"'), ('"ab"', '"' + "d" * 129 + '"'),
+                                  ('"slot":0', '"slot":true'), ('"seq":1', f'"seq":{INT64_MAX + 1}'),
+                                  ('"rows":1', '"rows":0'), ('"schema_version":2', '"schema_version":1'),
+                                  (',"error":null', ''), ('"error":null', '"error":null,"x":1'),
+                                  ('"reward":0.5', '"reward":1')])
+def test_headers_at_or_past_a_bound_or_in_another_shape_leave_the_fast_path(edit):
+    header = orjson.loads(_GOOD.replace(*edit))
+    assert fast_slot_result(header) is None
+
+
+def test_a_reward_that_is_not_finite_leaves_the_fast_path():
+    header = orjson.loads(_GOOD)  # JSON cannot carry one; a header parsed elsewhere might
+    header["sample"]["reward"] = float("inf")
+    assert fast_slot_result(header) is None
+
+
+@pytest.mark.parametrize("edit", [('"t"', '"' + "x" * 256 + '"'), ('"ab"', '"' + "d" * 128 + '"'),
+                                  ('"seq":1', f'"seq":{INT64_MAX}'), ('"outcome":"sample"', '"outcome":"sample"')])
+def test_headers_at_the_bounds_take_the_fast_path_to_the_same_event(edit, monkeypatch):
+    header = orjson.loads(_GOOD.replace(*edit))
+    fast = fast_slot_result(header)
+    assert fast is not None and fast == _full(header, monkeypatch)
