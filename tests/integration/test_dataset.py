@@ -6,45 +6,18 @@ from __future__ import annotations
 import pytest
 import redis
 import torch
+from made_steps import make_steps
 from torch.utils.data import DataLoader
 
-from streamgrp.config import AssemblerConfig, BatcherConfig
 from streamgrp.core import codec
 from streamgrp.core.events import StepCommitted, StepFailed
 from streamgrp.core.policy import NormSpec
 from streamgrp.errors import ConfigError
-from streamgrp.services.assembler import Assembler
-from streamgrp.services.batcher import Batcher
-from streamgrp.services.synthetic import make_sample
-from streamgrp.services.worker import WorkerClient
 from streamgrp.train.advantages import normalize
 from streamgrp.train.dataset import ITEM_TENSORS, StepDataset
 from streamgrp.train.trainer import TrainerClient
 
 GROUP = NormSpec("group", "group")
-
-
-def rollout(request):
-    """Slot 2 of every odd task is rejected, so groups are partial and shards ragged."""
-    if request.slot == 2 and request.prompt["i"] % 2:
-        return None
-    return make_sample(tokens=4 + request.slot, prompt_tokens=1, reward=float(request.slot), version=request.version,
-                       seed=hash((request.task_id, request.slot)) % 10_000)
-
-
-def make_steps(client, run, issuer, *, groups: int, steps: int) -> None:
-    """Issue ``groups`` tasks, publish every slot, decide every group and write ``steps`` steps."""
-    issuer(run).issue([{"i": i} for i in range(groups)])
-    worker = WorkerClient(client, run.keys)
-    while tasks := worker.take(100, block_ms=None):
-        for task in tasks:
-            worker.publish_many([(r.task_id, r.slot, rollout(r)) for r in task.requests(run.config.n_samples, 0)])
-            worker.done(task)
-    Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)).run(burst=True)
-    batcher = Batcher(client, run, BatcherConfig(round_s=0.05, lease_ttl_s=5, max_steps=steps))
-    assert batcher.lease.acquire()
-    batcher._activate()
-    batcher.round()
 
 
 def committed(client, run, rank: int = 0) -> int | None:
@@ -54,7 +27,7 @@ def committed(client, run, rank: int = 0) -> int | None:
 
 def test_a_dataloader_yields_each_step_once_and_commits_on_advance(client, redis_url, make_run, issuer):
     run = make_run(n_samples=3, dp_size=1, batch_size=2, reward_norm=GROUP)
-    make_steps(client, run, issuer, groups=4, steps=2)
+    make_steps(client, run, groups=4, steps=2)
     dataset = StepDataset(TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1), advantages="run")
 
     seen = []
@@ -78,7 +51,7 @@ def test_a_dataloader_yields_each_step_once_and_commits_on_advance(client, redis
 
 def test_each_rank_gets_its_shard_and_the_step_wide_loss_tokens(client, redis_url, make_run, issuer):
     run = make_run(n_samples=3, dp_size=2, batch_size=3)
-    make_steps(client, run, issuer, groups=3, steps=1)
+    make_steps(client, run, groups=3, steps=1)
     items = [next(iter(StepDataset(TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1), rank=rank,
                                    world_size=2).loader())) for rank in (0, 1)]
     assert [item["rank"] for item in items] == [0, 1]
@@ -89,7 +62,7 @@ def test_each_rank_gets_its_shard_and_the_step_wide_loss_tokens(client, redis_ur
 
 def test_an_exception_in_the_loop_records_a_failed_step(client, redis_url, make_run, issuer):
     run = make_run(n_samples=2, dp_size=1, batch_size=1)
-    make_steps(client, run, issuer, groups=1, steps=1)
+    make_steps(client, run, groups=1, steps=1)
     dataset = StepDataset(TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1))
     with pytest.raises(FloatingPointError):
         with dataset:
