@@ -23,7 +23,7 @@ attention_mask      [R, T] bool        prompt_mask + completion_mask    attentio
 loss_mask           [R, T] bool        completion_mask                  response_mask       action_mask
 logprobs            [R, T] float32     old_per_token_logps              old_log_probs       action_log_probs
 advantages          [R] float32        advantages                       advantages          advantages
-rewards             [R] float32        rewards (per function, summed)   token_level_scores  rewards
+rewards             [R] float32        rewards (functions summed)       token_level_scores  rewards
 versions            [R] int64          (none)                           (none)              (none)
 group_sizes         [G] int64          (fixed num_generations)          uid (per row)       (fixed n_samples)
 ==================  =================  ===============================  ==================  ===================
@@ -32,8 +32,10 @@ Plus ``step``, ``rank``, ``version`` and ``step_loss_tokens`` (ints) and ``task_
 group). TRL's, verl's and OpenRLHF's response-side tensors start where the prompt ends; slice a
 row with its ``loss_mask`` to get them. ``advantages`` is present when asked for: one value per row
 (GRPO's), ``streamgrp.normalize`` over the actual group sizes; broadcast it over ``loss_mask`` for
-per-token advantages. Divide summed token losses by ``step_loss_tokens`` (all ranks' loss tokens)
-so that ragged shards do not bias the gradient.
+per-token advantages (verl's token_level_scores put the reward on the last response token). Divide
+summed token losses by ``step_loss_tokens`` (all ranks' loss tokens) so that ragged shards do not
+bias the gradient. The README's "Using streamgrp from your trainer" has the table with AReaL's names
+and TRL's async ``RolloutSample`` fields too.
 """
 
 from __future__ import annotations
