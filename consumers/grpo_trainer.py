@@ -5,17 +5,26 @@ globally token-weighted clipped policy loss (each rank divides by the whole step
 summing gradients across ranks gives the step's gradient whatever the shard sizes), one gradient
 all-reduce and one metrics all-reduce on every rank every step, then rank 0 publishes the new
 weights for the workers before committing. Trains the demo's toy policy (`consumers.toy_task`).
+
+Rank, world size and rendezvous follow torchrun's conventions (`streamgrp.train.distributed`), so
+either of these starts two ranks (flags as for ``streamgrp trainer``):
+
+    torchrun --nproc-per-node 2 -m consumers.grpo_trainer --redis-url redis://... --run RUN
+    streamgrp trainer --rank 0 --world-size 2 ... & streamgrp trainer --rank 1 --world-size 2 ...
+
+Every collective goes through one `Collectives` object and each step's calls are logged with the
+step, so the log shows every rank made the same calls whatever its shard held.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import orjson
 import redis
 import torch
-import torch.distributed as dist
 
 from consumers import toy_task
 from streamgrp.config import TrainerConfig
@@ -26,6 +35,7 @@ from streamgrp.train.advantages import (
     normalize,
     token_weighted_policy_loss,
 )
+from streamgrp.train.distributed import Collectives, process_group, resolve_config
 from streamgrp.train.trainer import TrainerClient
 from streamgrp.train.weights import publish
 
@@ -36,9 +46,12 @@ DEFAULT_ADV_NORM = NormSpec("group", "group")
 
 def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None) -> int:
     """Train until the run finishes; returns the number of steps this rank committed."""
-    rank, world = config.rank, config.world_size
-    if world > 1:
-        dist.init_process_group("gloo", init_method=config.dist_url, rank=rank, world_size=world)
+    ranks = resolve_config(config)
+    with process_group(ranks, backend="gloo"):
+        return _train(client, run, config, ranks.rank, ranks.world_size, metrics)
+
+
+def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, world: int, metrics) -> int:
     torch.manual_seed(0)
     policy = toy_task.initial_policy()
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
@@ -50,6 +63,7 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
     elif rank == 0:
         publish(client, run.keys, 0, policy.state_dict())
     steps = 0
+    collectives = Collectives(world)
     waited_at = time.monotonic()
     try:
         with trainer.batches(rank=rank, world_size=world) as batches:
@@ -59,7 +73,7 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
                     metrics.batch_wait.observe(wait_s)
                 if config.fail_at_step is not None and batch.step == config.fail_at_step:
                     raise FloatingPointError(f"injected fault: loss is NaN at step {batch.step} on rank {rank}")
-                step_metrics = _step(policy, optimizer, batch, spec, world)
+                step_metrics = _step(policy, optimizer, batch, spec, collectives)
                 if rank == 0:
                     publish(client, run.keys, batch.step + 1, policy.state_dict())
                     step_metrics.update(wait_s=round(wait_s, 4), step=batch.step)
@@ -69,20 +83,18 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
                 if metrics is not None:
                     metrics.steps.inc()
                     metrics.policy_version.set(batch.step + 1)
-                log.info("rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs)", rank, batch.step,
-                         step_metrics["reward_mean"], step_metrics["loss"], batch.rows, wait_s)
+                log.info("rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs) collectives %s", rank,
+                         batch.step, step_metrics["reward_mean"], step_metrics["loss"], batch.rows, wait_s,
+                         collectives.take())
                 waited_at = time.monotonic()
     except Exception:
         if metrics is not None:
             metrics.step_failures.inc()
         raise
-    finally:
-        if world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
     return steps
 
 
-def _step(policy, optimizer, batch, spec: NormSpec, world: int) -> dict:
+def _step(policy, optimizer, batch, spec: NormSpec, collectives: Collectives) -> dict:
     advantages = normalize(batch.rewards, batch.group_sizes, spec)
     token_adv = advantages[:, None].expand_as(batch.logprobs) * batch.loss_mask
     new_logprobs = toy_task.token_logprobs(policy, batch.token_ids)
@@ -92,15 +104,13 @@ def _step(policy, optimizer, batch, spec: NormSpec, world: int) -> dict:
     loss.backward()
     # Every rank makes exactly these two collectives per step, whatever its shard size.
     stats = torch.tensor([float(loss.detach()), float(batch.rewards.sum()), float(batch.rows)], dtype=torch.float64)
-    if world > 1:
-        grads = [p.grad for p in policy.parameters()]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-        dist.all_reduce(stats)
+    grads = [p.grad for p in policy.parameters()]
+    flat = collectives.all_reduce(torch.cat([g.reshape(-1) for g in grads]))
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    collectives.all_reduce(stats)
     optimizer.step()
     tokens_per_group = _tokens_per_group(batch)
     metrics = {"loss": stats[0].item(), "reward_mean": stats[1].item() / max(stats[2].item(), 1.0)}
@@ -125,3 +135,10 @@ def _restore(client: redis.Redis, run: Run, policy, step: int) -> None:
     if found is not None:
         policy.load_state_dict(found[1])
         log.info("resumed at step %d with weights version %d", step, found[0])
+
+
+if __name__ == "__main__":
+    # ``python -m consumers.grpo_trainer FLAGS`` (what torchrun's ``-m`` runs) is ``streamgrp trainer FLAGS``.
+    from streamgrp.cli.main import main
+
+    sys.exit(main(["trainer", *sys.argv[1:]]))

@@ -115,11 +115,19 @@ class BatcherConfig(_RoleSettings):
 
 
 class TrainerConfig(_RoleSettings):
-    """A reference trainer rank (`consumers.grpo_trainer`)."""
+    """A reference trainer rank (`consumers.grpo_trainer`).
 
-    rank: int = Field(0, ge=0, description="this process's DP rank")
-    world_size: int = Field(1, ge=1, description="DP ranks in all; must equal the run's dp_size")
-    dist_url: str = Field("tcp://127.0.0.1:29511", description="torch.distributed rendezvous (gloo) for world_size > 1")
+    ``rank``, ``world_size``, ``local_rank`` and ``dist_url`` left unset come from torchrun's variables
+    (`streamgrp.train.distributed.resolve`), so ``torchrun --nproc-per-node N`` needs none of them.
+    """
+
+    rank: int | None = Field(None, ge=0, description="this process's DP rank (unset: $RANK as torchrun sets it, else 0)")
+    world_size: int | None = Field(None, ge=1, description="DP ranks in all; must equal the run's dp_size "
+                                   "(unset: $WORLD_SIZE as torchrun sets it, else 1)")
+    local_rank: int | None = Field(None, ge=0, description="this process's index on its machine, for picking a device "
+                                   "(unset: $LOCAL_RANK as torchrun sets it, else the rank)")
+    dist_url: str | None = Field(None, description="torch.distributed rendezvous (gloo) for world_size > 1 (unset: "
+                                 "env:// when torchrun set MASTER_ADDR and MASTER_PORT, else tcp://127.0.0.1:29511)")
     lr: float = Field(0.05, gt=0, description="Adam learning rate")
     fail_at_step: int | None = Field(None, ge=0, description="inject an exception at this step (replay demos, tests)")
 

@@ -5,6 +5,7 @@
     ├── DecodeError (also ValueError)       an entry's bytes do not decode or validate; carries .reason
     ├── ContractViolation                   a slot broke the one-sample-per-slot contract (terminal)
     ├── RunFailed                           the run reached a terminal event (stall bound, contract)
+    ├── RunEnded                            the run finished and every step was consumed; a consumer wants more
     ├── LeaseLost                           another process holds the role's lease: stop committing, stand by
     ├── DigestMismatch                      a shard's slot entries no longer hash to the manifest's digest
     ├── ReadOnlyBatch                       commit or fail on a replayed or loaded batch
@@ -48,6 +49,11 @@ class ContractViolation(StreamgrpError):
 
 class RunFailed(StreamgrpError):
     """The run has a terminal event; every trainer rank raises this with the same message."""
+
+
+class RunEnded(StreamgrpError):
+    """The run finished, every step was handed over, and a consumer that cannot stop by itself (TRL's
+    trainer, bounded by its own ``max_steps``) asked for more."""
 
 
 class LeaseLost(StreamgrpError):

@@ -107,12 +107,15 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 
 
 def cmd_trainer(args: argparse.Namespace) -> int:
+    from streamgrp.train.distributed import resolve_config
+
     train = load_callable(REFERENCE_TRAINER)
     config = settings(args, TrainerConfig)
+    ranks = resolve_config(config)  # flags, else torchrun's RANK/WORLD_SIZE/..., else one process
     with connected(args, role=True) as (client, connection, _):
-        run = _join(client, connection, args, f"trainer rank {config.rank}")
+        run = _join(client, connection, args, f"trainer rank {ranks.rank}")
         steps = train(client, run, config, metrics=serve_metrics(config.metrics_port))
-        log.info("trainer rank %d committed %d steps", config.rank, steps)
+        log.info("trainer rank %d committed %d steps", ranks.rank, steps)
     return 0
 
 

@@ -10,3 +10,35 @@ def stalls_at_slot_two(request):
     if request.slot == 2:
         time.sleep(60)
     return synthetic_rollout(request)
+
+
+# -- a rollout for TRL's tiny test model (tests/integration/trl_train.py) ----------------------------
+
+TINY_VOCAB = 64  # the tiny model's vocabulary: ids 0..2 are pad, eos and bos
+_weights = None
+
+
+def tiny_vocab_rollout(request):
+    """Prompt tokens then a completion over the tiny model's vocabulary; a fifth of the slots rejected.
+
+    The sample's version is the newest published weights version at most the one the worker asked
+    for (what a real sampler would load), or the asked version before any was published.
+    """
+    import random
+
+    from streamgrp.core.events import Sample
+    from streamgrp.train.weights import WeightCache
+
+    global _weights
+    rng = random.Random(f"{request.task_id}:{request.slot}")
+    if rng.random() < 0.2:
+        return None
+    if _weights is None:
+        _weights = WeightCache.from_env()
+    found = _weights.get(request.version)
+    version = found[0] if found is not None else request.version
+    prompt = [3 + (int(request.prompt["p"]) + i) % (TINY_VOCAB - 3) for i in range(4)]
+    completion = [rng.randrange(3, TINY_VOCAB) for _ in range(rng.randrange(4, 9))]
+    reward = sum(1 for t in completion if t % 2 == 0) / len(completion)
+    return Sample.from_rows(token_ids=[prompt + completion], loss_mask=[[0] * 4 + [1] * len(completion)],
+                            logprobs=[[0.0] * 4 + [-4.1] * len(completion)], rewards=[reward], version=version)

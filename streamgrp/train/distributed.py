@@ -1,0 +1,167 @@
+"""Trainer ranks under torchrun's conventions: who a process is, the rendezvous, and its collectives.
+
+Owns where a trainer rank's identity comes from. Each of rank, world size, local rank and rendezvous
+is taken, in this order, from an explicit setting (a flag, a ``STREAMGRP_`` variable or the TOML
+file), from the variables torchrun (``torch.distributed.elastic``) exports to every process it
+starts (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` for ``env://``),
+or from the one-process defaults. So ``torchrun --nproc-per-node 2 -m consumers.grpo_trainer ...``
+needs no rank flags, and a flag still overrides what torchrun says (with a warning, since under
+torchrun every process gets the same flags).
+
+Also owns `Collectives`, the one path a trainer's collective calls take, which records what each
+step called: every rank must make the same calls per step whatever its shard holds (SPEC section 3),
+and the record is what shows it. Deliberately ignores which backend or device a trainer trains on
+beyond picking ``cuda:LOCAL_RANK`` when CUDA is there; torch is imported only when a function needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from streamgrp.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+#: The rendezvous of ranks started by hand (flags, the demo) when neither a URL nor torchrun gives one.
+DEFAULT_DIST_URL = "tcp://127.0.0.1:29511"
+#: Variables torchrun exports to each process it starts.
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """One trainer process's place in the data-parallel group, and where each value came from."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    init_method: str
+    #: name -> "flag", "torchrun" or "default", for messages and logs
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def under_torchrun(self) -> bool:
+        return "torchrun" in self.sources.values()
+
+    def device(self) -> torch.device:
+        """``cuda:LOCAL_RANK`` when CUDA is available, else the CPU."""
+        import torch
+
+        return torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+    def describe(self) -> str:
+        where = ", ".join(f"{name} from {source}" for name, source in self.sources.items())
+        return f"rank {self.rank} of {self.world_size} (local rank {self.local_rank}, {self.init_method}; {where})"
+
+
+def resolve(*, rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
+            dist_url: str | None = None, env: Mapping[str, str] | None = None) -> DistEnv:
+    """The process's `DistEnv`: explicit values win, then torchrun's variables in ``env``, then defaults."""
+    env = os.environ if env is None else env
+    sources: dict[str, str] = {}
+    rank = _pick("rank", rank, _env_int(env, "RANK", minimum=0), 0, sources)
+    world_size = _pick("world_size", world_size, _env_int(env, "WORLD_SIZE", minimum=1), 1, sources)
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} (from {sources['rank']}) is outside 0..{world_size - 1} (world size from "
+                          f"{sources['world_size']}); give each process a rank below the world size, or let torchrun "
+                          "set RANK and WORLD_SIZE and pass neither flag")
+    # Ranks started by hand on one machine: the rank is also the index on the machine.
+    local_rank = _pick("local_rank", local_rank, _env_int(env, "LOCAL_RANK", minimum=0), rank, sources)
+    rendezvous = "env://" if env.get("MASTER_ADDR") and env.get("MASTER_PORT") else None
+    init_method = _pick("init_method", dist_url, rendezvous, DEFAULT_DIST_URL, sources)
+    return DistEnv(rank, world_size, local_rank, init_method, sources)
+
+
+def resolve_config(config: Any, env: Mapping[str, str] | None = None) -> DistEnv:
+    """`resolve` from a settings object with ``rank``, ``world_size``, ``local_rank`` and ``dist_url``
+    fields (`streamgrp.config.TrainerConfig`), unset fields being None."""
+    return resolve(rank=config.rank, world_size=config.world_size, local_rank=getattr(config, "local_rank", None),
+                   dist_url=config.dist_url, env=env)
+
+
+def _pick(name: str, explicit: Any, from_torchrun: Any, default: Any, sources: dict[str, str]) -> Any:
+    if explicit is not None:
+        if from_torchrun is not None and from_torchrun != explicit:
+            log.warning("%s=%r from the settings overrides %r from torchrun's environment; under torchrun every "
+                        "process gets the same flags, so drop the flag unless that is what you mean",
+                        name, explicit, from_torchrun)
+        sources[name] = "flag"
+        return explicit
+    if from_torchrun is not None:
+        sources[name] = "torchrun"
+        return from_torchrun
+    sources[name] = "default"
+    return default
+
+
+def _env_int(env: Mapping[str, str], name: str, *, minimum: int) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"${name}={raw!r} is not an integer; torchrun sets it to one, so unset it or fix "
+                          "what set it") from None
+    if value < minimum:
+        raise ConfigError(f"${name}={value} must be >= {minimum}")
+    return value
+
+
+@contextlib.contextmanager
+def process_group(dist: DistEnv, *, backend: str = "gloo") -> Iterator[bool]:
+    """Join the data-parallel process group for the block when there is more than one rank; yields
+    whether a group was joined. Leaves an already initialised group alone (the caller owns it)."""
+    import torch.distributed as torch_dist
+
+    joined = dist.world_size > 1 and not torch_dist.is_initialized()
+    if joined:
+        log.info("joining the process group as %s", dist.describe())
+        torch_dist.init_process_group(backend, init_method=dist.init_method, rank=dist.rank,
+                                      world_size=dist.world_size)
+    try:
+        yield joined
+    finally:
+        if joined and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+class Collectives:
+    """The collective calls of a trainer rank, each recorded until the step's record is taken.
+
+    Every call goes to ``torch.distributed`` when the world has more than one rank (and is only
+    recorded otherwise), so one code path serves one rank and many. `take` returns the step's calls
+    as text, ``all_reduce:float32[336] all_reduce:float64[3]``: ranks whose texts differ at a step
+    would have hung or mixed up their tensors, which is why the reference trainer logs it every step.
+    """
+
+    def __init__(self, world_size: int, *, group: Any = None) -> None:
+        self.world_size = world_size
+        self.group = group
+        self._calls: list[str] = []
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over every rank, in place; returns it."""
+        self._calls.append(f"all_reduce:{str(tensor.dtype).removeprefix('torch.')}[{tensor.numel()}]")
+        if self.world_size > 1:
+            import torch.distributed as torch_dist
+
+            torch_dist.all_reduce(tensor, group=self.group)
+        return tensor
+
+    def batch_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`streamgrp.train.advantages.BatchReduce`: batch statistics of `normalize` over all ranks."""
+        return self.all_reduce(tensor)
+
+    def take(self) -> str:
+        """The calls since the last `take`, as one line of text; clears them."""
+        calls, self._calls = self._calls, []
+        return " ".join(calls) or "none"
