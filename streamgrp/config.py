@@ -34,9 +34,11 @@ class _Settings(BaseModel):
 
 
 class _RoleSettings(_Settings):
-    """What every long-running role has: its metrics endpoint."""
+    """What every long-running role has: its metrics endpoint (loopback only unless told otherwise)."""
 
     metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
+    metrics_address: str = Field("127.0.0.1", min_length=1, description="address the metrics endpoint listens on "
+                                 "(0.0.0.0 or :: for every interface, so another machine's Prometheus can scrape it)")
 
 
 class ConnectionConfig(_Settings):

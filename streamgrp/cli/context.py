@@ -43,16 +43,17 @@ def connected(args: argparse.Namespace, *, role: bool = False):
             client.close()
 
 
-def serve_metrics(port: int, client=None, streams=()):
-    """The process's metrics, served on ``port`` when it is not 0; None when off."""
-    if not port:
+def serve_metrics(config: Any, client=None, streams=()):
+    """The process's metrics, served on the role's ``metrics_address``:``metrics_port`` when the port is not 0;
+    None when off."""
+    if not config.metrics_port:
         return None
     from streamgrp.cli.metrics import Metrics
 
     metrics = Metrics()
     if client is not None:
         metrics.watch_streams(client, streams)
-    metrics.serve(port)
+    metrics.serve(config.metrics_port, config.metrics_address)
     return metrics
 
 

@@ -28,6 +28,7 @@ from streamgrp.config import ConnectionConfig, DemoConfig, RunConfig, load_calla
 from streamgrp.core import counters
 from streamgrp.errors import RoleFailed
 from streamgrp.replay.summary import format_summary, run_summary
+from streamgrp.store.private import open_private, private_dir
 from streamgrp.store.runs import connect, join_run
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
         client = connect(server.url)
         run = join_run(client, run_name, RunConfig(**settings.model_dump()))
         log_dir = Path(connection.data_dir) / "logs" / run_name
-        log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(log_dir)
         dataset = _write_dataset(log_dir / "prompts.jsonl", run.config, demo)
         children = _children(server.url, run_name, run.config, demo, dataset, log_dir)
         prometheus = _prometheus(children, run.config, log_dir / "prometheus") if demo.prometheus else None
@@ -113,7 +114,7 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
 def _write_dataset(path: Path, run: RunConfig, demo: DemoConfig) -> Path:
     prompts = load_callable(f"{TOY_TASK}:prompts")
     count = demo.steps * run.batch_size * 4 + 64  # enough for drops and the staleness window
-    with path.open("wb") as handle:
+    with open_private(path, "wb") as handle:
         for prompt, _ in zip(prompts(seed=0, reject_rate=demo.reject_rate, fail_rate=demo.fail_rate), range(count)):
             handle.write(orjson.dumps(prompt) + b"\n")
     return path

@@ -67,7 +67,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         run = _join(client, connection, args, "worker")
         # Rollout code (e.g. loading weights) finds the server and run the same way the worker did.
         os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = handle.url, run.name
-        metrics = serve_metrics(config.metrics_port)
+        metrics = serve_metrics(config)
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
                               metrics=metrics)
         process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
@@ -83,7 +83,7 @@ def cmd_assembler(args: argparse.Namespace) -> int:
     config = settings(args, AssemblerConfig)
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "assembler")
-        metrics = serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
+        metrics = serve_metrics(config, client, run.keys.all_streams().values())
         assembler = Assembler(client, run, config, metrics=metrics)
         written = assembler.run(stop_event(), burst=config.burst)
         log.info("assembler %s wrote %d decisions", assembler.name, written)
@@ -98,7 +98,7 @@ def cmd_batcher(args: argparse.Namespace) -> int:
     dataset = load_dataset(config.dataset) if config.dataset else None
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "batcher")
-        metrics = serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
+        metrics = serve_metrics(config, client, run.keys.all_streams().values())
         batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics)
         outcome = batcher.run(stop_event(), burst=config.burst)
         log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
@@ -111,7 +111,7 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     config = settings(args, TrainerConfig)
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {config.rank}")
-        steps = train(client, run, config, metrics=serve_metrics(config.metrics_port))
+        steps = train(client, run, config, metrics=serve_metrics(config))
         log.info("trainer rank %d committed %d steps", config.rank, steps)
     return 0
 

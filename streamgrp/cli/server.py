@@ -59,6 +59,7 @@ from streamgrp.cli.server_binary import BINARY_ENV, server_binary, version_probl
 from streamgrp.cli.server_probe import connect_host, probe, server_url
 from streamgrp.cli.server_state import live_state, locked, remove_state, write_state
 from streamgrp.errors import ConfigError, ServerError
+from streamgrp.store.private import private_dir
 
 __all__ = ["DEFAULT_DATA_DIR", "EmbeddedServer", "ServerHandle", "ensure_server"]
 
@@ -154,7 +155,7 @@ class EmbeddedServer:
         """Spawn the server, wait until it answers PING, record it; return its URL."""
         if self.running:
             raise ServerError(f"this server is already running (pid {self.pid}); stop() it first")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)  # 0700: the AOF holds the whole run
         live = live_state(self.data_dir)
         if live is not None:
             raise ServerError(
@@ -386,8 +387,7 @@ def ensure_server(
     """
     if redis_url:
         return ServerHandle(redis_url, owned=False)
-    directory = Path(data_dir).resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = private_dir(Path(data_dir).resolve())
     with locked(directory):
         state = live_state(directory, password)
         if state is not None:

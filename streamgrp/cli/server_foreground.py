@@ -16,6 +16,7 @@ from pathlib import Path
 
 from streamgrp.cli.server import DEFAULT_DATA_DIR, EmbeddedServer
 from streamgrp.cli.server_state import locked
+from streamgrp.store.private import private_dir
 
 __all__ = ["serve_forever"]
 
@@ -39,8 +40,7 @@ def serve_forever(
     called with the URL once the server answers. Returns 0 after a requested stop, 1 if the server
     exited on its own.
     """
-    directory = Path(data_dir).resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = private_dir(Path(data_dir).resolve())
     stop_requested = threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:

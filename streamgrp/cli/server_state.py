@@ -19,6 +19,7 @@ from pathlib import Path
 from streamgrp.cli.children import pid_alive
 from streamgrp.cli.server_probe import probe
 from streamgrp.errors import ServerError
+from streamgrp.store.private import FILE_MODE, write_private
 
 __all__ = ["LOCK_FILE", "STATE_FILE", "live_state", "locked", "read_state", "remove_state", "write_state"]
 
@@ -42,7 +43,7 @@ def write_state(data_dir: Path, state: dict) -> None:
     """Replace the record atomically, so a concurrent reader never sees half of it."""
     path = data_dir / STATE_FILE
     tmp = path.with_name(f"{STATE_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    write_private(tmp, json.dumps(state, indent=2) + "\n")
     os.replace(tmp, path)
 
 
@@ -98,7 +99,7 @@ def live_state(data_dir: Path, password: str | None = None) -> dict | None:
 @contextmanager
 def locked(data_dir: Path) -> Iterator[None]:
     """Exclusive flock on ``data_dir/server.lock``: one process at a time checks-then-starts."""
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -20,11 +20,11 @@ KEEP_VERSIONS = 4
 
 
 def weights_key(keys: RunKeys, version: int) -> str:
-    return f"{keys.control}:weights:{version}"
+    return keys.weights(version)
 
 
 def latest_key(keys: RunKeys) -> str:
-    return f"{keys.control}:weights:latest"
+    return keys.weights("latest")
 
 
 def encode_state(state: dict[str, torch.Tensor]) -> bytes:
