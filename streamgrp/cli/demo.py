@@ -23,7 +23,7 @@ import orjson
 
 from streamgrp.cli import children
 from streamgrp.cli.children import free_port
-from streamgrp.cli.server import ensure_server
+from streamgrp.cli.server_reuse import ensure_server
 from streamgrp.config import ConnectionConfig, DemoConfig, RunConfig, load_callable
 from streamgrp.core import counters
 from streamgrp.errors import RoleFailed

@@ -46,7 +46,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     from streamgrp.cli.server_foreground import serve_forever
 
     connection = settings(args, ConnectionConfig)
-    return serve_forever(connection.data_dir, port=args.port, bind=args.bind, appendfsync=args.appendfsync)
+    return serve_forever(connection.data_dir, port=args.port, bind=args.bind, appendfsync=args.appendfsync,
+                         password=connection.secret(), acl_file=args.acl_file, tls=connection.tls())
 
 
 def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str):

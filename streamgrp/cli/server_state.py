@@ -17,11 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from streamgrp.cli.children import pid_alive
-from streamgrp.cli.server_probe import probe
+from streamgrp.cli.server_probe import AUTH_REFUSALS, probe
+from streamgrp.config import TlsFiles
 from streamgrp.errors import ServerError
 from streamgrp.store.private import FILE_MODE, write_private
 
-__all__ = ["LOCK_FILE", "STATE_FILE", "live_state", "locked", "read_state", "remove_state", "write_state"]
+__all__ = ["LOCK_FILE", "STATE_FILE", "live_state", "locked", "read_state", "remove_state", "state_tls", "write_state"]
 
 STATE_FILE = "server.json"
 LOCK_FILE = "server.lock"
@@ -54,6 +55,17 @@ def remove_state(data_dir: Path, pid: int) -> None:
         (data_dir / STATE_FILE).unlink(missing_ok=True)
 
 
+def state_tls(state: dict) -> TlsFiles | None:
+    """The recorded server's own TLS files (it serves TLS only), presented when probing it; None for plain TCP."""
+    tls = state.get("tls")
+    if not isinstance(tls, dict):
+        return None
+    try:
+        return TlsFiles(Path(tls["cert_file"]), Path(tls["key_file"]), Path(tls["ca_cert_file"]))
+    except (KeyError, TypeError):
+        return None
+
+
 def live_state(data_dir: Path, password: str | None = None) -> dict | None:
     """The recorded server of ``data_dir`` if it is alive and answers, else None.
 
@@ -73,7 +85,8 @@ def live_state(data_dir: Path, password: str | None = None) -> dict | None:
     deadline = time.monotonic() + _LOADING_WAIT_S
     while True:
         try:
-            info = probe(host, port, password)
+            info = probe(host, port, password, tls=state_tls(state),
+                         refusal_answers=bool(state.get("acl_file")) and password is None)
         except OSError:
             return None  # the pid was recycled by some other process; the record is stale
         except ServerError as exc:
@@ -81,7 +94,7 @@ def live_state(data_dir: Path, password: str | None = None) -> dict | None:
             if message.startswith("LOADING") and time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
-            if message.startswith(("NOAUTH", "WRONGPASS", "ERR AUTH", "ERR invalid password")):
+            if message.startswith(AUTH_REFUSALS):
                 raise ServerError(
                     f"the server running in {data_dir} (pid {pid}, port {port}) needs "
                     f"{'another' if password else 'a'} password ({message}); pass the right one "
@@ -91,7 +104,7 @@ def live_state(data_dir: Path, password: str | None = None) -> dict | None:
                 f"the server running in {data_dir} (pid {pid}, port {port}) answered {message!r}; "
                 "wait for it or stop it before starting another in the same directory"
             ) from None
-        if info.get("process_id", str(pid)) != str(pid):
+        if info and info.get("process_id", str(pid)) != str(pid):
             return None  # another server answers on that port; ours is gone
         return state
 
