@@ -50,11 +50,17 @@ def cmd_server(args: argparse.Namespace) -> int:
                          password=connection.secret(), acl_file=args.acl_file, tls=connection.tls())
 
 
-def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str):
-    from streamgrp.store.runs import join_run, resolve_run_name
+def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str, *, burst: bool = False):
+    """The batcher creates the run (or joins it); every other role opens it read-only, waiting for the batcher
+    to create it when ``--run`` names it (not in burst mode), else taking the latest run."""
+    from streamgrp.store.runs import await_run, join_run, resolve_run_name
 
-    run_name = resolve_run_name(client, connection.run, create=True)
-    run = join_run(client, run_name, settings(args, RunConfig))
+    if role == "batcher":
+        run = join_run(client, resolve_run_name(client, connection.run, create=True), settings(args, RunConfig))
+    else:
+        run_name = resolve_run_name(client, connection.run, create=False)
+        run = await_run(client, run_name, settings(args, RunConfig), stop=stop_event(),
+                        wait=connection.run is not None and not burst, who=role)
     log.info("%s joined run %s", role, run.name)
     return run
 
@@ -65,7 +71,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = settings(args, WorkerConfig)
     rollout = load_callable(config.rollout)
     with connected(args, role=True) as (client, connection, handle):
-        run = _join(client, connection, args, "worker")
+        run = _join(client, connection, args, "worker", burst=config.burst)
         # Rollout code (e.g. loading weights) finds the server and run the same way the worker did.
         os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = handle.url, run.name
         metrics = serve_metrics(config)
@@ -83,7 +89,7 @@ def cmd_assembler(args: argparse.Namespace) -> int:
 
     config = settings(args, AssemblerConfig)
     with connected(args, role=True) as (client, connection, _):
-        run = _join(client, connection, args, "assembler")
+        run = _join(client, connection, args, "assembler", burst=config.burst)
         metrics = serve_metrics(config, client, run.keys.all_streams().values())
         assembler = Assembler(client, run, config, metrics=metrics)
         written = assembler.run(stop_event(), burst=config.burst)
