@@ -12,6 +12,7 @@ feeder's cursor moved) mean another process owns the role now, so `FencedScript`
 
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
 from typing import Any
 
@@ -61,3 +62,29 @@ class FencedScript:
 
 def register_fenced(client: redis.Redis, name: str) -> FencedScript:
     return FencedScript(client, name)
+
+
+class ReadOnlyScript:
+    """A script flagged ``no-writes``, run with ``EVALSHA_RO``.
+
+    Why not `register`: the keys of an ``EVALSHA`` need read *and* write permission in an ACL,
+    whatever the script does, so a read-only user (an inspector replaying a step, a trainer rank
+    loading payloads) could not run it; an ``EVALSHA_RO``'s keys need read permission only.
+    """
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self.client = client
+        self.script = source(name)
+        self.sha = hashlib.sha1(self.script.encode()).hexdigest()
+
+    def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
+        client = client if client is not None else self.client
+        try:
+            return client.evalsha_ro(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(self.script)  # a restarted or flushed server: load it once, then run it
+            return client.evalsha_ro(self.sha, len(keys), *keys, *args)
+
+
+def register_read_only(client: redis.Redis, name: str) -> ReadOnlyScript:
+    return ReadOnlyScript(client, name)

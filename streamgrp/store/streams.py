@@ -68,7 +68,7 @@ def _reader(client: redis.Redis):
             scripts,  # scripts -> errors only; imported here to keep this module light
         )
 
-        reader = _READERS[client] = scripts.register(client, "read_entries.lua")
+        reader = _READERS[client] = scripts.register_read_only(client, "read_entries.lua")
     return reader
 
 
