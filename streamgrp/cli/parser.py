@@ -15,6 +15,7 @@ from typing import Any
 
 from streamgrp._version import __version__
 from streamgrp.cli import inspection, roles
+from streamgrp.cli.security import add_acl_command
 from streamgrp.config import (
     ArchiverConfig,
     AssemblerConfig,
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_model_flags(archiver, model, title)
     archiver.set_defaults(handler=roles.cmd_archiver)
     _add_replay_commands(commands)
+    add_acl_command(commands)
     return parser
 
 
