@@ -72,8 +72,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     rollout = load_callable(config.rollout)
     with connected(args, role=True) as (client, connection, handle):
         run = _join(client, connection, args, "worker", burst=config.burst)
-        # Rollout code (e.g. loading weights) finds the server and run the same way the worker did.
-        os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = handle.url, run.name
+        _lend_to_rollouts(client, run.keys, handle.url)
         metrics = serve_metrics(config)
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
                               metrics=metrics)
@@ -82,6 +81,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
         done = process.run(stop_event())
         log.info("worker %s finished %d tasks", worker.name, done)
     return 0
+
+
+#: Secrets a rollout does not need; its subprocesses would inherit them from the worker's environment.
+_ROLLOUT_HIDDEN = ("STREAMGRP_PASSWORD", "STREAMGRP_PASSWORD_FILE", "STREAMGRP_TLS_KEY_FILE")
+
+
+def _lend_to_rollouts(client, keys, url: str) -> None:
+    """Give rollout code what it needs (weights by version) through the worker's own connection, and leave in
+    the environment only the run's name and the server's address without credentials."""
+    from streamgrp.store.connection import url_without_password
+    from streamgrp.store.lent import lend
+
+    lend(client, keys)
+    for name in _ROLLOUT_HIDDEN:
+        os.environ.pop(name, None)
+    os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = url_without_password(url), keys.run
 
 
 def cmd_assembler(args: argparse.Namespace) -> int:

@@ -361,6 +361,20 @@ def safe_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def url_without_password(url: str) -> str:
+    """``url`` with its password (in the user part or a ``password=`` query) removed, the user name kept."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name = user.partition(":")[0]
+        netloc = f"{name}@{host}" if name else host
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k.lower() != "password"])
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
 def outage_of(client: redis.Redis) -> Outage:
     """The client's outage policy; a plain redis-py client (tests) gets a default one of its own."""
     outage = getattr(client, "outage", None)
