@@ -33,6 +33,7 @@ from streamgrp.config import (
     load_callable,
 )
 from streamgrp.core import counters
+from streamgrp.core.shown import printable_lines
 from streamgrp.errors import RoleFailed
 from streamgrp.replay.summary import format_summary, run_summary
 from streamgrp.store.connection import safe_url
@@ -114,7 +115,7 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
         # An archiver (with retention) may have trimmed the server: read what it trimmed from its archive.
         summary = run_summary(client, run.keys, source=default_source(client, run.keys, connection.data_dir))
         summary["seconds"] = round(seconds, 2)
-        print(format_summary(summary, seconds), file=out)
+        print(printable_lines(format_summary(summary, seconds)), file=out)  # reasons come from the counts hash
         print(f"  replay       streamgrp replay {max(summary['steps'] - 1, 0)} --rank 0 --run {run_name}"
               + ("" if connection.redis_url else f" --data-dir {connection.data_dir}"), file=out)
         if demo.as_json:
