@@ -16,11 +16,19 @@ import importlib
 import os
 import tomllib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from streamgrp.core.policy import GroupPolicy, NormSpec
 from streamgrp.errors import ConfigError
@@ -34,13 +42,32 @@ class _Settings(BaseModel):
 
 
 class _RoleSettings(_Settings):
-    """What every long-running role has: its metrics endpoint."""
+    """What every long-running role has: its metrics endpoint (loopback only unless told otherwise)."""
 
     metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
+    metrics_address: str = Field("127.0.0.1", min_length=1, description="address the metrics endpoint listens on "
+                                 "(0.0.0.0 or :: for every interface, so another machine's Prometheus can scrape it)")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """This process's certificate and key, and the CA it trusts for the other end (PEM files).
+
+    For ``streamgrp server``: the server's certificate and key, and the CA that signs client
+    certificates (clients must present one). For every other process: its client certificate and
+    key, and the CA that signed the server's certificate."""
+
+    cert_file: Path
+    key_file: Path
+    ca_cert_file: Path
 
 
 class ConnectionConfig(_Settings):
-    """Where the server is and which run to use."""
+    """Where the server is, how to authenticate and encrypt, and which run to use.
+
+    The password is never a flag (a process's arguments are readable by every user of the machine):
+    it comes from ``--password-file`` or the ``STREAMGRP_PASSWORD`` environment variable.
+    """
 
     redis_url: str | None = Field(None, description="Redis/Valkey URL (redis://, rediss://, unix://); "
                                   "unset starts or reuses the embedded server in --data-dir")
@@ -51,6 +78,48 @@ class ConnectionConfig(_Settings):
     wait_replicas: int = Field(0, ge=0, description="after each commit wait until this many replicas have it "
                                "(WAITAOF, or WAIT on Redis 7.0); 0: do not wait")
     wait_timeout_ms: int = Field(1000, ge=1, description="how long one replica wait may take before a warning")
+    password_file: Path | None = Field(None, description="file holding the password: `server` gives it to the "
+                                       "default user; every other command authenticates with it (as the URL's "
+                                       "user) unless the URL carries one")
+    password: SecretStr | None = Field(None, description="the password itself; environment only, never a flag",
+                                       json_schema_extra={"flag": None})
+    tls_cert_file: Path | None = Field(None, description="TLS certificate (PEM): the server's for `server`, this "
+                                       "client's otherwise")
+    tls_key_file: Path | None = Field(None, description="private key (PEM) of --tls-cert-file")
+    tls_ca_cert_file: Path | None = Field(None, description="CA certificate (PEM): the one that signs client "
+                                          "certificates for `server`, the one that signed the server's otherwise")
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> ConnectionConfig:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("both STREAMGRP_PASSWORD and --password-file are set; give one of them")
+        if self.password is not None and not self.password.get_secret_value():
+            raise ValueError("STREAMGRP_PASSWORD is empty, which would turn authentication off; unset it or set a "
+                             "password")
+        tls = (self.tls_cert_file, self.tls_key_file, self.tls_ca_cert_file)
+        if any(tls) and not all(tls):
+            raise ValueError("TLS needs all three of --tls-cert-file, --tls-key-file and --tls-ca-cert-file")
+        return self
+
+    def secret(self) -> str | None:
+        """The password, from STREAMGRP_PASSWORD or the first line of --password-file; None when neither is set."""
+        if self.password is not None:
+            return self.password.get_secret_value()
+        if self.password_file is None:
+            return None
+        try:
+            text = self.password_file.read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --password-file {self.password_file}: {exc.strerror}; fix the path or "
+                              "its permissions") from None
+        if not text or not text[0].strip():
+            raise ConfigError(f"--password-file {self.password_file} is empty; write the password on its first line")
+        return text[0].strip()
+
+    def tls(self) -> TlsFiles | None:
+        if self.tls_cert_file is None or self.tls_key_file is None or self.tls_ca_cert_file is None:
+            return None
+        return TlsFiles(self.tls_cert_file, self.tls_key_file, self.tls_ca_cert_file)
 
 
 class RunConfig(_Settings):
@@ -243,6 +312,8 @@ def flag_name(field: str, model: type[BaseModel] | None = None) -> str:
 def parse_env_value(model: type[_Settings], name: str, raw: str) -> Any:
     """Text from an environment variable or flag, turned into what the field expects."""
     annotation = str(model.model_fields[name].annotation)
+    if "SecretStr" in annotation:
+        return raw  # a password is taken as it is: "none" or surrounding spaces may be part of it
     text = raw.strip()
     if text.lower() in ("none", "null") and "None" in annotation:
         return None

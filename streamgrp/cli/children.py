@@ -1,8 +1,8 @@
 """Child processes the CLI starts and stops: the embedded server, Prometheus, the demo's roles.
 
-Owns how a child is started (its own session, stdout and stderr appended to a log file, stdin
-closed or a pipe, and on Linux ``PR_SET_PDEATHSIG`` so that it ends when its owner dies, even by
-SIGKILL), how it is stopped (SIGTERM, then SIGKILL after a timeout), and reading the tail of its log
+Owns how a child is started (its own session, stdout and stderr appended to a private log file,
+stdin closed or a pipe, an environment of its own when given, a umask that keeps what it writes
+private, and on Linux ``PR_SET_PDEATHSIG`` so that it ends when its owner dies, even by SIGKILL), how it is stopped (SIGTERM, then SIGKILL after a timeout), and reading the tail of its log
 for error messages. Nothing here knows what the child is.
 """
 
@@ -14,26 +14,34 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from streamgrp.store.private import open_private
+
 _PR_SET_PDEATHSIG = 1
+#: Children create what they write for their owner only (a server's append-only file, a TSDB).
+CHILD_UMASK = 0o077
 
 
-def pdeathsig_preexec() -> Callable[[], None] | None:
-    """A preexec_fn asking the kernel to SIGTERM the child when its parent dies (Linux only).
+def pdeathsig_preexec() -> Callable[[], None]:
+    """A preexec_fn giving the child the private umask (`CHILD_UMASK`) and, on Linux, asking the kernel to
+    SIGTERM it when its parent dies.
 
     The kernel sends it when the *thread* that started the child exits, so start long-lived children
     from a thread that lives as long as they should (normally the main thread)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
-    except (OSError, AttributeError):
-        return None
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
+        except (OSError, AttributeError):
+            prctl = None
     parent = os.getpid()
 
     def preexec() -> None:
+        os.umask(CHILD_UMASK)
+        if prctl is None:
+            return
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
         if os.getppid() != parent:  # the owner died before prctl took effect
             os._exit(1)
@@ -42,13 +50,15 @@ def pdeathsig_preexec() -> Callable[[], None] | None:
 
 
 def spawn(command: Sequence[str], log_path: Path, *, stdin: int = subprocess.DEVNULL, cwd: Path | None = None,
-          new_session: bool = True) -> subprocess.Popen[bytes]:
-    """Start ``command`` with stdout and stderr appended to ``log_path``; raises OSError if it cannot run.
+          new_session: bool = True, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``command`` with stdout and stderr appended to ``log_path`` (created ``0600``); raises OSError
+    if it cannot run.
 
     ``new_session``: a Ctrl-C typed in the owner's terminal reaches only the owner, which then stops
-    the child cleanly."""
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(list(command), stdin=stdin, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+    the child cleanly. ``env`` replaces the environment: how a secret reaches a child, since its
+    argument list is readable by every user of the machine (``/proc/PID/cmdline``)."""
+    with open_private(log_path, "ab") as log:
+        return subprocess.Popen(list(command), stdin=stdin, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env,
                                 start_new_session=new_session, preexec_fn=pdeathsig_preexec())
 
 

@@ -30,29 +30,32 @@ def connected(args: argparse.Namespace, *, role: bool = False):
 
     A long-running ``role`` gets the process's stop event, so SIGTERM ends an outage wait quietly;
     inspection commands keep Ctrl-C as KeyboardInterrupt."""
-    from streamgrp.cli.server import ensure_server
+    from streamgrp.cli.server_reuse import ensure_server
     from streamgrp.store.connection import connect
 
     connection = settings(args, ConnectionConfig)
-    with ensure_server(connection.redis_url, connection.data_dir) as handle:
+    password = connection.secret()
+    with ensure_server(connection.redis_url, connection.data_dir, password=password) as handle:
         client = connect(handle.url, outage_budget_s=connection.outage_budget_s, stop=stop_event() if role else None,
-                         wait_replicas=connection.wait_replicas, wait_timeout_ms=connection.wait_timeout_ms)
+                         wait_replicas=connection.wait_replicas, wait_timeout_ms=connection.wait_timeout_ms,
+                         password=password, tls=connection.tls())
         try:
             yield client, connection, handle
         finally:
             client.close()
 
 
-def serve_metrics(port: int, client=None, streams=()):
-    """The process's metrics, served on ``port`` when it is not 0; None when off."""
-    if not port:
+def serve_metrics(config: Any, client=None, streams=()):
+    """The process's metrics, served on the role's ``metrics_address``:``metrics_port`` when the port is not 0;
+    None when off."""
+    if not config.metrics_port:
         return None
     from streamgrp.cli.metrics import Metrics
 
     metrics = Metrics()
     if client is not None:
         metrics.watch_streams(client, streams)
-    metrics.serve(port)
+    metrics.serve(config.metrics_port, config.metrics_address)
     return metrics
 
 

@@ -11,11 +11,12 @@ failing ends it.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,20 @@ import orjson
 
 from streamgrp.cli import children
 from streamgrp.cli.children import free_port
-from streamgrp.cli.server import ensure_server
-from streamgrp.config import ConnectionConfig, DemoConfig, RunConfig, load_callable
+from streamgrp.cli.server_reuse import ensure_server
+from streamgrp.config import (
+    ConnectionConfig,
+    DemoConfig,
+    RunConfig,
+    env_name,
+    load_callable,
+)
 from streamgrp.core import counters
+from streamgrp.core.shown import printable_lines
 from streamgrp.errors import RoleFailed
 from streamgrp.replay.summary import format_summary, run_summary
+from streamgrp.store.connection import safe_url
+from streamgrp.store.private import open_private, private_dir
 from streamgrp.store.runs import connect, join_run
 
 log = logging.getLogger(__name__)
@@ -44,6 +54,9 @@ class Child:
     index: int
     args: list[str]
     log_path: Path
+    #: What the child gets on top of the demo's environment: the server's URL (with its password) goes
+    #: here, never in ``args``, which every user of the machine can read in /proc/PID/cmdline.
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
 
     @property
@@ -53,7 +66,7 @@ class Child:
     def start(self) -> None:
         # Same session as the demo: a Ctrl-C stops the roles too, each shutting down cleanly.
         self.proc = children.spawn([sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role, *self.args],
-                                   self.log_path, new_session=False)
+                                   self.log_path, new_session=False, env={**os.environ, **self.env})
 
     def tail(self, lines: int = 12) -> str:
         return children.log_tail(self.log_path, lines)
@@ -73,15 +86,16 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
     started = time.monotonic()
     run_name = connection.run or time.strftime("demo-%Y%m%d-%H%M%S")
     settings = run_settings.model_copy(update={"dp_size": demo.ranks, "reward_norm": run_settings.reward_norm})
-    with ensure_server(connection.redis_url, connection.data_dir) as server:
-        client = connect(server.url)
+    password, tls = connection.secret(), connection.tls()
+    with ensure_server(connection.redis_url, connection.data_dir, password=password) as server:
+        client = connect(server.url, password=password, tls=tls)
         run = join_run(client, run_name, RunConfig(**settings.model_dump()))
         log_dir = Path(connection.data_dir) / "logs" / run_name
-        log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(log_dir)
         dataset = _write_dataset(log_dir / "prompts.jsonl", run.config, demo)
-        children = _children(server.url, run_name, run.config, demo, dataset, log_dir)
+        children = _children(_child_env(server.url, connection), run_name, run.config, demo, dataset, log_dir)
         prometheus = _prometheus(children, run.config, log_dir / "prometheus") if demo.prometheus else None
-        print(f"streamgrp demo: run {run_name} on {server.url} ({len(children)} processes; logs in {log_dir})",
+        print(f"streamgrp demo: run {run_name} on {safe_url(server.url)} ({len(children)} processes; logs in {log_dir})",
               file=err, flush=True)
         try:
             if prometheus is not None:
@@ -101,7 +115,7 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
         # An archiver (with retention) may have trimmed the server: read what it trimmed from its archive.
         summary = run_summary(client, run.keys, source=default_source(client, run.keys, connection.data_dir))
         summary["seconds"] = round(seconds, 2)
-        print(format_summary(summary, seconds), file=out)
+        print(printable_lines(format_summary(summary, seconds)), file=out)  # reasons come from the counts hash
         print(f"  replay       streamgrp replay {max(summary['steps'] - 1, 0)} --rank 0 --run {run_name}"
               + ("" if connection.redis_url else f" --data-dir {connection.data_dir}"), file=out)
         if demo.as_json:
@@ -113,27 +127,41 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
 def _write_dataset(path: Path, run: RunConfig, demo: DemoConfig) -> Path:
     prompts = load_callable(f"{TOY_TASK}:prompts")
     count = demo.steps * run.batch_size * 4 + 64  # enough for drops and the staleness window
-    with path.open("wb") as handle:
+    with open_private(path, "wb") as handle:
         for prompt, _ in zip(prompts(seed=0, reject_rate=demo.reject_rate, fail_rate=demo.fail_rate), range(count)):
             handle.write(orjson.dumps(prompt) + b"\n")
     return path
 
 
-def _children(url: str, run_name: str, run: RunConfig, demo: DemoConfig, dataset: Path, log_dir: Path) -> list[Child]:
-    common = ["--redis-url", url, "--run", run_name]
+def _child_env(url: str, connection: ConnectionConfig) -> dict[str, str]:
+    """How the roles reach the server: its URL and the connection's secrets and TLS files, by environment."""
+    env = {"STREAMGRP_REDIS_URL": url}
+    if connection.password is not None:
+        env["STREAMGRP_PASSWORD"] = connection.password.get_secret_value()
+    for name in ("password_file", "tls_cert_file", "tls_key_file", "tls_ca_cert_file"):
+        value = getattr(connection, name)
+        if value is not None:
+            env[env_name(name)] = str(Path(value).resolve())
+    return env
+
+
+def _children(env: dict[str, str], run_name: str, run: RunConfig, demo: DemoConfig, dataset: Path,
+              log_dir: Path) -> list[Child]:
+    common = ["--run", run_name]
     dist_url = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
     children = [
         Child("batcher", 0, [*common, "--dataset", str(dataset), "--max-steps", str(demo.steps), "--round-s", "0.5"],
-              log_dir / "batcher.log"),
-        Child("assembler", 0, [*common, "--tick-interval-s", "0.2"], log_dir / "assembler.log"),
+              log_dir / "batcher.log", env),
+        Child("assembler", 0, [*common, "--tick-interval-s", "0.2"], log_dir / "assembler.log", env),
     ]
     for index in range(demo.workers):
         children.append(Child("worker", index, [*common, "--rollout", f"{TOY_TASK}:rollout", "--concurrency", "4",
-                                                "--claim-idle-s", "5"], log_dir / f"worker-{index}.log"))
+                                                "--claim-idle-s", "5"], log_dir / f"worker-{index}.log", env))
     for rank in range(demo.ranks):
         extra = ["--fail-at-step", str(demo.trainer_fail_at_step)] if demo.trainer_fail_at_step is not None else []
         children.append(Child("trainer", rank, [*common, "--rank", str(rank), "--world-size", str(demo.ranks),
-                                                "--dist-url", dist_url, *extra], log_dir / f"trainer-{rank}.log"))
+                                                "--dist-url", dist_url, *extra], log_dir / f"trainer-{rank}.log",
+                                          env))
     return children
 
 

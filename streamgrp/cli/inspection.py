@@ -18,6 +18,7 @@ from pathlib import Path
 
 from streamgrp.cli.context import connected
 from streamgrp.config import load_callable
+from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError
 
 __all__ = ["cmd_inspect", "cmd_replay", "cmd_report", "cmd_runs", "cmd_steps", "cmd_verify"]
@@ -28,7 +29,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     with connected(args) as (client, _, _handle):
         for name, started in list_runs(client):
-            print(f"{name}\t{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}")
+            print(f"{printable(name)}\t{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}")
     return 0
 
 
@@ -136,6 +137,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     with _inspected_run(args) as (client, run, source):
         timeline = inspect_task(client, run.keys, args.task_id, source=source)
-    print(f"task {args.task_id} in run {run.name}")
+    print(f"task {printable(args.task_id)} in run {run.name}")
     print(format_timeline(timeline))
     return 0

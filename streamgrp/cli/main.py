@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from streamgrp.cli.parser import build_parser
+from streamgrp.core.shown import printable, printable_lines
 from streamgrp.errors import StopRequested, StreamgrpError
 
 __all__ = ["main"]
@@ -21,11 +22,32 @@ __all__ = ["main"]
 log = logging.getLogger("streamgrp")
 
 
+class EscapingFormatter(logging.Formatter):
+    """Log lines with every interpolated text argument made `printable`: task ids, producer names and error
+    texts come from the streams, and must not move the cursor, rewrite the terminal or forge a log line.
+    The format strings are streamgrp's own and keep their line breaks."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.args:
+            record = logging.makeLogRecord(record.__dict__)  # a copy: other handlers see the record unchanged
+            if isinstance(record.args, dict):
+                record.args = {k: _printable_arg(v) for k, v in record.args.items()}
+            else:
+                record.args = tuple(_printable_arg(a) for a in record.args)
+        return super().format(record)
+
+
+def _printable_arg(value: object) -> object:
+    return printable(value) if isinstance(value, (str, bytes)) else value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = (args.log_level or os.environ.get("STREAMGRP_LOG_LEVEL") or "INFO").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     if args.command is None:
         parser.print_help()
         return 0
@@ -35,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("%s", exc)  # shutting down while the server is away is not an error
         return 0
     except StreamgrpError as exc:
-        print(f"streamgrp {args.command}: {exc}", file=sys.stderr)
+        print(f"streamgrp {args.command}: {printable_lines(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -90,8 +90,9 @@ class Metrics:
             elif field in self._totals:
                 self._totals[field].inc(amount)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` on ``port`` (0 disables); returns the port."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` on ``addr``:``port`` (0 disables); returns the port. Loopback by default: the
+        endpoint has no authentication, so listening on every interface is the caller's explicit choice."""
         if port:
             start_http_server(port, addr=addr, registry=self.registry)
             log.info("metrics on http://%s:%d/metrics", addr, port)

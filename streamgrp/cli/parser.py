@@ -15,6 +15,7 @@ from typing import Any
 
 from streamgrp._version import __version__
 from streamgrp.cli import inspection, roles
+from streamgrp.cli.security import add_acl_command
 from streamgrp.config import (
     ArchiverConfig,
     AssemblerConfig,
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--bind", default="127.0.0.1", help="address to listen on [default 127.0.0.1]")
     server.add_argument("--appendfsync", choices=["always", "everysec", "no"], default="everysec",
                         help="AOF fsync policy (see README: what each mode can lose)")
+    server.add_argument("--acl-file", default=os.environ.get("STREAMGRP_ACL_FILE"), metavar="FILE",
+                        help="the server's users (`streamgrp acl RUN` prints one per role); it must define the default "
+                        "user [env STREAMGRP_ACL_FILE]. A --bind other machines reach needs this or a password")
     server.set_defaults(handler=roles.cmd_server)
 
     # Each role takes the connection flags, the run's settings, and its own.
@@ -81,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_model_flags(archiver, model, title)
     archiver.set_defaults(handler=roles.cmd_archiver)
     _add_replay_commands(commands)
+    add_acl_command(commands)
     return parser
 
 
@@ -133,9 +138,13 @@ def _add_archive_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_model_flags(parser: argparse.ArgumentParser, model: type, title: str) -> None:
-    """One flag per field of ``model``; unset flags stay None so TOML and environment fill them."""
+    """One flag per field of ``model``; unset flags stay None so TOML and environment fill them. A field whose
+    ``flag`` is None (a secret) has no flag: only its environment variable and the TOML file set it."""
     group = parser.add_argument_group(title)
     for name, field in model.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if "flag" in extra and extra["flag"] is None:
+            continue
         help_text = f"{field.description or ''} [env {env_name(name)}; default {field.default!r}]"
         extra: dict[str, Any] = {"nargs": "?", "const": True} if field.annotation is bool else {}
         group.add_argument(flag_name(name, model), dest=name, default=None, metavar=name.upper(), help=help_text,

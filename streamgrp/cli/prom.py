@@ -31,6 +31,7 @@ from types import TracebackType
 from streamgrp.cli import children
 from streamgrp.cli.children import free_port
 from streamgrp.errors import ConfigError, ServerError
+from streamgrp.store.private import private_dir, write_private
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,9 @@ def targets_document(targets: Iterable[Target]) -> list[dict]:
 
 def write_targets(path: Path, targets: Iterable[Target]) -> Path:
     """Write the targets file atomically (Prometheus watches it and must never read half of it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(targets_document(targets), indent=2) + "\n")
+    write_private(partial, json.dumps(targets_document(targets), indent=2) + "\n")
     os.replace(partial, path)
     return path
 
@@ -106,9 +107,9 @@ def write_config(directory: Path, *, targets_file: Path, rules_file: Path | None
         "scrape_configs": [{"job_name": JOB_NAME,
                             "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": interval}]}],
     }
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     path = directory / "prometheus.yml"
-    path.write_text(json.dumps(config, indent=2) + "\n")
+    write_private(path, json.dumps(config, indent=2) + "\n")
     return path
 
 
@@ -122,13 +123,13 @@ def _duration(seconds: float) -> str:
 def prepare(directory: Path, targets: Iterable[Target], *, max_empty_rounds: int | None = None,
             stall_timeout_s: float | None = None, scrape_interval_s: float = 1.0) -> Path:
     """Targets file, alert rules (with the run's stall bounds when given) and config in ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     targets_file = write_targets(directory / "targets.json", targets)
     rules_file = default_rules_file()
     if rules_file is not None and max_empty_rounds is not None and stall_timeout_s is not None:
         rendered = directory / "alerts.yml"
-        rendered.write_text(render_rules(rules_file.read_text(), max_empty_rounds=max_empty_rounds,
-                                         stall_timeout_s=stall_timeout_s))
+        write_private(rendered, render_rules(rules_file.read_text(), max_empty_rounds=max_empty_rounds,
+                                             stall_timeout_s=stall_timeout_s))
         rules_file = rendered
     return write_config(directory, targets_file=targets_file, rules_file=rules_file,
                         scrape_interval_s=scrape_interval_s)
@@ -160,7 +161,7 @@ class Prometheus:
         if self.process is not None and self.process.poll() is None:
             return self.url
         self.port = self.port or free_port(self.host)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
         command = [self.binary, f"--config.file={self.config_file}", f"--storage.tsdb.path={self.data_dir / 'tsdb'}",
                    f"--web.listen-address={self.url.removeprefix('http://')}", "--log.level=warn"]
         self.process = children.spawn(command, self.log_path)

@@ -46,14 +46,21 @@ def cmd_server(args: argparse.Namespace) -> int:
     from streamgrp.cli.server_foreground import serve_forever
 
     connection = settings(args, ConnectionConfig)
-    return serve_forever(connection.data_dir, port=args.port, bind=args.bind, appendfsync=args.appendfsync)
+    return serve_forever(connection.data_dir, port=args.port, bind=args.bind, appendfsync=args.appendfsync,
+                         password=connection.secret(), acl_file=args.acl_file, tls=connection.tls())
 
 
-def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str):
-    from streamgrp.store.runs import join_run, resolve_run_name
+def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str, *, burst: bool = False):
+    """The batcher creates the run (or joins it); every other role opens it read-only, waiting for the batcher
+    to create it when ``--run`` names it (not in burst mode), else taking the latest run."""
+    from streamgrp.store.runs import await_run, join_run, resolve_run_name
 
-    run_name = resolve_run_name(client, connection.run, create=True)
-    run = join_run(client, run_name, settings(args, RunConfig))
+    if role == "batcher":
+        run = join_run(client, resolve_run_name(client, connection.run, create=True), settings(args, RunConfig))
+    else:
+        run_name = resolve_run_name(client, connection.run, create=False)
+        run = await_run(client, run_name, settings(args, RunConfig), stop=stop_event(),
+                        wait=connection.run is not None and not burst, who=role)
     log.info("%s joined run %s", role, run.name)
     return run
 
@@ -64,10 +71,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = settings(args, WorkerConfig)
     rollout = load_callable(config.rollout)
     with connected(args, role=True) as (client, connection, handle):
-        run = _join(client, connection, args, "worker")
-        # Rollout code (e.g. loading weights) finds the server and run the same way the worker did.
-        os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = handle.url, run.name
-        metrics = serve_metrics(config.metrics_port)
+        run = _join(client, connection, args, "worker", burst=config.burst)
+        _lend_to_rollouts(client, run.keys, handle.url)
+        metrics = serve_metrics(config)
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
                               metrics=metrics)
         process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
@@ -77,13 +83,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Secrets a rollout does not need; its subprocesses would inherit them from the worker's environment.
+_ROLLOUT_HIDDEN = ("STREAMGRP_PASSWORD", "STREAMGRP_PASSWORD_FILE", "STREAMGRP_TLS_KEY_FILE")
+
+
+def _lend_to_rollouts(client, keys, url: str) -> None:
+    """Give rollout code what it needs (weights by version) through the worker's own connection, and leave in
+    the environment only the run's name and the server's address without credentials."""
+    from streamgrp.store.connection import url_without_password
+    from streamgrp.store.lent import lend
+
+    lend(client, keys)
+    for name in _ROLLOUT_HIDDEN:
+        os.environ.pop(name, None)
+    os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = url_without_password(url), keys.run
+
+
 def cmd_assembler(args: argparse.Namespace) -> int:
     from streamgrp.services.assembler import Assembler
 
     config = settings(args, AssemblerConfig)
     with connected(args, role=True) as (client, connection, _):
-        run = _join(client, connection, args, "assembler")
-        metrics = serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
+        run = _join(client, connection, args, "assembler", burst=config.burst)
+        metrics = serve_metrics(config, client, run.keys.all_streams().values())
         assembler = Assembler(client, run, config, metrics=metrics)
         written = assembler.run(stop_event(), burst=config.burst)
         log.info("assembler %s wrote %d decisions", assembler.name, written)
@@ -98,7 +120,7 @@ def cmd_batcher(args: argparse.Namespace) -> int:
     dataset = load_dataset(config.dataset) if config.dataset else None
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "batcher")
-        metrics = serve_metrics(config.metrics_port, client, run.keys.all_streams().values())
+        metrics = serve_metrics(config, client, run.keys.all_streams().values())
         batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics)
         outcome = batcher.run(stop_event(), burst=config.burst)
         log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
@@ -114,7 +136,7 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     ranks = resolve_config(config)  # flags, else torchrun's RANK/WORLD_SIZE/..., else one process
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {ranks.rank}")
-        steps = train(client, run, config, metrics=serve_metrics(config.metrics_port))
+        steps = train(client, run, config, metrics=serve_metrics(config))
         log.info("trainer rank %d committed %d steps", ranks.rank, steps)
     return 0
 

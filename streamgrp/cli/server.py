@@ -43,7 +43,8 @@ equivalent: there a SIGKILLed owner leaves the server running until ``ensure_ser
 someone stops it.
 
 The password, if any, reaches the server through a config read from its stdin, never its argument
-list, so it does not show in ``ps``; ``server.json`` records only that a password is set.
+list, so it does not show in ``ps``; ``server.json`` records only that a password is set. Who may
+connect (protected mode, the loopback rule, ACL files, TLS) is `streamgrp.cli.server_config`'s.
 """
 
 from __future__ import annotations
@@ -56,11 +57,14 @@ from pathlib import Path
 
 from streamgrp.cli import children
 from streamgrp.cli.server_binary import BINARY_ENV, server_binary, version_problem
+from streamgrp.cli.server_config import ServerSecurity
 from streamgrp.cli.server_probe import connect_host, probe, server_url
-from streamgrp.cli.server_state import live_state, locked, remove_state, write_state
+from streamgrp.cli.server_state import live_state, remove_state, write_state
+from streamgrp.config import TlsFiles
 from streamgrp.errors import ConfigError, ServerError
+from streamgrp.store.private import private_dir
 
-__all__ = ["DEFAULT_DATA_DIR", "EmbeddedServer", "ServerHandle", "ensure_server"]
+__all__ = ["DEFAULT_DATA_DIR", "EmbeddedServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +74,6 @@ APPENDFSYNC_MODES = ("always", "everysec", "no")
 
 _PORT_ATTEMPTS = 3
 _LOG_TAIL_LINES = 25
-
-
-def _config_quote(value: str) -> str:
-    """Quote for a redis.conf line: every byte as a \\xHH escape inside double quotes."""
-    return '"' + "".join(f"\\x{byte:02x}" for byte in value.encode()) + '"'
 
 
 # --------------------------------------------------------------------------- EmbeddedServer
@@ -87,7 +86,8 @@ class EmbeddedServer:
     ``data_dir/server.json``; ``stop()`` ends it with SIGTERM (the AOF is already on disk, the
     server only fsyncs it) and removes the record; ``kill()`` is SIGKILL, for crash tests, and
     leaves the stale record behind as a real crash would. Refuses to start while another live
-    server is recorded in the same ``data_dir``.
+    server is recorded in the same ``data_dir``, and refuses a ``bind`` other machines can reach
+    without a ``password`` or an ``acl_file`` (`ServerSecurity`). ``tls`` serves TLS only.
     """
 
     def __init__(
@@ -100,13 +100,15 @@ class EmbeddedServer:
         appendfsync: str = "everysec",
         password: str | None = None,
         binary: str | os.PathLike[str] | None = None,
+        acl_file: str | os.PathLike[str] | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         if appendfsync not in APPENDFSYNC_MODES:
             raise ConfigError(f"appendfsync={appendfsync!r}: use one of {', '.join(APPENDFSYNC_MODES)}")
         if not 0 <= port <= 65535:
             raise ConfigError(f"port={port} is out of range; use 0 to pick a free port")
-        if password == "":
-            raise ConfigError("password='' would disable authentication; pass None or a non-empty password")
+        self.security = ServerSecurity(bind=bind, password=password,
+                                       acl_file=Path(acl_file) if acl_file is not None else None, tls=tls)
         self.data_dir = Path(data_dir).resolve()
         self.bind = bind
         self.host = connect_host(bind)
@@ -135,14 +137,19 @@ class EmbeddedServer:
         """``redis://[:password@]host:port/0``; raises ServerError before ``start()``."""
         if self._port is None:
             raise ServerError("the server has not been started; call start() first")
-        return server_url(self.host, self._port, self.password)
+        return server_url(self.host, self._port, self.password, tls=self.tls is not None)
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        return self.security.tls
 
     @property
     def display_url(self) -> str:
         """The URL with the password masked, for logs and messages."""
         if self._port is None:
             return "<not started>"
-        return server_url(self.host, self._port, "***" if self.password is not None else None)
+        url = server_url(self.host, self._port, None, tls=self.tls is not None)
+        return url.replace("://", "://:***@", 1) if self.password is not None else url
 
     @property
     def log_path(self) -> Path:
@@ -154,7 +161,7 @@ class EmbeddedServer:
         """Spawn the server, wait until it answers PING, record it; return its URL."""
         if self.running:
             raise ServerError(f"this server is already running (pid {self.pid}); stop() it first")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)  # 0700: the AOF holds the whole run
         live = live_state(self.data_dir)
         if live is not None:
             raise ServerError(
@@ -185,16 +192,14 @@ class EmbeddedServer:
         command = [
             self.binary,
             "--dir", str(self.data_dir),
-            "--port", str(port),
-            "--bind", *self.bind.split(),
+            *self.security.args(port),
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", self.appendfsync,
             "--save", "",
             "--logfile", str(self.log_path),
-            "--protected-mode", "no",
         ]
-        if self.password is not None:
-            command.append("-")  # read the rest of the config (requirepass) from stdin
+        if self.security.stdin_config() is not None:
+            command.append("-")  # read the rest of the config (the default user's password) from stdin
         return command
 
     def _spawn_and_wait(self, port: int, timeout: float) -> None:
@@ -211,7 +216,7 @@ class EmbeddedServer:
             # Early failures (bad config) go to stderr before --logfile takes effect: append
             # them to the same log so the start errors can quote them.
             return children.spawn(self._command(port), self.log_path, cwd=self.data_dir,
-                                  stdin=subprocess.PIPE if self.password is not None else subprocess.DEVNULL)
+                                  stdin=subprocess.PIPE if self.security.stdin_config() else subprocess.DEVNULL)
         except OSError as exc:
             raise ServerError(
                 f"cannot run server binary {self.binary!r}: {exc.strerror or exc}. Point "
@@ -220,11 +225,11 @@ class EmbeddedServer:
             ) from exc
 
     def _send_password(self, process: subprocess.Popen[bytes]) -> None:
-        """Write ``requirepass`` to the server's stdin, where ``ps`` cannot show it."""
+        """Write the default user's password and rules to the server's stdin, where ``ps`` cannot show them."""
         if process.stdin is None:
             return
         try:
-            process.stdin.write(f"requirepass {_config_quote(self.password or '')}\n".encode())
+            process.stdin.write((self.security.stdin_config() or "").encode())
         except BrokenPipeError:
             pass  # it already died; reported by _wait_until_ready with its log
         finally:
@@ -240,7 +245,8 @@ class EmbeddedServer:
             if process.poll() is not None:
                 raise self._exited_during_start(process, port, log_offset)
             try:
-                info = probe(self.host, port, self.password, timeout=0.5)
+                info = probe(self.host, port, self.password, timeout=0.5, tls=self.tls,
+                             refusal_answers=self.security.anonymous_refused)
             except (OSError, ServerError):
                 info = None  # not listening yet, or still loading
             if info is not None:
@@ -262,10 +268,16 @@ class EmbeddedServer:
             f"server {self.binary} exited with code {process.returncode} during start "
             f"(port {port}, data dir {self.data_dir}); last lines of {self.log_path}:\n{tail}"
         )
+        if "TLS support" in tail or "connection type tls" in tail:
+            message += (f"\n{self.binary} was built without TLS; point {BINARY_ENV} at a server binary built with it "
+                        "(Debian's /usr/bin/redis-server is)")
         return _AddressInUse(message) if "Address already in use" in tail else ServerError(message)
 
     def _check_answer(self, process: subprocess.Popen[bytes], port: int, info: dict[str, str]) -> None:
-        """Make sure the server answering on ``port`` is ``process`` and new enough; else stop it and raise."""
+        """Make sure the server answering on ``port`` is ``process`` and new enough; else stop it and raise.
+        A server that refused our anonymous probe (an ACL file) answered ``{}``: nothing to check."""
+        if not info:
+            return
         if info.get("process_id", str(process.pid)) != str(process.pid):
             # Another server answers on that port (ours will fail to bind).
             self._abandon(process, 2.0)
@@ -286,8 +298,12 @@ class EmbeddedServer:
     def _write_state(self) -> None:
         write_state(self.data_dir, {
             "pid": self.pid, "host": self.host, "port": self._port, "bind": self.bind,
-            "password_set": self.password is not None, "url": server_url(self.host, self._port or 0, None),
+            "password_set": self.password is not None,
+            "url": server_url(self.host, self._port or 0, None, tls=self.tls is not None),
             "binary": self.binary, "appendonly": self.appendonly, "appendfsync": self.appendfsync,
+            "acl_file": str(self.security.acl_file) if self.security.acl_file else None,
+            "tls": {name: str(getattr(self.tls, name)) for name in ("cert_file", "key_file", "ca_cert_file")}
+            if self.tls is not None else None,
         })
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -339,61 +355,10 @@ class _AddressInUse(ServerError):
     """The port was taken between picking it and the server binding it."""
 
 
-# --------------------------------------------------------------------------- ensure_server
+def __getattr__(name: str):
+    # ensure_server and ServerHandle live in server_reuse (which imports this module); still importable from here.
+    if name in ("ServerHandle", "ensure_server"):
+        from streamgrp.cli import server_reuse
 
-
-class ServerHandle:
-    """The server a command talks to: ``url``, and whether this process ``owned`` (started) it.
-
-    ``close()`` stops the server only if this handle owns it; a reused or external server keeps
-    running for its owner.
-    """
-
-    def __init__(self, url: str, *, owned: bool = False, server: EmbeddedServer | None = None) -> None:
-        self.url = url
-        self.owned = owned
-        self.server = server
-
-    def close(self) -> None:
-        if self.owned and self.server is not None:
-            self.server.stop()
-
-    def __enter__(self) -> ServerHandle:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        shown = self.server.display_url if self.server is not None else "<given url>"
-        return f"ServerHandle({shown}, owned={self.owned})"
-
-
-def ensure_server(
-    redis_url: str | None,
-    data_dir: str | os.PathLike[str] = DEFAULT_DATA_DIR,
-    *,
-    password: str | None = None,
-    appendfsync: str = "everysec",
-    timeout: float = 10.0,
-) -> ServerHandle:
-    """A server to talk to: ``redis_url`` if given, else the one running in ``data_dir``, else a new one.
-
-    Check-then-start happens under an exclusive flock on ``data_dir/server.lock``, so concurrent
-    commands of one run share a single server instead of racing to start two on one AOF.
-    ``password`` and ``appendfsync`` apply only when a new server is started (the password is also
-    used to reach a reused one).
-    """
-    if redis_url:
-        return ServerHandle(redis_url, owned=False)
-    directory = Path(data_dir).resolve()
-    directory.mkdir(parents=True, exist_ok=True)
-    with locked(directory):
-        state = live_state(directory, password)
-        if state is not None:
-            url = server_url(str(state["host"]), int(state["port"]), password)
-            logger.info("reusing server pid %s at %s", state["pid"], server_url(state["host"], state["port"], None))
-            return ServerHandle(url, owned=False)
-        server = EmbeddedServer(directory, password=password, appendfsync=appendfsync)
-        url = server.start(timeout)
-        return ServerHandle(url, owned=True, server=server)
+        return getattr(server_reuse, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

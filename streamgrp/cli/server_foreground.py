@@ -16,6 +16,8 @@ from pathlib import Path
 
 from streamgrp.cli.server import DEFAULT_DATA_DIR, EmbeddedServer
 from streamgrp.cli.server_state import locked
+from streamgrp.config import TlsFiles
+from streamgrp.store.private import private_dir
 
 __all__ = ["serve_forever"]
 
@@ -31,6 +33,8 @@ def serve_forever(
     appendfsync: str = "everysec",
     password: str | None = None,
     binary: str | None = None,
+    acl_file: str | os.PathLike[str] | None = None,
+    tls: TlsFiles | None = None,
     ready: Callable[[str], None] | None = None,
 ) -> int:
     """Run a server in ``data_dir`` until SIGINT/SIGTERM, then stop it cleanly (``streamgrp server``).
@@ -39,23 +43,23 @@ def serve_forever(
     called with the URL once the server answers. Returns 0 after a requested stop, 1 if the server
     exited on its own.
     """
-    directory = Path(data_dir).resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    # Built first: a bind other machines reach without a password is refused before anything starts.
+    server = EmbeddedServer(
+        Path(data_dir).resolve(), port=port, bind=bind, appendonly=appendonly, appendfsync=appendfsync,
+        password=password, binary=binary, acl_file=acl_file, tls=tls,
+    )
+    directory = private_dir(server.data_dir)
     stop_requested = threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:
         stop_requested.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    server = EmbeddedServer(
-        directory, port=port, bind=bind, appendonly=appendonly, appendfsync=appendfsync,
-        password=password, binary=binary,
-    )
     try:
         with locked(directory):
             url = server.start()
-        logger.info("serving %s at %s (data in %s); Ctrl-C to stop", Path(server.binary).name,
-                    server.display_url, directory)
+        logger.info("serving %s at %s (%s; data in %s); Ctrl-C to stop", Path(server.binary).name,
+                    server.display_url, server.security.describe(), directory)
         if ready is not None:
             ready(url)
         while not stop_requested.wait(0.5):

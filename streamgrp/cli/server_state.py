@@ -17,10 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from streamgrp.cli.children import pid_alive
-from streamgrp.cli.server_probe import probe
+from streamgrp.cli.server_probe import AUTH_REFUSALS, probe
+from streamgrp.config import TlsFiles
 from streamgrp.errors import ServerError
+from streamgrp.store.private import FILE_MODE, write_private
 
-__all__ = ["LOCK_FILE", "STATE_FILE", "live_state", "locked", "read_state", "remove_state", "write_state"]
+__all__ = ["LOCK_FILE", "STATE_FILE", "live_state", "locked", "read_state", "remove_state", "state_tls", "write_state"]
 
 STATE_FILE = "server.json"
 LOCK_FILE = "server.lock"
@@ -42,7 +44,7 @@ def write_state(data_dir: Path, state: dict) -> None:
     """Replace the record atomically, so a concurrent reader never sees half of it."""
     path = data_dir / STATE_FILE
     tmp = path.with_name(f"{STATE_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    write_private(tmp, json.dumps(state, indent=2) + "\n")
     os.replace(tmp, path)
 
 
@@ -51,6 +53,17 @@ def remove_state(data_dir: Path, pid: int) -> None:
     state = read_state(data_dir)
     if state is not None and state.get("pid") == pid:
         (data_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def state_tls(state: dict) -> TlsFiles | None:
+    """The recorded server's own TLS files (it serves TLS only), presented when probing it; None for plain TCP."""
+    tls = state.get("tls")
+    if not isinstance(tls, dict):
+        return None
+    try:
+        return TlsFiles(Path(tls["cert_file"]), Path(tls["key_file"]), Path(tls["ca_cert_file"]))
+    except (KeyError, TypeError):
+        return None
 
 
 def live_state(data_dir: Path, password: str | None = None) -> dict | None:
@@ -72,7 +85,8 @@ def live_state(data_dir: Path, password: str | None = None) -> dict | None:
     deadline = time.monotonic() + _LOADING_WAIT_S
     while True:
         try:
-            info = probe(host, port, password)
+            info = probe(host, port, password, tls=state_tls(state),
+                         refusal_answers=bool(state.get("acl_file")) and password is None)
         except OSError:
             return None  # the pid was recycled by some other process; the record is stale
         except ServerError as exc:
@@ -80,7 +94,7 @@ def live_state(data_dir: Path, password: str | None = None) -> dict | None:
             if message.startswith("LOADING") and time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
-            if message.startswith(("NOAUTH", "WRONGPASS", "ERR AUTH", "ERR invalid password")):
+            if message.startswith(AUTH_REFUSALS):
                 raise ServerError(
                     f"the server running in {data_dir} (pid {pid}, port {port}) needs "
                     f"{'another' if password else 'a'} password ({message}); pass the right one "
@@ -90,7 +104,7 @@ def live_state(data_dir: Path, password: str | None = None) -> dict | None:
                 f"the server running in {data_dir} (pid {pid}, port {port}) answered {message!r}; "
                 "wait for it or stop it before starting another in the same directory"
             ) from None
-        if info.get("process_id", str(pid)) != str(pid):
+        if info and info.get("process_id", str(pid)) != str(pid):
             return None  # another server answers on that port; ours is gone
         return state
 
@@ -98,7 +112,7 @@ def live_state(data_dir: Path, password: str | None = None) -> dict | None:
 @contextmanager
 def locked(data_dir: Path) -> Iterator[None]:
     """Exclusive flock on ``data_dir/server.lock``: one process at a time checks-then-starts."""
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

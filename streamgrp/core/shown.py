@@ -1,7 +1,10 @@
-"""Short, safe renderings of untrusted values for error details (never a deep or unbounded repr).
+"""Short, safe renderings of untrusted values for error details (never a deep or unbounded repr), and text
+safe to print.
 
 Decoding and dead letters quote what an entry held; a hostile entry must not make that quote
-large, slow, or raise. Pure.
+large, slow, or raise. Task ids, producer names, prompts and error texts come from whoever could
+write the streams: `printable` makes them safe to put on a terminal or in a log line (no escape
+sequence that moves the cursor or rewrites the screen, no newline that forges another line). Pure.
 """
 
 from __future__ import annotations
@@ -25,6 +28,20 @@ def show(value: Any, limit: int = 60) -> str:
     if kind in JSON_NAMES or kind is bytes:
         return repr(value)
     return f"(a {kind.__name__})"
+
+
+def printable(text: Any) -> str:
+    """``text`` on one safe line: every character that is not printable (ESC and the other control characters,
+    CR and newline, bidirectional overrides, ...) written as its escape (``\\x1b``, ``\\n``, ``\\u202e``)."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def printable_lines(text: Any) -> str:
+    """`printable` for each line of a text whose line breaks are its own (a message streamgrp composed)."""
+    return "\n".join(printable(line) for line in str(text).split("\n"))
 
 
 def json_name(value: Any) -> str:

@@ -40,6 +40,7 @@ from streamgrp.core.events import (
     StepManifest,
     TaskIssued,
 )
+from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError, DecodeError, DigestMismatch
 from streamgrp.store.keys import RunKeys, step_entry_id
 from streamgrp.store.sources import EntrySource, RedisSource, decode_all
@@ -310,7 +311,7 @@ def format_steps(steps: Sequence[StepStatus]) -> str:
         for rank in status.ranks:
             if rank.state == "failed":
                 again = f" ({rank.failures} failures)" if rank.failures > 1 else ""
-                lines.append(f"      rank {rank.rank} failed{again}: {rank.error}")
+                lines.append(f"      rank {rank.rank} failed{again}: {printable(rank.error)}")
     return "\n".join(lines)
 
 
@@ -323,10 +324,12 @@ def format_batch(batch: Batch) -> str:
         f"  {batch.rows} rows x {batch.token_ids.shape[1]} tokens, policy version {batch.version}, "
         f"{len(batch.task_ids)} groups, step loss tokens {batch.step_loss_tokens}",
         f"  group sizes {batch.group_sizes.tolist()}",
-        f"  tasks {', '.join(batch.task_ids)}",
+        f"  tasks {', '.join(printable(task) for task in batch.task_ids)}",
         f"  sums  {sums}",
     ])
 
 
 def format_timeline(events: Sequence[TimelineEvent]) -> str:
-    return "\n".join(f"{_clock(e.at)}  {e.what:<9} {e.text}" + (f"  [{e.entry}]" if e.entry else "") for e in events)
+    # A line's text quotes producers, prompts and error texts: whatever was written to the streams.
+    return "\n".join(f"{_clock(e.at)}  {e.what:<9} {printable(e.text)}" + (f"  [{e.entry}]" if e.entry else "")
+                     for e in events)

@@ -54,6 +54,7 @@ from streamgrp.core.events import (
 )
 from streamgrp.core.group_fold import Closed, run_fold
 from streamgrp.core.manifest import make_manifest
+from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
 from streamgrp.store.sources import RedisSource, decode_all, recorded_config
@@ -79,7 +80,9 @@ class Difference:
 
     def __str__(self) -> str:
         where = f"{self.subject} {self.field}" if self.field else self.subject
-        return f"{self.kind}: {where}: recorded {_short(self.recorded)}, recomputed {_short(self.recomputed)}"
+        # task ids and recorded values come from the streams: one printable line whatever they hold
+        return printable(f"{self.kind}: {where}: recorded {_short(self.recorded)}, "
+                         f"recomputed {_short(self.recomputed)}")
 
 
 @dataclass

@@ -20,6 +20,7 @@ import orjson
 
 from streamgrp.errors import ArchiveError, ConfigError
 from streamgrp.store.archive_layout import ARCHIVE_FORMAT, read_meta, segment_paths
+from streamgrp.store.private import open_private, private_dir
 from streamgrp.store.segment_file import (
     SegmentWriter,
     fsync_dir,
@@ -44,7 +45,7 @@ class ArchiveWriter:
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
-        (self.directory / "segments").mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory / "segments")  # 0700: an archive holds every prompt and sample
         self._lock = _lock(self.directory / "LOCK")
         try:
             meta = read_meta(self.directory)
@@ -123,7 +124,7 @@ class ArchiveWriter:
 
 def _lock(path: Path):
     """Hold ``path`` locked for as long as the returned file is open; a second writer is refused at once."""
-    handle = open(path, "a+")
+    handle = open_private(path, "a+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -25,18 +25,21 @@ outage; this module only says that one happened (`ServerClient.outages`).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.client import Pipeline
 from redis.retry import Retry
 
+from streamgrp.config import TlsFiles
 from streamgrp.errors import (
     ConfigError,
     OutageBudgetExceeded,
@@ -246,15 +249,18 @@ def _command_name(args: tuple[Any, ...]) -> bytes:
 
 
 def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop: threading.Event | None = None,
-            wait_replicas: int = 0, wait_timeout_ms: int = 1000, check_settings: bool = True) -> ServerClient:
+            wait_replicas: int = 0, wait_timeout_ms: int = 1000, check_settings: bool = True,
+            password: str | None = None, tls: TlsFiles | None = None) -> ServerClient:
     """A `ServerClient` for ``url`` once the server answers (waiting through an outage at start).
 
     Checks that it is Redis/Valkey >= 7.0 and, unless ``check_settings`` is False, that it will not
-    evict keys (`check_server_settings`).
+    evict keys (`check_server_settings`). ``password`` is used when the URL carries none (so it
+    need not appear in a URL someone may print); ``tls`` (a ``rediss://`` URL) verifies the server
+    against its CA and presents its client certificate.
     """
     client = ServerClient.from_url(url, decode_responses=False, socket_keepalive=True, health_check_interval=30,
                                    socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S,
-                                   retry=Retry(NoBackoff(), 0))
+                                   retry=Retry(NoBackoff(), 0), **_auth_options(url, password, tls))
     keep_every_field(client)
     client.outage = Outage(budget_s=outage_budget_s, stop=stop, name=f"the server at {safe_url(url)}")
     client.wait_replicas = wait_replicas
@@ -262,18 +268,46 @@ def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop:
     try:
         info = client.info("server")
     except redis.AuthenticationError as exc:
-        raise ServerError(f"the server at {safe_url(url)} refused the password: {exc}; fix the password in "
-                          "--redis-url") from None
+        raise ServerError(f"the server at {safe_url(url)} refused the credentials: {exc}; fix the password "
+                          "(--password-file, STREAMGRP_PASSWORD, or the one in --redis-url) or the user name") from None
+    except redis.exceptions.NoPermissionError as exc:
+        raise ServerError(f"the server at {safe_url(url)} does not let this user run INFO ({exc}); give the user the "
+                          "rules `streamgrp acl RUN` prints for its role") from None
     version = tuple(int(part) for part in str(info.get("redis_version", "0.0")).split(".")[:2])
     if version < MIN_SERVER_VERSION:
         raise ServerError(f"{safe_url(url)} runs Redis {info.get('redis_version')}; streamgrp needs 7.0 or newer")
     if check_settings:
-        check_server_settings(client, safe_url(url))
+        # A named ACL user is a role's: its rules deny CONFIG, so asking would only fill the ACL log.
+        check_server_settings(client, safe_url(url), read_config=not urlsplit(url).username)
     return client
 
 
-def check_server_settings(client: redis.Redis, where: str) -> None:
+#: No ``CLIENT SETINFO`` on connect: Redis 7.0 has no such command, so a role's ACL rules cannot name it
+#: (they would not load there), and without a rule newer servers log a denied command for every connection.
+_NO_CLIENT_INFO: dict[str, Any] = (
+    {"driver_info": None} if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None})
+
+
+def _auth_options(url: str, password: str | None, tls: TlsFiles | None) -> dict[str, Any]:
+    """redis-py options for the password (the URL's wins) and, for ``rediss://``, the TLS files."""
+    options: dict[str, Any] = dict(_NO_CLIENT_INFO)
+    if password is not None:
+        options["password"] = password
+    scheme = urlsplit(url).scheme
+    if tls is not None:
+        if scheme != "rediss":
+            raise ConfigError(f"TLS files are set but {safe_url(url)} is not a rediss:// URL; use rediss://HOST:PORT/0 "
+                              "(or unset --tls-cert-file, --tls-key-file and --tls-ca-cert-file)")
+        options.update(ssl_ca_certs=str(tls.ca_cert_file), ssl_certfile=str(tls.cert_file),
+                       ssl_keyfile=str(tls.key_file))
+    return options
+
+
+def check_server_settings(client: redis.Redis, where: str, *, read_config: bool = True) -> None:
     """Refuse a server that evicts keys; warn when it is nearly full or does not persist.
+
+    ``read_config`` False skips the one check that needs ``CONFIG GET`` (``appendfsync no``).
 
     An evicting server silently deletes a run's state (committed steps, decisions, leases), so a
     restarted trainer would start again from step 0: that is refused, not warned about.
@@ -296,6 +330,8 @@ def check_server_settings(client: redis.Redis, where: str) -> None:
                     "every write since its last snapshot. Turn it on with CONFIG SET appendonly yes (and "
                     "appendfsync everysec or always), or use the embedded server, which does", where)
         return
+    if not read_config:
+        return
     try:
         values = client.config_get("appendfsync")
         fsync = values.get(b"appendfsync", values.get("appendfsync"))
@@ -307,11 +343,36 @@ def check_server_settings(client: redis.Redis, where: str) -> None:
 
 
 def safe_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    if "@" not in url:
+    """The URL without its password (in the user part or a ``password=`` query), for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<an unparsable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name, has_password, _ = user.partition(":")
+        netloc = f"{name}:***@{host}" if has_password else f"{name}@{host}" if name else f"***@{host}"
+    query = parts.query
+    if "password" in query.lower():
+        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in parse_qsl(query)], safe="*")
+    if (netloc, query) == (parts.netloc, parts.query):
         return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def url_without_password(url: str) -> str:
+    """``url`` with its password (in the user part or a ``password=`` query) removed, the user name kept."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name = user.partition(":")[0]
+        netloc = f"{name}@{host}" if name else host
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k.lower() != "password"])
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def outage_of(client: redis.Redis) -> Outage:

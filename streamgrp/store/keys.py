@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from streamgrp.errors import ConfigError
+
 PREFIX = "sg"
 RUNS = f"{PREFIX}:runs"  # sorted set: run name -> start time (server clock)
 
@@ -20,13 +22,17 @@ ASSEMBLER_CONSUMER = "assembler"
 BATCHER_GROUP = "batcher"
 BATCHER_CONSUMER = "batcher"
 
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: ``\Z``, not ``$``: ``$`` also matches before a trailing newline, and a run name is part of every key
+#: name and of the ACL key patterns (`streamgrp.store.acl`), so it must be exactly these characters.
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
 def check_run_name(run: str) -> str:
-    if not _RUN_NAME.match(run):
-        raise ValueError(
-            f"run name {run!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+    """``run`` if it is a valid run name; `ConfigError` (also a ValueError) naming the rule otherwise."""
+    if not isinstance(run, str) or not _RUN_NAME.match(run):
+        raise ConfigError(
+            f"run name {run!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit (fix --run / STREAMGRP_RUN)"
         )
     return run
 
@@ -137,6 +143,15 @@ class RunKeys:
         """Hash stream name -> last entry id the archiver wrote and fsynced (and ``archive_id``, whose
         archive that is): retention never trims past it."""
         return self._key("archive")
+
+    def weights(self, version: int | str) -> str:
+        """Policy weights of ``version`` (``latest``: the newest version's number; ``*``: the ACL pattern of all)."""
+        return self._key(f"control:weights:{version}")
+
+    @property
+    def pattern(self) -> str:
+        """Every key of the run, as an ACL key pattern (run names hold no glob characters)."""
+        return self._key("*")
 
     @property
     def worker_seq(self) -> str:

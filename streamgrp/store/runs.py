@@ -1,13 +1,16 @@
 """Connecting to the server and joining a run: the registry of runs and each run's recorded config.
 
-A run's first event (`RunStarted` on its control stream) records its `RunConfig`. The first
-process to join creates it; every later process adopts the recorded values for settings it did not
-set and refuses to start, naming the fields, when a setting it did set disagrees.
+A run's first event (`RunStarted` on its control stream) records its `RunConfig`. Only the
+batcher (or a program acting as the run's owner) creates a run, with `join_run`; every other role
+opens it read-only (`open_run`, `await_run`), so its credentials need no write access to the
+control stream. Either way a process adopts the recorded values for settings it did not set and
+refuses to start, naming the fields, when a setting it did set disagrees.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -58,7 +61,8 @@ def resolve_run_name(client: redis.Redis, run: str | None, *, create: bool) -> s
     if existing and not create:
         return existing
     if not create:
-        raise ConfigError("no run exists yet on this server; start one, or pass --run NAME")
+        raise ConfigError("no run exists yet on this server; start the run's batcher (it creates the run), or pass "
+                          "--run NAME")
     return time.strftime("run-%Y%m%d-%H%M%S")
 
 
@@ -75,14 +79,39 @@ def join_run(client: redis.Redis, run: str, config: RunConfig, *, producer: str 
     return Run(keys, _reconcile(run, recorded, config), record)
 
 
-def open_run(client: redis.Redis, run: str) -> Run:
-    """Read an existing run's record without proposing a configuration (inspection commands)."""
+def open_run(client: redis.Redis, run: str, config: RunConfig | None = None) -> Run:
+    """Read an existing run's record, writing nothing. With ``config``, refuse (naming the fields) when a
+    setting it set explicitly disagrees with the record, as `join_run` does."""
     keys = RunKeys(run)
     first = client.xrange(keys.control, "-", "+", count=1)
     if not first:
-        raise ConfigError(f"run {run!r} does not exist on this server; list runs with `streamgrp runs`")
+        raise ConfigError(f"run {run!r} does not exist on this server; list runs with `streamgrp runs`, or start "
+                          "the run's batcher, which creates it")
     record, recorded = read_record(run, first[0][1], "the control stream's first entry")
-    return Run(keys, recorded, record)
+    return Run(keys, _reconcile(run, recorded, config) if config is not None else recorded, record)
+
+
+def await_run(client: redis.Redis, run: str, config: RunConfig | None = None, *, stop: threading.Event,
+              wait: bool = True, poll_s: float = 1.0, who: str = "this process") -> Run:
+    """`open_run`, waiting (while ``wait``) until the run's batcher has created it; `ConfigError` when it
+    does not exist and ``wait`` is False, or when ``stop`` is set first."""
+    logged = False
+    while True:
+        try:
+            return open_run(client, run, config)
+        except ConfigError:
+            if not wait or stop.is_set() or not _exists_later(client, run):
+                raise
+        if not logged:
+            log.info("%s waits for run %s to be created by its batcher", who, run)
+            logged = True
+        if stop.wait(poll_s):
+            raise ConfigError(f"stopped while waiting for run {run!r} to be created by its batcher")
+
+
+def _exists_later(client: redis.Redis, run: str) -> bool:
+    """True while the run may still appear: its control stream is empty, not a damaged record."""
+    return not client.xrange(RunKeys(run).control, "-", "+", count=1)
 
 
 def read_record(run: str, fields, where: str) -> tuple[RunStarted, RunConfig]:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from streamgrp.errors import ArchiveError
+from streamgrp.store.private import open_private
 from streamgrp.store.segment_format import (
     RECORD_MAGIC,
     SEGMENT_MAGIC,
@@ -141,7 +142,7 @@ class SegmentWriter:
     def __init__(self, path: Path, number: int) -> None:
         self.path = path
         self.number = number
-        self._file = open(path, "xb")  # never reopen an existing segment: its tail may be torn
+        self._file = open_private(path, "xb")  # never reopen an existing segment: its tail may be torn
         self._file.write(SEGMENT_MAGIC)
         self.index = SegmentIndex(number, len(SEGMENT_MAGIC))
         self.closed = False
@@ -185,7 +186,7 @@ class SegmentWriter:
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a reader or a crash sees the old or the new file whole."""
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as handle:
+    with open_private(partial, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())

@@ -20,11 +20,11 @@ KEEP_VERSIONS = 4
 
 
 def weights_key(keys: RunKeys, version: int) -> str:
-    return f"{keys.control}:weights:{version}"
+    return keys.weights(version)
 
 
 def latest_key(keys: RunKeys) -> str:
-    return f"{keys.control}:weights:latest"
+    return keys.weights("latest")
 
 
 def encode_state(state: dict[str, torch.Tensor]) -> bytes:
@@ -73,15 +73,24 @@ class WeightCache:
 
     @classmethod
     def from_env(cls) -> WeightCache:
-        """Built from ``STREAMGRP_REDIS_URL`` and ``STREAMGRP_RUN``, which `streamgrp worker` exports."""
+        """In `streamgrp worker`: on the connection the worker lends its rollout code (`streamgrp.store.lent`);
+        elsewhere from ``STREAMGRP_REDIS_URL``, ``STREAMGRP_RUN`` and the connection settings' variables
+        (``STREAMGRP_PASSWORD`` or ``STREAMGRP_PASSWORD_FILE``, the TLS files)."""
+        from streamgrp.store.lent import borrowed
+
+        lent = borrowed()
+        if lent is not None:
+            return cls(*lent)
         url, run = os.environ.get("STREAMGRP_REDIS_URL"), os.environ.get("STREAMGRP_RUN")
         if not url or not run:
             raise RuntimeError("STREAMGRP_REDIS_URL and STREAMGRP_RUN are unset; run this rollout under `streamgrp worker`")
+        from streamgrp.config import ConnectionConfig, load
         from streamgrp.store.connection import connect
 
+        connection = load(ConnectionConfig)
         # A client that rides out outages like the worker's own, so a restarting server does not
         # turn weight loads into failed slots.
-        return cls(connect(url, check_settings=False), RunKeys(run))
+        return cls(connect(url, check_settings=False, password=connection.secret(), tls=connection.tls()), RunKeys(run))
 
     def get(self, version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(version used, state) for the newest published version <= ``version``, or None if none yet."""

@@ -42,3 +42,19 @@ def tiny_vocab_rollout(request):
     reward = sum(1 for t in completion if t % 2 == 0) / len(completion)
     return Sample.from_rows(token_ids=[prompt + completion], loss_mask=[[0] * 4 + [1] * len(completion)],
                             logprobs=[[0.0] * 4 + [-4.1] * len(completion)], rewards=[reward], version=version)
+
+
+def credential_free_toy(request):
+    """The demo's toy rollout, after checking that the worker gave rollout code no credential to pass on."""
+    import os
+    from urllib.parse import urlsplit
+
+    from consumers.toy_task import rollout
+
+    seen = [name for name in ("STREAMGRP_PASSWORD", "STREAMGRP_PASSWORD_FILE", "STREAMGRP_TLS_KEY_FILE")
+            if name in os.environ]
+    if urlsplit(os.environ.get("STREAMGRP_REDIS_URL", "")).password is not None:
+        seen.append("the password in STREAMGRP_REDIS_URL")
+    if seen:
+        raise RuntimeError(f"the rollout sees credentials: {', '.join(seen)}")
+    return rollout(request)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from streamgrp import __version__
 from streamgrp.core import codec
@@ -28,7 +29,7 @@ def test_toml_file_and_environment_configure_a_run_and_a_burst_drain(client, red
     config.write_text(f'[connection]\nrun = "{run_name}"\n\n[run]\nn_samples = 3\nreward_norm = '
                       '{ mean_level = "group", std_level = "group" }\n\n[worker]\nconcurrency = 2\n')
     env = {"STREAMGRP_CONFIG": str(config), "STREAMGRP_REDIS_URL": redis_url, "STREAMGRP_GROUP_TIMEOUT_S": "120"}
-    result = streamgrp("assembler", "--burst", env=env)
+    result = streamgrp("batcher", "--burst", env=env)  # the batcher creates the run; the others only open it
     assert result.returncode == 0, result.stderr
     from streamgrp.store.runs import open_run
 
@@ -43,7 +44,7 @@ def test_toml_file_and_environment_configure_a_run_and_a_burst_drain(client, red
 
 
 def test_a_process_with_a_different_policy_refuses_to_start(redis_url, run_name):
-    first = streamgrp("assembler", "--burst", "--redis-url", redis_url, "--run", run_name, "--n-samples", "4")
+    first = streamgrp("batcher", "--burst", "--redis-url", redis_url, "--run", run_name, "--n-samples", "4")
     assert first.returncode == 0, first.stderr
     refused = streamgrp("worker", "--burst", "--redis-url", redis_url, "--run", run_name, "--n-samples", "8",
                         "--reward-norm", "group,group")
@@ -65,9 +66,38 @@ def test_bad_settings_say_what_to_change(redis_url):
 
 
 def test_without_a_url_the_embedded_server_starts_and_keeps_runs_across_commands(tmp_path):
-    first = streamgrp("assembler", "--burst", "--run", "persisted", cwd=tmp_path)
+    first = streamgrp("batcher", "--burst", "--run", "persisted", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert (tmp_path / ".streamgrp").is_dir()
     listed = streamgrp("runs", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.startswith("persisted\t")
+
+
+def test_only_the_batcher_creates_a_run_and_the_others_wait_for_it(client, redis_url, run_name):
+    refused = streamgrp("assembler", "--burst", "--redis-url", redis_url, "--run", run_name)
+    assert refused.returncode == 2 and "does not exist" in refused.stderr and "batcher" in refused.stderr
+    assert not client.exists(RunKeys(run_name).control)  # it wrote nothing
+    waiting = subprocess.Popen([sys.executable, "-m", "streamgrp", "worker", "--redis-url", redis_url, "--run",
+                                run_name, "--max-tasks", "1", "--n-samples", "2"], stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+        assert waiting.poll() is None  # waiting for the run, not failing
+        created = streamgrp("batcher", "--burst", "--redis-url", redis_url, "--run", run_name, "--n-samples", "2")
+        assert created.returncode == 0, created.stderr
+        from streamgrp.store.tasks import TaskIssuer
+
+        TaskIssuer(client, RunKeys(run_name)).issue([{"tokens": 4}])
+        _, err = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 0, err
+    assert "waits for run" in err and f"joined run {run_name}" in err
+
+
+def test_a_bad_run_name_is_a_clear_error_not_a_traceback(redis_url):
+    for name in ("bad name", "a{b}", "-dash"):
+        result = streamgrp("steps", "--redis-url", redis_url, f"--run={name}")
+        assert result.returncode == 2, result.stderr
+        assert "is not allowed" in result.stderr and "Traceback" not in result.stderr

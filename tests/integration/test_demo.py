@@ -101,3 +101,81 @@ def _wait_for_child(parent: int, role: str, timeout: float) -> int:
                 return pid
         time.sleep(0.1)
     raise AssertionError(f"no {role} child of {parent} within {timeout}s")
+
+
+def test_no_password_in_any_log_printed_line_argv_record_or_metric(tmp_path):
+    """A demo on its own embedded server with a password: the password must show up nowhere but where it is
+    needed (the children's environment)."""
+    import shutil
+    import urllib.request
+
+    from streamgrp.store.runs import connect, latest_run, open_run
+
+    password = "pw-" + os.urandom(8).hex()
+    data = tmp_path / "data"
+    prometheus = ["--prometheus"] if shutil.which("prometheus") else []
+    demo = subprocess.Popen([sys.executable, "-m", "streamgrp", "demo", "--data-dir", str(data), "--steps", "4",
+                             "--workers", "1", "--ranks", "2", "--timeout-s", "240", *prometheus],
+                            env={**os.environ, "STREAMGRP_PASSWORD": password}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    argvs, metrics = [], []
+    try:
+        while demo.poll() is None:
+            for pid in _descendants(demo.pid):
+                try:
+                    argvs.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+                except OSError:
+                    pass
+            for target in data.glob("logs/*/prometheus/targets.json"):
+                metrics += _scrape(target, urllib.request)
+            time.sleep(0.5)
+        out, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, err
+    assert argvs and (metrics or not prometheus)
+    files = {path: path.read_bytes() for path in data.rglob("*") if path.is_file()}
+    assert any(path.name == "server.log" for path in files) and any(path.suffix == ".log" for path in files)
+    from streamgrp.cli.server_reuse import (
+        ensure_server,  # the record: the same data again, with the password
+    )
+
+    with ensure_server(None, data, password=password) as handle:
+        client = connect(handle.url)
+        record = open_run(client, latest_run(client)).record
+        client.close()
+    secret = password.encode()
+    leaks = [f"argv {argv!r}" for argv in argvs if secret in argv]
+    leaks += [f"file {path}" for path, content in files.items() if secret in content]
+    leaks += [f"metrics {text[:80]!r}" for text in metrics if password in text]
+    leaks += [f"printed {name}" for name, text in (("stdout", out), ("stderr", err)) if password in text]
+    leaks += ["the recorded configuration"] if password in record.model_dump_json() else []
+    assert leaks == []
+    assert oct(data.stat().st_mode & 0o777) == "0o700"
+    assert all(path.stat().st_mode & 0o077 == 0 for path in files if path.suffix in (".log", ".json", ".jsonl"))
+
+
+def _descendants(parent: int) -> list[int]:
+    found, frontier = [], [parent]
+    while frontier:
+        children = _children(frontier.pop())
+        found += children
+        frontier += children
+    return found
+
+
+def _scrape(targets_file: Path, request) -> list[str]:
+    try:
+        targets = json.loads(targets_file.read_text())
+    except (OSError, ValueError):
+        return []
+    texts = []
+    for group in targets:
+        for address in group["targets"]:
+            try:
+                with request.urlopen(f"http://{address}/metrics", timeout=1) as response:
+                    texts.append(response.read().decode())
+            except OSError:
+                pass
+    return texts

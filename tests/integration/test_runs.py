@@ -4,6 +4,7 @@ from streamgrp.config import RunConfig
 from streamgrp.core.events import RunStarted
 from streamgrp.errors import ConfigError
 from streamgrp.store.runs import (
+    await_run,
     join_run,
     latest_run,
     list_runs,
@@ -49,3 +50,37 @@ def test_inspection_defaults_to_the_latest_run_and_missing_runs_say_so(client, r
         open_run(client, run_name + "-missing")
     with pytest.raises(ValueError, match="not allowed"):
         join_run(client, "bad name!", RunConfig())
+
+
+def test_opening_a_run_writes_nothing_and_still_refuses_a_differing_setting(client, run_name):
+    keys = join_run(client, run_name, RunConfig(n_samples=3)).keys
+    length = client.xlen(keys.control)
+    assert open_run(client, run_name, RunConfig()).config.n_samples == 3  # unset fields adopt the record
+    with pytest.raises(ConfigError, match="n_samples: recorded 3, this process 5"):
+        open_run(client, run_name, RunConfig(n_samples=5))
+    assert client.xlen(keys.control) == length
+
+
+def test_await_run_waits_for_the_batcher_and_gives_up_when_stopped(client, run_name):
+    import threading
+
+    stop = threading.Event()
+    with pytest.raises(ConfigError, match="does not exist"):
+        await_run(client, run_name, stop=stop, wait=False)
+    found = []
+    waiter = threading.Thread(target=lambda: found.append(await_run(client, run_name, stop=stop, poll_s=0.05)))
+    waiter.start()
+    join_run(client, run_name, RunConfig(n_samples=2))
+    waiter.join(timeout=10)
+    assert found and found[0].config.n_samples == 2
+    stop.set()
+    with pytest.raises(ConfigError, match="stopped while waiting"):
+        await_run(client, run_name + "-never", stop=_set_soon(), poll_s=0.05)
+
+
+def _set_soon():
+    import threading
+
+    event = threading.Event()
+    threading.Timer(0.2, event.set).start()
+    return event

@@ -8,6 +8,9 @@
 --   A n_ack ids...                        ack decisions the assembler already dropped
 --   T header                              terminal run event (stall), written once
 --   F header                              run finished, written once
+-- The terminal and finished markers in the batcher state (KEYS[6]) hold the control entry id of the
+-- event: other roles may append to control (trainers advance the policy version there), so readers
+-- trust a terminal or finished event only when the state, which only the batcher writes, names it.
 -- The whole input is checked before anything is written (a STEP or BAD_INPUT error leaves the
 -- server as it was), and acknowledgements go in bounded chunks (acks.lua).
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then
@@ -71,8 +74,8 @@ for _, parsed in ipairs(ops) do
     ack_range(KEYS[1], group, at + 2, tonumber(ARGV[at + 1]))
   else
     local marker = (op == 'T') and 'terminal' or 'finished'
-    if redis.call('HSETNX', KEYS[6], marker, 1) == 1 then
-      redis.call('XADD', KEYS[7], '*', 'h', ARGV[at + 1])
+    if redis.call('HEXISTS', KEYS[6], marker) == 0 then
+      redis.call('HSET', KEYS[6], marker, redis.call('XADD', KEYS[7], '*', 'h', ARGV[at + 1]))
     end
   end
 end

@@ -1,0 +1,180 @@
+"""Least privilege per role: the Redis/Valkey ACL users of one run, built from the run's key names.
+
+Owns, for each role (worker, assembler, batcher, trainer, archiver, and a read-only inspector), the
+keys it may only read, the keys it may read and write, and the commands it may run, and renders
+them as ACL-file lines (``streamgrp acl RUN``; ``ops/acl/*.acl`` are these lines for the run
+``RUN``). Every key is one of the run's `RunKeys`, so a role's user can touch its own run only.
+It deliberately ignores how users reach the server (``--acl-file``, ``ACL SETUSER``) and their
+passwords, which `render` takes as SHA-256 hashes.
+
+Why the rules look the way they do:
+
+- A key passed to a script (``EVALSHA``) needs read *and* write permission, whatever the script
+  does with it; commands the script runs are checked against the caller's user too. So a role
+  gets write permission on exactly the keys its scripts take, and only the commands its scripts
+  and its own calls need. Readers that must not write (trainer ranks, the inspector) use plain read
+  commands (payloads come by XRANGE), which need read permission only.
+- Only the batcher may write the control stream (the run's record, and its terminal and finished
+  events), the decisions stream's readers' state and the steps stream. Trainers append their
+  policy-version events to control too, so readers trust a terminal event only when the batcher's
+  own state hash (which trainers may only read) names its entry (`streamgrp.store.control`).
+- No role has ``CONFIG``, ``FLUSHALL``, ``KEYS``, ``DEBUG``, ``ACL`` or any other ``@dangerous``
+  command except ``INFO`` (the connection check reads the server version and memory settings).
+- The registry of runs (``sg:runs``) is read by every role and written (one ``ZADD``) by the batcher.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from streamgrp.store.keys import RUNS, RunKeys
+
+__all__ = ["ROLES", "RoleAccess", "access", "password_hash", "render", "render_run", "template_for", "user_name"]
+
+#: What every role's connection needs: the version and settings check, health checks, scripts and the
+#: server clock. Only commands Redis 7.0 knows: a rule naming an unknown one stops the ACL file loading.
+COMMON_COMMANDS = ("ping", "info", "time", "evalsha", "script|load")
+
+ROLES = ("worker", "assembler", "batcher", "trainer", "archiver", "inspector")
+
+_LEASE = ("get", "set", "pexpire", "del")
+_RUN_LOOKUP = ("xrange", "zrange", "zrevrange")
+
+
+@dataclass(frozen=True)
+class RoleAccess:
+    """One role's rights in one run: keys read only, keys read and written, commands."""
+
+    role: str
+    about: str
+    read: tuple[str, ...]
+    write: tuple[str, ...]
+    commands: tuple[str, ...]
+
+    def can_write(self, key: str) -> bool:
+        return key in self.write
+
+
+def user_name(run: str, role: str) -> str:
+    """The ACL user of ``role`` in ``run``: ``sg-RUN-ROLE``."""
+    return f"sg-{run}-{role}"
+
+
+def access(keys: RunKeys, role: str) -> RoleAccess:
+    """``role``'s rights in the run of ``keys``; `ValueError` naming the roles for an unknown one."""
+    try:
+        build = _BUILDERS[role]
+    except KeyError:
+        raise ValueError(f"unknown role {role!r}; the roles are {', '.join(ROLES)}") from None
+    return build(keys)
+
+
+def _worker(k: RunKeys) -> RoleAccess:
+    return RoleAccess(
+        "worker", "takes tasks, publishes slot results and their payloads, dead-letters bad tasks; reads the "
+        "run's record, the policy version and the published weights",
+        read=(k.control, k.version, k.weights("*"), RUNS),
+        write=(k.tasks, k.slots, k.payloads, k.deadletter, k.deadlettered, k.counts),
+        commands=(*_RUN_LOOKUP, "get", "xreadgroup", "xack", "xautoclaim", "xgroup|create", "xadd",
+                  "xdel",  # publish.lua takes back a slot header whose payload it could not write
+                  "hsetnx", "hincrby"))
+
+
+def _assembler(k: RunKeys) -> RoleAccess:
+    written = (k.slots, k.decisions, k.deadletter, k.decided, k.counts, k.assembler_lease)
+    return RoleAccess(
+        "assembler", "folds the slot log into group decisions, writes each once, dead-letters bad slot entries",
+        read=(*_others(k, written), RUNS),
+        write=written,
+        commands=(*_RUN_LOOKUP, *_LEASE, "xreadgroup", "xautoclaim", "xack", "xadd", "xgroup|create",
+                  "xinfo|groups", "hsetnx", "hset", "hincrby", "hexists", "hmget", "hget"))
+
+
+def _batcher(k: RunKeys) -> RoleAccess:
+    written = (k.control, k.decisions, k.steps, k.discarded, k.counts, k.batcher_lease, k.batcher_state, k.tasks,
+               k.slots, k.deadletter, k.deadlettered, RUNS)
+    return RoleAccess(
+        "batcher", "creates the run, issues tasks, turns decisions into steps, writes the run's terminal and "
+        "finished events",
+        read=(*_others(k, written), k.version, k.committed, k.decided),
+        write=written,
+        commands=(*_RUN_LOOKUP, *_LEASE, "zadd", "xlen", "xreadgroup", "xack", "xadd", "xgroup|create", "xinfo|stream",
+                  "xinfo|groups", "hget", "hmget", "hset", "hsetnx", "hincrby", "hexists", "hgetall", "hlen", "hvals"))
+
+
+def _trainer(k: RunKeys) -> RoleAccess:
+    written = (k.control, k.committed, k.commits, k.version, k.trainer_metrics, k.weights("*"), k.deadletter,
+               k.deadlettered, k.counts)
+    return RoleAccess(
+        "trainer", "reads steps and their payloads, commits or fails them, advances the policy version, "
+        "publishes weights and per-step metrics",
+        read=(k.steps, k.payloads, k.slots, k.batcher_state, RUNS),
+        write=written,
+        commands=(*_RUN_LOOKUP, "xread", "xadd", "get", "set", "del", "multi", "exec", "hget", "hset", "hsetnx",
+                  "hincrby"))
+
+
+def _archiver(k: RunKeys) -> RoleAccess:
+    trimmed = tuple(stream for name, stream in k.all_streams().items() if name != "control")
+    return RoleAccess(
+        "archiver", "copies every stream and hash to disk and records its progress; with --retention trims "
+        "the streams behind the archive",
+        read=(k.control, k.decided, k.counts, k.committed, k.batcher_state, k.trainer_metrics, k.version, RUNS),
+        write=(k.archive, *trimmed),
+        commands=(*_RUN_LOOKUP, "get", "xinfo|groups", "xinfo|stream", "xpending", "xtrim", "hgetall", "hset",
+                  "hsetnx", "multi", "exec"))
+
+
+def _inspector(k: RunKeys) -> RoleAccess:
+    return RoleAccess(
+        "inspector", "reads everything of the run (runs, steps, verify, inspect, replay, report); writes nothing",
+        read=(k.pattern, RUNS),
+        write=(),
+        commands=(*_RUN_LOOKUP, "xrevrange", "xlen", "xread", "xinfo|groups", "xinfo|stream", "xpending", "get",
+                  "hget", "hmget", "hgetall", "hlen", "hvals", "hexists"))
+
+
+_BUILDERS = {"worker": _worker, "assembler": _assembler, "batcher": _batcher, "trainer": _trainer,
+             "archiver": _archiver, "inspector": _inspector}
+
+
+def _others(keys: RunKeys, written: Iterable[str]) -> tuple[str, ...]:
+    """The run's streams not in ``written``: a role that reports consumer lag reads every stream's groups."""
+    mine = set(written)
+    return tuple(stream for stream in keys.all_streams().values() if stream not in mine)
+
+
+def password_hash(password: str) -> str:
+    """The ``#<sha256>`` form an ACL file takes instead of the password itself."""
+    return "#" + hashlib.sha256(password.encode()).hexdigest()
+
+
+def render(rights: RoleAccess, run: str, *, password_hashes: Sequence[str] = ()) -> str:
+    """One ACL-file line for ``rights``; without a password hash the user exists but cannot log in yet."""
+    passwords = " ".join(password_hashes) if password_hashes else ""
+    rules = ["on", "resetpass", *([passwords] if passwords else []), "resetkeys", "resetchannels", "-@all",
+             *(f"+{command}" for command in dict.fromkeys((*COMMON_COMMANDS, *rights.commands))),
+             *(f"%R~{key}" for key in rights.read), *(f"~{key}" for key in rights.write)]
+    return f"user {user_name(run, rights.role)} " + " ".join(rules)
+
+
+def render_run(run: str, roles: Iterable[str] = ROLES, *, passwords: dict[str, str] | None = None) -> list[str]:
+    """The ACL lines of ``roles`` in ``run``, each with its password's hash when ``passwords`` has one."""
+    keys = RunKeys(run)
+    lines = []
+    for role in roles:
+        hashes = [password_hash(passwords[role])] if passwords and role in passwords else []
+        lines.append(render(access(keys, role), run, password_hashes=hashes))
+    return lines
+
+
+#: The run name ``ops/acl/*.acl`` are written for; `template_for` turns them into another run's rules.
+TEMPLATE_RUN = "RUN"
+
+
+def template_for(text: str, run: str) -> str:
+    """An ``ops/acl`` file (written for the run ``RUN``) as the rules of ``run``."""
+    RunKeys(run)  # a valid name: it becomes part of key patterns
+    return text.replace(f"{{{TEMPLATE_RUN}}}", f"{{{run}}}").replace(f"sg-{TEMPLATE_RUN}-", f"sg-{run}-")
