@@ -36,7 +36,7 @@ from streamgrp.core import counters
 from streamgrp.core.shown import printable_lines
 from streamgrp.errors import RoleFailed
 from streamgrp.replay.summary import format_summary, run_summary
-from streamgrp.store.connection import safe_url
+from streamgrp.store.credentials import safe_url
 from streamgrp.store.private import open_private, private_dir
 from streamgrp.store.runs import connect, join_run
 

@@ -9,6 +9,7 @@ the rest. Owns only the flags and which handler each subcommand runs; the handle
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -35,12 +36,15 @@ __all__ = ["build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamgrp",
+    # No abbreviated flags: "--password SECRET" would otherwise be taken for --password-file, and a password
+    # typed there would sit in the process's argument list.
+    parser = argparse.ArgumentParser(prog="streamgrp", allow_abbrev=False,
                                      description="Event-sourced rollout queue for asynchronous RL post-training.")
     parser.add_argument("--version", action="version", version=f"streamgrp {__version__}")
     parser.add_argument("--log-level", default=None, help="logging level [env STREAMGRP_LOG_LEVEL; default INFO]")
     parser.add_argument("--config", default=None, help="TOML settings file [env STREAMGRP_CONFIG]")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                     parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False))
 
     server = commands.add_parser("server", help="run the embedded Valkey server in the foreground")
     _add_model_flags(server, ConnectionConfig, "connection")

@@ -90,7 +90,7 @@ _ROLLOUT_HIDDEN = ("STREAMGRP_PASSWORD", "STREAMGRP_PASSWORD_FILE", "STREAMGRP_T
 def _lend_to_rollouts(client, keys, url: str) -> None:
     """Give rollout code what it needs (weights by version) through the worker's own connection, and leave in
     the environment only the run's name and the server's address without credentials."""
-    from streamgrp.store.connection import url_without_password
+    from streamgrp.store.credentials import url_without_password
     from streamgrp.store.lent import lend
 
     lend(client, keys)

@@ -25,14 +25,13 @@ outage; this module only says that one happened (`ServerClient.outages`).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import random
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -46,6 +45,7 @@ from streamgrp.errors import (
     ServerError,
     StopRequested,
 )
+from streamgrp.store.credentials import auth_options, safe_url, url_without_password  # noqa: F401 - both here too
 from streamgrp.store.streams import keep_every_field
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop:
     """
     client = ServerClient.from_url(url, decode_responses=False, socket_keepalive=True, health_check_interval=30,
                                    socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S,
-                                   retry=Retry(NoBackoff(), 0), **_auth_options(url, password, tls))
+                                   retry=Retry(NoBackoff(), 0), **auth_options(url, password, tls))
     keep_every_field(client)
     client.outage = Outage(budget_s=outage_budget_s, stop=stop, name=f"the server at {safe_url(url)}")
     client.wait_replicas = wait_replicas
@@ -280,28 +280,6 @@ def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop:
         # A named ACL user is a role's: its rules deny CONFIG, so asking would only fill the ACL log.
         check_server_settings(client, safe_url(url), read_config=not urlsplit(url).username)
     return client
-
-
-#: No ``CLIENT SETINFO`` on connect: Redis 7.0 has no such command, so a role's ACL rules cannot name it
-#: (they would not load there), and without a rule newer servers log a denied command for every connection.
-_NO_CLIENT_INFO: dict[str, Any] = (
-    {"driver_info": None} if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters
-    else {"lib_name": None, "lib_version": None})
-
-
-def _auth_options(url: str, password: str | None, tls: TlsFiles | None) -> dict[str, Any]:
-    """redis-py options for the password (the URL's wins) and, for ``rediss://``, the TLS files."""
-    options: dict[str, Any] = dict(_NO_CLIENT_INFO)
-    if password is not None:
-        options["password"] = password
-    scheme = urlsplit(url).scheme
-    if tls is not None:
-        if scheme != "rediss":
-            raise ConfigError(f"TLS files are set but {safe_url(url)} is not a rediss:// URL; use rediss://HOST:PORT/0 "
-                              "(or unset --tls-cert-file, --tls-key-file and --tls-ca-cert-file)")
-        options.update(ssl_ca_certs=str(tls.ca_cert_file), ssl_certfile=str(tls.cert_file),
-                       ssl_keyfile=str(tls.key_file))
-    return options
 
 
 def check_server_settings(client: redis.Redis, where: str, *, read_config: bool = True) -> None:
@@ -340,39 +318,6 @@ def check_server_settings(client: redis.Redis, where: str, *, read_config: bool 
     if fsync in (b"no", "no"):
         log.warning("the server at %s runs appendfsync no: a machine crash can lose about 30 s of acknowledged "
                     "writes; use everysec (about 1 s) or always (none)", where)
-
-
-def safe_url(url: str) -> str:
-    """The URL without its password (in the user part or a ``password=`` query), for messages and logs."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<an unparsable URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        name, has_password, _ = user.partition(":")
-        netloc = f"{name}:***@{host}" if has_password else f"{name}@{host}" if name else f"***@{host}"
-    query = parts.query
-    if "password" in query.lower():
-        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in parse_qsl(query)], safe="*")
-    if (netloc, query) == (parts.netloc, parts.query):
-        return url
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def url_without_password(url: str) -> str:
-    """``url`` with its password (in the user part or a ``password=`` query) removed, the user name kept."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        name = user.partition(":")[0]
-        netloc = f"{name}@{host}" if name else host
-    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k.lower() != "password"])
-    if (netloc, query) == (parts.netloc, parts.query):
-        return url
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def outage_of(client: redis.Redis) -> Outage:

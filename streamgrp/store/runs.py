@@ -100,12 +100,12 @@ def await_run(client: redis.Redis, run: str, config: RunConfig | None = None, *,
         try:
             return open_run(client, run, config)
         except ConfigError:
-            if not wait or stop.is_set() or not _exists_later(client, run):
+            if not wait or not _exists_later(client, run):
                 raise
         if not logged:
             log.info("%s waits for run %s to be created by its batcher", who, run)
             logged = True
-        if stop.wait(poll_s):
+        if stop.is_set() or stop.wait(poll_s):
             raise ConfigError(f"stopped while waiting for run {run!r} to be created by its batcher")
 
 

@@ -73,7 +73,6 @@ def test_await_run_waits_for_the_batcher_and_gives_up_when_stopped(client, run_n
     join_run(client, run_name, RunConfig(n_samples=2))
     waiter.join(timeout=10)
     assert found and found[0].config.n_samples == 2
-    stop.set()
     with pytest.raises(ConfigError, match="stopped while waiting"):
         await_run(client, run_name + "-never", stop=_set_soon(), poll_s=0.05)
 
