@@ -505,13 +505,18 @@ def test_each_rank_gets_padded_tensors_and_the_step_wide_loss_token_count(client
     assert any(size > 3 for bs in per_step.values() for b in bs for size in b.group_sizes.tolist())  # 2-row slots
 
 
-def test_an_exception_in_the_loop_records_step_failed_and_leaves_the_step_uncommitted(client, redis_url, make_run,
-                                                                                     issuer):
+def _two_written_steps(client, redis_url, make_run, issuer):
+    """A dp_size-1 run with two one-group steps written, and a trainer client on its own connection."""
     run = make_run(n_samples=2, dp_size=1, batch_size=1)
     issue(issuer, run, [{}, {}])
     settle(client, run)
     active(client, run, BatcherConfig(round_s=0.05, max_steps=2)).round()
-    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+    return run, TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+
+
+def test_an_exception_in_the_loop_records_step_failed_and_leaves_the_step_uncommitted(client, redis_url, make_run,
+                                                                                     issuer):
+    run, trainer = _two_written_steps(client, redis_url, make_run, issuer)
 
     with pytest.raises(RuntimeError, match="loss is nan"):
         with trainer.batches(rank=0, world_size=1) as batches:
@@ -559,11 +564,7 @@ def test_the_next_step_is_loaded_ahead_on_a_thread_and_is_the_batch_a_plain_load
 
 def test_a_step_loaded_ahead_that_cannot_be_loaded_fails_only_when_the_loop_reaches_it(client, redis_url, make_run,
                                                                                       issuer):
-    run = make_run(n_samples=2, dp_size=1, batch_size=1)
-    issue(issuer, run, [{}, {}])
-    settle(client, run)
-    active(client, run, BatcherConfig(round_s=0.05, max_steps=2)).round()
-    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+    run, trainer = _two_written_steps(client, redis_url, make_run, issuer)
     client.xdel(run.keys.payloads, trainer.manifest(1).shards[0].groups[0].members[0].entry)
     steps = []
     with pytest.raises(DigestMismatch, match="step 1 rank 0"):
