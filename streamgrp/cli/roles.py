@@ -24,8 +24,10 @@ from streamgrp.config import (
     BatcherConfig,
     ConnectionConfig,
     DemoConfig,
+    InferenceConfig,
     RunConfig,
     TrainerConfig,
+    WeightSyncConfig,
     WorkerConfig,
     load,
     load_callable,
@@ -34,7 +36,7 @@ from streamgrp.config import (
 from streamgrp.errors import ConfigError
 
 __all__ = ["REFERENCE_TRAINER", "cmd_archiver", "cmd_assembler", "cmd_batcher", "cmd_demo", "cmd_server",
-           "cmd_trainer", "cmd_worker"]
+           "cmd_trainer", "cmd_weight_sync", "cmd_worker"]
 
 #: The reference GRPO trainer `streamgrp trainer` runs; an example, so named by string, never imported here.
 REFERENCE_TRAINER = "consumers.grpo_trainer:train"
@@ -62,7 +64,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streamgrp.services.worker import WorkerClient, WorkerProcess
 
     config = settings(args, WorkerConfig)
-    rollout = load_callable(config.rollout)
+    rollout = _rollout(config.rollout, args)
     with connected(args, role=True) as (client, connection, handle):
         run = _join(client, connection, args, "worker")
         # Rollout code (e.g. loading weights) finds the server and run the same way the worker did.
@@ -75,6 +77,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
         done = process.run(stop_event())
         log.info("worker %s finished %d tasks", worker.name, done)
     return 0
+
+
+def _rollout(spec: str, args: argparse.Namespace):
+    """An inference adapter for ``vllm``, ``sglang`` or ``llamacpp`` (its [inference] settings), else ``module:function``."""
+    from streamgrp.services.inference import ADAPTERS, build_rollout
+
+    if spec in ADAPTERS:
+        return build_rollout(spec, settings(args, InferenceConfig))
+    return load_callable(spec)
 
 
 def cmd_assembler(args: argparse.Namespace) -> int:
@@ -113,6 +124,33 @@ def cmd_trainer(args: argparse.Namespace) -> int:
         run = _join(client, connection, args, f"trainer rank {config.rank}")
         steps = train(client, run, config, metrics=serve_metrics(config.metrics_port))
         log.info("trainer rank %d committed %d steps", config.rank, steps)
+    return 0
+
+
+def cmd_weight_sync(args: argparse.Namespace) -> int:
+    from streamgrp.services.inference import make_dialect, server_urls
+    from streamgrp.services.inference.weight_sync import LlamaServerProcess, WeightSync
+    from streamgrp.store.runs import open_run, resolve_run_name
+
+    config = settings(args, WeightSyncConfig)
+    inference = settings(args, InferenceConfig)
+    urls = server_urls(inference)
+    llama = None
+    if config.dialect == "llamacpp":
+        if not config.llama_server_cmd or len(urls) != 1:
+            raise ConfigError("--dialect llamacpp: weight-sync restarts the one llama-server it owns; give "
+                              "--llama-server-cmd (its command line without --model) and one --server-url")
+        llama = LlamaServerProcess(config.llama_server_cmd, urls[0], ready_timeout_s=config.load_timeout_s)
+    with connected(args, role=True) as (client, connection, _):
+        run = open_run(client, resolve_run_name(client, connection.run, create=False))
+        sync = WeightSync(client, run.keys, make_dialect(config.dialect, inference), urls, config.weights_dir,
+                          load_timeout_s=config.load_timeout_s, llama=llama)
+        try:
+            loaded = sync.run(stop_event(), poll_s=config.poll_s, burst=config.burst)
+        finally:
+            if llama is not None:
+                llama.stop()
+        log.info("weight-sync for run %s: %d loads", run.name, loaded)
     return 0
 
 
