@@ -173,6 +173,14 @@ class TrainerConfig(_RoleSettings):
     dist_url: str = Field("tcp://127.0.0.1:29511", description="torch.distributed rendezvous (gloo) for world_size > 1")
     lr: float = Field(0.05, gt=0, description="Adam learning rate")
     fail_at_step: int | None = Field(None, ge=0, description="inject an exception at this step (replay demos, tests)")
+    train_fn: str = Field("consumers.grpo_trainer:train", description="module:function(client, run, config, metrics=) "
+                          "the trainer process runs (consumers.lm_trainer:train: a real language model)")
+    model_gguf: Path | None = Field(None, description="lm trainer: the GGUF file of the policy the inference servers "
+                                    "serve, loaded in torch (transformers) to recompute log-probabilities")
+    lm_lr: float = Field(0.0, ge=0, description="lm trainer: learning rate; 0 only recomputes the log-probabilities "
+                         "and reports the mismatch with the server's per step")
+    weights_dir: Path | None = Field(None, description="write each version's weights here as safetensors "
+                                     "(vNNNNNN/model.safetensors) for `streamgrp weight-sync`")
 
 
 class DemoConfig(_Settings):

@@ -118,8 +118,8 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 
 
 def cmd_trainer(args: argparse.Namespace) -> int:
-    train = load_callable(REFERENCE_TRAINER)
     config = settings(args, TrainerConfig)
+    train = load_callable(config.train_fn)
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {config.rank}")
         steps = train(client, run, config, metrics=serve_metrics(config.metrics_port))
