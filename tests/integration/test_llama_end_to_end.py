@@ -122,3 +122,38 @@ def _check_trainer_mismatch(client, key) -> None:
         assert step["tokens_compared"] > 0
         # Q4_1 weights de-quantized to float32 in torch vs llama.cpp's quantized kernels: close, not equal.
         assert 0.0 < step["logprob_abs_diff_mean"] < 0.5 and math.isfinite(step["kl_estimate"])
+
+
+def test_weight_sync_restarts_llama_server_on_the_new_version(client, make_run, tmp_path):
+    """llama.cpp loads no weights over HTTP: weight-sync owns the server and restarts it on the version's
+    model.gguf; the alias it serves under is how the adapter's samples learn the new version."""
+    from llama import server_command
+
+    from streamgrp.cli.children import free_port
+    from streamgrp.config import InferenceConfig
+    from streamgrp.core.events import WeightsServed
+    from streamgrp.services.inference import build_rollout, make_dialect
+    from streamgrp.services.inference.weight_sync import LlamaServerProcess, WeightSync, version_dir
+
+    binary, model = binary_and_model()
+    run = make_run(n_samples=2)
+    port = free_port("127.0.0.1")
+    url = f"http://127.0.0.1:{port}"
+    for version in (0, 1):
+        version_dir(tmp_path, version).mkdir(parents=True)
+        (version_dir(tmp_path, version) / "model.gguf").symlink_to(model)
+    llama = LlamaServerProcess(" ".join(server_command(binary, port)), url, alias="smollm2",
+                               log_path=tmp_path / "llama.log")
+    sync = WeightSync(client, run.keys, make_dialect("llamacpp", InferenceConfig()), [url], tmp_path, llama=llama)
+    rollout = build_rollout("llamacpp", InferenceConfig(server_url=url, max_tokens=3))
+    try:
+        assert sync.sync(0) == 1
+        request = type("Slot", (), {"task_id": "t", "slot": 0, "n_samples": 1, "prompt": {"prompt_ids": [1, 4093]},
+                                    "version": 5})()
+        assert rollout(request).version == 0
+        assert sync.sync(1) == 1
+        assert rollout(request).version == 1  # the restarted server's alias, not the run's version 5
+    finally:
+        llama.stop()
+    served = [e for e in (codec.decode(f) for _, f in client.xrange(run.keys.control)) if isinstance(e, WeightsServed)]
+    assert [(e.version, e.ok) for e in served] == [(0, True), (1, True)] and "smollm2@v1" in served[1].detail

@@ -152,7 +152,7 @@ class WeightSync:
 
     def _newest_on_disk(self, version: int) -> tuple[int, Path] | None:
         for candidate in range(version, -1, -1):
-            if max(self.served.values(), default=-1) >= candidate and len(self.served) == len(self.urls):
+            if min((self.served.get(url, -1) for url in self.urls), default=-1) >= candidate:
                 return None  # every server already has this or something newer
             path = version_dir(self.weights_dir, candidate)
             if path.is_dir():
