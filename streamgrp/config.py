@@ -197,6 +197,12 @@ class DemoConfig(_Settings):
     trainer_fail_at_step: int | None = Field(None, ge=0, description="inject a trainer fault at this step (replay demo)")
     prometheus: bool = Field(False, description="serve every process's metrics and scrape them with a local "
                              "Prometheus (the prometheus binary on PATH); prints its URL")
+    model: Path | None = Field(None, description="run on a real language model instead of the toy task: this GGUF "
+                               "file served by llama-server, trained by consumers.lm_trainer (needs the llm extra)")
+    llama_server: str = Field("llama-server", description="with --model: the llama-server binary (ops/llama-server.sh "
+                              "builds one)")
+    lm_lr: float = Field(0.0, ge=0, description="lm trainer: learning rate; 0 only recomputes the log-probabilities "
+                         "and reports the mismatch with the server's per step")
 
 
 class AssemblerConfig(_RoleSettings):

@@ -186,6 +186,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     connection = load(ConnectionConfig, toml=toml, overrides=vars(args))
     run_settings = load(RunConfig, toml=toml, overrides=_demo_run_defaults(args))
     demo = load(DemoConfig, toml=toml, overrides=vars(args))
+    if demo.model is not None:  # a real model: its own defaults and processes (streamgrp.cli.demo_model)
+        from streamgrp.cli.demo_model import MODEL_RUN_DEFAULTS, run_model_demo as run_demo
+
+        run_settings = load(RunConfig, toml=toml, overrides={**MODEL_RUN_DEFAULTS, **_given(args, RunConfig)})
+        if args.steps is None:
+            demo = demo.model_copy(update={"steps": 8})
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -194,6 +200,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("\nstreamgrp demo: interrupted; every process it started was stopped", file=sys.stderr)
         return 130
     return 0
+
+
+def _given(args: argparse.Namespace, model: type) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if v is not None and k in model.model_fields}
 
 
 def _demo_run_defaults(args: argparse.Namespace) -> dict[str, Any]:

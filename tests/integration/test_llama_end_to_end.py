@@ -157,3 +157,25 @@ def test_weight_sync_restarts_llama_server_on_the_new_version(client, make_run, 
         llama.stop()
     served = [e for e in (codec.decode(f) for _, f in client.xrange(run.keys.control)) if isinstance(e, WeightsServed)]
     assert [(e.version, e.ok) for e in served] == [(0, True), (1, True)] and "smollm2@v1" in served[1].detail
+
+
+def test_the_model_demo_reports_the_logprob_mismatch_per_step(redis_server, tmp_path):
+    """`streamgrp demo --model`, trained with a small learning rate, as a user runs it."""
+    import json
+    import subprocess
+    import sys
+
+    if redis_server.kind != "valkey":
+        pytest.skip("one server kind is enough for the model demo")
+    binary, model = binary_and_model()
+    done = subprocess.run([sys.executable, "-m", "streamgrp", "demo", "--redis-url", redis_server.url, "--data-dir",
+                           str(tmp_path), "--model", str(model), "--llama-server", binary, "--steps", "2",
+                           "--workers", "1", "--lm-lr", "1e-5", "--json", "--timeout-s", "400"],
+                          capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["committed_steps"] == {"0": 2}
+    rows = summary["logprob_mismatch"]
+    assert [row["step"] for row in rows] == [0, 1] and all(row["tokens_compared"] > 0 for row in rows)
+    assert all(0 < row["logprob_abs_diff_mean"] < 0.5 for row in rows)
+    assert "|llama-server - torch| per completion token" in done.stdout
