@@ -27,7 +27,7 @@ from streamgrp.train.advantages import (
     token_weighted_policy_loss,
 )
 from streamgrp.train.trainer import TrainerClient
-from streamgrp.train.weights import publish
+from streamgrp.train.weights import publish, save_version
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
         _restore(client, run, policy, start)
     elif rank == 0:
         publish(client, run.keys, 0, policy.state_dict())
+        if config.weights_dir is not None:
+            save_version(config.weights_dir, 0, policy.state_dict())
     steps = 0
     waited_at = time.monotonic()
     try:
@@ -62,6 +64,8 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
                 step_metrics = _step(policy, optimizer, batch, spec, world)
                 if rank == 0:
                     publish(client, run.keys, batch.step + 1, policy.state_dict())
+                    if config.weights_dir is not None:  # for inference servers (streamgrp weight-sync)
+                        save_version(config.weights_dir, batch.step + 1, policy.state_dict())
                     step_metrics.update(wait_s=round(wait_s, 4), step=batch.step)
                     client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(step_metrics))
                 batch.commit()

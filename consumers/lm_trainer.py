@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 def load_policy(gguf: Path, *, dtype: torch.dtype = torch.float32):
     """The GGUF's model in torch, from the local file only (no model hub)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF de-quantizing progress bar, one line per tensor in a log
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -51,7 +52,7 @@ def load_policy(gguf: Path, *, dtype: torch.dtype = torch.float32):
 
 def token_logprobs(model, token_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """[R, T] log-probability of each token given the ones before it (0 at position 0 and on padding)."""
-    logits = model(input_ids=token_ids, attention_mask=attention_mask).logits.float()
+    logits = model(input_ids=token_ids, attention_mask=attention_mask.long()).logits.float()
     out = torch.zeros(token_ids.shape, dtype=torch.float32)
     out[:, 1:] = torch.log_softmax(logits[:, :-1], -1).gather(2, token_ids[:, 1:, None].long())[:, :, 0]
     return out * attention_mask
