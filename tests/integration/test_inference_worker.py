@@ -92,3 +92,27 @@ def test_vllm_weight_loading_pauses_reloads_and_always_resumes(tmp_path):
         assert fake.requests[4][1] == {"method": "reload_weights", "kwargs": {"weights_path": "/w/v000001"}}
     finally:
         stop()
+
+
+def test_the_weight_sync_command_loads_the_current_version_and_exits_in_burst_mode(client, make_run, redis_url,
+                                                                                     tmp_path):
+    import subprocess
+    import sys
+
+    run = make_run(n_samples=2)
+    fake, stop = start("sglang")
+    try:
+        fake.default = Action("raw", raw=b'{"success": true, "message": "ok"}')
+        version_dir(tmp_path, 3).mkdir(parents=True)
+        client.set(run.keys.version, 3)
+        base = [sys.executable, "-m", "streamgrp", "weight-sync", "--redis-url", redis_url, "--run", run.name,
+                "--weights-dir", str(tmp_path), "--server-url", fake.url]
+        done = subprocess.run([*base, "--dialect", "sglang", "--burst"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        [event] = _events(client, run.keys.control, WeightsServed)
+        assert (event.server, event.version, event.ok) == (fake.url, 3, True)
+        refused = subprocess.run([*base, "--dialect", "llamacpp", "--burst"], capture_output=True, text=True,
+                                 timeout=60)
+        assert refused.returncode != 0 and "--llama-server-cmd" in refused.stderr
+    finally:
+        stop()
