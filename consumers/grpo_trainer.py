@@ -37,7 +37,7 @@ from streamgrp.train.advantages import (
 )
 from streamgrp.train.distributed import Collectives, process_group, resolve_config
 from streamgrp.train.trainer import TrainerClient
-from streamgrp.train.weights import publish
+from streamgrp.train.weights import publish, save_version
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
         _restore(client, run, policy, start)
     elif rank == 0:
         publish(client, run.keys, 0, policy.state_dict())
+        if config.weights_dir is not None:
+            save_version(config.weights_dir, 0, policy.state_dict())
     steps = 0
     collectives = Collectives(world)
     waited_at = time.monotonic()
@@ -76,6 +78,8 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
                 step_metrics = _step(policy, optimizer, batch, spec, collectives)
                 if rank == 0:
                     publish(client, run.keys, batch.step + 1, policy.state_dict())
+                    if config.weights_dir is not None:  # for inference servers (streamgrp weight-sync)
+                        save_version(config.weights_dir, batch.step + 1, policy.state_dict())
                     step_metrics.update(wait_s=round(wait_s, 4), step=batch.step)
                     client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(step_metrics))
                 batch.commit()

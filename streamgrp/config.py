@@ -172,6 +172,57 @@ class WorkerConfig(_RoleSettings):
     burst: bool = Field(False, description="exit when no task is waiting instead of blocking")
 
 
+class InferenceConfig(_Settings):
+    """A rollout adapter's inference servers (`streamgrp.services.inference`): `streamgrp worker --rollout
+    vllm|sglang|llamacpp` and `streamgrp weight-sync`."""
+
+    server_url: str = Field("http://127.0.0.1:8080", description="inference server base URL; several: "
+                            "comma-separated (each request goes to one, chosen by --server-choice)")
+    server_choice: Literal["round_robin", "least_loaded"] = Field(
+        "round_robin", description="how a request picks its server: round_robin, or least_loaded (fewest "
+        "requests this worker has in flight there)")
+    server_model: str | None = Field(None, description="model name sent with each request (vLLM needs the served "
+                                     "model name; unset: the server's default)")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature (1.0 samples the policy itself)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; 1.0 is off")
+    top_k: int = Field(0, ge=0, description="top-k sampling; 0 is off")
+    max_tokens: int = Field(128, ge=1, description="most tokens one completion may have")
+    sampling: str | None = Field(None, description="more sampling parameters as a JSON object, sent as the "
+                                 "server names them (e.g. '{\"stop\": [\"\\\\n\"], \"seed\": 1}')")
+    request_timeout_s: float = Field(120.0, gt=0, description="one HTTP request's deadline, connect to last byte")
+    max_attempts: int = Field(4, ge=1, description="tries per generation after transport errors (unreachable, "
+                              "timeout, 5xx, a body that is not JSON); 4xx is never retried")
+    backoff_s: float = Field(0.5, ge=0, description="first retry's pause; doubled per retry, with jitter")
+    backoff_max_s: float = Field(8.0, ge=0, description="longest pause between retries")
+    on_abort: Literal["resubmit", "fail"] = Field("resubmit", description="a generation the server aborted "
+                                                  "(weight update, preemption): resubmit it with the tokens so "
+                                                  "far, or record the slot as failed with the reason")
+    max_resubmits: int = Field(4, ge=0, description="resubmissions of one aborted generation before the slot fails")
+    reward: str = Field("streamgrp.services.inference.rewards:answer_reward",
+                        description="module:function(prompt, completion_ids, text) -> float, or None to reject")
+    vllm_token_ids: Literal["return_token_ids", "tokens_as_token_ids"] = Field(
+        "return_token_ids", description="how vLLM returns completion ids: return_token_ids (vLLM >= 0.10.2) or "
+        "tokens_as_token_ids ('token_id:N' strings, older vLLM)")
+    version_pattern: str = Field(r"@v(\d+)$", description="regex whose group 1 is the weight version in the model "
+                                 "name a server reports, for servers that report no weight version of their own")
+    keep_text: bool = Field(True, description="keep the completion text in the sample's meta (the token ids are "
+                            "what trains; the text is for reading and checks)")
+
+
+class WeightSyncConfig(_RoleSettings):
+    """`streamgrp weight-sync`: after each committed step, tell every inference server to load the new weights."""
+
+    dialect: Literal["vllm", "sglang", "llamacpp"] = Field("sglang", description="the servers' kind")
+    weights_dir: Path = Field(Path("weights"), description="where the trainer writes one directory per version "
+                              "(vNNNNNN/, safetensors)")
+    poll_s: float = Field(0.5, gt=0, description="how often the run's version is checked")
+    load_timeout_s: float = Field(600.0, gt=0, description="how long one server may take to load a version")
+    llama_server_cmd: str | None = Field(None, description="llamacpp only: command line that starts llama-server "
+                                         "(model and alias are appended); weight-sync then owns the server and "
+                                         "restarts it on each version's model.gguf")
+    burst: bool = Field(False, description="load the newest version once and exit")
+
+
 class BatcherConfig(_RoleSettings):
     """The batcher process, which also feeds tasks within the staleness window."""
 
@@ -199,6 +250,14 @@ class TrainerConfig(_RoleSettings):
                                  "env:// when torchrun set MASTER_ADDR and MASTER_PORT, else tcp://127.0.0.1:29511)")
     lr: float = Field(0.05, gt=0, description="Adam learning rate")
     fail_at_step: int | None = Field(None, ge=0, description="inject an exception at this step (replay demos, tests)")
+    train_fn: str = Field("consumers.grpo_trainer:train", description="module:function(client, run, config, metrics=) "
+                          "the trainer process runs (consumers.lm_trainer:train: a real language model)")
+    model_gguf: Path | None = Field(None, description="lm trainer: the GGUF file of the policy the inference servers "
+                                    "serve, loaded in torch (transformers) to recompute log-probabilities")
+    lm_lr: float = Field(0.0, ge=0, description="lm trainer: learning rate; 0 only recomputes the log-probabilities "
+                         "and reports the mismatch with the server's per step")
+    weights_dir: Path | None = Field(None, description="write each version's weights here as safetensors "
+                                     "(vNNNNNN/model.safetensors) for `streamgrp weight-sync`")
 
 
 class DemoConfig(_Settings):
@@ -215,6 +274,12 @@ class DemoConfig(_Settings):
     trainer_fail_at_step: int | None = Field(None, ge=0, description="inject a trainer fault at this step (replay demo)")
     prometheus: bool = Field(False, description="serve every process's metrics and scrape them with a local "
                              "Prometheus (the prometheus binary on PATH); prints its URL")
+    model: Path | None = Field(None, description="run on a real language model instead of the toy task: this GGUF "
+                               "file served by llama-server, trained by consumers.lm_trainer (needs the llm extra)")
+    llama_server: str = Field("llama-server", description="with --model: the llama-server binary (ops/llama-server.sh "
+                              "builds one)")
+    lm_lr: float = Field(0.0, ge=0, description="lm trainer: learning rate; 0 only recomputes the log-probabilities "
+                         "and reports the mismatch with the server's per step")
 
 
 class AssemblerConfig(_RoleSettings):
@@ -257,6 +322,8 @@ SECTIONS: dict[str, type[_Settings]] = {
     "trainer": TrainerConfig,
     "demo": DemoConfig,
     "archiver": ArchiverConfig,
+    "inference": InferenceConfig,
+    "weight_sync": WeightSyncConfig,
 }
 
 

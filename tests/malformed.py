@@ -28,6 +28,7 @@ from streamgrp.core.events import (
     TaskIssued,
     Tick,
     VersionAdvanced,
+    WeightsServed,
 )
 from streamgrp.core.manifest import make_manifest
 from streamgrp.core.policy import GroupPolicy, NormSpec
@@ -72,6 +73,8 @@ def valid_events() -> list:
         StepFailed(step=1, rank=0, error="loss is NaN"),
         VersionAdvanced(version=1, step=0),
         RunFinished(steps=3),
+        WeightsServed(server="http://127.0.0.1:30000", version=2, dialect="sglang", ok=True, detail="loaded",
+                      seconds=1.5, at=1_700_000_001.0),
     ]
     assert {event.kind for event in events} == set(EVENT_TYPES)
     return events

@@ -23,8 +23,10 @@ from streamgrp.config import (
     BatcherConfig,
     ConnectionConfig,
     DemoConfig,
+    InferenceConfig,
     RunConfig,
     TrainerConfig,
+    WeightSyncConfig,
     WorkerConfig,
     env_name,
     flag_name,
@@ -68,9 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
          roles.cmd_demo),
     ):
         role = commands.add_parser(name, help=help_text)
-        for section, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (model, name)):
+        sections = [(ConnectionConfig, "connection"), (RunConfig, "run"), (model, name)]
+        if name == "worker":  # --rollout vllm|sglang|llamacpp reads these
+            sections.append((InferenceConfig, "inference (--rollout vllm, sglang or llamacpp)"))
+        for section, title in sections:
             _add_model_flags(role, section, title)
         role.set_defaults(handler=handler)
+    _add_weight_sync(commands)
 
     runs = commands.add_parser("runs", help="list the runs on the server, newest last")
     _add_model_flags(runs, ConnectionConfig, "connection")
@@ -91,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_commands(commands)
     add_acl_command(commands)
     return parser
+
+
+def _add_weight_sync(commands: Any) -> None:
+    sync = commands.add_parser("weight-sync", help="after each committed step, tell every inference server to "
+                               "load the new weights, and record which server serves which version")
+    for model, title in ((ConnectionConfig, "connection"), (InferenceConfig, "inference servers"),
+                         (WeightSyncConfig, "weight-sync")):
+        _add_model_flags(sync, model, title)
+    sync.set_defaults(handler=roles.cmd_weight_sync)
 
 
 # -- replay: steps, replay, verify, inspect (streamgrp.replay) ---------------------------------------------

@@ -24,8 +24,10 @@ from streamgrp.config import (
     BatcherConfig,
     ConnectionConfig,
     DemoConfig,
+    InferenceConfig,
     RunConfig,
     TrainerConfig,
+    WeightSyncConfig,
     WorkerConfig,
     load,
     load_callable,
@@ -34,7 +36,7 @@ from streamgrp.config import (
 from streamgrp.errors import ConfigError
 
 __all__ = ["REFERENCE_TRAINER", "cmd_archiver", "cmd_assembler", "cmd_batcher", "cmd_demo", "cmd_server",
-           "cmd_trainer", "cmd_worker"]
+           "cmd_trainer", "cmd_weight_sync", "cmd_worker"]
 
 #: The reference GRPO trainer `streamgrp trainer` runs; an example, so named by string, never imported here.
 REFERENCE_TRAINER = "consumers.grpo_trainer:train"
@@ -69,7 +71,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streamgrp.services.worker import WorkerClient, WorkerProcess
 
     config = settings(args, WorkerConfig)
-    rollout = load_callable(config.rollout)
+    rollout = _rollout(config.rollout, args)
     with connected(args, role=True) as (client, connection, handle):
         run = _join(client, connection, args, "worker", burst=config.burst)
         _lend_to_rollouts(client, run.keys, handle.url)
@@ -97,6 +99,15 @@ def _lend_to_rollouts(client, keys, url: str) -> None:
     for name in _ROLLOUT_HIDDEN:
         os.environ.pop(name, None)
     os.environ["STREAMGRP_REDIS_URL"], os.environ["STREAMGRP_RUN"] = url_without_password(url), keys.run
+
+
+def _rollout(spec: str, args: argparse.Namespace):
+    """An inference adapter for ``vllm``, ``sglang`` or ``llamacpp`` (its [inference] settings), else ``module:function``."""
+    from streamgrp.services.inference import ADAPTERS, build_rollout
+
+    if spec in ADAPTERS:
+        return build_rollout(spec, settings(args, InferenceConfig))
+    return load_callable(spec)
 
 
 def cmd_assembler(args: argparse.Namespace) -> int:
@@ -131,13 +142,40 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 def cmd_trainer(args: argparse.Namespace) -> int:
     from streamgrp.train.distributed import resolve_config
 
-    train = load_callable(REFERENCE_TRAINER)
     config = settings(args, TrainerConfig)
+    train = load_callable(config.train_fn)
     ranks = resolve_config(config)  # flags, else torchrun's RANK/WORLD_SIZE/..., else one process
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {ranks.rank}")
         steps = train(client, run, config, metrics=serve_metrics(config))
         log.info("trainer rank %d committed %d steps", ranks.rank, steps)
+    return 0
+
+
+def cmd_weight_sync(args: argparse.Namespace) -> int:
+    from streamgrp.services.inference import make_dialect, server_urls
+    from streamgrp.services.inference.weight_sync import LlamaServerProcess, WeightSync
+    from streamgrp.store.runs import open_run, resolve_run_name
+
+    config = settings(args, WeightSyncConfig)
+    inference = settings(args, InferenceConfig)
+    urls = server_urls(inference)
+    llama = None
+    if config.dialect == "llamacpp":
+        if not config.llama_server_cmd or len(urls) != 1:
+            raise ConfigError("--dialect llamacpp: weight-sync restarts the one llama-server it owns; give "
+                              "--llama-server-cmd (its command line without --model) and one --server-url")
+        llama = LlamaServerProcess(config.llama_server_cmd, urls[0], ready_timeout_s=config.load_timeout_s)
+    with connected(args, role=True) as (client, connection, _):
+        run = open_run(client, resolve_run_name(client, connection.run, create=False))
+        sync = WeightSync(client, run.keys, make_dialect(config.dialect, inference), urls, config.weights_dir,
+                          load_timeout_s=config.load_timeout_s, llama=llama)
+        try:
+            loaded = sync.run(stop_event(), poll_s=config.poll_s, burst=config.burst)
+        finally:
+            if llama is not None:
+                llama.stop()
+        log.info("weight-sync for run %s: %d loads", run.name, loaded)
     return 0
 
 
@@ -173,6 +211,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     connection = load(ConnectionConfig, toml=toml, overrides=vars(args))
     run_settings = load(RunConfig, toml=toml, overrides=_demo_run_defaults(args))
     demo = load(DemoConfig, toml=toml, overrides=vars(args))
+    if demo.model is not None:  # a real model: its own defaults and processes (streamgrp.cli.demo_model)
+        from streamgrp.cli.demo_model import MODEL_RUN_DEFAULTS
+        from streamgrp.cli.demo_model import run_model_demo as run_demo
+
+        run_settings = load(RunConfig, toml=toml, overrides={**MODEL_RUN_DEFAULTS, **_given(args, RunConfig)})
+        if args.steps is None:
+            demo = demo.model_copy(update={"steps": 8})
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -181,6 +226,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("\nstreamgrp demo: interrupted; every process it started was stopped", file=sys.stderr)
         return 130
     return 0
+
+
+def _given(args: argparse.Namespace, model: type) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if v is not None and k in model.model_fields}
 
 
 def _demo_run_defaults(args: argparse.Namespace) -> dict[str, Any]:

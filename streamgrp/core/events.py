@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
 
 from streamgrp.core.members import (
     DecidedMember,
@@ -35,7 +35,7 @@ from streamgrp.core.values import (
 __all__ = ["EVENT_TYPES", "SCHEMA_VERSION", "DecidedMember", "GroupDecided", "GroupDiscarded", "GroupStats", "Member",
            "READABLE_SCHEMAS", "RawArray", "RunFinished", "RunStarted", "RunTerminated", "Sample", "SamplePayload",
            "SampleSummary", "Shard", "ShardGroup", "SlotResult",
-           "StepCommitted", "StepFailed", "StepManifest", "TaskIssued", "Tick", "VersionAdvanced"]
+           "StepCommitted", "StepFailed", "StepManifest", "TaskIssued", "Tick", "VersionAdvanced", "WeightsServed"]
 
 SCHEMA_VERSION = 2
 #: Schema versions this build reads. 1: a slot result carried its whole sample in the slot log (read
@@ -292,6 +292,20 @@ class RunFinished(_Event):
     steps: Int
 
 
+class WeightsServed(_Event):
+    """An inference server was told to serve policy ``version`` (written by `streamgrp weight-sync` to the
+    control stream): ``ok`` says whether it answered that it does, ``detail`` what it said or why not."""
+
+    kind: Literal["weights_served"] = "weights_served"
+    server: str
+    version: NonNegInt
+    dialect: str
+    ok: StrictBool
+    detail: str = ""
+    seconds: Float = 0.0
+    at: Float = 0.0
+
+
 _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SamplePayload, Tick, GroupDecided, RunTerminated, StepManifest,
-                 GroupDiscarded, StepCommitted, StepFailed, VersionAdvanced, RunFinished)
+                 GroupDiscarded, StepCommitted, StepFailed, VersionAdvanced, RunFinished, WeightsServed)
 EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

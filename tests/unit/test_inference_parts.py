@@ -1,0 +1,70 @@
+"""The inference adapters' pure parts: version parsing, backoff bounds, server choice, weights on disk,
+the LM trainer's mismatch figures."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from streamgrp.services.inference.adapter import Retry
+from streamgrp.services.inference.dialect import version_from
+from streamgrp.services.inference.pool import ServerPool
+from streamgrp.train.weights import save_version
+
+
+@pytest.mark.parametrize(("value", "pattern", "expected"), [
+    ("12", None, 12), (3, None, 3), ("v7", None, 7), ("default", None, None), (True, None, None),
+    (-1, None, None), ("policy@v12", r"@v(\d+)$", 12), ("policy", r"@v(\d+)$", None), (None, None, None)])
+def test_weight_versions_are_read_only_when_they_are_integers(value, pattern, expected):
+    assert version_from(value, pattern) == expected
+
+
+def test_backoff_doubles_is_capped_and_jittered_below_the_cap():
+    retry, rng = Retry(attempts=10, base_s=0.5, cap_s=4.0), random.Random(1)
+    pauses = [retry.pause(n, rng) for n in range(1, 10)]
+    assert all(0.25 <= p <= 4.0 for p in pauses) and max(pauses[4:]) <= 4.0 and pauses[0] <= 0.5
+
+
+def test_round_robin_skips_a_server_cooling_down_after_a_failure():
+    now = [0.0]
+    pool = ServerPool(["http://a", "http://b", "http://c"], cooldown_s=2.0, clock=lambda: now[0])
+    picks = []
+    for _ in range(3):
+        with pool.lease() as url:
+            picks.append(url)
+    assert picks == ["http://a", "http://b", "http://c"]
+    pool.failed("http://a")
+    with pool.lease() as first, pool.lease() as second:
+        assert "http://a" not in (first, second)
+    now[0] = 5.0  # cooled down: back in the rotation
+    picks = []
+    for _ in range(3):
+        with pool.lease() as url:
+            picks.append(url)
+    assert sorted(picks) == ["http://a", "http://b", "http://c"]
+
+
+def test_version_directories_are_safetensors_written_whole(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    state = {"w": torch.randn(3, 2), "b": torch.zeros(4, dtype=torch.bfloat16), "n": torch.arange(3)}
+    path = save_version(tmp_path, 12, state)
+    assert path.name == "v000012" and not (tmp_path / "v000012.partial").exists()
+    loaded = safetensors.load_file(str(path / "model.safetensors"))
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in state.items())
+    save_version(tmp_path, 12, {"w": torch.ones(1)})  # a rewrite replaces the whole directory
+    assert set(safetensors.load_file(str(path / "model.safetensors"))) == {"w"}
+
+
+def test_the_lm_trainers_mismatch_counts_only_completion_tokens():
+    from consumers.lm_trainer import mismatch
+
+    server = torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, 0.0]])
+    trainer = torch.tensor([[9.0, -1.5, -2.0], [9.0, -0.5, 9.0]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0]], dtype=torch.bool)
+    result = mismatch(server, trainer, mask)
+    assert result["tokens_compared"] == 3
+    assert result["logprob_abs_diff_mean"] == pytest.approx(0.5 / 3) and result["logprob_abs_diff_max"] == 0.5
+    assert result["logprob_diff_mean"] == pytest.approx(0.5 / 3) and result["kl_estimate"] > 0
+    assert mismatch(server, trainer, torch.zeros_like(mask)) == {"tokens_compared": 0}
