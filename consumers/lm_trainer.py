@@ -30,6 +30,7 @@ from streamgrp.config import TrainerConfig
 from streamgrp.core.policy import NormSpec
 from streamgrp.store.runs import Run
 from streamgrp.train.advantages import normalize, token_weighted_policy_loss
+from streamgrp.train.distributed import resolve_config
 from streamgrp.train.trainer import TrainerClient
 from streamgrp.train.weights import save_version
 
@@ -73,8 +74,10 @@ def mismatch(server: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor) ->
 
 def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None) -> int:
     """Consume every step of the run on this rank; returns the number of steps committed."""
-    if config.world_size != 1:
-        raise ValueError("consumers.lm_trainer runs one rank (--world-size 1); use dp_size 1 for the run")
+    ranks = resolve_config(config)
+    if ranks.world_size != 1:
+        raise ValueError(f"consumers.lm_trainer runs one rank, not {ranks.world_size} (--world-size 1, no torchrun); "
+                         "use dp_size 1 for the run")
     if config.model_gguf is None:
         raise ValueError("consumers.lm_trainer needs --model-gguf: the GGUF file the inference server serves")
     torch.manual_seed(0)
@@ -83,7 +86,7 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
     model.train(optimizer is not None)
     spec = run.config.adv_norm or run.config.reward_norm or NormSpec("group", "group")
     steps = 0
-    with TrainerClient(client, run).batches(rank=config.rank, world_size=1) as batches:
+    with TrainerClient(client, run).batches(rank=ranks.rank, world_size=1) as batches:
         for batch in batches:
             started = time.monotonic()
             step_metrics = _step(model, optimizer, batch, spec)

@@ -84,7 +84,7 @@ def _start_llama(demo: DemoConfig, model: Path, log_path: Path):
 
     port = processes.free_port("127.0.0.1")
     command = [*shlex.split(demo.llama_server), "--host", "127.0.0.1", "--port", str(port), "-c", "4096",
-               "-np", "4", "-t", "2", "--no-webui", "--model", str(model), "--alias", "policy@v0"]
+               "-np", "4", "-t", "2", "--poll", "0", "--no-webui", "--model", str(model), "--alias", "policy@v0"]
     try:
         proc = processes.spawn(command, log_path)
     except OSError as exc:
