@@ -15,7 +15,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
 import pytest
 
 from streamgrp.cli.children import free_port
@@ -82,17 +81,3 @@ def stop_llama(server: LlamaServer) -> None:
         except subprocess.TimeoutExpired:
             server.proc.kill()
             server.proc.wait()
-
-
-def chat_prompt(question: str) -> str:
-    """SmolLM2-Instruct's chat template, written out (the adapter sends it to /tokenize with special tokens)."""
-    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def write_arithmetic(path: Path, count: int) -> Path:
-    with path.open("wb") as handle:
-        for index in range(count):
-            a, b = index % 7 + 1, index % 5 + 2
-            handle.write(orjson.dumps({"text": chat_prompt(f"What is {a}+{b}? Answer with one number."),
-                                       "answer": str(a + b)}) + b"\n")
-    return path

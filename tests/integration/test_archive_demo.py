@@ -100,6 +100,7 @@ def stream_bytes(client, keys: RunKeys) -> int:
     return sum(client.memory_usage(key, samples=0) or 0 for key in keys.all_streams().values())
 
 
+@pytest.mark.one_server_kind
 def test_retention_bounds_the_server_while_every_rank_commits_every_step(client, redis_url, run_name, tmp_path):
     steps = 30
     data_dir = tmp_path / "data"

@@ -52,6 +52,7 @@ def test_demo_runs_every_role_and_its_summary_adds_up(redis_url, tmp_path):
     assert summary["groups"]["partial"] > 0
 
 
+@pytest.mark.one_server_kind
 def test_demo_survives_a_killed_worker_with_correct_accounting(redis_url, tmp_path):
     demo = _demo(redis_url, tmp_path, "--steps", "8")
     try:
@@ -67,6 +68,7 @@ def test_demo_survives_a_killed_worker_with_correct_accounting(redis_url, tmp_pa
     _check_accounting(json.loads(out.strip().splitlines()[-1]), steps=8)
 
 
+@pytest.mark.one_server_kind
 def test_a_failing_trainer_stops_everything_and_names_the_role(redis_url, tmp_path):
     demo = _demo(redis_url, tmp_path, "--trainer-fail-at-step", "2")
     out, err = demo.communicate(timeout=300)

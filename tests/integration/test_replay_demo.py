@@ -42,6 +42,7 @@ def failed_demo(redis_url, run_name, tmp_path):
     return RunKeys(run_name)
 
 
+@pytest.mark.one_server_kind
 def test_a_failed_step_is_listed_replayed_and_verified(failed_demo, client, redis_url, run_name, tmp_path, capsys):
     keys = failed_demo
     connection = ["--redis-url", redis_url, "--run", run_name]

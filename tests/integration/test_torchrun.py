@@ -49,6 +49,7 @@ def _rank_logs(log_dir: Path) -> dict[int, str]:
     return found
 
 
+@pytest.mark.one_server_kind
 def test_torchrun_two_ranks_consume_every_step_in_order_with_equal_collectives(client, redis_url, run_name, tmp_path):
     # The run exists before any role starts, so every role (and both ranks) adopts its record.
     run = join_run(client, run_name, RUN)
