@@ -86,8 +86,10 @@ details { margin-top: 2rem; }
 
 _DEFINITIONS = {
     "yields": "Over the groups the assembler decided in each step's window (after the previous manifest, up to this "
-              "one): usable and trainable slots over target slots. A hollow marker on the axis: no group was decided "
-              "in that window. Dashed: cumulative over all windows so far.",
+              "one): usable and trainable slots over target slots. Dotted and dash-dotted: the same, cumulative over "
+              "all windows so far. A grey hollow marker on the axis: no group was decided in that window. Where "
+              "lines coincide each keeps its own dash pattern and marker, and the legend says which series equal "
+              "which.",
     "decisions": "Group decisions written in each step's window, by kind.",
     "drop-reasons": "Why groups were not trained: the assembler's drop reasons and the batcher's discards (stale, "
                     "filtered, leftover) written in each step's window.",
@@ -107,8 +109,8 @@ def render_html(data: ReportData) -> str:
             y_min=0.0, y_max=1.0,
             series=[Series("usable", series["usable_yield"], "#0072B2", width=3.6),
                     Series("trainable", series["trainable_yield"], "#E69F00"),
-                    Series("usable (cumulative)", series["cumulative_usable_yield"], "#0072B2", dashed=True, width=3.6),
-                    Series("trainable (cumulative)", series["cumulative_trainable_yield"], "#E69F00", dashed=True)]),
+                    Series("usable (cumulative)", series["cumulative_usable_yield"], "#0072B2", width=3.6),
+                    Series("trainable (cumulative)", series["cumulative_trainable_yield"], "#E69F00")]),
         "decisions": stacked_bar_chart(
             chart_id="decisions", title="Group decisions per step, by kind", steps=steps, y_label="groups",
             series=[Series(kind, series[f"decisions:{kind}"], _KIND_COLORS[kind]) for kind in DECISION_KINDS]),
@@ -251,10 +253,12 @@ def render_png(data: ReportData) -> bytes:
         return [float("nan") if v is None else v for v in values]
 
     yields, decisions, drops, stall, imbalance = axes
-    for name, label, style, width in (("usable_yield", "usable", "o-", 3.5), ("trainable_yield", "trainable", "o-", 1.5),
-                                      ("cumulative_usable_yield", "usable (cumulative)", "--", 3.5),
-                                      ("cumulative_trainable_yield", "trainable (cumulative)", "--", 1.5)):
-        yields.plot(steps, nan(series[name]), style, label=label, markersize=3, linewidth=width)
+    # The SVG's styles: a dash pattern and a marker shape per series, so coinciding series both show.
+    for name, label, style, width in (("usable_yield", "usable", "o-", 3.5), ("trainable_yield", "trainable", "s--", 1.5),
+                                      ("cumulative_usable_yield", "usable (cumulative)", "^:", 3.5),
+                                      ("cumulative_trainable_yield", "trainable (cumulative)", "D-.", 1.5)):
+        yields.plot(steps, nan(series[name]), style, label=label, markersize=4, linewidth=width,
+                    markerfacecolor=None if style == "o-" else "none")
     yields.set_ylim(0, 1)
     for ax, prefix in ((decisions, "decisions:"), (drops, "dropped:")):
         bottom = [0] * len(steps)
@@ -264,7 +268,8 @@ def render_png(data: ReportData) -> bytes:
                        color=_KIND_COLORS.get(name.split(":", 1)[1]))
                 bottom = [b + v for b, v in zip(bottom, values)]
     stall.plot(steps, series["step_seconds"], "o-", label="since previous step", markersize=3, linewidth=3.5)
-    stall.plot(steps, series["longest_gap_s"], "o-", label="longest gap without a trainable decision", markersize=3)
+    stall.plot(steps, series["longest_gap_s"], "s--", label="longest gap without a trainable decision", markersize=4,
+               markerfacecolor="none")
     imbalance.plot(steps, series["imbalance"], "o-", label="imbalance", markersize=3)
     titles = ("Slot yields per step", "Group decisions per step, by kind", "Drop reasons per step",
               "Stall seconds per step", "Shard imbalance per step")

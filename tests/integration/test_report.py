@@ -74,7 +74,7 @@ class Page(HTMLParser):
 
     def points(self, series: str) -> list[int]:
         return sorted(int(a["data-step"]) for tag, a in self.elements
-                      if tag == "circle" and "point" in a.get("class", "").split() and a.get("data-series") == series)
+                      if "point" in a.get("class", "").split() and a.get("data-series") == series)
 
     def bars(self, chart: str) -> list[int]:
         steps, current = [], None

@@ -168,7 +168,7 @@ def test_the_page_draws_every_chart_with_one_point_or_bar_per_step():
     elements = page(report(rows, tail))
     charts = [a["data-chart"] for tag, a in elements if tag == "svg"]
     assert charts == list(CHART_IDS)
-    points = [a for tag, a in elements if tag == "circle" and "point" in a.get("class", "")]
+    points = [a for _, a in elements if "point" in (a.get("class") or "").split()]
     bars = [a for tag, a in elements if tag == "g" and a.get("class") == "bar"]
     for series in ("usable", "trainable", "since previous step", "imbalance"):
         assert sorted(int(p["data-step"]) for p in points if p["data-series"] == series) == [0, 1, 2]
