@@ -102,7 +102,7 @@ def line_chart(*, chart_id: str, title: str, steps: Sequence[int], series: Seque
     a filled marker) stays visible around a later one that coincides with it (narrower, dashed,
     hollow marker)."""
     _check_lengths(steps, series)
-    styles = [_style(index, one) for index, one in enumerate(series)]
+    styles = [line_style(index, one) for index, one in enumerate(series)]
     notes = coincidences(series)
     legend = [(one, color, dash, marker, f"{one.name} ({note})" if note else one.name)
               for one, (color, dash, marker), note in zip(series, styles, notes)]
@@ -167,7 +167,7 @@ def _same(a: float | None, b: float | None) -> bool:
     return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def _style(index: int, one: Series) -> tuple[str, str, str]:
+def line_style(index: int, one: Series) -> tuple[str, str, str]:
     """(colour, dash, marker) of the series at ``index``."""
     dash, marker = LINE_STYLES[index % len(LINE_STYLES)]
     color = one.color or PALETTE[index % len(PALETTE)]
