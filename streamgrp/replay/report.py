@@ -87,7 +87,8 @@ def render_html(data: ReportData) -> str:
     status_class = "meta failed" if data.status.startswith("failed") else "meta"
     parts = [
         "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
+        # An empty data: icon, so a browser asks the server for nothing but the page (no /favicon.ico).
+        '<html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">',
         f"<title>streamgrp report: {escape(data.run)}</title>",
         f"<style>{_CSS}</style></head><body>",
         f'<h1 id="title">streamgrp report: run {escape(data.run)}</h1>',
