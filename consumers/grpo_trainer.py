@@ -14,6 +14,11 @@ either of these starts two ranks (flags as for ``streamgrp trainer``):
 
 Every collective goes through one `Collectives` object and each step's calls are logged with the
 step, so the log shows every rank made the same calls whatever its shard held.
+
+Rank 0 records each step in the run's trainer-metrics hash (`streamgrp report` charts them):
+``loss`` (the step's loss, all ranks summed), ``reward_mean`` (over the step's rows),
+``logprob_abs_diff_mean`` (mean |rollout - trainer| log-probability per loss token of the whole step,
+before the update), the group metrics of `streamgrp.train.advantages.group_metrics`, ``wait_s``, ``step``.
 """
 
 from __future__ import annotations
@@ -106,8 +111,12 @@ def _step(policy, optimizer, batch, spec: NormSpec, collectives: Collectives) ->
                                       total_loss_tokens=batch.step_loss_tokens)
     optimizer.zero_grad()
     loss.backward()
+    # How far the rollout's log-probabilities are from this policy's, summed here and divided by the
+    # step's loss tokens below: staleness and sampling numerics both show in it.
+    abs_diff = float(((new_logprobs.detach() - batch.logprobs).abs() * batch.loss_mask).sum())
     # Every rank makes exactly these two collectives per step, whatever its shard size.
-    stats = torch.tensor([float(loss.detach()), float(batch.rewards.sum()), float(batch.rows)], dtype=torch.float64)
+    stats = torch.tensor([float(loss.detach()), float(batch.rewards.sum()), float(batch.rows), abs_diff],
+                         dtype=torch.float64)
     grads = [p.grad for p in policy.parameters()]
     flat = collectives.all_reduce(torch.cat([g.reshape(-1) for g in grads]))
     offset = 0
@@ -117,7 +126,8 @@ def _step(policy, optimizer, batch, spec: NormSpec, collectives: Collectives) ->
     collectives.all_reduce(stats)
     optimizer.step()
     tokens_per_group = _tokens_per_group(batch)
-    metrics = {"loss": stats[0].item(), "reward_mean": stats[1].item() / max(stats[2].item(), 1.0)}
+    metrics = {"loss": stats[0].item(), "reward_mean": stats[1].item() / max(stats[2].item(), 1.0),
+               "logprob_abs_diff_mean": stats[3].item() / max(batch.step_loss_tokens, 1)}
     metrics.update(group_metrics(batch.group_sizes.tolist(), tokens_per_group))
     return metrics
 

@@ -219,8 +219,10 @@ def _templating() -> list[dict[str, Any]]:
         {"current": {}, "hide": 0, "includeAll": False, "label": "Data source", "multi": False,
          "name": "datasource", "options": [], "query": "prometheus", "refresh": 1, "regex": "",
          "type": "datasource"},
+        # No "definition" (the query's text in Grafana's variable list): Grafana's dashboard schema has no
+        # such field (tests/unit/test_dashboard_schema.py checks against it) and it shows the query without.
         {"allValue": ".+", "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-         "datasource": DATASOURCE, "definition": "label_values(streamgrp_steps_total, job)", "hide": 0,
+         "datasource": DATASOURCE, "hide": 0,
          "includeAll": True, "label": "Job", "multi": True, "name": "job", "options": [],
          "query": {"qryType": 1, "query": "label_values(streamgrp_steps_total, job)",
                    "refId": "PrometheusVariableQueryEditor-VariableQuery"},

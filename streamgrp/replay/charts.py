@@ -5,11 +5,20 @@ and series that carries ``data-step`` / ``data-series`` attributes (and a ``<tit
 a page stays readable and checkable without any JavaScript. Ignores where the numbers come from
 (`streamgrp.replay.report_series` computes them) and page layout.
 
+Series that coincide (usable and trainable yields often do) stay readable without moving any point:
+each series of a line chart has its own dash pattern and marker shape (`LINE_STYLES`), later series
+draw narrower lines and hollow markers over earlier ones, and the legend and tooltips say where a
+series equals an earlier one (`coincidences`). Points are never offset: a shifted point would show
+a value the run did not have.
+
 Invariants every chart keeps, whatever the data (tests check them):
 - the x axis is a band per step from the first to the last step given; a chart of no steps is
   an empty frame that says so;
-- a line chart has exactly one ``circle.point`` per (series, step); a missing value (None) is a
-  hollow marker on the x axis and breaks the line, it is never drawn as a zero;
+- a line chart has exactly one ``.point`` marker per (series, step), centred at its ``data-x`` /
+  ``data-y``; a missing value (None) is a hollow grey marker on the x axis and breaks the line, it
+  is never drawn as a zero;
+- series styled by position (up to ``len(LINE_STYLES)`` of them) differ in both dash pattern and marker
+  shape, and a series equal to an earlier one at some step says so in its legend label;
 - a stacked bar chart has exactly one ``g.bar`` per step, holding one ``rect`` per series whose
   value is positive, stacked in series order;
 - every text is escaped; the output is well-formed XML with no external references.
@@ -25,6 +34,12 @@ from html import escape
 #: Colour-blind-safe palette (Okabe-Ito), assigned to series in order unless a series names its own.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 
+#: (dash pattern, marker shape) given to a line chart's series in order, unless a series names its own.
+#: An empty dash is a solid line.
+LINE_STYLES = (("", "circle"), ("7 4", "square"), ("2 3", "triangle"), ("10 3 2 3", "diamond"),
+               ("4 2", "triangle-down"))
+MARKERS = ("circle", "square", "triangle", "diamond", "triangle-down")
+
 WIDTH, HEIGHT = 760, 300
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 58, 46
 _FONT = "font-family=\"system-ui, sans-serif\""
@@ -37,8 +52,13 @@ class Series:
     name: str
     values: Sequence[float | None]
     color: str | None = None
-    dashed: bool = False
+    dash: str | None = None  # an SVG stroke-dasharray ("" solid); None: by position (LINE_STYLES)
+    marker: str | None = None  # one of MARKERS; None: by position (LINE_STYLES)
     width: float = 1.8  # line width; draw a series that others may cover wider, so it still shows
+
+    def __post_init__(self) -> None:
+        if self.marker is not None and self.marker not in MARKERS:
+            raise ValueError(f"marker {self.marker!r} is not one of {', '.join(MARKERS)}")
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> list[float]:
@@ -76,38 +96,98 @@ def format_number(value: float) -> str:
 def line_chart(*, chart_id: str, title: str, steps: Sequence[int], series: Sequence[Series], y_label: str,
                x_label: str = "step", y_min: float | None = None, y_max: float | None = None,
                width: int = WIDTH, height: int = HEIGHT) -> str:
-    """An SVG line chart: one line and one marker per step for each series."""
+    """An SVG line chart: one line and one marker per step for each series.
+
+    Lines are drawn first, then markers, each in series order: an earlier series (drawn wider, with
+    a filled marker) stays visible around a later one that coincides with it (narrower, dashed,
+    hollow marker)."""
     _check_lengths(steps, series)
-    frame = _Frame(chart_id, title, steps, series, x_label, y_label, _y_range(series, y_min, y_max, stacked=False),
-                   width, height)
-    body: list[str] = []
-    for index, one in enumerate(series):
-        color = one.color or PALETTE[index % len(PALETTE)]
-        dash = ' stroke-dasharray="6 4"' if one.dashed else ""
+    styles = [line_style(index, one) for index, one in enumerate(series)]
+    notes = coincidences(series)
+    legend = [(one, color, dash, marker, f"{one.name} ({note})" if note else one.name)
+              for one, (color, dash, marker), note in zip(series, styles, notes)]
+    frame = _Frame(chart_id, title, steps, [label for *_, label in legend], x_label, y_label,
+                   _y_range(series, y_min, y_max, stacked=False), width, height)
+    lines: list[str] = []
+    markers: list[str] = []
+    for index, (one, (color, dash, marker)) in enumerate(zip(series, styles)):
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         radius = frame.radius * max(1.0, one.width / 1.8)
+        name = escape(one.name)
         run: list[str] = []
         segments: list[list[str]] = [run]
-        points: list[str] = []
-        for step, value in zip(steps, one.values):
+        for position, (step, value) in enumerate(zip(steps, one.values)):
             x = frame.x(step)
             if value is None:
                 run = []
                 segments.append(run)
-                points.append(f'<circle class="point missing" data-series="{escape(one.name)}" data-step="{step}" '
-                              f'cx="{x:.1f}" cy="{frame.bottom:.1f}" r="{radius:.1f}" fill="white" '
-                              f'stroke="#999"><title>step {step}: {escape(one.name)} n/a</title></circle>')
+                markers.append(f'<path class="point missing" data-series="{name}" data-step="{step}" '
+                               f'data-marker="{marker}" data-x="{x:.1f}" data-y="{frame.bottom:.1f}" d="{_marker_path(marker, x, frame.bottom, radius)}" '
+                               f'fill="none" stroke="#999" stroke-width="1.2"><title>step {step}: {name} n/a</title></path>')
                 continue
             y = frame.y(value)
             run.append(f"{x:.1f},{y:.1f}")
-            points.append(f'<circle class="point" data-series="{escape(one.name)}" data-step="{step}" '
-                          f'data-value="{value!r}" cx="{x:.1f}" cy="{y:.1f}" r="{radius:.1f}" fill="{color}">'
-                          f'<title>step {step}: {escape(one.name)} {format_number(value)}</title></circle>')
+            same = [escape(other.name) for other in series[:index] if _same(other.values[position], value)]
+            also = f" (same as {', '.join(same)})" if same else ""
+            fill = f'fill="{color}"' if index == 0 else f'fill="none" stroke="{color}" stroke-width="1.6"'
+            markers.append(f'<path class="point" data-series="{name}" data-step="{step}" data-value="{value!r}" '
+                           f'data-marker="{marker}" data-x="{x:.1f}" data-y="{y:.1f}" d="{_marker_path(marker, x, y, radius)}" {fill}>'
+                           f'<title>step {step}: {name} {format_number(value)}{also}</title></path>')
         for segment in segments:
             if len(segment) > 1:
-                body.append(f'<polyline class="line" data-series="{escape(one.name)}" points="{" ".join(segment)}" '
-                            f'fill="none" stroke="{color}" stroke-width="{one.width:g}"{dash}/>')
-        body.extend(points)
-    return frame.render(body, [(one, one.color or PALETTE[i % len(PALETTE)]) for i, one in enumerate(series)])
+                lines.append(f'<polyline class="line" data-series="{name}" points="{" ".join(segment)}" '
+                             f'fill="none" stroke="{color}" stroke-width="{one.width:g}"{dash_attr}/>')
+    return frame.render(lines + markers, legend)
+
+
+def coincidences(series: Sequence[Series]) -> list[str | None]:
+    """Per series, a legend note naming the earlier series it coincides with most (equal values at
+    the same steps): ``= usable at every step`` (every step where it has a value) or ``= usable at 3
+    of 5 steps``. None when no earlier series equals it at every step or at two steps and at least
+    half of them: a lone shared point (a cumulative series equals its own first window) is not worth
+    a legend note; its tooltip still says so."""
+    notes: list[str | None] = []
+    for index, one in enumerate(series):
+        defined = sum(value is not None for value in one.values)
+        best, best_count = None, 0
+        for other in series[:index]:
+            count = sum(_same(a, b) for a, b in zip(other.values, one.values))
+            if count > best_count:
+                best, best_count = other, count
+        if best is not None and best_count == defined:
+            notes.append(f"= {best.name} at every step" if defined > 1 else f"= {best.name}")
+        elif best is not None and best_count >= 2 and 2 * best_count >= defined:
+            notes.append(f"= {best.name} at {best_count} of {defined} steps")
+        else:
+            notes.append(None)
+    return notes
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def line_style(index: int, one: Series) -> tuple[str, str, str]:
+    """(colour, dash, marker) of the series at ``index``."""
+    dash, marker = LINE_STYLES[index % len(LINE_STYLES)]
+    color = one.color or PALETTE[index % len(PALETTE)]
+    return color, dash if one.dash is None else one.dash, marker if one.marker is None else one.marker
+
+
+def _marker_path(shape: str, x: float, y: float, r: float) -> str:
+    """An SVG path of ``shape`` centred at (x, y), about ``2 r`` across; shapes of one size cover
+    about the same area, so none hides another completely."""
+    if shape == "circle":
+        return f"M{x - r:.1f},{y:.1f}a{r:.1f},{r:.1f} 0 1,0 {2 * r:.1f},0a{r:.1f},{r:.1f} 0 1,0 {-2 * r:.1f},0Z"
+    if shape == "square":
+        s = r * 0.9
+        return f"M{x - s:.1f},{y - s:.1f}h{2 * s:.1f}v{2 * s:.1f}h{-2 * s:.1f}Z"
+    if shape == "diamond":
+        d = r * 1.3
+        return f"M{x:.1f},{y - d:.1f}L{x + d:.1f},{y:.1f}L{x:.1f},{y + d:.1f}L{x - d:.1f},{y:.1f}Z"
+    sign = 1 if shape == "triangle" else -1  # triangle points up, triangle-down down
+    tip, base, half = y - sign * 1.3 * r, y + sign * 0.8 * r, 1.2 * r
+    return f"M{x:.1f},{tip:.1f}L{x + half:.1f},{base:.1f}L{x - half:.1f},{base:.1f}Z"
 
 
 def stacked_bar_chart(*, chart_id: str, title: str, steps: Sequence[int], series: Sequence[Series], y_label: str,
@@ -119,7 +199,7 @@ def stacked_bar_chart(*, chart_id: str, title: str, steps: Sequence[int], series
     for one in series:
         if any(v is not None and v < 0 for v in one.values):
             raise ValueError(f"stacked series {one.name!r} has a negative value; stacked bars need values >= 0")
-    frame = _Frame(chart_id, title, steps, series, x_label, y_label,
+    frame = _Frame(chart_id, title, steps, [one.name for one in series], x_label, y_label,
                    _y_range(series, 0.0, None, stacked=True, integer=integer), width, height)
     colors = [one.color or PALETTE[i % len(PALETTE)] for i, one in enumerate(series)]
     body: list[str] = []
@@ -140,7 +220,7 @@ def stacked_bar_chart(*, chart_id: str, title: str, steps: Sequence[int], series
             base += value
         parts.append("</g>")
         body.append("".join(parts))
-    return frame.render(body, list(zip(series, colors)))
+    return frame.render(body, [(one, color, None, None, one.name) for one, color in zip(series, colors)])
 
 
 def _check_lengths(steps: Sequence[int], series: Sequence[Series]) -> None:
@@ -155,7 +235,7 @@ def _legend_layout(names: Sequence[str], left: float, right: float) -> list[tupl
     """Where each legend item starts (x) and on which row, wrapping at the right edge."""
     placed, x, row = [], float(left), 0
     for name in names:
-        item_width = 26 + 7.0 * len(name)  # a rough text width: no font metrics without a browser
+        item_width = 40 + 7.2 * len(name)  # swatch, gap and a rough text width: no font metrics without a browser
         if x + item_width > right and x > left:
             x, row = float(left), row + 1
         placed.append((x, row))
@@ -178,16 +258,20 @@ def _y_range(series: Sequence[Series], y_min: float | None, y_max: float | None,
     return nice_ticks(lo, hi, integer=integer)
 
 
+#: A legend entry: the series, its colour, dash and marker (None for a bar), and the label shown.
+_LegendItem = tuple[Series, str, "str | None", "str | None", str]
+
+
 class _Frame:
     """Scales and the fixed parts of a chart: title, legend, axes, ticks and labels."""
 
-    def __init__(self, chart_id: str, title: str, steps: Sequence[int], series: Sequence[Series], x_label: str,
+    def __init__(self, chart_id: str, title: str, steps: Sequence[int], labels: Sequence[str], x_label: str,
                  y_label: str, y_ticks: list[float], width: int, height: int) -> None:
         self.chart_id, self.title, self.steps = chart_id, title, list(steps)
         self.x_label, self.y_label, self.y_ticks = x_label, y_label, y_ticks
         self.width, self.height = width, height
         self.left, self.right = MARGIN_LEFT, width - MARGIN_RIGHT
-        self.legend_rows = _legend_layout([one.name for one in series], self.left, self.right)
+        self.legend_rows = _legend_layout(labels, self.left, self.right)
         extra = 15 * (max((row for _, row in self.legend_rows), default=0))
         self.top, self.bottom = MARGIN_TOP + extra, height + extra - MARGIN_BOTTOM
         self.height = height + extra  # a long legend adds rows above the plot instead of covering it
@@ -203,7 +287,7 @@ class _Frame:
         value = min(max(value, self.y_lo), self.y_hi)
         return self.bottom - (value - self.y_lo) / (self.y_hi - self.y_lo) * (self.bottom - self.top)
 
-    def render(self, body: list[str], legend: list[tuple[Series, str]]) -> str:
+    def render(self, body: list[str], legend: list[_LegendItem]) -> str:
         cid = escape(self.chart_id)
         out = [f'<svg class="chart" id="chart-{cid}" data-chart="{cid}" viewBox="0 0 {self.width} {self.height}" '
                f'width="{self.width}" height="{self.height}" role="img" aria-labelledby="chart-{cid}-title">',
@@ -219,16 +303,23 @@ class _Frame:
         out.append("</svg>")
         return "\n".join(out)
 
-    def _legend(self, legend: list[tuple[Series, str]]) -> list[str]:
+    def _legend(self, legend: list[_LegendItem]) -> list[str]:
+        """One item per series: a swatch (a bar's colour, or a line's dash pattern and marker) and its label."""
         out = ['<g class="legend">']
         if not legend:
             out.append(f'<text x="{self.left}" y="44" {_FONT} font-size="12" fill="#666">(no series)</text>')
-        for (one, color), (x, row) in zip(legend, self.legend_rows):
-            label, y = escape(one.name), 40.0 + 15 * row
-            dash = ' stroke-dasharray="5 3"' if one.dashed else ""
-            out.append(f'<g class="legend-item" data-series="{label}"><line x1="{x:.1f}" y1="{y:.1f}" x2="{x + 16:.1f}" '
-                       f'y2="{y:.1f}" stroke="{color}" stroke-width="6"{dash}/><text x="{x + 20:.1f}" y="{y + 4:.1f}" '
-                       f'{_FONT} font-size="12">{label}</text></g>')
+        for index, ((one, color, dash, marker, label), (x, row)) in enumerate(zip(legend, self.legend_rows)):
+            y = 40.0 + 15 * row
+            if marker is None:  # a bar chart's series: a block of its colour
+                swatch = f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x + 22:.1f}" y2="{y:.1f}" stroke="{color}" stroke-width="6"/>'
+            else:
+                dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+                fill = f'fill="{color}"' if index == 0 else f'fill="white" stroke="{color}" stroke-width="1.6"'
+                swatch = (f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x + 26:.1f}" y2="{y:.1f}" stroke="{color}" '
+                          f'stroke-width="{max(one.width, 1.8):g}"{dash_attr}/>'
+                          f'<path d="{_marker_path(marker, x + 13, y, 3.5)}" {fill}/>')
+            out.append(f'<g class="legend-item" data-series="{escape(one.name)}">{swatch}<text x="{x + 30:.1f}" '
+                       f'y="{y + 4:.1f}" {_FONT} font-size="12">{escape(label)}</text></g>')
         out.append("</g>")
         return out
 

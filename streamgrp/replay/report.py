@@ -1,15 +1,16 @@
 """A run's timeline as one self-contained HTML page (`streamgrp report`), for people without Grafana.
 
-Owns reading what the page needs from the run's streams (`build_report`; it changes nothing) and
-the page itself: layout, tables, each chart's definition, and the optional PNG. The per-step series
-and their definitions are `streamgrp.replay.report_series`; the run totals come from
-`streamgrp.replay.summary.run_summary` unchanged, so the page and the demo's summary never disagree.
-Drawing is `streamgrp.replay.charts` (inline SVG, no JavaScript, no external files).
+Owns reading what the page needs from the run's streams and its trainer-metrics hash
+(`build_report`; it changes nothing) and the page itself: layout, tables, and each chart drawn or,
+when the run recorded nothing for it, a note saying so. The per-step series and their definitions
+are `streamgrp.replay.report_series`; which charts there are and what each says,
+`streamgrp.replay.report_charts`; the run totals come from `streamgrp.replay.summary.run_summary`
+unchanged, so the page and the demo's summary never disagree. Drawing is `streamgrp.replay.charts`
+(inline SVG, no JavaScript, no external files); the optional PNG is `streamgrp.replay.report_png`.
 """
 
 from __future__ import annotations
 
-import io
 import time
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -22,22 +23,18 @@ from streamgrp.core.events import (
     StepFailed,
     StepManifest,
 )
-from streamgrp.errors import ConfigError, DecodeError
-from streamgrp.replay.charts import Series, format_number, line_chart, stacked_bar_chart
-from streamgrp.replay.report_series import (
-    DECISION_KINDS,
-    ReportData,
-    run_status,
-    step_rows,
-)
+from streamgrp.errors import DecodeError
+from streamgrp.replay.charts import format_number, line_chart, stacked_bar_chart
+from streamgrp.replay.report_charts import CHART_IDS, ChartSpec, chart_specs
+from streamgrp.replay.report_png import png_available, render_png, require_png
+from streamgrp.replay.report_series import ReportData, run_status, step_rows, trainer_metrics
 from streamgrp.store.keys import RunKeys
+
+# The PNG and the chart list live in their own modules; the command imports them from here.
+__all__ = ["CHART_IDS", "build_report", "png_available", "render_html", "render_png", "require_png"]
 
 if TYPE_CHECKING:
     import redis
-
-#: Stable chart ids, in page order; each chart is ``<svg id="chart-{id}">``.
-CHART_IDS = ("yields", "decisions", "drop-reasons", "stall", "imbalance")
-_KIND_COLORS = {"complete": "#009E73", "partial": "#56B4E9", "dropped": "#D55E00"}
 
 
 # -- reading (the only part that talks to the server) ---------------------------------------------------
@@ -66,7 +63,8 @@ def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> R
     decisions = [(t, e) for t, e in events("decisions") if isinstance(e, GroupDecided)]
     discards = [(t, e) for t, e in events("discarded") if isinstance(e, GroupDiscarded)]
     failures = tuple(e for _, e in events("commits") if isinstance(e, StepFailed))
-    rows, tail = step_rows(started_at=started, manifests=manifests, decisions=decisions, discards=discards)
+    rows, tail = step_rows(started_at=started, manifests=manifests, decisions=decisions, discards=discards,
+                           metrics=trainer_metrics(source.hash("trainer_metrics")))
     return ReportData(run=keys.run, started_at=started, steps=tuple(rows), after_last_step=tail,
                       totals=run_summary(client, keys, source=source), status=run_status(control, len(rows)),
                       failures=failures)
@@ -84,50 +82,13 @@ th { text-align: left; font-weight: 500; color: #444; } td { text-align: right; 
 details { margin-top: 2rem; }
 """
 
-_DEFINITIONS = {
-    "yields": "Over the groups the assembler decided in each step's window (after the previous manifest, up to this "
-              "one): usable and trainable slots over target slots. A hollow marker on the axis: no group was decided "
-              "in that window. Dashed: cumulative over all windows so far.",
-    "decisions": "Group decisions written in each step's window, by kind.",
-    "drop-reasons": "Why groups were not trained: the assembler's drop reasons and the batcher's discards (stale, "
-                    "filtered, leftover) written in each step's window.",
-    "stall": "Seconds from the previous manifest (step 0: from the run's start) to this one, and the longest stretch "
-             "of that window without a trainable (complete or partial) decision.",
-    "imbalance": "The step's largest shard (valid loss tokens) over the mean shard: 1.0 is a perfect split over ranks.",
-}
-
-
 def render_html(data: ReportData) -> str:
     """The whole report as one HTML page: inline CSS and SVG, no scripts, no external references."""
-    series = data.series()
-    steps = series["step"]
-    charts = {
-        "yields": line_chart(
-            chart_id="yields", title="Slot yields per step", steps=steps, y_label="slots / target slots",
-            y_min=0.0, y_max=1.0,
-            series=[Series("usable", series["usable_yield"], "#0072B2", width=3.6),
-                    Series("trainable", series["trainable_yield"], "#E69F00"),
-                    Series("usable (cumulative)", series["cumulative_usable_yield"], "#0072B2", dashed=True, width=3.6),
-                    Series("trainable (cumulative)", series["cumulative_trainable_yield"], "#E69F00", dashed=True)]),
-        "decisions": stacked_bar_chart(
-            chart_id="decisions", title="Group decisions per step, by kind", steps=steps, y_label="groups",
-            series=[Series(kind, series[f"decisions:{kind}"], _KIND_COLORS[kind]) for kind in DECISION_KINDS]),
-        "drop-reasons": stacked_bar_chart(
-            chart_id="drop-reasons", title="Drop reasons per step", steps=steps, y_label="groups",
-            series=[Series(name.split(":", 1)[1], values) for name, values in series.items()
-                    if name.startswith("dropped:")]),
-        "stall": line_chart(
-            chart_id="stall", title="Stall seconds per step", steps=steps, y_label="seconds",
-            series=[Series("since previous step", series["step_seconds"], "#0072B2", width=3.6),
-                    Series("longest gap without a trainable decision", series["longest_gap_s"], "#D55E00")]),
-        "imbalance": line_chart(
-            chart_id="imbalance", title="Shard imbalance per step", steps=steps, y_label="largest / mean shard",
-            y_min=1.0, series=[Series("imbalance", series["imbalance"], "#CC79A7")]),
-    }
     status_class = "meta failed" if data.status.startswith("failed") else "meta"
     parts = [
         "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
+        # An empty data: icon, so a browser asks the server for nothing but the page (no /favicon.ico).
+        '<html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">',
         f"<title>streamgrp report: {escape(data.run)}</title>",
         f"<style>{_CSS}</style></head><body>",
         f'<h1 id="title">streamgrp report: run {escape(data.run)}</h1>',
@@ -137,9 +98,14 @@ def render_html(data: ReportData) -> str:
         _totals_table(data.totals),
         f'<p class="definition">{escape(_tail_note(data))}</p></section>',
     ]
-    for chart_id in CHART_IDS:
-        parts.append(f'<section class="chart-section" id="section-{chart_id}">{charts[chart_id]}'
-                     f'<p class="definition">{escape(_DEFINITIONS[chart_id])}</p></section>')
+    steps = [row.step for row in data.steps]
+    for spec in chart_specs(data):
+        if spec.omitted:
+            parts.append(f'<section class="chart-section omitted" id="section-{spec.id}"><h2>{escape(spec.title)}</h2>'
+                         f'<p class="definition" id="omitted-{spec.id}">{escape(spec.omitted)}</p></section>')
+        else:
+            parts.append(f'<section class="chart-section" id="section-{spec.id}">{_chart(spec, steps)}'
+                         f'<p class="definition">{escape(spec.definition)}</p></section>')
     if data.failures:
         parts.append('<section id="failures"><h2>Step failures</h2><table><tr><th>step</th><th>rank</th>'
                      '<th>error</th></tr>')
@@ -149,6 +115,14 @@ def render_html(data: ReportData) -> str:
     parts.append(_steps_table(data))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _chart(spec: ChartSpec, steps: list[int]) -> str:
+    if spec.kind == "bars":
+        return stacked_bar_chart(chart_id=spec.id, title=spec.title, steps=steps, y_label=spec.y_label,
+                                 series=spec.series)
+    return line_chart(chart_id=spec.id, title=spec.title, steps=steps, y_label=spec.y_label, series=spec.series,
+                      y_min=spec.y_min, y_max=spec.y_max)
 
 
 def _totals_table(totals: dict[str, Any]) -> str:
@@ -180,12 +154,13 @@ def _cell(value: Any) -> str:
 
 def _steps_table(data: ReportData) -> str:
     head = ("step", "version", "groups", "tokens", "decided", "dropped", "usable yield", "trainable yield",
-            "seconds", "longest gap s", "imbalance")
+            "seconds", "longest gap s", "imbalance", "reward", "loss", "logprob mismatch")
     rows = ["<details id=\"steps\"><summary>Per-step numbers</summary><table id=\"steps-table\"><tr>"
             + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for r in data.steps:
         cells = (r.step, r.version, r.groups, r.tokens, r.tally.groups_decided, sum(r.tally.drop_reasons.values()),
-                 r.usable_yield, r.trainable_yield, r.step_seconds, r.longest_gap_s, r.imbalance)
+                 r.usable_yield, r.trainable_yield, r.step_seconds, r.longest_gap_s, r.imbalance, r.reward, r.loss,
+                 r.logprob_mismatch)
         rows.append(f'<tr data-step="{r.step}">' + "".join(f"<td>{escape(_cell(c))}</td>" for c in cells) + "</tr>")
     rows.append("</table></details>")
     return "".join(rows)
@@ -214,68 +189,3 @@ def _tail_note(data: ReportData) -> str:
     reasons = ", ".join(f"{reason} {n}" for reason, n in tail.drop_reasons.items()) or "none"
     return (f"After the last step (in no step's window, so in no chart): decisions {kinds}; drop reasons {reasons}. "
             "Per-step counts plus these equal the totals.")
-
-
-# -- PNG (only with matplotlib, which streamgrp does not depend on) ----------------------------------------
-
-def png_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def require_png() -> None:
-    if not png_available():
-        raise ConfigError("--format png needs matplotlib, which streamgrp does not install: "
-                          "`pip install matplotlib`, or use --format html (the default; it needs nothing)")
-
-
-def render_png(data: ReportData) -> bytes:
-    """The same charts as one PNG image (matplotlib required; see `require_png`)."""
-    require_png()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    series = data.series()
-    steps = series["step"]
-    figure = Figure(figsize=(9, 16), layout="constrained")
-    figure.suptitle(f"streamgrp report: run {data.run} ({data.status})"[:120])
-    axes = figure.subplots(len(CHART_IDS), 1)
-
-    def nan(values):
-        return [float("nan") if v is None else v for v in values]
-
-    yields, decisions, drops, stall, imbalance = axes
-    for name, label, style, width in (("usable_yield", "usable", "o-", 3.5), ("trainable_yield", "trainable", "o-", 1.5),
-                                      ("cumulative_usable_yield", "usable (cumulative)", "--", 3.5),
-                                      ("cumulative_trainable_yield", "trainable (cumulative)", "--", 1.5)):
-        yields.plot(steps, nan(series[name]), style, label=label, markersize=3, linewidth=width)
-    yields.set_ylim(0, 1)
-    for ax, prefix in ((decisions, "decisions:"), (drops, "dropped:")):
-        bottom = [0] * len(steps)
-        for name, values in series.items():
-            if name.startswith(prefix):
-                ax.bar(steps, values, bottom=bottom, label=name.split(":", 1)[1],
-                       color=_KIND_COLORS.get(name.split(":", 1)[1]))
-                bottom = [b + v for b, v in zip(bottom, values)]
-    stall.plot(steps, series["step_seconds"], "o-", label="since previous step", markersize=3, linewidth=3.5)
-    stall.plot(steps, series["longest_gap_s"], "o-", label="longest gap without a trainable decision", markersize=3)
-    imbalance.plot(steps, series["imbalance"], "o-", label="imbalance", markersize=3)
-    titles = ("Slot yields per step", "Group decisions per step, by kind", "Drop reasons per step",
-              "Stall seconds per step", "Shard imbalance per step")
-    labels = ("slots / target slots", "groups", "groups", "seconds", "largest / mean shard")
-    for ax, title, label in zip(axes, titles, labels):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.set_ylabel(label)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
-    out = io.BytesIO()
-    figure.savefig(out, format="png", dpi=100)
-    return out.getvalue()

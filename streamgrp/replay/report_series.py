@@ -26,16 +26,29 @@ Per step, over its window:
   stretch of the window without a trainable (complete or partial) decision.
 - *imbalance*: the manifest's largest shard tokens over the mean (1.0 is perfect).
 
+Per step, of the step itself (not its window):
+
+- *reward*: the mean reward of the samples the step trains, over every shard: each member of each
+  of its groups counts once with the reward its decision recorded (the mean over the sample's
+  rows, as the worker published it); `step_reward`, the same figure as the run summary's
+  ``reward_first`` / ``reward_last``. None when none of its members carries a reward.
+- *loss* and *logprob mismatch*: what the trainer recorded for the step in the run's
+  trainer-metrics hash (`TRAINER_METRICS` names the keys; `consumers.grpo_trainer` and
+  `consumers.lm_trainer` write them). None when the trainer recorded no such number for the step.
+
 Deliberately ignored: slot-level timing (when workers published), trainer-side timing, and anything
 the counters know but the streams do not (slot outcomes per step).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from streamgrp.core.events import (
     GroupDecided,
@@ -46,9 +59,13 @@ from streamgrp.core.events import (
     StepManifest,
 )
 
-__all__ = ["DECISION_KINDS", "ReportData", "StepRow", "Tally", "longest_gap", "run_status", "step_rows"]
+__all__ = ["DECISION_KINDS", "TRAINER_METRICS", "ReportData", "StepRow", "Tally", "longest_gap", "run_status",
+           "step_reward", "step_rows", "trainer_metrics"]
 
 DECISION_KINDS = ("complete", "partial", "dropped")
+
+#: Per-step figures read from the trainer-metrics hash: StepRow field -> the key trainers write.
+TRAINER_METRICS = {"loss": "loss", "logprob_mismatch": "logprob_abs_diff_mean"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,9 @@ class StepRow:
     step_seconds: float
     longest_gap_s: float
     imbalance: float
+    reward: float | None = None
+    loss: float | None = None
+    logprob_mismatch: float | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +130,9 @@ class ReportData:
             "step_seconds": [r.step_seconds for r in self.steps],
             "longest_gap_s": [r.longest_gap_s for r in self.steps],
             "imbalance": [r.imbalance for r in self.steps],
+            "reward": [r.reward for r in self.steps],
+            "loss": [r.loss for r in self.steps],
+            "logprob_mismatch": [r.logprob_mismatch for r in self.steps],
         }
         for kind in DECISION_KINDS:
             out[f"decisions:{kind}"] = [r.tally.decisions.get(kind, 0) for r in self.steps]
@@ -120,12 +143,16 @@ class ReportData:
 
 def step_rows(*, started_at: float | None, manifests: Sequence[StepManifest],
               decisions: Sequence[tuple[float, GroupDecided]],
-              discards: Sequence[tuple[float, GroupDiscarded]]) -> tuple[list[StepRow], Tally]:
+              discards: Sequence[tuple[float, GroupDiscarded]],
+              metrics: Mapping[int, Mapping[str, Any]] | None = None) -> tuple[list[StepRow], Tally]:
     """Per-step rows from timestamped events, and the tally of what came after the last step.
 
     Every decision and discard is counted exactly once: in the first window whose end is at or after
     its time (an event before the run's start counts in step 0), or else in the returned remainder.
+    ``metrics`` are the trainer's per-step records (`trainer_metrics`), by step.
     """
+    by_task = {decision.task_id: decision for _, decision in decisions}
+    metrics = metrics or {}
     manifests = sorted(manifests, key=lambda m: m.step)
     ends: list[float] = []
     for manifest in manifests:  # a clock stepping back must not make windows overlap
@@ -159,9 +186,40 @@ def step_rows(*, started_at: float | None, manifests: Sequence[StepManifest],
             step_seconds=end - window_start,
             longest_gap_s=longest_gap(window_start, end, trainable_times),
             imbalance=manifest.imbalance,
+            reward=step_reward(manifest, by_task),
+            **{name: _number(metrics.get(manifest.step, {}).get(key)) for name, key in TRAINER_METRICS.items()},
         ))
         start = end
     return rows, _tally(buckets[-1])
+
+
+def step_reward(manifest: StepManifest, by_task: Mapping[str, GroupDecided]) -> float | None:
+    """The mean reward of the step's samples: each member of each of its groups once, with the reward its
+    decision recorded; None when none carries one (or its decisions are not given)."""
+    rewards = [member.reward for shard in manifest.shards for group in shard.groups if group.task_id in by_task
+               for member in by_task[group.task_id].members if member.reward is not None]
+    return sum(rewards) / len(rewards) if rewards else None
+
+
+def trainer_metrics(raw: Mapping[str, str | bytes]) -> dict[int, dict[str, Any]]:
+    """The trainer-metrics hash (step -> JSON object) by step; an entry that is not a step number
+    and a JSON object is skipped, as the report skips an event that does not decode."""
+    out: dict[int, dict[str, Any]] = {}
+    for key, value in raw.items():
+        try:
+            step, record = int(key), orjson.loads(value)
+        except (ValueError, orjson.JSONDecodeError):
+            continue
+        if isinstance(record, dict):
+            out[step] = record
+    return out
+
+
+def _number(value: Any) -> float | None:
+    """A recorded figure as a finite float, or None (missing, not a number, NaN or infinite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def longest_gap(start: float, end: float, times: Sequence[float]) -> float:

@@ -2,7 +2,8 @@
 
 Owns the definitions users read: tasks issued, decisions by kind, drop reasons (assembler and
 batcher), slot outcomes, usable and trainable slot yields, steps and per-rank commits, and the
-mean reward of the first and last step. Reads only; changes nothing.
+mean reward of the first and last step (`streamgrp.replay.report_series.step_reward`, the report's
+reward per step). Reads only; changes nothing.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import orjson
 import redis
 
 from streamgrp.core import codec, counters
 from streamgrp.core.events import GroupDecided, GroupDiscarded, StepManifest
+from streamgrp.replay.report_series import step_reward, trainer_metrics
 from streamgrp.store.keys import RunKeys, id_key
 from streamgrp.store.sources import RedisSource
 
@@ -49,8 +50,8 @@ def run_summary(client: redis.Redis | None, keys: RunKeys, *, source: RedisSourc
     slots["open"] = slots_published - unread - sum(slots[o] for o in SLOT_OUTCOMES if o != "timeout")
     usable_yield, trainable_yield = counters.slot_yields(counts) or (0.0, 0.0)
     committed = {int(rank): int(step) for rank, step in source.hash("committed").items()}
-    rewards = [_step_reward(m, by_task) for m in manifests]
-    metrics = {int(k): orjson.loads(v) for k, v in source.hash("trainer_metrics").items()}
+    rewards = [step_reward(m, by_task) for m in manifests]
+    metrics = trainer_metrics(source.hash("trainer_metrics"))  # skips what does not parse, as the report does
     waits = [m["wait_s"] for _, m in sorted(metrics.items()) if "wait_s" in m]
     return {
         "run": keys.run,
@@ -71,12 +72,6 @@ def run_summary(client: redis.Redis | None, keys: RunKeys, *, source: RedisSourc
         "imbalance_mean": sum(m.imbalance for m in manifests) / len(manifests) if manifests else None,
         "dead_letters": sum(counters.family(counts, counters.DEADLETTER).values()),
     }
-
-
-def _step_reward(manifest: StepManifest, by_task: dict[str, GroupDecided]) -> float | None:
-    rewards = [m.reward for shard in manifest.shards for g in shard.groups if g.task_id in by_task
-               for m in by_task[g.task_id].members if m.reward is not None]
-    return sum(rewards) / len(rewards) if rewards else None
 
 
 def _kind(fields: dict[bytes, bytes]) -> str | None:

@@ -139,7 +139,7 @@ class Collectives:
 
     Every call goes to ``torch.distributed`` when the world has more than one rank (and is only
     recorded otherwise), so one code path serves one rank and many. `take` returns the step's calls
-    as text, ``all_reduce:float32[336] all_reduce:float64[3]``: ranks whose texts differ at a step
+    as text, ``all_reduce:float32[336] all_reduce:float64[4]``: ranks whose texts differ at a step
     would have hung or mixed up their tensors, which is why the reference trainer logs it every step.
     """
 

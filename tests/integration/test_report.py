@@ -7,6 +7,7 @@ import subprocess
 import sys
 from html.parser import HTMLParser
 
+import orjson
 import pytest
 
 from streamgrp.config import BatcherConfig
@@ -74,7 +75,7 @@ class Page(HTMLParser):
 
     def points(self, series: str) -> list[int]:
         return sorted(int(a["data-step"]) for tag, a in self.elements
-                      if tag == "circle" and "point" in a.get("class", "").split() and a.get("data-series") == series)
+                      if "point" in a.get("class", "").split() and a.get("data-series") == series)
 
     def bars(self, chart: str) -> list[int]:
         steps, current = [], None
@@ -95,7 +96,9 @@ def parse(html: str) -> Page:
 
 def assert_self_contained(page: Page, html: str) -> None:
     for tag, attributes in page.elements:
-        assert tag not in ("script", "link", "img", "iframe", "object", "embed"), tag
+        assert tag not in ("script", "img", "iframe", "object", "embed"), tag
+        if tag == "link":  # only the empty icon, which keeps browsers from asking for /favicon.ico
+            assert attributes == {"rel": "icon", "href": "data:,"}, attributes
         for name in ("src", "href", "xlink:href"):
             assert not attributes.get(name, "").startswith(("http://", "https://", "//")), (tag, attributes)
     assert "http://" not in html and "https://" not in html
@@ -128,9 +131,13 @@ def test_the_report_draws_every_series_per_step_and_its_totals_match_the_summary
     html = render_html(data)
     page = parse(html)
     assert_self_contained(page, html)
-    assert [a["data-chart"] for tag, a in page.elements if tag == "svg"] == list(CHART_IDS)
+    # no trainer ran: no loss or logprob mismatch, and the page says so instead of drawing empty charts
+    assert [a["data-chart"] for tag, a in page.elements if tag == "svg"] == \
+        [chart for chart in CHART_IDS if chart not in ("loss", "logprob-mismatch")]
+    assert [a["id"] for tag, a in page.elements if a.get("id", "").startswith("omitted-")] == \
+        ["omitted-loss", "omitted-logprob-mismatch"]
     for series in ("usable", "trainable", "usable (cumulative)", "trainable (cumulative)", "since previous step",
-                   "longest gap without a trainable decision", "imbalance"):
+                   "longest gap without a trainable decision", "imbalance", "mean reward"):
         assert page.points(series) == steps, series
     for chart in ("decisions", "drop-reasons"):
         assert page.bars(chart) == steps, chart
@@ -165,6 +172,29 @@ def test_per_step_numbers_follow_the_rounds_and_add_up_to_the_totals(client, bui
         assert per_step + data.after_last_step.drop_reasons.get(reason, 0) == total
     assert data.status == "running (6 steps so far)"
     assert "After the last step" in render_html(data)
+
+
+def test_reward_comes_from_the_decisions_and_loss_and_mismatch_from_the_trainer_metrics_hash(client, built_run):
+    # the rollout's reward is the slot index: a step's mean is over the slots its groups kept
+    data = build_report(client, built_run.keys)
+    assert [row.reward for row in data.steps][:1] == [data.totals["reward_first"]]
+    assert data.steps[-1].reward == data.totals["reward_last"]
+    assert all(row.reward is not None and 0.0 <= row.reward <= 2.0 for row in data.steps)
+    assert all(row.loss is None and row.logprob_mismatch is None for row in data.steps)
+
+    # what a trainer records for a step (here by hand, as a trainer of one's own would) is charted at that step
+    client.hset(built_run.keys.trainer_metrics, mapping={
+        1: orjson.dumps({"loss": -0.5, "logprob_abs_diff_mean": 0.25}), 4: orjson.dumps({"loss": 1.5}),
+        "junk": b"{", 5: b"not json"})
+    data = build_report(client, built_run.keys)
+    assert [row.loss for row in data.steps] == [None, -0.5, None, None, 1.5, None]
+    assert [row.logprob_mismatch for row in data.steps] == [None, 0.25, None, None, None, None]
+    page = parse(render_html(data))
+    assert [a["data-chart"] for tag, a in page.elements if tag == "svg"] == list(CHART_IDS)
+    assert page.points("loss") == list(range(6))  # one marker per step; steps without a loss are hollow
+    missing = sorted(int(a["data-step"]) for tag, a in page.elements
+                     if a.get("data-series") == "loss" and "missing" in a.get("class", "").split())
+    assert missing == [0, 2, 3, 5]
 
 
 # -- the command -----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ gloo itself check before every collective that both ranks called the same one wi
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -100,3 +101,10 @@ def test_torchrun_two_ranks_consume_every_step_in_order_with_equal_collectives(c
         assert [step for step, _ in per_rank[rank]] == list(range(STEPS)), text[-3000:]
     assert per_rank[0] == per_rank[1], "the ranks made different collective calls at some step"
     assert all(calls.startswith("all_reduce:float32[") and calls.count("all_reduce") == 2 for _, calls in per_rank[0])
+
+    # Rank 0 records what `streamgrp report` charts for every step: the loss and the logprob mismatch
+    # (summed over both ranks in the same metrics all-reduce, so still two collectives per step).
+    metrics = {int(k): orjson.loads(v) for k, v in client.hgetall(run.keys.trainer_metrics).items()}
+    assert sorted(metrics) == list(range(STEPS))
+    for record in metrics.values():
+        assert math.isfinite(record["loss"]) and 0.0 <= record["logprob_abs_diff_mean"] < 10.0, record

@@ -9,10 +9,12 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from streamgrp.replay.charts import (
+    LINE_STYLES,
     MARGIN_LEFT,
     MARGIN_RIGHT,
     WIDTH,
     Series,
+    coincidences,
     format_number,
     line_chart,
     nice_ticks,
@@ -27,7 +29,7 @@ def parse(svg: str) -> ET.Element:
 
 
 def points(root: ET.Element, series: str | None = None, *, missing: bool | None = None) -> list[ET.Element]:
-    found = [e for e in root.iter("circle") if "point" in e.get("class", "").split()]
+    found = [e for e in root.iter() if "point" in e.get("class", "").split()]
     if series is not None:
         found = [e for e in found if e.get("data-series") == series]
     if missing is not None:
@@ -101,17 +103,17 @@ def test_higher_values_are_drawn_higher_and_the_missing_marker_sits_on_the_x_axi
     root = parse(line_chart(chart_id="c", title="t", steps=[0, 1, 2], y_label="y",
                             series=[Series("s", [1.0, 3.0, None])]))
     low, high, missing = sorted(points(root, "s"), key=lambda p: int(p.get("data-step")))
-    assert float(high.get("cy")) < float(low.get("cy"))  # SVG y grows downwards
+    assert float(high.get("data-y")) < float(low.get("data-y"))  # SVG y grows downwards
     x_axis = next(e for e in root.iter("line") if e.get("class") == "x-axis")
-    assert float(missing.get("cy")) == pytest.approx(float(x_axis.get("y1")))
-    assert float(low.get("cx")) < float(high.get("cx")) < float(missing.get("cx"))
+    assert float(missing.get("data-y")) == pytest.approx(float(x_axis.get("y1")))
+    assert float(low.get("data-x")) < float(high.get("data-x")) < float(missing.get("data-x"))
 
 
 def test_a_single_point_is_centred_and_draws_no_line():
     root = parse(line_chart(chart_id="one", title="One", steps=[7], y_label="s", series=[Series("s", [2.5])]))
     [point] = points(root, "s")
     assert point.get("data-step") == "7"
-    assert float(point.get("cx")) == pytest.approx((MARGIN_LEFT + WIDTH - MARGIN_RIGHT) / 2)
+    assert float(point.get("data-x")) == pytest.approx((MARGIN_LEFT + WIDTH - MARGIN_RIGHT) / 2)
     assert list(root.iter("polyline")) == []
     assert "7" in texts(root)  # the x tick of the one step
 
@@ -130,7 +132,7 @@ def test_all_missing_values_draw_only_hollow_markers():
 def test_values_outside_a_fixed_range_are_clamped_to_the_plot():
     root = parse(line_chart(chart_id="c", title="t", steps=[0, 1], y_label="y", y_min=0.0, y_max=1.0,
                             series=[Series("s", [-1.0, 5.0])]))
-    ys = [float(p.get("cy")) for p in points(root, "s")]
+    ys = [float(p.get("data-y")) for p in points(root, "s")]
     axis = next(e for e in root.iter("line") if e.get("class") == "y-axis")
     assert all(float(axis.get("y1")) <= y <= float(axis.get("y2")) for y in ys)
 
@@ -140,6 +142,57 @@ def test_mismatched_lengths_and_unordered_steps_are_refused():
         line_chart(chart_id="c", title="t", steps=[0, 1, 2], y_label="y", series=[Series("s", [1, 2])])
     with pytest.raises(ValueError, match="increasing"):
         line_chart(chart_id="c", title="t", steps=[1, 0], y_label="y", series=[Series("s", [1, 2])])
+
+
+def style(root: ET.Element, series: str) -> tuple[str, set[str]]:
+    """A series' dash pattern (of its lines) and the shapes of its markers."""
+    [dash] = {e.get("stroke-dasharray", "") for e in root.iter("polyline") if e.get("data-series") == series}
+    return dash, {p.get("data-marker") for p in points(root, series)}
+
+
+def legend_labels(root: ET.Element) -> dict[str, str]:
+    return {e.get("data-series"): "".join(e.find("text").itertext()) for e in root.iter("g")
+            if e.get("class") == "legend-item"}
+
+
+def test_series_that_coincide_stay_distinguishable_and_the_legend_says_they_coincide():
+    # the report's usual case: trainable yield equal to usable at every step, so one line lies on the other
+    values = [0.5, 0.75, 0.25, 1.0]
+    root = parse(line_chart(chart_id="yields", title="Yields", steps=[0, 1, 2, 3], y_label="fraction",
+                            series=[Series("usable", values, width=3.6), Series("trainable", list(values))]))
+    usable, trainable = style(root, "usable"), style(root, "trainable")
+    assert usable[0] != trainable[0]  # distinct dash patterns
+    assert len(usable[1]) == len(trainable[1]) == 1 and usable[1] != trainable[1]  # one marker shape each, distinct
+    for step in range(4):  # both markers at the true position: nothing is offset
+        [a] = [p for p in points(root, "usable") if p.get("data-step") == str(step)]
+        [b] = [p for p in points(root, "trainable") if p.get("data-step") == str(step)]
+        assert a.get("d") != b.get("d")
+        assert (a.get("data-x"), a.get("data-y")) == (b.get("data-x"), b.get("data-y"))
+        assert b.get("fill") == "none"  # the later marker is hollow: the one under it shows
+        assert b.find("title").text.endswith("(same as usable)")
+    labels = legend_labels(root)
+    assert labels == {"usable": "usable", "trainable": "trainable (= usable at every step)"}
+
+
+def test_a_partial_coincidence_is_counted_and_distinct_series_get_no_note():
+    series = [Series("a", [1.0, 2.0, 3.0, None]), Series("b", [1.0, 5.0, 3.0, 4.0]), Series("c", [9.0, 9.0, 9.0, 9.0]),
+              Series("d", [None, 5.0, None, None]), Series("e", [1.0, 7.0, 8.0, 6.0])]
+    # e equals a and b at one step of four only: a lone shared point gets no note (its tooltip says so)
+    assert coincidences(series) == [None, "= a at 2 of 4 steps", None, "= b", None]
+    root = parse(line_chart(chart_id="c", title="t", steps=[0, 1, 2, 3], y_label="y", series=series))
+    assert legend_labels(root)["b"] == "b (= a at 2 of 4 steps)" and legend_labels(root)["c"] == "c"
+
+
+def test_series_styled_by_position_differ_in_dash_and_marker():
+    series = [Series(f"s{i}", [float(i), float(i) + 1]) for i in range(len(LINE_STYLES))]
+    root = parse(line_chart(chart_id="c", title="t", steps=[0, 1], y_label="y", series=series))
+    styles = [style(root, one.name) for one in series]
+    assert len({dash for dash, _ in styles}) == len(series)
+    assert len({shape for _, shapes in styles for shape in shapes}) == len(series)
+    paths = {p.get("d").replace(p.get("data-x"), "X") for p in points(root) if p.get("data-step") == "0"}
+    assert len(paths) == len(series)  # the shapes are drawn differently, not only named differently
+    with pytest.raises(ValueError, match="marker 'star'"):
+        Series("s", [1.0], marker="star")
 
 
 def test_text_is_escaped():

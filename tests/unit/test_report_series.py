@@ -6,6 +6,8 @@ from html.parser import HTMLParser
 
 import pytest
 
+import orjson
+
 from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
@@ -13,25 +15,32 @@ from streamgrp.core.events import (
     RunFinished,
     RunTerminated,
     Shard,
+    ShardGroup,
     StepFailed,
     StepManifest,
 )
 from streamgrp.errors import ConfigError
 from streamgrp.replay.report import CHART_IDS, png_available, render_html, render_png
+from streamgrp.replay.report_charts import RECORDED_CHARTS
 from streamgrp.replay.report_series import (
     ReportData,
     Tally,
     longest_gap,
     run_status,
     step_rows,
+    trainer_metrics,
 )
 
+ALWAYS_DRAWN = [chart for chart in CHART_IDS if chart not in RECORDED_CHARTS]
 
-def decided(task: str, kind: str = "complete", usable: int = 3, target: int = 3, reason: str | None = None) -> GroupDecided:
+
+def decided(task: str, kind: str = "complete", usable: int = 3, target: int = 3, reason: str | None = None,
+            rewards: tuple[float, ...] = ()) -> GroupDecided:
     trainable = 0 if kind == "dropped" else usable
     return GroupDecided(task_id=task, decision=kind, reason=reason, members=tuple(range(usable)),
                         member_entries=("1-0",) * usable, member_rows=(1,) * usable, member_tokens=(4,) * usable,
-                        member_versions=(0,) * usable, slot_outcomes={str(i): "sample" for i in range(target)},
+                        member_versions=(0,) * usable, member_rewards=rewards,
+                        slot_outcomes={str(i): "sample" for i in range(target)},
                         stats=GroupStats.of(target, usable, trainable), closed_by="all_slots")
 
 
@@ -39,8 +48,10 @@ def discarded(task: str, reason: str = "stale") -> GroupDiscarded:
     return GroupDiscarded(task_id=task, reason=reason, decision_entry="1-0")
 
 
-def manifest(step: int, created_at: float, tokens: tuple[int, ...] = (10, 10)) -> StepManifest:
-    shards = tuple(Shard(rank=r, groups=(), tokens=t, digest="") for r, t in enumerate(tokens))
+def manifest(step: int, created_at: float, tokens: tuple[int, ...] = (10, 10), tasks: tuple[str, ...] = ()) -> StepManifest:
+    """A manifest whose first shard trains ``tasks`` (members are not looked at: rewards come from decisions)."""
+    groups = tuple(ShardGroup(task_id=task, decision_entry="1-0", members=(), digest="") for task in tasks)
+    shards = tuple(Shard(rank=r, groups=groups if r == 0 else (), tokens=t, digest="") for r, t in enumerate(tokens))
     return StepManifest(step=step, version=step, shards=shards, imbalance=max(tokens) * len(tokens) / sum(tokens),
                         created_at=created_at)
 
@@ -167,8 +178,8 @@ def test_the_page_draws_every_chart_with_one_point_or_bar_per_step():
     rows, tail = rows_and_tail()
     elements = page(report(rows, tail))
     charts = [a["data-chart"] for tag, a in elements if tag == "svg"]
-    assert charts == list(CHART_IDS)
-    points = [a for tag, a in elements if tag == "circle" and "point" in a.get("class", "")]
+    assert charts == ALWAYS_DRAWN  # no reward, loss or mismatch recorded: those three are omitted
+    points = [a for _, a in elements if "point" in (a.get("class") or "").split()]
     bars = [a for tag, a in elements if tag == "g" and a.get("class") == "bar"]
     for series in ("usable", "trainable", "since previous step", "imbalance"):
         assert sorted(int(p["data-step"]) for p in points if p["data-series"] == series) == [0, 1, 2]
@@ -190,8 +201,12 @@ def test_the_page_shows_the_totals_the_remainder_and_failures():
 
 def test_an_empty_run_renders_a_complete_page():
     elements = page(report([], Tally(), status="running (0 steps so far)"))
-    assert [a["data-chart"] for tag, a in elements if tag == "svg"] == list(CHART_IDS)
-    assert not any(tag in ("script", "link", "img") for tag, _ in elements)
+    assert [a["data-chart"] for tag, a in elements if tag == "svg"] == ALWAYS_DRAWN
+    assert [a["id"] for tag, a in elements if tag == "p" and a.get("id", "").startswith("omitted-")] == \
+        [f"omitted-{chart}" for chart in RECORDED_CHARTS]
+    assert not any(tag in ("script", "img") for tag, _ in elements)
+    # the one link is an empty data: icon, so a browser asks for nothing but the page
+    assert [a for tag, a in elements if tag == "link"] == [{"rel": "icon", "href": "data:,"}]
 
 
 def test_png_needs_matplotlib_and_says_so():
@@ -206,3 +221,62 @@ def test_png_renders_when_matplotlib_is_installed(empty):
     pytest.importorskip("matplotlib")
     rows, tail = ([], Tally()) if empty else rows_and_tail()
     assert render_png(report(rows, tail)).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+# -- reward, loss and logprob mismatch -------------------------------------------------------------------------
+
+REWARDED = [(1.0, decided("a", rewards=(0.0, 0.5, 1.0))), (2.0, decided("b", "partial", usable=2, rewards=(1.0, 1.0))),
+            (3.0, decided("c", rewards=(0.25, 0.25, 0.25))), (3.5, decided("old"))]  # "old": recorded no rewards
+STEPS = [manifest(0, 2.5, tasks=("a", "b")), manifest(1, 4.0, tasks=("c", "old")), manifest(2, 5.0, tasks=("old",))]
+METRICS = {0: {"loss": -0.25, "logprob_abs_diff_mean": 0.0, "reward_mean": 0.7},
+           1: {"loss": 0.5, "logprob_abs_diff_mean": 0.125},
+           2: {"loss": "nan?", "logprob_abs_diff_mean": float("inf")}}
+
+
+def test_reward_is_the_mean_over_the_steps_samples_and_trainer_figures_come_from_the_metrics():
+    rows, _ = step_rows(started_at=0.0, manifests=STEPS, decisions=REWARDED, discards=[], metrics=METRICS)
+    assert [r.reward for r in rows] == [pytest.approx(3.5 / 5), pytest.approx(0.25), None]  # each sample once
+    assert [r.loss for r in rows] == [-0.25, 0.5, None]  # a value that is not a finite number is no value
+    assert [r.logprob_mismatch for r in rows] == [0.0, 0.125, None]
+    rows, _ = step_rows(started_at=0.0, manifests=STEPS, decisions=REWARDED, discards=[])
+    assert [r.loss for r in rows] == [None, None, None]
+
+
+def test_the_trainer_metrics_hash_is_read_by_step_skipping_what_does_not_parse():
+    raw = {"0": orjson.dumps({"loss": 1.5}), b"1": b'{"loss": 2}', "x": b"{}", "2": b"not json", "3": b"[1]"}
+    assert trainer_metrics(raw) == {0: {"loss": 1.5}, 1: {"loss": 2}}
+
+
+def series_points(elements, chart: str) -> dict[str, list[tuple[int, bool]]]:
+    """(step, missing) of every marker of ``chart``, by series."""
+    out: dict[str, list[tuple[int, bool]]] = {}
+    current = None
+    for tag, attributes in elements:
+        if tag == "svg":
+            current = attributes["data-chart"]
+        elif current == chart and "point" in (attributes.get("class") or "").split():
+            out.setdefault(attributes["data-series"], []).append(
+                (int(attributes["data-step"]), "missing" in attributes["class"]))
+    return out
+
+
+def test_the_page_draws_reward_loss_and_mismatch_when_recorded():
+    rows, tail = step_rows(started_at=0.0, manifests=STEPS, decisions=REWARDED, discards=[], metrics=METRICS)
+    elements = page(report(rows, tail))
+    assert [a["data-chart"] for tag, a in elements if tag == "svg"] == list(CHART_IDS)
+    assert series_points(elements, "reward") == {"mean reward": [(0, False), (1, False), (2, True)]}
+    assert series_points(elements, "loss") == {"loss": [(0, False), (1, False), (2, True)]}
+    assert series_points(elements, "logprob-mismatch") == {"mean |rollout - trainer|": [(0, False), (1, False), (2, True)]}
+    html = render_html(report(rows, tail))
+    assert 'data-value="-0.25"' in html and "omitted-" not in html
+    assert "<th>reward</th><th>loss</th><th>logprob mismatch</th>" in html
+
+
+def test_a_chart_is_omitted_with_a_note_only_when_no_step_has_its_value():
+    rows, tail = step_rows(started_at=0.0, manifests=STEPS, decisions=REWARDED, discards=[],
+                           metrics={1: {"logprob_abs_diff_mean": 0.5}})
+    html = render_html(report(rows, tail))
+    assert 'id="chart-reward"' in html and 'id="chart-logprob-mismatch"' in html
+    assert 'id="chart-loss"' not in html
+    assert 'id="omitted-loss"' in html and "No loss chart: no step has a &quot;loss&quot;" in html
+    assert "consumers.grpo_trainer" in html
