@@ -3,6 +3,7 @@
 Owns opening the run to read (``--run``, the latest run, or an archive's through ``--archive``),
 printing what `streamgrp.replay` returns, and the exit codes (1 when ``verify`` or ``replay`` finds
 a difference). torch is imported only by ``replay``, which rebuilds batches.
+``runs --sizes`` is `streamgrp.cli.housekeeping`'s, beside ``delete``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from streamgrp.cli.context import connected
-from streamgrp.config import load_callable
+from streamgrp.cli.context import connected, settings
+from streamgrp.config import RunsConfig, load_callable
 from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError
 
@@ -27,7 +28,12 @@ __all__ = ["cmd_inspect", "cmd_replay", "cmd_report", "cmd_runs", "cmd_steps", "
 def cmd_runs(args: argparse.Namespace) -> int:
     from streamgrp.store.runs import list_runs
 
-    with connected(args) as (client, _, _handle):
+    with connected(args) as (client, connection, _handle):
+        if settings(args, RunsConfig).sizes:
+            from streamgrp.cli.housekeeping import print_sizes
+
+            print_sizes(client, connection.data_dir)
+            return 0
         for name, started in list_runs(client):
             print(f"{printable(name)}\t{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}")
     return 0
