@@ -329,6 +329,12 @@ class DeleteConfig(_Settings):
                           "appended or a consumer read within this many seconds")
 
 
+class ExportConfig(_Settings):
+    """`streamgrp export` (`streamgrp.replay.export`): where the Parquet files go."""
+
+    out: Path | None = Field(None, description="directory for the Parquet files and run.json (default export-RUN)")
+
+
 T = TypeVar("T", bound=_Settings)
 
 SECTIONS: dict[str, type[_Settings]] = {
@@ -344,6 +350,7 @@ SECTIONS: dict[str, type[_Settings]] = {
     "weight_sync": WeightSyncConfig,
     "runs": RunsConfig,
     "delete": DeleteConfig,
+    "export": ExportConfig,
 }
 
 

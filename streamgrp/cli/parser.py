@@ -24,6 +24,7 @@ from streamgrp.config import (
     ConnectionConfig,
     DeleteConfig,
     DemoConfig,
+    ExportConfig,
     InferenceConfig,
     RunConfig,
     RunsConfig,
@@ -122,7 +123,7 @@ def _add_weight_sync(commands: Any) -> None:
     sync.set_defaults(handler=roles.cmd_weight_sync)
 
 
-# -- replay: steps, replay, verify, inspect (streamgrp.replay) ---------------------------------------------
+# -- replay: steps, replay, verify, inspect, export (streamgrp.replay) -------------------------------------
 
 
 def _add_replay_commands(commands: Any) -> None:
@@ -159,6 +160,15 @@ def _add_replay_commands(commands: Any) -> None:
     inspect.add_argument("task_id", metavar="TASK_ID")
     _add_archive_flag(inspect)
     inspect.set_defaults(handler=inspection.cmd_inspect)
+
+    export = commands.add_parser("export", help="write the run's decisions, slot results and steps as Parquet files "
+                                 "for pandas, polars or duckdb (needs pyarrow: pip install 'streamgrp[export]')")
+    export.add_argument("target", metavar="RUN", nargs="?", default=None,
+                        help="the run to export [default: --run, else the latest run, else the --archive's]")
+    _add_model_flags(export, ConnectionConfig, "connection")
+    _add_model_flags(export, ExportConfig, "export")
+    _add_archive_flag(export)
+    export.set_defaults(handler=inspection.cmd_export)
 
 
 def _add_archive_flag(parser: argparse.ArgumentParser, what: str = "read entries the server no longer holds from "
