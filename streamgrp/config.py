@@ -311,6 +311,30 @@ class ArchiverConfig(_Settings):
     burst: bool = Field(False, description="archive what is there, snapshot, trim (with --retention) and exit")
 
 
+class RunsConfig(_Settings):
+    """`streamgrp runs`: what to show of each run."""
+
+    sizes: bool = Field(False, description="also show each run's keys, their memory on the server (MEMORY USAGE), "
+                        "entries per stream, and its archive's size on disk")
+
+
+class DeleteConfig(_Settings):
+    """`streamgrp delete RUN` (`streamgrp.store.run_admin`): when a run may be deleted, and what goes with it."""
+
+    force: bool = Field(False, description="delete even a live run (a process holds its lease, an archiver writes "
+                        "its archive, or it has not ended and was active within --idle-s)")
+    delete_archive: bool = Field(False, description="also remove the run's archive directory (kept by default: "
+                                 "after retention it holds the only copy of the run)")
+    idle_s: float = Field(60.0, ge=0, description="a run that has not ended counts as live while an entry was "
+                          "appended or a consumer read within this many seconds")
+
+
+class ExportConfig(_Settings):
+    """`streamgrp export` (`streamgrp.replay.export`): where the Parquet files go."""
+
+    out: Path | None = Field(None, description="directory for the Parquet files and run.json (default export-RUN)")
+
+
 T = TypeVar("T", bound=_Settings)
 
 SECTIONS: dict[str, type[_Settings]] = {
@@ -324,6 +348,9 @@ SECTIONS: dict[str, type[_Settings]] = {
     "archiver": ArchiverConfig,
     "inference": InferenceConfig,
     "weight_sync": WeightSyncConfig,
+    "runs": RunsConfig,
+    "delete": DeleteConfig,
+    "export": ExportConfig,
 }
 
 

@@ -1,8 +1,9 @@
-"""Handlers of the subcommands that read a run and exit: runs, report, steps, replay, verify, inspect.
+"""Handlers of the subcommands that read a run and exit: runs, report, steps, replay, verify, inspect, export.
 
 Owns opening the run to read (``--run``, the latest run, or an archive's through ``--archive``),
 printing what `streamgrp.replay` returns, and the exit codes (1 when ``verify`` or ``replay`` finds
-a difference). torch is imported only by ``replay``, which rebuilds batches.
+a difference). torch is imported only by ``replay``, which rebuilds batches; pyarrow only by ``export``.
+``runs --sizes`` is `streamgrp.cli.housekeeping`'s, beside ``delete``.
 """
 
 from __future__ import annotations
@@ -16,18 +17,23 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from streamgrp.cli.context import connected
-from streamgrp.config import load_callable
+from streamgrp.cli.context import connected, settings
+from streamgrp.config import ExportConfig, RunsConfig, load_callable
 from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError
 
-__all__ = ["cmd_inspect", "cmd_replay", "cmd_report", "cmd_runs", "cmd_steps", "cmd_verify"]
+__all__ = ["cmd_export", "cmd_inspect", "cmd_replay", "cmd_report", "cmd_runs", "cmd_steps", "cmd_verify"]
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from streamgrp.store.runs import list_runs
 
-    with connected(args) as (client, _, _handle):
+    with connected(args) as (client, connection, _handle):
+        if settings(args, RunsConfig).sizes:
+            from streamgrp.cli.housekeeping import print_sizes
+
+            print_sizes(client, connection.data_dir)
+            return 0
         for name, started in list_runs(client):
             print(f"{printable(name)}\t{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}")
     return 0
@@ -139,4 +145,20 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         timeline = inspect_task(client, run.keys, args.task_id, source=source)
     print(f"task {printable(args.task_id)} in run {run.name}")
     print(format_timeline(timeline))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from streamgrp.replay.export import export_run, require_pyarrow
+    from streamgrp.store.sources import open_run_source
+
+    require_pyarrow()  # before connecting: say what to install without starting a server
+    config = settings(args, ExportConfig)
+    with connected(args) as (client, connection, _handle):
+        run, source = open_run_source(client, args.target or connection.run, archive=args.archive,
+                                      data_dir=connection.data_dir)
+        out = config.out or Path(f"export-{run.name}")
+        rows = export_run(client, run.keys, out, source=source)
+    print(f"run {run.name}: " + ", ".join(f"{name}.parquet {count} rows" for name, count in rows.items())
+          + f", run.json; written to {out}")
     return 0

@@ -15,16 +15,19 @@ from collections.abc import Callable
 from typing import Any
 
 from streamgrp._version import __version__
-from streamgrp.cli import inspection, roles
+from streamgrp.cli import housekeeping, inspection, roles
 from streamgrp.cli.security import add_acl_command
 from streamgrp.config import (
     ArchiverConfig,
     AssemblerConfig,
     BatcherConfig,
     ConnectionConfig,
+    DeleteConfig,
     DemoConfig,
+    ExportConfig,
     InferenceConfig,
     RunConfig,
+    RunsConfig,
     TrainerConfig,
     WeightSyncConfig,
     WorkerConfig,
@@ -78,9 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
         role.set_defaults(handler=handler)
     _add_weight_sync(commands)
 
-    runs = commands.add_parser("runs", help="list the runs on the server, newest last")
+    runs = commands.add_parser("runs", help="list the runs on the server, newest last (--sizes: what each holds)")
     _add_model_flags(runs, ConnectionConfig, "connection")
+    _add_model_flags(runs, RunsConfig, "runs")
     runs.set_defaults(handler=inspection.cmd_runs)
+    _add_housekeeping(commands)
 
     report = commands.add_parser("report", help="render the run's timeline as one self-contained HTML page")
     _add_model_flags(report, ConnectionConfig, "connection")
@@ -99,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_housekeeping(commands: Any) -> None:
+    delete = commands.add_parser("delete", help="delete a run's keys and registry entry from the server; refuses a "
+                                 "live run, keeps its archive unless --delete-archive")
+    delete.add_argument("target", metavar="RUN", help="the run to delete (given explicitly: never the latest run)")
+    _add_model_flags(delete, ConnectionConfig, "connection")
+    _add_model_flags(delete, DeleteConfig, "delete")
+    _add_archive_flag(delete, "where the run's archive is, for --delete-archive and the archiver check")
+    delete.set_defaults(handler=housekeeping.cmd_delete)
+
+
 def _add_weight_sync(commands: Any) -> None:
     sync = commands.add_parser("weight-sync", help="after each committed step, tell every inference server to "
                                "load the new weights, and record which server serves which version")
@@ -108,7 +123,7 @@ def _add_weight_sync(commands: Any) -> None:
     sync.set_defaults(handler=roles.cmd_weight_sync)
 
 
-# -- replay: steps, replay, verify, inspect (streamgrp.replay) ---------------------------------------------
+# -- replay: steps, replay, verify, inspect, export (streamgrp.replay) -------------------------------------
 
 
 def _add_replay_commands(commands: Any) -> None:
@@ -146,11 +161,20 @@ def _add_replay_commands(commands: Any) -> None:
     _add_archive_flag(inspect)
     inspect.set_defaults(handler=inspection.cmd_inspect)
 
+    export = commands.add_parser("export", help="write the run's decisions, slot results and steps as Parquet files "
+                                 "for pandas, polars or duckdb (needs pyarrow: pip install 'streamgrp[export]')")
+    export.add_argument("target", metavar="RUN", nargs="?", default=None,
+                        help="the run to export [default: --run, else the latest run, else the --archive's]")
+    _add_model_flags(export, ConnectionConfig, "connection")
+    _add_model_flags(export, ExportConfig, "export")
+    _add_archive_flag(export)
+    export.set_defaults(handler=inspection.cmd_export)
 
-def _add_archive_flag(parser: argparse.ArgumentParser) -> None:
+
+def _add_archive_flag(parser: argparse.ArgumentParser, what: str = "read entries the server no longer holds from "
+                      "this archive (the whole run, when it is not on the server)") -> None:
     parser.add_argument("--archive", default=os.environ.get("STREAMGRP_ARCHIVE"), metavar="DIR",
-                        help="read entries the server no longer holds from this archive (the whole run, when it is "
-                        "not on the server) [env STREAMGRP_ARCHIVE; default DATA_DIR/archive/RUN when it exists]")
+                        help=f"{what} [env STREAMGRP_ARCHIVE; default DATA_DIR/archive/RUN when it exists]")
 
 
 # -- flags from the settings models ------------------------------------------------------------------------
