@@ -282,6 +282,17 @@ class DemoConfig(_Settings):
                          "and reports the mismatch with the server's per step")
 
 
+#: The demo's run settings where the user sets none (flag, environment or TOML): GRPO-style group
+#: normalization, groups of 6, a short deadline and stall bound for a run of about a minute.
+DEMO_RUN_DEFAULTS: dict[str, Any] = {"n_samples": 6, "batch_size": 8, "max_staleness": 1, "group_timeout_s": 30.0,
+                                     "reward_norm": NormSpec("group", "group"), "stall_timeout_s": 120.0}
+#: ``demo --model``'s: groups of 4, one rank, a deadline that fits CPU generation, and a staleness bound
+#: the fixed served weights cannot break (the server stays at version 0).
+MODEL_RUN_DEFAULTS: dict[str, Any] = {"n_samples": 4, "batch_size": 4, "dp_size": 1, "max_staleness": 1_000_000,
+                                      "group_timeout_s": 600.0, "reward_norm": NormSpec("group", "group"),
+                                      "stall_timeout_s": 600.0}
+
+
 class AssemblerConfig(_RoleSettings):
     """The group assembler process."""
 
@@ -373,13 +384,15 @@ def read_toml(path: str | Path | None) -> dict[str, Any]:
 
 
 def load(model: type[T], *, toml: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-         overrides: Mapping[str, Any] | None = None) -> T:
-    """Build one settings model: defaults < TOML table < environment < explicit overrides."""
+         overrides: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None) -> T:
+    """Build one settings model: the model's defaults < ``defaults`` (a command's own, such as the demo's
+    run settings) < TOML table < environment < explicit overrides (flags)."""
     section = _section_name(model)
-    values: dict[str, Any] = dict((toml or {}).get(section, {}))
+    values: dict[str, Any] = {k: v for k, v in (defaults or {}).items() if k in model.model_fields}
+    values.update((toml or {}).get(section, {}))
     env = os.environ if env is None else env
     for name in model.model_fields:
-        raw = env.get(env_name(name))
+        raw = env.get(env_name(name, model))
         if raw is not None:
             values[name] = parse_env_value(model, name, raw)
     for name, value in (overrides or {}).items():
@@ -392,8 +405,13 @@ def load(model: type[T], *, toml: Mapping[str, Any] | None = None, env: Mapping[
         raise ConfigError(f"invalid [{section}] settings: {problems}") from None
 
 
-def env_name(field: str) -> str:
-    return ENV_PREFIX + field.upper()
+def env_name(field: str, model: type[BaseModel] | None = None) -> str:
+    """``STREAMGRP_`` and the flag's name: ``--json`` (field ``as_json``) is ``STREAMGRP_JSON``; a field
+    with no flag (a secret) goes by its own name."""
+    extra = model.model_fields[field].json_schema_extra if model is not None else None
+    if isinstance(extra, dict) and extra.get("flag", field) is None:
+        return ENV_PREFIX + field.upper()
+    return ENV_PREFIX + flag_name(field, model)[2:].replace("-", "_").upper()
 
 
 def flag_name(field: str, model: type[BaseModel] | None = None) -> str:
@@ -418,7 +436,7 @@ def parse_env_value(model: type[_Settings], name: str, raw: str) -> Any:
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{env_name(name)}={raw!r}: expected true or false")
+        raise ConfigError(f"{env_name(name, model)}={raw!r}: expected true or false")
     return text
 
 

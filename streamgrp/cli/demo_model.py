@@ -24,16 +24,10 @@ from streamgrp.cli import children as processes
 from streamgrp.cli.demo import Child, _watch
 from streamgrp.cli.server import ensure_server
 from streamgrp.config import ConnectionConfig, DemoConfig, RunConfig
-from streamgrp.core.policy import NormSpec
 from streamgrp.errors import ConfigError, RoleFailed
 from streamgrp.replay.summary import format_summary, run_summary
 from streamgrp.store.runs import connect, join_run
 
-#: Run settings for the model demo: groups of 4, one rank, a deadline that fits CPU generation, and a
-#: staleness bound the fixed served weights cannot break (the server stays at version 0).
-MODEL_RUN_DEFAULTS: dict[str, Any] = {"n_samples": 4, "batch_size": 4, "dp_size": 1, "max_staleness": 1_000_000,
-                                      "group_timeout_s": 600.0, "reward_norm": NormSpec("group", "group"),
-                                      "stall_timeout_s": 600.0}
 MAX_TOKENS = 16
 
 

@@ -13,7 +13,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from streamgrp.cli.parser import build_parser
+from streamgrp.cli.flag_env import unknown_environment
+from streamgrp.cli.parser import LOG_LEVELS, build_parser
 from streamgrp.core.shown import printable, printable_lines
 from streamgrp.errors import StopRequested, StreamgrpError
 
@@ -45,9 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = (args.log_level or os.environ.get("STREAMGRP_LOG_LEVEL") or "INFO").upper()
+    if level not in LOG_LEVELS:
+        parser.error(f"STREAMGRP_LOG_LEVEL={level!r}: choose from {', '.join(LOG_LEVELS)}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(EscapingFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
+    for message in unknown_environment([parser, *parser.subcommands.values()], os.environ):
+        log.warning("%s", message)
     if args.command is None:
         parser.print_help()
         return 0

