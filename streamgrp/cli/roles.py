@@ -9,15 +9,15 @@ command never pays for another's imports (the trainer's torch above all).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
-import signal
 import sys
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from streamgrp.cli.context import connected, serve_metrics, settings, stop_event
+from streamgrp.cli.context import connected, interrupted_exit_code, serve_metrics, settings, stop_event
 from streamgrp.config import (
     ArchiverConfig,
     AssemblerConfig,
@@ -33,7 +33,7 @@ from streamgrp.config import (
     load_callable,
     read_toml,
 )
-from streamgrp.errors import ConfigError
+from streamgrp.errors import ConfigError, StreamgrpError
 
 __all__ = ["REFERENCE_TRAINER", "cmd_archiver", "cmd_assembler", "cmd_batcher", "cmd_demo", "cmd_server",
            "cmd_trainer", "cmd_weight_sync", "cmd_worker"]
@@ -44,12 +44,30 @@ REFERENCE_TRAINER = "consumers.grpo_trainer:train"
 log = logging.getLogger("streamgrp")  # the CLI's messages log as "streamgrp", whichever module sends them
 
 
+def _stoppable(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A handler that runs until stopped, with the process's SIGTERM and SIGINT handlers installed before
+    anything else, so a signal that arrives while it starts (imports, settings, the server) is not lost.
+
+    A role stopped that way finishes its round, releases what it holds and exits 0, as a server does: a
+    supervisor (systemd, honcho, Kubernetes) stopping a service is not a failure. The demo is the
+    exception (`cmd_demo`)."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        stop_event()
+        return handler(args)
+
+    return run
+
+
+@_stoppable
 def cmd_server(args: argparse.Namespace) -> int:
     from streamgrp.cli.server_foreground import serve_forever
 
     connection = settings(args, ConnectionConfig)
     return serve_forever(connection.data_dir, port=args.port, bind=args.bind, appendfsync=args.appendfsync,
-                         password=connection.secret(), acl_file=args.acl_file, tls=connection.tls())
+                         password=connection.secret(), acl_file=args.acl_file, tls=connection.tls(),
+                         stop=stop_event())
 
 
 def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str, *, burst: bool = False):
@@ -67,6 +85,7 @@ def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: 
     return run
 
 
+@_stoppable
 def cmd_worker(args: argparse.Namespace) -> int:
     from streamgrp.services.worker import WorkerClient, WorkerProcess
 
@@ -110,6 +129,7 @@ def _rollout(spec: str, args: argparse.Namespace):
     return load_callable(spec)
 
 
+@_stoppable
 def cmd_assembler(args: argparse.Namespace) -> int:
     from streamgrp.services.assembler import Assembler
 
@@ -123,6 +143,7 @@ def cmd_assembler(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stoppable
 def cmd_batcher(args: argparse.Namespace) -> int:
     from streamgrp.services.batcher import Batcher
     from streamgrp.services.feeder import load_dataset
@@ -139,6 +160,7 @@ def cmd_batcher(args: argparse.Namespace) -> int:
     return 1 if outcome == "failed" else 0
 
 
+@_stoppable
 def cmd_trainer(args: argparse.Namespace) -> int:
     from streamgrp.train.distributed import resolve_config
 
@@ -147,11 +169,23 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     ranks = resolve_config(config)  # flags, else torchrun's RANK/WORLD_SIZE/..., else one process
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {ranks.rank}")
-        steps = train(client, run, config, metrics=serve_metrics(config))
+        try:
+            steps = train(client, run, config, metrics=serve_metrics(config))
+        except StreamgrpError:
+            raise
+        except Exception as exc:
+            if not stop_event().is_set():
+                raise
+            # A peer rank that stopped first ends this rank's collective: an effect of the stop, not a fault
+            # of the step, which stays uncommitted (not failed) for the next start (streamgrp.train.trainer).
+            log.warning("trainer rank %d stopped during a step (%s: %s); it resumes there at the next start",
+                        ranks.rank, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+            return 0
         log.info("trainer rank %d committed %d steps", ranks.rank, steps)
     return 0
 
 
+@_stoppable
 def cmd_weight_sync(args: argparse.Namespace) -> int:
     from streamgrp.services.inference import make_dialect, server_urls
     from streamgrp.services.inference.weight_sync import LlamaServerProcess, WeightSync
@@ -179,6 +213,7 @@ def cmd_weight_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stoppable
 def cmd_archiver(args: argparse.Namespace) -> int:
     from streamgrp.services.archiver import Archiver, default_archive_dir
     from streamgrp.store.runs import open_run, resolve_run_name
@@ -204,6 +239,7 @@ def cmd_archiver(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stoppable
 def cmd_demo(args: argparse.Namespace) -> int:
     from streamgrp.cli.demo import run_demo
 
@@ -218,13 +254,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         run_settings = load(RunConfig, toml=toml, overrides={**MODEL_RUN_DEFAULTS, **_given(args, RunConfig)})
         if args.steps is None:
             demo = demo.model_copy(update={"steps": 8})
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        run_demo(connection, run_settings, demo, stop=stop)
+        run_demo(connection, run_settings, demo, stop=stop_event())
     except KeyboardInterrupt:
+        # Unlike a role, the demo is a job that runs to an end: a stop signal means it did not finish, so it
+        # exits as the shell reports a job a signal ended (130 SIGINT, 143 SIGTERM), once everything stopped.
         print("\nstreamgrp demo: interrupted; every process it started was stopped", file=sys.stderr)
-        return 130
+        return interrupted_exit_code()
     return 0
 
 
