@@ -45,14 +45,14 @@ def connected(args: argparse.Namespace, *, role: bool = False):
             client.close()
 
 
-def serve_metrics(config: Any, client=None, streams=()):
-    """The process's metrics, served on the role's ``metrics_address``:``metrics_port`` when the port is not 0;
-    None when off."""
+def serve_metrics(config: Any, *, role: str, run: str, client=None, streams=()):
+    """The metrics ``role`` exports, labelled with ``run``, served on the role's
+    ``metrics_address``:``metrics_port`` when the port is not 0; None when off."""
     if not config.metrics_port:
         return None
     from streamgrp.cli.metrics import Metrics
 
-    metrics = Metrics()
+    metrics = Metrics(role=role, run=run)
     if client is not None:
         metrics.watch_streams(client, streams)
     metrics.serve(config.metrics_port, config.metrics_address)

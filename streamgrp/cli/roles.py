@@ -94,7 +94,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     with connected(args, role=True) as (client, connection, handle):
         run = _join(client, connection, args, "worker", burst=config.burst)
         _lend_to_rollouts(client, run.keys, handle.url)
-        metrics = serve_metrics(config)
+        metrics = serve_metrics(config, role="worker", run=run.name)
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
                               metrics=metrics)
         process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
@@ -136,7 +136,8 @@ def cmd_assembler(args: argparse.Namespace) -> int:
     config = settings(args, AssemblerConfig)
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "assembler", burst=config.burst)
-        metrics = serve_metrics(config, client, run.keys.all_streams().values())
+        metrics = serve_metrics(config, role="assembler", run=run.name, client=client,
+                                streams=run.keys.all_streams().values())
         assembler = Assembler(client, run, config, metrics=metrics)
         written = assembler.run(stop_event(), burst=config.burst)
         log.info("assembler %s wrote %d decisions", assembler.name, written)
@@ -152,7 +153,8 @@ def cmd_batcher(args: argparse.Namespace) -> int:
     dataset = load_dataset(config.dataset) if config.dataset else None
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "batcher")
-        metrics = serve_metrics(config, client, run.keys.all_streams().values())
+        metrics = serve_metrics(config, role="batcher", run=run.name, client=client,
+                                streams=run.keys.all_streams().values())
         batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics)
         outcome = batcher.run(stop_event(), burst=config.burst)
         log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
@@ -170,7 +172,7 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {ranks.rank}")
         try:
-            steps = train(client, run, config, metrics=serve_metrics(config))
+            steps = train(client, run, config, metrics=serve_metrics(config, role="trainer", run=run.name))
         except StreamgrpError:
             raise
         except Exception as exc:
@@ -202,6 +204,7 @@ def cmd_weight_sync(args: argparse.Namespace) -> int:
         llama = LlamaServerProcess(config.llama_server_cmd, urls[0], ready_timeout_s=config.load_timeout_s)
     with connected(args, role=True) as (client, connection, _):
         run = open_run(client, resolve_run_name(client, connection.run, create=False))
+        serve_metrics(config, role="weight-sync", run=run.name)  # its process metrics and the run's info
         sync = WeightSync(client, run.keys, make_dialect(config.dialect, inference), urls, config.weights_dir,
                           load_timeout_s=config.load_timeout_s, llama=llama)
         try:
