@@ -218,6 +218,24 @@ def test_the_demo_configuration_with_a_runs_bounds_is_valid(tmp_path):
     assert listed[1] == {"targets": ["127.0.0.1:9411"], "labels": {"role": "trainer", "index": "1"}}
 
 
+def test_every_dashboard_query_and_alert_keeps_runs_apart():
+    """Every series of a run's process carries ``run``: each dashboard selector of a streamgrp metric picks
+    the chosen run, and each alert aggregation keeps ``run`` (two runs in one Prometheus never add up)."""
+    selectors = [(expr, m.group(1), m.group(2)) for _, expr, _ in dashboard_queries()
+                 for m in re.finditer(r"(streamgrp_\w+)\{([^}]*)\}", expr)]
+    assert len(selectors) >= 30
+    assert [(expr, metric) for expr, metric, labels in selectors if 'run=~".+"' not in labels] == []
+    dashboard = json.loads(DASHBOARD.read_text())
+    [run] = [v for v in dashboard["templating"]["list"] if v["name"] == "run"]
+    assert "streamgrp_run_info" in run["definition"] and run["multi"] is False
+    lines = (OPS / "alerts.yml").read_text().splitlines()
+    rules = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    clauses = re.findall(r"\b(?:by|on) \(([^)]*)\)", rules)
+    assert len(clauses) >= 10
+    assert [c for c in clauses if c and "run" not in c.split(", ")] == []
+    assert "up{" not in rules  # up has no run label; a rank is up for its run while its run_info is scraped
+
+
 def test_a_missing_prometheus_binary_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ConfigError, match="apt-get install prometheus"):
