@@ -28,7 +28,8 @@ from streamgrp.config import RunConfig
 from streamgrp.store.runs import join_run
 
 on_valkey = pytest.mark.parametrize("server_kind", ["valkey"], indirect=True)
-STOPS = pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+STOPS = pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                                ids=["SIGINT", "SIGTERM"])
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ class Backgrounded:
         self.log_path = log_path
         command = shlex.join([sys.executable, "-m", "streamgrp", *args])
         with open(log_path, "wb") as log:
-            self.shell = subprocess.Popen(["bash", "-c", f"{command} >>{shlex.quote(str(log_path))} 2>&1 & echo $!; wait $!"],
+            script = f"{command} >>{shlex.quote(str(log_path))} 2>&1 & echo $!; wait $!"
+            self.shell = subprocess.Popen(["bash", "-c", script],
                                           stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                           start_new_session=True, text=True)
         with self.shell.stdout:  # the shell prints nothing after the pid
@@ -161,7 +163,7 @@ def test_the_demo_started_by_a_script_stops_everything_and_exits_128_plus_the_si
         assert demo.shell.poll() is None, demo.output()
         started = _descendants(demo.pid)
         commands = " ".join(p.command for p in started)
-        for role in ("batcher", "assembler", "worker", "trainer", "valkey-server", *(["prometheus"] * bool(prometheus))):
+        for role in ("batcher", "assembler", "worker", "trainer", "valkey-server", *["prometheus"][:len(prometheus)]):
             assert role in commands, f"no {role} among the demo's processes: {commands}"
         assert len(started) == 6 + 1 + len(prometheus)  # 6 roles, the server, Prometheus
 
