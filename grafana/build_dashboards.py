@@ -5,11 +5,13 @@
 
 The JSON is stock Grafana dashboard JSON (schemaVersion 39) that needs no plugin: every panel reads
 the Prometheus data source chosen by the ``datasource`` template variable, so the file imports as
-is through provisioning or Dashboards > New > Import. Metric names are SPEC section 7's. Several
-metrics are exported by more than one role (every process registers every metric), so each query
-selects the role that owns the figure: slot and group accounting from the assembler, steps written
-from the batcher and committed from the trainers, stall figures from the batcher; lag and pending
-entries, read from the server by both the assembler and the batcher, are combined with ``max``.
+is through provisioning or Dashboards > New > Import. Metric names are SPEC section 7's. Every
+query selects the chosen *Run* (every series carries ``run``; the variable lists
+``streamgrp_run_info``), so runs scraped by one Prometheus never add up. A few metrics are exported
+by two roles, each counting its own side (slot outcomes: published by workers, folded by the
+assembler; steps: written by the batcher, committed by each trainer rank), so those queries select
+the role by its scrape target's ``role`` label; lag and pending entries, read from the server by
+both the assembler and the batcher, are combined with ``max``.
 
 Edit the panels here, run the script, and check both files in; ``tests/unit/test_dashboards.py``
 fails when they disagree.
@@ -26,11 +28,13 @@ from typing import Any
 OUTPUT = Path(__file__).resolve().parent / "dashboards" / "streamgrp.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 JOB = 'job=~"$job"'
+#: The chosen jobs and run: what every query of a streamgrp metric selects.
+RUN = JOB + ', run=~"$run"'
 
 
 def sel(role: str | None = None) -> str:
-    """The label selector of a query: the chosen jobs, and the role that owns the metric."""
-    return "{" + JOB + (f', role="{role}"' if role else "") + "}"
+    """The label selector of a query: the chosen jobs and run, and the role that owns the metric."""
+    return "{" + RUN + (f', role="{role}"' if role else "") + "}"
 
 
 def rate(metric: str, role: str | None = None, by: str = "") -> str:
@@ -74,8 +78,8 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
         dict(title="Dropped groups by reason",
              description="Drops per second: the assembler's (all_unusable, incomplete, below_minimum, "
                          "contract_violation) and the batcher's (stale, filtered, leftover).",
-             queries=[("sum by (role, reason) (rate(streamgrp_groups_dropped_total{" + JOB
-                       + ', role=~"assembler|batcher"}[$__rate_interval]))', "{{reason}} ({{role}})")],
+             queries=[("sum by (role, reason) (rate(streamgrp_groups_dropped_total{" + RUN
+                       + "}[$__rate_interval]))", "{{reason}} ({{role}})")],
              unit="cps", stack=True),
         dict(title="Open groups",
              description="Groups the assembler holds open, waiting for slot results or their deadline.",
@@ -104,13 +108,13 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
              description="Entries of each stream not yet delivered to each consumer group (read from the "
                          "server at scrape time). Growing lag means that group's consumers are slower than "
                          "its producers, or down.",
-             queries=[("max by (stream, group) (streamgrp_consumer_lag_entries{" + JOB + "})",
+             queries=[("max by (stream, group) (streamgrp_consumer_lag_entries{" + RUN + "})",
                        "{{stream}} / {{group}}")],
              unit="short", min=0),
         dict(title="Pending entries",
              description="Entries delivered to a consumer group but not yet acknowledged: work in progress, or "
                          "work held by a consumer that died (another one claims it after claim_idle_s).",
-             queries=[("max by (stream, group) (streamgrp_pending_entries{" + JOB + "})", "{{stream}} / {{group}}")],
+             queries=[("max by (stream, group) (streamgrp_pending_entries{" + RUN + "})", "{{stream}} / {{group}}")],
              unit="short", min=0),
     ]),
     ("Latency and staleness", [
@@ -148,22 +152,25 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
     ]),
     ("Dead letters and processes", [
         dict(title="Dead letters",
-             description="Entries the assembler moved to the dead-letter stream, per second by reason (an entry "
-                         "that does not decode or validate). Normally empty.",
-             queries=[(rate("streamgrp_dead_letters_total", "assembler", by="reason"), "{{reason}}")],
+             description="Entries moved to the dead-letter stream, per second by reason (an entry that does not "
+                         "decode or validate) and by the role that moved it (the assembler: slot-log entries; "
+                         "workers: tasks; the batcher: decisions; any of them: control entries). Normally empty.",
+             queries=[(rate("streamgrp_dead_letters_total", by="role, reason"), "{{reason}} ({{role}})")],
              unit="cps", min=0, bars=True),
         dict(title="Dead letters in range", kind="stat",
              description="Dead-lettered entries in the dashboard's time range; StreamgrpDeadLetters fires on any.",
-             queries=[("sum(increase(streamgrp_dead_letters_total" + sel("assembler") + "[$__range]))",
+             queries=[("sum(increase(streamgrp_dead_letters_total" + sel() + "[$__range]))",
                        "dead letters")],
              unit="short"),
         dict(title="Processes up",
-             description="Scrape targets up, by role (from the targets file).",
-             queries=[("sum by (role) (up{" + JOB + "})", "{{role}}")], unit="short", min=0),
+             description="Scrape targets up, by role (from the targets file), of the targets that served the run "
+                         "in the time range (up has no run label of its own: Prometheus writes it).",
+             queries=[("sum by (role) (up{" + JOB + "} and on (job, instance) max_over_time(streamgrp_run_info{"
+                       + RUN + "}[$__range]))", "{{role}}")], unit="short", min=0),
         dict(title="Policy version",
              description="The newest policy version each role has seen (trainers: the weights they committed; "
                          "workers: the version they sampled with).",
-             queries=[("max by (role) (streamgrp_policy_version{" + JOB + "})", "{{role}}")], unit="short", min=0),
+             queries=[("max by (role) (streamgrp_policy_version{" + RUN + "})", "{{role}}")], unit="short", min=0),
     ]),
 ]
 
@@ -227,6 +234,11 @@ def _templating() -> list[dict[str, Any]]:
          "query": {"qryType": 1, "query": "label_values(streamgrp_steps_total, job)",
                    "refId": "PrometheusVariableQueryEditor-VariableQuery"},
          "refresh": 2, "regex": "", "sort": 1, "type": "query"},
+        # One run at a time (newest demo run first, by name): sums over two runs would mean nothing.
+        {"current": {}, "datasource": DATASOURCE, "hide": 0, "includeAll": False, "label": "Run", "multi": False, "name": "run", "options": [],
+         "query": {"qryType": 1, "query": 'label_values(streamgrp_run_info{job=~"$job"}, run)',
+                   "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+         "refresh": 2, "regex": "", "sort": 2, "type": "query"},
         # The stall bounds are run settings, not metrics: enter the run's values (RunConfig defaults shown).
         {"current": {"text": "1800", "value": "1800"}, "hide": 0, "label": "stall_timeout_s",
          "name": "stall_timeout_s", "options": [{"selected": True, "text": "1800", "value": "1800"}],

@@ -16,7 +16,7 @@ from typing import Any
 
 from streamgrp.config import ConnectionConfig, load, read_toml
 
-__all__ = ["connected", "serve_metrics", "settings", "stop_event"]
+__all__ = ["connected", "interrupted_exit_code", "serve_metrics", "settings", "stop_event", "stop_signal"]
 
 
 def settings(args: argparse.Namespace, model: type) -> Any:
@@ -45,14 +45,14 @@ def connected(args: argparse.Namespace, *, role: bool = False):
             client.close()
 
 
-def serve_metrics(config: Any, client=None, streams=()):
-    """The process's metrics, served on the role's ``metrics_address``:``metrics_port`` when the port is not 0;
-    None when off."""
+def serve_metrics(config: Any, *, role: str, run: str, client=None, streams=()):
+    """The metrics ``role`` exports, labelled with ``run``, served on the role's
+    ``metrics_address``:``metrics_port`` when the port is not 0; None when off."""
     if not config.metrics_port:
         return None
     from streamgrp.cli.metrics import Metrics
 
-    metrics = Metrics()
+    metrics = Metrics(role=role, run=run)
     if client is not None:
         metrics.watch_streams(client, streams)
     metrics.serve(config.metrics_port, config.metrics_address)
@@ -60,15 +60,36 @@ def serve_metrics(config: Any, client=None, streams=()):
 
 
 _STOP: list[threading.Event] = []
+_SIGNALS: list[int] = []
 
 
 def stop_event() -> threading.Event:
     """The process's stop event, set on SIGTERM or SIGINT, so a role finishes its round and releases
-    what it holds, and a wait for an absent server ends quietly. Installed once per process."""
+    what it holds, and a wait for an absent server ends quietly. Installed once per process.
+
+    Both handlers are installed whatever the process inherited: a non-interactive shell starts a
+    background job (``streamgrp demo &`` in a script) with SIGINT ignored, and Python then installs
+    no handler of its own, so without this a SIGINT would be lost."""
     if not _STOP:
         stop = threading.Event()
         if threading.current_thread() is threading.main_thread():
+            def request_stop(signum: int, frame: object) -> None:
+                if not _SIGNALS:
+                    _SIGNALS.append(signum)
+                stop.set()
+
             for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, lambda *_: stop.set())
+                signal.signal(signum, request_stop)
         _STOP.append(stop)
     return _STOP[0]
+
+
+def stop_signal() -> int | None:
+    """The first signal that set the stop event (SIGTERM or SIGINT); None when none arrived."""
+    return _SIGNALS[0] if _SIGNALS else None
+
+
+def interrupted_exit_code() -> int:
+    """The shell's code for a job that a signal ended, 128 + its number: 130 after SIGINT (or a
+    KeyboardInterrupt), 143 after SIGTERM."""
+    return 128 + int(stop_signal() or signal.SIGINT)

@@ -2,7 +2,9 @@
 
 Owns orchestration only: start the server, write the toy dataset, start the batcher (with its
 feeder), the assembler, the workers and the trainer ranks, show progress, stop every process it
-started (on success, on Ctrl-C, or when a role fails, naming it), and print the summary. With
+started (on success, on SIGINT or SIGTERM, or when a role fails, naming it), and print the summary.
+A stop signal reaches it as the process's stop event (`streamgrp.cli.context.stop_event`), also when
+a script started it in the background with SIGINT ignored; the demo then exits 128 + the signal. With
 ``--prometheus`` every process serves its metrics and a local Prometheus (`streamgrp.cli.prom`) scrapes
 them. Workers may die and the run goes on (another worker reclaims their tasks); any other role
 failing ends it.
@@ -71,9 +73,6 @@ class Child:
     def tail(self, lines: int = 12) -> str:
         return children.log_tail(self.log_path, lines)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        children.stop(self.proc, timeout)
-
 
 def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoConfig, *, out=sys.stdout,
              err=sys.stderr, stop: threading.Event | None = None) -> dict[str, Any]:
@@ -98,15 +97,17 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
         print(f"streamgrp demo: run {run_name} on {safe_url(server.url)} ({len(children)} processes; logs in {log_dir})",
               file=err, flush=True)
         try:
+            # A stop that arrived while the server or Prometheus started ends the demo before any role starts.
+            _check_stop(stop)
             if prometheus is not None:
                 print(f"streamgrp demo: Prometheus at {prometheus.start()} (config and data in {prometheus.data_dir})",
                       file=err, flush=True)
             for child in children:
+                _check_stop(stop)
                 child.start()
             _watch(client, run.keys, children, demo, started, stop, err)
         finally:
-            for child in sorted(children, key=lambda c: c.role != "trainer"):
-                child.stop()
+            stop_children(children)
             if prometheus is not None:
                 prometheus.stop()
         seconds = time.monotonic() - started
@@ -122,6 +123,20 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
             print(orjson.dumps(summary).decode(), file=out)
         client.close()
     return summary
+
+
+def _check_stop(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise KeyboardInterrupt
+
+
+def stop_children(roles: list[Child], timeout: float = 10.0) -> None:
+    """Stop the trainer ranks together, then every other role together (SIGTERM, SIGKILL after ``timeout``).
+
+    Ranks first, so none waits for a batch from a batcher already gone; all ranks at once, so they
+    stop after the same step (`streamgrp.train.trainer`), not one in a collective its peer left."""
+    for group in ([c for c in roles if c.role == "trainer"], [c for c in roles if c.role != "trainer"]):
+        children.stop_all([c.proc for c in group], timeout)
 
 
 def _write_dataset(path: Path, run: RunConfig, demo: DemoConfig) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from streamgrp.cli import children as processes
-from streamgrp.cli.demo import Child, _watch
+from streamgrp.cli.demo import Child, _watch, stop_children
 from streamgrp.cli.server import ensure_server
 from streamgrp.config import ConnectionConfig, DemoConfig, RunConfig
 from streamgrp.errors import ConfigError, RoleFailed
@@ -57,8 +57,7 @@ def run_model_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: 
                     child.start()
                 _watch(client, run.keys, children, demo, started, stop_event, err)
             finally:
-                for child in sorted(children, key=lambda c: c.role != "trainer"):
-                    child.stop()
+                stop_children(children)
         finally:
             processes.stop(llama, 15)
         summary = run_summary(client, run.keys)

@@ -2,8 +2,11 @@
 
 Logging handlers are installed here and nowhere else. The parser is `streamgrp.cli.parser`; the
 handlers are `streamgrp.cli.roles` (processes of a run) and `streamgrp.cli.inspection` (reading one).
-Exit codes: 0 done (or stopped), 2 a `StreamgrpError` (its message says what to change), 130 Ctrl-C,
-or what the handler returned.
+Exit codes: 0 done, or stopped on request: a long-running role (server, worker, assembler, batcher,
+trainer, archiver, weight-sync) that SIGTERM or SIGINT stopped finishes its round, releases what it holds
+and exits 0, as a service does; 2 a `StreamgrpError` (its message says what to change); 130 Ctrl-C in
+any other command; the demo, a job that runs to an end, exits 130 after SIGINT and 143 after SIGTERM
+once every process it started has stopped; or what the handler returned.
 """
 
 from __future__ import annotations

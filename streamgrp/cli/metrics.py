@@ -1,28 +1,44 @@
 """Prometheus metrics: one object per process, built on an injectable registry (SPEC section 7).
 
-Owns the metric names, their bounded labels (never a task id) and explicit histogram buckets, the
-mapping from the run's durable counters (`counts` hash fields, as the commit scripts report the
-increments they applied) to Prometheus counters, and a collector that reads consumer lag and
-pending entries from the server at scrape time. Yields are ratios of counter rates
-(``rate(streamgrp_usable_slots_total) / rate(streamgrp_target_slots_total)``), never gauges, so a
-dashboard can show them over any window.
+Owns the metric names, their bounded labels (never a task id) and explicit histogram buckets; which
+role exports which metric (`OWNED`); the ``run`` label and ``streamgrp_run_info``; the process's own
+``process_*`` metrics; the mapping from the run's durable counters (``counts`` hash fields, as the
+commit scripts report the increments they applied) to Prometheus counters; and a collector that
+reads consumer lag and pending entries from the server at scrape time. Yields are ratios of counter
+rates (``rate(streamgrp_usable_slots_total) / rate(streamgrp_target_slots_total)``), never gauges,
+so a dashboard can show them over any window.
+
+A role exports only the metrics it changes: a worker has no stall gauges and an assembler no step
+counter, so no series sits at zero where it means nothing, and a query that forgets to select a
+role cannot add one role's figure to another's. Where two roles do export a name, it is because
+both count it (``streamgrp_slots_total``: what workers published and what the assembler folded;
+``streamgrp_steps_total``: steps written by the batcher and committed by each trainer rank), and
+queries tell them apart by the scrape target's ``role`` label.
+
+Every series of a process whose run is known carries ``run="NAME"``, added when the registry is
+collected (so no service passes it around), and ``streamgrp_run_info{run, version} 1`` says which
+runs a Prometheus has seen. Two runs scraped by one Prometheus, or one target that a restarted
+process serves for another run, never add up into one series.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    Info,
+    ProcessCollector,
     disable_created_metrics,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
+from streamgrp._version import __version__
 from streamgrp.core import counters
 
 # `_created` series double every counter's output and no dashboard reads them.
@@ -33,53 +49,115 @@ log = logging.getLogger(__name__)
 ASSEMBLY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
+#: The label every series of a run's process carries.
+RUN_LABEL = "run"
+
+#: Every metric by the `Metrics` attribute that holds it.
+DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
+    "slots": lambda r: Counter("streamgrp_slots", "Slot results by outcome", ["outcome"], registry=r),
+    "groups": lambda r: Counter("streamgrp_groups", "Group decisions by kind", ["decision"], registry=r),
+    "groups_dropped": lambda r: Counter("streamgrp_groups_dropped", "Dropped groups by reason", ["reason"],
+                                        registry=r),
+    "target_slots": lambda r: Counter("streamgrp_target_slots", "Slots asked for (n_samples per decided group)",
+                                      registry=r),
+    "usable_slots": lambda r: Counter("streamgrp_usable_slots", "Usable slots of decided groups", registry=r),
+    "trainable_slots": lambda r: Counter("streamgrp_trainable_slots", "Usable slots of groups that were kept",
+                                         registry=r),
+    "steps": lambda r: Counter("streamgrp_steps", "Steps written by the batcher or committed by a trainer rank",
+                               registry=r),
+    "step_failures": lambda r: Counter("streamgrp_step_failures", "Trainer steps that raised", registry=r),
+    "dead_letters": lambda r: Counter("streamgrp_dead_letters", "Entries sent to the dead-letter stream",
+                                      ["reason"], registry=r),
+    "stall_seconds": lambda r: Gauge("streamgrp_stall_seconds", "Seconds since the last round that added a "
+                                     "trainable group", registry=r),
+    "empty_rounds": lambda r: Gauge("streamgrp_empty_rounds", "Consecutive batcher rounds without a trainable group",
+                                    registry=r),
+    "trainer_wait_rounds": lambda r: Counter("streamgrp_trainer_wait_rounds", "Batcher rounds spent waiting for "
+                                             "trainers to commit (staleness window full); never empty rounds",
+                                             registry=r),
+    "open_groups": lambda r: Gauge("streamgrp_open_groups", "Groups the assembler holds open", registry=r),
+    "policy_version": lambda r: Gauge("streamgrp_policy_version", "Current policy version", registry=r),
+    "batch_imbalance": lambda r: Gauge("streamgrp_batch_imbalance_ratio", "Largest shard tokens over the mean, "
+                                       "last step", registry=r),
+    "group_assembly": lambda r: Histogram("streamgrp_group_assembly_seconds", "Task issued to group decided",
+                                          buckets=ASSEMBLY_BUCKETS, registry=r),
+    "batch_wait": lambda r: Histogram("streamgrp_batch_wait_seconds", "Time a trainer rank waited for its next batch",
+                                      buckets=WAIT_BUCKETS, registry=r),
+    "staleness": lambda r: Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when "
+                                     "batched", buckets=STALENESS_BUCKETS, registry=r),
+}
+
+#: What each role exports: the metrics its code changes (worker.py, assembler.py, batcher.py, the
+#: trainer functions, and the dead letters each one sends). Lag and pending entries
+#: (`Metrics.watch_streams`) come on top, from the roles that read every stream: assembler, batcher.
+OWNED: dict[str, tuple[str, ...]] = {
+    "worker": ("slots", "dead_letters", "policy_version"),
+    "assembler": ("slots", "groups", "groups_dropped", "target_slots", "usable_slots", "trainable_slots",
+                  "dead_letters", "open_groups", "group_assembly"),
+    "batcher": ("steps", "groups_dropped", "dead_letters", "stall_seconds", "empty_rounds", "trainer_wait_rounds",
+                "policy_version", "batch_imbalance", "staleness"),
+    "trainer": ("steps", "step_failures", "batch_wait", "policy_version"),
+    "weight-sync": (),
+}
+
+#: Label values created up front, so a dashboard panel has data from the first scrape: a worker
+#: publishes only samples, rejections and failures; the assembler folds every outcome.
+PRESET_LABELS: dict[str, dict[str, tuple[str, ...]]] = {
+    "worker": {"slots": ("sample", "rejected", "failed")},
+    "assembler": {"slots": ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid"),
+                  "groups": ("complete", "partial", "dropped")},
+}
 
 
 class Metrics:
-    """Every streamgrp metric. Roles update the ones they own; the rest stay at zero."""
+    """The metrics of one process: ``role``'s (`OWNED`), or every one when ``role`` is None (a process that
+    runs several services, as tests do).
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    ``registry`` is what to collect or serve (a new one when not given). With ``run`` the metrics live in
+    a registry of their own that ``registry`` collects with the ``run`` label added, beside
+    ``streamgrp_run_info``. ``process_*`` metrics (CPU, memory, open files, start time) come with every
+    role's. Reading a metric the role does not own raises AttributeError naming the role.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, role: str | None = None,
+                 run: str | None = None) -> None:
+        if role is not None and role not in OWNED:
+            raise ValueError(f"unknown role {role!r}; one of {sorted(OWNED)}")
+        self.role = role
+        self.run = run
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.slots = Counter("streamgrp_slots", "Slot results by outcome", ["outcome"], registry=r)
-        self.groups = Counter("streamgrp_groups", "Group decisions by kind", ["decision"], registry=r)
-        self.groups_dropped = Counter("streamgrp_groups_dropped", "Dropped groups by reason", ["reason"], registry=r)
-        self.target_slots = Counter("streamgrp_target_slots", "Slots asked for (n_samples per decided group)", registry=r)
-        self.usable_slots = Counter("streamgrp_usable_slots", "Usable slots of decided groups", registry=r)
-        self.trainable_slots = Counter("streamgrp_trainable_slots", "Usable slots of groups that were kept", registry=r)
-        self.steps = Counter("streamgrp_steps", "Steps written by the batcher or committed by a trainer rank", registry=r)
-        self.step_failures = Counter("streamgrp_step_failures", "Trainer steps that raised", registry=r)
-        self.dead_letters = Counter("streamgrp_dead_letters", "Entries sent to the dead-letter stream", ["reason"],
-                                    registry=r)
-        self.stall_seconds = Gauge("streamgrp_stall_seconds", "Seconds since the last round that added a trainable group",
-                                   registry=r)
-        self.empty_rounds = Gauge("streamgrp_empty_rounds", "Consecutive batcher rounds without a trainable group",
-                                  registry=r)
-        self.trainer_wait_rounds = Counter("streamgrp_trainer_wait_rounds", "Batcher rounds spent waiting for "
-                                           "trainers to commit (staleness window full); never empty rounds",
-                                           registry=r)
-        self.open_groups = Gauge("streamgrp_open_groups", "Groups the assembler holds open", registry=r)
-        self.policy_version = Gauge("streamgrp_policy_version", "Current policy version", registry=r)
-        self.batch_imbalance = Gauge("streamgrp_batch_imbalance_ratio", "Largest shard tokens over the mean, last step",
-                                     registry=r)
-        self.group_assembly = Histogram("streamgrp_group_assembly_seconds", "Task issued to group decided",
-                                        buckets=ASSEMBLY_BUCKETS, registry=r)
-        self.batch_wait = Histogram("streamgrp_batch_wait_seconds", "Time a trainer rank waited for its next batch",
-                                    buckets=WAIT_BUCKETS, registry=r)
-        self.staleness = Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when batched",
-                                   buckets=STALENESS_BUCKETS, registry=r)
-        self._families = {counters.SLOTS: self.slots, counters.DECISIONS: self.groups,
-                          counters.DROPPED: self.groups_dropped, counters.DEADLETTER: self.dead_letters}
-        self._totals = {counters.TARGET_SLOTS: self.target_slots, counters.USABLE_SLOTS: self.usable_slots,
-                        counters.TRAINABLE_SLOTS: self.trainable_slots, counters.STEPS: self.steps}
-        # Pre-create the label values dashboards plot, so every panel has data from the first scrape.
-        for outcome in ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid"):
-            self.slots.labels(outcome)
-        for decision in ("complete", "partial", "dropped"):
-            self.groups.labels(decision)
+        # Where the metrics are registered: the served registry itself, or one it collects with the run label.
+        self._own = CollectorRegistry() if run is not None else self.registry
+        owned = OWNED[role] if role is not None else tuple(DEFINITIONS)
+        for name in owned:
+            setattr(self, name, DEFINITIONS[name](self._own))
+        if role is not None:
+            ProcessCollector(registry=self._own)
+        if run is not None:
+            Info("streamgrp_run", "The run this process works for (the run label of its every series), and "
+                 "streamgrp's version", registry=self._own).info({"version": __version__})
+            self.registry.register(_WithLabel(self._own, RUN_LABEL, run))
+        presets = PRESET_LABELS.get(role, {}) if role is not None else PRESET_LABELS["assembler"]
+        for name, values in presets.items():
+            for value in values:
+                getattr(self, name).labels(value)
+        families = {counters.SLOTS: "slots", counters.DECISIONS: "groups", counters.DROPPED: "groups_dropped",
+                    counters.DEADLETTER: "dead_letters"}
+        totals = {counters.TARGET_SLOTS: "target_slots", counters.USABLE_SLOTS: "usable_slots",
+                  counters.TRAINABLE_SLOTS: "trainable_slots", counters.STEPS: "steps"}
+        self._families = {field: getattr(self, name) for field, name in families.items() if name in owned}
+        self._totals = {field: getattr(self, name) for field, name in totals.items() if name in owned}
+
+    def __getattr__(self, name: str):
+        # Only reached for attributes that were not set: a metric of another role.
+        if name in DEFINITIONS:
+            raise AttributeError(f"the {self.__dict__.get('role')} process does not export {name!r} "
+                                 "(streamgrp.cli.metrics.OWNED says which role exports what)")
+        raise AttributeError(name)
 
     def apply_counts(self, increments: Mapping[str, int]) -> None:
-        """Mirror increments of the run's durable counters (field names of the `counts` hash)."""
+        """Mirror increments of the run's durable counters (field names of the `counts` hash) into the
+        metrics this role exports; other fields are another role's figures, or no metric's."""
         for field, amount in increments.items():
             if amount <= 0:
                 continue
@@ -103,7 +181,26 @@ class Metrics:
         from streamgrp.store.connection import without_retries
 
         # A scrape during an outage must answer at once (without those series), not wait it out.
-        self.registry.register(_StreamCollector(without_retries(client), list(streams)))
+        self._own.register(_StreamCollector(without_retries(client), list(streams)))
+
+
+class _WithLabel:
+    """Collects ``registry`` with one more label on every sample (a constant: the process's run)."""
+
+    def __init__(self, registry: CollectorRegistry, name: str, value: str) -> None:
+        self.registry = registry
+        self.name = name
+        self.value = value
+
+    def collect(self):
+        for family in self.registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [sample._replace(labels={**sample.labels, self.name: self.value})
+                                for sample in family.samples]
+            yield labelled
+
+    def describe(self):
+        return []
 
 
 class _StreamCollector:

@@ -9,15 +9,15 @@ command never pays for another's imports (the trainer's torch above all).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
-import signal
 import sys
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from streamgrp.cli.context import connected, serve_metrics, settings, stop_event
+from streamgrp.cli.context import connected, interrupted_exit_code, serve_metrics, settings, stop_event
 from streamgrp.config import (
     DEMO_RUN_DEFAULTS,
     MODEL_RUN_DEFAULTS,
@@ -36,7 +36,7 @@ from streamgrp.config import (
     load_callable,
     read_toml,
 )
-from streamgrp.errors import ConfigError
+from streamgrp.errors import ConfigError, StreamgrpError
 
 __all__ = ["REFERENCE_TRAINER", "cmd_archiver", "cmd_assembler", "cmd_batcher", "cmd_demo", "cmd_server",
            "cmd_trainer", "cmd_weight_sync", "cmd_worker"]
@@ -47,12 +47,30 @@ REFERENCE_TRAINER = "consumers.grpo_trainer:train"
 log = logging.getLogger("streamgrp")  # the CLI's messages log as "streamgrp", whichever module sends them
 
 
+def _stoppable(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A handler that runs until stopped, with the process's SIGTERM and SIGINT handlers installed before
+    anything else, so a signal that arrives while it starts (imports, settings, the server) is not lost.
+
+    A role stopped that way finishes its round, releases what it holds and exits 0, as a server does: a
+    supervisor (systemd, honcho, Kubernetes) stopping a service is not a failure. The demo is the
+    exception (`cmd_demo`)."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        stop_event()
+        return handler(args)
+
+    return run
+
+
+@_stoppable
 def cmd_server(args: argparse.Namespace) -> int:
     from streamgrp.cli.server_foreground import serve_forever
 
     connection = settings(args, ConnectionConfig)
     return serve_forever(connection.data_dir, port=args.port, bind=args.bind, appendfsync=args.appendfsync,
-                         password=connection.secret(), acl_file=args.acl_file, tls=connection.tls())
+                         password=connection.secret(), acl_file=args.acl_file, tls=connection.tls(),
+                         stop=stop_event())
 
 
 def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str, *, burst: bool = False):
@@ -70,6 +88,7 @@ def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: 
     return run
 
 
+@_stoppable
 def cmd_worker(args: argparse.Namespace) -> int:
     from streamgrp.services.worker import WorkerClient, WorkerProcess
 
@@ -78,7 +97,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     with connected(args, role=True) as (client, connection, handle):
         run = _join(client, connection, args, "worker", burst=config.burst)
         _lend_to_rollouts(client, run.keys, handle.url)
-        metrics = serve_metrics(config)
+        metrics = serve_metrics(config, role="worker", run=run.name)
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
                               metrics=metrics)
         process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
@@ -113,19 +132,22 @@ def _rollout(spec: str, args: argparse.Namespace):
     return load_callable(spec)
 
 
+@_stoppable
 def cmd_assembler(args: argparse.Namespace) -> int:
     from streamgrp.services.assembler import Assembler
 
     config = settings(args, AssemblerConfig)
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "assembler", burst=config.burst)
-        metrics = serve_metrics(config, client, run.keys.all_streams().values())
+        metrics = serve_metrics(config, role="assembler", run=run.name, client=client,
+                                streams=run.keys.all_streams().values())
         assembler = Assembler(client, run, config, metrics=metrics)
         written = assembler.run(stop_event(), burst=config.burst)
         log.info("assembler %s wrote %d decisions", assembler.name, written)
     return 0
 
 
+@_stoppable
 def cmd_batcher(args: argparse.Namespace) -> int:
     from streamgrp.services.batcher import Batcher
     from streamgrp.services.feeder import load_dataset
@@ -134,7 +156,8 @@ def cmd_batcher(args: argparse.Namespace) -> int:
     dataset = load_dataset(config.dataset) if config.dataset else None
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "batcher")
-        metrics = serve_metrics(config, client, run.keys.all_streams().values())
+        metrics = serve_metrics(config, role="batcher", run=run.name, client=client,
+                                streams=run.keys.all_streams().values())
         batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics)
         outcome = batcher.run(stop_event(), burst=config.burst)
         log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
@@ -142,6 +165,7 @@ def cmd_batcher(args: argparse.Namespace) -> int:
     return 1 if outcome == "failed" else 0
 
 
+@_stoppable
 def cmd_trainer(args: argparse.Namespace) -> int:
     from streamgrp.train.distributed import resolve_config
 
@@ -150,11 +174,23 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     ranks = resolve_config(config)  # flags, else torchrun's RANK/WORLD_SIZE/..., else one process
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {ranks.rank}")
-        steps = train(client, run, config, metrics=serve_metrics(config))
+        try:
+            steps = train(client, run, config, metrics=serve_metrics(config, role="trainer", run=run.name))
+        except StreamgrpError:
+            raise
+        except Exception as exc:
+            if not stop_event().is_set():
+                raise
+            # A peer rank that stopped first ends this rank's collective: an effect of the stop, not a fault
+            # of the step, which stays uncommitted (not failed) for the next start (streamgrp.train.trainer).
+            log.warning("trainer rank %d stopped during a step (%s: %s); it resumes there at the next start",
+                        ranks.rank, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+            return 0
         log.info("trainer rank %d committed %d steps", ranks.rank, steps)
     return 0
 
 
+@_stoppable
 def cmd_weight_sync(args: argparse.Namespace) -> int:
     from streamgrp.services.inference import make_dialect, server_urls
     from streamgrp.services.inference.weight_sync import LlamaServerProcess, WeightSync
@@ -171,6 +207,7 @@ def cmd_weight_sync(args: argparse.Namespace) -> int:
         llama = LlamaServerProcess(config.llama_server_cmd, urls[0], ready_timeout_s=config.load_timeout_s)
     with connected(args, role=True) as (client, connection, _):
         run = open_run(client, resolve_run_name(client, connection.run, create=False))
+        serve_metrics(config, role="weight-sync", run=run.name)  # its process metrics and the run's info
         sync = WeightSync(client, run.keys, make_dialect(config.dialect, inference), urls, config.weights_dir,
                           load_timeout_s=config.load_timeout_s, llama=llama)
         try:
@@ -182,6 +219,7 @@ def cmd_weight_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stoppable
 def cmd_archiver(args: argparse.Namespace) -> int:
     from streamgrp.services.archiver import Archiver, default_archive_dir
     from streamgrp.store.runs import open_run, resolve_run_name
@@ -207,6 +245,7 @@ def cmd_archiver(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stoppable
 def cmd_demo(args: argparse.Namespace) -> int:
     from streamgrp.cli.demo import run_demo
 
@@ -223,13 +262,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # The demo's settings sit under the user's: a flag, a STREAMGRP_ variable or the TOML file wins.
     run_settings = load(RunConfig, toml=toml, overrides=vars(args), defaults=defaults)
     demo = _ranks_from_dp_size(demo, run_settings, toml, args)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        run_demo(connection, run_settings, demo, stop=stop)
+        run_demo(connection, run_settings, demo, stop=stop_event())
     except KeyboardInterrupt:
+        # Unlike a role, the demo is a job that runs to an end: a stop signal means it did not finish, so it
+        # exits as the shell reports a job a signal ended (130 SIGINT, 143 SIGTERM), once everything stopped.
         print("\nstreamgrp demo: interrupted; every process it started was stopped", file=sys.stderr)
-        return 130
+        return interrupted_exit_code()
     return 0
 
 

@@ -36,12 +36,14 @@ def serve_forever(
     acl_file: str | os.PathLike[str] | None = None,
     tls: TlsFiles | None = None,
     ready: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> int:
     """Run a server in ``data_dir`` until SIGINT/SIGTERM, then stop it cleanly (``streamgrp server``).
 
-    Must run in the main thread (it installs signal handlers, restored on return). ``ready`` is
-    called with the URL once the server answers. Returns 0 after a requested stop, 1 if the server
-    exited on its own.
+    Must run in the main thread (it installs signal handlers, restored on return), unless ``stop`` is
+    given: an event the caller's own handlers set (the CLI's process stop event, installed before
+    anything started), which then ends the server instead. ``ready`` is called with the URL once the
+    server answers. Returns 0 after a requested stop, 1 if the server exited on its own.
     """
     # Built first: a bind other machines reach without a password is refused before anything starts.
     server = EmbeddedServer(
@@ -49,12 +51,13 @@ def serve_forever(
         password=password, binary=binary, acl_file=acl_file, tls=tls,
     )
     directory = private_dir(server.data_dir)
-    stop_requested = threading.Event()
+    stop_requested = stop if stop is not None else threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:
         stop_requested.set()
 
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {} if stop is not None else {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT,
+                                                                                             signal.SIGTERM)}
     try:
         with locked(directory):
             url = server.start()

@@ -13,6 +13,13 @@ the previous one (the loop body finished). With the ``with`` form an exception i
 records a `StepFailed` event carrying the exception text before it propagates; a bare ``for``
 loop cannot see that exception, so an uncommitted step there is simply left for the next start.
 
+A stop (the client's stop event: the one ``connect(stop=...)`` was given, which for ``streamgrp
+trainer`` SIGTERM and SIGINT set) ends the iteration between steps, after the running step is
+committed, so a stopped rank exits cleanly and resumes at its next step. An exception that ends a
+step after a stop was requested is not recorded as a failure: data-parallel ranks stop at about
+the same moment, and a rank whose peer stopped first sees its collective fail because of the stop,
+not because of the step; the step is left uncommitted for the next start instead.
+
 `streamgrp.train.loader.build_batch` is the one place a shard becomes tensors; it reads entries
 through a fetch function, so `streamgrp.replay.steps` rebuilds a step from the live log or an archive
 with the same code.
@@ -21,6 +28,7 @@ with the same code.
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,7 +49,7 @@ from streamgrp.errors import (
     RunFailed,
 )
 from streamgrp.store import scripts
-from streamgrp.store.connection import MAX_BLOCK_MS, replicate
+from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
 from streamgrp.store.control import ControlCursor
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import step_entry_id
@@ -60,8 +68,10 @@ class TrainerClient:
     """A trainer process's view of a run: manifests in, commits and failures out."""
 
     def __init__(self, client: redis.Redis, run: Run, *, poll_s: float = 1.0, name: str | None = None,
-                 check_digests: bool = False, prefetch: bool = True) -> None:
+                 check_digests: bool = False, prefetch: bool = True, stop: threading.Event | None = None) -> None:
         self.client = client
+        #: Ends the iteration between steps; default: the stop event the client was connected with.
+        self.stop = stop if stop is not None else outage_of(client).stop
         #: Load the next step's shard on a background thread while the loop body trains on this one,
         #: when its manifest is written already (one batch more in memory).
         self.prefetch = prefetch
@@ -92,6 +102,11 @@ class TrainerClient:
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is outside 0..{world_size - 1}")
         return BatchStream(self, rank, world_size)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was requested."""
+        return self.stop is not None and self.stop.is_set()
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -173,8 +188,8 @@ class BatchStream:
         ahead: tuple[StepManifest, Future[Batch]] | None = None
         # Terminal events, commits and the order of steps stay on this thread; the pool only loads.
         with ThreadPoolExecutor(1, thread_name_prefix="streamgrp-prefetch") as pool:
-            while True:
-                manifest = trainer.wait_for_step(step, known=ahead[0] if ahead else None)
+            while not trainer.stopping:
+                manifest = trainer.wait_for_step(step, lambda: trainer.stopping, known=ahead[0] if ahead else None)
                 if manifest is None:
                     return
                 batch = ahead[1].result() if ahead else trainer.load(manifest, self.rank, self.world_size)
@@ -193,5 +208,5 @@ class BatchStream:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is not None and self.current is not None and not self.current.settled \
-                and not isinstance(exc, (RunFailed, KeyboardInterrupt)):
+                and not isinstance(exc, (RunFailed, KeyboardInterrupt)) and not self.trainer.stopping:
             self.current.fail(exc)

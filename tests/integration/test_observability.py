@@ -118,6 +118,34 @@ class Role:
         return self.proc.returncode
 
 
+#: What each role's /metrics must show once work flows: the figures it owns (SPEC section 7 names), and
+#: no other role's (assembler: slot and group accounting; batcher: steps written, the stall, staleness;
+#: trainers: steps committed, failures, batch wait; workers: what they published).
+EXPORTS = {
+    "worker": {"streamgrp_slots_total", "streamgrp_policy_version"},
+    "assembler": {"streamgrp_slots_total", "streamgrp_groups_total", "streamgrp_target_slots_total",
+                  "streamgrp_usable_slots_total", "streamgrp_trainable_slots_total", "streamgrp_open_groups",
+                  "streamgrp_group_assembly_seconds_count", "streamgrp_consumer_lag_entries",
+                  "streamgrp_pending_entries"},
+    "batcher": {"streamgrp_steps_total", "streamgrp_stall_seconds", "streamgrp_empty_rounds",
+                "streamgrp_batch_imbalance_ratio", "streamgrp_staleness_versions_count", "streamgrp_policy_version",
+                "streamgrp_consumer_lag_entries", "streamgrp_pending_entries"},
+    "trainer": {"streamgrp_steps_total", "streamgrp_batch_wait_seconds_count", "streamgrp_step_failures_total",
+                "streamgrp_policy_version"},
+}
+
+
+def exported_series(body: bytes) -> dict[str, list[dict[str, str]]]:
+    """Sample name -> the label sets of its series, from a /metrics body."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample.labels)
+    return found
+
+
 def dashboard_queries() -> list[tuple[str, str, bool]]:
     """(panel title, expr, instant) of every dashboard query, with Grafana's variables substituted."""
     dashboard = json.loads(DASHBOARD.read_text())
@@ -190,6 +218,24 @@ def test_the_demo_configuration_with_a_runs_bounds_is_valid(tmp_path):
     assert listed[1] == {"targets": ["127.0.0.1:9411"], "labels": {"role": "trainer", "index": "1"}}
 
 
+def test_every_dashboard_query_and_alert_keeps_runs_apart():
+    """Every series of a run's process carries ``run``: each dashboard selector of a streamgrp metric picks
+    the chosen run, and each alert aggregation keeps ``run`` (two runs in one Prometheus never add up)."""
+    selectors = [(expr, m.group(1), m.group(2)) for _, expr, _ in dashboard_queries()
+                 for m in re.finditer(r"(streamgrp_\w+)\{([^}]*)\}", expr)]
+    assert len(selectors) >= 30
+    assert [(expr, metric) for expr, metric, labels in selectors if 'run=~".+"' not in labels] == []
+    dashboard = json.loads(DASHBOARD.read_text())
+    [run] = [v for v in dashboard["templating"]["list"] if v["name"] == "run"]
+    assert "streamgrp_run_info" in run["definition"] and run["multi"] is False
+    lines = (OPS / "alerts.yml").read_text().splitlines()
+    rules = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    clauses = re.findall(r"\b(?:by|on) \(([^)]*)\)", rules)
+    assert len(clauses) >= 10
+    assert [c for c in clauses if c and "run" not in c.split(", ")] == []
+    assert "up{" not in rules  # up has no run label; a rank is up for its run while its run_info is scraped
+
+
 def test_a_missing_prometheus_binary_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ConfigError, match="apt-get install prometheus"):
@@ -227,9 +273,17 @@ def test_every_role_serves_metrics_that_promtool_accepts(client, redis_url, run_
         for role in roles:
             body = fetch(f"http://127.0.0.1:{ports[role.role]}/metrics")
             assert body is not None, f"{role.role} stopped serving:\n{role.output()}"
-            assert b"streamgrp_slots_total" in body and b"streamgrp_steps_total" in body
-            if role.role in ("assembler", "batcher"):
-                assert b'streamgrp_pending_entries{group="' in body  # read from the server at scrape time
+            exported = exported_series(body)
+            names = {name for name in exported if name.startswith("streamgrp_")}
+            assert EXPORTS[role.role] <= names, f"{role.role} lacks {sorted(EXPORTS[role.role] - names)}"
+            others = set().union(*EXPORTS.values()) - EXPORTS[role.role]
+            assert not names & others, f"{role.role} exports another role's {sorted(names & others)}"
+            assert "process_cpu_seconds_total" in exported and "process_open_fds" in exported
+            assert [labels["run"] for labels in exported["streamgrp_run_info"]] == [run_name]
+            stray = sorted(name for name, series in exported.items() if any(s.get("run") != run_name for s in series))
+            assert stray == [], f"{role.role}: series without run={run_name!r}: {stray}"
+            if role.role in ("assembler", "batcher"):  # read from the server at scrape time
+                assert any(s["group"] == "assembler" for s in exported["streamgrp_pending_entries"])
             result = promtool("check", "metrics", stdin=body)
             problems = (result.stdout + result.stderr).decode().strip()
             assert result.returncode == 0 and not problems, f"{role.role}: {problems}"
@@ -287,6 +341,11 @@ def test_demo_with_prometheus_gives_every_dashboard_query_data(client, redis_url
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
     dead = query_range(base, 'sum(streamgrp_dead_letters_total{role="assembler"})', started, end)
     assert max(float(v) for _, v in dead[0]["values"]) == 1
+    # Every process said which run it works for, and labelled its process metrics with it.
+    for expr in ("count by (run) (streamgrp_run_info)", "count by (run) (process_cpu_seconds_total)"):
+        runs = query_range(base, expr, started, end, step=0.25)
+        assert [r["metric"] for r in runs] == [{"run": run_name}], expr
+        assert max(float(v) for _, v in runs[0]["values"]) == len(listed), expr
 
 
 @pytest.mark.slow

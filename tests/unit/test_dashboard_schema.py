@@ -50,7 +50,7 @@ def test_the_checked_in_dashboard_loads_every_panel_and_target_into_typed_models
             assert isinstance(target, prometheus.Dataquery), panel.title
             assert (target.expr, target.ref_id, target.legend_format) == \
                 (raw_target["expr"], raw_target["refId"], raw_target.get("legendFormat")), panel.title
-    assert [v.name for v in dashboard.templating.list_val] == ["datasource", "job", "stall_timeout_s",
+    assert [v.name for v in dashboard.templating.list_val] == ["datasource", "job", "run", "stall_timeout_s",
                                                                "max_empty_rounds"]
 
 
