@@ -68,3 +68,26 @@ def test_the_lm_trainers_mismatch_counts_only_completion_tokens():
     assert result["logprob_abs_diff_mean"] == pytest.approx(0.5 / 3) and result["logprob_abs_diff_max"] == 0.5
     assert result["logprob_diff_mean"] == pytest.approx(0.5 / 3) and result["kl_estimate"] > 0
     assert mismatch(server, trainer, torch.zeros_like(mask)) == {"tokens_compared": 0}
+
+
+def _llama_reply(tokens: list[int], probs_for: int, stop_type: str = "limit") -> dict:
+    return {"tokens": tokens, "content": "ab", "stop_type": stop_type, "model": "policy@v0",
+            "completion_probabilities": [{"id": t, "logprob": -0.5} for t in tokens[:probs_for]]}
+
+
+def test_llama_cpp_tokens_of_a_held_back_character_are_dropped_with_a_note():
+    from streamgrp.services.inference.llamacpp import LlamaCpp
+
+    generation = LlamaCpp().parse(_llama_reply([5, 6, 200], probs_for=2))
+    assert generation.token_ids == [5, 6] and generation.logprobs == [-0.5, -0.5]
+    assert generation.finish == "length" and "1 trailing token(s) of an incomplete character dropped" in generation.reason
+    whole = LlamaCpp().parse(_llama_reply([5, 6], probs_for=2, stop_type="eos"))
+    assert whole.token_ids == [5, 6] and whole.finish == "stop" and whole.reason == ""
+
+
+def test_llama_cpp_a_reply_missing_more_probabilities_than_a_character_is_refused():
+    from streamgrp.services.inference.dialect import ProtocolError
+    from streamgrp.services.inference.llamacpp import LlamaCpp
+
+    with pytest.raises(ProtocolError, match="6 tokens but 2 completion_probabilities"):
+        LlamaCpp().parse(_llama_reply([1, 2, 3, 4, 5, 6], probs_for=2))

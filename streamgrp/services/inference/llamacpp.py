@@ -33,6 +33,8 @@ from streamgrp.services.inference.dialect import (
 NEUTRAL_SAMPLERS = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                     "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0}
 STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
+#: A UTF-8 character is at most 4 bytes, so at most 3 byte tokens can precede its missing last byte.
+MAX_HELD_BACK = 3
 
 
 class LlamaCpp(Dialect):
@@ -61,8 +63,15 @@ class LlamaCpp(Dialect):
         stop_type = body.get("stop_type")
         if stop_type not in STOP_TYPES:
             raise ProtocolError(f"llama.cpp stop_type {stop_type!r} is not eos, word or limit")
+        finish, notes = STOP_TYPES[stop_type], []
         if stop_type == "word" and len(probs) < len(ids):
             ids = ids[:len(probs)]  # the stop word's tokens are cut from the probabilities, not from tokens
+        elif 0 < len(ids) - len(probs) <= MAX_HELD_BACK:
+            # llama-server reports a token's probability with its text, and holds back the text of a
+            # trailing incomplete UTF-8 character: those last tokens come with no log-probability. The
+            # prefix that has them is still a sample of the policy, cut short; the rest is not trained on.
+            notes.append(f"{len(ids) - len(probs)} trailing token(s) of an incomplete character dropped")
+            ids, finish = ids[:len(probs)], "length"
         if len(probs) != len(ids):
             raise ProtocolError(f"llama.cpp reply: {len(ids)} tokens but {len(probs)} completion_probabilities")
         values = []
@@ -73,7 +82,8 @@ class LlamaCpp(Dialect):
             values.append(float(entry["logprob"]))
         model = str(body.get("model", ""))
         reason = str(body.get("stopping_word") or "") + (" (context truncated)" if body.get("truncated") else "")
-        return Generation(ids, values, str(body.get("content", "")), STOP_TYPES[stop_type], reason=reason.strip(),
+        reason = "; ".join(part for part in (reason.strip(), *notes) if part)
+        return Generation(ids, values, str(body.get("content", "")), finish, reason=reason,
                           weight_version=version_from(model, self.version_pattern) if self.version_pattern else None,
                           model=model)
 
