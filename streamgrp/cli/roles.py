@@ -39,7 +39,7 @@ __all__ = ["REFERENCE_TRAINER", "cmd_archiver", "cmd_assembler", "cmd_batcher", 
            "cmd_trainer", "cmd_weight_sync", "cmd_worker"]
 
 #: The reference GRPO trainer `streamgrp trainer` runs; an example, so named by string, never imported here.
-REFERENCE_TRAINER = "consumers.grpo_trainer:train"
+REFERENCE_TRAINER = "streamgrp.consumers.grpo_trainer:train"
 
 log = logging.getLogger("streamgrp")  # the CLI's messages log as "streamgrp", whichever module sends them
 

@@ -104,7 +104,7 @@ def secured(server_kind, kind_binary, tmp_path, run_name):
 
 
 def _dataset(path: Path) -> Path:
-    from consumers.toy_task import prompts
+    from streamgrp.consumers.toy_task import prompts
 
     with path.open("wb") as handle:
         for prompt, _ in zip(prompts(seed=0, reject_rate=0.2, fail_rate=0.1), range(STEPS * 4 * 4 + 64)):

@@ -279,4 +279,4 @@ def test_a_chart_is_omitted_with_a_note_only_when_no_step_has_its_value():
     assert 'id="chart-reward"' in html and 'id="chart-logprob-mismatch"' in html
     assert 'id="chart-loss"' not in html
     assert 'id="omitted-loss"' in html and "No loss chart: no step has a &quot;loss&quot;" in html
-    assert "consumers.grpo_trainer" in html
+    assert "streamgrp.consumers.grpo_trainer" in html
