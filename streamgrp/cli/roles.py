@@ -140,8 +140,10 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 
 
 def cmd_trainer(args: argparse.Namespace) -> int:
+    from streamgrp.cli.extras import require
     from streamgrp.train.distributed import resolve_config
 
+    require("a trainer rank", "trainer")  # every trainer reads batches through streamgrp.train, which is torch
     config = settings(args, TrainerConfig)
     train = load_callable(config.train_fn)
     ranks = resolve_config(config)  # flags, else torchrun's RANK/WORLD_SIZE/..., else one process
@@ -206,7 +208,9 @@ def cmd_archiver(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from streamgrp.cli.demo import run_demo
+    from streamgrp.cli.extras import require
 
+    require("the demo (its trainer ranks, and its toy task's workers)", "trainer")
     toml = read_toml(args.config)
     connection = load(ConnectionConfig, toml=toml, overrides=vars(args))
     run_settings = load(RunConfig, toml=toml, overrides=_demo_run_defaults(args))
@@ -215,6 +219,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from streamgrp.cli.demo_model import MODEL_RUN_DEFAULTS
         from streamgrp.cli.demo_model import run_model_demo as run_demo
 
+        require("demo --model (its trainer loads the GGUF with transformers)", "llm")
         run_settings = load(RunConfig, toml=toml, overrides={**MODEL_RUN_DEFAULTS, **_given(args, RunConfig)})
         if args.steps is None:
             demo = demo.model_copy(update={"steps": 8})
