@@ -37,16 +37,20 @@ BLOCKER = ("import sys\n"
            f"for name in {OPTIONAL!r}:\n"
            "    sys.modules[name] = None  # import fails, importlib.util.find_spec says None: as if not installed\n")
 TORCH_HINT = "pip install 'streamgrp[trainer]'"
-#: Left out of the copy the wheel is built from: a stale build/ would leak old files into the wheel.
-NOT_SOURCES = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".streamgrp",
-                                     ".pytest_cache", ".hypothesis", "*.safetensors")
+#: What a build reads (the links inside streamgrp/ point into consumers/ and ops/). The wheel is built from
+#: a copy of these, so a stale build/ or egg-info of the checkout cannot leak into it, nor the build litter it.
+BUILD_INPUTS = ("pyproject.toml", "README.md", "streamgrp", "consumers", "ops")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel of this checkout, built without build isolation (the environment's setuptools, no network)."""
-    source = tmp_path_factory.mktemp("source") / "streamgrp"
-    shutil.copytree(ROOT, source, symlinks=True, ignore=NOT_SOURCES)
+    source = tmp_path_factory.mktemp("source")
+    for name in BUILD_INPUTS:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("wheel")
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                             "--disable-pip-version-check", "-q", "-w", str(out), str(source)],
