@@ -4,12 +4,12 @@ Per step: group-normalized advantages over the actual group sizes (`streamgrp.no
 globally token-weighted clipped policy loss (each rank divides by the whole step's loss tokens, so
 summing gradients across ranks gives the step's gradient whatever the shard sizes), one gradient
 all-reduce and one metrics all-reduce on every rank every step, then rank 0 publishes the new
-weights for the workers before committing. Trains the demo's toy policy (`consumers.toy_task`).
+weights for the workers before committing. Trains the demo's toy policy (`streamgrp.consumers.toy_task`).
 
 Rank, world size and rendezvous follow torchrun's conventions (`streamgrp.train.distributed`), so
 either of these starts two ranks (flags as for ``streamgrp trainer``):
 
-    torchrun --nproc-per-node 2 -m consumers.grpo_trainer --redis-url redis://... --run RUN
+    torchrun --nproc-per-node 2 -m streamgrp.consumers.grpo_trainer --redis-url redis://... --run RUN
     streamgrp trainer --rank 0 --world-size 2 ... & streamgrp trainer --rank 1 --world-size 2 ...
 
 Every collective goes through one `Collectives` object and each step's calls are logged with the
@@ -31,7 +31,7 @@ import orjson
 import redis
 import torch
 
-from consumers import toy_task
+from streamgrp.consumers import toy_task
 from streamgrp.config import TrainerConfig
 from streamgrp.core.policy import NormSpec
 from streamgrp.store.runs import Run
@@ -152,7 +152,7 @@ def _restore(client: redis.Redis, run: Run, policy, step: int) -> None:
 
 
 if __name__ == "__main__":
-    # ``python -m consumers.grpo_trainer FLAGS`` (what torchrun's ``-m`` runs) is ``streamgrp trainer FLAGS``.
+    # ``python -m streamgrp.consumers.grpo_trainer FLAGS`` (what torchrun's ``-m`` runs) is ``streamgrp trainer FLAGS``.
     from streamgrp.cli.main import main
 
     sys.exit(main(["trainer", *sys.argv[1:]]))

@@ -1,4 +1,5 @@
-"""A trainer rank for a real language model served by an inference server (``--train-fn consumers.lm_trainer:train``).
+"""A trainer rank for a real language model served by an inference server
+(``--train-fn streamgrp.consumers.lm_trainer:train``).
 
 Loads the policy the servers serve from its GGUF file in torch (transformers de-quantizes GGUF), and
 per step recomputes the log-probability of every completion token the server sampled and reports
@@ -76,10 +77,10 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
     """Consume every step of the run on this rank; returns the number of steps committed."""
     ranks = resolve_config(config)
     if ranks.world_size != 1:
-        raise ValueError(f"consumers.lm_trainer runs one rank, not {ranks.world_size} (--world-size 1, no torchrun); "
-                         "use dp_size 1 for the run")
+        raise ValueError(f"streamgrp.consumers.lm_trainer runs one rank, not {ranks.world_size} "
+                         "(--world-size 1, no torchrun); use dp_size 1 for the run")
     if config.model_gguf is None:
-        raise ValueError("consumers.lm_trainer needs --model-gguf: the GGUF file the inference server serves")
+        raise ValueError("streamgrp.consumers.lm_trainer needs --model-gguf: the GGUF file the inference server serves")
     torch.manual_seed(0)
     model = load_policy(config.model_gguf)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lm_lr) if config.lm_lr > 0 else None

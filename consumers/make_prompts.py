@@ -1,10 +1,10 @@
-"""Write the toy task's prompts as JSONL: ``python -m consumers.make_prompts [COUNT] > prompts.jsonl``."""
+"""Write the toy task's prompts as JSONL: ``python -m streamgrp.consumers.make_prompts [COUNT] > prompts.jsonl``."""
 
 import sys
 
 import orjson
 
-from consumers.toy_task import prompts
+from streamgrp.consumers.toy_task import prompts
 
 if __name__ == "__main__":
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000

@@ -235,7 +235,7 @@ class BatcherConfig(_RoleSettings):
 
 
 class TrainerConfig(_RoleSettings):
-    """A reference trainer rank (`consumers.grpo_trainer`).
+    """A reference trainer rank (`streamgrp.consumers.grpo_trainer`).
 
     ``rank``, ``world_size``, ``local_rank`` and ``dist_url`` left unset come from torchrun's variables
     (`streamgrp.train.distributed.resolve`), so ``torchrun --nproc-per-node N`` needs none of them.
@@ -250,8 +250,8 @@ class TrainerConfig(_RoleSettings):
                                  "env:// when torchrun set MASTER_ADDR and MASTER_PORT, else tcp://127.0.0.1:29511)")
     lr: float = Field(0.05, gt=0, description="Adam learning rate")
     fail_at_step: int | None = Field(None, ge=0, description="inject an exception at this step (replay demos, tests)")
-    train_fn: str = Field("consumers.grpo_trainer:train", description="module:function(client, run, config, metrics=) "
-                          "the trainer process runs (consumers.lm_trainer:train: a real language model)")
+    train_fn: str = Field("streamgrp.consumers.grpo_trainer:train", description="module:function(client, run, config, metrics=) "
+                          "the trainer process runs (streamgrp.consumers.lm_trainer:train: a real language model)")
     model_gguf: Path | None = Field(None, description="lm trainer: the GGUF file of the policy the inference servers "
                                     "serve, loaded in torch (transformers) to recompute log-probabilities")
     lm_lr: float = Field(0.0, ge=0, description="lm trainer: learning rate; 0 only recomputes the log-probabilities "
@@ -275,7 +275,7 @@ class DemoConfig(_Settings):
     prometheus: bool = Field(False, description="serve every process's metrics and scrape them with a local "
                              "Prometheus (the prometheus binary on PATH); prints its URL")
     model: Path | None = Field(None, description="run on a real language model instead of the toy task: this GGUF "
-                               "file served by llama-server, trained by consumers.lm_trainer (needs the llm extra)")
+                               "file served by llama-server, trained by streamgrp.consumers.lm_trainer (needs the llm extra)")
     llama_server: str = Field("llama-server", description="with --model: the llama-server binary (ops/llama-server.sh "
                               "builds one)")
     lm_lr: float = Field(0.0, ge=0, description="lm trainer: learning rate; 0 only recomputes the log-probabilities "
@@ -476,6 +476,9 @@ def load_object(spec: str) -> Any:
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
+        if exc.name == "consumers":  # the examples' name before they installed inside the package
+            raise ConfigError(f"cannot import {module_name!r} for {spec!r}: the examples are "
+                              f"'streamgrp.{module_name}' now") from None
         raise ConfigError(f"cannot import {module_name!r} for {spec!r}: {exc}; is it on PYTHONPATH?") from None
     for part in attr.split("."):
         try:

@@ -3,13 +3,16 @@
 A module's *layer* is its first component below the package (``streamgrp.core.codec`` is in
 ``core``; ``streamgrp.config`` is its own layer ``config``). `RULES` says which layers each layer may
 import at module level; `LAZY` which ones it may import only inside a function (so importing the
-module stays light); `BANNED` which outside packages a layer may not import at all. The library
-never imports the example ``consumers`` package, at any depth.
+module stays light); `BANNED` which outside packages a layer may not import at all. The examples
+(``consumers/``, installed as ``streamgrp.consumers`` through the link ``streamgrp/consumers``) are a
+layer of their own that may import the whole library; the library never imports them, at any depth,
+and nothing imports them as a top-level ``consumers`` package, which a wheel does not install.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,9 @@ RULES: dict[str, set[str]] = {
     "cli": {"core", "store", "services", "train", "replay", "cli", "errors", "config", "_version"},
     "__init__": {"core", "errors", "_version"},
     "__main__": {"cli"},
+    # The examples use the library as any user does.
+    "consumers": {"core", "store", "services", "train", "replay", "cli", "errors", "config", "_version", "__init__",
+                  "consumers"},
 }
 #: Imports allowed only inside a function: replay rebuilds a step's tensors only when asked.
 LAZY: dict[str, set[str]] = {"replay": {"train"}, "__init__": {"train", "store"}}
@@ -105,11 +111,18 @@ def _in_top_block(tree: ast.Module, target: ast.AST) -> bool:
     return False
 
 
+def _sources(root: Path, package: str) -> list[Path]:
+    """The package's ``.py`` files, through links too: ``streamgrp/consumers`` is one (``rglob`` does not follow it)."""
+    return sorted(Path(folder, name) for folder, _, names in os.walk(root / package, followlinks=True)
+                  for name in names if name.endswith(".py"))
+
+
 def check_tree(root: Path, package: str = "streamgrp", examples: str = "consumers") -> list[Violation]:
     """Every import in ``root/package`` that breaks a rule above."""
     violations = []
-    modules = {_module_name(p, root) for p in (root / package).rglob("*.py")}
-    for path in sorted((root / package).rglob("*.py")):
+    sources = _sources(root, package)
+    modules = {_module_name(p, root) for p in sources}
+    for path in sources:
         module = _module_name(path, root)
         layer = layer_of(module, package)
         allowed, lazy = RULES.get(layer), LAZY.get(layer, set())
@@ -123,9 +136,14 @@ def check_tree(root: Path, package: str = "streamgrp", examples: str = "consumer
                 continue
             seen.add((imported, line))
             head = imported.split(".")[0]
-            if head == examples:
-                violations.append(Violation(module, line, imported, f"the library never imports {examples} "
+            in_examples = head == examples or imported.startswith(f"{package}.{examples}.") \
+                or imported == f"{package}.{examples}"
+            if in_examples and layer != examples:
+                violations.append(Violation(module, line, imported, f"the library never imports {package}.{examples} "
                                             "(name an example by a 'module:function' string)"))
+            elif head == examples:
+                violations.append(Violation(module, line, imported, f"a wheel installs no top-level {examples} "
+                                            f"package; import {package}.{examples}"))
             elif head == package:
                 if imported not in modules:
                     continue  # a name, not a module: "from streamgrp.core.codec import encode"

@@ -45,7 +45,7 @@ from streamgrp.store.runs import connect, join_run
 log = logging.getLogger(__name__)
 
 #: The demo's prompts and rollout function; an example, so named by string, never imported here.
-TOY_TASK = "consumers.toy_task"
+TOY_TASK = "streamgrp.consumers.toy_task"
 OPTIONAL_ROLES = ("worker",)
 
 

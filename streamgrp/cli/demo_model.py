@@ -3,7 +3,7 @@
 Owns orchestration only, like `streamgrp.cli.demo` (whose process handling it reuses): start the
 server, a ``llama-server`` on the GGUF file (alias ``policy@v0``), write a dataset of arithmetic
 questions in the model's chat format, start the batcher, the assembler, the workers (``--rollout
-llamacpp``) and one trainer rank (``consumers.lm_trainer``: the same weights in torch), show progress,
+llamacpp``) and one trainer rank (``streamgrp.consumers.lm_trainer``: the same weights in torch), show progress,
 stop everything, and print the run's summary with the per-step mismatch between the log-probabilities
 llama-server returned and the ones torch recomputes. With ``--lm-lr`` above 0 the trainer also takes
 GRPO steps (llama-server keeps serving the GGUF: the mismatch then also measures how far training moved).
@@ -114,7 +114,7 @@ def _children(url: str, run_name: str, demo: DemoConfig, dataset: Path, llama_ur
                                                 "--concurrency", str(max(1, 4 // demo.workers)),
                                                 "--max-tokens", str(MAX_TOKENS),
                                                 "--claim-idle-s", "60"], log_dir / f"worker-{index}.log"))
-    children.append(Child("trainer", 0, [*common, "--train-fn", "consumers.lm_trainer:train", "--model-gguf",
+    children.append(Child("trainer", 0, [*common, "--train-fn", "streamgrp.consumers.lm_trainer:train", "--model-gguf",
                                          str(model), "--lm-lr", str(demo.lm_lr)], log_dir / "trainer-0.log"))
     return children
 

@@ -2,7 +2,8 @@
 
 Owns opening the run to read (``--run``, the latest run, or an archive's through ``--archive``),
 printing what `streamgrp.replay` returns, and the exit codes (1 when ``verify`` or ``replay`` finds
-a difference). torch is imported only by ``replay``, which rebuilds batches; pyarrow only by ``export``.
+a difference). torch is imported only by ``replay``, which rebuilds batches (the ``trainer`` extra);
+pyarrow only by ``export`` (the ``export`` extra); matplotlib only by ``report --format png``.
 ``runs --sizes`` is `streamgrp.cli.housekeeping`'s, beside ``delete``.
 """
 
@@ -87,6 +88,9 @@ def cmd_steps(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from streamgrp.cli.extras import require
+
+    require("replay (it rebuilds the step's tensors)", "trainer")  # before save_batch below imports torch
     from streamgrp.errors import DigestMismatch
     from streamgrp.replay import (
         format_batch,

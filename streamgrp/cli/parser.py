@@ -109,7 +109,7 @@ def build_parser() -> Parser:
         ("assembler", "run the group assembler (one active, others stand by)", AssemblerConfig, roles.cmd_assembler),
         ("batcher", "run the batcher and task feeder (one active, others stand by)", BatcherConfig,
          roles.cmd_batcher),
-        ("trainer", "run a reference GRPO trainer rank (consumers.grpo_trainer)", TrainerConfig, roles.cmd_trainer),
+        ("trainer", "run a reference GRPO trainer rank (streamgrp.consumers.grpo_trainer)", TrainerConfig, roles.cmd_trainer),
         ("demo", "run a whole asynchronous RL loop on the embedded server and summarize it", DemoConfig,
          roles.cmd_demo),
     ):

@@ -1,7 +1,8 @@
 """A local Prometheus for a run: its configuration, its targets file, and the child process.
 
 Owns: finding the ``prometheus`` binary on PATH, writing a scrape configuration (1 s scrapes,
-file-based service discovery, the alert rules of ``ops/alerts.yml`` when this is a source checkout)
+file-based service discovery, the alert rules of ``ops/alerts.yml``, which the package ships as
+``streamgrp/cli/alerts.yml``, a link to it in a checkout and a copy in a wheel)
 and the targets file that lists each role's ``host:port`` with the labels ``role`` and ``index``,
 running Prometheus as a child that dies with its owner, waiting for ``/-/ready``, and stopping it.
 
@@ -65,8 +66,8 @@ def prometheus_binary() -> str:
 
 
 def default_rules_file() -> Path | None:
-    """``ops/alerts.yml`` beside the package in a source checkout; None in an installed wheel."""
-    candidate = Path(__file__).resolve().parents[2] / "ops" / "alerts.yml"
+    """The alert rules the package ships (``ops/alerts.yml``); None only when a checkout lost the link to it."""
+    candidate = Path(__file__).with_name("alerts.yml")
     return candidate if candidate.is_file() else None
 
 

@@ -42,7 +42,7 @@ __all__ = ["REFERENCE_TRAINER", "cmd_archiver", "cmd_assembler", "cmd_batcher", 
            "cmd_trainer", "cmd_weight_sync", "cmd_worker"]
 
 #: The reference GRPO trainer `streamgrp trainer` runs; an example, so named by string, never imported here.
-REFERENCE_TRAINER = "consumers.grpo_trainer:train"
+REFERENCE_TRAINER = "streamgrp.consumers.grpo_trainer:train"
 
 log = logging.getLogger("streamgrp")  # the CLI's messages log as "streamgrp", whichever module sends them
 
@@ -167,8 +167,10 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 
 @_stoppable
 def cmd_trainer(args: argparse.Namespace) -> int:
+    from streamgrp.cli.extras import require
     from streamgrp.train.distributed import resolve_config
 
+    require("a trainer rank", "trainer")  # every trainer reads batches through streamgrp.train, which is torch
     config = settings(args, TrainerConfig)
     train = load_callable(config.train_fn)
     ranks = resolve_config(config)  # flags, else torchrun's RANK/WORLD_SIZE/..., else one process
@@ -248,7 +250,9 @@ def cmd_archiver(args: argparse.Namespace) -> int:
 @_stoppable
 def cmd_demo(args: argparse.Namespace) -> int:
     from streamgrp.cli.demo import run_demo
+    from streamgrp.cli.extras import require
 
+    require("the demo (its trainer ranks, and its toy task's workers)", "trainer")
     toml = read_toml(args.config)
     connection = load(ConnectionConfig, toml=toml, overrides=vars(args))
     demo = load(DemoConfig, toml=toml, overrides=vars(args))
@@ -256,6 +260,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if demo.model is not None:  # a real model: its own defaults and processes (streamgrp.cli.demo_model)
         from streamgrp.cli.demo_model import run_model_demo as run_demo
 
+        require("demo --model (its trainer loads the GGUF with transformers)", "llm")
         defaults = MODEL_RUN_DEFAULTS
         if not _set_by_user("steps", DemoConfig, "demo", args, toml):
             demo = demo.model_copy(update={"steps": 8})

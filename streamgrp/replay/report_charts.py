@@ -27,8 +27,10 @@ RECORDED_CHARTS = {"reward": "reward", "loss": "loss", "logprob-mismatch": "logp
 
 _KIND_COLORS = {"complete": "#009E73", "partial": "#56B4E9", "dropped": "#D55E00"}
 _TRAINER_HASH = "the run's trainer-metrics hash (RunKeys.trainer_metrics: step number -> JSON object)"
-_WHO_LOSS = "the reference trainers record it: consumers.grpo_trainer every step, consumers.lm_trainer with --lm-lr above 0"
-_WHO_MISMATCH = "the reference trainers, consumers.grpo_trainer and consumers.lm_trainer, record it every step"
+_WHO_LOSS = ("the reference trainers record it: streamgrp.consumers.grpo_trainer every step, "
+             "streamgrp.consumers.lm_trainer with --lm-lr above 0")
+_WHO_MISMATCH = ("the reference trainers, streamgrp.consumers.grpo_trainer and streamgrp.consumers.lm_trainer, "
+                 "record it every step")
 
 _DEFINITIONS = {
     "yields": "Over the groups the assembler decided in each step's window (after the previous manifest, up to this "

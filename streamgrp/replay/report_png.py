@@ -1,8 +1,8 @@
 """The report's charts as one PNG image (`streamgrp report --format png`), with matplotlib if installed.
 
 Owns only the matplotlib drawing of `streamgrp.replay.report_charts.chart_specs`, the same charts
-with the same series and styles as the HTML page (omitted charts are left out). streamgrp does not
-depend on matplotlib: `require_png` says what to install.
+with the same series and styles as the HTML page (omitted charts are left out). matplotlib is the
+``report`` extra, not a dependency: `require_png` says what to install.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def png_available() -> bool:
 
 def require_png() -> None:
     if not png_available():
-        raise ConfigError("--format png needs matplotlib, which streamgrp does not install: "
-                          "`pip install matplotlib`, or use --format html (the default; it needs nothing)")
+        raise ConfigError("--format png needs matplotlib, which is not installed: pip install 'streamgrp[report]', "
+                          "or use --format html (the default; it needs nothing)")
 
 
 def render_png(data: ReportData) -> bytes:

@@ -33,8 +33,8 @@ Per step, of the step itself (not its window):
   rows, as the worker published it); `step_reward`, the same figure as the run summary's
   ``reward_first`` / ``reward_last``. None when none of its members carries a reward.
 - *loss* and *logprob mismatch*: what the trainer recorded for the step in the run's
-  trainer-metrics hash (`TRAINER_METRICS` names the keys; `consumers.grpo_trainer` and
-  `consumers.lm_trainer` write them). None when the trainer recorded no such number for the step.
+  trainer-metrics hash (`TRAINER_METRICS` names the keys; `streamgrp.consumers.grpo_trainer` and
+  `streamgrp.consumers.lm_trainer` write them). None when the trainer recorded no such number for the step.
 
 Deliberately ignored: slot-level timing (when workers published), trainer-side timing, and anything
 the counters know but the streams do not (slot outcomes per step).

@@ -4,7 +4,7 @@ Owns where a trainer rank's identity comes from. Each of rank, world size, local
 is taken, in this order, from an explicit setting (a flag, a ``STREAMGRP_`` variable or the TOML
 file), from the variables torchrun (``torch.distributed.elastic``) exports to every process it
 starts (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` for ``env://``),
-or from the one-process defaults. So ``torchrun --nproc-per-node 2 -m consumers.grpo_trainer ...``
+or from the one-process defaults. So ``torchrun --nproc-per-node 2 -m streamgrp.consumers.grpo_trainer ...``
 needs no rank flags, and a flag still overrides what torchrun says (with a warning, since under
 torchrun every process gets the same flags).
 

@@ -49,7 +49,7 @@ def credential_free_toy(request):
     import os
     from urllib.parse import urlsplit
 
-    from consumers.toy_task import rollout
+    from streamgrp.consumers.toy_task import rollout
 
     seen = [name for name in ("STREAMGRP_PASSWORD", "STREAMGRP_PASSWORD_FILE", "STREAMGRP_TLS_KEY_FILE")
             if name in os.environ]

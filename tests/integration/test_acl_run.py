@@ -104,7 +104,7 @@ def secured(server_kind, kind_binary, tmp_path, run_name):
 
 
 def _dataset(path: Path) -> Path:
-    from consumers.toy_task import prompts
+    from streamgrp.consumers.toy_task import prompts
 
     with path.open("wb") as handle:
         for prompt, _ in zip(prompts(seed=0, reject_rate=0.2, fail_rate=0.1), range(STEPS * 4 * 4 + 64)):
@@ -143,6 +143,10 @@ def test_a_whole_run_with_each_role_under_its_own_user(secured, tmp_path):
         wait_until(lambda: all(roles[r].proc.poll() is not None for r in ("trainer0", "trainer1", "batcher"))
                    or any(p.proc.poll() not in (None, 0) for p in roles.values()), timeout=240, interval=0.5,
                    message="the run to finish")
+        # A role that failed by itself is the cause; the others are only stopped (or killed) after it.
+        failed = {label: role.proc.returncode for label, role in roles.items() if role.proc.poll() not in (None, 0)}
+        assert not failed, "\n".join(f"{label} exited {code}:\n{roles[label].output()[-3000:]}"
+                                      for label, code in failed.items())
         for label in ("worker", "assembler", "archiver"):
             roles[label].stop()
     finally:

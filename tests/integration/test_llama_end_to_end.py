@@ -1,6 +1,6 @@
 """A real language model end to end: `streamgrp demo --model` starts llama-server on SmolLM2-135M
 (GGUF), and real tokens and log-probabilities flow through its worker (``--rollout llamacpp``), the
-assembler, the batcher and a trainer rank (`consumers.lm_trainer`: the same weights in torch, taking
+assembler, the batcher and a trainer rank (`streamgrp.consumers.lm_trainer`: the same weights in torch, taking
 GRPO steps), each its own process. Marker ``llama``; run with
 ``eval "$(ops/llama-server.sh)" && python -m pytest -q -m llama`` (CI does).
 

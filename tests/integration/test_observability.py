@@ -258,7 +258,7 @@ def test_every_role_serves_metrics_that_promtool_accepts(client, redis_url, run_
     dataset = tmp_path / "prompts.jsonl"
     prompt = {"reject_rate": 0.5, "fail_rate": 0.2}
     dataset.write_text("".join(json.dumps({"p": i % 8, **prompt}) + "\n" for i in range(5000)))
-    extra = {"worker": ["--rollout", "consumers.toy_task:rollout", "--concurrency", "2"],
+    extra = {"worker": ["--rollout", "streamgrp.consumers.toy_task:rollout", "--concurrency", "2"],
              "assembler": ["--tick-interval-s", "0.2"], "batcher": ["--dataset", str(dataset), "--round-s", "0.5"],
              "trainer": []}
     ports = {role: free_port("127.0.0.1") for role in ROLES}
@@ -358,7 +358,7 @@ def test_a_run_that_rejects_everything_shows_the_stall_and_fires_the_stall_alert
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"p": i % 8, "reject_rate": 1.0}) + "\n" for i in range(20000)))
     common = ["--redis-url", redis_url, "--run", run_name]
-    specs = {"worker": ["--rollout", "consumers.toy_task:rollout", "--concurrency", "2"],
+    specs = {"worker": ["--rollout", "streamgrp.consumers.toy_task:rollout", "--concurrency", "2"],
              "assembler": ["--tick-interval-s", "0.2"], "batcher": ["--dataset", str(dataset), "--round-s", "0.5"]}
     ports = {role: free_port("127.0.0.1") for role in specs}
     config = prom.prepare(tmp_path / "prometheus", [prom.Target(role, 0, port) for role, port in ports.items()],

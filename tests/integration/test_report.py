@@ -223,7 +223,7 @@ def test_the_command_names_what_to_fix(redis_url, run_name, tmp_path):
     if not png_available():
         png = streamgrp("report", "--redis-url", redis_url, "--run", run_name, "--format", "png", cwd=tmp_path)
         assert png.returncode == 2
-        assert "pip install matplotlib" in png.stderr and "--format html" in png.stderr
+        assert "pip install 'streamgrp[report]'" in png.stderr and "--format html" in png.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -206,7 +206,7 @@ def test_every_role_started_by_a_script_stops_on_the_signal_and_exits_0(client, 
     common = ["--redis-url", redis_url, "--run", run_name]
     args = {
         "server": ["--data-dir", str(tmp_path / "server"), "--port", str(free_port("127.0.0.1"))],
-        "worker": [*common, "--rollout", "consumers.toy_task:rollout"],
+        "worker": [*common, "--rollout", "streamgrp.consumers.toy_task:rollout"],
         "assembler": common,
         "batcher": common,
         "trainer": common,

@@ -1,4 +1,4 @@
-"""Two trainer ranks started by ``torchrun --nproc-per-node 2 -m consumers.grpo_trainer``, on gloo.
+"""Two trainer ranks started by ``torchrun --nproc-per-node 2 -m streamgrp.consumers.grpo_trainer``, on gloo.
 
 The ranks take rank, world size and rendezvous from torchrun's variables alone (no rank flags).
 Each step gives one rank two groups and the other one (batch size 3 over 2 ranks, with partial groups),
@@ -60,14 +60,14 @@ def test_torchrun_two_ranks_consume_every_step_in_order_with_equal_collectives(c
         RoleProcess("batcher", [*common, "--dataset", str(dataset), "--max-steps", str(STEPS),
                                 "--round-s", "0.1"], tmp_path, env=CHILD_ENV),
         RoleProcess("assembler", [*common, "--tick-interval-s", "0.1"], tmp_path, env=CHILD_ENV),
-        RoleProcess("worker", [*common, "--rollout", "consumers.toy_task:rollout", "--concurrency", "8"], tmp_path,
+        RoleProcess("worker", [*common, "--rollout", "streamgrp.consumers.toy_task:rollout", "--concurrency", "8"], tmp_path,
                     env=CHILD_ENV),
     ]
     log_dir = tmp_path / "torchrun"
     # No rank, world size or rendezvous flag: each process learns them from torchrun's environment.
     # "--" ends torchrun's own flags: its parser would take --run for an abbreviation of its --run-path.
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "--redirects", "3", "--log-dir", str(log_dir), "-m", "consumers.grpo_trainer", "--", *common]
+                "--redirects", "3", "--log-dir", str(log_dir), "-m", "streamgrp.consumers.grpo_trainer", "--", *common]
     env = {**os.environ, **CHILD_ENV, "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "STREAMGRP_RANK",
                  "STREAMGRP_WORLD_SIZE", "STREAMGRP_DIST_URL"):

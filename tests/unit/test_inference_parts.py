@@ -58,7 +58,7 @@ def test_version_directories_are_safetensors_written_whole(tmp_path):
 
 
 def test_the_lm_trainers_mismatch_counts_only_completion_tokens():
-    from consumers.lm_trainer import mismatch
+    from streamgrp.consumers.lm_trainer import mismatch
 
     server = torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, 0.0]])
     trainer = torch.tensor([[9.0, -1.5, -2.0], [9.0, -0.5, 9.0]])

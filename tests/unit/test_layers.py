@@ -41,7 +41,15 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
       "streamgrp/train/loader.py": ""}, "replay may import train only inside a function"),
     ({"streamgrp/replay/steps.py": "try:\n    import torch\nexcept ImportError:\n    pass\n"},
      "replay must not import torch"),
-    ({"streamgrp/cli/demo.py": "from consumers.toy_task import prompts\n"}, "the library never imports consumers"),
+    ({"streamgrp/cli/demo.py": "from consumers.toy_task import prompts\n"},
+     "the library never imports streamgrp.consumers"),
+    ({"streamgrp/cli/demo.py": "from streamgrp.consumers import toy_task\n", "streamgrp/consumers/__init__.py": "",
+      "streamgrp/consumers/toy_task.py": ""}, "the library never imports streamgrp.consumers"),
+    ({"streamgrp/cli/demo.py": "def f():\n    import streamgrp.consumers.toy_task\n",
+      "streamgrp/consumers/__init__.py": "", "streamgrp/consumers/toy_task.py": ""},
+     "the library never imports streamgrp.consumers"),
+    ({"streamgrp/consumers/grpo_trainer.py": "from consumers import toy_task\n", "streamgrp/consumers/__init__.py": ""},
+     "a wheel installs no top-level consumers package"),
     ({"streamgrp/store/keys.py": "from .. import cli\n"}, "store may import cli never"),
     ({"streamgrp/plugins/x.py": ""}, "layer 'plugins' has no import rule"),
 ])
@@ -56,10 +64,26 @@ def test_allowed_imports_are_not_reported(tmp_path):
         "streamgrp/store/keys.py": "import redis\nfrom streamgrp.core import codec\n",
         "streamgrp/replay/steps.py": "def rebuild():\n    from streamgrp.train.loader import build_batch\n",
         "streamgrp/train/loader.py": "import torch\n",
-        "streamgrp/cli/main.py": "from streamgrp.services import batcher\nLOAD = 'consumers.toy_task:rollout'\n",
+        "streamgrp/cli/main.py": "from streamgrp.services import batcher\n"
+                                 "LOAD = 'streamgrp.consumers.toy_task:rollout'\n",
         "streamgrp/services/batcher.py": "",
+        "streamgrp/consumers/__init__.py": "",
+        "streamgrp/consumers/toy_task.py": "import torch\n",
+        "streamgrp/consumers/grpo_trainer.py": "import torch\nfrom streamgrp.consumers import toy_task\n"
+                                               "from streamgrp.train.loader import build_batch\n"
+                                               "from streamgrp.cli.main import main\n",
     })
     assert check_tree(tree) == []
+
+
+def test_the_examples_are_checked_through_their_link(tmp_path):
+    """``streamgrp/consumers`` is a link to the top-level ``consumers/`` folder; its modules are checked."""
+    assert (ROOT / "streamgrp" / "consumers").resolve() == ROOT / "consumers"
+    tree = _tree(tmp_path, {"consumers/__init__.py": "", "consumers/trainer.py": "from consumers import x\n"})
+    (tree / "streamgrp" / "consumers").symlink_to("../consumers", target_is_directory=True)
+    violations = check_tree(tree)
+    assert [(v.module, v.imported) for v in violations] == [("streamgrp.consumers.trainer", "consumers.x"),
+                                                           ("streamgrp.consumers.trainer", "consumers")]
 
 
 def test_light_entry_points_load_nothing_heavy_at_run_time():
