@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,24 @@ def test_demo_runs_every_role_and_its_summary_adds_up(redis_url, tmp_path):
     assert "step 6/6" in err
     assert summary["slots"]["rejected"] + summary["slots"]["failed"] > 0  # injected failures happened
     assert summary["groups"]["partial"] > 0
+    # The README's sample output is what the demo prints, figures aside.
+    printed = [_shape(line) for line in out.splitlines()[:-1]]
+    assert printed == _readme_sample(), "update the sample output at the top of README.md"
+
+
+def _shape(line: str) -> str:
+    """A summary line with its figures and the run's name replaced, and padding collapsed."""
+    line = re.sub(r"demo-\d{8}-\d{6}", "RUN", line)
+    line = re.sub(r"\d+(\.\d+)?", "N", line)
+    line = line.split(" --run RUN", 1)[0]  # where the data is (--redis-url, --data-dir) depends on the run
+    line = " ".join(line.split())
+    return "drop reasons ..." if line.startswith("drop reasons") else line  # which reasons occurred varies
+
+
+def _readme_sample() -> list[str]:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("at the end it prints:\n\n```\n", 1)[1].split("```", 1)[0]
+    return [_shape(line) for line in block.splitlines()]
 
 
 @pytest.mark.one_server_kind
