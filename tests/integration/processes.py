@@ -56,10 +56,12 @@ class RoleProcess:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob(f"{self.role}-*.log")))
 
 
-def wait_until(condition, *, timeout: float, interval: float = 0.05, message: str = "condition") -> None:
+def wait_until(condition, *, timeout: float, interval: float = 0.05, message: str = "condition"):
+    """The condition's first true value, polled every ``interval`` seconds; AssertionError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if condition():
-            return
+        value = condition()
+        if value:
+            return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")

@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from processes import wait_until
 
 from streamgrp.cli import prom
 from streamgrp.cli.children import free_port
@@ -74,16 +75,6 @@ def query(base: str, expr: str, at: float | None = None) -> list:
 def query_range(base: str, expr: str, start: float, end: float, step: float = 1.0) -> list:
     return api(base, "/api/v1/query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}",
                step=f"{step:g}")["result"]
-
-
-def wait_for(condition, *, timeout: float, interval: float = 0.25, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def fetch(url: str) -> bytes | None:
@@ -266,8 +257,8 @@ def test_every_role_serves_metrics_that_promtool_accepts(client, redis_url, run_
     try:
         for role in roles:
             url = f"http://127.0.0.1:{ports[role.role]}/metrics"
-            served = wait_for(lambda r=role, u=url: fetch(u) or r.proc.poll() is not None, timeout=90,
-                              what=f"{role.role} {url}")
+            served = wait_until(lambda r=role, u=url: fetch(u) or r.proc.poll() is not None, timeout=90,
+                                message=f"{role.role} {url}", interval=0.25)
             assert isinstance(served, bytes), f"{role.role} exited:\n{role.output()}"
         time.sleep(2.0)  # let work flow, so labelled series and histogram samples appear
         for role in roles:
@@ -311,17 +302,17 @@ def test_demo_with_prometheus_gives_every_dashboard_query_data(client, redis_url
                                  "--prometheus", "--timeout-s", "240"], stdout=stdout, stderr=stderr)
     try:
         targets_file = targets_dir / "targets.json"
-        wait_for(targets_file.exists, timeout=60, what="the demo's targets file")
+        wait_until(targets_file.exists, timeout=60, message="the demo's targets file", interval=0.25)
         listed = json.loads(targets_file.read_text())
         assert sorted(e["labels"]["role"] for e in listed) == ["assembler", "batcher", "trainer", "trainer",
                                                                "worker", "worker"]
         # An entry that does not decode: the assembler dead-letters it, so the dead-letter panels have data.
         client.xadd(RunKeys(run_name).slots, {"garbage": "1"})
         # The demo's own Prometheus is up and scrapes every process.
-        url = wait_for(lambda: re.search(r"Prometheus at (http://\S+)", err.read_text()), timeout=60,
-                       what="the demo to print its Prometheus URL").group(1)
-        wait_for(lambda: demo.poll() is not None or len(api(url, "/api/v1/targets")["activeTargets"]) == len(listed),
-                 timeout=30, what="the demo's Prometheus to discover every process")
+        url = wait_until(lambda: re.search(r"Prometheus at (http://\S+)", err.read_text()), timeout=60,
+                         message="the demo to print its Prometheus URL", interval=0.25).group(1)
+        wait_until(lambda: demo.poll() is not None or len(api(url, "/api/v1/targets")["activeTargets"]) == len(listed),
+                   timeout=30, message="the demo's Prometheus to discover every process", interval=0.25)
         assert demo.poll() is None, "the demo ended before its Prometheus could be checked"
         assert demo.wait(timeout=240) == 0, err.read_text()
     finally:
@@ -373,8 +364,8 @@ def test_a_run_that_rejects_everything_shows_the_stall_and_fires_the_stall_alert
             roles[role] = Role(role, [*common, *specs[role], "--metrics-port", str(ports[role])], tmp_path)
             if role != "batcher":
                 url = f"http://127.0.0.1:{ports[role]}/metrics"
-                wait_for(lambda r=role, u=url: fetch(u) or roles[r].proc.poll() is not None, timeout=90,
-                         what=f"the {role} to serve metrics")
+                wait_until(lambda r=role, u=url: fetch(u) or roles[r].proc.poll() is not None, timeout=90,
+                           message=f"the {role} to serve metrics", interval=0.25)
                 assert roles[role].proc.poll() is None, roles[role].output()
         batcher = roles["batcher"]
         assert batcher.proc.wait(timeout=120) == 1, batcher.output()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from processes import wait_until
 
 from streamgrp.cli.children import free_port
 from streamgrp.config import RunConfig
@@ -101,16 +102,6 @@ def _assert_background_jobs_ignore_sigint() -> None:
     assert shown.stdout.strip() == "True", shown
 
 
-def _wait(condition, *, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
 class Backgrounded:
     """``bash -c 'python -m streamgrp ARGS & echo $!; wait $!'`` in a session of its own: the shell runs
     streamgrp as a background job (SIGINT ignored), prints its pid, and exits with its exit code."""
@@ -157,9 +148,9 @@ def test_the_demo_started_by_a_script_stops_everything_and_exits_128_plus_the_si
                          "--ranks", "2", "--timeout-s", "300", *prometheus], tmp_path / "demo.log")
     try:
         # every role in its loop: both ranks have trained a step
-        _wait(lambda: all("step 0:" in p.read_text(errors="replace") for p in tmp_path.glob("logs/*/trainer-*.log"))
-              and len(list(tmp_path.glob("logs/*/trainer-*.log"))) == 2 or demo.shell.poll() is not None,
-              timeout=180, what="both trainer ranks to train a step")
+        wait_until(lambda: all("step 0:" in p.read_text(errors="replace") for p in tmp_path.glob("logs/*/trainer-*.log"))
+                   and len(list(tmp_path.glob("logs/*/trainer-*.log"))) == 2 or demo.shell.poll() is not None,
+                   timeout=180, message="both trainer ranks to train a step", interval=0.2)
         assert demo.shell.poll() is None, demo.output()
         started = _descendants(demo.pid)
         commands = " ".join(p.command for p in started)
@@ -216,8 +207,8 @@ def test_every_role_started_by_a_script_stops_on_the_signal_and_exits_0(client, 
              for role in ROLES}
     try:
         for role, process in roles.items():
-            _wait(lambda p=process, r=role: ROLES[r][0] in p.output() or p.shell.poll() is not None, timeout=120,
-                  what=f"the {role} to start")
+            wait_until(lambda p=process, r=role: ROLES[r][0] in p.output() or p.shell.poll() is not None, timeout=120,
+                       message=f"the {role} to start", interval=0.2)
             assert process.shell.poll() is None, f"{role} exited:\n{process.output()}"
         time.sleep(0.5)  # in the loop, past the line that said so
         for process in roles.values():
