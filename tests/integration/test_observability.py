@@ -218,7 +218,7 @@ def test_every_dashboard_query_and_alert_keeps_runs_apart():
     assert [(expr, metric) for expr, metric, labels in selectors if 'run=~".+"' not in labels] == []
     dashboard = json.loads(DASHBOARD.read_text())
     [run] = [v for v in dashboard["templating"]["list"] if v["name"] == "run"]
-    assert "streamgrp_run_info" in run["definition"] and run["multi"] is False
+    assert "streamgrp_run_info" in run["query"]["query"] and run["multi"] is False
     lines = (OPS / "alerts.yml").read_text().splitlines()
     rules = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
     clauses = re.findall(r"\b(?:by|on) \(([^)]*)\)", rules)
