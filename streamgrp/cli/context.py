@@ -35,10 +35,11 @@ def connected(args: argparse.Namespace, *, role: bool = False):
 
     connection = settings(args, ConnectionConfig)
     password = connection.secret()
-    with ensure_server(connection.redis_url, connection.data_dir, password=password) as handle:
+    with ensure_server(connection.redis_url, connection.data_dir, password=password,
+                       cluster=connection.cluster) as handle:
         client = connect(handle.url, outage_budget_s=connection.outage_budget_s, stop=stop_event() if role else None,
                          wait_replicas=connection.wait_replicas, wait_timeout_ms=connection.wait_timeout_ms,
-                         password=password, tls=connection.tls())
+                         password=password, tls=connection.tls(), cluster=connection.cluster)
         try:
             yield client, connection, handle
         finally:

@@ -86,8 +86,9 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
     run_name = connection.run or time.strftime("demo-%Y%m%d-%H%M%S")
     settings = run_settings.model_copy(update={"dp_size": demo.ranks, "reward_norm": run_settings.reward_norm})
     password, tls = connection.secret(), connection.tls()
-    with ensure_server(connection.redis_url, connection.data_dir, password=password) as server:
-        client = connect(server.url, password=password, tls=tls)
+    with ensure_server(connection.redis_url, connection.data_dir, password=password,
+                       cluster=connection.cluster) as server:
+        client = connect(server.url, password=password, tls=tls, cluster=connection.cluster)
         run = join_run(client, run_name, RunConfig(**settings.model_dump()))
         log_dir = Path(connection.data_dir) / "logs" / run_name
         private_dir(log_dir)
@@ -149,8 +150,11 @@ def _write_dataset(path: Path, run: RunConfig, demo: DemoConfig) -> Path:
 
 
 def _child_env(url: str, connection: ConnectionConfig) -> dict[str, str]:
-    """How the roles reach the server: its URL and the connection's secrets and TLS files, by environment."""
+    """How the roles reach the server: its URL, whether it is a cluster, and the connection's secrets and
+    TLS files, by environment."""
     env = {"STREAMGRP_REDIS_URL": url}
+    if connection.cluster:
+        env[env_name("cluster")] = "1"
     if connection.password is not None:
         env["STREAMGRP_PASSWORD"] = connection.password.get_secret_value()
     for name in ("password_file", "tls_cert_file", "tls_key_file", "tls_ca_cert_file"):

@@ -41,15 +41,16 @@ def run_model_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: 
     started = time.monotonic()
     run_name = connection.run or time.strftime("model-%Y%m%d-%H%M%S")
     settings = run_settings.model_copy(update={"dp_size": 1})
-    with ensure_server(connection.redis_url, connection.data_dir) as server:
-        client = connect(server.url)
+    with ensure_server(connection.redis_url, connection.data_dir, cluster=connection.cluster) as server:
+        client = connect(server.url, cluster=connection.cluster)
         run = join_run(client, run_name, RunConfig(**settings.model_dump()))
         log_dir = Path(connection.data_dir) / "logs" / run_name
         log_dir.mkdir(parents=True, exist_ok=True)
         llama_url, llama = _start_llama(demo, model, log_dir / "llama-server.log")
         try:
             dataset = _write_dataset(log_dir / "prompts.jsonl", demo.steps * run.config.batch_size * 2 + 16)
-            children = _children(server.url, run_name, demo, dataset, llama_url, model, log_dir)
+            children = _children(server.url, run_name, demo, dataset, llama_url, model, log_dir,
+                                 cluster=connection.cluster)
             print(f"streamgrp demo: run {run_name} on {model.name} via llama-server at {llama_url} "
                   f"({len(children) + 1} processes; logs in {log_dir})", file=err, flush=True)
             try:
@@ -102,8 +103,8 @@ def _write_dataset(path: Path, count: int) -> Path:
 
 
 def _children(url: str, run_name: str, demo: DemoConfig, dataset: Path, llama_url: str, model: Path,
-              log_dir: Path) -> list[Child]:
-    common = ["--redis-url", url, "--run", run_name]
+              log_dir: Path, *, cluster: bool = False) -> list[Child]:
+    common = ["--redis-url", url, "--run", run_name, *(["--cluster"] if cluster else [])]
     children = [
         Child("batcher", 0, [*common, "--dataset", str(dataset), "--max-steps", str(demo.steps), "--round-s", "0.5"],
               log_dir / "batcher.log"),

@@ -55,16 +55,23 @@ def ensure_server(
     password: str | None = None,
     appendfsync: str = "everysec",
     timeout: float = 10.0,
+    cluster: bool = False,
 ) -> ServerHandle:
     """A server to talk to: ``redis_url`` if given, else the one running in ``data_dir``, else a new one.
 
     Check-then-start happens under an exclusive flock on ``data_dir/server.lock``, so concurrent
     commands of one run share a single server instead of racing to start two on one AOF.
     ``password`` and ``appendfsync`` apply only when a new server is started (the password is also
-    used to reach a reused one).
+    used to reach a reused one). ``cluster`` needs ``redis_url``: the embedded server is one server,
+    never a cluster.
     """
     if redis_url:
         return ServerHandle(redis_url, owned=False)
+    if cluster:
+        from streamgrp.errors import ConfigError
+
+        raise ConfigError("--cluster needs --redis-url of a cluster node (STREAMGRP_REDIS_URL); the embedded server "
+                          "is a single server, not a cluster")
     directory = private_dir(Path(data_dir).resolve())
     with locked(directory):
         state = live_state(directory, password)

@@ -1,9 +1,11 @@
 """The connection to the server: riding out outages, refusing settings that lose data, replica waits.
 
-Owns how every streamgrp process talks to Redis/Valkey. `connect` returns a `ServerClient`, a
-redis-py client whose commands ride out an *outage* (a refused or reset connection, a paused
-server's read timeout, ``LOADING`` while a restarted server reads its AOF, ``OOM`` from a full
-``noeviction`` server, ``READONLY`` during a failover): the command is sent again with bounded
+Owns how every streamgrp process talks to Redis/Valkey. `connect` returns a `ServerClient` (one
+server) or, with ``cluster=True``, a `ClusterClient` (a Redis Cluster, discovered from the node in
+the URL). Both are redis-py clients (`Riding` holds what they share) whose commands ride out an
+*outage* (a refused or reset connection, a paused server's read timeout, ``LOADING`` while a
+restarted server reads its AOF, ``OOM`` from a full ``noeviction`` server, ``READONLY`` during a
+failover, ``CLUSTERDOWN``/``TRYAGAIN`` or no reachable node of a cluster): the command is sent again with bounded
 exponential backoff and full jitter, one warning is logged when the outage starts and one when
 the server is back, and after ``outage_budget_s`` seconds of one outage the command raises
 `OutageBudgetExceeded`. A stop requested meanwhile (SIGTERM) raises `StopRequested`, so a
@@ -18,6 +20,11 @@ consumer's pending list, so a lost reply leaves entries there that the process n
 raise the outage to the role, which waits for the server and resumes from its pending entries,
 exactly as after a crash (`Outage.wait_for_server`, then each role's rebuild). Counters outside
 scripts (``INCR``, ``HINCRBY``) are never repeated either.
+
+On a cluster every key of one run is in one slot (`streamgrp.store.keys`), so each script and each
+transaction goes to one primary; redis-py follows ``MOVED``/``ASK`` redirections itself, and this
+module retries only what it retries on one server. A cluster client's own retry loop is off, as the
+single client's is: `Outage` is the one policy.
 
 What this module deliberately ignores: what the commands mean. Roles decide what to do after an
 outage; this module only says that one happened (`ServerClient.outages`).
@@ -36,6 +43,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.client import Pipeline
+from redis.cluster import ClusterPipeline, TransactionStrategy
 from redis.retry import Retry
 
 from streamgrp.config import TlsFiles
@@ -65,6 +73,9 @@ OUTAGE_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.ReadOnlyError,
     redis.exceptions.MasterDownError,
     redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,  # CLUSTERDOWN (MasterDownError is one of these)
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.RedisClusterUnreachableError,  # no node of the cluster answers
 )
 #: Commands never sent again by the client: their lost reply must be handled by the role.
 NOT_REPEATED = frozenset({b"XREADGROUP", b"XAUTOCLAIM", b"XCLAIM", b"INCR", b"INCRBY", b"DECR", b"DECRBY",
@@ -162,8 +173,7 @@ class Outage:
         the command that failed may or may not have taken effect.
         """
         self.failed(exc)
-        plain = redis.Redis(connection_pool=client.connection_pool)
-        self.call(plain.ping)
+        self.call(without_retries(client).ping)
 
 
 def _short(exc: BaseException) -> str:
@@ -171,35 +181,31 @@ def _short(exc: BaseException) -> str:
     return text[0][:200] if text else ""
 
 
-class ServerClient(redis.Redis):
-    """A redis-py client that rides out outages (`Outage`) and waits for replicas after writes.
+class Riding:
+    """What the single-server and the cluster client share: commands that ride out outages (`Outage`)
+    and waits for replicas after writes.
 
     Commands other than `NOT_REPEATED` ones are sent again through an outage; pipelines are too,
-    as a whole, when every command in them may be repeated.
+    as a whole, when every command in them may be repeated. A client whose ``riding`` is False (see
+    ``without_retries``) fails at once instead.
     """
 
-    outage: Outage
+    #: None until `connect` sets it: a cluster client sends commands while it is built (COMMAND), and
+    #: `connect` rides out an outage around the whole construction instead.
+    outage: Outage | None = None
     wait_replicas: int = 0
     wait_timeout_ms: int = 1000
+    riding: bool = True
     _waitaof: bool | None = None
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
-        if _command_name(args) in NOT_REPEATED:
+        if not self.riding or self.outage is None or _command_name(args) in NOT_REPEATED:
             return super().execute_command(*args, **options)
         return self.outage.call(super().execute_command, *args, **options)
 
-    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
-        pipe = _RepeatablePipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
-        pipe.outage = self.outage
-        return pipe
-
     @property
     def outages(self) -> int:
-        return self.outage.count
-
-    def without_retries(self) -> redis.Redis:
-        """A plain client on the same connections, for callers that must not wait (metrics scrapes)."""
-        return redis.Redis(connection_pool=self.connection_pool)
+        return self.outage.count if self.outage is not None else 0
 
     def replicate(self) -> None:
         """After a commit: wait until ``wait_replicas`` replicas have it (WAITAOF where the server has it).
@@ -211,15 +217,81 @@ class ServerClient(redis.Redis):
             return
         if self._waitaof is not False:
             try:
-                local, replicas = self.execute_command("WAITAOF", 0, self.wait_replicas, self.wait_timeout_ms)
+                replicas = _fewest(self._replica_wait("WAITAOF", 0, self.wait_replicas, self.wait_timeout_ms))
                 self._waitaof = True
             except redis.ResponseError:
                 self._waitaof = False  # Redis 7.0 has no WAITAOF
         if self._waitaof is False:
-            replicas = self.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-        if int(replicas) < self.wait_replicas:
-            log.warning("only %d of %d replicas confirmed a write within %d ms", int(replicas), self.wait_replicas,
+            replicas = _fewest(self._replica_wait("WAIT", self.wait_replicas, self.wait_timeout_ms))
+        if replicas < self.wait_replicas:
+            log.warning("only %d of %d replicas confirmed a write within %d ms", replicas, self.wait_replicas,
                         self.wait_timeout_ms)
+
+    def _replica_wait(self, *args: Any) -> Any:
+        return self.execute_command(*args)
+
+
+def _fewest(reply: Any) -> int:
+    """Replicas that confirmed, from a WAIT or WAITAOF reply (``[local, replicas]``), or from one such
+    reply per node (a dict or a list of them): the fewest any node reports."""
+    if isinstance(reply, dict):
+        return min((_fewest(value) for value in reply.values()), default=0)
+    if isinstance(reply, (list, tuple)):
+        if reply and isinstance(reply[0], (list, tuple)):
+            return min(_fewest(item) for item in reply)
+        return int(reply[-1]) if reply else 0
+    return int(reply)
+
+
+class ServerClient(Riding, redis.Redis):
+    """A redis-py client of one server that rides out outages and waits for replicas (`Riding`)."""
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
+        pipe = _RepeatablePipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+        pipe.outage = self.outage
+        return pipe
+
+    def without_retries(self) -> redis.Redis:
+        """A plain client on the same connections, for callers that must not wait (metrics scrapes)."""
+        return redis.Redis(connection_pool=self.connection_pool)
+
+
+class ClusterClient(Riding, redis.RedisCluster):
+    """A redis-py cluster client that rides out outages and waits for replicas (`Riding`).
+
+    A run's keys share one hash tag, so its scripts and transactions each go to one primary. The
+    replica wait is sent to every primary: WAIT and WAITAOF count only the writes of the
+    connection they are sent on, so a primary this process did not write to answers at once, and the
+    one it wrote to waits for its replicas.
+    """
+
+    def pipeline(self, transaction: bool | None = None, shard_hint: Any = None) -> ClusterPipeline:
+        pipe = super().pipeline(transaction=transaction, shard_hint=shard_hint)
+        if self.riding:
+            # A ClusterPipeline is built from this client's parts; the subclass adds only `execute`.
+            pipe.__class__ = _RepeatableClusterPipeline
+            pipe.outage = self.outage
+        return pipe
+
+    def without_retries(self) -> redis.RedisCluster:
+        """This client, failing at once in an outage, on the same connections and slot table."""
+        view = object.__new__(_ClusterView)
+        view.__dict__.update(self.__dict__)
+        view.riding = False
+        return view
+
+    def _replica_wait(self, *args: Any) -> Any:
+        return self.execute_command(*args, target_nodes=redis.RedisCluster.PRIMARIES)
+
+
+class _ClusterView(ClusterClient):
+    """`ClusterClient.without_retries`: shares the client's nodes, so closing it closes nothing."""
+
+    def close(self) -> None:
+        pass
+
+    def __del__(self) -> None:
+        pass
 
 
 class _RepeatablePipeline(Pipeline):
@@ -241,6 +313,46 @@ class _RepeatablePipeline(Pipeline):
         return self.outage.call(attempt)
 
 
+class _RepeatableClusterPipeline(ClusterPipeline):
+    """`_RepeatablePipeline` for a cluster: its commands are queued again before each attempt."""
+
+    outage: Outage
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        stack = [(command.args, dict(command.options)) for command in self._execution_strategy.command_queue]
+        if any(_command_name(args) in NOT_REPEATED for args, _options in stack):
+            return super().execute(raise_on_error)
+
+        def attempt() -> list[Any]:
+            self.reset()  # a failed execute resets the pipeline too; queue it again
+            for args, options in stack:
+                self.execute_command(*args, **dict(options))
+            transaction = isinstance(self._execution_strategy, TransactionStrategy)
+            replies = ClusterPipeline.execute(self, raise_on_error)
+            return self._parsed(replies, stack) if transaction else replies
+
+        return self.outage.call(attempt)
+
+    def _parsed(self, replies: list[Any], stack: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
+        """A transaction's replies parsed as a node's client parses them outside one.
+
+        redis-py's cluster transactions skip the per-command reply parsing its other pipelines do
+        (``XINFO GROUPS`` keys stay bytes, ``XPENDING`` stays a list), so the same code would read
+        different shapes on a cluster; the nodes' callbacks (`keep_every_field`'s among them) apply here."""
+        node = next((n.redis_connection for n in self.nodes_manager.nodes_cache.values() if n.redis_connection), None)
+        if node is None:
+            return replies
+        parsed = []
+        for reply, (args, options) in zip(replies, stack):
+            name = str(args[0], "utf-8") if isinstance(args[0], bytes) else str(args[0])
+            callback = node.response_callbacks.get(name)
+            if callback is not None and name not in self.cluster_response_callbacks and not isinstance(reply, Exception):
+                options = {key: value for key, value in options.items() if key != "keys"}
+                reply = callback(reply, **options)
+            parsed.append(reply)
+        return parsed
+
+
 def _command_name(args: tuple[Any, ...]) -> bytes:
     name = args[0] if args else b""
     if isinstance(name, str):
@@ -250,36 +362,79 @@ def _command_name(args: tuple[Any, ...]) -> bytes:
 
 def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop: threading.Event | None = None,
             wait_replicas: int = 0, wait_timeout_ms: int = 1000, check_settings: bool = True,
-            password: str | None = None, tls: TlsFiles | None = None) -> ServerClient:
-    """A `ServerClient` for ``url`` once the server answers (waiting through an outage at start).
+            password: str | None = None, tls: TlsFiles | None = None,
+            cluster: bool = False) -> ServerClient | ClusterClient:
+    """A client for ``url`` once the server answers (waiting through an outage at start).
 
-    Checks that it is Redis/Valkey >= 7.0 and, unless ``check_settings`` is False, that it will not
-    evict keys (`check_server_settings`). ``password`` is used when the URL carries none (so it
-    need not appear in a URL someone may print); ``tls`` (a ``rediss://`` URL) verifies the server
-    against its CA and presents its client certificate.
+    ``cluster`` False: a `ServerClient` of the one server at ``url`` (refused, with the remedy, when
+    that server is a Redis Cluster node). True: a `ClusterClient` of the cluster the node at ``url``
+    belongs to. Checks that the server (on a cluster, every primary) is Redis/Valkey >= 7.0 and,
+    unless ``check_settings`` is False, that it will not evict keys (`check_server_settings`).
+    ``password`` is used when the URL carries none (so it need not appear in a URL someone may
+    print); ``tls`` (a ``rediss://`` URL) verifies the server against its CA and presents its client
+    certificate; on a cluster both apply to every node.
     """
-    client = ServerClient.from_url(url, decode_responses=False, socket_keepalive=True, health_check_interval=30,
-                                   socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S,
-                                   retry=Retry(NoBackoff(), 0), **auth_options(url, password, tls))
+    where = safe_url(url)
+    options = dict(decode_responses=False, socket_keepalive=True, socket_timeout=SOCKET_TIMEOUT_S,
+                   socket_connect_timeout=SOCKET_TIMEOUT_S, retry=Retry(NoBackoff(), 0),
+                   **auth_options(url, password, tls))
+    outage = Outage(budget_s=outage_budget_s, stop=stop, name=f"the {'cluster' if cluster else 'server'} at {where}")
+    if cluster:
+        client: ServerClient | ClusterClient = outage.call(_join_cluster, url, options, where)
+    else:
+        client = ServerClient.from_url(url, health_check_interval=30, **options)
     keep_every_field(client)
-    client.outage = Outage(budget_s=outage_budget_s, stop=stop, name=f"the server at {safe_url(url)}")
+    client.outage = outage
     client.wait_replicas = wait_replicas
     client.wait_timeout_ms = wait_timeout_ms
-    try:
-        info = client.info("server")
-    except redis.AuthenticationError as exc:
-        raise ServerError(f"the server at {safe_url(url)} refused the credentials: {exc}; fix the password "
-                          "(--password-file, STREAMGRP_PASSWORD, or the one in --redis-url) or the user name") from None
-    except redis.exceptions.NoPermissionError as exc:
-        raise ServerError(f"the server at {safe_url(url)} does not let this user run INFO ({exc}); give the user the "
-                          "rules `streamgrp acl RUN` prints for its role") from None
-    version = tuple(int(part) for part in str(info.get("redis_version", "0.0")).split(".")[:2])
-    if version < MIN_SERVER_VERSION:
-        raise ServerError(f"{safe_url(url)} runs Redis {info.get('redis_version')}; streamgrp needs 7.0 or newer")
-    if check_settings:
-        # A named ACL user is a role's: its rules deny CONFIG, so asking would only fill the ACL log.
-        check_server_settings(client, safe_url(url), read_config=not urlsplit(url).username)
+    servers = ([(client.get_redis_connection(node), f"{where} (primary {node.name})") for node in client.get_primaries()]
+               if cluster else [(client, where)])
+    for server, server_where in servers:
+        info = outage.call(_server_info, server, server_where)
+        version = tuple(int(part) for part in str(info.get("redis_version", "0.0")).split(".")[:2])
+        if version < MIN_SERVER_VERSION:
+            raise ServerError(f"{server_where} runs Redis {info.get('redis_version')}; streamgrp needs 7.0 or newer")
+        if not cluster and int(info.get("cluster_enabled", 0) or 0):
+            raise ConfigError(f"the server at {where} is a Redis Cluster node: connect with --cluster "
+                              "(STREAMGRP_CLUSTER=1, or cluster = true in the config file's [connection] table)")
+        if check_settings:
+            # A named ACL user is a role's: its rules deny CONFIG, so asking would only fill the ACL log.
+            outage.call(check_server_settings, server, server_where, read_config=not urlsplit(url).username)
     return client
+
+
+def _join_cluster(url: str, options: dict[str, Any], where: str) -> ClusterClient:
+    """A `ClusterClient` from the node at ``url``; an unreachable cluster is an outage (raised as is)."""
+    try:
+        return ClusterClient.from_url(url, **options)
+    except (redis.exceptions.RedisClusterUnreachableError, redis.ConnectionError, redis.TimeoutError) as exc:
+        if isinstance(exc, redis.AuthenticationError):
+            raise _refused(where, exc) from None
+        raise
+    except redis.exceptions.RedisClusterException as exc:
+        text = str(exc)
+        if any(word in text for word in ("username-password", "WRONGPASS", "NOAUTH", "Authentication")):
+            raise _refused(where, exc) from None
+        if "cluster" in text.lower() and ("not enabled" in text.lower() or "support disabled" in text.lower()):
+            raise ConfigError(f"--cluster is set but the server at {where} is not a Redis Cluster node ({text}); "
+                              "unset --cluster (STREAMGRP_CLUSTER) or give the URL of a cluster node") from None
+        raise ServerError(f"cannot join the cluster at {where}: {text}") from None
+
+
+def _refused(where: str, exc: BaseException) -> ServerError:
+    return ServerError(f"the server at {where} refused the credentials: {exc}; fix the password "
+                       "(--password-file, STREAMGRP_PASSWORD, or the one in --redis-url) or the user name")
+
+
+def _server_info(server: redis.Redis, where: str) -> dict[str, Any]:
+    """INFO server and cluster of one server, with errors that say what to change."""
+    try:
+        return {**server.info("server"), **server.info("cluster")}
+    except redis.AuthenticationError as exc:
+        raise _refused(where, exc) from None
+    except redis.exceptions.NoPermissionError as exc:
+        raise ServerError(f"the server at {where} does not let this user run INFO ({exc}); give the user the "
+                          "rules `streamgrp acl RUN` prints for its role") from None
 
 
 def check_server_settings(client: redis.Redis, where: str, *, read_config: bool = True) -> None:
@@ -334,10 +489,10 @@ def outage_of(client: redis.Redis) -> Outage:
 
 def without_retries(client: redis.Redis) -> redis.Redis:
     """A client on the same connections that fails at once in an outage (shutdown, scrapes)."""
-    return client.without_retries() if isinstance(client, ServerClient) else client
+    return client.without_retries() if isinstance(client, Riding) else client
 
 
 def replicate(client: redis.Redis) -> None:
-    """`ServerClient.replicate` for any client (a plain one never waits)."""
-    if isinstance(client, ServerClient):
+    """`Riding.replicate` for any client (a plain one never waits)."""
+    if isinstance(client, Riding):
         client.replicate()

@@ -57,8 +57,10 @@ def read_entries(client: redis.Redis, stream: str, ids: list[str]) -> list[dict[
         chunk = ids[start:start + READ_CHUNK]
         runs = _adjacent_runs(chunk)
         pipe = client.pipeline(transaction=False)
-        # Every field kept whatever callbacks the caller's client has (a copy: the client's own stay).
-        pipe.response_callbacks = {**pipe.response_callbacks, "XRANGE": _entries}
+        # Every field kept whatever callbacks the caller's client has (a copy: the client's own stay). A
+        # cluster pipeline parses with its nodes' clients, which `keep_every_field` gave these callbacks.
+        if hasattr(pipe, "response_callbacks"):
+            pipe.response_callbacks = {**pipe.response_callbacks, "XRANGE": _entries}
         for first, last in runs:
             pipe.xrange(stream, first, last)
         found = {entry_id: fields for entries in pipe.execute() for entry_id, fields in entries}
@@ -141,7 +143,27 @@ STREAM_CALLBACKS = {"XREAD": _xread, "XREADGROUP": _xread, "XRANGE": _entries, "
 
 
 def keep_every_field(client: redis.Redis) -> redis.Redis:
-    """Make ``client`` parse stream replies with `STREAM_CALLBACKS` (RESP2, the default protocol)."""
+    """Make ``client`` parse stream replies with `STREAM_CALLBACKS` (RESP2, the default protocol).
+
+    A cluster client parses each reply with the client of the node that sent it (its own callbacks
+    run after that, on parsed replies), so there the callbacks go to every node's client, and to
+    those of nodes it discovers later."""
+    if isinstance(client, redis.RedisCluster):
+        _keep_on_nodes(client)
+        return client
     for command, callback in STREAM_CALLBACKS.items():
         client.set_response_callback(command, callback)
     return client
+
+
+def _keep_on_nodes(client: redis.RedisCluster) -> None:
+    manager = client.nodes_manager
+    create = manager.create_redis_node
+
+    def create_keeping(*args, **kwargs):
+        return keep_every_field(create(*args, **kwargs))
+
+    manager.create_redis_node = create_keeping
+    for node in [*client.get_nodes(), *manager.startup_nodes.values()]:
+        if node.redis_connection is not None:
+            keep_every_field(node.redis_connection)

@@ -92,7 +92,8 @@ class WeightCache:
         connection = load(ConnectionConfig)
         # A client that rides out outages like the worker's own, so a restarting server does not
         # turn weight loads into failed slots.
-        return cls(connect(url, check_settings=False, password=connection.secret(), tls=connection.tls()), RunKeys(run))
+        return cls(connect(url, check_settings=False, password=connection.secret(), tls=connection.tls(),
+                           cluster=connection.cluster), RunKeys(run))
 
     def get(self, version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(version used, state) for the newest published version <= ``version``, or None if none yet."""

@@ -103,6 +103,7 @@ def test_golden_log_replays_from_an_archive_without_a_server(golden, tmp_path):
     _check_record(golden, None, source.keys, source)
 
 
+@pytest.mark.cluster
 def test_golden_log_archived_by_the_archiver_replays_once_the_server_forgot_it(golden, client, run_name, tmp_path):
     keys = load_run(client, golden.log, run_name)
     before = {name: client.xrange(key) for name, key in keys.all_streams().items()}
@@ -115,6 +116,7 @@ def test_golden_log_archived_by_the_archiver_replays_once_the_server_forgot_it(g
     _check_record(golden, None, keys, source)
 
 
+@pytest.mark.cluster
 def test_golden_log_trimmed_on_the_server_replays_through_the_archive(golden, client, run_name, tmp_path):
     keys = load_run(client, golden.log, run_name)
     archiver = Archiver(client, keys, tmp_path / "archive", ArchiverConfig(retention=True))
@@ -139,6 +141,7 @@ def test_golden_log_trimmed_on_the_server_replays_through_the_archive(golden, cl
         assert 0 < client.xlen(keys.payloads) < sum(1 for _ in ArchiveSource(tmp_path / "archive").scan("payloads"))
 
 
+@pytest.mark.cluster
 def test_golden_log_loaded_on_a_real_server_replays_and_verifies(golden, client, run_name):
     keys = load_run(client, golden.log, run_name)
     _check_replays(golden, client, keys)

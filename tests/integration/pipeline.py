@@ -29,13 +29,13 @@ from streamgrp.store.keys import ASSEMBLER_GROUP, BATCHER_GROUP, WORKERS_GROUP
 
 # A trainer rank that uses only the library: it logs each step it starts and commits.
 TRAINER_SCRIPT = '''
-import sys, time
+import os, sys, time
 from streamgrp.store.runs import connect, open_run
 from streamgrp.train.trainer import TrainerClient
 
 url, run_name, rank, world_size, out, step_s = sys.argv[1:7]
 rank, world_size, step_s = int(rank), int(world_size), float(step_s)
-client = connect(url)
+client = connect(url, cluster=os.environ.get("STREAMGRP_CLUSTER") == "1")
 trainer = TrainerClient(client, open_run(client, run_name), poll_s=0.1)
 with open(out, "a") as log:
     log.write(f"start {trainer.next_step(rank)}\\n")

@@ -85,6 +85,7 @@ def decision_of(client, run, task_id) -> tuple[str, GroupDecided]:
 
 # -- retention ----------------------------------------------------------------------------------------
 
+@pytest.mark.cluster
 def test_retention_trims_only_what_is_archived_and_no_reader_still_needs(client, make_run, issuer, tmp_path):
     run = make_run(n_samples=2, dp_size=2, batch_size=2, max_staleness=100)
     keys = run.keys
@@ -192,6 +193,7 @@ def test_retention_trims_only_what_is_archived_and_no_reader_still_needs(client,
     assert report.decisions_checked == 11 and report.steps_checked == 5
 
 
+@pytest.mark.cluster
 def test_a_crash_between_fsync_and_progress_copies_again_and_readers_see_each_entry_once(client, make_run, issuer,
                                                                                          tmp_path):
     run = make_run(n_samples=2)

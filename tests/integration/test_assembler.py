@@ -14,6 +14,8 @@ from streamgrp.services.worker import WorkerClient
 from streamgrp.store.keys import ASSEMBLER_GROUP
 from streamgrp.store.lease import LeaseLost
 
+pytestmark = pytest.mark.cluster  # core: runs on the Redis Cluster kind too
+
 FAST = AssemblerConfig(lease_ttl_s=1.0, tick_interval_s=0.05)
 
 

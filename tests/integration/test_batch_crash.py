@@ -43,13 +43,13 @@ from streamgrp.train.trainer import TrainerClient
 pytestmark = pytest.mark.slow
 
 TRAINER_SCRIPT = '''
-import sys, time
+import os, sys, time
 from streamgrp.store.runs import connect, open_run
 from streamgrp.train.trainer import TrainerClient
 
 url, run_name, rank, world_size, out = sys.argv[1:6]
 rank, world_size = int(rank), int(world_size)
-client = connect(url)
+client = connect(url, cluster=os.environ.get("STREAMGRP_CLUSTER") == "1")
 trainer = TrainerClient(client, open_run(client, run_name), poll_s=0.1)
 with open(out, "a") as log:
     log.write(f"start {trainer.next_step(rank)}\\n")
@@ -78,6 +78,7 @@ def _committed(client, run, rank: int) -> int:
 STEPS_A = 12
 
 
+@pytest.mark.cluster
 def test_a_killed_trainer_rank_resumes_at_its_next_uncommitted_step(client, redis_url, run_name, tmp_path):
     run = join_run(client, run_name, RunConfig(n_samples=2, dp_size=2, batch_size=2))
     TaskIssuer(client, run.keys).issue([{}] * (2 * STEPS_A))

@@ -13,8 +13,8 @@ import time
 from collections import Counter
 
 import pytest
-import redis
 import torch
+from cluster import client_for
 from processes import wait_until
 
 from streamgrp.config import AssemblerConfig, BatcherConfig, WorkerConfig
@@ -172,17 +172,17 @@ def test_a_slow_trainer_is_not_a_stall(client, redis_url, make_run, background):
     # round while the window is full waits for the trainer, and none of them counts as empty
     run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=0, max_empty_rounds=3, stall_timeout_s=2)
     prompts = [{"tokens": 4, "seed": i} for i in range(6)]
-    reader = redis.Redis.from_url(redis_url)
-    worker = WorkerProcess(WorkerClient(redis.Redis.from_url(redis_url), run.keys), synthetic_rollout,
+    reader = client_for(redis_url)
+    worker = WorkerProcess(WorkerClient(client_for(redis_url), run.keys), synthetic_rollout,
                            WorkerConfig(concurrency=2), n_samples=2,
                            version=lambda: int(reader.get(run.keys.version) or 0))
     background(worker.run)
-    background(Assembler(redis.Redis.from_url(redis_url), run, AssemblerConfig(lease_ttl_s=5, tick_interval_s=0.05)).run)
-    batcher = Batcher(redis.Redis.from_url(redis_url), run, BatcherConfig(round_s=0.1, lease_ttl_s=5),
+    background(Assembler(client_for(redis_url), run, AssemblerConfig(lease_ttl_s=5, tick_interval_s=0.05)).run)
+    batcher = Batcher(client_for(redis_url), run, BatcherConfig(round_s=0.1, lease_ttl_s=5),
                       dataset=iter(prompts))
     outcome: list[str] = []
     background(lambda stop: outcome.append(batcher.run(stop)))
-    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.05)
+    trainer = TrainerClient(client_for(redis_url), run, poll_s=0.05)
     steps = []
     for batch in trainer.batches(rank=0, world_size=1):
         time.sleep(2.5)
@@ -195,6 +195,7 @@ def test_a_slow_trainer_is_not_a_stall(client, redis_url, make_run, background):
     assert batcher.stall.empty_rounds < 3
 
 
+@pytest.mark.cluster
 def test_a_stall_fails_every_rank_with_the_same_message_at_the_same_step(client, redis_url, make_run, issuer):
     run = make_run(n_samples=2, dp_size=2, batch_size=2, stall_timeout_s=0, max_empty_rounds=3, max_staleness=100)
     issue(issuer, run, [{"tokens": 3 + i} for i in range(4)])
@@ -207,7 +208,7 @@ def test_a_stall_fails_every_rank_with_the_same_message_at_the_same_step(client,
     failures: dict[int, tuple[int, str]] = {}
 
     def train(rank):
-        trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+        trainer = TrainerClient(client_for(redis_url), run, poll_s=0.1)
         try:
             with trainer.batches(rank=rank, world_size=2) as batches:
                 for batch in batches:
@@ -258,7 +259,7 @@ def test_a_contract_violation_fails_the_run_with_one_terminal_event_at_the_next_
     assert (terminal.reason, terminal.step, terminal.message) == ("contract_violation", 1, violation.error)
     steps = []
     with pytest.raises(RunFailed, match=r"failed at step 1 \(contract_violation\): .*slot sizes \[2, 2\]"):
-        for batch in TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1).batches(rank=0, world_size=1):
+        for batch in TrainerClient(client_for(redis_url), run, poll_s=0.1).batches(rank=0, world_size=1):
             steps.append(batch.step)
     assert steps == [0]
 
@@ -315,7 +316,7 @@ def test_feeder_stops_at_the_window_and_resumes_when_the_version_advances(client
     assert [m.step for m in manifests(client, run)] == [0, 1]
     assert cursor() == 4  # 4 accepted groups fill the window at version 0
 
-    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+    trainer = TrainerClient(client_for(redis_url), run, poll_s=0.1)
     ranks = [iter(trainer.batches(rank=r, world_size=2)) for r in (0, 1)]
     next(ranks[0]).commit()
     assert version(client, run) == 0  # one rank is not enough
@@ -415,6 +416,7 @@ def _check_manifest_against_the_log(client, run, manifest: StepManifest, decided
     assert manifest.imbalance == pytest.approx(max(loads) * len(loads) / sum(loads))
 
 
+@pytest.mark.cluster
 def test_fixed_manifests_are_ragged_whole_and_digests_match_the_bytes(client, make_run, issuer):
     run = make_run(n_samples=3, dp_size=3, batch_size=7, max_staleness=10)
     issue(issuer, run, [{"tokens": 2 + (i * 7) % 23, "reject_rate": 0.3, "seed": i} for i in range(40)],
@@ -463,6 +465,7 @@ def test_dynamic_mode_waits_for_dp_size_groups_then_batches_what_a_round_produce
 
 # -- the trainer API ------------------------------------------------------------------------------------
 
+@pytest.mark.cluster
 def test_each_rank_gets_padded_tensors_and_the_step_wide_loss_token_count(client, redis_url, make_run, issuer):
     run = make_run(n_samples=3, dp_size=2, batch_size=4)
     prompts = [{"tokens": 3 + i, "prompt_tokens": 1, "reject_slot": 2 if i % 2 else None} for i in range(8)]
@@ -472,7 +475,7 @@ def test_each_rank_gets_padded_tensors_and_the_step_wide_loss_token_count(client
     decided = decisions_by_task(client, run)
     slot_log = {eid.decode(): codec.decode(fields) for eid, fields in client.xrange(run.keys.payloads)}
 
-    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+    trainer = TrainerClient(client_for(redis_url), run, poll_s=0.1)
     per_step: dict[int, list] = {}
     for rank in (0, 1):
         for batch in trainer.batches(rank=rank, world_size=2):
@@ -511,7 +514,7 @@ def _two_written_steps(client, redis_url, make_run, issuer):
     issue(issuer, run, [{}, {}])
     settle(client, run)
     active(client, run, BatcherConfig(round_s=0.05, max_steps=2)).round()
-    return run, TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+    return run, TrainerClient(client_for(redis_url), run, poll_s=0.1)
 
 
 def test_an_exception_in_the_loop_records_step_failed_and_leaves_the_step_uncommitted(client, redis_url, make_run,
@@ -531,7 +534,7 @@ def test_an_exception_in_the_loop_records_step_failed_and_leaves_the_step_uncomm
 
     # a restarted rank resumes at the failed step and then runs to the end of the run
     steps = []
-    with TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1).batches(rank=0, world_size=1) as batches:
+    with TrainerClient(client_for(redis_url), run, poll_s=0.1).batches(rank=0, world_size=1) as batches:
         for batch in batches:
             steps.append(batch.step)
     assert steps == [0, 1]
@@ -546,7 +549,7 @@ def test_the_next_step_is_loaded_ahead_on_a_thread_and_is_the_batch_a_plain_load
     issue(issuer, run, [{"tokens": 3 + i} for i in range(6)])
     settle(client, run)
     active(client, run, BatcherConfig(round_s=0.05, max_steps=3)).round()
-    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+    trainer = TrainerClient(client_for(redis_url), run, poll_s=0.1)
     loaded_on = []
     load = trainer.load
     trainer.load = lambda *args: loaded_on.append(threading.current_thread().name) or load(*args)
@@ -582,12 +585,13 @@ def test_world_size_must_match_dp_size(client, make_run):
         trainer.batches(rank=2, world_size=2)
 
 
+@pytest.mark.cluster
 def test_the_policy_version_advances_only_when_every_rank_committed(client, redis_url, make_run, issuer):
     run = make_run(n_samples=2, dp_size=2, batch_size=2)
     issue(issuer, run, [{}] * 4)
     settle(client, run)
     active(client, run).round()
-    trainer = TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1)
+    trainer = TrainerClient(client_for(redis_url), run, poll_s=0.1)
     rank0 = iter(trainer.batches(rank=0, world_size=2))
     rank1 = iter(trainer.batches(rank=1, world_size=2))
 
@@ -607,6 +611,7 @@ def test_the_policy_version_advances_only_when_every_rank_committed(client, redi
     assert committed == {(0, 0): 1, (1, 0): 1, (0, 1): 1, (1, 1): 1}
 
 
+@pytest.mark.cluster
 def test_a_batcher_that_loses_and_regains_the_lease_issues_each_prompt_once_in_order(client, make_run):
     run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=0)  # a window of 2 tasks per version
     prompts = [{"seed": i} for i in range(20)]

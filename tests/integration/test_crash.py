@@ -24,7 +24,7 @@ from streamgrp.store.keys import ASSEMBLER_GROUP, WORKERS_GROUP
 from streamgrp.store.runs import join_run
 from streamgrp.store.tasks import TaskIssuer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # cluster: the core crash test runs on a cluster too
 
 GROUPS = 2000
 N_SAMPLES = 4

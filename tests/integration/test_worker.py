@@ -1,12 +1,16 @@
 import asyncio
 import time
 
+import pytest
+
 from streamgrp.config import WorkerConfig
 from streamgrp.core import codec
 from streamgrp.core.events import SlotResult
 from streamgrp.services.synthetic import make_sample
 from streamgrp.services.worker import WorkerClient, WorkerProcess
 from streamgrp.store.keys import WORKERS_GROUP
+
+pytestmark = pytest.mark.cluster  # core: runs on the Redis Cluster kind too
 
 
 def slot_results(client, run):
