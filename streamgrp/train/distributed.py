@@ -129,9 +129,30 @@ def process_group(dist: DistEnv, *, backend: str = "gloo") -> Iterator[bool]:
                                       world_size=dist.world_size)
     try:
         yield joined
-    finally:
+    except BaseException:
         if joined and torch_dist.is_initialized():
             torch_dist.destroy_process_group()
+        raise
+    if joined and torch_dist.is_initialized():
+        _leave_together(torch_dist)
+        torch_dist.destroy_process_group()
+
+
+#: How long a rank that is done waits for the others before it tears its connections down anyway.
+LEAVE_TIMEOUT_S = 30.0
+
+
+def _leave_together(torch_dist: Any) -> None:
+    """Wait (bounded) until every rank is done before tearing the group down: a gloo rank that closes its
+    connections while a peer still uses them can abort that peer ("terminate called without an active
+    exception", SIGABRT after its last commit; seen in CI)."""
+    import datetime
+
+    try:
+        torch_dist.monitored_barrier(timeout=datetime.timedelta(seconds=LEAVE_TIMEOUT_S))
+    except RuntimeError as exc:  # a peer that failed or stopped early: leave anyway, and say so
+        log.warning("not every rank reached the end within %gs (%s); leaving the process group anyway",
+                    LEAVE_TIMEOUT_S, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 class Collectives:

@@ -34,6 +34,7 @@ def summary(log_path) -> dict:
     return orjson.loads(log_path.read_text().strip().splitlines()[-1])
 
 
+@pytest.mark.one_server_kind
 def test_a_sigkilled_archiver_resumes_and_archives_every_entry_exactly_once(client, redis_url, run_name, tmp_path):
     keys = RunKeys(run_name)
     archive = tmp_path / "archive"

@@ -66,6 +66,7 @@ def batcher_for(client, run) -> Batcher:
     return batcher
 
 
+@pytest.mark.one_server_kind
 @pytest.mark.parametrize("max_batch_size, sizes", [(10_000, [9000]), (4096, [4096, 4096, 808])])
 def test_a_dynamic_batch_of_9000_groups_puts_each_group_in_exactly_one_step(client, run_name, max_batch_size, sizes):
     run = join_run(client, run_name, RunConfig(n_samples=2, dp_size=2, batch_mode="dynamic",

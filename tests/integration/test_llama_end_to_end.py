@@ -43,13 +43,13 @@ def valkey_url(redis_server) -> str:
     return redis_server.url
 
 
-# Generation and torch steps on two CPU cores: about 2-3 minutes alone, more on a busy machine.
+# Generation and torch recomputation on two CPU cores: about 2 minutes alone, more on a busy machine.
 @pytest.mark.timeout(900)
-def test_the_model_demo_trains_smollm2_on_its_own_tokens_and_logprobs(valkey_url, run_name, tmp_path):
+def test_the_model_demo_feeds_smollm2s_own_tokens_and_logprobs_to_a_torch_trainer(valkey_url, run_name, tmp_path):
     binary, model = binary_and_model()
     done = subprocess.run([sys.executable, "-m", "streamgrp", "demo", "--redis-url", valkey_url, "--run", run_name,
                            "--data-dir", str(tmp_path), "--model", str(model), "--llama-server", binary,
-                           "--steps", str(STEPS), "--workers", "1", "--lm-lr", "1e-5", "--json",
+                           "--steps", str(STEPS), "--workers", "1", "--json",
                            "--timeout-s", "800"], capture_output=True, text=True, timeout=850)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])

@@ -63,6 +63,7 @@ def _outage_warnings(output: str) -> int:
     return output.count("is unavailable")
 
 
+@pytest.mark.one_server_kind
 def test_every_role_rides_out_a_paused_then_killed_and_restarted_server(server_factory, run_name, tmp_path):
     port = free_port("127.0.0.1")
     server = server_factory(tmp_path / "data", port=port)

@@ -33,6 +33,10 @@ ROUND_PROMPTS = [{}, {}, {"reject": [0]}, {"reject": [0, 1]}, {"reject": [0, 1, 
 ROUND_NAMES = ["ok", "ok", "partial", "below", "unusable", "filtered"]
 
 
+# The report reads streams with plain XRANGE: what it draws does not depend on the server kind.
+pytestmark = pytest.mark.one_server_kind
+
+
 @pytest.fixture
 def built_run(client, make_run, issuer, drain):
     """Four rounds of decisions, six steps (two rounds cut two steps at once), then two stale groups."""

@@ -91,3 +91,37 @@ def test_llama_cpp_a_reply_missing_more_probabilities_than_a_character_is_refuse
 
     with pytest.raises(ProtocolError, match="6 tokens but 2 completion_probabilities"):
         LlamaCpp().parse(_llama_reply([1, 2, 3, 4, 5, 6], probs_for=2))
+
+
+def test_the_lm_trainers_grpo_step_moves_a_real_causal_lm_and_records_loss_and_mismatch():
+    """The training half of `consumers.lm_trainer` on a tiny random Llama (transformers, built from a config:
+    no download); the real-model end-to-end test runs the recomputation only, to fit CI's time."""
+    transformers = pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from streamgrp.consumers.lm_trainer import _step, token_logprobs
+    from streamgrp.core.policy import NormSpec
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(config)
+    token_ids = torch.randint(0, 64, (4, 6))
+    attention = torch.ones(4, 6)
+    attention[3, 5] = 0  # one padded position
+    loss_mask = torch.zeros(4, 6, dtype=torch.bool)
+    loss_mask[:, 3:] = True
+    loss_mask[3, 5] = False
+    with torch.no_grad():  # the "server's" log-probabilities: the same weights, so the mismatch starts near 0
+        served = token_logprobs(model, token_ids, attention) * loss_mask
+    batch = SimpleNamespace(token_ids=token_ids, attention_mask=attention, loss_mask=loss_mask, logprobs=served,
+                            rewards=torch.tensor([1.0, 0.0, 0.5, 0.0]), group_sizes=[2, 2], rows=4,
+                            step_loss_tokens=int(loss_mask.sum()))
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    metrics = _step(model, optimizer, batch, NormSpec("group", "group"))
+    assert metrics["tokens_compared"] == int(loss_mask.sum()) and metrics["logprob_abs_diff_mean"] < 1e-4
+    assert "loss" in metrics and abs(metrics["loss"]) < 10
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # it trained
+    again = _step(model, None, batch, NormSpec("group", "group"))  # recomputation only: now the policy moved
+    assert "loss" not in again and again["logprob_abs_diff_mean"] > metrics["logprob_abs_diff_mean"]
