@@ -158,18 +158,17 @@ def test_the_demo_started_by_a_script_stops_everything_and_exits_128_plus_the_si
             assert role in commands, f"no {role} among the demo's processes: {commands}"
         assert len(started) == 6 + 1 + len(prometheus)  # 6 roles, the server, Prometheus
 
-        began = time.monotonic()
         demo.signal(signum)
         assert demo.wait(timeout=60) == code, demo.output()
-        seconds = time.monotonic() - began
     finally:
         demo.kill()
     assert "interrupted; every process it started was stopped" in demo.output()  # its own exit, not the signal's
     survivors = [p for p in started if p.alive()]
     survivors += [p for p in _all() if p.sid == demo.shell.pid and p.alive()]  # its roles' session
     assert survivors == [], survivors
-    # the ranks stopped between steps (no SIGKILL after the 10 s stop timeout), and no step was failed by it
-    assert seconds < 10, seconds
+    # the ranks stopped between steps: each logged its last commit on the way out (a rank SIGKILLed after the
+    # stop timeout logs nothing more), and no step was failed by it. (No bound on the seconds: a busy
+    # machine stretches a clean stop too.)
     for log in tmp_path.glob("logs/*/trainer-*.log"):
         text = log.read_text(errors="replace")
         assert "committed" in text.splitlines()[-1] and "failed" not in text, text[-2000:]
