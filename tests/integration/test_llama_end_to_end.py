@@ -93,7 +93,14 @@ def _check_sample(server, sample) -> None:
     # The ids decode, by the server's own detokenizer, to exactly the text it sent. A completion that
     # stopped at end-of-sequence keeps that token (the policy learns to stop), which the text omits.
     text_ids = completion[:-1] if sample.meta["finish"] == "stop" else completion
-    assert server.post("/detokenize", {"tokens": text_ids})["content"] == sample.meta["text"]
+    decoded = server.post("/detokenize", {"tokens": text_ids})["content"]
+    if "of an incomplete character dropped" in sample.meta.get("reason", ""):
+        # The server's text ends in the character whose last tokens came without log-probabilities
+        # (streamgrp.services.inference.llamacpp): the kept ids are the text up to it.
+        assert sample.meta["text"].startswith(decoded) and \
+            sample.meta["text"][len(decoded):].strip(" \ufffd") == "", (decoded, sample.meta["text"])
+    else:
+        assert decoded == sample.meta["text"]
     if sample.meta["finish"] == "stop":
         assert server.post("/detokenize", {"tokens": completion[-1:]})["content"] == "<|im_end|>"
 
