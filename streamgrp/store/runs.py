@@ -100,8 +100,11 @@ def await_run(client: redis.Redis, run: str, config: RunConfig | None = None, *,
         try:
             return open_run(client, run, config)
         except ConfigError:
-            if not wait or not _exists_later(client, run):
+            if not wait:
                 raise
+            if not _exists_later(client, run):
+                # created between the two reads (or a damaged record): read it again, which raises for damage
+                return open_run(client, run, config)
         if not logged:
             log.info("%s waits for run %s to be created by its batcher", who, run)
             logged = True
