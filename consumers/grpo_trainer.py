@@ -73,7 +73,7 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
     collectives = Collectives(world)
     waited_at = time.monotonic()
     try:
-        with trainer.batches(rank=rank, world_size=world) as batches:
+        with trainer.batches(rank=rank, world_size=world, agree=collectives.any_rank) as batches:
             for batch in batches:
                 wait_s = time.monotonic() - waited_at
                 if metrics is not None:

@@ -164,9 +164,11 @@ class Collectives:
     would have hung or mixed up their tensors, which is why the reference trainer logs it every step.
     """
 
-    def __init__(self, world_size: int, *, group: Any = None) -> None:
+    def __init__(self, world_size: int, *, group: Any = None, device: Any = "cpu") -> None:
         self.world_size = world_size
         self.group = group
+        #: Where `any_rank` puts its vote: the backend's device (a CUDA device for NCCL).
+        self.device = device
         self._calls: list[str] = []
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -177,6 +179,19 @@ class Collectives:
 
             torch_dist.all_reduce(tensor, group=self.group)
         return tensor
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (a one-element MAX all-reduce; not recorded, since it is
+        the batch stream's vote on leaving, made once per step, not a call of the step's training). The
+        ``agree`` of `streamgrp.train.trainer.TrainerClient.batches`."""
+        if self.world_size == 1:
+            return flag
+        import torch
+        import torch.distributed as torch_dist
+
+        vote = torch.tensor([int(flag)], dtype=torch.int32, device=self.device)
+        torch_dist.all_reduce(vote, op=torch_dist.ReduceOp.MAX, group=self.group)
+        return bool(vote.item())
 
     def batch_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """`streamgrp.train.advantages.BatchReduce`: batch statistics of `normalize` over all ranks."""

@@ -15,10 +15,12 @@ loop cannot see that exception, so an uncommitted step there is simply left for 
 
 A stop (the client's stop event: the one ``connect(stop=...)`` was given, which for ``streamgrp
 trainer`` SIGTERM and SIGINT set) ends the iteration between steps, after the running step is
-committed, so a stopped rank exits cleanly and resumes at its next step. An exception that ends a
-step after a stop was requested is not recorded as a failure: data-parallel ranks stop at about
-the same moment, and a rank whose peer stopped first sees its collective fail because of the stop,
-not because of the step; the step is left uncommitted for the next start instead.
+committed, so a stopped rank exits cleanly and resumes at its next step. Data-parallel ranks must
+leave at the same step, or a rank that already started the next step waits in its collectives for a
+peer that left: given ``agree`` (`streamgrp.train.distributed.Collectives.any_rank`), every rank votes
+once per step before training on it, and all leave when any rank is stopping (or the run ended for
+it). Without ``agree``, an exception that ends a step after a stop was requested is not recorded as a
+failure either: it is the peer's stop, not the step, and the step is left for the next start.
 
 `streamgrp.train.loader.build_batch` is the one place a shard becomes tensors; it reads entries
 through a fetch function, so `streamgrp.replay.steps` rebuilds a step from the live log or an archive
@@ -30,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
@@ -94,14 +96,18 @@ class TrainerClient:
         last = self.client.hget(self.keys.committed, str(rank))
         return 0 if last is None else int(last) + 1
 
-    def batches(self, *, rank: int, world_size: int) -> BatchStream:
+    def batches(self, *, rank: int, world_size: int, agree: Callable[[bool], bool] | None = None) -> BatchStream:
+        """This rank's batches from its next uncommitted step. ``agree(leaving)`` is called by every rank
+        once per step, before the step is handed out, and returns whether any rank is leaving (a
+        collective, such as `streamgrp.train.distributed.Collectives.any_rank`): ranks then stop at the
+        same step. Needed for more than one rank that can be stopped; None for one rank."""
         dp_size = self.run_.config.dp_size
         if world_size != dp_size:
             raise ConfigError(f"world_size={world_size} but run {self.keys.run!r} batches for dp_size={dp_size}; "
                               "start as many trainer ranks as the run's dp_size")
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is outside 0..{world_size - 1}")
-        return BatchStream(self, rank, world_size)
+        return BatchStream(self, rank, world_size, agree)
 
     @property
     def stopping(self) -> bool:
@@ -176,10 +182,12 @@ class TrainerClient:
 class BatchStream:
     """Iterable of a rank's batches; also a context manager that records the loop's exception."""
 
-    def __init__(self, trainer: TrainerClient, rank: int, world_size: int) -> None:
+    def __init__(self, trainer: TrainerClient, rank: int, world_size: int,
+                 agree: Callable[[bool], bool] | None = None) -> None:
         self.trainer = trainer
         self.rank = rank
         self.world_size = world_size
+        self.agree = agree
         self.current: Batch | None = None
 
     def __iter__(self) -> Iterator[Batch]:
@@ -188,8 +196,12 @@ class BatchStream:
         ahead: tuple[StepManifest, Future[Batch]] | None = None
         # Terminal events, commits and the order of steps stay on this thread; the pool only loads.
         with ThreadPoolExecutor(1, thread_name_prefix="streamgrp-prefetch") as pool:
-            while not trainer.stopping:
-                manifest = trainer.wait_for_step(step, lambda: trainer.stopping, known=ahead[0] if ahead else None)
+            while True:
+                manifest, ended = self._next_manifest(step, ahead[0] if ahead else None)
+                if self.agree is not None and self.agree(manifest is None):
+                    manifest = None  # a rank is leaving at this step: so does every rank
+                if ended is not None:
+                    raise ended
                 if manifest is None:
                     return
                 batch = ahead[1].result() if ahead else trainer.load(manifest, self.rank, self.world_size)
@@ -202,6 +214,17 @@ class BatchStream:
                 batch.commit()  # the loop body finished: the step is done
                 self.current = None
                 step += 1
+
+    def _next_manifest(self, step: int, known: StepManifest | None) -> tuple[StepManifest | None, RunFailed | None]:
+        """The manifest of ``step``, or None (with the run's failure, if it failed) when this rank leaves
+        before it. The failure is returned rather than raised so the rank still votes on leaving."""
+        trainer = self.trainer
+        if trainer.stopping:
+            return None, None
+        try:
+            return trainer.wait_for_step(step, lambda: trainer.stopping, known=known), None
+        except RunFailed as failed:
+            return None, failed
 
     def __enter__(self) -> BatchStream:
         return self

@@ -76,3 +76,31 @@ def test_collectives_record_each_call_of_a_step():
     assert torch.equal(grads, torch.ones(5))  # one rank: the sum is the tensor itself
     assert collectives.take() == "all_reduce:float32[5] all_reduce:float64[3]"
     assert collectives.take() == "none"
+
+
+VOTE_RANK = """
+import sys
+from streamgrp.train.distributed import Collectives, process_group, resolve
+rank, url = int(sys.argv[1]), sys.argv[2]
+flags = [[False, False], [False, True], [True, True]]
+with process_group(resolve(rank=rank, world_size=2, dist_url=url)):
+    collectives = Collectives(2)
+    print([collectives.any_rank(pair[rank]) for pair in flags], collectives.take())
+"""
+
+
+def test_any_rank_is_true_on_every_rank_when_one_rank_votes_true():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    ranks = [subprocess.Popen([sys.executable, "-c", VOTE_RANK, str(rank), url], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=120) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    # The votes are not a step's training calls: nothing recorded for the collectives log line.
+    assert [out.strip() for out, _ in outputs] == ["[False, True, True] none"] * 2
+    assert Collectives(1).any_rank(True) is True and Collectives(1).any_rank(False) is False
