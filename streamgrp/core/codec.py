@@ -65,7 +65,7 @@ from streamgrp.core.shown import (
     show_names,
 )
 from streamgrp.core.slot_header import fast_slot_result
-from streamgrp.core.values import DTYPES
+from streamgrp.core.values import DTYPES, INT64_MAX
 from streamgrp.errors import DecodeError
 
 HEADER = b"h"
@@ -107,6 +107,51 @@ def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = ""
     summary = SampleSummary.of(sample, entry_digest(payload))
     return SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=summary, producer=producer,
                       seq=seq), payload
+
+
+def encode_sample(task_id: str, slot: int, sample: Sample, *, producer: str = "",
+                  seq: int = 0) -> tuple[bytes, bytes, bytes]:
+    """``sample_result`` already encoded: (slot result header, payload header, payload bytes), the very
+    bytes `encode` would write for both. The publisher's hot path: a 1024-token sample's three models
+    and their walk cost about 30 µs, so the headers of a plain sample (the `Sample` validated when it
+    was built; the few other values checked here by hand) are written directly. Anything unusual takes
+    the models, with their errors; a property test holds the two paths to the same bytes."""
+    plain = _plain_sample_headers(task_id, slot, sample, producer, seq)
+    if plain is not None:
+        return plain
+    event, payload = sample_result(task_id, slot, sample, producer=producer, seq=seq)
+    return encode(event)[HEADER], payload[HEADER], payload.get(BLOB, b"")
+
+
+def _plain_sample_headers(task_id: Any, slot: Any, sample: Any, producer: Any,
+                          seq: Any) -> tuple[bytes, bytes, bytes] | None:
+    if not (sample.__class__ is Sample and task_id.__class__ is str and 1 <= len(task_id) <= 256
+            and producer.__class__ is str and slot.__class__ is int and 0 <= slot <= INT64_MAX
+            and seq.__class__ is int and 0 <= seq <= INT64_MAX):
+        return None
+    rows = len(sample.row_lengths)
+    reward = sum(sample.rewards) / rows
+    if not math.isfinite(reward):  # finite rewards can still sum past the largest float
+        return None
+    descriptors = {}
+    offset = 0
+    for name in ("token_ids", "loss_mask", "logprobs"):
+        tensor = getattr(sample, name)
+        descriptors[name] = {RAW_KEY: [tensor.dtype, list(tensor.shape), offset, len(tensor.data)]}
+        offset += len(tensor.data)
+    # Key order is the models' field order, as `encode` writes it.
+    payload_header = orjson.dumps({
+        "schema_version": SCHEMA_VERSION, "producer": producer, "seq": seq, "kind": "sample_payload",
+        "task_id": task_id, "slot": slot,
+        "sample": {**descriptors, "row_lengths": sample.row_lengths, "rewards": sample.rewards,
+                   "version": sample.version, "meta": sample.meta}})
+    blob = b"".join((sample.token_ids.data, sample.loss_mask.data, sample.logprobs.data))
+    summary = {"rows": rows, "tokens": sample.valid_tokens, "version": sample.version, "reward": reward,
+               "digest": _digest_of(payload_header, blob)}
+    slot_header = orjson.dumps({
+        "schema_version": SCHEMA_VERSION, "producer": producer, "seq": seq, "kind": "slot_result",
+        "task_id": task_id, "slot": slot, "outcome": "sample", "sample": summary, "error": None})
+    return slot_header, payload_header, blob
 
 
 def decode(fields: Mapping[bytes | str, bytes | str], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> Any:
@@ -234,11 +279,16 @@ def _parse_header(raw_header: bytes) -> dict[str, Any]:
 
 def entry_digest(fields: Mapping[bytes | str, bytes | str]) -> str:
     """A digest of an entry's header and bytes: what replay checks the rebuilt tensors against."""
-    digest = hashlib.blake2b(digest_size=16)
-    for key in (HEADER, BLOB):
-        value = _field(fields, key) or b""
-        digest.update(value.encode() if isinstance(value, str) else value)
-        digest.update(b"\0")
+    header, blob = (_field(fields, key) or b"" for key in (HEADER, BLOB))
+    return _digest_of(header.encode() if isinstance(header, str) else header,
+                      blob.encode() if isinstance(blob, str) else blob)
+
+
+def _digest_of(header: bytes, blob: bytes) -> str:
+    digest = hashlib.blake2b(header, digest_size=16)
+    digest.update(b"\0")
+    digest.update(blob)
+    digest.update(b"\0")
     return digest.hexdigest()
 
 

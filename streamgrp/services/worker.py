@@ -153,10 +153,10 @@ class WorkerClient:
         with self._seq_lock:
             seq = next(self._seq)
         if isinstance(result, Sample):
-            event, payload = codec.sample_result(task_id, slot, result, producer=self.name, seq=seq)
-            size = entry_size(payload)
+            slot_header, payload_header, blob = codec.encode_sample(task_id, slot, result, producer=self.name, seq=seq)
+            size = entry_size({codec.HEADER: payload_header, codec.BLOB: blob})
             if size <= self.max_entry_bytes:
-                return codec.encode(event)[codec.HEADER], payload[codec.HEADER], payload.get(codec.BLOB, b"")
+                return slot_header, payload_header, blob
             # refused here, where the data enters, not after it is stored
             result = ValueError(f"the sample is {size} bytes encoded, over max_entry_bytes={self.max_entry_bytes}; "
                                 "return shorter samples, or raise --max-entry-bytes on the workers and trainers")

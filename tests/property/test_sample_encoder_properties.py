@@ -1,0 +1,76 @@
+"""`codec.encode_sample`, the publisher's hand-written headers, writes exactly the bytes of the models' path
+(`sample_result` then `encode`), or leaves the sample to that path and its errors."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamgrp.core import codec
+from streamgrp.core.values import INT64_MAX, RawArray, Sample
+
+_MASK_DTYPES = ("bool", "uint8")
+_LOGPROB_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=4)
+                     | st.floats(allow_nan=False, allow_infinity=False),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                     max_leaves=6)
+
+
+@st.composite
+def _samples(draw) -> Sample:
+    row_lengths = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
+    total = sum(row_lengths)
+
+    def tensor(dtype: str, itemsize: int) -> RawArray:
+        return RawArray(dtype=dtype, shape=(total,), data=draw(st.binary(min_size=total * itemsize,
+                                                                          max_size=total * itemsize)))
+
+    mask = draw(st.sampled_from(_MASK_DTYPES))
+    logprobs = draw(st.sampled_from(_LOGPROB_DTYPES))
+    return Sample(
+        token_ids=tensor(*draw(st.sampled_from([("int32", 4), ("int64", 8)]))),
+        loss_mask=tensor(mask, 1),
+        logprobs=tensor(logprobs, {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[logprobs]),
+        row_lengths=row_lengths,
+        rewards=tuple(draw(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=len(row_lengths),
+                                    max_size=len(row_lengths)))),
+        version=draw(st.integers(0, INT64_MAX)),
+        meta=draw(st.dictionaries(st.text(max_size=4), _JSON, max_size=3)),
+    )
+
+
+def _by_the_models(task_id, slot, sample, producer, seq):
+    try:
+        event, payload = codec.sample_result(task_id, slot, sample, producer=producer, seq=seq)
+    except ValueError as exc:  # pydantic's ValidationError is one
+        return exc
+    return codec.encode(event)[codec.HEADER], payload[codec.HEADER], payload.get(codec.BLOB, b"")
+
+
+_ODD_INTS = st.one_of(st.integers(-2, 3), st.sampled_from([INT64_MAX, INT64_MAX + 1]), st.booleans(), st.just(1.0))
+
+
+@settings(max_examples=400, deadline=None)
+@given(sample=_samples(), task_id=st.one_of(st.text(min_size=1, max_size=8), st.sampled_from(["", "t" * 256, "t" * 257]),
+                                            st.integers(0, 3)),
+       slot=_ODD_INTS, producer=st.one_of(st.text(max_size=6), st.none()), seq=_ODD_INTS)
+def test_the_hand_written_headers_are_the_models_bytes(sample, task_id, slot, producer, seq):
+    expected = _by_the_models(task_id, slot, sample, producer, seq)
+    if isinstance(expected, Exception):
+        with pytest.raises(ValueError):
+            codec.encode_sample(task_id, slot, sample, producer=producer, seq=seq)
+        return
+    assert codec.encode_sample(task_id, slot, sample, producer=producer, seq=seq) == expected
+
+
+def test_a_plain_sample_takes_the_hand_written_path_and_an_overflowing_reward_the_models():
+    sample = Sample(token_ids=RawArray.from_values([1, 2], "int32"), loss_mask=RawArray.from_values([0, 1], "uint8"),
+                    logprobs=RawArray.from_values([-0.5, -0.25], "float32"), row_lengths=(1, 1),
+                    rewards=(1.5e308, 1.5e308), version=0)
+    assert codec._plain_sample_headers("t", 0, sample.model_copy(update={"rewards": (1.0, 2.0)}), "w", 1) is not None
+    # The mean of two finite rewards overflows: the summary model refuses it, with its message.
+    assert codec._plain_sample_headers("t", 0, sample, "w", 1) is None
+    with pytest.raises(ValueError, match="finite"):
+        codec.encode_sample("t", 0, sample, producer="w", seq=1)
