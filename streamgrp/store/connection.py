@@ -54,6 +54,7 @@ from streamgrp.errors import (
     StopRequested,
 )
 from streamgrp.store.credentials import auth_options, safe_url, url_without_password  # noqa: F401 - both here too
+from streamgrp.store.resp import RespPacker
 from streamgrp.store.streams import keep_every_field
 
 log = logging.getLogger(__name__)
@@ -382,7 +383,7 @@ def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop:
     if cluster:
         client: ServerClient | ClusterClient = outage.call(_join_cluster, url, options, where)
     else:
-        client = ServerClient.from_url(url, health_check_interval=30, **options)
+        client = ServerClient.from_url(url, health_check_interval=30, command_packer=RespPacker(), **options)
     keep_every_field(client)
     client.outage = outage
     client.wait_replicas = wait_replicas

@@ -1,0 +1,43 @@
+"""Packing a command into the Redis protocol: one bytes object per command, built by one join.
+
+With hiredis installed, redis-py 8 packs every command with hiredis' ``pack_command`` behind a
+Python layer that encodes each argument first. Measured here (2 cores, CPython 3.11): a publish
+of 64 samples of 1024 tokens (about 630 KB of arguments) costs about 1,000 µs to pack that way,
+15 µs a sample and a quarter of a worker's CPU, against 72 µs for one join; a small command
+(``XREADGROUP`` with its options) costs 13 µs against 10. `RespPacker` is the ``command_packer``
+of every single-server connection (`streamgrp.store.connection.connect`); the bytes it writes are
+redis-py's own (a unit test holds them equal). A Redis Cluster client keeps redis-py's packer:
+its node clients accept no packer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis._parsers.encoders import Encoder
+
+
+class RespPacker:
+    """A redis-py ``command_packer``: ``pack(*args)`` returns the command as a one-item list."""
+
+    def __init__(self) -> None:
+        # streamgrp's clients never decode replies and send text as UTF-8: the Encoder of such a client.
+        self._encode = Encoder("utf-8", "strict", False).encode
+
+    def pack(self, *args: Any) -> list[bytes]:
+        name = args[0]
+        # A command name with its subcommand in one argument ("CONFIG GET") is sent as separate
+        # arguments, as redis-py does.
+        if name.__class__ is str:
+            args = (*name.encode().split(), *args[1:])
+        elif b" " in name:
+            args = (*name.split(), *args[1:])
+        parts = [b"*%d\r\n" % len(args)]
+        encode = self._encode
+        for arg in args:
+            if arg.__class__ is not bytes:
+                arg = encode(arg)  # str, int, float; anything else raises redis-py's DataError
+                if arg.__class__ is not bytes:  # a memoryview or bytearray passes encode unchanged
+                    arg = bytes(arg)
+            parts += (b"$%d\r\n" % len(arg), arg, b"\r\n")
+        return [b"".join(parts)]
