@@ -64,7 +64,7 @@ from streamgrp.core.shown import (
     show,
     show_names,
 )
-from streamgrp.core.slot_header import fast_slot_result
+from streamgrp.core.fast_decode import fast_group_decided, fast_slot_result
 from streamgrp.core.values import DTYPES, INT64_MAX
 from streamgrp.errors import DecodeError
 
@@ -187,8 +187,11 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     text = _check_size(items, max_entry_bytes)
     raw_header, blob = _header_and_blob(fields, text)
     header = _parse_header(raw_header)
-    if not blob and header["kind"] == "slot_result":
-        event = fast_slot_result(header)  # None: not the plain case, so the full path below judges it
+    if not blob:
+        kind = header["kind"]
+        # None: not the plain case, so the full path below judges it
+        event = fast_slot_result(header) if kind == "slot_result" else \
+            fast_group_decided(header) if kind == "group_decided" else None
         if event is not None:
             return event
     legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import StrictBool
 from pydantic_core import PydanticUndefined
 
-from streamgrp.core.values import Float, Frozen, Int, NonNegInt
+from streamgrp.core.values import Float, Frozen, Int, NonNegInt, built
 
 
 class Member(Frozen):
@@ -44,8 +44,8 @@ class DecidedMember(Member):
     def placed(self) -> Member:
         """The member as a step's shard records it (without digest and reward)."""
         # Every field was validated when this record was; constructing again would only repeat it.
-        return Member.model_construct(slot=self.slot, entry=self.entry, rows=self.rows, tokens=self.tokens,
-                                      version=self.version)
+        return built(Member, {"slot": self.slot, "entry": self.entry, "rows": self.rows, "tokens": self.tokens,
+                              "version": self.version})
 
 
 #: Wire column -> member field, in the order the columns are written.

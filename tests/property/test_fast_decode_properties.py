@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamgrp.core import codec
-from streamgrp.core.slot_header import fast_slot_result
+from streamgrp.core.fast_decode import fast_group_decided, fast_slot_result
 from streamgrp.core.values import INT64_MAX
 from streamgrp.errors import DecodeError
 
@@ -122,3 +122,108 @@ def test_headers_at_the_bounds_take_the_fast_path_to_the_same_event(edit, monkey
     header = orjson.loads(_GOOD.replace(*edit))
     fast = fast_slot_result(header)
     assert fast is not None and fast == _full(header, monkeypatch)
+
+
+# -- group decisions -------------------------------------------------------------------------------------
+
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def _valid_decision(draw) -> dict:
+    count = draw(st.integers(0, 4))
+
+    def column(values):
+        return draw(st.lists(values, min_size=count, max_size=count))
+
+    return {"schema_version": 2, "producer": draw(st.text(max_size=4)), "seq": draw(_COUNT), "kind": "group_decided",
+            "task_id": draw(st.text(max_size=6)), "decision": draw(st.sampled_from(["complete", "partial", "dropped"])),
+            "reason": draw(st.none() | st.text(max_size=3)), "members": column(_COUNT),
+            "member_entries": column(st.text(max_size=4)), "member_digests": column(st.text(max_size=4)),
+            "member_rows": column(st.integers(-(2**63), INT64_MAX)), "member_tokens": column(st.integers(-3, 9)),
+            "member_versions": column(st.integers(-3, 9)), "member_rewards": column(st.none() | _FLOATS),
+            "slot_outcomes": draw(st.dictionaries(st.text(max_size=2), st.text(max_size=7), max_size=3)),
+            "stats": {"target_slot_count": draw(_COUNT), "usable_slot_count": draw(_COUNT),
+                      "trainable_slot_count": draw(_COUNT), "fully_masked_group": draw(st.booleans()),
+                      "singleton_slot_group": draw(st.booleans()), "pre_filter_usable_slot_yield": draw(_FLOATS),
+                      "pre_filter_trainable_slot_yield": draw(_FLOATS)},
+            "error": draw(st.none() | st.text(max_size=3)), "closed_by": draw(st.sampled_from(["all_slots", "deadline"])),
+            "issued_at": draw(st.none() | _FLOATS), "decided_at": draw(st.none() | _FLOATS)}
+
+
+_DECISION_KEYS = [
+    "schema_version", "producer", "seq", "kind", "task_id", "decision", "reason", "members", "member_entries",
+    "member_digests", "member_rows", "member_tokens", "member_versions", "member_rewards", "slot_outcomes", "stats",
+    "error", "closed_by", "issued_at", "decided_at"]
+_STATS_KEYS = ["target_slot_count", "usable_slot_count", "trainable_slot_count", "fully_masked_group",
+               "singleton_slot_group", "pre_filter_usable_slot_yield", "pre_filter_trainable_slot_yield"]
+_ODD_ITEM = st.one_of(_ODD, st.just([]), st.lists(_ODD, max_size=3), st.dictionaries(st.text(max_size=2), _ODD, max_size=2))
+#: One change to a valid decision: a key set, dropped or added; a stats key; or one item of a member column.
+_DECISION_CHANGE = st.one_of(
+    st.none(),
+    st.tuples(st.sampled_from(["set", "drop", "add"]), st.sampled_from(_DECISION_KEYS), _ODD_ITEM),
+    st.tuples(st.sampled_from(["set stats", "drop stats", "add stats"]), st.sampled_from(_STATS_KEYS), _ODD),
+    st.tuples(st.just("set item"), st.sampled_from(_DECISION_KEYS[7:14]), _ODD))
+
+
+def _changed_decision(header: dict, change) -> dict:
+    if change is None:
+        return header
+    how, key, value = change
+    if how == "set item":
+        if header[key]:
+            header[key][0] = value
+        return header
+    target = header["stats"] if how.endswith("stats") else header
+    if how.startswith("set"):
+        target[key] = value
+    elif how.startswith("drop"):
+        target.pop(key)
+    else:
+        target["more"] = value
+    return header
+
+
+def _full_decision(header: dict):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codec, "fast_group_decided", lambda header: None)
+        try:
+            return codec.decode({b"h": orjson.dumps(header)})
+        except DecodeError:
+            return None
+
+
+@settings(max_examples=800, deadline=None)
+@given(header=_valid_decision(), change=_DECISION_CHANGE)
+def test_the_fast_decision_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(header, change):
+    header = _changed_decision(header, change)
+    try:
+        wire = orjson.dumps(header)
+    except orjson.JSONEncodeError:
+        return  # an integer JSON cannot carry: never a header
+    fast = fast_group_decided(orjson.loads(wire))
+    if fast is None:
+        return
+    full = _full_decision(header)
+    assert full is not None, f"the fast path accepted {header} which the full decoder refuses"
+    assert fast == full and codec.encode(fast) == codec.encode(full)
+    assert fast.model_fields_set == full.model_fields_set
+    assert [m.model_fields_set for m in fast.members] == [m.model_fields_set for m in full.members]
+
+
+def test_what_the_assembler_writes_takes_the_fast_path():
+    from streamgrp.core.events import DecidedMember, GroupDecided
+    from streamgrp.core.members import GroupStats
+
+    decision = GroupDecided(task_id="t1", decision="partial", producer="assembler-1", seq=3, slot_outcomes={"0": "sample", "1": "timeout"},
+                            members=[DecidedMember(slot=0, entry="1-0", rows=1, tokens=4, version=0, digest="ab",
+                                                   reward=0.5)],
+                            stats=GroupStats.of(2, 1, 1), closed_by="deadline", issued_at=1.0, decided_at=2.0)
+    header = orjson.loads(codec.encode(decision)[codec.HEADER])
+    assert fast_group_decided(header) == decision
+    dropped = decision.model_copy(update={"members": (), "decision": "dropped", "stats": GroupStats.of(2, 0, 0)})
+    assert fast_group_decided(orjson.loads(codec.encode(dropped)[codec.HEADER])) == dropped
+    # A member without a reward and a digest (schema 1 leaves those columns empty): the full path.
+    bare = decision.model_copy(update={"members": (DecidedMember(slot=0, entry="1-0", rows=1, tokens=4, version=0),)})
+    assert fast_group_decided(orjson.loads(codec.encode(bare)[codec.HEADER])) is None
+    assert codec.decode(codec.encode(bare)) == bare

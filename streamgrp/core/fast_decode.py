@@ -1,0 +1,137 @@
+"""The fast paths of decoding: plain schema-2 slot result and group decision headers checked by
+hand, no pydantic validation.
+
+The assembler decodes every slot header of the group log, and the batcher every decision; pydantic
+spends several microseconds on each slot header and tens on a decision with its member records.
+`fast_slot_result` and `fast_group_decided` accept only headers that the full decoder would accept
+and turn into the very same event (every key present and no other, the exact types and bounds of
+the models), and return None for anything else, which then takes the full path with its reasons
+and dead letters. So they change speed, never results: property tests hold them to the full decoder.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats, SampleSummary, SlotResult
+from streamgrp.core.values import INT64_MAX, INT64_MIN, built
+
+_SLOT_KEYS = frozenset({"schema_version", "producer", "seq", "kind", "task_id", "slot", "outcome", "sample", "error"})
+_SUMMARY_KEYS = frozenset({"rows", "tokens", "version", "reward", "digest"})
+#: A decision's header keys: its fields with the members as columns (`GroupDecided.wire_fields`).
+_DECISION_KEYS = frozenset({
+    "schema_version", "producer", "seq", "kind", "task_id", "decision", "reason", "members", "member_entries",
+    "member_digests", "member_rows", "member_tokens", "member_versions", "member_rewards", "slot_outcomes", "stats",
+    "error", "closed_by", "issued_at", "decided_at"})
+_STATS_KEYS = ("target_slot_count", "usable_slot_count", "trainable_slot_count", "fully_masked_group",
+               "singleton_slot_group", "pre_filter_usable_slot_yield", "pre_filter_trainable_slot_yield")
+_COLUMNS = ("members", "member_entries", "member_digests", "member_rows", "member_tokens", "member_versions",
+            "member_rewards")
+
+
+def fast_slot_result(header: dict[str, Any]) -> SlotResult | None:
+    """The `SlotResult` of a parsed header when it is a plain, valid schema-2 one; else None."""
+    if header.keys() != _SLOT_KEYS or header["kind"] != "slot_result" or not _is_int(header["schema_version"], 2, 2):
+        return None
+    task_id, producer, error = header["task_id"], header["producer"], header["error"]
+    if not (task_id.__class__ is str and 1 <= len(task_id) <= 256 and producer.__class__ is str
+            and _is_int(header["slot"]) and _is_int(header["seq"]) and (error is None or error.__class__ is str)):
+        return None
+    outcome = header["outcome"]
+    if outcome == "sample":
+        summary = _summary(header["sample"])
+        if summary is None:
+            return None
+    elif outcome in ("rejected", "failed") and header["sample"] is None:
+        if outcome == "failed" and not error:
+            return None
+        summary = None
+    else:
+        return None
+    return built(SlotResult, {"schema_version": 2, "producer": producer, "seq": header["seq"], "kind": "slot_result",
+                               "task_id": task_id, "slot": header["slot"], "outcome": outcome, "sample": summary,
+                               "error": error})
+
+
+def _summary(sample: Any) -> SampleSummary | None:
+    if sample.__class__ is not dict or sample.keys() != _SUMMARY_KEYS:
+        return None
+    reward, digest = sample["reward"], sample["digest"]
+    if not (_is_int(sample["rows"], 1) and _is_int(sample["tokens"]) and _is_int(sample["version"])
+            and reward.__class__ is float and math.isfinite(reward)
+            and digest.__class__ is str and 1 <= len(digest) <= 128):
+        return None
+    return built(SampleSummary, {"rows": sample["rows"], "tokens": sample["tokens"], "version": sample["version"],
+                                  "reward": reward, "digest": digest})
+
+
+def fast_group_decided(header: dict[str, Any]) -> GroupDecided | None:
+    """The `GroupDecided` of a parsed header when it is a plain, valid schema-2 one with every member
+    column filled; else None."""
+    if header.keys() != _DECISION_KEYS or header["kind"] != "group_decided" \
+            or not _is_int(header["schema_version"], 2, 2):
+        return None
+    task_id, producer = header["task_id"], header["producer"]
+    if not (task_id.__class__ is str and producer.__class__ is str and _is_int(header["seq"])
+            and header["decision"] in ("complete", "partial", "dropped") and header["closed_by"] in ("all_slots", "deadline")
+            and _is_optional_text(header["reason"]) and _is_optional_text(header["error"])
+            and _is_optional_float(header["issued_at"]) and _is_optional_float(header["decided_at"])):
+        return None
+    outcomes = header["slot_outcomes"]
+    if outcomes.__class__ is not dict or not all(value.__class__ is str for value in outcomes.values()):
+        return None
+    stats = _stats(header["stats"])
+    members = _members([header[name] for name in _COLUMNS])
+    if stats is None or members is None:
+        return None
+    return built(GroupDecided, {
+        "schema_version": 2, "producer": producer, "seq": header["seq"], "kind": "group_decided", "task_id": task_id,
+        "decision": header["decision"], "reason": header["reason"], "members": members, "slot_outcomes": outcomes,
+        "stats": stats, "error": header["error"], "closed_by": header["closed_by"], "issued_at": header["issued_at"],
+        "decided_at": header["decided_at"]})
+
+
+def _stats(stats: Any) -> GroupStats | None:
+    if stats.__class__ is not dict or stats.keys() != set(_STATS_KEYS):
+        return None
+    values = [stats[key] for key in _STATS_KEYS]
+    if not (all(_is_int(count) for count in values[:3]) and values[3].__class__ is bool and values[4].__class__ is bool
+            and all(_is_float(value) for value in values[5:])):
+        return None
+    return built(GroupStats, dict(zip(_STATS_KEYS, values)))
+
+
+def _members(columns: list[Any]) -> tuple[DecidedMember, ...] | None:
+    """The member records of full columns (one item per member in each); None for anything else."""
+    if not all(column.__class__ is list for column in columns):
+        return None
+    slots, entries, digests, rows, tokens, versions, rewards = columns
+    count = len(slots)
+    if any(len(column) != count for column in columns):
+        return None  # an optional column left empty (schema 1 allows it): the full path
+    if not (all(_is_int(slot) for slot in slots) and all(entry.__class__ is str for entry in entries)
+            and all(digest.__class__ is str for digest in digests)
+            and all(_is_int(value, INT64_MIN) for column in (rows, tokens, versions) for value in column)
+            and all(_is_optional_float(reward) for reward in rewards)):
+        return None
+    return tuple(built(DecidedMember, {"slot": slot, "entry": entry, "rows": row, "tokens": token, "version": version,
+                                       "digest": digest, "reward": reward})
+                 for slot, entry, row, token, version, digest, reward
+                 in zip(slots, entries, rows, tokens, versions, digests, rewards))
+
+
+def _is_optional_text(value: Any) -> bool:
+    return value is None or value.__class__ is str
+
+
+def _is_float(value: Any) -> bool:
+    return value.__class__ is float and math.isfinite(value)
+
+
+def _is_optional_float(value: Any) -> bool:
+    return value is None or _is_float(value)
+
+
+def _is_int(value: Any, low: int = 0, high: int = INT64_MAX) -> bool:
+    return value.__class__ is int and low <= value <= high
