@@ -14,21 +14,24 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats, SampleSummary, SlotResult
+from streamgrp.core.events import (
+    DecidedMember,
+    GroupDecided,
+    GroupStats,
+    SampleSummary,
+    SlotResult,
+)
+from streamgrp.core.members import WIRE_COLUMNS
 from streamgrp.core.values import INT64_MAX, INT64_MIN, built
 
-_SLOT_KEYS = frozenset({"schema_version", "producer", "seq", "kind", "task_id", "slot", "outcome", "sample", "error"})
-_SUMMARY_KEYS = frozenset({"rows", "tokens", "version", "reward", "digest"})
-#: A decision's header keys: its fields with the members as columns (`GroupDecided.wire_fields`).
-_DECISION_KEYS = frozenset({
-    "schema_version", "producer", "seq", "kind", "task_id", "decision", "reason", "members", "member_entries",
-    "member_digests", "member_rows", "member_tokens", "member_versions", "member_rewards", "slot_outcomes", "stats",
-    "error", "closed_by", "issued_at", "decided_at"})
-_STATS_KEYS = ("target_slot_count", "usable_slot_count", "trainable_slot_count", "fully_masked_group",
-               "singleton_slot_group", "pre_filter_usable_slot_yield", "pre_filter_trainable_slot_yield")
-_COLUMNS = ("members", "member_entries", "member_digests", "member_rows", "member_tokens", "member_versions",
-            "member_rewards")
-
+_SLOT_KEYS = frozenset(SlotResult.model_fields)
+_SUMMARY_KEYS = frozenset(SampleSummary.model_fields)
+#: A decision's member columns, in the order `GroupDecided.wire_fields` writes them (slots first).
+_COLUMNS = tuple(WIRE_COLUMNS)
+#: A decision's header keys: its fields with the members as columns.
+_DECISION_KEYS = frozenset(GroupDecided.model_fields) | frozenset(_COLUMNS)
+_STATS_KEYS = tuple(GroupStats.model_fields)
+_STATS_KEY_SET = frozenset(_STATS_KEYS)
 
 def fast_slot_result(header: dict[str, Any]) -> SlotResult | None:
     """The `SlotResult` of a parsed header when it is a plain, valid schema-2 one; else None."""
@@ -93,7 +96,7 @@ def fast_group_decided(header: dict[str, Any]) -> GroupDecided | None:
 
 
 def _stats(stats: Any) -> GroupStats | None:
-    if stats.__class__ is not dict or stats.keys() != set(_STATS_KEYS):
+    if stats.__class__ is not dict or stats.keys() != _STATS_KEY_SET:
         return None
     values = [stats[key] for key in _STATS_KEYS]
     if not (all(_is_int(count) for count in values[:3]) and values[3].__class__ is bool and values[4].__class__ is bool
@@ -106,7 +109,7 @@ def _members(columns: list[Any]) -> tuple[DecidedMember, ...] | None:
     """The member records of full columns (one item per member in each); None for anything else."""
     if not all(column.__class__ is list for column in columns):
         return None
-    slots, entries, digests, rows, tokens, versions, rewards = columns
+    slots, entries, digests, rows, tokens, versions, rewards = columns  # in WIRE_COLUMNS order
     count = len(slots)
     if any(len(column) != count for column in columns):
         return None  # an optional column left empty (schema 1 allows it): the full path

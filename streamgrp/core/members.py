@@ -49,7 +49,7 @@ class DecidedMember(Member):
 
 
 #: Wire column -> member field, in the order the columns are written.
-_COLUMNS = {"members": "slot", "member_entries": "entry", "member_digests": "digest", "member_rows": "rows",
+WIRE_COLUMNS = {"members": "slot", "member_entries": "entry", "member_digests": "digest", "member_rows": "rows",
             "member_tokens": "tokens", "member_versions": "version", "member_rewards": "reward"}
 
 
@@ -80,14 +80,14 @@ def from_columns(data: Any, record: type[Member]) -> Any:
 def _record_columns(record: type[Member]) -> tuple[tuple[str, str, bool], ...]:
     """(wire column, field, optional) of each column ``record`` has, "members" (the slots) first."""
     return tuple((name, field, record.model_fields[field].default is not PydanticUndefined)
-                 for name, field in _COLUMNS.items() if field in record.model_fields)
+                 for name, field in WIRE_COLUMNS.items() if field in record.model_fields)
 
 
 def member_columns(members: Sequence[Member], record: type[Member]) -> dict[str, list[Any]]:
     """The wire columns of ``members`` (the inverse of ``_from_columns``); an optional field that no
     member recorded is written as an empty column, as schema 1 allows."""
     columns: dict[str, list[Any]] = {}
-    for name, field in _COLUMNS.items():
+    for name, field in WIRE_COLUMNS.items():
         info = record.model_fields.get(field)
         if info is None:
             continue

@@ -43,23 +43,29 @@ def _changed(header: dict, change) -> dict:
     if change is None:
         return header
     how, key, value = change
-    target = header
     if how.endswith("summary"):
-        if not isinstance(header["sample"], dict):
-            return header
-        target = header["sample"]
+        if isinstance(header["sample"], dict):
+            _edit(header["sample"], how, key, value)
+        return header
+    _edit(header, how, key, value)
+    return header
+
+
+def _edit(target: dict, how: str, key: str, value) -> None:
+    """A key of ``target`` set to ``value`` or dropped, or a key it does not know added."""
     if how.startswith("set"):
         target[key] = value
     elif how.startswith("drop"):
         target.pop(key)
     else:
         target["more"] = value
-    return header
 
 
-def _full(header: dict, monkeypatch: pytest.MonkeyPatch):
-    with monkeypatch.context() as patch:
+def _full(header: dict):
+    """The full decoder's event for ``header`` (both fast paths off), or None where it refuses it."""
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(codec, "fast_slot_result", lambda header: None)
+        patch.setattr(codec, "fast_group_decided", lambda header: None)
         try:
             return codec.decode({b"h": orjson.dumps(header)})
         except DecodeError:
@@ -77,18 +83,17 @@ def test_the_fast_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(
     fast = fast_slot_result(orjson.loads(orjson.dumps(header)))
     if fast is None:
         return
-    with pytest.MonkeyPatch.context() as patch:
-        full = _full(header, patch)
+    full = _full(header)
     assert full is not None, f"the fast path accepted {header} which the full decoder refuses"
     assert fast == full and codec.encode(fast) == codec.encode(full)
     assert fast.model_fields_set == full.model_fields_set
 
 
-def test_a_plain_header_takes_the_fast_path_and_a_refused_one_gets_the_full_reason(monkeypatch):
+def test_a_plain_header_takes_the_fast_path_and_a_refused_one_gets_the_full_reason():
     good = {"schema_version": 2, "producer": "w", "seq": 1, "kind": "slot_result", "task_id": "t", "slot": 0,
             "outcome": "sample", "sample": {"rows": 1, "tokens": 4, "version": 0, "reward": 0.5, "digest": "ab"},
             "error": None}
-    assert fast_slot_result(good) == _full(good, monkeypatch)
+    assert fast_slot_result(good) == _full(good)
     bad = {**good, "sample": {**good["sample"], "rows": True}}
     assert fast_slot_result(bad) is None
     with pytest.raises(DecodeError) as refused:
@@ -118,10 +123,10 @@ def test_a_reward_that_is_not_finite_leaves_the_fast_path():
 
 @pytest.mark.parametrize("edit", [('"t"', '"' + "x" * 256 + '"'), ('"ab"', '"' + "d" * 128 + '"'),
                                   ('"seq":1', f'"seq":{INT64_MAX}'), ('"outcome":"sample"', '"outcome":"sample"')])
-def test_headers_at_the_bounds_take_the_fast_path_to_the_same_event(edit, monkeypatch):
+def test_headers_at_the_bounds_take_the_fast_path_to_the_same_event(edit):
     header = orjson.loads(_GOOD.replace(*edit))
     fast = fast_slot_result(header)
-    assert fast is not None and fast == _full(header, monkeypatch)
+    assert fast is not None and fast == _full(header)
 
 
 # -- group decisions -------------------------------------------------------------------------------------
@@ -174,23 +179,8 @@ def _changed_decision(header: dict, change) -> dict:
         if header[key]:
             header[key][0] = value
         return header
-    target = header["stats"] if how.endswith("stats") else header
-    if how.startswith("set"):
-        target[key] = value
-    elif how.startswith("drop"):
-        target.pop(key)
-    else:
-        target["more"] = value
+    _edit(header["stats"] if how.endswith("stats") else header, how, key, value)
     return header
-
-
-def _full_decision(header: dict):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(codec, "fast_group_decided", lambda header: None)
-        try:
-            return codec.decode({b"h": orjson.dumps(header)})
-        except DecodeError:
-            return None
 
 
 @settings(max_examples=800, deadline=None)
@@ -204,7 +194,7 @@ def test_the_fast_decision_path_gives_the_full_decoders_event_or_leaves_the_head
     fast = fast_group_decided(orjson.loads(wire))
     if fast is None:
         return
-    full = _full_decision(header)
+    full = _full(header)
     assert full is not None, f"the fast path accepted {header} which the full decoder refuses"
     assert fast == full and codec.encode(fast) == codec.encode(full)
     assert fast.model_fields_set == full.model_fields_set
