@@ -187,9 +187,26 @@ def cmd_trainer(args: argparse.Namespace) -> int:
             # of the step, which stays uncommitted (not failed) for the next start (streamgrp.train.trainer).
             log.warning("trainer rank %d stopped during a step (%s: %s); it resumes there at the next start",
                         ranks.rank, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
-            return 0
-        log.info("trainer rank %d committed %d steps", ranks.rank, steps)
+        else:
+            log.info("trainer rank %d committed %d steps", ranks.rank, steps)
+    if ranks.world_size > 1:
+        _exit_without_finalizing(0)
     return 0
+
+
+def _exit_without_finalizing(code: int) -> None:
+    """End a rank that was in a process group without the interpreter's finalization: its steps are
+    committed and its process group destroyed, yet torch's C++ threads can still abort the process while
+    Python tears down (SIGABRT, "terminate called without an active exception", seen once in CI after a
+    rank's last commit line), which its supervisor would report as a crash. Nothing is left to flush but
+    the logs and the standard streams."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 @_stoppable
