@@ -142,6 +142,8 @@ class RunConfig(_Settings):
     max_staleness: int = Field(1, ge=0, description="drop groups more than this many policy versions old")
     max_empty_rounds: int = Field(8, ge=1, description="stall bound: consecutive rounds without a trainable group")
     stall_timeout_s: float = Field(1800.0, ge=0, description="stall bound: seconds without progress (both must hold)")
+    partitions: int = Field(1, ge=1, le=64, description="task partitions, each with its own streams (under its own hash "
+                            "tag, so on its own Redis Cluster node) and its own assembler (`assembler --partition`)")
 
     @model_validator(mode="after")
     def _check_batching(self) -> RunConfig:
@@ -172,6 +174,18 @@ class WorkerConfig(_RoleSettings):
     max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="a sample larger than this once encoded is "
                                  "published as a failed slot saying so (the assembler would dead-letter it)")
     burst: bool = Field(False, description="exit when no task is waiting instead of blocking")
+    take_partitions: str | None = Field(None, description="comma-separated run partitions to take tasks from (default "
+                                        "all); results always go to their task's partition")
+
+    def partition_numbers(self) -> tuple[int, ...] | None:
+        """``take_partitions`` as numbers (None: all), or `ConfigError` naming the setting."""
+        if self.take_partitions is None or not self.take_partitions.strip():
+            return None
+        try:
+            return tuple(int(part) for part in self.take_partitions.split(","))
+        except ValueError:
+            raise ConfigError(f"take_partitions={self.take_partitions!r}: give partition numbers separated by commas, "
+                              "like 0,2") from None
 
 
 class InferenceConfig(_Settings):
@@ -308,6 +322,8 @@ class AssemblerConfig(_RoleSettings):
     max_open_groups: int = Field(100_000, ge=1, description="refuse (dead-letter) a task issued while this many "
                                  "groups are open: a flood of fake tasks cannot exhaust memory")
     burst: bool = Field(False, description="exit after the first read that brings nothing new")
+    partition: int = Field(0, ge=0, description="the run partition this assembler folds: a partitioned run has one "
+                           "assembler per partition (0 to partitions - 1)")
 
 
 class ArchiverConfig(_Settings):

@@ -99,7 +99,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         _lend_to_rollouts(client, run.keys, handle.url)
         metrics = serve_metrics(config, role="worker", run=run.name)
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
-                              metrics=metrics)
+                              metrics=metrics, partitions=run.partitions, take_from=config.partition_numbers())
         process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
                                 version=lambda: int(client.get(run.keys.version) or 0), metrics=metrics)
         done = process.run(stop_event())
@@ -141,7 +141,7 @@ def cmd_assembler(args: argparse.Namespace) -> int:
         run = _join(client, connection, args, "assembler", burst=config.burst)
         metrics = serve_metrics(config, role="assembler", run=run.name, client=client,
                                 streams=run.keys.all_streams().values())
-        assembler = Assembler(client, run, config, metrics=metrics)
+        assembler = Assembler(client, run, config, metrics=metrics, partition=config.partition)
         written = assembler.run(stop_event(), burst=config.burst)
         log.info("assembler %s wrote %d decisions", assembler.name, written)
     return 0

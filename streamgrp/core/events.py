@@ -206,6 +206,8 @@ class ShardGroup(Frozen):
     decision_entry: str
     members: tuple[Member, ...]
     digest: str
+    #: The run partition whose streams hold the decision and the members' entries (0 unpartitioned).
+    partition: NonNegInt = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -213,9 +215,11 @@ class ShardGroup(Frozen):
         return from_columns(data, Member)
 
     def wire_fields(self) -> dict[str, Any]:
-        """The fields as schema 1 writes them: members as columns."""
+        """The fields as schema 1 writes them: members as columns; the partition only when not 0, so an
+        unpartitioned run's manifests are what they always were."""
+        partition = {"partition": self.partition} if self.partition else {}
         return {"task_id": self.task_id, "decision_entry": self.decision_entry,
-                **member_columns(self.members, Member), "digest": self.digest}
+                **member_columns(self.members, Member), "digest": self.digest, **partition}
 
     @property
     def valid_tokens(self) -> int:

@@ -13,12 +13,26 @@ from streamgrp.core.events import GroupDecided, Shard, ShardGroup, StepManifest
 from streamgrp.core.partition import balanced_partition
 
 
-def shard_group(decision_entry: str, decision: GroupDecided) -> ShardGroup:
+def decision_ref(partition: int, entry_id: str) -> str:
+    """How the batcher names a decision entry: its id, with ``@partition`` after it beyond partition 0
+    (entry ids of different partitions' streams can be equal)."""
+    return f"{entry_id}@{partition}" if partition else entry_id
+
+
+def split_decision_ref(ref: str) -> tuple[int, str]:
+    """(partition, entry id) of a `decision_ref`."""
+    entry_id, _, partition = ref.partition("@")
+    return (int(partition) if partition else 0), entry_id
+
+
+def shard_group(ref: str, decision: GroupDecided) -> ShardGroup:
+    partition, entry_id = split_decision_ref(ref)
     return ShardGroup(
         task_id=decision.task_id,
-        decision_entry=decision_entry,
+        decision_entry=entry_id,
         members=tuple(member.placed() for member in decision.members),
         digest=combine_digests(member.digest for member in decision.members),
+        partition=partition,
     )
 
 

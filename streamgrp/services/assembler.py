@@ -17,6 +17,10 @@ Why one fold in order: the decision for a group depends only on the log's order 
 in the same log), so a restarted assembler that re-reads its pending entries in id order and then
 continues reaches the same decisions as an uninterrupted one, and `verify` can re-fold the log.
 Only one assembler is active at a time (a lease with a TTL); standbys wait and take over.
+
+In a partitioned run each partition has its own slot log, decisions, markers, counters and lease
+(`streamgrp.store.keys.PartitionKeys`), and its own assembler (``partition``): every key one commit
+touches is in the partition's hash slot, so the guarantees above hold per partition on a cluster.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from streamgrp.core.group_fold import (
     fold,
     next_deadline,
 )
-from streamgrp.errors import DecodeError
+from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
 from streamgrp.store import scripts
 from streamgrp.store.connection import replicate
@@ -75,10 +79,14 @@ class Assembler:
     """One assembler process's driver. `run` loops until ``stop`` is set (or, in burst mode, idle)."""
 
     def __init__(self, client: redis.Redis, run: Run, config: AssemblerConfig, *, name: str | None = None,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, partition: int = 0) -> None:
+        if not 0 <= partition < run.config.partitions:
+            raise ConfigError(f"partition {partition}: run {run.name} has partitions 0 to {run.config.partitions - 1}; "
+                              "fix --partition")
         self.client = client
         self.run_ = run
-        self.keys = run.keys
+        #: The keys of the partition this assembler folds (the run's own layout when it has one).
+        self.keys = run.partitions[partition]
         self.config = config
         self.name = name or producer_name("assembler")
         self.metrics = metrics

@@ -10,6 +10,12 @@ entries it uses are one Lua call (`batch_commit.lua`), fenced by the batcher lea
 written at explicit entry ids (``{step}-1``), so a step number can neither be skipped nor written
 twice. Groups buffered for a later step stay pending in the consumer group, so a restarted batcher
 rebuilds its buffer from its pending entries, in order.
+
+A partitioned run's decisions are in each partition's own hash slot, which one script call cannot
+reach together with the steps stream on a cluster. There the commit records the decisions it uses
+in ``batcher:unacked`` (run slot, same call) and the batcher acknowledges them in their partitions
+afterwards; a batcher taking over applies what is recorded before it reads any pending decision, so
+a decision a written step used is never buffered again.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from streamgrp.core.events import (
     RunFinished,
     RunTerminated,
 )
-from streamgrp.core.manifest import make_manifest
+from streamgrp.core.manifest import decision_ref, make_manifest, split_decision_ref
 from streamgrp.core.stall import StallTracker, stall_message
 from streamgrp.errors import DecodeError, LeaseLost
 from streamgrp.services import heap
@@ -40,7 +46,7 @@ from streamgrp.services.feeder import Feeder
 from streamgrp.store import scripts
 from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
 from streamgrp.store.deadletter import DeadLetters
-from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP
+from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP, PartitionKeys
 from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.runs import Run, server_time
 from streamgrp.store.streams import ensure_group, entry_id_str, producer_name
@@ -79,8 +85,10 @@ class Batcher:
         self._pending_steps: list[batch_fold.StepDue] = []
         self._inactive_since: float | None = None
         self.outage = outage_of(client)
-        self.dead_letters = DeadLetters(client, self.keys, metrics=metrics)
-        ensure_group(client, self.keys.decisions, BATCHER_GROUP)
+        self.partitions = run.partitions
+        self.dead_letters = {part.index: DeadLetters(client, part, metrics=metrics) for part in self.partitions}
+        for part in self.partitions:
+            ensure_group(client, part.decisions, BATCHER_GROUP)
 
     @property
     def outcome(self) -> str:
@@ -107,6 +115,7 @@ class Batcher:
 
     def _activate(self) -> None:
         """Take over: the next step from the server, the buffer from pending decisions."""
+        self._acknowledge_recorded()  # owed by the batcher before this one, finished run or not
         state = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.batcher_state).items()}
         if "terminal" in state or "finished" in state:
             self._finished_outcome = "failed" if "terminal" in state else "finished"
@@ -118,19 +127,21 @@ class Batcher:
             self._inactive_since = None
         self.state = BatchState(self.rules, self.group_filter, next_step=int(state.get("next_step", 0)), stall=stall)
         self._active = True
-        last = "0"
-        while True:
-            reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {self.keys.decisions: last}, count=512)
-            entries = reply[0][1] if reply else []
-            if not entries:
-                break
-            last = entry_id_str(entries[-1][0])
-            self._take(entries, replaying=True)
+        for part in self.partitions:
+            last = "0"
+            while True:
+                reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: last}, count=512)
+                entries = reply[0][1] if reply else []
+                if not entries:
+                    break
+                last = entry_id_str(entries[-1][0])
+                self._take([(part, entries)], replaying=True)
         if self._feeder is not None:
             self._feeder.resume()  # the same dataset iterator: continue it, never re-open or re-skip it
         elif self.dataset is not None:
             self._feeder = Feeder(self.client, self.keys, self.dataset, batch_size=self.settings.batch_size,
-                                  max_staleness=self.settings.max_staleness, producer=self.name)
+                                  max_staleness=self.settings.max_staleness, producer=self.name,
+                                  partitions=self.partitions)
         log.info("batcher %s active at step %d with %d buffered groups", self.name, self.state.next_step,
                  len(self.state.buffer))
         heap.settle()  # imports and the replayed buffer: out of the collector's way while steps are made
@@ -148,11 +159,9 @@ class Batcher:
             if remaining <= 0 or (stop is not None and stop.is_set()):
                 break
             block = max(1, min(MAX_BLOCK_MS, int(min(remaining, self.config.lease_ttl_s / 3) * 1000)))
-            reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {self.keys.decisions: ">"}, count=512,
-                                           block=block)
-            entries = reply[0][1] if reply else []
-            read += len(entries)
-            self._take(entries)
+            batches = self._read_new(block)
+            read += sum(len(entries) for _, entries in batches)
+            self._take(batches)
             if self.settings.batch_mode == "fixed":
                 self._feed()
             self.lease.renew_if_due()
@@ -162,23 +171,47 @@ class Batcher:
 
     # -- from the server into the fold ----------------------------------------------------------------
 
-    def _take(self, entries, *, replaying: bool = False) -> None:
-        """Fold a read batch of decision entries; dead-letter the ones that are not decisions."""
+    def _read_new(self, block_ms: int) -> list[tuple[PartitionKeys, list]]:
+        """New decision entries, by partition: one blocking read for one partition; else a read of each
+        without waiting, then (when none had any) a wait on each in turn, since a cluster cannot block
+        on keys of several slots in one call."""
+        def read(part: PartitionKeys, block: int | None) -> list:
+            reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512,
+                                           block=block)
+            return reply[0][1] if reply else []
+
+        if len(self.partitions) == 1:
+            return [(self.partitions[0], read(self.partitions[0], block_ms))]
+        found = [(part, entries) for part in self.partitions if (entries := read(part, None))]
+        if found:
+            return found
+        for part in self.partitions:
+            entries = read(part, max(1, block_ms // len(self.partitions)))
+            if entries:
+                return [(part, entries)]
+        return []
+
+    def _take(self, batches: list[tuple[PartitionKeys, list]], *, replaying: bool = False) -> None:
+        """Fold read batches of decision entries (each from one partition), then see whether the dataset
+        is done: only after every batch, since one partition's read being folded says nothing of the
+        others'. Dead-letter the entries that are not decisions."""
         self._fold(batch_fold.VersionSet(self._current_version()))
-        for raw_id, fields in entries:
-            entry_id = entry_id_str(raw_id)
-            try:
-                decision = codec.decode(fields) if fields is not None else None
-            except DecodeError as exc:
-                self.dead_letters.send(self.keys.decisions, entry_id, exc.reason, exc.detail, fields,
-                                       group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
-                continue
-            if fields is not None and not isinstance(decision, GroupDecided):
-                self.dead_letters.send(self.keys.decisions, entry_id, "unexpected_kind",
-                                       f"a {decision.kind} event does not belong in the decisions stream", fields,
-                                       group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
-                continue
-            self._fold(batch_fold.Decided(entry_id, decision), defer=True)
+        for part, entries in batches:
+            dead_letters = self.dead_letters[part.index]
+            for raw_id, fields in entries:
+                entry_id = entry_id_str(raw_id)
+                try:
+                    decision = codec.decode(fields) if fields is not None else None
+                except DecodeError as exc:
+                    dead_letters.send(part.decisions, entry_id, exc.reason, exc.detail, fields,
+                                      group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
+                    continue
+                if fields is not None and not isinstance(decision, GroupDecided):
+                    dead_letters.send(part.decisions, entry_id, "unexpected_kind",
+                                      f"a {decision.kind} event does not belong in the decisions stream", fields,
+                                      group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
+                    continue
+                self._fold(batch_fold.Decided(decision_ref(part.index, entry_id), decision), defer=True)
         self._flush()
         if not replaying and self.outcome == "running" and self._dataset_done():
             self._fold(batch_fold.VersionSet(self._current_version()))
@@ -265,7 +298,10 @@ class Batcher:
     def _write_failure(self, failed: batch_fold.Failed) -> None:
         message = failed.message
         if failed.reason == "stall" and not message:
-            counts = {k.decode(): int(float(v)) for k, v in self.client.hgetall(self.keys.counts).items()}
+            counts: dict[str, int] = {}
+            for key in dict.fromkeys([self.keys.counts, *(part.counts for part in self.partitions)]):
+                for name, value in self.client.hgetall(key).items():
+                    counts[name.decode()] = counts.get(name.decode(), 0) + int(float(value))
             message = stall_message(self.state.stall, self.clock(), counts, server_note=self._memory_note())
         event = RunTerminated(reason=failed.reason, message=message, step=failed.step)
         self._apply(["T", self._header(event)])
@@ -277,6 +313,9 @@ class Batcher:
             return
         keys = [self.keys.decisions, self.keys.steps, self.keys.discarded, self.keys.counts, self.keys.batcher_lease,
                 self.keys.batcher_state, self.keys.control]
+        if len(self.partitions) > 1:  # acknowledgements recorded in the run's slot, applied below
+            keys[0:1] = [self.keys.batcher_unacked]
+            keys.append(self.keys.batcher_unacked)
         try:
             _, *applied = self._commit(keys=keys, args=[self.lease.token, BATCHER_GROUP, *ops])
         except LeaseLost:
@@ -288,6 +327,26 @@ class Batcher:
         replicate(self.client)
         if self.metrics is not None:
             self.metrics.apply_counts(pairs_to_counts(applied))
+        if len(self.partitions) > 1:
+            self._acknowledge_recorded()
+
+    def _acknowledge_recorded(self) -> None:
+        """Acknowledge, in their partitions, the decisions a partitioned run's commits recorded as used,
+        then forget them. Idempotent: an acknowledgement of an acknowledged entry changes nothing, so a
+        batcher that dies halfway leaves the rest to the next."""
+        if len(self.partitions) == 1:
+            return
+        recorded = [ref.decode() for ref in self.client.hkeys(self.keys.batcher_unacked)]
+        by_partition: dict[int, list[str]] = {}
+        for ref in recorded:
+            partition, entry_id = split_decision_ref(ref)
+            by_partition.setdefault(partition, []).append(entry_id)
+        for partition, entry_ids in by_partition.items():
+            if partition < len(self.partitions):
+                for start in range(0, len(entry_ids), 512):
+                    self.client.xack(self.partitions[partition].decisions, BATCHER_GROUP, *entry_ids[start:start + 512])
+        for start in range(0, len(recorded), 512):
+            self.client.hdel(self.keys.batcher_unacked, *recorded[start:start + 512])
 
     # -- what the fold is told: version, trainers, dataset, others' terminal events ---------------------
 
@@ -308,11 +367,12 @@ class Batcher:
         feeder = self._feeder
         if feeder is None or not feeder.exhausted:
             return False
-        return self.client.hlen(self.keys.decided) >= feeder.cursor and self._read_every_decision()
+        decided = sum(self.client.hlen(part.decided) for part in self.partitions)
+        return decided >= feeder.cursor and all(self._read_every_decision(part) for part in self.partitions)
 
-    def _read_every_decision(self) -> bool:
-        last_written = self.client.xinfo_stream(self.keys.decisions)["last-generated-id"]
-        for group in self.client.xinfo_groups(self.keys.decisions):
+    def _read_every_decision(self, part: PartitionKeys) -> bool:
+        last_written = self.client.xinfo_stream(part.decisions)["last-generated-id"]
+        for group in self.client.xinfo_groups(part.decisions):
             if group["name"] in (BATCHER_GROUP, BATCHER_GROUP.encode()):
                 return group["last-delivered-id"] == last_written
         return False

@@ -11,7 +11,7 @@ or zombie batcher can never issue a prompt twice; task ids are the dataset posit
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from streamgrp.core import counters
 from streamgrp.core.batch_fold import feeder_capacity
 from streamgrp.core.events import TaskIssued
 from streamgrp.errors import ConfigError
-from streamgrp.store.keys import RunKeys
+from streamgrp.store.keys import PartitionKeys, RunKeys
 from streamgrp.store.tasks import MAX_TASKS_PER_CALL, TaskWriter
 
 log = logging.getLogger(__name__)
@@ -66,9 +66,11 @@ class Feeder:
     """Issues dataset prompts as tasks while the staleness window has room."""
 
     def __init__(self, client: redis.Redis, keys: RunKeys, dataset: Iterator[dict[str, Any]], *, batch_size: int,
-                 max_staleness: int, producer: str, max_chunk: int = MAX_TASKS_PER_CALL) -> None:
+                 max_staleness: int, producer: str, max_chunk: int = MAX_TASKS_PER_CALL,
+                 partitions: Sequence[PartitionKeys] | None = None) -> None:
         self.client = client
         self.keys = keys
+        self.partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
         self.batch_size = batch_size
         self.max_staleness = max_staleness
         self.producer = producer
@@ -76,7 +78,7 @@ class Feeder:
         self.exhausted = False
         #: The staleness window had no room at the last `feed` (the batcher waits for trainers then).
         self.window_full = False
-        self._writer = TaskWriter(client, keys)
+        self._writer = TaskWriter(client, keys, self.partitions)
         self._items = iter(dataset)
         self._position = 0  # dataset items read from ``_items`` so far
         self._held: list[dict[str, Any]] = []  # read but not (yet) issued: they end at ``_position``
@@ -107,8 +109,10 @@ class Feeder:
 
     def outstanding(self) -> int:
         """Issued tasks not dropped by the assembler nor discarded by the batcher."""
-        dropped, discarded = self.client.hmget(self.keys.counts, counters.decisions("dropped"), counters.GROUPS_DISCARDED)
-        return self.cursor - int(dropped or 0) - int(discarded or 0)
+        discarded = self.client.hget(self.keys.counts, counters.GROUPS_DISCARDED)  # the batcher's, run-wide
+        dropped = sum(int(self.client.hget(part.counts, counters.decisions("dropped")) or 0)  # each assembler's
+                      for part in self.partitions)
+        return self.cursor - dropped - int(discarded or 0)
 
     def feed(self, version: int, lease_token: str) -> int:
         """Issue as many tasks as the window allows now; returns how many."""

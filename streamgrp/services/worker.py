@@ -18,7 +18,7 @@ import itertools
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,12 +32,12 @@ from streamgrp.core.events import (
     SlotResult,
     TaskIssued,
 )
-from streamgrp.errors import DecodeError
+from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
 from streamgrp.store import scripts
 from streamgrp.store.connection import is_outage, outage_of, replicate
 from streamgrp.store.deadletter import DeadLetters
-from streamgrp.store.keys import WORKERS_GROUP, RunKeys
+from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
 from streamgrp.store.streams import (
     ensure_group,
     entry_id_str,
@@ -67,64 +67,101 @@ class SlotRequest:
 class Task:
     entry_id: str
     event: TaskIssued
+    #: The run partition whose task queue the task came from (0 in an unpartitioned run).
+    partition: int = 0
 
     def requests(self, n_samples: int, version: int) -> list[SlotRequest]:
         return [SlotRequest(self.event.task_id, slot, n_samples, self.event.prompt, version) for slot in range(n_samples)]
 
 
 class WorkerClient:
-    """The Python API of a worker: `take` tasks, `publish` slot results, `done` with a task."""
+    """The Python API of a worker: `take` tasks, `publish` slot results, `done` with a task.
+
+    In a partitioned run (``partitions``: every partition's keys, `streamgrp.store.runs.Run.partitions`)
+    a worker takes tasks from the partitions in ``take_from`` (default all), in turn, and publishes each
+    result to its task's partition, so each partition's writes stay in its own hash slot."""
 
     def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0,
-                 max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES, metrics: Any = None) -> None:
+                 max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES, metrics: Any = None,
+                 partitions: Sequence[PartitionKeys] | None = None, take_from: Collection[int] | None = None) -> None:
         self.client = client
         self.keys = keys
+        self.partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
+        chosen = sorted(set(take_from)) if take_from is not None else range(len(self.partitions))
+        unknown = [index for index in chosen if not 0 <= index < len(self.partitions)]
+        if unknown or not chosen:
+            raise ConfigError(f"partitions {list(chosen)} to take tasks from: the run has partitions 0 to "
+                              f"{len(self.partitions) - 1}; fix --take-partitions")
+        self.sources = tuple(self.partitions[index] for index in chosen)
         self.name = name or producer_name("worker")
         self.max_entry_bytes = max_entry_bytes
-        self.dead_letters = DeadLetters(client, keys, metrics=metrics)
+        self.dead_letters = {part.index: DeadLetters(client, part, metrics=metrics) for part in self.partitions}
         self.claim_idle_ms = int(claim_idle_s * 1000)
         self._seq = itertools.count()
         self._seq_lock = threading.Lock()
-        self._claim_cursor = "0-0"
+        self._claim_cursors = {part.index: "0-0" for part in self.sources}
+        self._turn = 0  # which source a take starts at, so no partition's queue waits behind another's
         self._publish = scripts.register(client, "publish.lua")
-        ensure_group(client, keys.tasks, WORKERS_GROUP)
+        for part in self.sources:
+            ensure_group(client, part.tasks, WORKERS_GROUP)
 
     def take(self, count: int = 1, *, block_ms: int | None = 1000) -> list[Task]:
         """Up to ``count`` tasks: first ones a dead worker left idle too long, then new ones."""
-        claimed = self._reclaim(count)
-        if claimed:
-            return claimed
-        reply = self.client.xreadgroup(WORKERS_GROUP, self.name, {self.keys.tasks: ">"}, count=count, block=block_ms)
-        return self._tasks(entries for _, entries in reply for entries in entries)
+        sources = self.sources[self._turn:] + self.sources[:self._turn]
+        self._turn = (self._turn + 1) % len(self.sources)
+        for part in sources:
+            claimed = self._reclaim(part, count)
+            if claimed:
+                return claimed
+        if len(sources) == 1:
+            return self._read(sources[0], count, block_ms)
+        for part in sources:  # a partition with tasks waiting, without waiting
+            tasks = self._read(part, count, None)
+            if tasks:
+                return tasks
+        if block_ms is None:
+            return []
+        # Then wait on each in turn (a cluster cannot block on keys of several slots in one call).
+        for part in sources:
+            tasks = self._read(part, count, max(1, block_ms // len(sources)))
+            if tasks:
+                return tasks
+        return []
 
-    def _reclaim(self, count: int) -> list[Task]:
+    def _read(self, part: PartitionKeys, count: int, block_ms: int | None) -> list[Task]:
+        reply = self.client.xreadgroup(WORKERS_GROUP, self.name, {part.tasks: ">"}, count=count, block=block_ms)
+        return self._tasks(part, (entries for _, entries in reply for entries in entries))
+
+    def _reclaim(self, part: PartitionKeys, count: int) -> list[Task]:
         cursor, entries, *_ = self.client.xautoclaim(
-            self.keys.tasks, WORKERS_GROUP, self.name, self.claim_idle_ms, start_id=self._claim_cursor, count=count)
-        self._claim_cursor = entry_id_str(cursor)
-        tasks = self._tasks(entries)
+            part.tasks, WORKERS_GROUP, self.name, self.claim_idle_ms, start_id=self._claim_cursors[part.index],
+            count=count)
+        self._claim_cursors[part.index] = entry_id_str(cursor)
+        tasks = self._tasks(part, entries)
         for task in tasks:
             log.info("reclaimed task %s (entry %s) from a worker that stopped", task.event.task_id, task.entry_id)
         return tasks
 
-    def _tasks(self, entries) -> list[Task]:
+    def _tasks(self, part: PartitionKeys, entries) -> list[Task]:
         tasks = []
+        dead_letters = self.dead_letters[part.index]
         for entry_id, fields in entries:
             entry_id = entry_id_str(entry_id)
             if fields is None:  # trimmed while pending
-                self.client.xack(self.keys.tasks, WORKERS_GROUP, entry_id)
+                self.client.xack(part.tasks, WORKERS_GROUP, entry_id)
                 continue
             try:
                 event = codec.decode(fields, max_entry_bytes=self.max_entry_bytes)
             except DecodeError as exc:
-                self.dead_letters.send(self.keys.tasks, entry_id, exc.reason, exc.detail, fields, group=WORKERS_GROUP,
-                                       counter=counters.INVALID_TASKS)
+                dead_letters.send(part.tasks, entry_id, exc.reason, exc.detail, fields, group=WORKERS_GROUP,
+                                  counter=counters.INVALID_TASKS)
                 continue
             if not isinstance(event, TaskIssued):
-                self.dead_letters.send(self.keys.tasks, entry_id, "unexpected_kind",
-                                       f"a {event.kind} event does not belong in the task queue", fields,
-                                       group=WORKERS_GROUP, counter=counters.INVALID_TASKS)
+                dead_letters.send(part.tasks, entry_id, "unexpected_kind",
+                                  f"a {event.kind} event does not belong in the task queue", fields,
+                                  group=WORKERS_GROUP, counter=counters.INVALID_TASKS)
                 continue
-            tasks.append(Task(entry_id, event))
+            tasks.append(Task(entry_id, event, part.index))
         return tasks
 
     def publish(self, task_id: str, slot: int, result: Sample | BaseException | None) -> str:
@@ -136,15 +173,21 @@ class WorkerClient:
         for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot entry ids.
 
         When this returns, every result is in the server. A sample's tensors go to the payloads stream
-        and its summary, with the payload's digest, to the group log, both in one script call."""
-        triples = [self._encode(task_id, slot, result) for task_id, slot, result in results]
-        ids: list[str] = []
-        for start in range(0, len(triples), PUBLISH_CHUNK):
-            chunk = triples[start:start + PUBLISH_CHUNK]
-            # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate.
-            written = self._publish(keys=[self.keys.slots, self.keys.payloads],
-                                    args=[part for triple in chunk for part in triple])
-            ids += [entry_id_str(entry_id) for entry_id in written]
+        and its summary, with the payload's digest, to the group log, both in one script call (per
+        partition, in a partitioned run)."""
+        by_partition: dict[int, list[int]] = {}
+        for at, (task_id, _, _) in enumerate(results):
+            by_partition.setdefault(task_partition(task_id, len(self.partitions)), []).append(at)
+        ids: list[str] = [""] * len(results)
+        for index, positions in by_partition.items():
+            part = self.partitions[index]
+            triples = [self._encode(*results[at]) for at in positions]
+            for start in range(0, len(triples), PUBLISH_CHUNK):
+                chunk = triples[start:start + PUBLISH_CHUNK]
+                # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate.
+                written = self._publish(keys=[part.slots, part.payloads], args=[item for triple in chunk for item in triple])
+                for at, entry_id in zip(positions[start:start + PUBLISH_CHUNK], written):
+                    ids[at] = entry_id_str(entry_id)
         replicate(self.client)
         return ids
 
@@ -171,9 +214,12 @@ class WorkerClient:
         return codec.encode(event)[codec.HEADER], b"", b""
 
     def done(self, *tasks: Task) -> None:
-        """Acknowledge tasks once every slot's result of each was published: one XACK for all of them."""
-        if tasks:
-            self.client.xack(self.keys.tasks, WORKERS_GROUP, *(task.entry_id for task in tasks))
+        """Acknowledge tasks once every slot's result of each was published: one XACK per partition."""
+        by_partition: dict[int, list[str]] = {}
+        for task in tasks:
+            by_partition.setdefault(task.partition, []).append(task.entry_id)
+        for index, entry_ids in by_partition.items():
+            self.client.xack(self.partitions[index].tasks, WORKERS_GROUP, *entry_ids)
 
 
 @dataclass

@@ -3,12 +3,21 @@
 All of a run's keys share the hash tag ``{run}``, so in Redis Cluster they live in one slot and
 the assembler's commit script (which touches several of them) stays legal. The only key outside a
 run is the registry of runs, which no multi-key command touches.
+
+A partitioned run (``partitions`` > 1) moves what one assembler folds (tasks, slot log, payloads,
+decisions, dead letters and their counters) into one key set per partition, each under its own hash
+tag (`PartitionKeys`), so each partition can live on another cluster node; the run-wide keys (control,
+steps, commits, the batcher's state) keep ``{run}``. A task's partition is a stable hash of its id
+(`task_partition`). With one partition, partition 0's keys are the run's own: the layout of an
+unpartitioned run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
+
 
 from streamgrp.errors import ConfigError
 
@@ -131,6 +140,12 @@ class RunKeys:
         return self._key("batcher")
 
     @property
+    def batcher_unacked(self) -> str:
+        """Hash of decisions a partitioned run's batcher used (``entry@partition``) and has yet to
+        acknowledge in their partition: written with the step or discard that used them."""
+        return self._key("batcher:unacked")
+
+    @property
     def batcher_lease(self) -> str:
         return self._key("batcher:lease")
 
@@ -158,11 +173,128 @@ class RunKeys:
         """Counter handing out worker identities."""
         return self._key("worker:ids")
 
+    def partition(self, index: int, partitions: int) -> PartitionKeys:
+        """Partition ``index`` of a run of ``partitions``; partition 0 of one is these keys' own layout."""
+        return PartitionKeys(self.run, index, partition_tag(self.run, index, partitions))
+
     def all_streams(self) -> dict[str, str]:
         return {"control": self.control, "tasks": self.tasks, "slots": self.slots, "payloads": self.payloads,
                 "decisions": self.decisions,
                 "steps": self.steps, "discarded": self.discarded, "commits": self.commits,
                 "deadletter": self.deadletter}
+
+
+#: The most partitions a run may have: each has its own assembler process and key set.
+MAX_PARTITIONS = 64
+
+
+@dataclass(frozen=True)
+class PartitionKeys:
+    """The names of one partition's streams and keys: what its assembler folds and writes."""
+
+    run: str
+    index: int
+    #: The hash tag of every key here: the run's name for an unpartitioned run, else the run's name,
+    #: the partition and a salt that puts the partition's slot in its share of the cluster's slots.
+    tag: str
+
+    def _key(self, name: str) -> str:
+        return f"{PREFIX}:{{{self.tag}}}:{name}"
+
+    @property
+    def tasks(self) -> str:
+        """The work queue workers take this partition's tasks from (consumer group `workers`)."""
+        return self._key("tasks")
+
+    @property
+    def slots(self) -> str:
+        """The group log this partition's assembler folds, in order: task issued, slot results, ticks."""
+        return self._key("slots")
+
+    @property
+    def payloads(self) -> str:
+        """`SamplePayload` entries, at the entry id of their slot result in ``slots``."""
+        return self._key("payloads")
+
+    @property
+    def decisions(self) -> str:
+        """One `GroupDecided` entry per task of this partition."""
+        return self._key("decisions")
+
+    @property
+    def deadletter(self) -> str:
+        return self._key("deadletter")
+
+    @property
+    def deadlettered(self) -> str:
+        """Hash ``stream entry-id`` -> 1 for entries of streams without a consumer group that were
+        dead-lettered (see `RunKeys.deadlettered`)."""
+        return self._key("deadlettered")
+
+    @property
+    def decided(self) -> str:
+        """Hash task id -> decision entry id: the "already decided" marker written with the decision."""
+        return self._key("decided")
+
+    @property
+    def issued(self) -> str:
+        """Hash task id -> 1 of the tasks a partitioned run's feeder issued here (each issued once)."""
+        return self._key("issued")
+
+    @property
+    def counts(self) -> str:
+        """Hash of durable accounting counters of this partition's streams."""
+        return self._key("counts")
+
+    @property
+    def assembler_lease(self) -> str:
+        return self._key("assembler:lease")
+
+    def all_streams(self) -> dict[str, str]:
+        return {"tasks": self.tasks, "slots": self.slots, "payloads": self.payloads, "decisions": self.decisions,
+                "deadletter": self.deadletter}
+
+
+#: Redis Cluster's hash slots; a key's slot is the CRC16 (XMODEM) of its hash tag modulo this.
+CLUSTER_SLOTS = 16384
+
+
+def tag_slot(tag: str) -> int:
+    """The cluster slot of every key whose hash tag is ``tag`` (what ``CLUSTER KEYSLOT`` answers)."""
+    crc = 0
+    for byte in tag.encode():
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) & 0xFFFF if crc & 0x8000 else (crc << 1) & 0xFFFF
+    return crc % CLUSTER_SLOTS
+
+
+def partition_tag(run: str, index: int, partitions: int) -> str:
+    """The hash tag of partition ``index`` of ``partitions``: ``run`` itself when there is one.
+
+    Otherwise ``run/index.salt`` with the smallest salt whose slot falls in the partition's equal share
+    of the 16384 cluster slots, so P partitions land on P different nodes of a cluster whose nodes own
+    equal slot ranges (what ``redis-cli --cluster create`` makes) with P at most the node count. ``/``
+    is not allowed in run names, so no run's tag is another's partition tag."""
+    check_run_name(run)
+    if not 0 <= index < partitions <= MAX_PARTITIONS:
+        raise ConfigError(f"partition {index} of {partitions}: a run has 1 to {MAX_PARTITIONS} partitions, numbered "
+                          "from 0")
+    if partitions == 1:
+        return run
+    low, high = CLUSTER_SLOTS * index // partitions, CLUSTER_SLOTS * (index + 1) // partitions
+    salt = 0
+    while not low <= tag_slot(f"{run}/{index}.{salt}") < high:
+        salt += 1  # about `partitions` tries on average
+    return f"{run}/{index}.{salt}"
+
+
+def task_partition(task_id: str, partitions: int) -> int:
+    """The partition a task belongs to: a stable hash of its id (the same in every process and version)."""
+    if partitions == 1:
+        return 0
+    digest = hashlib.blake2b(task_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
 
 
 def step_entry_id(step: int) -> str:

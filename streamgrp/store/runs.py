@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import redis
 
@@ -22,7 +23,7 @@ from streamgrp.core.events import RunStarted
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.connection import connect, safe_url  # noqa: F401 - connect is documented here
-from streamgrp.store.keys import RUNS, RunKeys, check_run_name
+from streamgrp.store.keys import RUNS, PartitionKeys, RunKeys, check_run_name, task_partition
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,23 @@ class Run:
     @property
     def name(self) -> str:
         return self.keys.run
+
+    @cached_property
+    def partitions(self) -> tuple[PartitionKeys, ...]:
+        """The key set of each of the run's partitions, in order (one for an unpartitioned run)."""
+        count = self.config.partitions
+        return tuple(self.keys.partition(index, count) for index in range(count))
+
+    def stream_key(self, name: str) -> str:
+        """The key of the run's stream ``name``: a run-wide one (``steps``), or a partition's, written
+        ``slots@2`` (a bare partition stream name is partition 0's)."""
+        base, _, index = name.partition("@")
+        streams = self.partitions[int(index or 0)].all_streams()
+        return streams[base] if base in streams else self.keys.all_streams()[name]
+
+    def partition_of(self, task_id: str) -> PartitionKeys:
+        """The keys of the partition ``task_id`` belongs to."""
+        return self.partitions[task_partition(task_id, self.config.partitions)]
 
 
 def latest_run(client: redis.Redis) -> str | None:

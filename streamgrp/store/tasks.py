@@ -19,7 +19,7 @@ from streamgrp.core import codec
 from streamgrp.core.events import TaskIssued
 from streamgrp.store import scripts
 from streamgrp.store.connection import replicate
-from streamgrp.store.keys import WORKERS_GROUP, RunKeys
+from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
 from streamgrp.store.runs import server_time
 from streamgrp.store.streams import ensure_group, producer_name
 
@@ -28,13 +28,22 @@ MAX_TASKS_PER_CALL = 256
 
 
 class TaskWriter:
-    """Writes encoded tasks for one run; the fenced form is the feeder's (lease and cursor checked)."""
+    """Writes encoded tasks for one run; the fenced form is the feeder's (lease and cursor checked).
 
-    def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
+    In a partitioned run (``partitions``: every partition's keys) each task goes to its partition, and
+    the fenced form issues each task id at most once per partition and then advances the cursor (see
+    `issue_once.lua`)."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, partitions: Sequence[PartitionKeys] | None = None) -> None:
         self.client = client
         self.keys = keys
+        self.partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
         self._script = scripts.register_fenced(client, "issue_tasks.lua")
-        ensure_group(client, keys.tasks, WORKERS_GROUP)
+        if len(self.partitions) > 1:
+            self._issue_once = scripts.register(client, "issue_once.lua")
+            self._advance = scripts.register_fenced(client, "feeder_cursor.lua")
+        for part in self.partitions:
+            ensure_group(client, part.tasks, WORKERS_GROUP)
 
     def now(self) -> float:
         """The server's clock: what every ``issued_at`` is stamped with."""
@@ -47,20 +56,43 @@ class TaskWriter:
         if len(events) > MAX_TASKS_PER_CALL:
             raise ValueError(f"{len(events)} tasks in one call; write at most {MAX_TASKS_PER_CALL} at a time")
         headers = [codec.encode(event)[codec.HEADER] for event in events]
+        if len(self.partitions) > 1:
+            return self._write_partitioned(events, headers, lease_token, cursor)
         result = self._script(keys=[self.keys.tasks, self.keys.slots, self.keys.batcher_state,
                                     self.keys.batcher_lease], args=[lease_token, cursor if lease_token else "",
                                                                     *headers])
         replicate(self.client)
         return int(result)
 
+    def _write_partitioned(self, events: Sequence[TaskIssued], headers: list[bytes], lease_token: str,
+                           cursor: int) -> int:
+        by_partition: dict[int, list[int]] = {}
+        for at, event in enumerate(events):
+            by_partition.setdefault(task_partition(event.task_id, len(self.partitions)), []).append(at)
+        written = 0
+        for index, positions in sorted(by_partition.items()):
+            part = self.partitions[index]
+            if lease_token:
+                args = [item for at in positions for item in (events[at].task_id, headers[at])]
+                written += int(self._issue_once(keys=[part.tasks, part.slots, part.issued], args=args))
+            else:  # unfenced: as issue_tasks.lua always did (its lease and cursor keys are not read)
+                written += int(self._script(keys=[part.tasks, part.slots, part.issued, part.issued],
+                                            args=["", "", *(headers[at] for at in positions)]))
+        if lease_token:
+            written = int(self._advance(keys=[self.keys.batcher_state, self.keys.batcher_lease],
+                                        args=[lease_token, cursor, len(events)]))
+        replicate(self.client)
+        return written
+
 
 class TaskIssuer:
     """Publishes tasks for one run without a feeder, numbering them with its producer identity."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, producer: str | None = None) -> None:
+    def __init__(self, client: redis.Redis, keys: RunKeys, *, producer: str | None = None,
+                 partitions: Sequence[PartitionKeys] | None = None) -> None:
         self.keys = keys
         self.producer = producer or producer_name("issuer")
-        self._writer = TaskWriter(client, keys)
+        self._writer = TaskWriter(client, keys, partitions)
         self._seq = itertools.count()
 
     def issue(self, prompts: Iterable[Mapping[str, Any]], *, version: int = 0,

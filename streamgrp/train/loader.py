@@ -84,14 +84,25 @@ def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: Entry
 
 
 def _fetch(groups: Sequence[ShardGroup], fetch: EntryFetch, where: str, hint: str) -> list[Mapping[bytes, bytes]]:
-    """Every member's payload entry in shard order: the payloads stream first, the slot log for the
-    members a schema-1 log kept there."""
-    entries = [member.entry for group in groups for member in group.members]
-    found = list(fetch("payloads", entries)) if entries else []
-    missing = [entry for entry, fields in zip(entries, found) if fields is None]
-    if missing:
-        legacy = dict(zip(missing, fetch("slots", missing)))
-        found = [fields if fields is not None else legacy.get(entry) for entry, fields in zip(entries, found)]
+    """Every member's payload entry in shard order, one fetch per partition the shard's groups are in:
+    the payloads stream first, the slot log for the members a schema-1 log kept there."""
+    by_partition: dict[int, list[int]] = {}
+    entries: list[str] = []
+    for group in groups:
+        for member in group.members:
+            by_partition.setdefault(group.partition, []).append(len(entries))
+            entries.append(member.entry)
+    found: list[Mapping[bytes, bytes] | None] = [None] * len(entries)
+    for partition, positions in by_partition.items():
+        suffix = f"@{partition}" if partition else ""
+        ids = [entries[at] for at in positions]
+        got = list(fetch("payloads" + suffix, ids))
+        missing = [entry for entry, fields in zip(ids, got) if fields is None]
+        if missing:
+            legacy = dict(zip(missing, fetch("slots" + suffix, missing)))
+            got = [fields if fields is not None else legacy.get(entry) for entry, fields in zip(ids, got)]
+        for at, fields in zip(positions, got):
+            found[at] = fields
     for entry, fields in zip(entries, found):
         if not fields:
             raise DigestMismatch(f"{where}: slot entry {entry} is gone from the slot log (trimmed?); {hint}")

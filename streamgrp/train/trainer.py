@@ -149,9 +149,8 @@ class TrainerClient:
                 self._finished = event
 
     def load(self, manifest: StepManifest, rank: int, world_size: int) -> Batch:
-        streams = self.keys.all_streams()
         return build_batch(manifest, rank, world_size,
-                           lambda stream, ids: read_entries(self.client, streams[stream], list(ids)),
+                           lambda stream, ids: read_entries(self.client, self.run_.stream_key(stream), list(ids)),
                            run=self.keys.run, client=self, check_digests=self.check_digests)
 
     # -- writing ------------------------------------------------------------------------------------

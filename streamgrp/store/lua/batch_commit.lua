@@ -2,6 +2,10 @@
 -- acknowledgements of the decision entries they account for, fenced by the batcher lease.
 --
 -- KEYS: 1 decisions, 2 steps, 3 discarded, 4 counts, 5 lease, 6 batcher state, 7 control
+--       [8 unacked: a partitioned run's decisions live in other hash slots, so their acknowledgements
+--        are recorded here (field: the batcher's reference `entry@partition`) in the same call, and the
+--        batcher applies and clears them afterwards, also first thing when it takes over; KEYS[1] is
+--        then this hash too and nothing is acknowledged here]
 -- ARGV: 1 lease token, 2 consumer group, then operations:
 --   S step header n_groups n_ack ids...   write step (only if it is the next one), ack its groups
 --   G reason header entry_id              discard a group (stale / filtered / leftover), ack it
@@ -17,6 +21,20 @@ if redis.call('GET', KEYS[5]) ~= ARGV[1] then
   return redis.error_reply('LEASE lost: another batcher holds the lease')
 end
 local group = ARGV[2]
+local recorded = KEYS[8]
+
+-- Acknowledge ARGV[first .. first + n - 1], or record them for the batcher to acknowledge.
+local function acks(first, n)
+  if not recorded then return ack_range(KEYS[1], group, first, n) end
+  for k = first, first + n - 1 do redis.call('HSET', recorded, ARGV[k], 1) end
+  return n
+end
+
+-- Whether a discarded group's decision is settled by this call (not by an earlier one).
+local function first_settled(ref)
+  if recorded then return redis.call('HSETNX', recorded, ref, 1) == 1 end
+  return redis.call('XACK', KEYS[1], group, ref) == 1
+end
 
 -- Pass 1: parse and check. ops[k] = {kind, first argument index}
 local ops = {}
@@ -61,17 +79,17 @@ for _, parsed in ipairs(ops) do
     redis.call('HSET', KEYS[6], 'next_step', step + 1)
     incr(KEYS[4], 'steps', 1)
     incr(KEYS[4], 'groups:batched', n_groups)
-    ack_range(KEYS[1], group, at + 5, n_ack)
+    acks(at + 5, n_ack)
     steps = steps + 1
   elseif op == 'G' then
     local reason, header, entry_id = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
-    if redis.call('XACK', KEYS[1], group, entry_id) == 1 then
+    if first_settled(entry_id) then
       redis.call('XADD', KEYS[3], '*', 'h', header)
       incr(KEYS[4], 'dropped:' .. reason, 1)
       incr(KEYS[4], 'groups:discarded', 1)
     end
   elseif op == 'A' then
-    ack_range(KEYS[1], group, at + 2, tonumber(ARGV[at + 1]))
+    acks(at + 2, tonumber(ARGV[at + 1]))
   else
     local marker = (op == 'T') and 'terminal' or 'finished'
     if redis.call('HEXISTS', KEYS[6], marker) == 0 then

@@ -1,0 +1,206 @@
+"""Partitioned runs on a real server and on the 3-node cluster: tasks spread over partitions by their
+id, one assembler per partition, the batcher over all of them, trainers loading from each, and every
+task decided and trained exactly once, also when a batcher dies between its commit and the
+acknowledgements it then owes the partitions."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from streamgrp.config import AssemblerConfig, BatcherConfig, RunConfig
+from streamgrp.core import codec
+from streamgrp.core.events import GroupDecided, StepManifest, TaskIssued
+from streamgrp.errors import ConfigError, LeaseLost
+from streamgrp.services.assembler import Assembler
+from streamgrp.services.batcher import Batcher
+from streamgrp.services.synthetic import make_sample
+from streamgrp.services.worker import WorkerClient
+from streamgrp.store.keys import BATCHER_GROUP, tag_slot, task_partition
+from streamgrp.store.runs import join_run
+from streamgrp.store.tasks import TaskWriter
+from streamgrp.train.trainer import TrainerClient
+
+pytestmark = pytest.mark.cluster  # on every server kind, the cluster included
+
+PARTITIONS = 3
+TASKS = 30
+
+
+def _rollout(request):
+    if request.slot == 1 and int(request.task_id[1:]) % 4 == 0:
+        return None  # a partial group now and then: ragged shards
+    return make_sample(tokens=3 + request.slot + int(request.task_id[1:]) % 5, prompt_tokens=1,
+                       reward=float(request.slot), version=request.version, seed=int(request.task_id[1:]) * 10 + request.slot)
+
+
+def _run(client, run_name, **settings):
+    return join_run(client, run_name, RunConfig(n_samples=3, batch_size=4, dp_size=2, max_staleness=1000,
+                                                partitions=PARTITIONS, **settings))
+
+
+def _work(client, run) -> None:
+    worker = WorkerClient(client, run.keys, partitions=run.partitions)
+    while tasks := worker.take(8, block_ms=None):
+        worker.publish_many([(r.task_id, r.slot, _rollout(r)) for task in tasks
+                             for r in task.requests(run.config.n_samples, 0)])
+        worker.done(*tasks)
+
+
+def _assemble(client, run) -> int:
+    return sum(Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05), partition=p).run(burst=True)
+               for p in range(PARTITIONS))
+
+
+def _batcher(client, run, dataset=None, **config) -> Batcher:
+    batcher = Batcher(client, run, BatcherConfig(round_s=0.05, lease_ttl_s=2, **config), dataset=dataset)
+    assert batcher.lease.acquire()
+    batcher._activate()
+    return batcher
+
+
+def _manifests(client, run) -> list[StepManifest]:
+    return [codec.decode(fields) for _, fields in client.xrange(run.keys.steps)]
+
+
+def _trained(manifests) -> Counter:
+    return Counter(group.task_id for m in manifests for shard in m.shards for group in shard.groups)
+
+
+def test_a_partitioned_run_decides_batches_and_trains_every_task_exactly_once(client, run_name):
+    run = _run(client, run_name)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()  # the feeder issues every task to its partition
+    _work(client, run)
+    assert _assemble(client, run) == TASKS
+    while batcher.outcome == "running":
+        batcher.round()
+    assert batcher.outcome == "finished"
+
+    ids = [f"t{i:08d}" for i in range(TASKS)]
+    for part in run.partitions:  # each task in its own partition's streams, and nowhere else
+        mine = {t for t in ids if task_partition(t, PARTITIONS) == part.index}
+        assert mine, f"partition {part.index} got no task of {TASKS}"
+        issued = [codec.decode(f) for _, f in client.xrange(part.tasks)]
+        assert sorted(e.task_id for e in issued if isinstance(e, TaskIssued)) == sorted(mine)
+        decided = [codec.decode(f) for _, f in client.xrange(part.decisions)]
+        assert sorted(d.task_id for d in decided if isinstance(d, GroupDecided)) == sorted(mine)
+        assert client.xpending(part.decisions, BATCHER_GROUP)["pending"] == 0
+    assert client.hlen(run.keys.batcher_unacked) == 0
+    assert client.xlen(run.keys.tasks) == client.xlen(run.keys.slots) == 0  # the unpartitioned layout is unused
+
+    manifests = _manifests(client, run)
+    assert [m.step for m in manifests] == list(range(-(-TASKS // 4)))  # the last step takes the 2 left over
+    assert _trained(manifests) == Counter({t: 1 for t in ids})
+    groups = [g for m in manifests for s in m.shards for g in s.groups]
+    assert all(g.partition == task_partition(g.task_id, PARTITIONS) for g in groups)
+    assert {g.partition for g in groups} == set(range(PARTITIONS))
+
+    trainer = TrainerClient(client, run, check_digests=True)  # every payload read from its partition and hashed
+    for manifest in manifests:
+        for rank in (0, 1):
+            batch = trainer.load(manifest, rank, 2)
+            shard = manifest.shards[rank]
+            assert batch.task_ids == [g.task_id for g in shard.groups]
+            assert batch.rows == sum(g.rows for g in shard.groups)
+            assert batch.token_ids.shape[0] == batch.rows
+            assert torch.equal(batch.group_sizes, torch.tensor([g.rows for g in shard.groups]))
+
+
+def test_a_batcher_that_dies_before_its_acknowledgements_leaves_no_group_to_train_twice(client, run_name, monkeypatch):
+    run = _run(client, run_name)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()
+    _work(client, run)
+    config = AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)
+    early = sum(Assembler(client, run, config, partition=p).run(burst=True) for p in (0, 1))
+
+    # The first batcher writes steps from partitions 0 and 1, then dies before acknowledging what they used.
+    monkeypatch.setattr(Batcher, "_acknowledge_recorded", lambda self: None)
+    batcher.round()
+    written = _manifests(client, run)
+    assert len(written) == early // 4 and client.hlen(run.keys.batcher_unacked) == 4 * len(written)
+    assert sum(client.xpending(p.decisions, BATCHER_GROUP)["pending"] for p in run.partitions) == early
+    monkeypatch.undo()
+
+    Assembler(client, run, config, partition=2).run(burst=True)
+    batcher.lease.release()
+    successor = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    assert client.hlen(run.keys.batcher_unacked) == 0
+    assert len(successor.state.buffer) == early % 4  # only the groups no step used; partition 2's come next
+    while successor.outcome == "running":
+        successor.round()
+    assert successor.outcome == "finished"
+    assert _trained(_manifests(client, run)) == Counter({f"t{i:08d}": 1 for i in range(TASKS)})
+    assert sum(client.xpending(p.decisions, BATCHER_GROUP)["pending"] for p in run.partitions) == 0
+
+
+def test_a_finished_runs_next_batcher_still_acknowledges_what_the_last_one_owed(client, run_name, monkeypatch):
+    run = _run(client, run_name)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()
+    _work(client, run)
+    _assemble(client, run)
+    monkeypatch.setattr(Batcher, "_acknowledge_recorded", lambda self: None)
+    while batcher.outcome == "running":
+        batcher.round()
+    assert sum(client.xpending(p.decisions, BATCHER_GROUP)["pending"] for p in run.partitions) == TASKS
+    monkeypatch.undo()
+    batcher.lease.release()
+    assert _batcher(client, run).outcome == "finished"
+    assert sum(client.xpending(p.decisions, BATCHER_GROUP)["pending"] for p in run.partitions) == 0
+    assert client.hlen(run.keys.batcher_unacked) == 0
+
+
+def test_a_feeder_issues_each_task_once_per_partition_even_when_its_cursor_write_is_fenced(client, run_name):
+    run = _run(client, run_name)
+    batcher = _batcher(client, run)
+    writer = TaskWriter(client, run.keys, run.partitions)
+    now = writer.now()
+    events = [TaskIssued(task_id=f"t{i:08d}", prompt={"i": i}, version=0, issued_at=now, seq=i) for i in range(12)]
+    assert writer.write(events, lease_token=batcher.lease.token, cursor=0) == 12
+    # A zombie feeder at the old cursor writes the same tasks: the partitions skip them, the fence refuses it.
+    with pytest.raises(LeaseLost):
+        writer.write(events, lease_token=batcher.lease.token, cursor=0)
+    issued = Counter(codec.decode(f).task_id for p in run.partitions for _, f in client.xrange(p.tasks))
+    assert issued == Counter({e.task_id: 1 for e in events})
+    assert int(client.hget(run.keys.batcher_state, "feeder_cursor")) == 12
+
+
+def test_workers_take_only_from_the_partitions_they_are_given_and_publish_to_each_tasks_own(client, run_name):
+    run = _run(client, run_name)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()
+    worker = WorkerClient(client, run.keys, partitions=run.partitions, take_from=[1])
+    taken = []
+    while tasks := worker.take(8, block_ms=None):
+        taken += tasks
+    assert taken and {task.partition for task in taken} == {1}
+    assert {task_partition(task.event.task_id, PARTITIONS) for task in taken} == {1}
+    # A result goes to its task's partition whichever partition the worker reads.
+    other = next(f"t{i:08d}" for i in range(TASKS) if task_partition(f"t{i:08d}", PARTITIONS) == 2)
+    entry = worker.publish(other, 0, None)
+    assert client.xrange(run.partitions[2].slots, entry, entry)
+    with pytest.raises(ConfigError, match="partitions 0 to 2"):
+        WorkerClient(client, run.keys, partitions=run.partitions, take_from=[3])
+    with pytest.raises(ConfigError, match="partitions 0 to 2"):
+        Assembler(client, run, AssemblerConfig(), partition=3)
+
+
+def test_partition_keys_spread_over_the_slot_space_and_one_partition_is_the_unpartitioned_layout(client, run_name):
+    run = _run(client, run_name)
+    slots = [int(client.execute_command("CLUSTER KEYSLOT", part.slots)) if _is_cluster(client) else tag_slot(part.tag)
+             for part in run.partitions]
+    assert slots == [tag_slot(part.tag) for part in run.partitions]
+    assert [s * PARTITIONS // 16384 for s in slots] == list(range(PARTITIONS))
+    if _is_cluster(client):  # three partitions, three primaries
+        assert len({client.get_node_from_key(part.slots).name for part in run.partitions}) == PARTITIONS
+    single = join_run(client, run_name + "-one", RunConfig())
+    assert single.partitions[0].all_streams() == {name: key for name, key in single.keys.all_streams().items()
+                                                 if name in single.partitions[0].all_streams()}
+
+
+def _is_cluster(client) -> bool:
+    return hasattr(client, "get_node_from_key")
