@@ -61,6 +61,8 @@ class LocalCluster:
     root: Path
     server: str
     cli: str
+    #: ``always`` for a crash test that kills a node: its AOF then holds every write it answered.
+    appendfsync: str = "everysec"
     ports: list[int] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
 
@@ -71,14 +73,8 @@ class LocalCluster:
     def start(self, timeout: float = 30.0) -> str:
         self.ports = free_ports(NODES)
         for port in self.ports:
-            directory = self.root / f"node-{port}"
-            directory.mkdir(parents=True)
-            self.processes.append(subprocess.Popen(
-                [self.server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-                 "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                 "--cluster-node-timeout", "5000", "--appendonly", "yes", "--appendfsync", "everysec",
-                 "--save", "", "--logfile", str(directory / "redis.log")],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            (self.root / f"node-{port}").mkdir(parents=True)
+            self.processes.append(self._spawn(port))
         deadline = time.monotonic() + timeout
         for port in self.ports:
             self._wait(lambda: self._cli(port, "ping") == "PONG", deadline, f"node {port} to answer PING")
@@ -92,6 +88,30 @@ class LocalCluster:
             self._wait(lambda: "cluster_state:ok" in self._cli(port, "cluster", "info"), deadline,
                        f"node {port} to report cluster_state:ok")
         return self.url
+
+    def _spawn(self, port: int) -> subprocess.Popen:
+        directory = self.root / f"node-{port}"
+        return subprocess.Popen(
+            [self.server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+             "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+             "--cluster-node-timeout", "5000", "--appendonly", "yes", "--appendfsync", self.appendfsync,
+             "--save", "", "--logfile", str(directory / "redis.log")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on ``port``."""
+        proc = self.processes[self.ports.index(port)]
+        proc.kill()
+        proc.wait()
+
+    def restart(self, port: int, timeout: float = 30.0) -> None:
+        """Start the node on ``port`` again from its directory (its cluster config and AOF) and wait
+        until every node reports ``cluster_state:ok``."""
+        self.processes[self.ports.index(port)] = self._spawn(port)
+        deadline = time.monotonic() + timeout
+        for each in self.ports:
+            self._wait(lambda each=each: "cluster_state:ok" in self._cli(each, "cluster", "info"), deadline,
+                       f"node {each} to report cluster_state:ok after the restart")
 
     def _cli(self, port: int, *args: str) -> str:
         done = subprocess.run([self.cli, "-p", str(port), *args], capture_output=True, text=True, timeout=5)

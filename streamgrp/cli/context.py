@@ -46,7 +46,7 @@ def connected(args: argparse.Namespace, *, role: bool = False):
             client.close()
 
 
-def serve_metrics(config: Any, *, role: str, run: str, client=None, streams=()):
+def serve_metrics(config: Any, *, role: str, run: str, client=None, streams: Mapping[str, str] | None = None):
     """The metrics ``role`` exports, labelled with ``run``, served on the role's
     ``metrics_address``:``metrics_port`` when the port is not 0; None when off."""
     if not config.metrics_port:
@@ -55,7 +55,7 @@ def serve_metrics(config: Any, *, role: str, run: str, client=None, streams=()):
 
     metrics = Metrics(role=role, run=run)
     if client is not None:
-        metrics.watch_streams(client, streams)
+        metrics.watch_streams(client, streams or {})
     metrics.serve(config.metrics_port, config.metrics_address)
     return metrics
 

@@ -171,8 +171,11 @@ def _children(env: dict[str, str], run_name: str, run: RunConfig, demo: DemoConf
     children = [
         Child("batcher", 0, [*common, "--dataset", str(dataset), "--max-steps", str(demo.steps), "--round-s", "0.5"],
               log_dir / "batcher.log", env),
-        Child("assembler", 0, [*common, "--tick-interval-s", "0.2"], log_dir / "assembler.log", env),
     ]
+    for partition in range(run.partitions):  # one assembler per partition; one log name as ever without
+        name = "assembler.log" if run.partitions == 1 else f"assembler-{partition}.log"
+        children.append(Child("assembler", partition, [*common, "--tick-interval-s", "0.2", "--partition", str(partition)],
+                              log_dir / name, env))
     for index in range(demo.workers):
         children.append(Child("worker", index, [*common, "--rollout", f"{TOY_TASK}:rollout", "--concurrency", "4",
                                                 "--claim-idle-s", "5"], log_dir / f"worker-{index}.log", env))

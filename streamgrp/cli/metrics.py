@@ -176,12 +176,13 @@ class Metrics:
             log.info("metrics on http://%s:%d/metrics", addr, port)
         return port
 
-    def watch_streams(self, client, streams: Iterable[str]) -> None:
-        """Export lag and pending entries of every consumer group on ``streams``, read at scrape time."""
+    def watch_streams(self, client, streams: Mapping[str, str]) -> None:
+        """Export lag and pending entries of every consumer group on ``streams`` (stream label -> key,
+        `streamgrp.store.runs.Run.streams`), read at scrape time."""
         from streamgrp.store.connection import without_retries
 
         # A scrape during an outage must answer at once (without those series), not wait it out.
-        self._own.register(_StreamCollector(without_retries(client), list(streams)))
+        self._own.register(_StreamCollector(without_retries(client), dict(streams)))
 
 
 class _WithLabel:
@@ -206,7 +207,7 @@ class _WithLabel:
 class _StreamCollector:
     """Reads XINFO GROUPS on scrape; a server error yields no samples rather than a failed scrape."""
 
-    def __init__(self, client, streams: list[str]) -> None:
+    def __init__(self, client, streams: dict[str, str]) -> None:
         self.client = client
         self.streams = streams
 
@@ -215,8 +216,7 @@ class _StreamCollector:
                                 labels=["stream", "group"])
         pending = GaugeMetricFamily("streamgrp_pending_entries", "Entries delivered but not acknowledged",
                                     labels=["stream", "group"])
-        for stream in self.streams:
-            short = stream.rsplit(":", 1)[-1]
+        for short, stream in self.streams.items():
             try:
                 groups = self.client.xinfo_groups(stream)
             except Exception:  # noqa: BLE001 - the stream may not exist yet, or the server is away

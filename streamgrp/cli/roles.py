@@ -140,7 +140,8 @@ def cmd_assembler(args: argparse.Namespace) -> int:
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "assembler", burst=config.burst)
         metrics = serve_metrics(config, role="assembler", run=run.name, client=client,
-                                streams=run.keys.all_streams().values())
+                                streams=run.streams([config.partition]) if config.partition < run.config.partitions
+                                else {})
         assembler = Assembler(client, run, config, metrics=metrics, partition=config.partition)
         written = assembler.run(stop_event(), burst=config.burst)
         log.info("assembler %s wrote %d decisions", assembler.name, written)
@@ -157,7 +158,7 @@ def cmd_batcher(args: argparse.Namespace) -> int:
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "batcher")
         metrics = serve_metrics(config, role="batcher", run=run.name, client=client,
-                                streams=run.keys.all_streams().values())
+                                streams=run.streams())
         batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics)
         outcome = batcher.run(stop_event(), burst=config.burst)
         log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,

@@ -29,6 +29,9 @@ def add_acl_command(commands) -> None:
                      help="only this role (repeat for several) [default: every role]")
     acl.add_argument("--password-dir", default=None, metavar="DIR",
                      help="keep one password per user in DIR/USER (made if missing, 0600) and put its hash in the rules")
+    acl.add_argument("--partitions", type=int, default=1, metavar="P",
+                     help="the runs' partitions, as recorded (the batcher's --partitions): every role gets its rights in "
+                          "each partition's keys too")
     acl.add_argument("--no-default", action="store_true",
                      help="leave out 'user default off' (when appending to an ACL file that already has a default user)")
     acl.set_defaults(handler=cmd_acl)
@@ -40,7 +43,10 @@ def cmd_acl(args: argparse.Namespace) -> int:
     for run in args.runs:
         check_run_name(run)
         passwords = _passwords(Path(args.password_dir), run, roles) if args.password_dir else None
-        lines += render_run(run, roles, passwords=passwords)
+        try:
+            lines += render_run(run, roles, passwords=passwords, partitions=args.partitions)
+        except ValueError as exc:  # the archiver of a partitioned run, or a partition count out of range
+            raise ConfigError(str(exc)) from None
     print("\n".join(lines))
     where = f"their passwords are in {args.password_dir}" if args.password_dir else \
         "they have no password yet: add one with ACL SETUSER USER >PASSWORD, or run again with --password-dir DIR"

@@ -37,7 +37,7 @@ from streamgrp.core.events import GroupDecided, GroupDiscarded, SlotResult, Step
 from streamgrp.errors import ConfigError
 from streamgrp.replay.steps import list_steps
 from streamgrp.store.keys import RunKeys
-from streamgrp.store.sources import RedisSource, decode_all, recorded_config
+from streamgrp.store.sources import RedisSource, decode_all, recorded_config, refuse_partitioned
 from streamgrp.store.streams import entry_time
 
 __all__ = ["INSTALL_HINT", "TABLES", "columns", "export_run", "require_pyarrow"]
@@ -150,6 +150,7 @@ def export_run(client: redis.Redis | None, keys: RunKeys, out_dir: str | os.Path
     file. ``source`` defaults to the server; pass an archive-backed one for a trimmed run."""
     parquet = require_pyarrow()
     source = source or RedisSource(client, keys)
+    refuse_partitioned(source, "streamgrp export")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

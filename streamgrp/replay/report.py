@@ -43,10 +43,11 @@ def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> R
     """Read a run's streams and compute its per-step series and totals; ``source`` (default: the
     server) may be an archive-backed entry source (`streamgrp.store.sources`) for a run retention trimmed."""
     from streamgrp.replay.summary import run_summary
-    from streamgrp.store.sources import RedisSource
+    from streamgrp.store.sources import RedisSource, refuse_partitioned
     from streamgrp.store.streams import entry_time
 
     source = source or RedisSource(client, keys)
+    refuse_partitioned(source, "streamgrp report")
 
     def events(stream: str) -> list[tuple[float, Any]]:
         out = []

@@ -42,7 +42,7 @@ from streamgrp.core.events import (
 )
 from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError, DecodeError, DigestMismatch
-from streamgrp.store.keys import RunKeys, step_entry_id
+from streamgrp.store.keys import RunKeys, step_entry_id, task_partition
 from streamgrp.store.sources import EntrySource, RedisSource, decode_all
 from streamgrp.store.streams import entry_time
 
@@ -185,9 +185,12 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
     """The task's timeline in server-clock order: issued, each slot result (with its worker, outcome and
     error), the decision, then the step and rank it trained in, or its discard."""
     source = source or RedisSource(client, keys)
+    partitions = len(getattr(source, "partitions", ())) or 1
+    # In a partitioned run only the task's own partition's log holds it.
+    suffix = f"@{task_partition(task_id, partitions)}" if partitions > 1 else ""
     needle = b'"task_id":' + orjson.dumps(task_id)
     found: list[tuple[str, Any]] = []  # (entry id, event or the DecodeError) of this task, in log order
-    for entry_id, fields in source.scan("slots"):
+    for entry_id, fields in source.scan("slots" + suffix):
         if needle in (fields.get(codec.HEADER) or b""):
             try:
                 event = codec.decode(fields)
@@ -198,7 +201,7 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
                 found.append((entry_id, event))
     if not found:
         raise ConfigError(f"task {task_id!r} is not in the slot log of run {keys.run!r} (wrong run? trimmed?)")
-    decision_entry, decision = _find_decision(source, task_id)
+    decision_entry, decision = _find_decision(source, task_id, "decisions" + suffix)
     first_per_slot: dict[int, str] = {}
     timeline: list[TimelineEvent] = []
     for entry_id, event in found:
@@ -231,13 +234,13 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
     return sorted(timeline, key=lambda event: (event.at is None, event.at or 0.0))
 
 
-def _find_decision(source: RedisSource, task_id: str) -> tuple[str | None, GroupDecided | None]:
+def _find_decision(source: RedisSource, task_id: str, stream: str) -> tuple[str | None, GroupDecided | None]:
     entry_id = source.hash("decided").get(task_id)
     if entry_id is not None:
-        (fields,) = source("decisions", [entry_id])
+        (fields,) = source(stream, [entry_id])
         if fields:
             return entry_id, codec.decode(fields)
-    for entry_id, event in decode_all(source, "decisions"):
+    for entry_id, event in decode_all(source, stream):
         if isinstance(event, GroupDecided) and event.task_id == task_id:
             return entry_id, event
     return None, None

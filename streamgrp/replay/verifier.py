@@ -57,7 +57,12 @@ from streamgrp.core.manifest import make_manifest
 from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
-from streamgrp.store.sources import RedisSource, decode_all, recorded_config
+from streamgrp.store.sources import (
+    RedisSource,
+    decode_all,
+    recorded_config,
+    refuse_partitioned,
+)
 
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
 
@@ -110,6 +115,7 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
     would show as missing.
     """
     source = source or RedisSource(client, keys)
+    refuse_partitioned(source, "streamgrp verify")
     config = recorded_config(source)
     report = VerifyReport(keys.run)
     decided = source.hash("decided")  # before the log: every decision it names is in the log by then, or trimmed

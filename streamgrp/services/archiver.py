@@ -37,6 +37,7 @@ from streamgrp.services.retention import TrimReport, trim
 from streamgrp.store.archive_layout import default_archive_dir
 from streamgrp.store.archive_writer import ArchiveWriter
 from streamgrp.store.keys import RunKeys
+from streamgrp.store.sources import RedisSource, refuse_partitioned
 from streamgrp.store.streams import entry_id_str
 
 __all__ = ["ARCHIVE_ID_FIELD", "SNAPSHOT_HASHES", "Archiver", "default_archive_dir"]
@@ -54,6 +55,7 @@ class Archiver:
 
     def __init__(self, client: redis.Redis, keys: RunKeys, directory: str | Path, config: ArchiverConfig | None = None,
                  *, dp_size: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        refuse_partitioned(RedisSource(client, keys), "the archiver (and retention with it)")
         self.client = client
         self.keys = keys
         self.config = config or ArchiverConfig()

@@ -196,6 +196,7 @@ class Batcher:
         is done: only after every batch, since one partition's read being folded says nothing of the
         others'. Dead-letter the entries that are not decisions."""
         self._fold(batch_fold.VersionSet(self._current_version()))
+        decided: list[tuple[int, str, GroupDecided | None]] = []
         for part, entries in batches:
             dead_letters = self.dead_letters[part.index]
             for raw_id, fields in entries:
@@ -211,11 +212,33 @@ class Batcher:
                                       f"a {decision.kind} event does not belong in the decisions stream", fields,
                                       group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
                     continue
-                self._fold(batch_fold.Decided(decision_ref(part.index, entry_id), decision), defer=True)
+                decided.append((part.index, entry_id, decision))
+        settled = self._settled_tasks([decision.task_id for _, _, decision in decided if decision is not None])
+        for partition, entry_id, decision in decided:
+            ref = decision_ref(partition, entry_id)
+            if settled is not None and decision is not None:
+                if decision.task_id in settled:
+                    log.warning("task %s was decided again in partition %d (entry %s) after a step or discard used "
+                                "it (did that partition's server lose writes?); the repeat is dropped",
+                                decision.task_id, partition, entry_id)
+                    self._pending_ops += ["A", 1, ref]
+                    continue
+                settled.add(decision.task_id)
+            self._fold(batch_fold.Decided(ref, decision), defer=True)
         self._flush()
         if not replaying and self.outcome == "running" and self._dataset_done():
             self._fold(batch_fold.VersionSet(self._current_version()))
             self._fold(batch_fold.DatasetEnded())
+
+    def _settled_tasks(self, task_ids: list[str]) -> set[str] | None:
+        """Of a partitioned run, the tasks that may not be used again: those of ``task_ids`` its steps
+        and discards used (`RunKeys.batcher_settled`), and the buffered ones. None unpartitioned, where
+        one server's log holds a decision and its marker together and cannot decide a task twice."""
+        if len(self.partitions) == 1:
+            return None
+        used = self.client.hmget(self.keys.batcher_settled, task_ids) if task_ids else []
+        return {task for task, hit in zip(task_ids, used) if hit is not None} | \
+            {decision.task_id for _, decision in self.state.buffer}
 
     def _end_round(self, started: float, *, away: bool) -> None:
         self._fold(batch_fold.VersionSet(self._current_version()))
@@ -247,6 +270,8 @@ class Batcher:
                 if output.reason == batch_fold.FILTERED and "raised" in output.detail:
                     log.warning("task %s: %s", output.decision.task_id, output.detail)
                 self._pending_ops += ["G", output.reason, self._discard_header(output), output.entry_id]
+                if len(self.partitions) > 1:
+                    self._pending_ops += ["K", 1, output.decision.task_id]
             elif isinstance(output, batch_fold.StepDue):
                 self._pending_steps.append(output)
             elif isinstance(output, batch_fold.Finished):
@@ -285,6 +310,8 @@ class Batcher:
         manifest = make_manifest(due.step, due.version, due.groups, self.settings.dp_size, server_time(self.client))
         entries = [entry for entry, _ in due.groups]
         ops = ["S", due.step, self._header(manifest), len(entries), len(entries), *entries]
+        if len(self.partitions) > 1:
+            ops += ["K", len(due.groups), *(decision.task_id for _, decision in due.groups)]
         if self.metrics is not None:
             self.metrics.batch_imbalance.set(manifest.imbalance)
             self.metrics.policy_version.set(due.version)
@@ -315,7 +342,7 @@ class Batcher:
                 self.keys.batcher_state, self.keys.control]
         if len(self.partitions) > 1:  # acknowledgements recorded in the run's slot, applied below
             keys[0:1] = [self.keys.batcher_unacked]
-            keys.append(self.keys.batcher_unacked)
+            keys += [self.keys.batcher_unacked, self.keys.batcher_settled]
         try:
             _, *applied = self._commit(keys=keys, args=[self.lease.token, BATCHER_GROUP, *ops])
         except LeaseLost:
@@ -392,3 +419,4 @@ class Batcher:
             return (f"The server is full ({used} of maxmemory {maxmemory} bytes): it refuses writes (OOM) until "
                     "maxmemory is raised or retention trims the run (streamgrp archiver --retention).")
         return ""
+

@@ -62,13 +62,48 @@ def user_name(run: str, role: str) -> str:
     return f"sg-{run}-{role}"
 
 
-def access(keys: RunKeys, role: str) -> RoleAccess:
-    """``role``'s rights in the run of ``keys``; `ValueError` naming the roles for an unknown one."""
+def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
+    """``role``'s rights in the run of ``keys`` with ``partitions`` partitions; `ValueError` naming the
+    roles for an unknown one.
+
+    A partitioned run's keys of each partition are the same kinds as an unpartitioned run's under
+    another hash tag: each role gets, in every partition, the rights it has on those kinds (the
+    batcher also the partitions' issued markers and its record of acknowledgements owed)."""
     try:
         build = _BUILDERS[role]
     except KeyError:
         raise ValueError(f"unknown role {role!r}; the roles are {', '.join(ROLES)}") from None
-    return build(keys)
+    rights = build(keys)
+    if partitions == 1:
+        return rights
+    if role == "archiver":
+        raise ValueError("the archiver does not archive partitioned runs yet; leave it out (--role)")
+    own = keys.partition(0, 1)  # the unpartitioned layout: the kinds of key a role has in each partition
+    kinds = {key: name for name in _PARTITION_KINDS for key in (getattr(own, name),)}
+
+    def spread(names: tuple[str, ...]) -> tuple[str, ...]:
+        out: list[str] = []
+        for key in names:
+            if key in kinds:
+                if kinds[key] in _RUN_WIDE_TOO:
+                    out.append(key)
+                out += [getattr(keys.partition(index, partitions), kinds[key]) for index in range(partitions)]
+            elif key == keys.pattern:
+                out += [key, keys.partition_pattern]
+            else:
+                out.append(key)
+        return tuple(dict.fromkeys(out))
+
+    extra = ((keys.batcher_unacked, keys.batcher_settled,
+              *(keys.partition(index, partitions).issued for index in range(partitions))) if role == "batcher" else ())
+    return RoleAccess(rights.role, rights.about, spread(rights.read), (*spread(rights.write), *extra), rights.commands)
+
+
+#: Kinds a partitioned run has run-wide as well: the batcher's counters and the control stream's dead letters.
+_RUN_WIDE_TOO = ("deadletter", "deadlettered", "counts")
+#: `PartitionKeys` attributes: the keys every partition has its own of.
+_PARTITION_KINDS = ("tasks", "slots", "payloads", "decisions", "deadletter", "deadlettered", "decided", "counts",
+                    "assembler_lease")
 
 
 def _worker(k: RunKeys) -> RoleAccess:
@@ -101,7 +136,8 @@ def _batcher(k: RunKeys) -> RoleAccess:
         read=(*_others(k, written), k.version, k.committed, k.decided),
         write=written,
         commands=(*_RUN_LOOKUP, *_LEASE, "zadd", "xlen", "xreadgroup", "xack", "xadd", "xgroup|create", "xinfo|stream",
-                  "xinfo|groups", "hget", "hmget", "hset", "hsetnx", "hincrby", "hexists", "hgetall", "hlen", "hvals"))
+                  "xinfo|groups", "hget", "hmget", "hset", "hsetnx", "hincrby", "hexists", "hgetall", "hlen", "hvals",
+                  "hkeys", "hdel"))  # the acknowledgements a partitioned run's commits record, applied and cleared
 
 
 def _trainer(k: RunKeys) -> RoleAccess:
@@ -160,13 +196,15 @@ def render(rights: RoleAccess, run: str, *, password_hashes: Sequence[str] = ())
     return f"user {user_name(run, rights.role)} " + " ".join(rules)
 
 
-def render_run(run: str, roles: Iterable[str] = ROLES, *, passwords: dict[str, str] | None = None) -> list[str]:
-    """The ACL lines of ``roles`` in ``run``, each with its password's hash when ``passwords`` has one."""
+def render_run(run: str, roles: Iterable[str] = ROLES, *, passwords: dict[str, str] | None = None,
+               partitions: int = 1) -> list[str]:
+    """The ACL lines of ``roles`` in ``run`` (of ``partitions`` partitions), each with its password's hash
+    when ``passwords`` has one."""
     keys = RunKeys(run)
     lines = []
     for role in roles:
         hashes = [password_hash(passwords[role])] if passwords and role in passwords else []
-        lines.append(render(access(keys, role), run, password_hashes=hashes))
+        lines.append(render(access(keys, role, partitions), run, password_hashes=hashes))
     return lines
 
 

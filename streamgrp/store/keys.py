@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -146,6 +147,12 @@ class RunKeys:
         return self._key("batcher:unacked")
 
     @property
+    def batcher_settled(self) -> str:
+        """Hash task id -> 1 of the tasks a partitioned run's steps and discards used: a second decision
+        of one (its partition's server lost its last writes and the task was decided again) is dropped."""
+        return self._key("batcher:settled")
+
+    @property
     def batcher_lease(self) -> str:
         return self._key("batcher:lease")
 
@@ -165,8 +172,13 @@ class RunKeys:
 
     @property
     def pattern(self) -> str:
-        """Every key of the run, as an ACL key pattern (run names hold no glob characters)."""
+        """Every key of the run but its partitions', as an ACL key pattern (run names hold no glob characters)."""
         return self._key("*")
+
+    @property
+    def partition_pattern(self) -> str:
+        """Every key of the run's partitions (a partitioned run's), as an ACL key pattern."""
+        return f"{PREFIX}:{{{self.run}/*}}:*"
 
     @property
     def worker_seq(self) -> str:
@@ -295,6 +307,25 @@ def task_partition(task_id: str, partitions: int) -> int:
         return 0
     digest = hashlib.blake2b(task_id.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % partitions
+
+
+#: Streams every partition has its own of; in a partitioned run the run's own are unused.
+PARTITION_STREAMS = ("tasks", "slots", "payloads", "decisions")
+
+
+def stream_key(keys: RunKeys, partitions: Sequence[PartitionKeys], name: str) -> str:
+    """The key of a run's stream by name: ``steps`` (run-wide), ``slots@2`` (partition 2's); a bare
+    partition stream name is partition 0's. ValueError for a name the run does not have."""
+    base, at, index = name.partition("@")
+    try:
+        if at:
+            return partitions[int(index)].all_streams()[base]
+        if name in PARTITION_STREAMS:
+            return partitions[0].all_streams()[name]
+        return keys.all_streams()[name]
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"unknown stream {name!r}; expected one of {sorted(keys.all_streams())}, or a partition's "
+                         f"{', '.join(PARTITION_STREAMS)}, deadletter as NAME@0 to NAME@{len(partitions) - 1}") from None
 
 
 def step_entry_id(step: int) -> str:

@@ -33,7 +33,7 @@ from streamgrp.core import codec
 from streamgrp.core.events import RunFinished, RunTerminated
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store.control import MARKERS
-from streamgrp.store.keys import PREFIX, RUNS, RunKeys, check_run_name, id_key
+from streamgrp.store.keys import PARTITION_STREAMS, PREFIX, RUNS, RunKeys, check_run_name, id_key
 from streamgrp.store.runs import read_record
 from streamgrp.store.streams import entry_id_str
 
@@ -76,7 +76,8 @@ class RunUsage:
 
 def run_key_names(client: redis.Redis, keys: RunKeys) -> list[str]:
     """Every key of the run (SCAN may return one twice; each is listed once)."""
-    return list(dict.fromkeys(entry_id_str(k) for k in client.scan_iter(match=keys.pattern, count=SCAN_COUNT)))
+    return list(dict.fromkeys(entry_id_str(k) for pattern in (keys.pattern, keys.partition_pattern)
+                              for k in client.scan_iter(match=pattern, count=SCAN_COUNT)))
 
 
 def run_usage(client: redis.Redis, keys: RunKeys) -> RunUsage:
@@ -93,8 +94,8 @@ def usage_by_run(client: redis.Redis) -> dict[str, RunUsage]:
         for raw in client.scan_iter(match=f"{PREFIX}:{{*", count=SCAN_COUNT):
             name = entry_id_str(raw)
             end = name.find("}")
-            if end > 0:
-                by_run.setdefault(name[len(PREFIX) + 2:end], []).append(name)
+            if end > 0:  # a partition's tag is the run's name, "/" and the partition
+                by_run.setdefault(name[len(PREFIX) + 2:end].split("/")[0], []).append(name)
         return {run: _measure(client, run, list(dict.fromkeys(names))) for run, names in sorted(by_run.items())}
 
 
@@ -109,6 +110,10 @@ def _measure(client: redis.Redis, run: str, names: Sequence[str]) -> RunUsage:
         streams = {name: key for name, key in RunKeys(run).all_streams().items() if key in set(names)}
     except ConfigError:
         streams = {}  # a key under sg:{...} whose name is no run name: counted, not a stream of a run
+    for key in names:  # a partition's streams, as `streamgrp.store.keys.stream_key` names them
+        tag, _, stream = key[len(PREFIX) + 2:].partition("}:")
+        if "/" in tag and stream in PARTITION_STREAMS + ("deadletter",):
+            streams[f"{stream}@{tag.split('/')[1].split('.')[0]}"] = key
     pipe = client.pipeline(transaction=False)
     for key in streams.values():
         pipe.xlen(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -23,7 +24,15 @@ from streamgrp.core.events import RunStarted
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.connection import connect, safe_url  # noqa: F401 - connect is documented here
-from streamgrp.store.keys import RUNS, PartitionKeys, RunKeys, check_run_name, task_partition
+from streamgrp.store.keys import (
+    PARTITION_STREAMS,
+    RUNS,
+    PartitionKeys,
+    RunKeys,
+    check_run_name,
+    stream_key,
+    task_partition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +59,20 @@ class Run:
         count = self.config.partitions
         return tuple(self.keys.partition(index, count) for index in range(count))
 
+    def streams(self, partitions: Sequence[int] | None = None) -> dict[str, str]:
+        """Stream name -> key: the run-wide streams and those of ``partitions`` (default all), named as
+        `stream_key` reads them (``slots``, or ``slots@2`` in a partitioned run)."""
+        count = self.config.partitions
+        out = {name: key for name, key in self.keys.all_streams().items()
+               if count == 1 or name not in PARTITION_STREAMS}
+        for index in (range(count) if partitions is None else partitions):
+            suffix = f"@{index}" if count > 1 else ""
+            out.update({name + suffix: key for name, key in self.partitions[index].all_streams().items()})
+        return out
+
     def stream_key(self, name: str) -> str:
-        """The key of the run's stream ``name``: a run-wide one (``steps``), or a partition's, written
-        ``slots@2`` (a bare partition stream name is partition 0's)."""
-        base, _, index = name.partition("@")
-        streams = self.partitions[int(index or 0)].all_streams()
-        return streams[base] if base in streams else self.keys.all_streams()[name]
+        """The key of the run's stream ``name`` (`streamgrp.store.keys.stream_key`)."""
+        return stream_key(self.keys, self.partitions, name)
 
     def partition_of(self, task_id: str) -> PartitionKeys:
         """The keys of the partition ``task_id`` belongs to."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -31,12 +32,12 @@ from streamgrp.core import codec
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store.archive_layout import default_archive_dir
 from streamgrp.store.archive_reader import ArchiveReader
-from streamgrp.store.keys import ASSEMBLER_GROUP, RunKeys
+from streamgrp.store.keys import ASSEMBLER_GROUP, PartitionKeys, RunKeys, stream_key
 from streamgrp.store.runs import Run, open_run, read_record, resolve_run_name
 from streamgrp.store.streams import entry_id_str, read_entries
 
 __all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source",
-           "open_run_source", "recorded_config"]
+           "open_run_source", "recorded_config", "refuse_partitioned"]
 
 #: ``source(stream, ids)``: the fields of each entry id of a run's stream (a `RunKeys.all_streams`
 #: name), in order, None where the entry is not retained.
@@ -50,13 +51,20 @@ class RedisSource:
     def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
         self.client = client
         self.keys = keys
-        self._streams = keys.all_streams()
+
+    @cached_property
+    def partitions(self) -> tuple[PartitionKeys, ...]:
+        """The run's partitions, from its record (one when it has none, or no record)."""
+        try:
+            count = recorded_config(self).partitions
+        except (ConfigError, DecodeError):
+            count = 1
+        return tuple(self.keys.partition(index, count) for index in range(count))
 
     def _key(self, stream: str) -> str:
-        try:
-            return self._streams[stream]
-        except KeyError:
-            raise ValueError(f"unknown stream {stream!r}; expected one of {sorted(self._streams)}") from None
+        if stream == "control":  # read before the partitions are known
+            return self.keys.control
+        return stream_key(self.keys, self.partitions, stream)
 
     def __call__(self, stream: str, ids: Sequence[str]) -> list[dict[bytes, bytes] | None]:
         return read_entries(self.client, self._key(stream), list(ids))
@@ -73,13 +81,26 @@ class RedisSource:
             start = "(" + entry_id_str(entries[-1][0])
 
     def hash(self, name: str) -> dict[str, str]:
-        """A run hash (``committed``, ``decided``) as text."""
-        return {k.decode(): v.decode() for k, v in self.client.hgetall(getattr(self.keys, name)).items()}
+        """A run hash (``committed``, ``decided``) as text; in a partitioned run ``decided`` joins the
+        partitions' and ``counts`` adds theirs to the run's own."""
+        def read(key: str) -> dict[str, str]:
+            return {k.decode(): v.decode() for k, v in self.client.hgetall(key).items()}
 
-    def folded_through(self) -> str | None:
-        """The last slot-log entry the assembler read (its consumer group position), None without one."""
+        if len(self.partitions) == 1 or name not in ("counts", "decided"):
+            return read(getattr(self.keys, name))
+        if name == "decided":
+            return {task: entry for part in self.partitions for task, entry in read(part.decided).items()}
+        total: dict[str, float] = {}
+        for key in (self.keys.counts, *(part.counts for part in self.partitions)):
+            for counter, value in read(key).items():
+                total[counter] = total.get(counter, 0) + float(value)
+        return {counter: str(int(value) if value == int(value) else value) for counter, value in total.items()}
+
+    def folded_through(self, stream: str = "slots") -> str | None:
+        """The last slot-log entry the assembler read (its consumer group position), None without one;
+        a partitioned run's ``slots@P`` for partition P's."""
         try:
-            groups = self.client.xinfo_groups(self.keys.slots)
+            groups = self.client.xinfo_groups(self._key(stream))
         except redis.ResponseError:
             return None
         for group in groups:
@@ -220,6 +241,14 @@ def open_run_source(client: redis.Redis, run: str | None, *, archive: str | os.P
                               f"{opened.name!r}; pass --run {archived.keys.run} or that run's archive")
         return opened, FallbackSource(RedisSource(client, opened.keys), archived)
     return opened, default_source(client, opened.keys, data_dir)
+
+
+def refuse_partitioned(source: Any, what: str) -> None:
+    """`ConfigError` when ``source`` reads a partitioned run, which ``what`` does not cover yet."""
+    partitions = getattr(source, "partitions", ())
+    if len(partitions) > 1:
+        raise ConfigError(f"{what} does not read partitioned runs yet: run {source.keys.run} has {len(partitions)} "
+                          "partitions. Its steps replay (streamgrp replay STEP) and its totals show (streamgrp inspect)")
 
 
 def decode_all(source: RedisSource, stream: str) -> Iterator[tuple[str, Any]]:

@@ -137,6 +137,29 @@ def test_a_batcher_that_dies_before_its_acknowledgements_leaves_no_group_to_trai
     assert sum(client.xpending(p.decisions, BATCHER_GROUP)["pending"] for p in run.partitions) == 0
 
 
+def test_a_task_a_partition_decides_again_after_its_step_is_not_trained_twice(client, run_name):
+    run = _run(client, run_name)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()
+    _work(client, run)
+    config = AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)
+    for partition in (0, 1):
+        Assembler(client, run, config, partition=partition).run(burst=True)
+    batcher.round()
+    trained = _trained(_manifests(client, run))
+    # What a partition whose server lost its last second of writes does: its assembler, finding the
+    # slots unacknowledged and no decided marker, decides a task again, after a step used the first.
+    part = run.partitions[0]
+    first = next((entry, fields) for entry, fields in client.xrange(part.decisions)
+                 if codec.decode(fields).task_id in trained)
+    client.xadd(part.decisions, first[1])
+    Assembler(client, run, config, partition=2).run(burst=True)
+    while batcher.outcome == "running":
+        batcher.round()
+    assert _trained(_manifests(client, run)) == Counter({f"t{i:08d}": 1 for i in range(TASKS)})
+    assert sum(client.xpending(p.decisions, BATCHER_GROUP)["pending"] for p in run.partitions) == 0
+
+
 def test_a_finished_runs_next_batcher_still_acknowledges_what_the_last_one_owed(client, run_name, monkeypatch):
     run = _run(client, run_name)
     batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
@@ -204,3 +227,89 @@ def test_partition_keys_spread_over_the_slot_space_and_one_partition_is_the_unpa
 
 def _is_cluster(client) -> bool:
     return hasattr(client, "get_node_from_key")
+
+
+def test_replay_inspect_summary_and_the_run_admin_read_every_partition(client, run_name):
+    from streamgrp.replay import replay_step
+    from streamgrp.replay.steps import inspect_task
+    from streamgrp.replay.summary import run_summary
+    from streamgrp.store.run_admin import delete_run, run_key_names, run_usage
+    from streamgrp.store.sources import RedisSource
+
+    run = _run(client, run_name)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()
+    _work(client, run)
+    _assemble(client, run)
+    while batcher.outcome == "running":
+        batcher.round()
+    manifests = _manifests(client, run)
+    for manifest in manifests:  # bit for bit: the digests hold over payloads of every partition
+        for rank in (0, 1):
+            assert replay_step(client, run.keys, manifest.step, rank).digest == manifest.shards[rank].digest
+
+    summary = run_summary(client, run.keys)  # the partitions' counters with the run's own
+    assert summary["tasks"] == summary["tasks_decided"] == TASKS and summary["slots"]["sample"] > 0
+    assert summary["steps"] == len(manifests) and summary["slots"]["unread"] == summary["slots"]["open"] == 0
+    assert RedisSource(client, run.keys).hash("decided").keys() == {f"t{i:08d}" for i in range(TASKS)}
+    task = next(f"t{i:08d}" for i in range(TASKS) if task_partition(f"t{i:08d}", PARTITIONS) == 2)
+    kinds = [event.what for event in inspect_task(client, run.keys, task)]
+    assert kinds[0] == "issued" and kinds.count("slot") == 3 and kinds[-2:] == ["decided", "trained"]
+
+    batcher.lease.release()
+    names = run_key_names(client, run.keys)
+    assert {part.slots for part in run.partitions} <= set(names)
+    assert {f"slots@{p}" for p in range(PARTITIONS)} <= set(run_usage(client, run.keys).entries)
+    with pytest.raises(ConfigError, match="does not read partitioned runs yet"):
+        from streamgrp.replay import verify
+        verify(client, run.keys)
+    deleted = delete_run(client, run.keys, force=True)
+    assert deleted.keys == len(names) and run_key_names(client, run.keys) == []
+
+
+@pytest.mark.one_server_kind
+def test_every_role_of_a_partitioned_run_works_under_its_own_acl_user(server_kind, kind_binary, tmp_path, run_name):
+    """The users `streamgrp acl RUN --partitions 3` prints: a whole partitioned run in-process, each
+    role on its own user's connection, and the server's ACL log stays empty."""
+    import secrets
+
+    from streamgrp.cli.server import EmbeddedServer
+    from streamgrp.store.acl import ROLES, password_hash, render_run
+    from streamgrp.store.connection import connect
+
+    if server_kind == "cluster":
+        pytest.skip("an ACL file is loaded by one server")
+    roles = [role for role in ROLES if role != "archiver"]
+    passwords = {role: secrets.token_urlsafe(12) for role in [*roles, "admin"]}
+    lines = ["user default off", f"user admin on {password_hash(passwords['admin'])} ~* &* +@all",
+             *render_run(run_name, roles, passwords=passwords, partitions=PARTITIONS)]
+    (tmp_path / "users.acl").write_text("\n".join(lines) + "\n")
+    server = EmbeddedServer(tmp_path / "server", binary=kind_binary, acl_file=tmp_path / "users.acl")
+    server.start()
+    try:
+        def as_(role):
+            return connect(f"redis://sg-{run_name}-{role}@127.0.0.1:{server.port}/0", password=passwords[role])
+
+        admin = connect(f"redis://admin@127.0.0.1:{server.port}/0", password=passwords["admin"])
+        run = _run(as_("batcher"), run_name)
+        batcher = _batcher(as_("batcher"), run, dataset=iter([{"i": i} for i in range(TASKS)]))
+        batcher.round()
+        _work(as_("worker"), run)
+        assert _assemble(as_("assembler"), run) == TASKS
+        while batcher.outcome == "running":
+            batcher.round()
+        trainer = TrainerClient(as_("trainer"), run)
+        with trainer.batches(rank=0, world_size=2) as zero:
+            for batch in zero:
+                assert batch.rows > 0
+        from streamgrp.replay import replay_step
+        from streamgrp.replay.steps import list_steps
+
+        inspector = as_("inspector")
+        assert len(list_steps(inspector, run.keys)) == -(-TASKS // 4)
+        replay_step(inspector, run.keys, 0, 1)
+        assert admin.execute_command("ACL", "LOG") == [], "a role was refused what its rules should allow"
+        with pytest.raises(Exception, match="(?i)permission"):
+            as_("worker").xadd(run.partitions[0].decisions, {"h": b"{}"})
+    finally:
+        server.stop()

@@ -5,13 +5,17 @@
 --       [8 unacked: a partitioned run's decisions live in other hash slots, so their acknowledgements
 --        are recorded here (field: the batcher's reference `entry@partition`) in the same call, and the
 --        batcher applies and clears them afterwards, also first thing when it takes over; KEYS[1] is
---        then this hash too and nothing is acknowledged here]
+--        then this hash too and nothing is acknowledged here,
+--        9 settled: hash task id -> 1 of the tasks a partitioned run's steps and discards used (op K),
+--        which the batcher checks a decision against before using it: a partition whose server lost
+--        its last writes can decide a task a second time]
 -- ARGV: 1 lease token, 2 consumer group, then operations:
 --   S step header n_groups n_ack ids...   write step (only if it is the next one), ack its groups
 --   G reason header entry_id              discard a group (stale / filtered / leftover), ack it
 --   A n_ack ids...                        ack decisions the assembler already dropped
 --   T header                              terminal run event (stall), written once
 --   F header                              run finished, written once
+--   K n task_ids...                       (partitioned runs) mark tasks settled in KEYS[9]
 -- The terminal and finished markers in the batcher state (KEYS[6]) hold the control entry id of the
 -- event: other roles may append to control (trainers advance the policy version there), so readers
 -- trust a terminal or finished event only when the state, which only the batcher writes, names it.
@@ -56,10 +60,11 @@ while i <= #ARGV do
     if i + 3 > #ARGV then error('BAD_INPUT discard at argument ' .. i .. ' runs past the end of the input') end
     ops[#ops + 1] = {op, i}
     i = i + 4
-  elseif op == 'A' then
-    local n_ack = count_at(i + 1, 1, 'acknowledgements')
+  elseif op == 'A' or op == 'K' then
+    local n = count_at(i + 1, 1, op == 'A' and 'acknowledgements' or 'settled tasks')
+    if op == 'K' and not KEYS[9] then error('BAD_INPUT settled tasks without the settled hash (KEYS[9])') end
     ops[#ops + 1] = {op, i}
-    i = i + 2 + n_ack
+    i = i + 2 + n
   elseif op == 'T' or op == 'F' then
     if i + 1 > #ARGV then error('BAD_INPUT ' .. op .. ' without its header') end
     ops[#ops + 1] = {op, i}
@@ -90,6 +95,8 @@ for _, parsed in ipairs(ops) do
     end
   elseif op == 'A' then
     acks(at + 2, tonumber(ARGV[at + 1]))
+  elseif op == 'K' then
+    for k = at + 2, at + 1 + tonumber(ARGV[at + 1]) do redis.call('HSET', KEYS[9], ARGV[k], 1) end
   else
     local marker = (op == 'T') and 'terminal' or 'finished'
     if redis.call('HEXISTS', KEYS[6], marker) == 0 then
