@@ -38,7 +38,7 @@ TAKE = 8
 TIMEOUT_S = 600.0
 
 
-def _worker(url: str, cluster: bool, run_name: str, tokens: int, ready, start, stop, results) -> None:
+def _worker(url: str, cluster: bool, run_name: str, index: int, tokens: int, ready, start, stop, results) -> None:
     from streamgrp.services.synthetic import make_sample
     from streamgrp.services.worker import WorkerClient
     from streamgrp.store.runs import connect, open_run
@@ -47,7 +47,7 @@ def _worker(url: str, cluster: bool, run_name: str, tokens: int, ready, start, s
     run = open_run(client, run_name)
     worker = WorkerClient(client, run.keys, partitions=run.partitions)
     samples = [make_sample(tokens=tokens, seed=i, reward=i / 8) for i in range(8)]
-    ready.put(("worker", os.getpid()))
+    ready.put((f"worker{index}", os.getpid()))
     start.wait()
     published = 0
     while not stop.is_set():
@@ -89,7 +89,7 @@ def run_case(url: str, cluster: bool, server_pids: list[int], partitions: int, g
         issuer.issue([{}] * min(500, groups - at), task_ids=[f"t{i:07d}" for i in range(at, min(groups, at + 500))])
     ready, start, stop, results = CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue()
     procs = [spawn(_assembler, url, cluster, run.name, p, ready, stop, results) for p in range(partitions)]
-    procs += [spawn(_worker, url, cluster, run.name, tokens, ready, start, stop, results) for _ in range(workers)]
+    procs += [spawn(_worker, url, cluster, run.name, i, tokens, ready, start, stop, results) for i in range(workers)]
     try:
         pids = dict(wait_ready(ready, procs, len(procs), 120))
         before = {role: cpu_seconds(pid) for role, pid in pids.items()}
@@ -119,7 +119,7 @@ def run_case(url: str, cluster: bool, server_pids: list[int], partitions: int, g
 
 def _summary(us: dict[str, float]) -> dict[str, float]:
     assemblers = sum(v for k, v in us.items() if k.startswith("assembler"))
-    workers = sum(v for k, v in us.items() if k == "worker")
+    workers = sum(v for k, v in us.items() if k.startswith("worker"))
     return {"worker": workers, "assemblers": assemblers, "server": us.get("server", 0.0),
             "per assembler": assemblers / max(1, sum(k.startswith("assembler") for k in us)),
             "total": sum(v for k, v in us.items() if k != "bench")}
@@ -161,7 +161,7 @@ def main() -> None:
 
     print(f"\npublish -> decision, {args.groups} groups of {N_SAMPLES}, {args.tokens} tokens, {args.workers} "
           f"worker processes, {os.cpu_count()} cores (median of {args.repeat}); CPU microseconds per sample")
-    header = f"  {'case':<18} {'samples/s':>10} {'worker':>7} {'assemblers':>10} {'per asm':>8} {'servers':>8} {'total':>7}"
+    header = f"  {'case':<18} {'samples/s':>10} {'workers':>7} {'assemblers':>10} {'per asm':>8} {'servers':>8} {'total':>7}"
     print(header)
     for name, results in rows.items():
         rate = statistics.median(r["rate"] for r in results)
