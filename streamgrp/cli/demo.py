@@ -41,6 +41,7 @@ from streamgrp.replay.summary import format_summary, run_summary
 from streamgrp.store.credentials import safe_url
 from streamgrp.store.private import open_private, private_dir
 from streamgrp.store.runs import connect, join_run
+from streamgrp.store.sources import RedisSource
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +243,16 @@ class _Progress:
         self.err = err
         self.tty = err.isatty()
         self._last_line = 0.0
+        self._source: RedisSource | None = None
 
     def update(self, client, keys, final: bool = False) -> None:
         now = time.monotonic()
         if not (self.tty or final or now - self._last_line >= 5):
             return
         self._last_line = now
-        counts = {k.decode(): float(v) for k, v in client.hgetall(keys.counts).items()}
+        if self._source is None:
+            self._source = RedisSource(client, keys)  # its counts: the run's and every partition's
+        counts = {name: float(value) for name, value in self._source.hash("counts").items()}
         done = int(counts.get(counters.STEPS, 0))
         usable, trainable = counters.slot_yields(counts) or (0.0, 0.0)
         metrics = client.hget(keys.trainer_metrics, max(done - 1, 0))

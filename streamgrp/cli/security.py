@@ -45,7 +45,7 @@ def cmd_acl(args: argparse.Namespace) -> int:
         passwords = _passwords(Path(args.password_dir), run, roles) if args.password_dir else None
         try:
             lines += render_run(run, roles, passwords=passwords, partitions=args.partitions)
-        except ValueError as exc:  # the archiver of a partitioned run, or a partition count out of range
+        except ValueError as exc:  # a partition count out of range
             raise ConfigError(str(exc)) from None
     print("\n".join(lines))
     where = f"their passwords are in {args.password_dir}" if args.password_dir else \

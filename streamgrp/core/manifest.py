@@ -25,6 +25,14 @@ def split_decision_ref(ref: str) -> tuple[int, str]:
     return (int(partition) if partition else 0), entry_id
 
 
+def ref_order(ref: str) -> tuple[int, int, int]:
+    """A `decision_ref`'s place in the one order of a partitioned run's steps: entry id, then partition
+    (the batcher forms each step's groups in it, so `verify` can form them again)."""
+    partition, entry_id = split_decision_ref(ref)
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0), partition
+
+
 def shard_group(ref: str, decision: GroupDecided) -> ShardGroup:
     partition, entry_id = split_decision_ref(ref)
     return ShardGroup(

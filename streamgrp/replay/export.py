@@ -34,10 +34,11 @@ import orjson
 import redis
 
 from streamgrp.core.events import GroupDecided, GroupDiscarded, SlotResult, StepManifest, TaskIssued
+from streamgrp.core.manifest import decision_ref
 from streamgrp.errors import ConfigError
 from streamgrp.replay.steps import list_steps
 from streamgrp.store.keys import RunKeys
-from streamgrp.store.sources import RedisSource, decode_all, recorded_config, refuse_partitioned
+from streamgrp.store.sources import RedisSource, decode_all, partition_streams, recorded_config
 from streamgrp.store.streams import entry_time
 
 __all__ = ["INSTALL_HINT", "TABLES", "columns", "export_run", "require_pyarrow"]
@@ -48,7 +49,8 @@ INSTALL_HINT = "pip install 'streamgrp[export]'"
 TABLES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
     "decisions": ("one group decision (one per decided task)", (
         ("run", "string", "the run's name"),
-        ("entry_id", "string", "the decision's entry id in the decisions stream"),
+        ("entry_id", "string", "the decision's entry id in the decisions stream (ID@P in partition P of a "
+                               "partitioned run, as every entry id here)"),
         ("task_id", "string", "the task (prompt) the group sampled"),
         ("decision", "string", "complete, partial or dropped"),
         ("reason", "string", "why it was dropped (all_unusable, incomplete, below_minimum, contract_violation); "
@@ -150,7 +152,6 @@ def export_run(client: redis.Redis | None, keys: RunKeys, out_dir: str | os.Path
     file. ``source`` defaults to the server; pass an archive-backed one for a trimmed run."""
     parquet = require_pyarrow()
     source = source or RedisSource(client, keys)
-    refuse_partitioned(source, "streamgrp export")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -164,21 +165,26 @@ def export_run(client: redis.Redis | None, keys: RunKeys, out_dir: str | os.Path
         if isinstance(manifest, StepManifest):
             manifests.append(manifest)
             for shard in manifest.shards:
-                trained.update((g.decision_entry, (manifest.step, shard.rank)) for g in shard.groups)
+                trained.update((decision_ref(g.partition, g.decision_entry), (manifest.step, shard.rank))
+                               for g in shard.groups)
     discarded = {event.decision_entry: event.reason for _, event in decode_all(source, "discarded")
                  if isinstance(event, GroupDiscarded)}
 
     rows: dict[str, int] = {}
     members: set[str] = set()
     decisions: dict[str, GroupDecided] = {}
+    # A partitioned run's entries are named `decision_ref`s (``1700000000000-3@2``): ids of different
+    # partitions' streams can be equal.
     with _Table(parquet, out, "decisions", run) as table:
-        for entry_id, decision in decode_all(source, "decisions"):
-            if not isinstance(decision, GroupDecided):
-                continue
-            decisions[entry_id] = decision
-            members.update(m.entry for m in decision.members)
-            step, rank = trained.get(entry_id, (None, None))
-            table.add(_decision_row(run, entry_id, decision, step, rank, discarded.get(entry_id)))
+        for partition, name in partition_streams(source, "decisions"):
+            for entry_id, decision in decode_all(source, name):
+                if not isinstance(decision, GroupDecided):
+                    continue
+                ref = decision_ref(partition, entry_id)
+                decisions[ref] = decision
+                members.update(decision_ref(partition, m.entry) for m in decision.members)
+                step, rank = trained.get(ref, (None, None))
+                table.add(_decision_row(run, ref, decision, step, rank, discarded.get(ref)))
     rows["decisions"] = table.rows
 
     statuses = {status.step: status for status in list_steps(client, keys, source=source)}
@@ -190,22 +196,25 @@ def export_run(client: redis.Redis | None, keys: RunKeys, out_dir: str | os.Path
             for shard in manifest.shards:
                 for group in shard.groups:
                     for m in group.members:
-                        placed.add((run, manifest.step, shard.rank, group.task_id, group.decision_entry, m.slot,
-                                    m.entry, m.rows, m.tokens, m.version))
+                        placed.add((run, manifest.step, shard.rank, group.task_id,
+                                    decision_ref(group.partition, group.decision_entry), m.slot,
+                                    decision_ref(group.partition, m.entry), m.rows, m.tokens, m.version))
     rows["steps"], rows["step_members"] = steps.rows, placed.rows
 
     issued: dict[str, float] = {}
     with _Table(parquet, out, "slots", run) as table:
-        for entry_id, event in decode_all(source, "slots"):
-            if isinstance(event, TaskIssued):
-                issued.setdefault(event.task_id, event.issued_at)
-            elif isinstance(event, SlotResult):
-                sample = event.sample
-                table.add((run, entry_id, event.task_id, event.slot, event.outcome, event.error,
-                           *((sample.rows, sample.tokens, sample.version, sample.reward, sample.digest)
-                             if sample is not None else (None,) * 5),
-                           event.producer, event.seq, issued.get(event.task_id), entry_time(entry_id),
-                           entry_id in members))
+        for partition, name in partition_streams(source, "slots"):
+            for entry_id, event in decode_all(source, name):
+                if isinstance(event, TaskIssued):
+                    issued.setdefault(event.task_id, event.issued_at)
+                elif isinstance(event, SlotResult):
+                    sample = event.sample
+                    ref = decision_ref(partition, entry_id)
+                    table.add((run, ref, event.task_id, event.slot, event.outcome, event.error,
+                               *((sample.rows, sample.tokens, sample.version, sample.reward, sample.digest)
+                                 if sample is not None else (None,) * 5),
+                               event.producer, event.seq, issued.get(event.task_id), entry_time(entry_id),
+                               ref in members))
     rows["slots"] = table.rows
 
     record = recorded_config(source)

@@ -43,11 +43,10 @@ def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> R
     """Read a run's streams and compute its per-step series and totals; ``source`` (default: the
     server) may be an archive-backed entry source (`streamgrp.store.sources`) for a run retention trimmed."""
     from streamgrp.replay.summary import run_summary
-    from streamgrp.store.sources import RedisSource, refuse_partitioned
+    from streamgrp.store.sources import RedisSource, partition_streams
     from streamgrp.store.streams import entry_time
 
     source = source or RedisSource(client, keys)
-    refuse_partitioned(source, "streamgrp report")
 
     def events(stream: str) -> list[tuple[float, Any]]:
         out = []
@@ -61,7 +60,8 @@ def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> R
     control = [event for _, event in events("control")]
     started = next((e.started_at for e in control if isinstance(e, RunStarted)), None)
     manifests = [e for _, e in events("steps") if isinstance(e, StepManifest)]
-    decisions = [(t, e) for t, e in events("decisions") if isinstance(e, GroupDecided)]
+    decisions = [(t, e) for _, name in partition_streams(source, "decisions") for t, e in events(name)
+                 if isinstance(e, GroupDecided)]
     discards = [(t, e) for t, e in events("discarded") if isinstance(e, GroupDiscarded)]
     failures = tuple(e for _, e in events("commits") if isinstance(e, StepFailed))
     rows, tail = step_rows(started_at=started, manifests=manifests, decisions=decisions, discards=discards,

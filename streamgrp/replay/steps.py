@@ -40,10 +40,11 @@ from streamgrp.core.events import (
     StepManifest,
     TaskIssued,
 )
+from streamgrp.core.manifest import decision_ref
 from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError, DecodeError, DigestMismatch
 from streamgrp.store.keys import RunKeys, step_entry_id, task_partition
-from streamgrp.store.sources import EntrySource, RedisSource, decode_all
+from streamgrp.store.sources import EntrySource, RedisSource, decode_all, partition_streams
 from streamgrp.store.streams import entry_time
 
 if TYPE_CHECKING:
@@ -91,8 +92,8 @@ class StepStatus:
 def list_steps(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource | None = None) -> list[StepStatus]:
     """Every recorded step, in order, with each rank's status and the step's group statistics."""
     source = source or RedisSource(client, keys)
-    kinds = {entry_id: event.decision for entry_id, event in decode_all(source, "decisions")
-             if isinstance(event, GroupDecided)}
+    kinds = {decision_ref(partition, entry_id): event.decision for partition, name in partition_streams(source, "decisions")
+             for entry_id, event in decode_all(source, name) if isinstance(event, GroupDecided)}
     ranks = _rank_events(source)
     last_committed = {int(rank): int(step) for rank, step in source.hash("committed").items()}
     out = []
@@ -105,7 +106,8 @@ def list_steps(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource
             groups=tuple(len(s.groups) for s in shards),
             rows=tuple(sum(g.rows for g in s.groups) for s in shards),
             tokens=tuple(s.tokens for s in shards), imbalance=manifest.imbalance,
-            decisions=dict(Counter(kinds.get(g.decision_entry, "unknown") for s in shards for g in s.groups)),
+            decisions=dict(Counter(kinds.get(decision_ref(g.partition, g.decision_entry), "unknown")
+                                   for s in shards for g in s.groups)),
             ranks=tuple(_rank_status(manifest.step, rank, ranks, last_committed) for rank in range(len(shards))),
         ))
     return out

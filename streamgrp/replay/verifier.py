@@ -53,16 +53,11 @@ from streamgrp.core.events import (
     Tick,
 )
 from streamgrp.core.group_fold import Closed, run_fold
-from streamgrp.core.manifest import make_manifest
+from streamgrp.core.manifest import decision_ref, make_manifest, ref_order, split_decision_ref
 from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
-from streamgrp.store.sources import (
-    RedisSource,
-    decode_all,
-    recorded_config,
-    refuse_partitioned,
-)
+from streamgrp.store.sources import RedisSource, decode_all, recorded_config
 
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
 
@@ -115,29 +110,44 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
     would show as missing.
     """
     source = source or RedisSource(client, keys)
-    refuse_partitioned(source, "streamgrp verify")
     config = recorded_config(source)
     report = VerifyReport(keys.run)
     decided = source.hash("decided")  # before the log: every decision it names is in the log by then, or trimmed
-    recorded = _recorded_decisions(source, report)
+    partitions = range(config.partitions)
+    recorded = [item for p in partitions for item in _recorded_decisions(source, report, p, config.partitions)]
     _check_retained(decided, recorded, report)
-    refolded = _refold(source, config, report)
+    refolded = {task: decision for p in partitions for task, decision in
+                _refold(source, config, report, _named("slots", p, config.partitions)).items()}
     _compare_decisions(recorded, refolded, report)
-    _check_payloads(source, recorded, report)
-    by_entry = {entry_id: decision for entry_id, decision in recorded}
+    _check_payloads(source, recorded, report, config.partitions)
+    by_entry = {ref: decision for ref, decision in recorded}
     _check_steps(source, config, by_entry, from_step, to_step, report)
     return report
 
 
+def _named(stream: str, partition: int, partitions: int) -> str:
+    """A partition stream's name as sources read it: ``slots`` unpartitioned, ``slots@2`` partitioned."""
+    return f"{stream}@{partition}" if partitions > 1 else stream
+
+
 def _check_payloads(source: RedisSource, recorded: list[tuple[str, GroupDecided]], report: VerifyReport,
-                    chunk: int = 512) -> None:
+                    partitions: int = 1, chunk: int = 512) -> None:
     """Every retained payload of a decided member hashes to the digest its slot result (and decision) recorded.
 
     A schema-1 log keeps samples in the slot log, whose digests the re-fold already compares."""
-    members = [(decision.task_id, member) for _, decision in recorded for member in decision.members]
+    by_partition: dict[int, list] = {}
+    for ref, decision in recorded:
+        by_partition.setdefault(split_decision_ref(ref)[0], []).extend(
+            (decision.task_id, member) for member in decision.members)
+    for partition, members in sorted(by_partition.items()):
+        _check_partition_payloads(source, members, report, _named("payloads", partition, partitions), chunk)
+
+
+def _check_partition_payloads(source: RedisSource, members: list, report: VerifyReport, stream: str,
+                              chunk: int) -> None:
     for start in range(0, len(members), chunk):
         part = members[start:start + chunk]
-        for (task_id, member), fields in zip(part, source("payloads", [m.entry for _, m in part])):
+        for (task_id, member), fields in zip(part, source(stream, [m.entry for _, m in part])):
             if fields is None:
                 continue  # a schema-1 entry, or trimmed with no archive behind it
             report.payloads_checked += 1
@@ -147,9 +157,11 @@ def _check_payloads(source: RedisSource, recorded: list[tuple[str, GroupDecided]
                                                      f"payload {member.entry}", member.digest, digest))
 
 
-def _recorded_decisions(source: RedisSource, report: VerifyReport) -> list[tuple[str, GroupDecided]]:
+def _recorded_decisions(source: RedisSource, report: VerifyReport, partition: int = 0,
+                        partitions: int = 1) -> list[tuple[str, GroupDecided]]:
+    """A partition's decisions, each with its reference (`streamgrp.core.manifest.decision_ref`)."""
     out = []
-    for entry_id, fields in source.scan("decisions"):
+    for entry_id, fields in source.scan(_named("decisions", partition, partitions)):
         try:
             event = codec.decode(fields)
         except DecodeError as exc:
@@ -157,7 +169,7 @@ def _recorded_decisions(source: RedisSource, report: VerifyReport) -> list[tuple
                                                  exc.reason, None))
             continue
         if isinstance(event, GroupDecided):
-            out.append((entry_id, event))
+            out.append((decision_ref(partition, entry_id), event))
     return out
 
 
@@ -173,12 +185,13 @@ def _check_retained(decided: dict[str, str], recorded: list[tuple[str, GroupDeci
             "none to compare: pass --archive DIR (the run's archive) to verify what retention trimmed"))
 
 
-def _refold(source: RedisSource, config: RunConfig, report: VerifyReport) -> dict[str, GroupDecided]:
-    through = source.folded_through()
+def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream: str = "slots") -> dict[str, GroupDecided]:
+    """Fold one slot log (a partition's, in a partitioned run) up to where its assembler read."""
+    through = source.folded_through(stream) if stream != "slots" else source.folded_through()
     limit = id_key(through) if through is not None else None
 
     def events():
-        for entry_id, fields in source.scan("slots"):
+        for entry_id, fields in source.scan(stream):
             if limit is not None and id_key(entry_id) > limit:
                 report.unread_entries += 1
                 continue
@@ -237,7 +250,7 @@ def _check_steps(source: RedisSource, config: RunConfig, by_entry: dict[str, Gro
         groups = []
         for shard in manifest.shards:
             for group in shard.groups:
-                decision = by_entry.get(group.decision_entry)
+                decision = by_entry.get(decision_ref(group.partition, group.decision_entry))
                 if group.task_id in trained_in:
                     report.differences.append(Difference("group_in_two_steps", f"task {group.task_id}", "step",
                                                          trained_in[group.task_id], step))
@@ -257,8 +270,12 @@ def _rebatch(source: RedisSource, config: RunConfig, by_entry: dict[str, GroupDe
     recorded manifest, the policy version its step was formed at; the user's filter is replayed from
     the recorded ``filtered`` discards. Round ends are what the log cannot give: in dynamic mode a
     round is taken to end right after the last decision a recorded step holds. None when a step's
-    decisions are no longer retained (nothing to batch them from).
+    decisions are no longer retained (nothing to batch them from), or the run is partitioned: the order
+    its batcher read the partitions' decisions in is not recorded, so its steps are checked group by
+    group (decisions, shards, digests) but not batched again.
     """
+    if config.partitions > 1:
+        return None
     filtered = {event.task_id for _, event in decode_all(source, "discarded")
                 if isinstance(event, GroupDiscarded) and event.reason == batch_fold.FILTERED}
     rules = BatchRules.of(config)
@@ -300,8 +317,10 @@ def _check_step(manifest: StepManifest, groups, config: RunConfig, report: Verif
         return
     if not usable:  # a group without its own decision cannot be partitioned again
         return
-    # The batcher buffers decisions in stream order and a step takes its fresh groups in that order.
-    ordered = sorted(((g.decision_entry, d) for g, d in groups), key=lambda item: id_key(item[0]))
+    # The batcher buffers decisions in stream order and a step takes its fresh groups in that order (a
+    # partitioned run's steps: in entry id, then partition order, `streamgrp.core.manifest.ref_order`).
+    ordered = sorted(((decision_ref(g.partition, g.decision_entry), d) for g, d in groups),
+                     key=lambda item: ref_order(item[0]))
     _check_rebatched(subject, ordered, rebatched, report)
     try:
         rebuilt = make_manifest(step, manifest.version, ordered, config.dp_size, manifest.created_at)

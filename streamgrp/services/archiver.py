@@ -36,8 +36,8 @@ from streamgrp.errors import ConfigError
 from streamgrp.services.retention import TrimReport, trim
 from streamgrp.store.archive_layout import default_archive_dir
 from streamgrp.store.archive_writer import ArchiveWriter
-from streamgrp.store.keys import RunKeys
-from streamgrp.store.sources import RedisSource, refuse_partitioned
+from streamgrp.store.keys import RunKeys, run_streams
+from streamgrp.store.sources import RedisSource
 from streamgrp.store.streams import entry_id_str
 
 __all__ = ["ARCHIVE_ID_FIELD", "SNAPSHOT_HASHES", "Archiver", "default_archive_dir"]
@@ -55,13 +55,15 @@ class Archiver:
 
     def __init__(self, client: redis.Redis, keys: RunKeys, directory: str | Path, config: ArchiverConfig | None = None,
                  *, dp_size: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        refuse_partitioned(RedisSource(client, keys), "the archiver (and retention with it)")
         self.client = client
         self.keys = keys
         self.config = config or ArchiverConfig()
         self.dp_size = dp_size
         self.clock = clock
-        self.streams = keys.all_streams()
+        self._server = RedisSource(client, keys)
+        #: The run's partitions (from its record): a partitioned run's streams are archived as ``slots@2``...
+        self.partitions = self._server.partitions
+        self.streams = run_streams(keys, self.partitions)
         self.writer = ArchiveWriter(directory, run=keys.run, segment_bytes=self.config.segment_bytes)
         try:
             self.progress = self._claim_progress()
@@ -168,18 +170,24 @@ class Archiver:
         The hashes are read first and the streams archived after, so every entry id the snapshot
         names (a decision, a committed step) is already in the archive when the snapshot lands.
         """
-        pipe = self.client.pipeline(transaction=True)
-        for name in SNAPSHOT_HASHES:
-            pipe.hgetall(getattr(self.keys, name))
-        pipe.get(self.keys.version)
-        for key in self.streams.values():
-            pipe.xinfo_groups(key)
-        replies = pipe.execute(raise_on_error=False)
-        hashes = {name: {k.decode(): v.decode() for k, v in reply.items()}
-                  for name, reply in zip(SNAPSHOT_HASHES, replies)}
-        version = replies[len(SNAPSHOT_HASHES)]
+        if len(self.partitions) == 1:
+            pipe = self.client.pipeline(transaction=True)
+            for name in SNAPSHOT_HASHES:
+                pipe.hgetall(getattr(self.keys, name))
+            pipe.get(self.keys.version)
+            for key in self.streams.values():
+                pipe.xinfo_groups(key)
+            replies = pipe.execute(raise_on_error=False)
+            hashes = {name: {k.decode(): v.decode() for k, v in reply.items()}
+                      for name, reply in zip(SNAPSHOT_HASHES, replies)}
+            version = replies[len(SNAPSHOT_HASHES)]
+            infos_by_stream = replies[len(SNAPSHOT_HASHES) + 1:]
+        else:  # over several slots: no one transaction; each hash as the server source reads it (joined)
+            hashes = {name: self._server.hash(name) for name in SNAPSHOT_HASHES}
+            version = self.client.get(self.keys.version)
+            infos_by_stream = [self._groups_or_error(key) for key in self.streams.values()]
         groups: dict[str, list[dict[str, Any]]] = {}
-        for name, infos in zip(self.streams, replies[len(SNAPSHOT_HASHES) + 1:]):
+        for name, infos in zip(self.streams, infos_by_stream):
             if isinstance(infos, Exception):
                 continue  # the stream does not exist yet
             groups[name] = [{"name": _text(i["name"]), "last_delivered": _text(i["last-delivered-id"]),
@@ -193,9 +201,15 @@ class Archiver:
         self._last_snapshot = self.clock()
         return snapshot
 
+    def _groups_or_error(self, key: str) -> Any:
+        try:
+            return self.client.xinfo_groups(key)
+        except redis.ResponseError as exc:  # the stream does not exist yet
+            return exc
+
     def retain(self) -> TrimReport:
         """Trim the run's streams behind this archive's durable progress and every reader (`streamgrp.services.retention`)."""
-        report = trim(self.client, self.keys, dict(self.progress), dp_size=self.dp_size)
+        report = trim(self.client, self.keys, dict(self.progress), dp_size=self.dp_size, partitions=self.partitions)
         self.trimmed += report.removed
         self.last_trim = report
         self._last_retention = self.clock()

@@ -38,7 +38,7 @@ from streamgrp.core.events import (
     RunFinished,
     RunTerminated,
 )
-from streamgrp.core.manifest import decision_ref, make_manifest, split_decision_ref
+from streamgrp.core.manifest import decision_ref, make_manifest, ref_order, split_decision_ref
 from streamgrp.core.stall import StallTracker, stall_message
 from streamgrp.errors import DecodeError, LeaseLost
 from streamgrp.services import heap
@@ -307,7 +307,10 @@ class Batcher:
                                            current_version=output.current_version, detail=output.detail))
 
     def _step_ops(self, due: batch_fold.StepDue) -> list[Any]:
-        manifest = make_manifest(due.step, due.version, due.groups, self.settings.dp_size, server_time(self.client))
+        groups = due.groups
+        if len(self.partitions) > 1:  # read order across partitions is not recorded; this order is (verify)
+            groups = sorted(groups, key=lambda group: ref_order(group[0]))
+        manifest = make_manifest(due.step, due.version, groups, self.settings.dp_size, server_time(self.client))
         entries = [entry for entry, _ in due.groups]
         ops = ["S", due.step, self._header(manifest), len(entries), len(entries), *entries]
         if len(self.partitions) > 1:

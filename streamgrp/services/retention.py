@@ -29,6 +29,13 @@ read in one MULTI/EXEC, so they are one instant's state; the decisions and steps
 read after it, which can only find more to keep. Entries added after that instant have ids above
 every floor. So no entry a role or a restarted role still reads is trimmed.
 
+A partitioned run's partitions (`streamgrp.store.keys.PartitionKeys`, streams named ``slots@2``) get
+the bounds above from their own consumer groups, each partition's state read in one MULTI/EXEC of its
+own (a cluster runs a transaction in one slot); the committed steps and their manifests are read after
+every partition's state, so a decision a step took meanwhile is kept by that step if some rank has not
+committed it. The batcher acknowledges a partitioned run's decisions after writing the step that used
+them, so they stay pending (kept) until then.
+
 Why XTRIM MINID, not XDEL, also for `steps`, whose ids are explicit (``{step}-1``): MINID compares
 ids, and explicit ids are ordered like any others (there they are step numbers), so one command per
 stream removes exactly the prefix below the floor, with no list of ids to read first. What is
@@ -42,7 +49,7 @@ field per task or step and every role reads them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,8 +63,10 @@ from streamgrp.store.keys import (
     BATCHER_GROUP,
     WORKERS_GROUP,
     IdKey,
+    PartitionKeys,
     RunKeys,
     id_key,
+    run_streams,
     step_entry_id,
 )
 from streamgrp.store.runs import read_record
@@ -123,9 +132,10 @@ class _Floors:
     def keep(self, stream: str, key: IdKey | None, why: str) -> None:
         """Entries at or after ``key`` must stay (None: everything must stay)."""
         self.bounds[stream].append((KEEP_ALL if key is None else key, why))
-        for twin in _SAME_IDS.get(stream, ()):
-            if twin in self.bounds:
-                self.bounds[twin].append((KEEP_ALL if key is None else key, f"{why} (slot log)"))
+        base, at, partition = stream.partition("@")  # a partition's slot log keeps that partition's payloads
+        for twin in _SAME_IDS.get(base, ()):
+            if twin + at + partition in self.bounds:
+                self.bounds[twin + at + partition].append((KEEP_ALL if key is None else key, f"{why} (slot log)"))
 
     def result(self) -> dict[str, tuple[IdKey, str]]:
         return {name: min(bounds) if bounds else (KEEP_ALL, "no bound") for name, bounds in self.bounds.items()}
@@ -186,19 +196,28 @@ def _decoded(pairs: Iterable[tuple[str, dict[bytes, bytes] | None]]):
 
 
 def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *,
-           dp_size: int | None = None) -> dict[str, tuple[IdKey, str]]:
-    """Each stream's floor (the lowest entry id that must stay) and the bound that set it."""
-    streams = keys.all_streams()
+           dp_size: int | None = None, partitions: Sequence[PartitionKeys] | None = None) -> dict[str, tuple[IdKey, str]]:
+    """Each stream's floor (the lowest entry id that must stay) and the bound that set it; a partitioned
+    run's streams (``partitions``) by `streamgrp.store.keys.run_streams` names (``slots@2``)."""
+    partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
+    streams = run_streams(keys, partitions)
     floors_ = _Floors(streams)
     _archive_bounds(floors_, streams, archive_progress)
     if dp_size is None:
         dp_size = _recorded_dp_size(client, keys)
-    state = _consumer_state(client, keys)
-    _consumer_bounds(floors_, "slots", state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
-    _consumer_bounds(floors_, "tasks", state.task_groups, state.task_pending, WORKERS_GROUP)
-    batcher = _consumer_bounds(floors_, "decisions", state.decision_groups, state.decision_pending, BATCHER_GROUP)
-    _unbatched_bounds(floors_, client, keys, state, batcher=batcher)
-    _uncommitted_step_bounds(floors_, client, keys, state.committed, dp_size)
+    committed = None
+    for part in partitions:  # each partition's state one instant of its own; the steps' after every one
+        suffix = f"@{part.index}" if len(partitions) > 1 else ""
+        state = _consumer_state(client, part, keys.committed if len(partitions) == 1 else None)
+        committed = state.committed
+        _consumer_bounds(floors_, "slots" + suffix, state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
+        _consumer_bounds(floors_, "tasks" + suffix, state.task_groups, state.task_pending, WORKERS_GROUP)
+        batcher = _consumer_bounds(floors_, "decisions" + suffix, state.decision_groups, state.decision_pending,
+                                   BATCHER_GROUP)
+        _unbatched_bounds(floors_, client, part, state, batcher=batcher, suffix=suffix)
+    if len(partitions) > 1:
+        committed = client.hgetall(keys.committed)
+    _uncommitted_step_bounds(floors_, client, keys, committed, dp_size, partitioned=len(partitions) > 1)
     return floors_.result()
 
 
@@ -227,25 +246,28 @@ class _ConsumerState:
     committed: Any
 
 
-def _consumer_state(client: redis.Redis, keys: RunKeys) -> _ConsumerState:
-    """One instant's consumer state (see the module docstring for why this order of reads is safe)."""
+def _consumer_state(client: redis.Redis, part: PartitionKeys, committed: str | None) -> _ConsumerState:
+    """One instant's consumer state of a partition's streams, with the ``committed`` hash when it shares
+    their slot (see the module docstring for why this order of reads is safe)."""
     pipe = client.pipeline(transaction=True)
-    pipe.xinfo_groups(keys.slots)
-    pipe.xpending(keys.slots, ASSEMBLER_GROUP)
-    pipe.xinfo_groups(keys.decisions)
-    pipe.xpending(keys.decisions, BATCHER_GROUP)
-    pipe.xpending_range(keys.decisions, BATCHER_GROUP, "-", "+", PENDING_PAGE)
-    pipe.xinfo_groups(keys.tasks)
-    pipe.xpending(keys.tasks, WORKERS_GROUP)
-    pipe.hgetall(keys.committed)
-    return _ConsumerState(*pipe.execute(raise_on_error=False))
+    pipe.xinfo_groups(part.slots)
+    pipe.xpending(part.slots, ASSEMBLER_GROUP)
+    pipe.xinfo_groups(part.decisions)
+    pipe.xpending(part.decisions, BATCHER_GROUP)
+    pipe.xpending_range(part.decisions, BATCHER_GROUP, "-", "+", PENDING_PAGE)
+    pipe.xinfo_groups(part.tasks)
+    pipe.xpending(part.tasks, WORKERS_GROUP)
+    if committed is not None:
+        pipe.hgetall(committed)
+    replies = pipe.execute(raise_on_error=False)
+    return _ConsumerState(*replies, *([] if committed is not None else [None]))
 
 
-def _unbatched_bounds(floors_: _Floors, client: redis.Redis, keys: RunKeys, state: _ConsumerState, *,
-                      batcher: bool) -> None:
+def _unbatched_bounds(floors_: _Floors, client: redis.Redis, keys: PartitionKeys, state: _ConsumerState, *,
+                      batcher: bool, suffix: str = "") -> None:
     """Decisions not batched yet: their member slot entries will be some step's."""
     if not batcher:
-        floors_.keep("slots", None, "no batcher group yet")
+        floors_.keep("slots" + suffix, None, "no batcher group yet")
         return
     delivered = entry_id_str(_group(state.decision_groups, BATCHER_GROUP)["last-delivered-id"])
     pending_decisions = state.pending_decisions
@@ -258,11 +280,11 @@ def _unbatched_bounds(floors_: _Floors, client: redis.Redis, keys: RunKeys, stat
         unbatched = _scan(client, keys.decisions, _text(low) if low is not None else "(" + delivered)
     for _, decision in _decoded(unbatched):
         if isinstance(decision, GroupDecided) and decision.decision != "dropped" and decision.members:
-            floors_.keep("slots", min(id_key(m.entry) for m in decision.members), "unbatched decisions")
+            floors_.keep("slots" + suffix, min(id_key(m.entry) for m in decision.members), "unbatched decisions")
 
 
 def _uncommitted_step_bounds(floors_: _Floors, client: redis.Redis, keys: RunKeys, committed: Any,
-                             dp_size: int) -> None:
+                             dp_size: int, *, partitioned: bool = False) -> None:
     """Steps some rank has not committed: their manifests, decisions and slot entries."""
     if isinstance(committed, Exception):
         raise committed
@@ -274,21 +296,27 @@ def _uncommitted_step_bounds(floors_: _Floors, client: redis.Redis, keys: RunKey
             continue
         for shard in manifest.shards:
             for group in shard.groups:
-                floors_.keep("decisions", id_key(group.decision_entry), "uncommitted steps")
+                suffix = f"@{group.partition}" if partitioned else ""
+                if "decisions" + suffix not in floors_.bounds:
+                    continue  # a partition the run does not have: nothing of it to keep
+                floors_.keep("decisions" + suffix, id_key(group.decision_entry), "uncommitted steps")
                 if group.members:
-                    floors_.keep("slots", min(id_key(m.entry) for m in group.members), "uncommitted steps")
+                    floors_.keep("slots" + suffix, min(id_key(m.entry) for m in group.members), "uncommitted steps")
 
 
 def trim(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *, dp_size: int | None = None,
-         dry_run: bool = False) -> TrimReport:
+         dry_run: bool = False, partitions: Sequence[PartitionKeys] | None = None) -> TrimReport:
     """Trim every stream of the run down to its floor (see the module docstring); returns what was removed.
 
     ``archive_progress`` is stream name -> last archived id (`archive_progress` reads the run's hash);
-    a stream missing from it is not trimmed. ``dp_size`` defaults to the run's recorded one.
+    a stream missing from it is not trimmed. ``dp_size`` defaults to the run's recorded one;
+    ``partitions``, a partitioned run's (`streamgrp.store.runs.Run.partitions`).
     """
     report = TrimReport()
-    streams = keys.all_streams()
-    for name, (floor, why) in floors(client, keys, archive_progress, dp_size=dp_size).items():
+    partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
+    streams = run_streams(keys, partitions)
+    for name, (floor, why) in floors(client, keys, archive_progress, dp_size=dp_size,
+                                     partitions=partitions).items():
         if floor == KEEP_ALL:
             report.streams[name] = StreamTrim(name, None, why)
             continue

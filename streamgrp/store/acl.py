@@ -76,8 +76,6 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
     rights = build(keys)
     if partitions == 1:
         return rights
-    if role == "archiver":
-        raise ValueError("the archiver does not archive partitioned runs yet; leave it out (--role)")
     own = keys.partition(0, 1)  # the unpartitioned layout: the kinds of key a role has in each partition
     kinds = {key: name for name in _PARTITION_KINDS for key in (getattr(own, name),)}
 

@@ -313,6 +313,23 @@ def task_partition(task_id: str, partitions: int) -> int:
 PARTITION_STREAMS = ("tasks", "slots", "payloads", "decisions")
 
 
+def run_streams(keys: RunKeys, partitions: Sequence[PartitionKeys], only: Sequence[int] | None = None) -> dict[str, str]:
+    """Stream name -> key of every stream of a run with these ``partitions`` (of ``only`` those, when
+    given), named as `stream_key` reads them: ``slots`` unpartitioned, ``slots@2`` partitioned."""
+    count = len(partitions)
+    out = {name: key for name, key in keys.all_streams().items() if count == 1 or name not in PARTITION_STREAMS}
+    for index in range(count) if only is None else only:
+        suffix = f"@{index}" if count > 1 else ""
+        out.update({name + suffix: key for name, key in partitions[index].all_streams().items()})
+    return out
+
+
+def canonical_stream(name: str, partitions: int) -> str:
+    """``name`` as `run_streams` names it: in a partitioned run a bare partition stream name
+    (``payloads``, what a loader asks for partition 0) is ``payloads@0``."""
+    return f"{name}@0" if partitions > 1 and name in PARTITION_STREAMS else name
+
+
 def stream_key(keys: RunKeys, partitions: Sequence[PartitionKeys], name: str) -> str:
     """The key of a run's stream by name: ``steps`` (run-wide), ``slots@2`` (partition 2's); a bare
     partition stream name is partition 0's. ValueError for a name the run does not have."""

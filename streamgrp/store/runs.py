@@ -25,11 +25,11 @@ from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.connection import connect, safe_url  # noqa: F401 - connect is documented here
 from streamgrp.store.keys import (
-    PARTITION_STREAMS,
     RUNS,
     PartitionKeys,
     RunKeys,
     check_run_name,
+    run_streams,
     stream_key,
     task_partition,
 )
@@ -62,13 +62,7 @@ class Run:
     def streams(self, partitions: Sequence[int] | None = None) -> dict[str, str]:
         """Stream name -> key: the run-wide streams and those of ``partitions`` (default all), named as
         `stream_key` reads them (``slots``, or ``slots@2`` in a partitioned run)."""
-        count = self.config.partitions
-        out = {name: key for name, key in self.keys.all_streams().items()
-               if count == 1 or name not in PARTITION_STREAMS}
-        for index in (range(count) if partitions is None else partitions):
-            suffix = f"@{index}" if count > 1 else ""
-            out.update({name + suffix: key for name, key in self.partitions[index].all_streams().items()})
-        return out
+        return run_streams(self.keys, self.partitions, partitions)
 
     def stream_key(self, name: str) -> str:
         """The key of the run's stream ``name`` (`streamgrp.store.keys.stream_key`)."""

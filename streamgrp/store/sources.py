@@ -32,12 +32,19 @@ from streamgrp.core import codec
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store.archive_layout import default_archive_dir
 from streamgrp.store.archive_reader import ArchiveReader
-from streamgrp.store.keys import ASSEMBLER_GROUP, PartitionKeys, RunKeys, stream_key
+from streamgrp.store.keys import (
+    ASSEMBLER_GROUP,
+    PartitionKeys,
+    RunKeys,
+    canonical_stream,
+    run_streams,
+    stream_key,
+)
 from streamgrp.store.runs import Run, open_run, read_record, resolve_run_name
 from streamgrp.store.streams import entry_id_str, read_entries
 
 __all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source",
-           "open_run_source", "recorded_config", "refuse_partitioned"]
+           "open_run_source", "partition_streams", "recorded_config"]
 
 #: ``source(stream, ids)``: the fields of each entry id of a run's stream (a `RunKeys.all_streams`
 #: name), in order, None where the entry is not retained.
@@ -124,29 +131,41 @@ class ArchiveSource:
             raise ConfigError(f"{self.directory} is the archive of run {self.reader.run!r}, not {keys.run!r}; pass "
                               "that run's archive (default <data_dir>/archive/<run>)")
         self.keys = keys or RunKeys(self.reader.run)
-        self._streams = self.keys.all_streams()
 
-    def _check(self, stream: str) -> None:
-        if stream not in self._streams:
-            raise ValueError(f"unknown stream {stream!r}; expected one of {sorted(self._streams)}")
+    @cached_property
+    def partitions(self) -> tuple[PartitionKeys, ...]:
+        """The run's partitions, from the record in the archived control stream (one without it)."""
+        try:
+            count = recorded_config(self).partitions
+        except (ConfigError, DecodeError):
+            count = 1
+        return tuple(self.keys.partition(index, count) for index in range(count))
+
+    def _check(self, stream: str) -> str:
+        """The archive's name of ``stream`` (`canonical_stream`); ValueError for one the run does not have."""
+        if stream == "control":  # read before the partitions are known
+            return stream
+        name = canonical_stream(stream, len(self.partitions))
+        streams = run_streams(self.keys, self.partitions)
+        if name not in streams:
+            raise ValueError(f"unknown stream {stream!r}; expected one of {sorted(streams)}")
+        return name
 
     def __call__(self, stream: str, ids: Sequence[str]) -> list[dict[bytes, bytes] | None]:
-        self._check(stream)
-        return self.reader.get(stream, list(ids))
+        return self.reader.get(self._check(stream), list(ids))
 
     def scan(self, stream: str, page: int = 2000, *, after: str | None = None,
              before: str | None = None) -> Iterator[tuple[str, dict[bytes, bytes]]]:
         """Every archived entry of ``stream`` (strictly between ``after`` and ``before`` when given), in order."""
-        self._check(stream)
-        return self.reader.scan(stream, after=after, before=before)
+        return self.reader.scan(self._check(stream), after=after, before=before)
 
     def hash(self, name: str) -> dict[str, str]:
         snapshot = self.reader.snapshot() or {}
         return dict(snapshot.get("hashes", {}).get(name, {}))
 
-    def folded_through(self) -> str | None:
+    def folded_through(self, stream: str = "slots") -> str | None:
         snapshot = self.reader.snapshot() or {}
-        for group in snapshot.get("groups", {}).get("slots", []):
+        for group in snapshot.get("groups", {}).get(canonical_stream(stream, len(self.partitions)), []):
             if group.get("name") == ASSEMBLER_GROUP:
                 return group.get("last_delivered")
         return None
@@ -170,6 +189,11 @@ class FallbackSource:
         self.server = server
         self.archive = archive
         self.keys = server.keys
+
+    @property
+    def partitions(self) -> tuple[PartitionKeys, ...]:
+        """The record's partitions: the server's, or the archive's once the run's keys are gone."""
+        return max(self.server.partitions, self.archive.partitions, key=len)
 
     def __call__(self, stream: str, ids: Sequence[str]) -> list[dict[bytes, bytes] | None]:
         found = self.server(stream, ids)
@@ -196,9 +220,9 @@ class FallbackSource:
     def hash(self, name: str) -> dict[str, str]:
         return self.server.hash(name) or self.archive.hash(name)
 
-    def folded_through(self) -> str | None:
-        through = self.server.folded_through()
-        return through if through is not None else self.archive.folded_through()
+    def folded_through(self, stream: str = "slots") -> str | None:
+        through = self.server.folded_through(stream)
+        return through if through is not None else self.archive.folded_through(stream)
 
 
 def default_source(client: redis.Redis, keys: RunKeys, data_dir: str | os.PathLike[str] | None = None):
@@ -243,12 +267,11 @@ def open_run_source(client: redis.Redis, run: str | None, *, archive: str | os.P
     return opened, default_source(client, opened.keys, data_dir)
 
 
-def refuse_partitioned(source: Any, what: str) -> None:
-    """`ConfigError` when ``source`` reads a partitioned run, which ``what`` does not cover yet."""
-    partitions = getattr(source, "partitions", ())
-    if len(partitions) > 1:
-        raise ConfigError(f"{what} does not read partitioned runs yet: run {source.keys.run} has {len(partitions)} "
-                          "partitions. Its steps replay (streamgrp replay STEP) and its totals show (streamgrp inspect)")
+def partition_streams(source: Any, stream: str) -> list[tuple[int, str]]:
+    """(partition, name) of each partition's ``stream`` (``slots``, ``decisions``...) of the run
+    ``source`` reads: ``[(0, "slots")]`` unpartitioned, ``[(0, "slots@0"), (1, "slots@1"), ...]``."""
+    count = len(getattr(source, "partitions", ())) or 1
+    return [(index, f"{stream}@{index}" if count > 1 else stream) for index in range(count)]
 
 
 def decode_all(source: RedisSource, stream: str) -> Iterator[tuple[str, Any]]:

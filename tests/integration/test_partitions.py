@@ -23,7 +23,7 @@ from streamgrp.store.runs import join_run
 from streamgrp.store.tasks import TaskWriter
 from streamgrp.train.trainer import TrainerClient
 
-pytestmark = pytest.mark.cluster  # on every server kind, the cluster included
+pytestmark = [pytest.mark.cluster, pytest.mark.one_server_kind]  # Valkey and the 3-node cluster
 
 PARTITIONS = 3
 TASKS = 30
@@ -229,7 +229,7 @@ def _is_cluster(client) -> bool:
     return hasattr(client, "get_node_from_key")
 
 
-def test_replay_inspect_summary_and_the_run_admin_read_every_partition(client, run_name):
+def test_replay_inspect_steps_report_export_and_the_run_admin_read_every_partition(client, run_name, tmp_path):
     from streamgrp.replay import replay_step
     from streamgrp.replay.steps import inspect_task
     from streamgrp.replay.summary import run_summary
@@ -260,9 +260,22 @@ def test_replay_inspect_summary_and_the_run_admin_read_every_partition(client, r
     names = run_key_names(client, run.keys)
     assert {part.slots for part in run.partitions} <= set(names)
     assert {f"slots@{p}" for p in range(PARTITIONS)} <= set(run_usage(client, run.keys).entries)
-    with pytest.raises(ConfigError, match="does not read partitioned runs yet"):
-        from streamgrp.replay import verify
-        verify(client, run.keys)
+    from streamgrp.replay.report import build_report
+    from streamgrp.replay.steps import list_steps
+
+    steps = list_steps(client, run.keys)  # each step's groups found in their partitions, none "unknown"
+    assert sum(sum(status.decisions.values()) for status in steps) == TASKS
+    assert all("unknown" not in status.decisions for status in steps)
+    report = build_report(client, run.keys)
+    assert report.totals["tasks_decided"] == TASKS and len(report.steps) == len(manifests)
+    pyarrow = pytest.importorskip("pyarrow.parquet")
+    from streamgrp.replay.export import export_run
+
+    rows = export_run(client, run.keys, tmp_path / "export")
+    slot_results = sum(1 for p in run.partitions for _, f in client.xrange(p.slots) if b'"slot_result"' in f[b"h"])
+    assert rows["decisions"] == TASKS and rows["slots"] == slot_results
+    table = pyarrow.read_table(tmp_path / "export" / "decisions.parquet").to_pydict()
+    assert len(set(table["entry_id"])) == TASKS  # one name per decision, the partitions' ids kept apart
     deleted = delete_run(client, run.keys, force=True)
     assert deleted.keys == len(names) and run_key_names(client, run.keys) == []
 
@@ -279,7 +292,7 @@ def test_every_role_of_a_partitioned_run_works_under_its_own_acl_user(server_kin
 
     if server_kind == "cluster":
         pytest.skip("an ACL file is loaded by one server")
-    roles = [role for role in ROLES if role != "archiver"]
+    roles = list(ROLES)
     passwords = {role: secrets.token_urlsafe(12) for role in [*roles, "admin"]}
     lines = ["user default off", f"user admin on {password_hash(passwords['admin'])} ~* &* +@all",
              *render_run(run_name, roles, passwords=passwords, partitions=PARTITIONS)]
@@ -305,6 +318,11 @@ def test_every_role_of_a_partitioned_run_works_under_its_own_acl_user(server_kin
         from streamgrp.replay import replay_step
         from streamgrp.replay.steps import list_steps
 
+        from streamgrp.config import ArchiverConfig
+        from streamgrp.services.archiver import Archiver
+
+        archiver = Archiver(as_("archiver"), run.keys, tmp_path / "archive", ArchiverConfig(retention=True))
+        assert archiver.run(burst=True) > 0 and archiver.last_trim is not None and archiver.last_trim.removed > 0
         inspector = as_("inspector")
         assert len(list_steps(inspector, run.keys)) == -(-TASKS // 4)
         replay_step(inspector, run.keys, 0, 1)
@@ -313,3 +331,84 @@ def test_every_role_of_a_partitioned_run_works_under_its_own_acl_user(server_kin
             as_("worker").xadd(run.partitions[0].decisions, {"h": b"{}"})
     finally:
         server.stop()
+
+
+def test_the_archiver_and_retention_cover_every_partition_and_every_step_still_replays(client, run_name, tmp_path):
+    from streamgrp.config import ArchiverConfig
+    from streamgrp.replay import replay_step
+    from streamgrp.replay.summary import run_summary
+    from streamgrp.services.archiver import Archiver
+    from streamgrp.store.archive_reader import ArchiveReader
+    from streamgrp.store.keys import step_entry_id
+    from streamgrp.store.sources import ArchiveSource, FallbackSource, RedisSource
+
+    run = _run(client, run_name)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()
+    _work(client, run)
+    _assemble(client, run)
+    while batcher.outcome == "running":
+        batcher.round()
+    manifests = _manifests(client, run)
+    trainer = TrainerClient(client, run)
+    for rank in (0, 1):  # every rank commits all but the last step: retention must keep that one
+        with trainer.batches(rank=rank, world_size=2) as batches:
+            for batch in batches:
+                if batch.step == len(manifests) - 1:
+                    break
+                batch.commit()
+
+    archiver = Archiver(client, run.keys, tmp_path / "archive", ArchiverConfig(retention=True))
+    archiver.run(burst=True)
+    reader = ArchiveReader(tmp_path / "archive")
+    for part in run.partitions:  # each partition's streams archived under their own names, then trimmed
+        assert sum(1 for _ in reader.scan(f"slots@{part.index}")) >= client.xlen(part.slots)
+        assert sum(1 for _ in reader.scan(f"decisions@{part.index}")) == len(
+            [t for t in range(TASKS) if task_partition(f"t{t:08d}", PARTITIONS) == part.index])
+    report = archiver.last_trim
+    assert report is not None and report.removed > 0
+    assert {f"slots@{p}" for p in range(PARTITIONS)} <= set(report.streams)
+    last = manifests[-1]
+    for shard in last.shards:  # what the uncommitted step needs stayed on the server, in each partition
+        for group in shard.groups:
+            part = run.partitions[group.partition]
+            assert client.xrange(part.decisions, group.decision_entry, group.decision_entry)
+            for member in group.members:
+                assert client.xrange(part.payloads, member.entry, member.entry)
+    trainer.load(last, 0, 2), trainer.load(last, 1, 2)
+
+    source = FallbackSource(RedisSource(client, run.keys), ArchiveSource(tmp_path / "archive"))
+    assert len(source.partitions) == PARTITIONS
+    for manifest in manifests:  # every step, trimmed or not, replays bit for bit through the archive
+        recorded = codec.decode(source("steps", [step_entry_id(manifest.step)])[0])
+        for rank in (0, 1):
+            assert replay_step(client, run.keys, manifest.step, rank, source=source).digest == \
+                recorded.shards[rank].digest
+    summary = run_summary(client, run.keys, source=source)
+    assert summary["tasks"] == summary["tasks_decided"] == TASKS and summary["steps"] == len(manifests)
+    alone = ArchiveSource(tmp_path / "archive")  # the archive by itself knows the run's partitions
+    assert len(alone.partitions) == PARTITIONS and alone.hash("decided").keys() == {f"t{i:08d}" for i in range(TASKS)}
+
+
+def test_verify_refolds_every_partition_and_checks_every_step(client, run_name):
+    from streamgrp.replay import verify
+
+    run = _run(client, run_name)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()
+    _work(client, run)
+    _assemble(client, run)
+    while batcher.outcome == "running":
+        batcher.round()
+    report = verify(client, run.keys)
+    assert report.ok, report.differences
+    assert report.decisions_checked == TASKS and report.steps_checked == len(_manifests(client, run))
+    assert report.payloads_checked == sum(m.rows > 0 for p in run.partitions for _, f in client.xrange(p.decisions)
+                                          for m in codec.decode(f).members)
+
+    # A partition's decision written twice: the re-fold of that partition has it once.
+    part = run.partitions[1]
+    client.xadd(part.decisions, client.xrange(part.decisions, count=1)[0][1])
+    kinds = {difference.kind for difference in verify(client, run.keys).differences}
+    assert "decision_duplicate" in kinds
+
