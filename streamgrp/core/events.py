@@ -257,6 +257,7 @@ class GroupDiscarded(_Event):
     kind: Literal["group_discarded"] = "group_discarded"
     task_id: str
     reason: Literal["stale", "filtered", "leftover"]
+    #: The decision's entry id; in a partitioned run `streamgrp.core.manifest.decision_ref`'s ``ID@P``.
     decision_entry: str
     group_version: Int | None = None
     current_version: Int | None = None

@@ -243,9 +243,9 @@ def _step_row(run: str, manifest: StepManifest, status, decisions: dict[str, Gro
               metrics: str | None) -> tuple:
     shards = manifest.shards
     groups = [g for s in shards for g in s.groups]
-    kinds = [decisions[g.decision_entry].decision for g in groups if g.decision_entry in decisions]
-    rewards = [m.reward for g in groups if g.decision_entry in decisions
-               for m in decisions[g.decision_entry].members if m.reward is not None]
+    used = [decisions[ref] for g in groups if (ref := decision_ref(g.partition, g.decision_entry)) in decisions]
+    kinds = [decision.decision for decision in used]
+    rewards = [m.reward for decision in used for m in decision.members if m.reward is not None]
     ranks = status.ranks if status is not None else ()
     failed = [r for r in ranks if r.state == "failed"]
     commits = [r.at for r in ranks]

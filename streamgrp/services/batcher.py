@@ -224,6 +224,8 @@ class Batcher:
                     self._pending_ops += ["A", 1, ref]
                     continue
                 settled.add(decision.task_id)
+                if decision.decision == "dropped":  # acknowledged now (the fold's Acked): used, so settled
+                    self._pending_ops += ["K", 1, decision.task_id]
             self._fold(batch_fold.Decided(ref, decision), defer=True)
         self._flush()
         if not replaying and self.outcome == "running" and self._dataset_done():

@@ -106,9 +106,11 @@ class TrimReport:
                          for s in self.streams.values())
 
 
-def archive_progress(client: redis.Redis, keys: RunKeys) -> dict[str, str]:
-    """The archiver's durable progress: stream name -> last archived entry id."""
-    streams = keys.all_streams()
+def archive_progress(client: redis.Redis, keys: RunKeys,
+                     partitions: Sequence[PartitionKeys] | None = None) -> dict[str, str]:
+    """The archiver's durable progress: stream name -> last archived entry id (a partitioned run's
+    streams by `streamgrp.store.keys.run_streams` names, given its ``partitions``)."""
+    streams = run_streams(keys, tuple(partitions) if partitions else (keys.partition(0, 1),))
     return {k.decode(): v.decode() for k, v in client.hgetall(keys.archive).items() if k.decode() in streams}
 
 

@@ -38,6 +38,7 @@ from streamgrp.store import scripts
 from streamgrp.store.connection import is_outage, outage_of, replicate
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
+from streamgrp.store.runs import recorded_partitions
 from streamgrp.store.streams import (
     ensure_group,
     entry_id_str,
@@ -86,7 +87,9 @@ class WorkerClient:
                  partitions: Sequence[PartitionKeys] | None = None, take_from: Collection[int] | None = None) -> None:
         self.client = client
         self.keys = keys
-        self.partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
+        # Unsaid: the run's record says (a producer that wrote to one partition's keys of a partitioned
+        # run would publish where no assembler reads).
+        self.partitions = tuple(partitions) if partitions else recorded_partitions(client, keys)
         chosen = sorted(set(take_from)) if take_from is not None else range(len(self.partitions))
         unknown = [index for index in chosen if not 0 <= index < len(self.partitions)]
         if unknown or not chosen:

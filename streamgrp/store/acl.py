@@ -94,7 +94,9 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
 
     extra = ((keys.batcher_unacked, keys.batcher_settled,
               *(keys.partition(index, partitions).issued for index in range(partitions))) if role == "batcher" else ())
-    return RoleAccess(rights.role, rights.about, spread(rights.read), (*spread(rights.write), *extra), rights.commands)
+    # The batcher reads and clears the acknowledgements a partitioned run's commits record.
+    commands = (*rights.commands, "hkeys", "hdel") if role == "batcher" else rights.commands
+    return RoleAccess(rights.role, rights.about, spread(rights.read), (*spread(rights.write), *extra), commands)
 
 
 #: Kinds a partitioned run has run-wide as well: the batcher's counters and the control stream's dead letters.
@@ -134,8 +136,7 @@ def _batcher(k: RunKeys) -> RoleAccess:
         read=(*_others(k, written), k.version, k.committed, k.decided),
         write=written,
         commands=(*_RUN_LOOKUP, *_LEASE, "zadd", "xlen", "xreadgroup", "xack", "xadd", "xgroup|create", "xinfo|stream",
-                  "xinfo|groups", "hget", "hmget", "hset", "hsetnx", "hincrby", "hexists", "hgetall", "hlen", "hvals",
-                  "hkeys", "hdel"))  # the acknowledgements a partitioned run's commits record, applied and cleared
+                  "xinfo|groups", "hget", "hmget", "hset", "hsetnx", "hincrby", "hexists", "hgetall", "hlen", "hvals"))
 
 
 def _trainer(k: RunKeys) -> RoleAccess:

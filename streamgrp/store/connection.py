@@ -21,8 +21,8 @@ raise the outage to the role, which waits for the server and resumes from its pe
 exactly as after a crash (`Outage.wait_for_server`, then each role's rebuild). Counters outside
 scripts (``INCR``, ``HINCRBY``) are never repeated either.
 
-On a cluster every key of one run is in one slot (`streamgrp.store.keys`), so each script and each
-transaction goes to one primary; redis-py follows ``MOVED``/``ASK`` redirections itself, and this
+On a cluster every key of one run (of one partition of a partitioned run) is in one slot
+(`streamgrp.store.keys`), and no script or transaction spans two, so each goes to one primary; redis-py follows ``MOVED``/``ASK`` redirections itself, and this
 module retries only what it retries on one server. A cluster client's own retry loop is off, as the
 single client's is: `Outage` is the one policy.
 

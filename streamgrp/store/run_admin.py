@@ -33,8 +33,9 @@ from streamgrp.core import codec
 from streamgrp.core.events import RunFinished, RunTerminated
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store.control import MARKERS
-from streamgrp.store.keys import PARTITION_STREAMS, PREFIX, RUNS, RunKeys, check_run_name, id_key
+from streamgrp.store.keys import PARTITION_STREAMS, PREFIX, RUNS, RunKeys, check_run_name, id_key, run_streams
 from streamgrp.store.runs import read_record
+from streamgrp.store.sources import RedisSource
 from streamgrp.store.streams import entry_id_str
 
 __all__ = ["DEFAULT_IDLE_S", "Activity", "Deleted", "RunUsage", "activity", "compact_aof", "delete_run",
@@ -180,14 +181,16 @@ def activity(client: redis.Redis, keys: RunKeys) -> Activity:
     """Read the run's `Activity` from the server: leases, the batcher's end markers, streams, consumers."""
     seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
+    partitions = RedisSource(client, keys).partitions  # a partitioned run's assemblers and streams too
     leases: dict[str, float | None] = {}
-    for role, key in (("batcher", keys.batcher_lease), ("assembler", keys.assembler_lease)):
+    assemblers = [("assembler", part.assembler_lease) for part in partitions]
+    for role, key in (("batcher", keys.batcher_lease), *assemblers):
         left = client.pttl(key)
-        if left == -1 or left > 0:  # -2: no such key; -1: a key without a TTL, held until deleted
+        if (left == -1 or left > 0) and role not in leases:  # -2: no such key; -1: no TTL, held until deleted
             leases[role] = None if left == -1 else left / 1000
     newest: tuple[str, float] | None = None
     recent: tuple[str, float] | None = None
-    for name, key in keys.all_streams().items():
+    for name, key in run_streams(keys, partitions).items():
         if not client.exists(key):
             continue
         if name != "steps":  # step ids are step numbers, not times

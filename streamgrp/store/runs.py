@@ -73,6 +73,19 @@ class Run:
         return self.partitions[task_partition(task_id, self.config.partitions)]
 
 
+def recorded_partitions(client: redis.Redis, keys: RunKeys) -> tuple[PartitionKeys, ...]:
+    """The key sets of the partitions the run's record names: one (the run's own layout) when it is not
+    partitioned, has no record yet, or its record does not read."""
+    first = client.xrange(keys.control, "-", "+", count=1)
+    count = 1
+    if first:
+        try:
+            count = read_record(keys.run, first[0][1], "the control stream's first entry")[1].partitions
+        except (ConfigError, DecodeError):
+            count = 1
+    return tuple(keys.partition(index, count) for index in range(count))
+
+
 def latest_run(client: redis.Redis) -> str | None:
     newest = client.zrevrange(RUNS, 0, 0)
     return newest[0].decode() if newest else None
@@ -99,8 +112,10 @@ def join_run(client: redis.Redis, run: str, config: RunConfig, *, producer: str 
     """Create the run with ``config`` or join it; refuse when an explicitly set field disagrees."""
     keys = RunKeys(run)
     now = server_time(client)
-    record_event = RunStarted(run=run, policy=config.policy(), settings=config.model_dump(mode="json"),
-                              started_at=now, producer=producer)
+    settings = config.model_dump(mode="json")
+    if settings.get("partitions") == 1:
+        del settings["partitions"]  # an unpartitioned run's record stays what it was (older readers open it)
+    record_event = RunStarted(run=run, policy=config.policy(), settings=settings, started_at=now, producer=producer)
     entry_id, fields = scripts.register(client, "create_run.lua")(keys=[keys.control],
                                                                   args=[codec.encode(record_event)[codec.HEADER]])
     client.zadd(RUNS, {run: now}, nx=True)

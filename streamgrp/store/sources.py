@@ -40,7 +40,7 @@ from streamgrp.store.keys import (
     run_streams,
     stream_key,
 )
-from streamgrp.store.runs import Run, open_run, read_record, resolve_run_name
+from streamgrp.store.runs import Run, open_run, read_record, recorded_partitions, resolve_run_name
 from streamgrp.store.streams import entry_id_str, read_entries
 
 __all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source",
@@ -62,11 +62,7 @@ class RedisSource:
     @cached_property
     def partitions(self) -> tuple[PartitionKeys, ...]:
         """The run's partitions, from its record (one when it has none, or no record)."""
-        try:
-            count = recorded_config(self).partitions
-        except (ConfigError, DecodeError):
-            count = 1
-        return tuple(self.keys.partition(index, count) for index in range(count))
+        return recorded_partitions(self.client, self.keys)
 
     def _key(self, stream: str) -> str:
         if stream == "control":  # read before the partitions are known

@@ -20,7 +20,7 @@ from streamgrp.core.events import TaskIssued
 from streamgrp.store import scripts
 from streamgrp.store.connection import replicate
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
-from streamgrp.store.runs import server_time
+from streamgrp.store.runs import recorded_partitions, server_time
 from streamgrp.store.streams import ensure_group, producer_name
 
 #: Tasks per script call: bounds the script's input whatever the caller hands over.
@@ -37,7 +37,7 @@ class TaskWriter:
     def __init__(self, client: redis.Redis, keys: RunKeys, partitions: Sequence[PartitionKeys] | None = None) -> None:
         self.client = client
         self.keys = keys
-        self.partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
+        self.partitions = tuple(partitions) if partitions else recorded_partitions(client, keys)  # the record's
         self._script = scripts.register_fenced(client, "issue_tasks.lua")
         if len(self.partitions) > 1:
             self._issue_once = scripts.register(client, "issue_once.lua")

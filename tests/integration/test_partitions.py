@@ -160,6 +160,36 @@ def test_a_task_a_partition_decides_again_after_its_step_is_not_trained_twice(cl
     assert sum(client.xpending(p.decisions, BATCHER_GROUP)["pending"] for p in run.partitions) == 0
 
 
+def test_a_dropped_task_decided_again_is_not_trained(client, run_name):
+    run = _run(client, run_name)
+    victim = next(f"t{i:08d}" for i in range(TASKS) if task_partition(f"t{i:08d}", PARTITIONS) == 0)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()
+    worker = WorkerClient(client, run.keys)  # no partitions given: the run's record names them
+    assert len(worker.partitions) == PARTITIONS
+    while tasks := worker.take(8, block_ms=None):
+        worker.publish_many([(r.task_id, r.slot, RuntimeError("down") if r.task_id == victim else _rollout(r))
+                             for task in tasks for r in task.requests(run.config.n_samples, 0)])
+        worker.done(*tasks)
+    config = AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)
+    Assembler(client, run, config, partition=0).run(burst=True)
+    batcher.round()  # reads the victim's dropped decision and acknowledges it
+    part = run.partitions[0]
+    dropped = next(f for _, f in client.xrange(part.decisions) if codec.decode(f).task_id == victim)
+    assert codec.decode(dropped).decision == "dropped"
+    # Its partition's server loses the decision and the task runs again: now it is decided complete.
+    trained = next(codec.decode(f) for _, f in client.xrange(part.decisions)
+                   if codec.decode(f).decision == "complete")
+    again = trained.model_copy(update={"task_id": victim})
+    client.xadd(part.decisions, codec.encode(again))
+    for partition in (1, 2):
+        Assembler(client, run, config, partition=partition).run(burst=True)
+    while batcher.outcome == "running":
+        batcher.round()
+    assert victim not in _trained(_manifests(client, run))
+    assert sum(client.xpending(p.decisions, BATCHER_GROUP)["pending"] for p in run.partitions) == 0
+
+
 def test_a_finished_runs_next_batcher_still_acknowledges_what_the_last_one_owed(client, run_name, monkeypatch):
     run = _run(client, run_name)
     batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
@@ -257,6 +287,13 @@ def test_replay_inspect_steps_report_export_and_the_run_admin_read_every_partiti
     assert kinds[0] == "issued" and kinds.count("slot") == 3 and kinds[-2:] == ["decided", "trained"]
 
     batcher.lease.release()
+    from streamgrp.store.run_admin import activity
+
+    standby = Assembler(client, run, AssemblerConfig(lease_ttl_s=30), partition=2)  # a live partition's assembler
+    assert standby.lease.acquire() and "assembler" in activity(client, run.keys).leases
+    with pytest.raises(ConfigError, match="is live"):
+        delete_run(client, run.keys)
+    standby.lease.release()
     names = run_key_names(client, run.keys)
     assert {part.slots for part in run.partitions} <= set(names)
     assert {f"slots@{p}" for p in range(PARTITIONS)} <= set(run_usage(client, run.keys).entries)
