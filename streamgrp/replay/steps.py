@@ -187,12 +187,12 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
     """The task's timeline in server-clock order: issued, each slot result (with its worker, outcome and
     error), the decision, then the step and rank it trained in, or its discard."""
     source = source or RedisSource(client, keys)
-    partitions = len(getattr(source, "partitions", ())) or 1
-    # In a partitioned run only the task's own partition's log holds it.
-    suffix = f"@{task_partition(task_id, partitions)}" if partitions > 1 else ""
+    # In a partitioned run only the task's own partition's streams hold it.
+    slots, decisions = (partition_streams(source, name) for name in ("slots", "decisions"))
+    mine = task_partition(task_id, len(slots))
     needle = b'"task_id":' + orjson.dumps(task_id)
     found: list[tuple[str, Any]] = []  # (entry id, event or the DecodeError) of this task, in log order
-    for entry_id, fields in source.scan("slots" + suffix):
+    for entry_id, fields in source.scan(slots[mine][1]):
         if needle in (fields.get(codec.HEADER) or b""):
             try:
                 event = codec.decode(fields)
@@ -203,7 +203,7 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
                 found.append((entry_id, event))
     if not found:
         raise ConfigError(f"task {task_id!r} is not in the slot log of run {keys.run!r} (wrong run? trimmed?)")
-    decision_entry, decision = _find_decision(source, task_id, "decisions" + suffix)
+    decision_entry, decision = _find_decision(source, task_id, decisions[mine][1])
     first_per_slot: dict[int, str] = {}
     timeline: list[TimelineEvent] = []
     for entry_id, event in found:

@@ -17,7 +17,7 @@ from streamgrp.core import codec, counters
 from streamgrp.core.events import GroupDecided, GroupDiscarded, StepManifest
 from streamgrp.replay.report_series import step_reward, trainer_metrics
 from streamgrp.store.keys import RunKeys, id_key
-from streamgrp.store.sources import RedisSource
+from streamgrp.store.sources import RedisSource, partition_streams
 
 SLOT_OUTCOMES = ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid")
 
@@ -27,19 +27,18 @@ def run_summary(client: redis.Redis | None, keys: RunKeys, *, source: RedisSourc
     (`streamgrp.store.sources`), so the figures stay whole after retention trimmed the streams."""
     source = source or RedisSource(client, keys)
     counts = {k: int(float(v)) for k, v in source.hash("counts").items()}
-    partitions = len(getattr(source, "partitions", ())) or 1
-    suffixes = [f"@{index}" for index in range(partitions)] if partitions > 1 else [""]
     tasks = slots_published = unread = 0
-    for suffix in suffixes:  # each partition's log, against how far its own assembler read
-        folded_through = source.folded_through("slots" + suffix) if suffix else source.folded_through()
+    for _, slots in partition_streams(source, "slots"):  # each log, against how far its own assembler read
+        folded_through = source.folded_through(slots)
         horizon = id_key(folded_through) if folded_through else (-1, -1)
-        for entry_id, fields in source.scan("slots" + suffix):
+        for entry_id, fields in source.scan(slots):
             kind = _kind(fields)
             tasks += kind == "task_issued"
             if kind == "slot_result":
                 slots_published += 1
                 unread += id_key(entry_id) > horizon
-    decisions: list[GroupDecided] = [codec.decode(f) for suffix in suffixes for _, f in source.scan("decisions" + suffix)]
+    decisions: list[GroupDecided] = [codec.decode(f) for _, name in partition_streams(source, "decisions")
+                                     for _, f in source.scan(name)]
     discarded: list[GroupDiscarded] = [codec.decode(f) for _, f in source.scan("discarded")]
     manifests: list[StepManifest] = [codec.decode(f) for _, f in source.scan("steps")]
     by_task = {d.task_id: d for d in decisions}

@@ -57,7 +57,7 @@ from streamgrp.core.manifest import decision_ref, make_manifest, ref_order, spli
 from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
-from streamgrp.store.sources import RedisSource, decode_all, recorded_config
+from streamgrp.store.sources import RedisSource, decode_all, partition_streams, recorded_config
 
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
 
@@ -113,25 +113,20 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
     config = recorded_config(source)
     report = VerifyReport(keys.run)
     decided = source.hash("decided")  # before the log: every decision it names is in the log by then, or trimmed
-    partitions = range(config.partitions)
-    recorded = [item for p in partitions for item in _recorded_decisions(source, report, p, config.partitions)]
+    recorded = [item for partition, name in partition_streams(source, "decisions")
+                for item in _recorded_decisions(source, report, name, partition)]
     _check_retained(decided, recorded, report)
-    refolded = {task: decision for p in partitions for task, decision in
-                _refold(source, config, report, _named("slots", p, config.partitions)).items()}
+    refolded = {task: decision for _, name in partition_streams(source, "slots")
+                for task, decision in _refold(source, config, report, name).items()}
     _compare_decisions(recorded, refolded, report)
-    _check_payloads(source, recorded, report, config.partitions)
+    _check_payloads(source, recorded, report)
     by_entry = {ref: decision for ref, decision in recorded}
     _check_steps(source, config, by_entry, from_step, to_step, report)
     return report
 
 
-def _named(stream: str, partition: int, partitions: int) -> str:
-    """A partition stream's name as sources read it: ``slots`` unpartitioned, ``slots@2`` partitioned."""
-    return f"{stream}@{partition}" if partitions > 1 else stream
-
-
 def _check_payloads(source: RedisSource, recorded: list[tuple[str, GroupDecided]], report: VerifyReport,
-                    partitions: int = 1, chunk: int = 512) -> None:
+                    chunk: int = 512) -> None:
     """Every retained payload of a decided member hashes to the digest its slot result (and decision) recorded.
 
     A schema-1 log keeps samples in the slot log, whose digests the re-fold already compares."""
@@ -139,8 +134,9 @@ def _check_payloads(source: RedisSource, recorded: list[tuple[str, GroupDecided]
     for ref, decision in recorded:
         by_partition.setdefault(split_decision_ref(ref)[0], []).extend(
             (decision.task_id, member) for member in decision.members)
+    names = dict(partition_streams(source, "payloads"))
     for partition, members in sorted(by_partition.items()):
-        _check_partition_payloads(source, members, report, _named("payloads", partition, partitions), chunk)
+        _check_partition_payloads(source, members, report, names[partition], chunk)
 
 
 def _check_partition_payloads(source: RedisSource, members: list, report: VerifyReport, stream: str,
@@ -157,11 +153,11 @@ def _check_partition_payloads(source: RedisSource, members: list, report: Verify
                                                      f"payload {member.entry}", member.digest, digest))
 
 
-def _recorded_decisions(source: RedisSource, report: VerifyReport, partition: int = 0,
-                        partitions: int = 1) -> list[tuple[str, GroupDecided]]:
+def _recorded_decisions(source: RedisSource, report: VerifyReport, stream: str = "decisions",
+                        partition: int = 0) -> list[tuple[str, GroupDecided]]:
     """A partition's decisions, each with its reference (`streamgrp.core.manifest.decision_ref`)."""
     out = []
-    for entry_id, fields in source.scan(_named("decisions", partition, partitions)):
+    for entry_id, fields in source.scan(stream):
         try:
             event = codec.decode(fields)
         except DecodeError as exc:
@@ -187,7 +183,7 @@ def _check_retained(decided: dict[str, str], recorded: list[tuple[str, GroupDeci
 
 def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream: str = "slots") -> dict[str, GroupDecided]:
     """Fold one slot log (a partition's, in a partitioned run) up to where its assembler read."""
-    through = source.folded_through(stream) if stream != "slots" else source.folded_through()
+    through = source.folded_through(stream)
     limit = id_key(through) if through is not None else None
 
     def events():

@@ -49,7 +49,7 @@ from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP, PartitionKeys
 from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.runs import Run, server_time
-from streamgrp.store.streams import ensure_group, entry_id_str, producer_name
+from streamgrp.store.streams import ensure_group, entry_id_str, producer_name, read_in_turn
 
 log = logging.getLogger(__name__)
 
@@ -172,24 +172,13 @@ class Batcher:
     # -- from the server into the fold ----------------------------------------------------------------
 
     def _read_new(self, block_ms: int) -> list[tuple[PartitionKeys, list]]:
-        """New decision entries, by partition: one blocking read for one partition; else a read of each
-        without waiting, then (when none had any) a wait on each in turn, since a cluster cannot block
-        on keys of several slots in one call."""
+        """New decision entries of every partition that has some (`read_in_turn`)."""
         def read(part: PartitionKeys, block: int | None) -> list:
             reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512,
                                            block=block)
             return reply[0][1] if reply else []
 
-        if len(self.partitions) == 1:
-            return [(self.partitions[0], read(self.partitions[0], block_ms))]
-        found = [(part, entries) for part in self.partitions if (entries := read(part, None))]
-        if found:
-            return found
-        for part in self.partitions:
-            entries = read(part, max(1, block_ms // len(self.partitions)))
-            if entries:
-                return [(part, entries)]
-        return []
+        return read_in_turn(self.partitions, read, block_ms, first=False)
 
     def _take(self, batches: list[tuple[PartitionKeys, list]], *, replaying: bool = False) -> None:
         """Fold read batches of decision entries (each from one partition), then see whether the dataset

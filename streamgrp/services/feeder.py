@@ -70,7 +70,7 @@ class Feeder:
                  partitions: Sequence[PartitionKeys] | None = None) -> None:
         self.client = client
         self.keys = keys
-        self.partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
+        self.partitions = tuple(partitions) if partitions else keys.partitions(1)
         self.batch_size = batch_size
         self.max_staleness = max_staleness
         self.producer = producer

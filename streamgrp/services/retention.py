@@ -110,7 +110,7 @@ def archive_progress(client: redis.Redis, keys: RunKeys,
                      partitions: Sequence[PartitionKeys] | None = None) -> dict[str, str]:
     """The archiver's durable progress: stream name -> last archived entry id (a partitioned run's
     streams by `streamgrp.store.keys.run_streams` names, given its ``partitions``)."""
-    streams = run_streams(keys, tuple(partitions) if partitions else (keys.partition(0, 1),))
+    streams = run_streams(keys, tuple(partitions) if partitions else keys.partitions(1))
     return {k.decode(): v.decode() for k, v in client.hgetall(keys.archive).items() if k.decode() in streams}
 
 
@@ -201,7 +201,7 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
            dp_size: int | None = None, partitions: Sequence[PartitionKeys] | None = None) -> dict[str, tuple[IdKey, str]]:
     """Each stream's floor (the lowest entry id that must stay) and the bound that set it; a partitioned
     run's streams (``partitions``) by `streamgrp.store.keys.run_streams` names (``slots@2``)."""
-    partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
+    partitions = tuple(partitions) if partitions else keys.partitions(1)
     streams = run_streams(keys, partitions)
     floors_ = _Floors(streams)
     _archive_bounds(floors_, streams, archive_progress)
@@ -315,7 +315,7 @@ def trim(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str]
     ``partitions``, a partitioned run's (`streamgrp.store.runs.Run.partitions`).
     """
     report = TrimReport()
-    partitions = tuple(partitions) if partitions else (keys.partition(0, 1),)
+    partitions = tuple(partitions) if partitions else keys.partitions(1)
     streams = run_streams(keys, partitions)
     for name, (floor, why) in floors(client, keys, archive_progress, dp_size=dp_size,
                                      partitions=partitions).items():

@@ -44,6 +44,7 @@ from streamgrp.store.streams import (
     entry_id_str,
     entry_size,
     producer_name,
+    read_in_turn,
 )
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class WorkerClient:
                  partitions: Sequence[PartitionKeys] | None = None, take_from: Collection[int] | None = None) -> None:
         self.client = client
         self.keys = keys
-        # Unsaid: the run's record says (a producer that wrote to one partition's keys of a partitioned
+        # Not given: the run's record names them (writing to the unpartitioned keys of a partitioned
         # run would publish where no assembler reads).
         self.partitions = tuple(partitions) if partitions else recorded_partitions(client, keys)
         chosen = sorted(set(take_from)) if take_from is not None else range(len(self.partitions))
@@ -116,20 +117,8 @@ class WorkerClient:
             claimed = self._reclaim(part, count)
             if claimed:
                 return claimed
-        if len(sources) == 1:
-            return self._read(sources[0], count, block_ms)
-        for part in sources:  # a partition with tasks waiting, without waiting
-            tasks = self._read(part, count, None)
-            if tasks:
-                return tasks
-        if block_ms is None:
-            return []
-        # Then wait on each in turn (a cluster cannot block on keys of several slots in one call).
-        for part in sources:
-            tasks = self._read(part, count, max(1, block_ms // len(sources)))
-            if tasks:
-                return tasks
-        return []
+        found = read_in_turn(sources, lambda part, block: self._read(part, count, block), block_ms, first=True)
+        return found[0][1] if found else []
 
     def _read(self, part: PartitionKeys, count: int, block_ms: int | None) -> list[Task]:
         reply = self.client.xreadgroup(WORKERS_GROUP, self.name, {part.tasks: ">"}, count=count, block=block_ms)

@@ -76,8 +76,8 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
     rights = build(keys)
     if partitions == 1:
         return rights
-    own = keys.partition(0, 1)  # the unpartitioned layout: the kinds of key a role has in each partition
-    kinds = {key: name for name in _PARTITION_KINDS for key in (getattr(own, name),)}
+    kinds = {getattr(keys, name): name for name in _PARTITION_KINDS}  # the run's own fold keys, by kind
+    parts = keys.partitions(partitions)
 
     def spread(names: tuple[str, ...]) -> tuple[str, ...]:
         out: list[str] = []
@@ -85,7 +85,7 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
             if key in kinds:
                 if kinds[key] in _RUN_WIDE_TOO:
                     out.append(key)
-                out += [getattr(keys.partition(index, partitions), kinds[key]) for index in range(partitions)]
+                out += [getattr(part, kinds[key]) for part in parts]
             elif key == keys.pattern:
                 out += [key, keys.partition_pattern]
             else:
@@ -93,7 +93,7 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
         return tuple(dict.fromkeys(out))
 
     extra = ((keys.batcher_unacked, keys.batcher_settled,
-              *(keys.partition(index, partitions).issued for index in range(partitions))) if role == "batcher" else ())
+              *(part.issued for part in parts)) if role == "batcher" else ())
     # The batcher reads and clears the acknowledgements a partitioned run's commits record.
     commands = (*rights.commands, "hkeys", "hdel") if role == "batcher" else rights.commands
     return RoleAccess(rights.role, rights.about, spread(rights.read), (*spread(rights.write), *extra), commands)

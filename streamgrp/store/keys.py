@@ -19,7 +19,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
 from streamgrp.errors import ConfigError
 
 PREFIX = "sg"
@@ -47,22 +46,12 @@ def check_run_name(run: str) -> str:
     return run
 
 
-@dataclass(frozen=True)
-class RunKeys:
-    """The names of one run's streams and keys."""
-
-    run: str
-
-    def __post_init__(self) -> None:
-        check_run_name(self.run)
+class _FoldLayout:
+    """The keys one assembler's fold reads and writes, under ``_key``'s hash tag: a run's own (an
+    unpartitioned run, `RunKeys`) or one partition's (`PartitionKeys`)."""
 
     def _key(self, name: str) -> str:
-        return f"{PREFIX}:{{{self.run}}}:{name}"
-
-    @property
-    def control(self) -> str:
-        """Run-level events: the recorded configuration first, then version advances and terminal events."""
-        return self._key("control")
+        raise NotImplementedError
 
     @property
     def tasks(self) -> str:
@@ -101,9 +90,36 @@ class RunKeys:
         return self._key("decided")
 
     @property
+    def issued(self) -> str:
+        """Hash task id -> 1 of the tasks a partitioned run's feeder issued here (each issued once)."""
+        return self._key("issued")
+
+    @property
     def counts(self) -> str:
         """Hash of durable accounting counters, updated atomically with the acknowledgements they count."""
         return self._key("counts")
+
+    @property
+    def assembler_lease(self) -> str:
+        return self._key("assembler:lease")
+
+
+@dataclass(frozen=True)
+class RunKeys(_FoldLayout):
+    """The names of one run's streams and keys (an unpartitioned run's fold keys are its own)."""
+
+    run: str
+
+    def __post_init__(self) -> None:
+        check_run_name(self.run)
+
+    def _key(self, name: str) -> str:
+        return f"{PREFIX}:{{{self.run}}}:{name}"
+
+    @property
+    def control(self) -> str:
+        """Run-level events: the recorded configuration first, then version advances and terminal events."""
+        return self._key("control")
 
     @property
     def steps(self) -> str:
@@ -157,10 +173,6 @@ class RunKeys:
         return self._key("batcher:lease")
 
     @property
-    def assembler_lease(self) -> str:
-        return self._key("assembler:lease")
-
-    @property
     def archive(self) -> str:
         """Hash stream name -> last entry id the archiver wrote and fsynced (and ``archive_id``, whose
         archive that is): retention never trims past it."""
@@ -189,6 +201,10 @@ class RunKeys:
         """Partition ``index`` of a run of ``partitions``; partition 0 of one is these keys' own layout."""
         return PartitionKeys(self.run, index, partition_tag(self.run, index, partitions))
 
+    def partitions(self, count: int) -> tuple[PartitionKeys, ...]:
+        """Every partition of a run of ``count`` partitions, in order."""
+        return tuple(self.partition(index, count) for index in range(count))
+
     def all_streams(self) -> dict[str, str]:
         return {"control": self.control, "tasks": self.tasks, "slots": self.slots, "payloads": self.payloads,
                 "decisions": self.decisions,
@@ -201,7 +217,7 @@ MAX_PARTITIONS = 64
 
 
 @dataclass(frozen=True)
-class PartitionKeys:
+class PartitionKeys(_FoldLayout):
     """The names of one partition's streams and keys: what its assembler folds and writes."""
 
     run: str
@@ -212,55 +228,6 @@ class PartitionKeys:
 
     def _key(self, name: str) -> str:
         return f"{PREFIX}:{{{self.tag}}}:{name}"
-
-    @property
-    def tasks(self) -> str:
-        """The work queue workers take this partition's tasks from (consumer group `workers`)."""
-        return self._key("tasks")
-
-    @property
-    def slots(self) -> str:
-        """The group log this partition's assembler folds, in order: task issued, slot results, ticks."""
-        return self._key("slots")
-
-    @property
-    def payloads(self) -> str:
-        """`SamplePayload` entries, at the entry id of their slot result in ``slots``."""
-        return self._key("payloads")
-
-    @property
-    def decisions(self) -> str:
-        """One `GroupDecided` entry per task of this partition."""
-        return self._key("decisions")
-
-    @property
-    def deadletter(self) -> str:
-        return self._key("deadletter")
-
-    @property
-    def deadlettered(self) -> str:
-        """Hash ``stream entry-id`` -> 1 for entries of streams without a consumer group that were
-        dead-lettered (see `RunKeys.deadlettered`)."""
-        return self._key("deadlettered")
-
-    @property
-    def decided(self) -> str:
-        """Hash task id -> decision entry id: the "already decided" marker written with the decision."""
-        return self._key("decided")
-
-    @property
-    def issued(self) -> str:
-        """Hash task id -> 1 of the tasks a partitioned run's feeder issued here (each issued once)."""
-        return self._key("issued")
-
-    @property
-    def counts(self) -> str:
-        """Hash of durable accounting counters of this partition's streams."""
-        return self._key("counts")
-
-    @property
-    def assembler_lease(self) -> str:
-        return self._key("assembler:lease")
 
     def all_streams(self) -> dict[str, str]:
         return {"tasks": self.tasks, "slots": self.slots, "payloads": self.payloads, "decisions": self.decisions,

@@ -31,7 +31,6 @@ from streamgrp.store.keys import (
     check_run_name,
     run_streams,
     stream_key,
-    task_partition,
 )
 
 log = logging.getLogger(__name__)
@@ -56,8 +55,7 @@ class Run:
     @cached_property
     def partitions(self) -> tuple[PartitionKeys, ...]:
         """The key set of each of the run's partitions, in order (one for an unpartitioned run)."""
-        count = self.config.partitions
-        return tuple(self.keys.partition(index, count) for index in range(count))
+        return self.keys.partitions(self.config.partitions)
 
     def streams(self, partitions: Sequence[int] | None = None) -> dict[str, str]:
         """Stream name -> key: the run-wide streams and those of ``partitions`` (default all), named as
@@ -68,9 +66,6 @@ class Run:
         """The key of the run's stream ``name`` (`streamgrp.store.keys.stream_key`)."""
         return stream_key(self.keys, self.partitions, name)
 
-    def partition_of(self, task_id: str) -> PartitionKeys:
-        """The keys of the partition ``task_id`` belongs to."""
-        return self.partitions[task_partition(task_id, self.config.partitions)]
 
 
 def recorded_partitions(client: redis.Redis, keys: RunKeys) -> tuple[PartitionKeys, ...]:
@@ -83,7 +78,7 @@ def recorded_partitions(client: redis.Redis, keys: RunKeys) -> tuple[PartitionKe
             count = read_record(keys.run, first[0][1], "the control stream's first entry")[1].partitions
         except (ConfigError, DecodeError):
             count = 1
-    return tuple(keys.partition(index, count) for index in range(count))
+    return keys.partitions(count)
 
 
 def latest_run(client: redis.Redis) -> str | None:

@@ -135,7 +135,7 @@ class ArchiveSource:
             count = recorded_config(self).partitions
         except (ConfigError, DecodeError):
             count = 1
-        return tuple(self.keys.partition(index, count) for index in range(count))
+        return self.keys.partitions(count)
 
     def _check(self, stream: str) -> str:
         """The archive's name of ``stream`` (`canonical_stream`); ValueError for one the run does not have."""

@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import redis
 
 from streamgrp.core.entry_fields import entry_fields
+
+S = TypeVar("S")
+R = TypeVar("R")
 
 
 def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
@@ -38,6 +43,32 @@ def entry_size(fields) -> int:
 def entry_time(entry_id: str) -> float:
     """The server time (seconds) at which an entry was added, from its id."""
     return int(entry_id.split("-", 1)[0]) / 1000.0
+
+
+def read_in_turn(sources: Sequence[S], read: Callable[[S, int | None], list[R]], block_ms: int | None, *,
+                 first: bool) -> list[tuple[S, list[R]]]:
+    """Read several streams (a partitioned run's, one per source) the way one blocking read of one would:
+    ``read(source, block_ms)`` -> what it brought. One source: one read with ``block_ms``. Several: each
+    without waiting (stopping at the first that brought something when ``first``), then, when none did
+    and ``block_ms`` is not None, a wait on each in turn for its share of ``block_ms``: a cluster cannot
+    block on keys of several slots in one call. Returns (source, results) for the reads that brought some."""
+    if len(sources) == 1:
+        found = read(sources[0], block_ms)
+        return [(sources[0], found)] if found else []
+    ready: list[tuple[S, list[R]]] = []
+    for source in sources:
+        found = read(source, None)
+        if found:
+            ready.append((source, found))
+            if first:
+                return ready
+    if ready or block_ms is None:
+        return ready
+    for source in sources:
+        found = read(source, max(1, block_ms // len(sources)))
+        if found:
+            return [(source, found)]
+    return []
 
 
 #: Entry ids per round trip: bounds one reply's size whatever the caller asks for.

@@ -61,6 +61,26 @@ def _batcher(client, run, dataset=None, **config) -> Batcher:
     return batcher
 
 
+def _fed_run(client, run_name):
+    """A 3-partition run whose batcher's feeder issued every task to its partition; (run, batcher)."""
+    run = _run(client, run_name)
+    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
+    batcher.round()
+    return run, batcher
+
+
+def _finished_run(client, run_name):
+    """`_fed_run` taken to its end in process: workers publish every slot, each partition's assembler
+    decides, the batcher writes every step; (run, batcher)."""
+    run, batcher = _fed_run(client, run_name)
+    _work(client, run)
+    assert _assemble(client, run) == TASKS
+    while batcher.outcome == "running":
+        batcher.round()
+    assert batcher.outcome == "finished"
+    return run, batcher
+
+
 def _manifests(client, run) -> list[StepManifest]:
     return [codec.decode(fields) for _, fields in client.xrange(run.keys.steps)]
 
@@ -70,14 +90,7 @@ def _trained(manifests) -> Counter:
 
 
 def test_a_partitioned_run_decides_batches_and_trains_every_task_exactly_once(client, run_name):
-    run = _run(client, run_name)
-    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
-    batcher.round()  # the feeder issues every task to its partition
-    _work(client, run)
-    assert _assemble(client, run) == TASKS
-    while batcher.outcome == "running":
-        batcher.round()
-    assert batcher.outcome == "finished"
+    run, _ = _finished_run(client, run_name)
 
     ids = [f"t{i:08d}" for i in range(TASKS)]
     for part in run.partitions:  # each task in its own partition's streams, and nowhere else
@@ -110,9 +123,7 @@ def test_a_partitioned_run_decides_batches_and_trains_every_task_exactly_once(cl
 
 
 def test_a_batcher_that_dies_before_its_acknowledgements_leaves_no_group_to_train_twice(client, run_name, monkeypatch):
-    run = _run(client, run_name)
-    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
-    batcher.round()
+    run, batcher = _fed_run(client, run_name)
     _work(client, run)
     config = AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)
     early = sum(Assembler(client, run, config, partition=p).run(burst=True) for p in (0, 1))
@@ -138,9 +149,7 @@ def test_a_batcher_that_dies_before_its_acknowledgements_leaves_no_group_to_trai
 
 
 def test_a_task_a_partition_decides_again_after_its_step_is_not_trained_twice(client, run_name):
-    run = _run(client, run_name)
-    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
-    batcher.round()
+    run, batcher = _fed_run(client, run_name)
     _work(client, run)
     config = AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)
     for partition in (0, 1):
@@ -191,9 +200,7 @@ def test_a_dropped_task_decided_again_is_not_trained(client, run_name):
 
 
 def test_a_finished_runs_next_batcher_still_acknowledges_what_the_last_one_owed(client, run_name, monkeypatch):
-    run = _run(client, run_name)
-    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
-    batcher.round()
+    run, batcher = _fed_run(client, run_name)
     _work(client, run)
     _assemble(client, run)
     monkeypatch.setattr(Batcher, "_acknowledge_recorded", lambda self: None)
@@ -223,9 +230,7 @@ def test_a_feeder_issues_each_task_once_per_partition_even_when_its_cursor_write
 
 
 def test_workers_take_only_from_the_partitions_they_are_given_and_publish_to_each_tasks_own(client, run_name):
-    run = _run(client, run_name)
-    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
-    batcher.round()
+    run, _ = _fed_run(client, run_name)
     worker = WorkerClient(client, run.keys, partitions=run.partitions, take_from=[1])
     taken = []
     while tasks := worker.take(8, block_ms=None):
@@ -266,13 +271,7 @@ def test_replay_inspect_steps_report_export_and_the_run_admin_read_every_partiti
     from streamgrp.store.run_admin import delete_run, run_key_names, run_usage
     from streamgrp.store.sources import RedisSource
 
-    run = _run(client, run_name)
-    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
-    batcher.round()
-    _work(client, run)
-    _assemble(client, run)
-    while batcher.outcome == "running":
-        batcher.round()
+    run, batcher = _finished_run(client, run_name)
     manifests = _manifests(client, run)
     for manifest in manifests:  # bit for bit: the digests hold over payloads of every partition
         for rank in (0, 1):
@@ -352,10 +351,9 @@ def test_every_role_of_a_partitioned_run_works_under_its_own_acl_user(server_kin
         with trainer.batches(rank=0, world_size=2) as zero:
             for batch in zero:
                 assert batch.rows > 0
+        from streamgrp.config import ArchiverConfig
         from streamgrp.replay import replay_step
         from streamgrp.replay.steps import list_steps
-
-        from streamgrp.config import ArchiverConfig
         from streamgrp.services.archiver import Archiver
 
         archiver = Archiver(as_("archiver"), run.keys, tmp_path / "archive", ArchiverConfig(retention=True))
@@ -379,13 +377,7 @@ def test_the_archiver_and_retention_cover_every_partition_and_every_step_still_r
     from streamgrp.store.keys import step_entry_id
     from streamgrp.store.sources import ArchiveSource, FallbackSource, RedisSource
 
-    run = _run(client, run_name)
-    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
-    batcher.round()
-    _work(client, run)
-    _assemble(client, run)
-    while batcher.outcome == "running":
-        batcher.round()
+    run, _ = _finished_run(client, run_name)
     manifests = _manifests(client, run)
     trainer = TrainerClient(client, run)
     for rank in (0, 1):  # every rank commits all but the last step: retention must keep that one
@@ -430,13 +422,7 @@ def test_the_archiver_and_retention_cover_every_partition_and_every_step_still_r
 def test_verify_refolds_every_partition_and_checks_every_step(client, run_name):
     from streamgrp.replay import verify
 
-    run = _run(client, run_name)
-    batcher = _batcher(client, run, dataset=iter([{"i": i} for i in range(TASKS)]))
-    batcher.round()
-    _work(client, run)
-    _assemble(client, run)
-    while batcher.outcome == "running":
-        batcher.round()
+    run, _ = _finished_run(client, run_name)
     report = verify(client, run.keys)
     assert report.ok, report.differences
     assert report.decisions_checked == TASKS and report.steps_checked == len(_manifests(client, run))
