@@ -17,7 +17,7 @@ from streamgrp.core import codec, counters
 from streamgrp.core.events import GroupDecided, GroupDiscarded, StepManifest
 from streamgrp.replay.report_series import step_reward, trainer_metrics
 from streamgrp.store.keys import RunKeys, id_key
-from streamgrp.store.sources import RedisSource, partition_streams
+from streamgrp.store.sources import RedisSource, folded_through, partition_streams
 
 SLOT_OUTCOMES = ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid")
 
@@ -29,8 +29,8 @@ def run_summary(client: redis.Redis | None, keys: RunKeys, *, source: RedisSourc
     counts = {k: int(float(v)) for k, v in source.hash("counts").items()}
     tasks = slots_published = unread = 0
     for _, slots in partition_streams(source, "slots"):  # each log, against how far its own assembler read
-        folded_through = source.folded_through(slots)
-        horizon = id_key(folded_through) if folded_through else (-1, -1)
+        through = folded_through(source, slots)
+        horizon = id_key(through) if through else (-1, -1)
         for entry_id, fields in source.scan(slots):
             kind = _kind(fields)
             tasks += kind == "task_issued"

@@ -57,7 +57,7 @@ from streamgrp.core.manifest import decision_ref, make_manifest, ref_order, spli
 from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
-from streamgrp.store.sources import RedisSource, decode_all, partition_streams, recorded_config
+from streamgrp.store.sources import RedisSource, decode_all, folded_through, partition_streams, recorded_config
 
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
 
@@ -183,7 +183,7 @@ def _check_retained(decided: dict[str, str], recorded: list[tuple[str, GroupDeci
 
 def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream: str = "slots") -> dict[str, GroupDecided]:
     """Fold one slot log (a partition's, in a partitioned run) up to where its assembler read."""
-    through = source.folded_through(stream)
+    through = folded_through(source, stream)
     limit = id_key(through) if through is not None else None
 
     def events():

@@ -44,7 +44,7 @@ from streamgrp.store.runs import Run, open_run, read_record, recorded_partitions
 from streamgrp.store.streams import entry_id_str, read_entries
 
 __all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source",
-           "open_run_source", "partition_streams", "recorded_config"]
+           "folded_through", "open_run_source", "partition_streams", "recorded_config"]
 
 #: ``source(stream, ids)``: the fields of each entry id of a run's stream (a `RunKeys.all_streams`
 #: name), in order, None where the entry is not retained.
@@ -261,6 +261,13 @@ def open_run_source(client: redis.Redis, run: str | None, *, archive: str | os.P
                               f"{opened.name!r}; pass --run {archived.keys.run} or that run's archive")
         return opened, FallbackSource(RedisSource(client, opened.keys), archived)
     return opened, default_source(client, opened.keys, data_dir)
+
+
+def folded_through(source: Any, stream: str = "slots") -> str | None:
+    """How far the assembler of ``stream`` (a partitioned run's ``slots@P``) read, from ``source``. An
+    unpartitioned run's through the argument-less ``folded_through()`` that entry sources written
+    before partitions (a user's own, the golden tests') offer."""
+    return source.folded_through() if stream == "slots" else source.folded_through(stream)
 
 
 def partition_streams(source: Any, stream: str) -> list[tuple[int, str]]:
