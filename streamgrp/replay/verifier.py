@@ -53,11 +53,22 @@ from streamgrp.core.events import (
     Tick,
 )
 from streamgrp.core.group_fold import Closed, run_fold
-from streamgrp.core.manifest import decision_ref, make_manifest, ref_order, split_decision_ref
+from streamgrp.core.manifest import (
+    decision_ref,
+    make_manifest,
+    ref_order,
+    split_decision_ref,
+)
 from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
-from streamgrp.store.sources import RedisSource, decode_all, folded_through, partition_streams, recorded_config
+from streamgrp.store.sources import (
+    RedisSource,
+    decode_all,
+    folded_through,
+    partition_streams,
+    recorded_config,
+)
 
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
 

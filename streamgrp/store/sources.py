@@ -40,7 +40,13 @@ from streamgrp.store.keys import (
     run_streams,
     stream_key,
 )
-from streamgrp.store.runs import Run, open_run, read_record, recorded_partitions, resolve_run_name
+from streamgrp.store.runs import (
+    Run,
+    open_run,
+    read_record,
+    recorded_partitions,
+    resolve_run_name,
+)
 from streamgrp.store.streams import entry_id_str, read_entries
 
 __all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source",
