@@ -55,6 +55,11 @@ from streamgrp.core.events import (
     ShardGroup,
     SlotResult,
 )
+from streamgrp.core.fast_decode import (
+    fast_group_decided,
+    fast_slot_result,
+    fast_step_manifest,
+)
 from streamgrp.core.legacy import LEGACY_SCHEMA, SlotResultV1
 from streamgrp.core.shown import (
     clip,
@@ -64,7 +69,6 @@ from streamgrp.core.shown import (
     show,
     show_names,
 )
-from streamgrp.core.fast_decode import fast_group_decided, fast_slot_result
 from streamgrp.core.values import DTYPES, INT64_MAX
 from streamgrp.errors import DecodeError
 
@@ -191,7 +195,8 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
         kind = header["kind"]
         # None: not the plain case, so the full path below judges it
         event = fast_slot_result(header) if kind == "slot_result" else \
-            fast_group_decided(header) if kind == "group_decided" else None
+            fast_group_decided(header) if kind == "group_decided" else \
+            fast_step_manifest(header) if kind == "step" else None
         if event is not None:
             return event
     legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"

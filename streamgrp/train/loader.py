@@ -15,9 +15,9 @@ its description raises `DigestMismatch` naming the entry, never another error.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from math import isfinite
 
 import orjson
 import torch
@@ -35,6 +35,8 @@ EntryFetch = Callable[[str, Sequence[str]], Sequence[Mapping[bytes, bytes] | Non
 
 _ALLOWED = {"token_ids": ("int32", "int64"), "loss_mask": ("bool", "uint8"),
             "logprobs": ("float32", "float16", "bfloat16", "float64")}
+_ALLOWED_ITEMS = tuple(_ALLOWED.items())
+_ITEMSIZE = {name: size for name, (size, _, _) in DTYPES.items()}
 _OUT = {"token_ids": torch.int64, "loss_mask": torch.bool, "logprobs": torch.float32}
 #: A bool mask is read as its bytes (0 or 1) and compared, never reinterpreted as torch.bool.
 _READ_AS = {**dtypes.TORCH, "bool": torch.uint8}
@@ -125,39 +127,47 @@ def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str) ->
 
 
 def _payload_rows(header: object, fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows:
-    if not isinstance(header, dict) or header.get("kind") != "sample_payload" \
+    """The checks of a payload header, written out flat: this runs once per row of every shard, and
+    a function call or generator per value cost more than the checks themselves."""
+    if header.__class__ is not dict or header.get("kind") != "sample_payload" \
             or header.get("schema_version") not in READABLE_SCHEMAS:
         raise PayloadError("not a sample_payload event")
     if header.get("task_id") != task_id or header.get("slot") != slot:
         raise PayloadError(f"it is the payload of task {header.get('task_id')!r} slot {header.get('slot')!r}")
     sample = header.get("sample")
-    if not isinstance(sample, dict):
+    if sample.__class__ is not dict:
         raise PayloadError("no sample")
     lengths, rewards, version = sample.get("row_lengths"), sample.get("rewards"), sample.get("version")
-    if not (isinstance(lengths, list) and lengths and all(type(n) is int and n >= 1 for n in lengths)):
+    if lengths.__class__ is not list or not lengths:
         raise PayloadError("row_lengths is not a list of positive integers")
-    if not (isinstance(rewards, list) and len(rewards) == len(lengths)
-            and all(type(r) in (int, float) and math.isfinite(r) for r in rewards)):
+    total = 0
+    for n in lengths:
+        if n.__class__ is not int or n < 1:
+            raise PayloadError("row_lengths is not a list of positive integers")
+        total += n
+    if rewards.__class__ is not list or len(rewards) != len(lengths):
         raise PayloadError("rewards are not one finite number per row")
-    if type(version) is not int or version < 0:
+    for r in rewards:
+        if r.__class__ is not float and r.__class__ is not int or not isfinite(r):
+            raise PayloadError("rewards are not one finite number per row")
+    if version.__class__ is not int or version < 0:
         raise PayloadError("version is not a non-negative integer")
     blob = memoryview(fields.get(codec.BLOB) or b"")
-    total = sum(lengths)
-    data = {name: _array(sample.get(name), name, total, blob) for name in _ALLOWED}
-    return SampleRows(data, tuple(lengths), tuple(float(r) for r in rewards), version)
-
-
-def _array(value: object, name: str, total: int, blob: memoryview) -> tuple[memoryview, str]:
-    descriptor = value.get(codec.RAW_KEY) if isinstance(value, dict) and len(value) == 1 else None
-    if not (isinstance(descriptor, list) and len(descriptor) == 4):
-        raise PayloadError(f"{name} is not a tensor descriptor")
-    dtype, shape, start, nbytes = descriptor
-    if dtype not in _ALLOWED[name] or shape != [total]:
-        raise PayloadError(f"{name} is {dtype!r:.20} {shape!r:.40}, not one of {_ALLOWED[name]} of [{total}]")
-    if not (type(start) is int and type(nbytes) is int and 0 <= start and start + nbytes <= len(blob)
-            and nbytes == total * DTYPES[dtype][0]):
-        raise PayloadError(f"{name}'s bytes [{start!r:.20}, +{nbytes!r:.20}) do not fit the entry")
-    return blob[start:start + nbytes], dtype
+    size = len(blob)
+    data = {}
+    for name, allowed in _ALLOWED_ITEMS:
+        value = sample.get(name)
+        descriptor = value.get(codec.RAW_KEY) if value.__class__ is dict and len(value) == 1 else None
+        if descriptor.__class__ is not list or len(descriptor) != 4:
+            raise PayloadError(f"{name} is not a tensor descriptor")
+        dtype, shape, start, nbytes = descriptor
+        if dtype not in allowed or shape != [total]:
+            raise PayloadError(f"{name} is {dtype!r:.20} {shape!r:.40}, not one of {allowed} of [{total}]")
+        if not (start.__class__ is int and nbytes.__class__ is int and 0 <= start and start + nbytes <= size
+                and nbytes == total * _ITEMSIZE[dtype]):
+            raise PayloadError(f"{name}'s bytes [{start!r:.20}, +{nbytes!r:.20}) do not fit the entry")
+        data[name] = (blob[start:start + nbytes], dtype)
+    return SampleRows(data, tuple(lengths), tuple(map(float, rewards)), version)
 
 
 def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows:

@@ -1,4 +1,4 @@
-"""The hand-written slot header check accepts exactly what the full decoder turns into the same event."""
+"""The hand-written header checks accept exactly what the full decoder turns into the same event."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamgrp.core import codec
-from streamgrp.core.fast_decode import fast_group_decided, fast_slot_result
+from streamgrp.core.fast_decode import (
+    fast_group_decided,
+    fast_slot_result,
+    fast_step_manifest,
+)
 from streamgrp.core.values import INT64_MAX
 from streamgrp.errors import DecodeError
 
@@ -66,6 +70,7 @@ def _full(header: dict):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(codec, "fast_slot_result", lambda header: None)
         patch.setattr(codec, "fast_group_decided", lambda header: None)
+        patch.setattr(codec, "fast_step_manifest", lambda header: None)
         try:
             return codec.decode({b"h": orjson.dumps(header)})
         except DecodeError:
@@ -214,3 +219,100 @@ def test_what_the_assembler_writes_takes_the_fast_path():
     bare = decision.model_copy(update={"members": (DecidedMember(slot=0, entry="1-0", rows=1, tokens=4, version=0),)})
     assert fast_group_decided(orjson.loads(codec.encode(bare)[codec.HEADER])) is None
     assert codec.decode(codec.encode(bare)) == bare
+
+
+# -- step manifests --------------------------------------------------------------------------------
+
+_INT64 = st.integers(-(2**63), INT64_MAX)
+
+
+@st.composite
+def _valid_group(draw) -> dict:
+    count = draw(st.integers(0, 3))
+
+    def column(values):
+        return draw(st.lists(values, min_size=count, max_size=count))
+
+    group = {"task_id": draw(st.text(max_size=4)), "decision_entry": draw(st.text(max_size=4)),
+             "members": column(_COUNT), "member_entries": column(st.text(max_size=4)), "member_rows": column(_INT64),
+             "member_tokens": column(st.integers(-3, 9)), "member_versions": column(st.integers(-3, 9)),
+             "digest": draw(st.text(max_size=4))}
+    if draw(st.booleans()):
+        group["partition"] = draw(st.integers(0, 5))
+    return group
+
+
+@st.composite
+def _valid_manifest(draw) -> dict:
+    shards = [{"rank": draw(_INT64), "groups": draw(st.lists(_valid_group(), max_size=3)),
+               "tokens": draw(st.integers(-3, 99)), "digest": draw(st.text(max_size=4))}
+              for _ in range(draw(st.integers(0, 2)))]
+    return {"schema_version": 2, "producer": draw(st.text(max_size=4)), "seq": draw(_COUNT), "kind": "step",
+            "step": draw(_COUNT), "version": draw(_INT64), "shards": shards, "imbalance": draw(_FLOATS),
+            "created_at": draw(_FLOATS)}
+
+
+_MANIFEST_KEYS = ["schema_version", "producer", "seq", "kind", "step", "version", "shards", "imbalance", "created_at"]
+_SHARD_KEYS = ["rank", "groups", "tokens", "digest"]
+_GROUP_KEYS = ["task_id", "decision_entry", "members", "member_entries", "member_rows", "member_tokens",
+               "member_versions", "digest", "partition"]
+#: One change to a valid manifest: a key of it, of its first shard or of that shard's first group set,
+#: dropped or added, or one item of a member column of that group.
+_MANIFEST_CHANGE = st.one_of(
+    st.none(),
+    st.tuples(st.sampled_from(["set", "drop", "add"]), st.sampled_from(_MANIFEST_KEYS), _ODD_ITEM),
+    st.tuples(st.sampled_from(["set shard", "drop shard", "add shard"]), st.sampled_from(_SHARD_KEYS), _ODD_ITEM),
+    st.tuples(st.sampled_from(["set group", "drop group", "add group"]), st.sampled_from(_GROUP_KEYS), _ODD_ITEM),
+    st.tuples(st.just("set item"), st.sampled_from(_GROUP_KEYS[2:7]), _ODD))
+
+
+def _changed_manifest(header: dict, change) -> dict:
+    if change is None:
+        return header
+    how, key, value = change
+    shard = header["shards"][0] if header["shards"] else None
+    group = shard["groups"][0] if shard and shard["groups"] else None
+    target = {"shard": shard, "group": group, "item": group}.get(how.split()[-1], header)
+    if target is None or (how.startswith("drop") and key not in target):
+        return header
+    if how == "set item":
+        if target[key]:
+            target[key][0] = value
+        return header
+    _edit(target, how, key, value)
+    return header
+
+
+@settings(max_examples=800, deadline=None)
+@given(header=_valid_manifest(), change=_MANIFEST_CHANGE)
+def test_the_fast_manifest_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(header, change):
+    both = _check_fast_path(fast_step_manifest, _changed_manifest(header, change))
+    if both is not None:
+        fast, full = both
+        for fast_shard, full_shard in zip(fast.shards, full.shards):
+            assert fast_shard.model_fields_set == full_shard.model_fields_set
+            for fast_group, full_group in zip(fast_shard.groups, full_shard.groups):
+                assert fast_group.model_fields_set == full_group.model_fields_set
+                assert [m.model_fields_set for m in fast_group.members] == \
+                    [m.model_fields_set for m in full_group.members]
+
+
+def test_what_the_batcher_writes_takes_the_fast_path():
+    from streamgrp.core.events import DecidedMember, GroupDecided
+    from streamgrp.core.manifest import make_manifest
+    from streamgrp.core.members import GroupStats
+
+    def decision(task: str, tokens: int) -> GroupDecided:
+        return GroupDecided(task_id=task, decision="complete", slot_outcomes={"0": "sample"}, stats=GroupStats.of(1, 1, 1), closed_by="all_slots",
+                            members=[DecidedMember(slot=0, entry="1-0", rows=1, tokens=tokens, version=0, digest="ab",
+                                                   reward=0.5)])
+
+    for partition in (0, 2):
+        ref = "5-0" if partition == 0 else f"5-0@{partition}"
+        manifest = make_manifest(3, 1, [(ref, decision("t1", 4)), ("6-0", decision("t2", 9))], 2, 12.5)
+        header = orjson.loads(codec.encode(manifest)[codec.HEADER])
+        assert fast_step_manifest(header) == manifest
+        assert codec.encode(fast_step_manifest(header)) == codec.encode(manifest)
+    # A schema-1 manifest, as old logs hold: the full path.
+    old = orjson.loads(codec.encode(manifest)[codec.HEADER]) | {"schema_version": 1}
+    assert fast_step_manifest(old) is None

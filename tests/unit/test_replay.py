@@ -130,7 +130,14 @@ def test_changed_or_missing_entries_raise_digest_mismatch(schema):
     lambda h, b: (h.replace(b'"int32"', b'"float99"'), b),
     lambda h, b: (b"{not json", b),
     lambda h, b: (b"[1, 2]", b),
-], ids=["kind", "slot", "short-blob", "zero-row", "dtype", "not-json", "not-object"])
+    lambda h, b: (h.replace(b'"row_lengths":[', b'"row_lengths":[true,'), b),
+    lambda h, b: (h.replace(b'"rewards":[', b'"rewards":["1",'), b),
+    lambda h, b: (h.replace(b'"version":0', b'"version":-1'), b),
+    lambda h, b: (h.replace(b'"__raw__":["uint8"', b'"x":1,"__raw__":["uint8"'), b),
+    lambda h, b: (h.replace(b'"__raw__":["int32",[', b'"__raw__":["int32",[1,'), b),
+    lambda h, b: (h.replace(b'"__raw__":["int32",[', b'"__raw__":["int64",['), b),
+], ids=["kind", "slot", "short-blob", "zero-row", "dtype", "not-json", "not-object", "bool-row", "text-reward",
+        "negative-version", "descriptor-key", "shape", "dtype-size"])
 def test_a_payload_that_does_not_fit_its_description_is_refused_naming_the_entry(damage):
     log = _log()
     manifest = _step(log)
