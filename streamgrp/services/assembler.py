@@ -98,6 +98,7 @@ class Assembler:
         self._seq = 0
         self._round_now: float | None = None
         self._largest_entry = 0
+        self._cluster = isinstance(client, redis.RedisCluster)
         ensure_group(client, self.keys.slots, ASSEMBLER_GROUP)
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -151,11 +152,22 @@ class Assembler:
                 break
 
     def _round(self, start: str, *, block_ms: int | None) -> int:
-        reply = self.client.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: start},
-                                       count=self._read_count(), block=block_ms)
+        if self._cluster:
+            # A cluster client sends a keyless TIME to any node: asked apart, only when a group closes.
+            reply, read_at = self.client.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: start},
+                                                    count=self._read_count(), block=block_ms), None
+        else:
+            # The server's clock rides with the read (one round trip, not two): the moment the round's
+            # entries were read, which is when the groups they close were decided.
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: start}, count=self._read_count(),
+                            block=block_ms)
+            pipe.time()
+            reply, (seconds, micros) = pipe.execute()
+            read_at = seconds + micros / 1e6
         entries = reply[0][1] if reply else []
         if entries:
-            self._process(entries)
+            self._process(entries, read_at)
         return len(entries)
 
     def _read_count(self) -> int:
@@ -165,13 +177,15 @@ class Assembler:
 
     # -- folding a round and committing it ---------------------------------------------------------
 
-    def _process(self, entries: list[tuple[Any, Any]]) -> None:
+    def _process(self, entries: list[tuple[Any, Any]], read_at: float | None = None) -> None:
+        """Fold a round's entries and commit what they decide; ``read_at``: the server's clock when they
+        were read (None: read once for the round's first decision)."""
         args: list[Any] = []
         decisions: list[GroupDecided] = []
         acks: dict[str, list[str]] = {}
         decoded = self._decode_round(entries, args, acks)
         self._load_decided(decoded)
-        self._round_now = None  # the server's clock, read once for the round's first decision
+        self._round_now = read_at
         for entry_id, fields, event in decoded:
             # A sample's digest arrives in its summary, computed once by the publisher.
             self.state, outputs = fold(self.state, event, entry_id)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -62,8 +63,8 @@ from streamgrp.train.loader import build_batch
 
 log = logging.getLogger(__name__)
 
-
-
+#: Prefetch the next step only while loop bodies last at least this share of a load.
+PREFETCH_BODY_SHARE = 0.25
 
 
 class TrainerClient:
@@ -75,7 +76,8 @@ class TrainerClient:
         #: Ends the iteration between steps; default: the stop event the client was connected with.
         self.stop = stop if stop is not None else outage_of(client).stop
         #: Load the next step's shard on a background thread while the loop body trains on this one,
-        #: when its manifest is written already (one batch more in memory).
+        #: when its manifest is written already (one batch more in memory) and the previous loop body
+        #: ran long enough to hide a load (`PREFETCH_BODY_SHARE`).
         self.prefetch = prefetch
         #: Hash every payload and compare with the manifest's digests before training on it. Off by
         #: default: the publisher computed each digest once, and replay and verify check them; the
@@ -192,7 +194,8 @@ class BatchStream:
     def __iter__(self) -> Iterator[Batch]:
         trainer = self.trainer
         step = trainer.next_step(self.rank)
-        ahead: tuple[StepManifest, Future[Batch]] | None = None
+        ahead: tuple[StepManifest, Future[tuple[Batch, float]]] | None = None
+        body_s = load_s = None  # the last loop body's and the last load's seconds
         # Terminal events, commits and the order of steps stay on this thread; the pool only loads.
         with ThreadPoolExecutor(1, thread_name_prefix="streamgrp-prefetch") as pool:
             while True:
@@ -203,16 +206,26 @@ class BatchStream:
                     raise ended
                 if manifest is None:
                     return
-                batch = ahead[1].result() if ahead else trainer.load(manifest, self.rank, self.world_size)
+                batch, load_s = ahead[1].result() if ahead else self._timed_load(manifest)
                 ahead = None
-                following = trainer.manifest(step + 1) if trainer.prefetch else None
+                # A loop body that returns at once (a rank with nothing else to do) would only wait for
+                # the thread: the handoffs of its reads cost CPU and gain nothing, so it loads in line.
+                hides = body_s is None or body_s >= PREFETCH_BODY_SHARE * load_s
+                following = trainer.manifest(step + 1) if trainer.prefetch and hides else None
                 if following is not None:
-                    ahead = following, pool.submit(trainer.load, following, self.rank, self.world_size)
+                    ahead = following, pool.submit(self._timed_load, following)
                 self.current = batch
+                started = time.perf_counter()
                 yield batch
+                body_s = time.perf_counter() - started
                 batch.commit()  # the loop body finished: the step is done
                 self.current = None
                 step += 1
+
+    def _timed_load(self, manifest: StepManifest) -> tuple[Batch, float]:
+        started = time.perf_counter()
+        batch = self.trainer.load(manifest, self.rank, self.world_size)
+        return batch, time.perf_counter() - started
 
     def _next_manifest(self, step: int, known: StepManifest | None) -> tuple[StepManifest | None, RunFailed | None]:
         """The manifest of ``step``, or None (with the run's failure, if it failed) when this rank leaves

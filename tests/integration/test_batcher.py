@@ -565,6 +565,22 @@ def test_the_next_step_is_loaded_ahead_on_a_thread_and_is_the_batch_a_plain_load
     assert loaded_on[1:] == ["streamgrp-prefetch_0"] * 2
 
 
+def test_a_loop_body_that_returns_at_once_gets_its_batches_loaded_in_line(client, redis_url, make_run, issuer):
+    run = make_run(n_samples=2, dp_size=1, batch_size=2)
+    issue(issuer, run, [{"tokens": 3 + i} for i in range(8)])
+    settle(client, run)
+    active(client, run, BatcherConfig(round_s=0.05, max_steps=4)).round()
+    trainer = TrainerClient(client_for(redis_url), run, poll_s=0.1)
+    loaded_on = []
+    load = trainer.load
+    trainer.load = lambda *args: loaded_on.append(threading.current_thread().name) or load(*args)
+    steps = [batch.step for batch in trainer.batches(rank=0, world_size=1)]
+    assert steps == [0, 1, 2, 3]
+    # step 1 was loaded ahead before any loop body was timed; after an empty body, nothing is
+    here = threading.current_thread().name
+    assert loaded_on == [here, "streamgrp-prefetch_0", here, here]
+
+
 def test_a_step_loaded_ahead_that_cannot_be_loaded_fails_only_when_the_loop_reaches_it(client, redis_url, make_run,
                                                                                       issuer):
     run, trainer = _two_written_steps(client, redis_url, make_run, issuer)
