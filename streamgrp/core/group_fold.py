@@ -25,6 +25,7 @@ from streamgrp.core.events import (
     Tick,
 )
 from streamgrp.core.policy import GroupPolicy
+from streamgrp.core.values import built
 
 # Why a slot entry was acknowledged without being folded.
 DUPLICATE = "duplicate"
@@ -172,8 +173,10 @@ def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None
         task_id=group.task_id,
         decision=decided.decision,
         reason=decided.reason,
-        members=tuple(DecidedMember(slot=i, entry=results[i].entry_id, rows=results[i].rows, tokens=results[i].tokens,
-                                    version=results[i].version, digest=results[i].digest, reward=results[i].reward)
+        # Built, not validated again: every value comes from a slot result validated when it was decoded.
+        members=tuple(built(DecidedMember, {"slot": i, "entry": results[i].entry_id, "rows": results[i].rows,
+                                            "tokens": results[i].tokens, "version": results[i].version,
+                                            "digest": results[i].digest, "reward": results[i].reward})
                       for i in decided.members),
         slot_outcomes={str(i): results[i].outcome if i in results else "timeout" for i in range(policy.n_samples)},
         stats=decided.stats,

@@ -35,8 +35,13 @@ class RespPacker:
         parts = [b"*%d\r\n" % len(args)]
         encode = self._encode
         for arg in args:
-            if arg.__class__ is not bytes:
-                arg = encode(arg)  # str, int, float; anything else raises redis-py's DataError
+            kind = arg.__class__
+            if kind is str:  # text and counts are most of a commit's arguments: encoded here, as redis-py would
+                arg = arg.encode()
+            elif kind is int:
+                arg = b"%d" % arg
+            elif kind is not bytes:
+                arg = encode(arg)  # float and the rest; anything else raises redis-py's DataError
                 if arg.__class__ is not bytes:  # a memoryview or bytearray passes encode unchanged
                     arg = bytes(arg)
             parts += (b"$%d\r\n" % len(arg), arg, b"\r\n")

@@ -16,7 +16,7 @@ COMMANDS = [
     ("XADD", "sg:{r}:slots", "*", b"h", b'{"kind":"x"}'),
     ("CONFIG GET", "appendonly"),
     (b"CLIENT SETNAME", b"streamgrp"),
-    ("EVALSHA", "a" * 40, 2, "k1", "k2", 1.5, -3, 0, "é", b"\x00\r\n" * 5000, b""),
+    ("EVALSHA", "a" * 40, 2, "k1", "k2", 1.5, -3, 0, 2**70, -(2**63), "é", "", b"\x00\r\n" * 5000, b""),
     ("SET", "k", memoryview(b"view")),
     ("SET", "k", bytearray(b"array")),
     ("XADD", "s", "*", b"b", bytes(range(256)) * 100),
