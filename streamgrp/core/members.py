@@ -87,15 +87,19 @@ def member_columns(members: Sequence[Member], record: type[Member]) -> dict[str,
     """The wire columns of ``members`` (the inverse of ``_from_columns``); an optional field that no
     member recorded is written as an empty column, as schema 1 allows."""
     columns: dict[str, list[Any]] = {}
-    for name, field in WIRE_COLUMNS.items():
-        info = record.model_fields.get(field)
-        if info is None:
-            continue
-        values = [getattr(member, field) for member in members]
-        if info.default is not PydanticUndefined and all(value == info.default for value in values):
+    for name, field, optional, default in _column_defaults(record):
+        values = [member.__dict__[field] for member in members]
+        if optional and all(value == default for value in values):
             values = []
         columns[name] = values
     return columns
+
+
+@functools.cache
+def _column_defaults(record: type[Member]) -> tuple[tuple[str, str, bool, Any], ...]:
+    """(wire column, field, optional, default) of each column ``record`` has, in wire order."""
+    return tuple((name, field, optional, record.model_fields[field].default)
+                 for name, field, optional in _record_columns(record))
 
 
 class GroupStats(Frozen):
