@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import redis
@@ -94,13 +94,73 @@ def read_entries(client: redis.Redis, stream: str, ids: list[str]) -> list[dict[
             pipe.response_callbacks = {**pipe.response_callbacks, "XRANGE": _entries}
         for first, last in runs:
             pipe.xrange(stream, first, last)
-        found = {entry_id: fields for entries in pipe.execute() for entry_id, fields in entries}
-        got = [found.get(entry.encode()) for entry in chunk]
-        if None in got:  # gone, or asked in another spelling ("5" is 5-0)
-            by_position = {_position(entry_id.decode()): fields for entry_id, fields in found.items()}
-            got = [by_position.get(_position(entry)) for entry in chunk]
-        out += [fields or None for fields in got]
+        out += _in_order(chunk, pipe.execute())
     return out
+
+
+def _in_order(ids: list[str], replies: list[list[tuple[bytes, object]]]) -> list[dict[bytes, bytes] | None]:
+    """The fields of each of ``ids`` from XRANGE replies (parsed by `_entries`), None where one is gone."""
+    found = {entry_id: fields for entries in replies for entry_id, fields in entries}
+    got = [found.get(entry.encode()) for entry in ids]
+    if None in got:  # gone, or asked in another spelling ("5" is 5-0)
+        by_position = {_position(entry_id.decode()): fields for entry_id, fields in found.items()}
+        got = [by_position.get(_position(entry)) for entry in ids]
+    return [fields or None for fields in got]
+
+
+#: Entry ids per part of `stream_entries`: one part's reply is made while the caller reads the last.
+STREAM_PART = 64
+
+
+def stream_entries(client: redis.Redis, stream: str, ids: list[str], *,
+                   retry: Callable[[Callable[[], R]], R] = lambda attempt: attempt()) -> Iterator[dict[bytes, bytes] | None]:
+    """`read_entries`, yielded in order part by part: the request for the next `STREAM_PART` ids is sent
+    before a part is handed over, so the server makes that reply while the caller works on this one
+    (loading a 1024-token shard, 29 -> 23 µs a row here). ``retry(attempt)`` runs each part's read
+    (the trainer passes its outage policy): a part that failed is asked for again, and nothing is handed
+    over twice. A cluster client reads through `read_entries` (its connections are per node)."""
+    if isinstance(client, redis.RedisCluster) or not hasattr(client, "connection_pool"):
+        yield from read_entries(client, stream, ids)
+        return
+    parts = [ids[start:start + STREAM_PART] for start in range(0, len(ids), STREAM_PART)]
+    runs = [_adjacent_runs(part) for part in parts]
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    on_the_wire: int | None = None  # the part whose request was sent and whose reply is unread
+
+    def send(index: int) -> None:
+        nonlocal on_the_wire
+        on_the_wire = None
+        connection.send_packed_command(connection.pack_commands(
+            [("XRANGE", stream, first, last) for first, last in runs[index]]))
+        on_the_wire = index
+
+    def read(index: int) -> list[list[tuple[bytes, object]]]:
+        nonlocal on_the_wire
+        try:
+            if on_the_wire != index:  # the first part, or one asked for again after a failure
+                send(index)
+            replies = [_entries(connection.read_response()) for _ in runs[index]]
+        except BaseException:
+            connection.disconnect()  # whatever was on the wire is lost with it
+            on_the_wire = None
+            raise
+        on_the_wire = None
+        return replies
+
+    try:
+        for index, part in enumerate(parts):
+            replies = retry(lambda index=index: read(index))
+            if index + 1 < len(parts):
+                try:
+                    send(index + 1)
+                except redis.RedisError:
+                    connection.disconnect()  # the next read sends it again, under ``retry``
+            yield from _in_order(part, replies)
+    finally:
+        if on_the_wire is not None:
+            connection.disconnect()  # a reply nobody will read must not reach the connection's next user
+        pool.release(connection)
 
 
 def _position(entry_id: str) -> tuple[int, int] | str:

@@ -2,10 +2,11 @@
 
 Owns `build_batch`, the one place a shard becomes tensors, for trainer ranks and replay alike. It
 reads every member's payload (schema 2: the payloads stream, at the member's slot entry id; a
-schema-1 log: the slot entry itself, which carried the sample) through one fetch call, checks each
-against the manifest (the digest, when asked, and always that it is a well-formed payload of that
-task and slot), then fills each field of the shard from one buffer: the raw bytes of every row,
-joined, viewed as one tensor and scattered into the padded [rows, longest row] tensor at once.
+schema-1 log: the slot entry itself, which carried the sample) through one fetch call per partition,
+checks each against the manifest (the digest, when asked, and always that it is a well-formed
+payload of that task and slot; without digests each as it arrives, while a streaming fetch brings
+the rest), then fills each field of the shard from one buffer: the raw bytes of every row, joined,
+viewed as one tensor and scattered into the padded [rows, longest row] tensor at once.
 
 Payloads were validated where they entered (the worker's publish), so they are read here from the
 orjson header and the raw bytes, without rebuilding a pydantic model; a payload that does not fit
@@ -15,7 +16,7 @@ its description raises `DigestMismatch` naming the entry, never another error.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from math import isfinite
 
@@ -30,8 +31,9 @@ from streamgrp.train import dtypes
 from streamgrp.train.batch import Batch, BatchOwner
 
 #: ``fetch(stream, ids)``: the fields of each entry id of a run stream ("payloads", "slots"), in
-#: order, None where an entry is gone. One call should be one round trip.
-EntryFetch = Callable[[str, Sequence[str]], Sequence[Mapping[bytes, bytes] | None]]
+#: order, None where an entry is gone: a sequence, or an iterator that yields them as they arrive (each
+#: is checked as it comes). As few round trips as it can.
+EntryFetch = Callable[[str, Sequence[str]], Iterable[Mapping[bytes, bytes] | None]]
 
 _ALLOWED = {"token_ids": ("int32", "int64"), "loss_mask": ("bool", "uint8"),
             "logprobs": ("float32", "float16", "bfloat16", "float64")}
@@ -66,49 +68,64 @@ def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: Entry
     """
     shard = manifest.shards[rank]
     where = f"step {manifest.step} rank {rank}"
-    fields = _fetch(shard.groups, fetch, where, missing_hint)
-    samples: list[SampleRows] = []
-    task_ids, sizes, at = [], [], 0
-    for group in shard.groups:
-        members = fields[at:at + len(group.members)]
-        at += len(group.members)
-        if check_digests and codec.combine_digests(codec.entry_digest(f) for f in members) != group.digest:
-            raise DigestMismatch(f"{where}: task {group.task_id}'s slot entries do not match the digest the "
-                                 "manifest recorded")
-        for member, entry in zip(group.members, members):
-            samples.append(_rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}"))
-        task_ids.append(group.task_id)
-        sizes.append(group.rows)
+    placed = [(group, member) for group in shard.groups for member in group.members]
+    fields: list[Mapping[bytes, bytes]] = [{}] * len(placed)
+    samples: list[SampleRows] = [None] * len(placed)  # type: ignore[list-item]
+    for at, entry in _fetched(shard.groups, fetch, where, missing_hint):
+        if check_digests:
+            fields[at] = entry  # checked whole, group by group, before any is read
+        else:  # read as it arrives, while the rest of the shard is on its way
+            group, member = placed[at]
+            samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}")
+    if check_digests:
+        at = 0
+        for group in shard.groups:
+            members = fields[at:at + len(group.members)]
+            if codec.combine_digests(codec.entry_digest(f) for f in members) != group.digest:
+                raise DigestMismatch(f"{where}: task {group.task_id}'s slot entries do not match the digest the "
+                                     "manifest recorded")
+            for member, entry in zip(group.members, members):
+                samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}")
+                at += 1
+    task_ids = [group.task_id for group in shard.groups]
+    sizes = [group.rows for group in shard.groups]
     return Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
                  group_sizes=torch.tensor(sizes, dtype=torch.int64),
                  step_loss_tokens=sum(s.tokens for s in manifest.shards), digest=shard.digest, run=run,
                  _client=client, **shard_tensors(samples))
 
 
-def _fetch(groups: Sequence[ShardGroup], fetch: EntryFetch, where: str, hint: str) -> list[Mapping[bytes, bytes]]:
-    """Every member's payload entry in shard order, one fetch per partition the shard's groups are in:
-    the payloads stream first, the slot log for the members a schema-1 log kept there."""
+def _fetched(groups: Sequence[ShardGroup], fetch: EntryFetch, where: str,
+             hint: str) -> Iterator[tuple[int, Mapping[bytes, bytes]]]:
+    """(position in shard order, fields) of every member's payload entry, as the fetches bring them: one
+    fetch per partition the shard's groups are in, the payloads stream first, then the slot log for the
+    members a schema-1 log kept there. Raises `DigestMismatch` for an entry in neither."""
     by_partition: dict[int, list[int]] = {}
     entries: list[str] = []
     for group in groups:
         for member in group.members:
             by_partition.setdefault(group.partition, []).append(len(entries))
             entries.append(member.entry)
-    found: list[Mapping[bytes, bytes] | None] = [None] * len(entries)
     for partition, positions in by_partition.items():
         suffix = f"@{partition}" if partition else ""
-        ids = [entries[at] for at in positions]
-        got = list(fetch("payloads" + suffix, ids))
-        missing = [entry for entry, fields in zip(ids, got) if fields is None]
+        missing: list[int] = []
+        got = iter(fetch("payloads" + suffix, [entries[at] for at in positions]))
+        for at in positions:
+            fields = next(got, None)
+            if fields:
+                yield at, fields
+            else:
+                missing.append(at)
+        if hasattr(got, "close"):
+            got.close()  # a streaming read gives its connection back now, not when collected
         if missing:
-            legacy = dict(zip(missing, fetch("slots" + suffix, missing)))
-            got = [fields if fields is not None else legacy.get(entry) for entry, fields in zip(ids, got)]
-        for at, fields in zip(positions, got):
-            found[at] = fields
-    for entry, fields in zip(entries, found):
-        if not fields:
-            raise DigestMismatch(f"{where}: slot entry {entry} is gone from the slot log (trimmed?); {hint}")
-    return found
+            legacy = iter(fetch("slots" + suffix, [entries[at] for at in missing]))
+            for at in missing:
+                fields = next(legacy, None)
+                if not fields:
+                    raise DigestMismatch(f"{where}: slot entry {entries[at]} is gone from the slot log (trimmed?); "
+                                         f"{hint}")
+                yield at, fields
 
 
 def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str) -> SampleRows:

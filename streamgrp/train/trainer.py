@@ -57,7 +57,7 @@ from streamgrp.store.control import ControlCursor
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import step_entry_id
 from streamgrp.store.runs import Run
-from streamgrp.store.streams import producer_name, read_entries
+from streamgrp.store.streams import producer_name, stream_entries
 from streamgrp.train.batch import Batch
 from streamgrp.train.loader import build_batch
 
@@ -151,8 +151,10 @@ class TrainerClient:
                 self._finished = event
 
     def load(self, manifest: StepManifest, rank: int, world_size: int) -> Batch:
+        retry = outage_of(self.client).call if getattr(self.client, "riding", False) else (lambda attempt: attempt())
         return build_batch(manifest, rank, world_size,
-                           lambda stream, ids: read_entries(self.client, self.run_.stream_key(stream), list(ids)),
+                           lambda stream, ids: stream_entries(self.client, self.run_.stream_key(stream), list(ids),
+                                                              retry=retry),
                            run=self.keys.run, client=self, check_digests=self.check_digests)
 
     # -- writing ------------------------------------------------------------------------------------

@@ -1,9 +1,13 @@
-"""Reading entries by id in one script reply per chunk: order kept, gone entries None, every field kept."""
+"""Reading entries by id, whole or streamed part by part: order kept, gone entries None, every field kept."""
 
 from __future__ import annotations
 
+import pytest
+import redis
+
 from streamgrp.core.entry_fields import EntryFields
 from streamgrp.store import streams
+from streamgrp.store.connection import connect, outage_of
 from streamgrp.store.streams import read_entries
 
 
@@ -42,3 +46,57 @@ def test_entries_between_asked_ids_are_never_returned_in_their_place(client, run
     asked = [ids[0], ids[2], ids[3], ids[5], "9", "10-0"]  # "9" is 9-0 spelled short
     got = read_entries(client, key, asked)
     assert [fields and fields[b"h"] for fields in got] == [b"0", b"2", b"3", b"5", b"0", None]
+
+
+# -- streaming: each part's reply made while the caller reads the last ----------------------------------------
+
+
+def _written(client, key: str, count: int) -> list[str]:
+    return [client.xadd(key, {"h": str(i).encode(), "b": bytes([i % 256]) * i}).decode() for i in range(count)]
+
+
+def test_streamed_entries_are_the_read_ones_across_parts(client, run_name, monkeypatch):
+    monkeypatch.setattr(streams, "STREAM_PART", 4)
+    key = f"{run_name}:s"
+    ids = _written(client, key, 30)
+    client.xdel(key, ids[3], ids[20])
+    asked = [ids[29], ids[3], *ids[:10], "1-1", ids[20], ids[15], ids[16], ids[17]]
+    assert list(streams.stream_entries(client, key, asked)) == read_entries(client, key, asked)
+    assert list(streams.stream_entries(client, key, [])) == []
+
+
+def test_a_reader_that_stops_early_leaves_no_reply_on_the_connection(redis_url, run_name, monkeypatch,
+                                                                    redis_server):
+    if redis_server.kind == "cluster":
+        pytest.skip("a cluster client reads whole (read_entries): nothing is sent ahead")
+    monkeypatch.setattr(streams, "STREAM_PART", 4)
+    client = connect(redis_url)
+    key = f"{run_name}:s"
+    ids = _written(client, key, 12)
+    reader = streams.stream_entries(client, key, ids)
+    assert next(reader)[b"h"] == b"0"  # the second part's request is on the wire now
+    reader.close()
+    # The pool hands out the same connection next: it must not carry the unread reply. (redis-py drops a
+    # connection with bytes already waiting, but not one whose reply is still on its way.)
+    released = client.connection_pool._available_connections[-1]
+    assert released._sock is None
+    assert client.ping() is True
+    assert client.xrange(key, ids[5], ids[5])[0][1][b"h"] == b"5"
+
+
+def test_a_connection_killed_between_parts_is_read_again_and_nothing_is_handed_over_twice(
+        redis_url, run_name, monkeypatch, redis_server):
+    if redis_server.kind == "cluster":
+        pytest.skip("a cluster client reads whole (read_entries)")
+    monkeypatch.setattr(streams, "STREAM_PART", 4)
+    client = connect(redis_url)
+    key = f"{run_name}:s"
+    ids = _written(client, key, 14)
+    got = []
+    for fields in streams.stream_entries(client, key, ids, retry=outage_of(client).call):
+        got.append(fields[b"h"])
+        if len(got) in (2, 9):  # mid-part: the next part's request (or reply) is in flight
+            killer = redis.Redis.from_url(redis_url)
+            assert killer.client_kill_filter(_type="normal", skipme=True) >= 1
+            killer.close()
+    assert got == [str(i).encode() for i in range(14)]
