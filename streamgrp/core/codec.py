@@ -321,10 +321,14 @@ def _to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
         blobs.append(value.data)
         offset[0] += len(value.data)
         return {RAW_KEY: [value.dtype, list(value.shape), start, len(value.data)]}
+    if kind is dict:  # before the model check, which costs more than the walk of a small dict
+        return {key: item if item.__class__ in _SCALARS else _to_header(item, blobs, offset)
+                for key, item in value.items()}
     if kind is list or kind is tuple:  # before the model check: most containers of a header are lists
-        if all(item.__class__ in _SCALARS for item in value):
-            return value if kind is list else list(value)  # orjson writes a list as it is: no copy
-        return [item if item.__class__ in _SCALARS else _to_header(item, blobs, offset) for item in value]
+        for item in value:  # a loop, not all(...): a generator costs more than the check
+            if item.__class__ not in _SCALARS:
+                return [item if item.__class__ in _SCALARS else _to_header(item, blobs, offset) for item in value]
+        return value if kind is list else list(value)  # orjson writes a list of plain values as it is
     if isinstance(value, BaseModel):
         # A model whose wire form differs from its fields (members as columns) says so by `wire_fields`.
         fields = value.wire_fields() if kind in _COLUMNAR else value.__dict__

@@ -168,12 +168,15 @@ class GroupDecided(_Event):
         return from_columns(data, DecidedMember)
 
     def wire_fields(self) -> dict[str, Any]:
-        """The fields as schema 1 writes them: members as columns."""
-        fields = dict(self.__dict__)
-        members = fields.pop("members")
-        at = list(fields).index("reason") + 1
-        items = list(fields.items())
-        return dict(items[:at] + list(member_columns(members, DecidedMember).items()) + items[at:])
+        """The fields as schema 1 writes them: members as columns, right after ``reason``."""
+        fields = self.__dict__
+        wire: dict[str, Any] = {}
+        for name, value in fields.items():
+            if name != "members":
+                wire[name] = value
+            if name == "reason":
+                wire.update(member_columns(fields["members"], DecidedMember))
+        return wire
 
     @property
     def slots(self) -> tuple[int, ...]:

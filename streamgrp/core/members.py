@@ -89,8 +89,12 @@ def member_columns(members: Sequence[Member], record: type[Member]) -> dict[str,
     columns: dict[str, list[Any]] = {}
     for name, field, optional, default in _column_defaults(record):
         values = [member.__dict__[field] for member in members]
-        if optional and all(value == default for value in values):
-            values = []
+        if optional:
+            for value in values:  # a loop, not all(...): a generator costs more than the comparisons
+                if value != default:
+                    break
+            else:
+                values = []
         columns[name] = values
     return columns
 
