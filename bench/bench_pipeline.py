@@ -218,11 +218,13 @@ def _batcher(url: str, run_name: str, steps: int, ready, stop, results) -> None:
 def _trainer(url: str, run_name: str, steps: int, ready, start, stop, results) -> None:
     """Iterate this rank's batches, committing each; report the moment it holds the last step's."""
     _quiet()
+    from streamgrp.services import heap
     from streamgrp.store.runs import connect, open_run
     from streamgrp.train.trainer import TrainerClient
 
     client = connect(url)
     trainer = TrainerClient(client, open_run(client, run_name))
+    heap.settle()  # as the reference trainer (streamgrp.consumers.grpo_trainer) does before its first step
     ready.put(("trainer", os.getpid()))
     if not _started(start, stop):
         return

@@ -31,9 +31,10 @@ import orjson
 import redis
 import torch
 
-from streamgrp.consumers import toy_task
 from streamgrp.config import TrainerConfig
+from streamgrp.consumers import toy_task
 from streamgrp.core.policy import NormSpec
+from streamgrp.services import heap
 from streamgrp.store.runs import Run
 from streamgrp.train.advantages import (
     group_metrics,
@@ -71,6 +72,7 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
             save_version(config.weights_dir, 0, policy.state_dict())
     steps = 0
     collectives = Collectives(world)
+    heap.settle()  # imports, the policy and its optimizer: out of the collector's way while steps load
     waited_at = time.monotonic()
     try:
         with trainer.batches(rank=rank, world_size=world, agree=collectives.any_rank) as batches:

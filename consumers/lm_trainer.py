@@ -29,6 +29,7 @@ import torch
 
 from streamgrp.config import TrainerConfig
 from streamgrp.core.policy import NormSpec
+from streamgrp.services import heap
 from streamgrp.store.runs import Run
 from streamgrp.train.advantages import normalize, token_weighted_policy_loss
 from streamgrp.train.distributed import resolve_config
@@ -87,6 +88,7 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
     model.train(optimizer is not None)
     spec = run.config.adv_norm or run.config.reward_norm or NormSpec("group", "group")
     steps = 0
+    heap.settle()  # imports and the model: out of the collector's way while steps load
     with TrainerClient(client, run).batches(rank=ranks.rank, world_size=1) as batches:
         for batch in batches:
             started = time.monotonic()
