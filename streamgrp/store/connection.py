@@ -36,6 +36,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -491,6 +492,14 @@ def outage_of(client: redis.Redis) -> Outage:
 def without_retries(client: redis.Redis) -> redis.Redis:
     """A client on the same connections that fails at once in an outage (shutdown, scrapes)."""
     return client.without_retries() if isinstance(client, Riding) else client
+
+
+def ride(client: redis.Redis, attempt: Callable[[], Any]) -> Any:
+    """``attempt()``, sent again through outages when ``client`` rides them out (as its own commands
+    do), else once: for reads a caller runs on a connection of its own (`streams.stream_entries`)."""
+    if isinstance(client, Riding) and client.riding and client.outage is not None:
+        return client.outage.call(attempt)
+    return attempt()
 
 
 def replicate(client: redis.Redis) -> None:

@@ -69,24 +69,12 @@ def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: Entry
     shard = manifest.shards[rank]
     where = f"step {manifest.step} rank {rank}"
     placed = [(group, member) for group in shard.groups for member in group.members]
-    fields: list[Mapping[bytes, bytes]] = [{}] * len(placed)
+    arriving = _fetched(shard.groups, fetch, where, missing_hint)
     samples: list[SampleRows] = [None] * len(placed)  # type: ignore[list-item]
-    for at, entry in _fetched(shard.groups, fetch, where, missing_hint):
-        if check_digests:
-            fields[at] = entry  # checked whole, group by group, before any is read
-        else:  # read as it arrives, while the rest of the shard is on its way
-            group, member = placed[at]
-            samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}")
-    if check_digests:
-        at = 0
-        for group in shard.groups:
-            members = fields[at:at + len(group.members)]
-            if codec.combine_digests(codec.entry_digest(f) for f in members) != group.digest:
-                raise DigestMismatch(f"{where}: task {group.task_id}'s slot entries do not match the digest the "
-                                     "manifest recorded")
-            for member, entry in zip(group.members, members):
-                samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}")
-                at += 1
+    # Without digests each entry is read as it arrives, while the rest of the shard is on its way.
+    for at, entry in _digest_checked(shard.groups, arriving, where) if check_digests else arriving:
+        group, member = placed[at]
+        samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}")
     task_ids = [group.task_id for group in shard.groups]
     sizes = [group.rows for group in shard.groups]
     return Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
@@ -126,6 +114,21 @@ def _fetched(groups: Sequence[ShardGroup], fetch: EntryFetch, where: str,
                     raise DigestMismatch(f"{where}: slot entry {entries[at]} is gone from the slot log (trimmed?); "
                                          f"{hint}")
                 yield at, fields
+
+
+def _digest_checked(groups: Sequence[ShardGroup], arriving: Iterable[tuple[int, Mapping[bytes, bytes]]],
+                    where: str) -> Iterator[tuple[int, Mapping[bytes, bytes]]]:
+    """``arriving`` whole, in shard order, once every group's entries hash to the digest the manifest
+    recorded (else `DigestMismatch`, before any entry is read)."""
+    fields = dict(arriving)
+    at = 0
+    for group in groups:
+        members = [fields[position] for position in range(at, at + len(group.members))]
+        if codec.combine_digests(codec.entry_digest(f) for f in members) != group.digest:
+            raise DigestMismatch(f"{where}: task {group.task_id}'s slot entries do not match the digest the "
+                                 "manifest recorded")
+        at += len(group.members)
+    yield from sorted(fields.items())
 
 
 def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str) -> SampleRows:

@@ -35,6 +35,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import redis
 
@@ -52,7 +53,7 @@ from streamgrp.errors import (
     RunFailed,
 )
 from streamgrp.store import scripts
-from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
+from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate, ride
 from streamgrp.store.control import ControlCursor
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import step_entry_id
@@ -151,10 +152,9 @@ class TrainerClient:
                 self._finished = event
 
     def load(self, manifest: StepManifest, rank: int, world_size: int) -> Batch:
-        retry = outage_of(self.client).call if getattr(self.client, "riding", False) else (lambda attempt: attempt())
         return build_batch(manifest, rank, world_size,
                            lambda stream, ids: stream_entries(self.client, self.run_.stream_key(stream), list(ids),
-                                                              retry=retry),
+                                                              retry=partial(ride, self.client)),
                            run=self.keys.run, client=self, check_digests=self.check_digests)
 
     # -- writing ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -543,16 +544,23 @@ def test_an_exception_in_the_loop_records_step_failed_and_leaves_the_step_uncomm
     assert events(client, run.keys.control, RunFinished)[0].steps == 2
 
 
-def test_the_next_step_is_loaded_ahead_on_a_thread_and_is_the_batch_a_plain_load_gives(client, redis_url, make_run,
-                                                                                       issuer):
+def _recording_loads(client, redis_url, make_run, issuer, steps: int) -> tuple[TrainerClient, Callable, list[str]]:
+    """A trainer over ``steps`` written steps of 2 groups, its unrecorded load, and the list its loads
+    append their thread's name to."""
     run = make_run(n_samples=2, dp_size=1, batch_size=2)
-    issue(issuer, run, [{"tokens": 3 + i} for i in range(6)])
+    issue(issuer, run, [{"tokens": 3 + i} for i in range(2 * steps)])
     settle(client, run)
-    active(client, run, BatcherConfig(round_s=0.05, max_steps=3)).round()
+    active(client, run, BatcherConfig(round_s=0.05, max_steps=steps)).round()
     trainer = TrainerClient(client_for(redis_url), run, poll_s=0.1)
-    loaded_on = []
+    loaded_on: list[str] = []
     load = trainer.load
     trainer.load = lambda *args: loaded_on.append(threading.current_thread().name) or load(*args)
+    return trainer, load, loaded_on
+
+
+def test_the_next_step_is_loaded_ahead_on_a_thread_and_is_the_batch_a_plain_load_gives(client, redis_url, make_run,
+                                                                                       issuer):
+    trainer, load, loaded_on = _recording_loads(client, redis_url, make_run, issuer, 3)
     seen = []
     for batch in trainer.batches(rank=0, world_size=1):
         again = load(trainer.manifest(batch.step), 0, 1)
@@ -566,14 +574,7 @@ def test_the_next_step_is_loaded_ahead_on_a_thread_and_is_the_batch_a_plain_load
 
 
 def test_a_loop_body_that_returns_at_once_gets_its_batches_loaded_in_line(client, redis_url, make_run, issuer):
-    run = make_run(n_samples=2, dp_size=1, batch_size=2)
-    issue(issuer, run, [{"tokens": 3 + i} for i in range(8)])
-    settle(client, run)
-    active(client, run, BatcherConfig(round_s=0.05, max_steps=4)).round()
-    trainer = TrainerClient(client_for(redis_url), run, poll_s=0.1)
-    loaded_on = []
-    load = trainer.load
-    trainer.load = lambda *args: loaded_on.append(threading.current_thread().name) or load(*args)
+    trainer, _, loaded_on = _recording_loads(client, redis_url, make_run, issuer, 4)
     steps = [batch.step for batch in trainer.batches(rank=0, world_size=1)]
     assert steps == [0, 1, 2, 3]
     # step 1 was loaded ahead before any loop body was timed; after an empty body, nothing is

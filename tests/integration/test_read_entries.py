@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import redis
 
 from streamgrp.core.entry_fields import EntryFields
 from streamgrp.store import streams
-from streamgrp.store.connection import connect, outage_of
+from streamgrp.store.connection import connect, ride
 from streamgrp.store.streams import read_entries
 
 
@@ -65,13 +67,19 @@ def test_streamed_entries_are_the_read_ones_across_parts(client, run_name, monke
     assert list(streams.stream_entries(client, key, [])) == []
 
 
-def test_a_reader_that_stops_early_leaves_no_reply_on_the_connection(redis_url, run_name, monkeypatch,
-                                                                    redis_server):
+@pytest.fixture
+def streamed(redis_url, run_name, monkeypatch, redis_server):
+    """A riding client on one server and a stream key, with parts of 4 ids (so a few entries span parts)."""
     if redis_server.kind == "cluster":
         pytest.skip("a cluster client reads whole (read_entries): nothing is sent ahead")
     monkeypatch.setattr(streams, "STREAM_PART", 4)
     client = connect(redis_url)
-    key = f"{run_name}:s"
+    yield client, f"{run_name}:s"
+    client.close()
+
+
+def test_a_reader_that_stops_early_leaves_no_reply_on_the_connection(streamed):
+    client, key = streamed
     ids = _written(client, key, 12)
     reader = streams.stream_entries(client, key, ids)
     assert next(reader)[b"h"] == b"0"  # the second part's request is on the wire now
@@ -84,16 +92,11 @@ def test_a_reader_that_stops_early_leaves_no_reply_on_the_connection(redis_url, 
     assert client.xrange(key, ids[5], ids[5])[0][1][b"h"] == b"5"
 
 
-def test_a_connection_killed_between_parts_is_read_again_and_nothing_is_handed_over_twice(
-        redis_url, run_name, monkeypatch, redis_server):
-    if redis_server.kind == "cluster":
-        pytest.skip("a cluster client reads whole (read_entries)")
-    monkeypatch.setattr(streams, "STREAM_PART", 4)
-    client = connect(redis_url)
-    key = f"{run_name}:s"
+def test_a_connection_killed_between_parts_is_read_again_and_nothing_is_handed_over_twice(streamed, redis_url):
+    client, key = streamed
     ids = _written(client, key, 14)
     got = []
-    for fields in streams.stream_entries(client, key, ids, retry=outage_of(client).call):
+    for fields in streams.stream_entries(client, key, ids, retry=partial(ride, client)):  # as the trainer reads
         got.append(fields[b"h"])
         if len(got) in (2, 9):  # mid-part: the next part's request (or reply) is in flight
             killer = redis.Redis.from_url(redis_url)

@@ -22,6 +22,13 @@ _ODD = st.one_of(_INTS, st.none(), st.floats(allow_nan=False), st.text(max_size=
 _COUNT = st.integers(0, INT64_MAX)
 
 
+def _edits(keys: list[str], values, part: str = ""):
+    """One key of ``part`` of a header (the header itself when empty) set to one of ``values``, dropped, or
+    another key added: ``(how, key, value)`` as `_edit` takes it, ``how`` naming the part."""
+    hows = [f"{how} {part}".strip() for how in ("set", "drop", "add")]
+    return st.tuples(st.sampled_from(hows), st.sampled_from(keys), values)
+
+
 @st.composite
 def _valid_header(draw) -> dict:
     outcome = draw(st.sampled_from(["sample", "rejected", "failed"]))
@@ -38,9 +45,7 @@ def _valid_header(draw) -> dict:
 _KEYS = ["schema_version", "producer", "seq", "kind", "task_id", "slot", "outcome", "sample", "error"]
 _SUMMARY_KEYS = ["rows", "tokens", "version", "reward", "digest"]
 #: One change to a valid header: a key given another value, dropped, or added; or the same in its summary.
-_CHANGE = st.one_of(st.none(), st.tuples(st.sampled_from(["set", "drop", "add"]), st.sampled_from(_KEYS), _ODD),
-                    st.tuples(st.sampled_from(["set summary", "drop summary", "add summary"]),
-                              st.sampled_from(_SUMMARY_KEYS), _ODD))
+_CHANGE = st.one_of(st.none(), _edits(_KEYS, _ODD), _edits(_SUMMARY_KEYS, _ODD, "summary"))
 
 
 def _changed(header: dict, change) -> dict:
@@ -174,11 +179,12 @@ _DECISION_KEYS = [
 _STATS_KEYS = ["target_slot_count", "usable_slot_count", "trainable_slot_count", "fully_masked_group",
                "singleton_slot_group", "pre_filter_usable_slot_yield", "pre_filter_trainable_slot_yield"]
 _ODD_ITEM = st.one_of(_ODD, st.just([]), st.lists(_ODD, max_size=3), st.dictionaries(st.text(max_size=2), _ODD, max_size=2))
+
 #: One change to a valid decision: a key set, dropped or added; a stats key; or one item of a member column.
 _DECISION_CHANGE = st.one_of(
     st.none(),
-    st.tuples(st.sampled_from(["set", "drop", "add"]), st.sampled_from(_DECISION_KEYS), _ODD_ITEM),
-    st.tuples(st.sampled_from(["set stats", "drop stats", "add stats"]), st.sampled_from(_STATS_KEYS), _ODD),
+    _edits(_DECISION_KEYS, _ODD_ITEM),
+    _edits(_STATS_KEYS, _ODD, "stats"),
     st.tuples(st.just("set item"), st.sampled_from(_DECISION_KEYS[7:14]), _ODD))
 
 
@@ -260,9 +266,9 @@ _GROUP_KEYS = ["task_id", "decision_entry", "members", "member_entries", "member
 #: dropped or added, or one item of a member column of that group.
 _MANIFEST_CHANGE = st.one_of(
     st.none(),
-    st.tuples(st.sampled_from(["set", "drop", "add"]), st.sampled_from(_MANIFEST_KEYS), _ODD_ITEM),
-    st.tuples(st.sampled_from(["set shard", "drop shard", "add shard"]), st.sampled_from(_SHARD_KEYS), _ODD_ITEM),
-    st.tuples(st.sampled_from(["set group", "drop group", "add group"]), st.sampled_from(_GROUP_KEYS), _ODD_ITEM),
+    _edits(_MANIFEST_KEYS, _ODD_ITEM),
+    _edits(_SHARD_KEYS, _ODD_ITEM, "shard"),
+    _edits(_GROUP_KEYS, _ODD_ITEM, "group"),
     st.tuples(st.just("set item"), st.sampled_from(_GROUP_KEYS[2:7]), _ODD))
 
 
