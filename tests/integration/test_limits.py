@@ -109,6 +109,27 @@ def test_a_round_acknowledging_9000_duplicates_commits_once(client, run_name):
     assert client.xpending(run.keys.slots, ASSEMBLER_GROUP)["pending"] == 0
 
 
+def test_a_round_deciding_1100_groups_acknowledges_every_slot_and_counts_every_decision(client, run_name):
+    """The commit acknowledges a round's decided slots together and writes each counter once: 8,800
+    acknowledgements in one call (more than one unpack takes) and 1,100 decisions counted exactly."""
+    run = join_run(client, run_name, RunConfig(n_samples=8))
+    from streamgrp.store.tasks import TaskIssuer
+
+    tasks = TaskIssuer(client, run.keys).issue([{}] * 1100)
+    pipe = client.pipeline(transaction=False)
+    for task in tasks:
+        for slot in range(8):
+            pipe.xadd(run.keys.slots, codec.encode(SlotResult(task_id=task.task_id, slot=slot, outcome="rejected")))
+    pipe.execute()
+    config = AssemblerConfig(lease_ttl_s=5.0, tick_interval_s=0.05, read_count=20_000)
+    assert Assembler(client, run, config).run(burst=True) == 1100
+    c = counts(client, run)
+    assert sum(v for k, v in c.items() if k.startswith("decisions:")) == 1100
+    assert c["slots:rejected"] == 8800
+    assert client.xlen(run.keys.decisions) == 1100
+    assert client.xpending(run.keys.slots, ASSEMBLER_GROUP)["pending"] == 0
+
+
 def test_an_entry_with_10000_fields_is_dead_lettered_as_a_stub(client, run_name):
     run = join_run(client, run_name, RunConfig(n_samples=2))
     fields = {f"x{i}".encode(): b"v" * 8 for i in range(10_000)}

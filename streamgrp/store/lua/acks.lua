@@ -17,6 +17,15 @@ local function ack_range(stream, group, first, n)
   return acked
 end
 
+-- XACK the ids of the list ids (any length) on stream under group, in the same bounded chunks.
+local function ack_list(stream, group, ids)
+  local acked = 0
+  for a = 1, #ids, ACK_CHUNK do
+    acked = acked + redis.call('XACK', stream, group, unpack(ids, a, math.min(a + ACK_CHUNK - 1, #ids)))
+  end
+  return acked
+end
+
 -- A count read from ARGV: a non-negative integer that leaves `need` more arguments in range.
 local function count_at(index, need_per_item, what)
   local n = tonumber(ARGV[index])

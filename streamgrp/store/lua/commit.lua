@@ -44,8 +44,10 @@ while i <= #ARGV do
   end
 end
 
--- Pass 2: apply.
+-- Pass 2: apply. The decisions' own acknowledgements go in one XACK at the end (nothing in between
+-- reads them: every other operation acknowledges entries of its own).
 local written, redundant = 0, 0
+local decided_acks = {}
 
 local function dead_letter(reason, entry_id, detail, at, n_fields)
   if redis.call('XACK', KEYS[1], group, entry_id) == 1 then
@@ -77,7 +79,7 @@ for _, parsed in ipairs(ops) do
       redundant = redundant + 1
       incr(KEYS[5], 'redundant_decisions', 1)
     end
-    ack_range(KEYS[1], group, at + 4, n_ack)
+    for a = at + 4, at + 3 + n_ack do decided_acks[#decided_acks + 1] = ARGV[a] end
   elseif op == 'A' then
     local field, n_ack = ARGV[at + 1], tonumber(ARGV[at + 2])
     local acked = ack_range(KEYS[1], group, at + 3, n_ack)
@@ -96,4 +98,5 @@ for _, parsed in ipairs(ops) do
     dead_letter(reason, entry_id, detail, at + 5, n_fields)
   end
 end
+ack_list(KEYS[1], group, decided_acks)
 return with_counts({written, redundant})
