@@ -1,0 +1,67 @@
+"""A shard's padded tensors, against a row-by-row reference: ragged rows, samples of several rows,
+no padding at all, and samples whose fields come in different dtypes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streamgrp.train.loader import SampleRows, shard_tensors
+
+_NUMPY = {"int32": np.int32, "int64": np.int64, "bool": np.uint8, "float32": np.float32, "float16": np.float16}
+
+
+def sample(rng, row_lengths, *, tokens="int32", logprobs="float32", version=0) -> tuple[SampleRows, dict]:
+    total = sum(row_lengths)
+    arrays = {"token_ids": rng.integers(1, 32_000, total).astype(_NUMPY[tokens]),
+              "loss_mask": rng.integers(0, 2, total).astype(np.uint8),
+              "logprobs": -rng.random(total).astype(_NUMPY[logprobs])}
+    dtypes = {"token_ids": tokens, "loss_mask": "bool", "logprobs": logprobs}
+    data = {name: (memoryview(array.tobytes()), dtypes[name]) for name, array in arrays.items()}
+    rewards = tuple(float(r) for r in rng.random(len(row_lengths)))
+    return SampleRows(data, tuple(row_lengths), rewards, version), arrays
+
+
+def reference(samples: list[tuple[SampleRows, dict]]) -> dict[str, torch.Tensor]:
+    rows = [(arrays, start, n) for rows, arrays in samples
+            for start, n in zip(np.cumsum((0, *rows.row_lengths[:-1])), rows.row_lengths)]
+    width = max(n for _, _, n in rows)
+    out = {"token_ids": torch.zeros(len(rows), width, dtype=torch.int64),
+           "loss_mask": torch.zeros(len(rows), width, dtype=torch.bool),
+           "logprobs": torch.zeros(len(rows), width, dtype=torch.float32),
+           "attention_mask": torch.zeros(len(rows), width, dtype=torch.bool)}
+    for i, (arrays, start, n) in enumerate(rows):
+        out["token_ids"][i, :n] = torch.from_numpy(arrays["token_ids"][start:start + n].astype(np.int64))
+        out["loss_mask"][i, :n] = torch.from_numpy(arrays["loss_mask"][start:start + n] != 0)
+        out["logprobs"][i, :n] = torch.from_numpy(arrays["logprobs"][start:start + n].astype(np.float32))
+        out["attention_mask"][i, :n] = True
+    out["rewards"] = torch.tensor([r for rows, _ in samples for r in rows.rewards], dtype=torch.float32)
+    out["versions"] = torch.tensor([rows.version for rows, _ in samples for _ in rows.row_lengths])
+    return out
+
+
+CASES = {
+    "ragged single rows": [dict(row_lengths=[n]) for n in (5, 17, 1, 9)],
+    "samples of several rows": [dict(row_lengths=[3, 8]), dict(row_lengths=[8]), dict(row_lengths=[1, 2, 6])],
+    "no padding": [dict(row_lengths=[6])] * 3 + [dict(row_lengths=[6, 6])],
+    "mixed dtypes": [dict(row_lengths=[4], tokens="int64", logprobs="float16"), dict(row_lengths=[7, 2]),
+                     dict(row_lengths=[5], tokens="int64")],
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_shard_tensors_match_rows_copied_one_by_one(case):
+    rng = np.random.default_rng(len(case))
+    samples = [sample(rng, version=i, **spec) for i, spec in enumerate(CASES[case])]
+    got = shard_tensors([rows for rows, _ in samples])
+    want = reference(samples)
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+
+
+def test_a_shard_of_no_samples_is_empty():
+    got = shard_tensors([])
+    assert got["token_ids"].shape == got["attention_mask"].shape == (0, 0)
+    assert got["rewards"].shape == (0,)
