@@ -214,7 +214,9 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
                           f"has {_tensor_count(event, _TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
                           "that takes no tensor")
     if legacy and upcast:
-        return event.upcast(entry_digest(fields))
+        # Schema 1's assemblers digested a slot entry with untagged BLAKE2b when they folded it, and the
+        # decisions they wrote recorded that: upcast to the same digest (an untagged ``like``).
+        return event.upcast(entry_digest(fields, like=""))
     return event
 
 
@@ -285,14 +287,34 @@ def _parse_header(raw_header: bytes) -> dict[str, Any]:
     return header
 
 
-def entry_digest(fields: Mapping[bytes | str, bytes | str]) -> str:
-    """A digest of an entry's header and bytes: what replay checks the rebuilt tensors against."""
+#: A payload digest today: this prefix and 32 hex digits, the first 16 bytes of SHA-256 over the entry's
+#: header, a NUL, its bytes and a NUL. Where the CPU has SHA extensions (most x86 and ARM servers) that
+#: is 5.5 µs for a 1024-token payload against 9.9 for the untagged BLAKE2b digests of logs written
+#: before; those are still checked the way they were made (`entry_digest`'s ``like``).
+DIGEST_PREFIX = "sha256:"
+
+
+def entry_digest(fields: Mapping[bytes | str, bytes | str], like: str | None = None) -> str:
+    """A digest of an entry's header and bytes: what replay checks the rebuilt tensors against. Made
+    the way ``like`` (a digest the log recorded for this entry) was made; by default, today's way."""
     header, blob = (_field(fields, key) or b"" for key in (HEADER, BLOB))
-    return _digest_of(header.encode() if isinstance(header, str) else header,
-                      blob.encode() if isinstance(blob, str) else blob)
+    header = header.encode() if isinstance(header, str) else header
+    blob = blob.encode() if isinstance(blob, str) else blob
+    if like is not None and not like.startswith(DIGEST_PREFIX):
+        return _blake2b_digest_of(header, blob)
+    return _digest_of(header, blob)
 
 
 def _digest_of(header: bytes, blob: bytes) -> str:
+    digest = hashlib.sha256(header)
+    digest.update(b"\0")
+    digest.update(blob)
+    digest.update(b"\0")
+    return DIGEST_PREFIX + digest.digest()[:16].hex()
+
+
+def _blake2b_digest_of(header: bytes, blob: bytes) -> str:
+    """Logs written before digests were tagged (schema 1, and schema 2 until the change to SHA-256)."""
     digest = hashlib.blake2b(header, digest_size=16)
     digest.update(b"\0")
     digest.update(blob)

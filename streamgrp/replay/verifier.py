@@ -158,7 +158,7 @@ def _check_partition_payloads(source: RedisSource, members: list, report: Verify
             if fields is None:
                 continue  # a schema-1 entry, or trimmed with no archive behind it
             report.payloads_checked += 1
-            digest = codec.entry_digest(fields)
+            digest = codec.entry_digest(fields, like=member.digest)
             if digest != member.digest:
                 report.differences.append(Difference("payload_digest", f"task {task_id} slot {member.slot}",
                                                      f"payload {member.entry}", member.digest, digest))

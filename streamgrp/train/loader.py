@@ -24,7 +24,7 @@ import orjson
 import torch
 
 from streamgrp.core import codec
-from streamgrp.core.events import READABLE_SCHEMAS, Sample, ShardGroup, StepManifest
+from streamgrp.core.events import READABLE_SCHEMAS, GroupDecided, Sample, ShardGroup, StepManifest
 from streamgrp.core.values import DTYPES
 from streamgrp.errors import DecodeError, DigestMismatch
 from streamgrp.train import dtypes
@@ -72,7 +72,7 @@ def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: Entry
     arriving = _fetched(shard.groups, fetch, where, missing_hint)
     samples: list[SampleRows] = [None] * len(placed)  # type: ignore[list-item]
     # Without digests each entry is read as it arrives, while the rest of the shard is on its way.
-    for at, entry in _digest_checked(shard.groups, arriving, where) if check_digests else arriving:
+    for at, entry in _digest_checked(shard.groups, arriving, where, fetch) if check_digests else arriving:
         group, member = placed[at]
         samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}")
     task_ids = [group.task_id for group in shard.groups]
@@ -117,18 +117,39 @@ def _fetched(groups: Sequence[ShardGroup], fetch: EntryFetch, where: str,
 
 
 def _digest_checked(groups: Sequence[ShardGroup], arriving: Iterable[tuple[int, Mapping[bytes, bytes]]],
-                    where: str) -> Iterator[tuple[int, Mapping[bytes, bytes]]]:
+                    where: str, fetch: EntryFetch) -> Iterator[tuple[int, Mapping[bytes, bytes]]]:
     """``arriving`` whole, in shard order, once every group's entries hash to the digest the manifest
     recorded (else `DigestMismatch`, before any entry is read)."""
     fields = dict(arriving)
     at = 0
     for group in groups:
         members = [fields[position] for position in range(at, at + len(group.members))]
-        if codec.combine_digests(codec.entry_digest(f) for f in members) != group.digest:
+        if not _group_matches(group, members, fetch):
             raise DigestMismatch(f"{where}: task {group.task_id}'s slot entries do not match the digest the "
                                  "manifest recorded")
         at += len(group.members)
     yield from sorted(fields.items())
+
+
+def _group_matches(group: ShardGroup, members: list[Mapping[bytes, bytes]], fetch: EntryFetch) -> bool:
+    """Whether ``members`` (the group's entries, in order) hash to ``group.digest``. A manifest keeps only
+    the combined digest; when neither today's digests nor those of logs written before give it, the
+    decision's per-member digests say how each was made (a group published across the change)."""
+    for like in (None, ""):  # today's digests, then a log's written before digests were tagged
+        if codec.combine_digests(codec.entry_digest(f, like=like) for f in members) == group.digest:
+            return True
+    suffix = f"@{group.partition}" if group.partition else ""
+    [entry] = fetch("decisions" + suffix, [group.decision_entry])
+    try:
+        decision = codec.decode(entry) if entry else None
+    except DecodeError:
+        return False
+    if not isinstance(decision, GroupDecided):
+        return False
+    recorded = {member.entry: member.digest for member in decision.members}
+    digests = [recorded.get(member.entry, "") for member in group.members]
+    return codec.combine_digests(digests) == group.digest and \
+        all(codec.entry_digest(f, like=digest) == digest for f, digest in zip(members, digests))
 
 
 def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str) -> SampleRows:

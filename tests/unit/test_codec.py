@@ -1,3 +1,4 @@
+import hashlib
 import math
 
 import orjson
@@ -238,8 +239,9 @@ def test_a_schema_1_slot_result_is_upcast_with_its_entry_digest_and_keeps_its_in
     assert orjson.loads(fields[codec.HEADER])["schema_version"] == 1
     event = codec.decode(fields)
     assert isinstance(event, SlotResult) and (event.task_id, event.slot, event.producer, event.seq) == ("t", 1, "w", 4)
+    # the digest schema 1's assemblers recorded for the entry: untagged BLAKE2b
     assert event.sample == SampleSummary(rows=2, tokens=sample.valid_tokens, version=3, reward=0.25,
-                                         digest=codec.entry_digest(fields))
+                                         digest=_digest("blake2b", fields))
     assert codec.decode_v1_slot_result(fields).sample == sample
     with pytest.raises(DecodeError, match="carries no inline sample"):
         codec.decode_v1_slot_result(codec.encode(event))
@@ -253,6 +255,27 @@ def test_a_sample_result_carries_the_digest_of_its_payload():
     decoded = codec.decode(payload)
     assert isinstance(decoded, SamplePayload) and decoded.sample == sample and (decoded.task_id, decoded.slot) == ("t", 0)
     assert len(codec.encode(event)[codec.HEADER]) < 300 and codec.BLOB not in codec.encode(event)  # header only
+
+
+def _digest(algorithm: str, fields: dict[bytes, bytes]) -> str:
+    """A payload digest written out: the entry's header, a NUL, its bytes, a NUL."""
+    if algorithm == "blake2b":
+        digest = hashlib.blake2b(digest_size=16)
+    else:
+        digest = hashlib.sha256()
+    for part in (fields[codec.HEADER], b"\0", fields.get(codec.BLOB, b""), b"\0"):
+        digest.update(part)
+    return digest.hexdigest() if algorithm == "blake2b" else "sha256:" + digest.hexdigest()[:32]
+
+
+def test_payload_digests_are_tagged_sha256_and_untagged_ones_check_as_blake2b():
+    sample = make_sample(tokens=7, rows=2)
+    event, payload = codec.sample_result("t", 0, sample)
+    assert event.sample.digest == _digest("sha256", payload) == codec.entry_digest(payload)
+    assert orjson.loads(codec.encode_sample("t", 0, sample)[0])["sample"]["digest"] == event.sample.digest
+    legacy = _digest("blake2b", payload)  # what logs written before the change recorded
+    assert codec.entry_digest(payload, like=legacy) == legacy
+    assert codec.entry_digest(payload, like=event.sample.digest) == event.sample.digest
 
 
 def test_a_newer_schema_is_refused_naming_what_this_build_reads():

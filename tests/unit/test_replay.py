@@ -56,7 +56,7 @@ def _log(tasks: int = 4, *, schema: int = 2) -> dict[str, dict[str, dict[bytes, 
 
 
 def _fetch(log):
-    return lambda stream, ids: [log[stream].get(i) for i in ids]
+    return lambda stream, ids: [log.get(stream, {}).get(i) for i in ids]  # a stream it lacks: entries gone
 
 
 def _step(log):
@@ -120,6 +120,33 @@ def test_changed_or_missing_entries_raise_digest_mismatch(schema):
         del changed["slots"][victim]
     with pytest.raises(DigestMismatch, match=f"slot entry {victim} is gone"):
         build_batch(manifest, 0, 2, _fetch(changed))
+
+
+def test_a_group_published_across_the_digest_change_checks_each_member_as_its_decision_recorded():
+    """One member's slot result carries an untagged BLAKE2b digest (an older worker), the others today's:
+    the combined digest matches neither algorithm alone, so the loader checks each member against the
+    digest its decision recorded; a changed byte in either kind still fails."""
+    log = _log()
+    slot = codec.decode(log["slots"]["1-1"])  # task t0, slot 0
+    legacy = codec.entry_digest(log["payloads"]["1-1"], like="")
+    assert legacy != slot.sample.digest and not legacy.startswith(codec.DIGEST_PREFIX)
+    log["slots"]["1-1"] = codec.encode(slot.model_copy(update={"sample": slot.sample.model_copy(
+        update={"digest": legacy})}))
+    _, outputs = run_fold(POLICY, ((entry_id, codec.decode(fields)) for entry_id, fields in log["slots"].items()))
+    groups = [(f"{100 + i}-0", output.decision) for i, output in enumerate(outputs) if isinstance(output, Closed)]
+    manifest = make_manifest(7, 3, groups, 2, 123.0)
+    rank = next(r for r, shard in enumerate(manifest.shards) if "t0" in {g.task_id for g in shard.groups})
+    with pytest.raises(DigestMismatch, match="do not match the digest"):  # without the decisions to ask
+        build_batch(manifest, rank, 2, _fetch(log))
+    log["decisions"] = {ref: codec.encode(decision) for ref, decision in groups}
+    assert "t0" in build_batch(manifest, rank, 2, _fetch(log)).task_ids
+    for entry in ("1-1", "1-2"):  # the old member, then today's
+        changed = {**log, "payloads": dict(log["payloads"])}
+        blob = bytearray(changed["payloads"][entry][codec.BLOB])
+        blob[-1] ^= 0x01
+        changed["payloads"][entry] = {**changed["payloads"][entry], codec.BLOB: bytes(blob)}
+        with pytest.raises(DigestMismatch, match="do not match the digest"):
+            build_batch(manifest, rank, 2, _fetch(changed))
 
 
 @pytest.mark.parametrize("damage", [
