@@ -86,6 +86,10 @@ class Batcher:
         self._inactive_since: float | None = None
         self.outage = outage_of(client)
         self.partitions = run.partitions
+        # One server, one partition: the version and the server's clock ride with each read (one
+        # round trip, not three); a cluster client sends keyless TIME to any node, so it asks apart.
+        self._reads_with_version = len(self.partitions) == 1 and not isinstance(client, redis.RedisCluster)
+        self._read_at: float | None = None  # the server's clock at the read being folded, when it rode along
         self.dead_letters = {part.index: DeadLetters(client, part, metrics=metrics) for part in self.partitions}
         for part in self.partitions:
             ensure_group(client, part.decisions, BATCHER_GROUP)
@@ -159,9 +163,9 @@ class Batcher:
             if remaining <= 0 or (stop is not None and stop.is_set()):
                 break
             block = max(1, min(MAX_BLOCK_MS, int(min(remaining, self.config.lease_ttl_s / 3) * 1000)))
-            batches = self._read_new(block)
+            batches, version = self._read_new(block)
             read += sum(len(entries) for _, entries in batches)
-            self._take(batches)
+            self._take(batches, version=version)
             if self.settings.batch_mode == "fixed":
                 self._feed()
             self.lease.renew_if_due()
@@ -171,20 +175,34 @@ class Batcher:
 
     # -- from the server into the fold ----------------------------------------------------------------
 
-    def _read_new(self, block_ms: int) -> list[tuple[PartitionKeys, list]]:
-        """New decision entries of every partition that has some (`read_in_turn`)."""
+    def _read_new(self, block_ms: int) -> tuple[list[tuple[PartitionKeys, list]], int | None]:
+        """New decision entries of every partition that has some (`read_in_turn`), and the policy version
+        read with them (None when it could not ride along)."""
+        if self._reads_with_version:
+            [part] = self.partitions
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512, block=block_ms)
+            pipe.get(self.keys.version)  # run once the read returns: as fresh as a GET after it
+            pipe.time()
+            reply, version, (seconds, micros) = pipe.execute()
+            self._read_at = seconds + micros / 1e6
+            entries = reply[0][1] if reply else []
+            return ([(part, entries)] if entries else []), int(version or 0)
+
         def read(part: PartitionKeys, block: int | None) -> list:
             reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512,
                                            block=block)
             return reply[0][1] if reply else []
 
-        return read_in_turn(self.partitions, read, block_ms, first=False)
+        return read_in_turn(self.partitions, read, block_ms, first=False), None
 
-    def _take(self, batches: list[tuple[PartitionKeys, list]], *, replaying: bool = False) -> None:
+    def _take(self, batches: list[tuple[PartitionKeys, list]], *, replaying: bool = False,
+              version: int | None = None) -> None:
         """Fold read batches of decision entries (each from one partition), then see whether the dataset
         is done: only after every batch, since one partition's read being folded says nothing of the
-        others'. Dead-letter the entries that are not decisions."""
-        self._fold(batch_fold.VersionSet(self._current_version()))
+        others'. Dead-letter the entries that are not decisions. ``version``: the policy version read
+        with the batches (else read now)."""
+        self._fold(batch_fold.VersionSet(self._current_version() if version is None else version))
         decided: list[tuple[int, str, GroupDecided | None]] = []
         for part, entries in batches:
             dead_letters = self.dead_letters[part.index]
@@ -217,6 +235,7 @@ class Batcher:
                     self._pending_ops += ["K", 1, decision.task_id]
             self._fold(batch_fold.Decided(ref, decision), defer=True)
         self._flush()
+        self._read_at = None
         if not replaying and self.outcome == "running" and self._dataset_done():
             self._fold(batch_fold.VersionSet(self._current_version()))
             self._fold(batch_fold.DatasetEnded())
@@ -301,7 +320,10 @@ class Batcher:
         groups = due.groups
         if len(self.partitions) > 1:  # read order across partitions is not recorded; this order is (verify)
             groups = sorted(groups, key=lambda group: ref_order(group[0]))
-        manifest = make_manifest(due.step, due.version, groups, self.settings.dp_size, server_time(self.client))
+        # Stamped with the server's clock: the moment its decisions were read when that rode with the
+        # read (the step is written in the same pass), else asked now.
+        created_at = self._read_at if self._read_at is not None else server_time(self.client)
+        manifest = make_manifest(due.step, due.version, groups, self.settings.dp_size, created_at)
         entries = [entry for entry, _ in due.groups]
         ops = ["S", due.step, self._header(manifest), len(entries), len(entries), *entries]
         if len(self.partitions) > 1:

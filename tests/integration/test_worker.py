@@ -77,6 +77,23 @@ def test_a_dead_workers_task_is_reclaimed_after_the_idle_timeout(client, make_ru
     assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
 
 
+def test_a_worker_scans_for_idle_tasks_once_a_tenth_of_claim_idle_s_while_none_are(client, make_run, issuer):
+    """A take scans the pending list for a dead worker's tasks first; while a whole scan finds none,
+    the next scan waits a tenth of ``claim_idle_s`` (at most 1 s) instead of costing every take a round
+    trip. A reclaim is at most that much later than the idle timeout alone."""
+    run = make_run(n_samples=1)
+    issuer(run).issue([{}] * 20)
+    worker = WorkerClient(client, run.keys, claim_idle_s=30.0)
+    scans = []
+    scan = worker.client.xautoclaim
+    worker.client.xautoclaim = lambda *args, **kwargs: scans.append(args) or scan(*args, **kwargs)
+    try:
+        taken = [task for _ in range(20) for task in worker.take(1, block_ms=None)]
+    finally:
+        del worker.client.xautoclaim
+    assert len(taken) == 20 and len(scans) == 1
+
+
 def test_done_acknowledges_several_tasks_in_one_call_and_nothing_when_given_none(client, make_run, issuer):
     run = make_run(n_samples=1)
     issuer(run).issue([{}] * 3)
