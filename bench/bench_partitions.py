@@ -56,8 +56,7 @@ def _worker(url: str, cluster: bool, run_name: str, index: int, tokens: int, rea
             continue
         slots = [(task.event.task_id, slot, samples[(published + slot) % 8]) for task in tasks
                  for slot in range(N_SAMPLES)]
-        worker.publish_many(slots)
-        worker.done(*tasks)
+        worker.publish_many(slots, done=tasks)
         published += len(slots)
     results.put(("worker", published))
 

@@ -135,16 +135,11 @@ def _quiet() -> None:
     logging.basicConfig(level=logging.ERROR, format="%(processName)s %(name)s: %(message)s")
 
 
-def _publish(worker, slots: list[tuple[str, int, object]]) -> list[str]:
-    """Publish every ``(task id, slot, sample)`` of ``slots``; their entry ids, in order.
-
-    All of the worker's publishing goes through here, so a batch API drops in at one place:
-    `WorkerClient.publish_many` when the library has it (assumed to take the same triples), else one
-    `WorkerClient.publish`, one round trip, per slot."""
-    publish_many = getattr(worker, "publish_many", None)
-    if publish_many is not None:
-        return list(publish_many(slots))
-    return [worker.publish(task_id, slot, sample) for task_id, slot, sample in slots]
+def _publish(worker, slots: list[tuple[str, int, object]], done: list) -> list[str]:
+    """Publish every ``(task id, slot, sample)`` of ``slots`` and acknowledge the tasks ``done`` (every
+    slot of theirs among them) in the same call; their entry ids, in order. All of the worker's
+    publishing goes through here."""
+    return list(worker.publish_many(slots, done=done))
 
 
 def _worker(url: str, run_name: str, tokens: int, groups: int, ready, start, stop, results,
@@ -179,11 +174,10 @@ def _worker(url: str, run_name: str, tokens: int, groups: int, ready, start, sto
             slots = [(task_id, slot, samples[(published + i) % SAMPLE_POOL]) for i, (task_id, slot) in enumerate(pairs)]
             if began is None:
                 began = time.time()
-            _publish(worker, slots)
+            _publish(worker, slots, batch)
             published += len(slots)
             if group_interval_s is not None:
                 marks.append((batch[0].event.task_id, time.time()))
-            worker.done(*batch)
     results.put(("worker", began, time.time(), published, marks))
     stop.wait()
 

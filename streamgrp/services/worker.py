@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 4000
 #: Slot results per publish script call: bounds the script's input whatever the caller hands over.
 PUBLISH_CHUNK = 64
+#: Task acknowledgements one publish call carries at most (`publish.lua`'s bound on its input).
+MAX_ACKS_PER_PUBLISH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,26 +175,40 @@ class WorkerClient:
         """Publish one slot result; when this returns, the result is in the server (SPEC section 5)."""
         return self.publish_many([(task_id, slot, result)])[0]
 
-    def publish_many(self, results: Sequence[tuple[str, int, Sample | BaseException | None]]) -> list[str]:
+    def publish_many(self, results: Sequence[tuple[str, int, Sample | BaseException | None]], *,
+                     done: Sequence[Task] = ()) -> list[str]:
         """Publish slot results (``(task_id, slot, result)``: a `Sample`, None for a rejection, an exception
         for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot entry ids.
 
         When this returns, every result is in the server. A sample's tensors go to the payloads stream
         and its summary, with the payload's digest, to the group log, both in one script call (per
-        partition, in a partitioned run)."""
+        partition, in a partitioned run). ``done``: tasks whose every slot's result is then published
+        (these results among them), acknowledged as `done` would, in the same call as their
+        partition's last results (so never left published but unacknowledged), else after them."""
         by_partition: dict[int, list[int]] = {}
         for at, (task_id, _, _) in enumerate(results):
             by_partition.setdefault(task_partition(task_id, len(self.partitions)), []).append(at)
+        owed: dict[int, list[str]] = {}
+        for task in done:
+            owed.setdefault(task.partition, []).append(task.entry_id)
         ids: list[str] = [""] * len(results)
         for index, positions in by_partition.items():
             part = self.partitions[index]
             triples = [self._encode(*results[at]) for at in positions]
             for start in range(0, len(triples), PUBLISH_CHUNK):
                 chunk = triples[start:start + PUBLISH_CHUNK]
-                # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate.
-                written = self._publish(keys=[part.slots, part.payloads], args=[item for triple in chunk for item in triple])
+                acks = owed.pop(index, []) if start + PUBLISH_CHUNK >= len(triples) else []
+                keys = [part.slots, part.payloads, part.tasks] if acks else [part.slots, part.payloads]
+                if len(acks) > MAX_ACKS_PER_PUBLISH:  # the rest after the call, as `done` would
+                    owed[index], acks = acks[MAX_ACKS_PER_PUBLISH:], acks[:MAX_ACKS_PER_PUBLISH]
+                # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate
+                # (and acknowledging again changes nothing).
+                written = self._publish(keys=keys, args=[WORKERS_GROUP if acks else "", len(acks), *acks,
+                                                         *(item for triple in chunk for item in triple)])
                 for at, entry_id in zip(positions[start:start + PUBLISH_CHUNK], written):
                     ids[at] = entry_id_str(entry_id)
+        for index, entry_ids in owed.items():
+            self.client.xack(self.partitions[index].tasks, WORKERS_GROUP, *entry_ids)
         replicate(self.client)
         return ids
 
@@ -328,14 +344,20 @@ class WorkerProcess:
         """Publish every finished, unpublished slot in one call; acknowledge the tasks now complete."""
         ready = [(item, index) for item in in_flight for index, future in enumerate(item.futures)
                  if index not in item.published and future.done()]
+        readying: dict[int, int] = {}
+        for item, _ in ready:
+            readying[id(item)] = readying.get(id(item), 0) + 1
+        # The tasks this publish completes are acknowledged in the same call.
+        complete = [item.task for item in in_flight
+                    if len(item.published) + readying.get(id(item), 0) == len(item.futures)]
         if ready:
             results = [(item.task.event.task_id, index, item.futures[index].result()) for item, index in ready]
-            self.worker.publish_many(results)  # a publish error surfaces here and stops the worker
+            self.worker.publish_many(results, done=complete)  # a publish error surfaces here and stops the worker
             for (item, index), (_, _, result) in zip(ready, results):
                 item.published.add(index)
                 self._count(result, item.requests[index].version)
-        complete = [item.task for item in in_flight if item.complete]
-        self.worker.done(*complete)
+        else:
+            self.worker.done(*complete)
         self.tasks_done += len(complete)
         return [item for item in in_flight if not item.complete]
 

@@ -27,7 +27,7 @@ from streamgrp.services.batcher import Batcher
 from streamgrp.services.synthetic import make_sample
 from streamgrp.services.worker import WorkerClient
 from streamgrp.store import scripts
-from streamgrp.store.keys import ASSEMBLER_GROUP, BATCHER_GROUP
+from streamgrp.store.keys import ASSEMBLER_GROUP, BATCHER_GROUP, WORKERS_GROUP
 from streamgrp.store.runs import join_run
 
 FAST = AssemblerConfig(lease_ttl_s=1.0, tick_interval_s=0.05)
@@ -275,11 +275,17 @@ def test_the_publish_script_checks_its_whole_input_before_writing(client, run_na
     keys = join_run(client, run_name, RunConfig(n_samples=2)).keys
     publish = scripts.register(client, "publish.lua")
     header = codec.encode(SlotResult(task_id="t", slot=0, outcome="rejected"))[codec.HEADER]
+    plain = [keys.slots, keys.payloads]
     with pytest.raises(redis.ResponseError, match="BAD_INPUT publish takes at most 256"):
-        publish(keys=[keys.slots, keys.payloads], args=[header, b"", b""] * 257)
-    with pytest.raises(redis.ResponseError, match="BAD_INPUT an empty slot header at argument 4"):
-        publish(keys=[keys.slots, keys.payloads], args=[header, b"", b"", b"", b"", b""])
+        publish(keys=plain, args=["", 0, *[header, b"", b""] * 257])
+    with pytest.raises(redis.ResponseError, match="BAD_INPUT an empty slot header at argument 6"):
+        publish(keys=plain, args=["", 0, header, b"", b"", b"", b"", b""])
     with pytest.raises(redis.ResponseError, match="BAD_INPUT publish takes"):
-        publish(keys=[keys.slots, keys.payloads], args=[header, b""])
+        publish(keys=plain, args=["", 0, header, b""])
+    for bad in (["", 1, "1-0"], [WORKERS_GROUP, -1], [WORKERS_GROUP, "x"], [WORKERS_GROUP, 257, *["1-0"] * 257]):
+        with pytest.raises(redis.ResponseError, match="BAD_INPUT publish takes a consumer group"):
+            publish(keys=[*plain, keys.tasks], args=[*bad, header, b"", b""])
+    with pytest.raises(redis.ResponseError, match="BAD_INPUT publish takes a consumer group"):
+        publish(keys=plain, args=[WORKERS_GROUP, 1, "1-0", header, b"", b""])  # acknowledgements, no tasks key
     assert client.xlen(keys.slots) == 0 and client.xlen(keys.payloads) == 0
-    assert len(publish(keys=[keys.slots, keys.payloads], args=[header, b"", b""] * 256)) == 256
+    assert len(publish(keys=plain, args=["", 0, *[header, b"", b""] * 256])) == 256

@@ -2,6 +2,7 @@ import asyncio
 import time
 
 import pytest
+import redis
 
 from streamgrp.config import WorkerConfig
 from streamgrp.core import codec
@@ -92,6 +93,25 @@ def test_a_worker_scans_for_idle_tasks_once_a_tenth_of_claim_idle_s_while_none_a
     finally:
         del worker.client.xautoclaim
     assert len(taken) == 20 and len(scans) == 1
+
+
+def test_publish_many_acknowledges_the_done_tasks_in_the_same_call_and_none_when_it_fails(client, make_run, issuer):
+    run = make_run(n_samples=2)
+    issuer(run).issue([{}] * 3)
+    worker = WorkerClient(client, run.keys)
+    first, second, third = worker.take(3, block_ms=None)
+    slots = [(task.event.task_id, slot, make_sample()) for task in (first, second) for slot in range(2)]
+    assert len(worker.publish_many(slots, done=[first, second])) == 4
+    pending = client.xpending_range(run.keys.tasks, WORKERS_GROUP, "-", "+", 10)
+    assert [p["message_id"].decode() for p in pending] == [third.entry_id]
+    assert client.xlen(run.keys.slots) == 3 + 4 and client.xlen(run.keys.payloads) == 4  # 3 issued + 4 results
+    # A payload written outside streamgrp at a later id makes the publish fail: nothing acknowledged.
+    client.xadd(run.keys.payloads, {"h": "not ours"}, id="99999999999999-0")
+    with pytest.raises(redis.ResponseError, match="PAYLOAD cannot be written"):
+        worker.publish_many([(third.event.task_id, slot, make_sample()) for slot in range(2)], done=[third])
+    assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 1
+    worker.publish_many([(third.event.task_id, slot, None) for slot in range(2)], done=[third])  # rejections
+    assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
 
 
 def test_done_acknowledges_several_tasks_in_one_call_and_nothing_when_given_none(client, make_run, issuer):
