@@ -14,7 +14,7 @@ if n_done == nil or n_done < 0 or n_done ~= math.floor(n_done) or n_done > MAX_R
     or (n_done > 0 and (KEYS[3] == nil or ARGV[1] == '')) then
   return redis.error_reply('BAD_INPUT publish takes a consumer group, a count of at most ' .. MAX_RESULTS
                            .. ' task ids (with the tasks stream as KEYS[3]) and those ids first, got '
-                           .. tostring(ARGV[1]) .. ', ' .. tostring(ARGV[2]))
+                           .. string.sub(tostring(ARGV[1]), 1, 64) .. ', ' .. string.sub(tostring(ARGV[2]), 1, 64))
 end
 local first = 3 + n_done
 local n_args = #ARGV - first + 1
