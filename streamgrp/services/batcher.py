@@ -86,10 +86,8 @@ class Batcher:
         self._inactive_since: float | None = None
         self.outage = outage_of(client)
         self.partitions = run.partitions
-        # One server, one partition: the version and the server's clock ride with each read (one
-        # round trip, not three); a cluster client sends keyless TIME to any node, so it asks apart.
+        # One server, one partition: the policy version rides with each read (one round trip, not two).
         self._reads_with_version = len(self.partitions) == 1 and not isinstance(client, redis.RedisCluster)
-        self._read_at: float | None = None  # the server's clock at the read being folded, when it rode along
         self.dead_letters = {part.index: DeadLetters(client, part, metrics=metrics) for part in self.partitions}
         for part in self.partitions:
             ensure_group(client, part.decisions, BATCHER_GROUP)
@@ -183,9 +181,7 @@ class Batcher:
             pipe = self.client.pipeline(transaction=False)
             pipe.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512, block=block_ms)
             pipe.get(self.keys.version)  # run once the read returns: as fresh as a GET after it
-            pipe.time()
-            reply, version, (seconds, micros) = pipe.execute()
-            self._read_at = seconds + micros / 1e6
+            reply, version = pipe.execute()
             entries = reply[0][1] if reply else []
             return ([(part, entries)] if entries else []), int(version or 0)
 
@@ -235,7 +231,6 @@ class Batcher:
                     self._pending_ops += ["K", 1, decision.task_id]
             self._fold(batch_fold.Decided(ref, decision), defer=True)
         self._flush()
-        self._read_at = None
         if not replaying and self.outcome == "running" and self._dataset_done():
             self._fold(batch_fold.VersionSet(self._current_version()))
             self._fold(batch_fold.DatasetEnded())
@@ -320,10 +315,9 @@ class Batcher:
         groups = due.groups
         if len(self.partitions) > 1:  # read order across partitions is not recorded; this order is (verify)
             groups = sorted(groups, key=lambda group: ref_order(group[0]))
-        # Stamped with the server's clock: the moment its decisions were read when that rode with the
-        # read (the step is written in the same pass), else asked now.
-        created_at = self._read_at if self._read_at is not None else server_time(self.client)
-        manifest = make_manifest(due.step, due.version, groups, self.settings.dp_size, created_at)
+        # Stamped with the server's clock now, after every discard this pass wrote before it: reports
+        # count a run's events into the windows between steps' created_at.
+        manifest = make_manifest(due.step, due.version, groups, self.settings.dp_size, server_time(self.client))
         entries = [entry for entry, _ in due.groups]
         ops = ["S", due.step, self._header(manifest), len(entries), len(entries), *entries]
         if len(self.partitions) > 1:
