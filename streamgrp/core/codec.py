@@ -215,8 +215,8 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
                           "that takes no tensor")
     if legacy and upcast:
         # Schema 1's assemblers digested a slot entry with untagged BLAKE2b when they folded it, and the
-        # decisions they wrote recorded that: upcast to the same digest (an untagged ``like``).
-        return event.upcast(entry_digest(fields, like=""))
+        # decisions they wrote recorded that: upcast to the same digest.
+        return event.upcast(entry_digest(fields, like=UNTAGGED))
     return event
 
 
@@ -292,6 +292,8 @@ def _parse_header(raw_header: bytes) -> dict[str, Any]:
 #: is 5.5 µs for a 1024-token payload against 9.9 for the untagged BLAKE2b digests of logs written
 #: before; those are still checked the way they were made (`entry_digest`'s ``like``).
 DIGEST_PREFIX = "sha256:"
+#: Any digest without the prefix, as ``like``: BLAKE2b, as logs written before the prefix were digested.
+UNTAGGED = ""
 
 
 def entry_digest(fields: Mapping[bytes | str, bytes | str], like: str | None = None) -> str:

@@ -188,9 +188,9 @@ class WorkerClient:
         by_partition: dict[int, list[int]] = {}
         for at, (task_id, _, _) in enumerate(results):
             by_partition.setdefault(task_partition(task_id, len(self.partitions)), []).append(at)
-        owed: dict[int, list[str]] = {}
+        owed: dict[int, list[Task]] = {}
         for task in done:
-            owed.setdefault(task.partition, []).append(task.entry_id)
+            owed.setdefault(task.partition, []).append(task)
         ids: list[str] = [""] * len(results)
         for index, positions in by_partition.items():
             part = self.partitions[index]
@@ -203,12 +203,12 @@ class WorkerClient:
                     owed[index], acks = acks[MAX_ACKS_PER_PUBLISH:], acks[:MAX_ACKS_PER_PUBLISH]
                 # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate
                 # (and acknowledging again changes nothing).
-                written = self._publish(keys=keys, args=[WORKERS_GROUP if acks else "", len(acks), *acks,
+                written = self._publish(keys=keys, args=[WORKERS_GROUP if acks else "", len(acks),
+                                                         *(task.entry_id for task in acks),
                                                          *(item for triple in chunk for item in triple)])
                 for at, entry_id in zip(positions[start:start + PUBLISH_CHUNK], written):
                     ids[at] = entry_id_str(entry_id)
-        for index, entry_ids in owed.items():
-            self.client.xack(self.partitions[index].tasks, WORKERS_GROUP, *entry_ids)
+        self.done(*(task for tasks in owed.values() for task in tasks))
         replicate(self.client)
         return ids
 
@@ -342,22 +342,20 @@ class WorkerProcess:
 
     def _publish_ready(self, in_flight: list[_InFlight]) -> list[_InFlight]:
         """Publish every finished, unpublished slot in one call; acknowledge the tasks now complete."""
-        ready = [(item, index) for item in in_flight for index, future in enumerate(item.futures)
-                 if index not in item.published and future.done()]
-        readying: dict[int, int] = {}
-        for item, _ in ready:
-            readying[id(item)] = readying.get(id(item), 0) + 1
-        # The tasks this publish completes are acknowledged in the same call.
-        complete = [item.task for item in in_flight
-                    if len(item.published) + readying.get(id(item), 0) == len(item.futures)]
+        ready: list[tuple[_InFlight, int]] = []
+        complete: list[Task] = []  # the tasks this publish completes: acknowledged in the same call
+        for item in in_flight:
+            finished = [index for index, future in enumerate(item.futures)
+                        if index not in item.published and future.done()]
+            ready += [(item, index) for index in finished]
+            if len(item.published) + len(finished) == len(item.futures):
+                complete.append(item.task)
         if ready:
             results = [(item.task.event.task_id, index, item.futures[index].result()) for item, index in ready]
             self.worker.publish_many(results, done=complete)  # a publish error surfaces here and stops the worker
             for (item, index), (_, _, result) in zip(ready, results):
                 item.published.add(index)
                 self._count(result, item.requests[index].version)
-        else:
-            self.worker.done(*complete)
         self.tasks_done += len(complete)
         return [item for item in in_flight if not item.complete]
 

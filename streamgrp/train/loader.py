@@ -135,7 +135,7 @@ def _group_matches(group: ShardGroup, members: list[Mapping[bytes, bytes]], fetc
     """Whether ``members`` (the group's entries, in order) hash to ``group.digest``. A manifest keeps only
     the combined digest; when neither today's digests nor those of logs written before give it, the
     decision's per-member digests say how each was made (a group published across the change)."""
-    for like in (None, ""):  # today's digests, then a log's written before digests were tagged
+    for like in (None, codec.UNTAGGED):  # today's digests, then those of a log written before the tag
         if codec.combine_digests(codec.entry_digest(f, like=like) for f in members) == group.digest:
             return True
     suffix = f"@{group.partition}" if group.partition else ""

@@ -61,8 +61,12 @@ def _changed(header: dict, change) -> dict:
 
 
 def _edit(target: dict, how: str, key: str, value) -> None:
-    """A key of ``target`` set to ``value`` or dropped, or a key it does not know added."""
-    if how.startswith("set"):
+    """A key of ``target`` set to ``value`` or dropped, or a key it does not know added; ``set item``:
+    the first item of the list at ``key`` set (a column of members, when it has any)."""
+    if how == "set item":
+        if target[key]:
+            target[key][0] = value
+    elif how.startswith("set"):
         target[key] = value
     elif how.startswith("drop"):
         target.pop(key)
@@ -192,10 +196,6 @@ def _changed_decision(header: dict, change) -> dict:
     if change is None:
         return header
     how, key, value = change
-    if how == "set item":
-        if header[key]:
-            header[key][0] = value
-        return header
     _edit(header["stats"] if how.endswith("stats") else header, how, key, value)
     return header
 
@@ -280,10 +280,6 @@ def _changed_manifest(header: dict, change) -> dict:
     group = shard["groups"][0] if shard and shard["groups"] else None
     target = {"shard": shard, "group": group, "item": group}.get(how.split()[-1], header)
     if target is None or (how.startswith("drop") and key not in target):
-        return header
-    if how == "set item":
-        if target[key]:
-            target[key][0] = value
         return header
     _edit(target, how, key, value)
     return header

@@ -128,7 +128,7 @@ def test_a_group_published_across_the_digest_change_checks_each_member_as_its_de
     digest its decision recorded; a changed byte in either kind still fails."""
     log = _log()
     slot = codec.decode(log["slots"]["1-1"])  # task t0, slot 0
-    legacy = codec.entry_digest(log["payloads"]["1-1"], like="")
+    legacy = codec.entry_digest(log["payloads"]["1-1"], like=codec.UNTAGGED)
     assert legacy != slot.sample.digest and not legacy.startswith(codec.DIGEST_PREFIX)
     log["slots"]["1-1"] = codec.encode(slot.model_copy(update={"sample": slot.sample.model_copy(
         update={"digest": legacy})}))
