@@ -123,6 +123,27 @@ def stop_server(server) -> None:
         shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
+def wait_rewrites(client, timeout: float = 300.0) -> None:
+    """Return once the server runs no AOF rewrite and has none scheduled."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = client.info("persistence")
+        if not int(info.get("aof_rewrite_in_progress", 0)) and not int(info.get("aof_rewrite_scheduled", 0)):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server's AOF rewrite still runs after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def compact_aof(client) -> None:
+    """Rewrite the AOF now and wait for it, so that the next case starts from a log holding only what
+    is left (each case's own writes then decide when rewrites start, whatever ran before it)."""
+    wait_rewrites(client)
+    client.bgrewriteaof()
+    time.sleep(0.05)
+    wait_rewrites(client)
+
+
 def server_name(client) -> str:
     info = client.info("server")
     return f"{info.get('server_name', 'redis')} {info.get('valkey_version', info.get('redis_version'))}"

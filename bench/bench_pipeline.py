@@ -31,8 +31,9 @@ started here with the AOF on and ``appendfsync everysec``: Debian's ``redis-serv
 two flipped every repeat) so that drift on the machine hits both alike; 3 runs once per repeat
 right after them; medians are reported and every run is listed. Beside the rates: CPU
 microseconds per sample of every role (utime + stime deltas of /proc/<pid>/stat over the measured
-window; ``aof`` is the server's reaped forks, i.e. AOF rewrites, which both variants trigger alike
-since they write the same bytes) and the share of the machine's CPU that other processes used
+window; ``aof`` is the server's reaped forks, i.e. AOF rewrites: each case starts from a freshly
+rewritten log with nothing but its own keys to come, a rewrite still running when a window closes
+is waited for and counted in it, and one running before a window opens is waited out) and the share of the machine's CPU that other processes used
 meanwhile (/proc/stat minus every process of this bench). On a 2-core machine the answer to "why
 is it slower" is usually in those columns.
 
@@ -58,6 +59,7 @@ import uuid
 from _harness import (
     CTX,
     collect,
+    compact_aof,
     cpu_seconds,
     drop_run,
     get,
@@ -72,6 +74,7 @@ from _harness import (
     stop_server,
     wait_folded,
     wait_ready,
+    wait_rewrites,
 )
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
@@ -297,26 +300,36 @@ def _raw_consumer(url: str, stream: str, total: int, ready, stop, results) -> No
 
 
 class Window:
-    """CPU of the given processes and of the whole machine between `__init__` and `close`."""
+    """CPU of the given processes and of the whole machine between `__init__` and `close`.
 
-    def __init__(self, pids: dict[str, int], server) -> None:
+    A rewrite's CPU reaches the server's children count only when the server reaps the fork, so a
+    rewrite running when a window opens is waited for first (it belongs to what ran before), and one
+    running when it closes is waited for before that count is read (this window's writes started it)."""
+
+    def __init__(self, pids: dict[str, int], server, client) -> None:
         self.pids = {**pids, "server": server.pid, "bench": os.getpid()}
         self.server_pid = server.pid
+        self.client = client
+        wait_rewrites(client)
         self.before = self._read()
+        self.before["aof"] = cpu_seconds(self.server_pid, children=True)
         self.began = time.time()
 
     def _read(self) -> dict[str, float]:
         out = {role: cpu_seconds(pid) for role, pid in self.pids.items()}
-        out["aof"] = cpu_seconds(self.server_pid, children=True)
         out["machine"] = machine_busy()
         return out
 
     def close(self) -> dict[str, float]:
         """CPU-seconds per role; ``others``: what other processes of the machine used, as a share of it."""
         after = self._read()
-        cpu = {role: after[role] - self.before[role] for role in after}
         wall = time.time() - self.began
+        wait_rewrites(self.client)
+        after["aof"] = cpu_seconds(self.server_pid, children=True)
+        cpu = {role: after[role] - self.before[role] for role in after}
         machine = cpu.pop("machine")
+        # A rewrite finished after the window spent some of its CPU outside the machine's count: the
+        # share of others is then a lower bound.
         cpu["others"] = max(0.0, machine - sum(cpu.values())) / (wall * (os.cpu_count() or 1))
         return cpu
 
@@ -342,6 +355,7 @@ class ServerBench:
         total = groups * N_SAMPLES
         stream = f"rawbench:{self.tag}:{tokens}"
         self.client.delete(stream)
+        compact_aof(self.client)
         self.client.xgroup_create(stream, RAW_GROUP, id="0", mkstream=True)
         ready, start, stop, results = CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue()
         procs = [spawn(_raw_consumer, self.url, stream, total, ready, stop, results),
@@ -350,7 +364,7 @@ class ServerBench:
         rewrites = self._rewrites()
         try:
             pids = dict(wait_ready(ready, procs, len(procs), READY_TIMEOUT_S))
-            window = Window(pids, self.server)
+            window = Window(pids, self.server, self.client)
             start.set()
             replies = _until(results, procs, "consumer")
             cpu = window.close()
@@ -379,6 +393,7 @@ class ServerBench:
         """Throughput (or, ``paced``, latency) of the whole pipeline; without ``trainer``, until every
         step is written, then the trainer's load path alone on those steps."""
         steps = groups // BATCH_SIZE
+        compact_aof(self.client)
         run = self._new_run(label, groups)
         ready, start, stop, results = CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue()
         interval = None if paced is None else N_SAMPLES / paced
@@ -397,7 +412,7 @@ class ServerBench:
                     done = threading.Event()
                     observer = observe(self.url, run.keys.decisions, groups, seen, done, RUN_TIMEOUT_S)
                     gc.disable()  # the observer (this process) must not pause; the roles keep their own GC
-                window = Window(pids, self.server)
+                window = Window(pids, self.server, self.client)
                 start.set()
                 replies = _until(results, procs, "trainer" if trainer else "batcher")
                 cpu = window.close()
@@ -452,7 +467,7 @@ class ServerBench:
         procs = [spawn(_trainer, self.url, run.name, steps, ready, start, stop, results)]
         try:
             pids = dict(wait_ready(ready, procs, 1, READY_TIMEOUT_S))
-            window = Window(pids, self.server)
+            window = Window(pids, self.server, self.client)
             start.set()
             (_, began, ended, rows, _), = collect(results, procs, 1, RUN_TIMEOUT_S)
             cpu = window.close()
