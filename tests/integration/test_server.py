@@ -69,6 +69,15 @@ def test_start_ping_stop(server_factory, server_kind):
     server.stop()  # idempotent
 
 
+def test_the_server_keeps_an_aof_whose_rewrites_are_not_compressed(server_factory):
+    """AOF on, no RDB snapshots, and the AOF's rewritten base uncompressed (LZF doubled the rewrite's
+    CPU on rollout payloads for 12% less disk)."""
+    server = server_factory()
+    with connect(server.url) as r:
+        settings = {**r.config_get("appendonly"), **r.config_get("save"), **r.config_get("rdbcompression")}
+    assert settings == {"appendonly": "yes", "save": "", "rdbcompression": "no"}
+
+
 def test_context_manager_stops(server_factory):
     server = server_factory(start=False)
     with server:
