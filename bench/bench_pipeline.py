@@ -33,8 +33,9 @@ right after them; medians are reported and every run is listed. Beside the rates
 microseconds per sample of every role (utime + stime deltas of /proc/<pid>/stat over the measured
 window; ``aof`` is the server's reaped forks, i.e. AOF rewrites: each case starts from a freshly
 rewritten log with nothing but its own keys to come, a rewrite still running when a window closes
-is waited for and counted in it, and one running before a window opens is waited out) and the share of the machine's CPU that other processes used
-meanwhile (/proc/stat minus every process of this bench). On a 2-core machine the answer to "why
+is waited for and counted in it, and one running before a window opens is waited out) and the
+share of the machine's CPU that other processes used meanwhile (/proc/stat minus every process of
+this bench). On a 2-core machine the answer to "why
 is it slower" is usually in those columns.
 
 The worker's publishing is the one function `_publish`; it uses `WorkerClient.publish_many` when
