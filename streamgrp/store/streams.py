@@ -125,7 +125,8 @@ def stream_entries(client: redis.Redis, stream: str, ids: list[str], *,
     parts = [ids[start:start + STREAM_PART] for start in range(0, len(ids), STREAM_PART)]
     runs = [_adjacent_runs(part) for part in parts]
     pool = client.connection_pool
-    connection = pool.get_connection()
+    # Taking a connection connects it (or checks a pooled one): a server down or restarting fails it too.
+    connection = retry(pool.get_connection)
     on_the_wire: int | None = None  # the part whose request was sent and whose reply is unread
 
     def send(index: int) -> None:

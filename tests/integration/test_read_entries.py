@@ -9,6 +9,7 @@ import redis
 
 from streamgrp.core.entry_fields import EntryFields
 from streamgrp.store import streams
+from streamgrp.cli.children import free_port
 from streamgrp.store.connection import connect, ride
 from streamgrp.store.streams import read_entries
 
@@ -103,3 +104,28 @@ def test_a_connection_killed_between_parts_is_read_again_and_nothing_is_handed_o
             assert killer.client_kill_filter(_type="normal", skipme=True) >= 1
             killer.close()
     assert got == [str(i).encode() for i in range(14)]
+
+
+def test_a_server_down_when_a_streamed_read_begins_is_waited_for_under_the_retry(server_factory, run_name,
+                                                                                 redis_server):
+    """The connection a streamed read takes is connected (or checked) as it is taken: that too runs under
+    ``retry``, as the trainer's outage policy would (here: the first failure restarts the server)."""
+    if redis_server.kind == "cluster":
+        pytest.skip("a cluster client reads whole (read_entries)")
+    server = server_factory(port=free_port("127.0.0.1"))
+    client = connect(server.url)
+    key = f"{run_name}:s"
+    ids = _written(client, key, 6)
+    server.stop()  # the pooled connection is dead, and nothing listens
+    restarts = []
+
+    def restart_once(attempt):
+        try:
+            return attempt()
+        except redis.ConnectionError:
+            restarts.append(server.start())
+            return attempt()
+
+    got = [fields[b"h"] for fields in streams.stream_entries(client, key, ids, retry=restart_once)]
+    assert len(restarts) == 1 and got == [str(i).encode() for i in range(6)]
+    client.close()
