@@ -125,22 +125,20 @@ def stop_server(server) -> None:
 
 def wait_rewrites(client, timeout: float = 300.0) -> None:
     """Return once the server runs no AOF rewrite and has none scheduled."""
-    deadline = time.monotonic() + timeout
-    while True:
-        info = client.info("persistence")
-        if not int(info.get("aof_rewrite_in_progress", 0)) and not int(info.get("aof_rewrite_scheduled", 0)):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the server's AOF rewrite still runs after {timeout:.0f} s")
-        time.sleep(0.05)
+    from streamgrp.store.run_admin import rewrites_done
+
+    if rewrites_done(client, timeout_s=timeout) is None:
+        raise RuntimeError(f"the server's AOF rewrite still runs after {timeout:.0f} s")
 
 
 def compact_aof(client) -> None:
-    """Rewrite the AOF now and wait for it, so that the next case starts from a log holding only what
-    is left (each case's own writes then decide when rewrites start, whatever ran before it)."""
+    """Rewrite the AOF now and wait for it (`streamgrp.store.run_admin.compact_aof`, after any rewrite
+    already running), so that the next case starts from a log holding only what is left: each case's
+    own writes then decide when rewrites start, whatever ran before it."""
+    from streamgrp.store.run_admin import compact_aof as rewrite
+
     wait_rewrites(client)
-    client.bgrewriteaof()
-    time.sleep(0.05)
+    rewrite(client, timeout_s=300.0)
     wait_rewrites(client)
 
 

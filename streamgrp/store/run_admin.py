@@ -39,7 +39,7 @@ from streamgrp.store.sources import RedisSource
 from streamgrp.store.streams import entry_id_str
 
 __all__ = ["DEFAULT_IDLE_S", "Activity", "Deleted", "RunUsage", "activity", "compact_aof", "delete_run",
-           "human_bytes", "live_reason", "privileged", "run_key_names", "run_usage", "usage_by_run"]
+           "rewrites_done", "human_bytes", "live_reason", "privileged", "run_key_names", "run_usage", "usage_by_run"]
 
 #: A run that has not ended counts as live while it showed activity this recently (seconds).
 DEFAULT_IDLE_S: float = DeleteConfig.model_fields["idle_s"].default
@@ -291,11 +291,20 @@ def compact_aof(client: redis.Redis, *, timeout_s: float = 60.0, poll_s: float =
     except redis.ResponseError as exc:
         if "in progress" not in str(exc):
             raise
+    info = rewrites_done(client, timeout_s=timeout_s, poll_s=poll_s)
+    if info is None:
+        return f"append-only file rewrite still running after {timeout_s:g}s; the server finishes it by itself"
+    size = info.get("aof_current_size")
+    return "append-only file rewritten" + (f" ({human_bytes(int(size))})" if size is not None else "")
+
+
+def rewrites_done(client: redis.Redis, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> dict | None:
+    """The server's persistence INFO once no AOF rewrite runs or is scheduled; None after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         info = client.info("persistence")
         if not int(info.get("aof_rewrite_in_progress", 0)) and not int(info.get("aof_rewrite_scheduled", 0)):
-            size = info.get("aof_current_size")
-            return "append-only file rewritten" + (f" ({human_bytes(int(size))})" if size is not None else "")
+            return info
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(poll_s)
-    return f"append-only file rewrite still running after {timeout_s:g}s; the server finishes it by itself"

@@ -107,10 +107,10 @@ def test_a_connection_killed_between_parts_is_read_again_and_nothing_is_handed_o
 
 
 def test_a_server_down_when_a_streamed_read_begins_is_waited_for_under_the_retry(server_factory, run_name,
-                                                                                 redis_server):
+                                                                                 server_kind):
     """The connection a streamed read takes is connected (or checked) as it is taken: that too runs under
     ``retry``, as the trainer's outage policy would (here: the first failure restarts the server)."""
-    if redis_server.kind == "cluster":
+    if server_kind == "cluster":
         pytest.skip("a cluster client reads whole (read_entries)")
     server = server_factory(port=free_port("127.0.0.1"))
     client = connect(server.url)
