@@ -39,7 +39,7 @@ from streamgrp.store.sources import RedisSource
 from streamgrp.store.streams import entry_id_str
 
 __all__ = ["DEFAULT_IDLE_S", "Activity", "Deleted", "RunUsage", "activity", "compact_aof", "delete_run",
-           "rewrites_done", "human_bytes", "live_reason", "privileged", "run_key_names", "run_usage", "usage_by_run"]
+           "human_bytes", "live_reason", "privileged", "rewrites_done", "run_key_names", "run_usage", "usage_by_run"]
 
 #: A run that has not ended counts as live while it showed activity this recently (seconds).
 DEFAULT_IDLE_S: float = DeleteConfig.model_fields["idle_s"].default

@@ -7,9 +7,9 @@ from functools import partial
 import pytest
 import redis
 
+from streamgrp.cli.children import free_port
 from streamgrp.core.entry_fields import EntryFields
 from streamgrp.store import streams
-from streamgrp.cli.children import free_port
 from streamgrp.store.connection import connect, ride
 from streamgrp.store.streams import read_entries
 
