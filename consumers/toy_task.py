@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 from typing import Any
 
 import torch
@@ -58,11 +59,14 @@ def prompts(seed: int = 0, reject_rate: float = 0.1, fail_rate: float = 0.05):
 _cache: WeightCache | None = None
 _policy: ToyPolicy | None = None
 _policy_version: int | None = None
+# A worker at --concurrency > 1 runs rollouts on several threads of one process. The cache, the policy
+# and the version it holds change together, and a forward pass must not meet a half-loaded state dict,
+# so all of it happens under one lock (the forward pass of this policy takes microseconds).
+_lock = threading.Lock()
 
 
 def rollout(request: Any) -> Sample | None:
     """The worker's rollout: sample LENGTH tokens from the newest weights no newer than request.version."""
-    global _cache, _policy, _policy_version
     prompt = request.prompt
     rng = random.Random(f"{prompt.get('seed', 0)}:{request.task_id}:{request.slot}")
     draw = rng.random()
@@ -70,26 +74,36 @@ def rollout(request: Any) -> Sample | None:
         raise RuntimeError("injected rollout failure")
     if draw < float(prompt.get("fail_rate", 0.0)) + float(prompt.get("reject_rate", 0.0)):
         return None
-    if _cache is None:
-        _cache = WeightCache.from_env()
-        _policy = initial_policy()
-    found = _cache.get(request.version)
-    version = 0
-    if found is not None:
-        version, state = found
-        if version != _policy_version:
-            _policy.load_state_dict(state)
-            _policy_version = version
     p = int(prompt["p"])
-    with torch.no_grad():
-        logits = _policy(torch.tensor([p]))[0]
-        generator = torch.Generator().manual_seed(rng.randrange(2**31))
-        tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
-        logprobs = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
+    with _lock:
+        policy, version = _policy_at(request.version)
+        with torch.no_grad():
+            logits = policy(torch.tensor([p]))[0]
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
+    logprobs = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
     generated = tokens.tolist()
     return Sample.from_rows(token_ids=[[p, *generated]], loss_mask=[[0] + [1] * LENGTH],
                             logprobs=[[0.0, *logprobs.tolist()]], rewards=[reward(p, generated)], version=version,
                             meta={"p": p})
+
+
+def _policy_at(wanted: int) -> tuple[ToyPolicy, int]:
+    """(policy, version it holds): the newest published weights no newer than ``wanted``; call under `_lock`."""
+    global _cache, _policy, _policy_version
+    if _cache is None:
+        # The policy first: the cache is what marks the module as set up.
+        _policy = initial_policy()
+        _cache = WeightCache.from_env()
+    assert _policy is not None
+    found = _cache.get(wanted)
+    if found is None:
+        return _policy, 0
+    version, state = found
+    if version != _policy_version:
+        _policy.load_state_dict(state)
+        _policy_version = version
+    return _policy, version
 
 
 def token_logprobs(policy: ToyPolicy, token_ids: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,9 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    model_serializer,
     model_validator,
 )
 
@@ -74,6 +76,9 @@ class ConnectionConfig(_Settings):
     cluster: bool = Field(False, description="--redis-url is a node of a Redis Cluster: use the cluster client, "
                           "which finds the other nodes from it")
     data_dir: Path = Field(Path(".streamgrp"), description="embedded server data directory (AOF files, logs)")
+    maxmemory: str = Field("50%", description="memory cap of the embedded server this command starts: bytes, "
+                           "512mb, 4gb, or a share of this machine's memory such as 50%; 0 for none. A full server "
+                           "refuses writes (noeviction), which roles wait out; ignored with --redis-url")
     run: str | None = Field(None, description="run name; inspection commands default to the latest run")
     outage_budget_s: float = Field(300.0, gt=0, description="ride out a server outage (down, paused, restarting, "
                                    "loading, full) for this long before giving up")
@@ -144,6 +149,9 @@ class RunConfig(_Settings):
     stall_timeout_s: float = Field(1800.0, ge=0, description="stall bound: seconds without progress (both must hold)")
     partitions: int = Field(1, ge=1, le=64, description="task partitions, each with its own streams (under its own hash "
                             "tag, so on its own Redis Cluster node) and its own assembler (`assembler --partition`)")
+    vocab_size: int | None = Field(None, ge=1, le=2**31 - 1, description="the model's vocabulary size: workers and "
+                                   "assemblers refuse a sample with a token id at or above it (unset: ids are only "
+                                   "checked to be at least 0)")
 
     @model_validator(mode="after")
     def _check_batching(self) -> RunConfig:
@@ -157,6 +165,15 @@ class RunConfig(_Settings):
             raise ValueError(f"max_batch_size ({self.max_batch_size}) is smaller than dp_size ({self.dp_size}); "
                              "every rank needs at least one group per step")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_vocab(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A run without a vocabulary records what runs recorded before the field existed, so streamgrp
+        # versions without it (which refuse unknown fields) still open the run.
+        settings = handler(self)
+        if settings.get("vocab_size", 0) is None:
+            del settings["vocab_size"]
+        return settings
 
     def policy(self) -> GroupPolicy:
         return GroupPolicy(n_samples=self.n_samples, min_usable_group_size=self.min_usable_group_size,

@@ -6,6 +6,7 @@
     ├── ContractViolation                   a slot broke the one-sample-per-slot contract (terminal)
     ├── RunFailed                           the run reached a terminal event (stall bound, contract)
     ├── RunEnded                            the run finished and every step was consumed; a consumer wants more
+    ├── TrainerGroupError                   a trainer group's ranks disagree on the step, or a peer never joined
     ├── LeaseLost                           another process holds the role's lease: stop committing, stand by
     ├── DigestMismatch                      a shard's slot entries no longer hash to the manifest's digest
     ├── ReadOnlyBatch                       commit or fail on a replayed or loaded batch
@@ -54,6 +55,12 @@ class RunFailed(StreamgrpError):
 class RunEnded(StreamgrpError):
     """The run finished, every step was handed over, and a consumer that cannot stop by itself (TRL's
     trainer, bounded by its own ``max_steps``) asked for more."""
+
+
+class TrainerGroupError(StreamgrpError):
+    """The ranks of a trainer group cannot train the same step together: they disagree on the step, the
+    attempt or the step's manifest, a peer never joined, or a newer attempt replaced this one. Raised
+    with the same message on every rank that sees it."""
 
 
 class LeaseLost(StreamgrpError):

@@ -4,9 +4,16 @@ Each reply has the documented shape of its server (vLLM's OpenAI completion with
 ``"token_id:N"`` tokens; SGLang's ``/generate`` with ``meta_info.output_token_logprobs`` and
 ``weight_version``; llama-server's ``/completion`` with ``tokens`` and ``completion_probabilities``).
 A test scripts what the next requests get: a normal completion, an abort with the tokens so far, an
-HTTP error, a hang, an answer trickled byte by byte, a body that is not JSON, a dropped connection.
-Every request is recorded. The generated tokens are a pure function of the prompt, so a test can
-predict them: token ``k`` of a completion of prompt ``p`` is ``(sum(p) + k) % 1000 + 1000``.
+HTTP error, a hang, an answer trickled byte by byte, a body that is not JSON, a dropped connection, a
+flood with no length. Every request is recorded. The generated tokens are a pure function of the
+prompt, so a test can predict them: token ``k`` of a completion of prompt ``p`` is
+``(sum(p) + k) % 1000 + 1000``.
+
+The llama.cpp fake also follows llama-server's rule for multi-byte characters (``Action(text=...)``):
+each generated token is one byte of ``text``, and a token gets a ``completion_probabilities`` entry
+only when the bytes so far end in a whole UTF-8 character (``process_token`` in tools/server). It
+answers the scoring requests the adapter sends for the others the same way: the forced token's entry
+(if its byte leaves no character cut) with the top log-probs of every token it has generated.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ def text_of(tokens: list[int]) -> str:
 class Action:
     """What the fake does with one request."""
 
-    kind: str = "complete"  # complete | abort | status | raw | hang | trickle | close
+    kind: str = "complete"  # complete | abort | status | raw | hang | trickle | close | flood (raw, no length)
     tokens: int | None = None  # complete/abort: how many tokens (default: the request's maximum)
     status: int = 200
     body: Any = None
@@ -47,10 +54,36 @@ class Action:
     seconds: float = 0.0
     version: str | int | None = None  # the weight version / model alias version the reply reports
     finish: str | None = None  # complete: "stop" instead of the length finish
+    over: int = 0  # complete: this many tokens beyond the request's maximum
+    logprob: float | None = None  # complete: the first token's log-probability instead of logprob_of
+    text: str | None = None  # llamacpp complete: generate these UTF-8 bytes, one token each (see the docstring)
+    model: str | None = None  # llamacpp: the alias a reply names (scoring replies too)
+
+
+def validate_utf8(text: bytes) -> int:
+    """llama-server's validate_utf8: the length of ``text`` without a character cut off at its end."""
+    for back in range(1, min(4, len(text)) + 1):
+        byte = text[-back]
+        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 0
+        if back < need:
+            return len(text) - back
+    return len(text)
+
+
+def byte_tokens(text: str) -> list[int]:
+    """The ids the llama.cpp fake gives the bytes of ``text``: 2000 + the byte (distinct from next_tokens)."""
+    return [2000 + byte for byte in text.encode()]
+
+
+def _logprobs(tokens: list[int], action: Action) -> list[float]:
+    values = [logprob_of(t) for t in tokens]
+    if values and action.logprob is not None:
+        values[0] = action.logprob
+    return values
 
 
 def _vllm(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str) -> dict:
-    logprobs = {"text_offset": list(range(len(tokens))), "token_logprobs": [logprob_of(t) for t in tokens],
+    logprobs = {"text_offset": list(range(len(tokens))), "token_logprobs": _logprobs(tokens, action),
                 "tokens": [f"<{t}>" for t in tokens], "top_logprobs": None}
     choice: dict[str, Any] = {"index": 0, "text": text_of(tokens), "logprobs": logprobs, "finish_reason": finish,
                               "stop_reason": None}
@@ -73,22 +106,53 @@ def _sglang(request: dict, prompt: list[int], tokens: list[int], finish: str, ac
     else:
         reason["matched"] = 2
     meta = {"id": "abc", "finish_reason": reason, "prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-            "cached_tokens": 0, "output_token_logprobs": [[logprob_of(t), t, None] for t in tokens],
+            "cached_tokens": 0,
+            "output_token_logprobs": [[lp, t, None] for lp, t in zip(_logprobs(tokens, action), tokens)],
             "e2e_latency": 0.01, "weight_version": "default" if action.version is None else str(action.version)}
     return {"text": text_of(tokens), "output_ids": tokens, "meta_info": meta}
 
 
+def piece_of(token: int) -> bytes:
+    return bytes([token - 2000]) if 2000 <= token < 2256 else f"<{token}>".encode()
+
+
+def _entry(token: int, logprob: float, top: list[dict]) -> dict:
+    piece = piece_of(token)
+    return {"id": token, "token": piece[:validate_utf8(piece)].decode(errors="replace"), "bytes": list(piece),
+            "logprob": logprob, "top_logprobs": top}
+
+
 def _llamacpp(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action,
               dialect: str) -> dict:
-    probs = [{"id": t, "token": f"<{t}>", "bytes": list(f"<{t}>".encode()), "logprob": logprob_of(t),
-              "top_logprobs": [{"id": t, "token": f"<{t}>", "bytes": [60], "logprob": logprob_of(t)}]}
-             for t in tokens]
-    alias = "smollm2" + (f"@v{action.version}" if action.version is not None else "")
-    return {"index": 0, "content": text_of(tokens), "tokens": tokens, "id_slot": 0, "stop": True, "model": alias,
-            "tokens_predicted": len(tokens), "tokens_evaluated": len(prompt), "generation_settings": {},
-            "prompt": "", "has_new_line": False, "truncated": False,
-            "stop_type": {"length": "limit", "stop": "eos"}[finish], "stopping_word": "", "tokens_cached": 0,
-            "timings": {}, "completion_probabilities": probs}
+    text, probs = b"", []
+    for index, token in enumerate(tokens):
+        text += piece_of(token)
+        if validate_utf8(text) == len(text):  # llama-server keeps the entry only then
+            logprob = action.logprob if index == 0 and action.logprob is not None else logprob_of(token)
+            probs.append(_entry(token, logprob, [{"id": token, "logprob": logprob}]))
+    alias = action.model or "smollm2" + (f"@v{action.version}" if action.version is not None else "")
+    body = {"index": 0, "content": text.decode(errors="replace"), "tokens": tokens, "id_slot": 0, "stop": True,
+            "model": alias, "tokens_predicted": len(tokens), "tokens_evaluated": len(prompt),
+            "generation_settings": {"n_probs": request.get("n_probs", 0)}, "prompt": "", "has_new_line": False,
+            "truncated": False, "stop_type": {"length": "limit", "stop": "eos"}[finish], "stopping_word": "",
+            "tokens_cached": 0, "timings": {}}
+    if probs:  # llama-server leaves the field out when it kept no entry
+        body["completion_probabilities"] = probs
+    return body
+
+
+def _llamacpp_score(request: dict, known: list[int], action: Action) -> dict:
+    """A scoring request (n_predict 1, one token forced by logit_bias): every token the fake generated is a
+    candidate, at its logprob_of; the forced token's entry lists the top n_probs of them."""
+    [[forced, _]] = request["logit_bias"]
+    top = sorted({*known, forced}, key=lambda t: (logprob_of(t), -t), reverse=True)[:request["n_probs"]]
+    piece = piece_of(forced)
+    body = {"content": "", "tokens": [forced], "stop": True, "stop_type": "limit", "model": action.model or "smollm2",
+            "generation_settings": {"n_probs": request["n_probs"]}}
+    if validate_utf8(piece) == len(piece):
+        body["completion_probabilities"] = [_entry(forced, logprob_of(forced),
+                                                   [{"id": t, "logprob": logprob_of(t)} for t in top])]
+    return body
 
 
 SHAPES: dict[str, Callable[..., dict]] = {"vllm": _vllm, "vllm-old": _vllm, "sglang": _sglang, "llamacpp": _llamacpp}
@@ -109,27 +173,39 @@ class FakeServer:
     requests: list[tuple[str, dict]] = field(default_factory=list)
     default: Action = field(default_factory=Action)
     url: str = ""
+    generated: list[int] = field(default_factory=list)  # every token id the fake generated, in order
 
     def then(self, *actions: Action) -> FakeServer:
         self.script.extend(actions)
         return self
 
     def generations(self) -> list[dict]:
-        return [body for path, body in self.requests if "tokenize" not in path and "health" not in path]
+        return [body for path, body in self.requests
+                if "tokenize" not in path and "health" not in path and "logit_bias" not in body]
+
+    def scorings(self) -> list[dict]:
+        return [body for _, body in self.requests if "logit_bias" in body]
 
     def reply(self, path: str, request: dict) -> tuple[Action, bytes]:
         self.requests.append((path, request))
         action = self.script.popleft() if self.script else self.default
         if action.kind not in ("complete", "abort", "trickle"):
-            return action, action.raw
+            return action, action.raw  # raw, status, hang, close, flood
         if path.endswith("tokenize"):
             text = request.get("prompt") or request.get("content") or ""
             return action, orjson.dumps({"tokens": [ord(c) for c in text]})
+        if "logit_bias" in request:
+            return action, orjson.dumps(_llamacpp_score(request, self.generated, action))
         prompt = request[PROMPT_FIELD[self.dialect]]
         budget = max_tokens_of(request)
         count = budget if action.tokens is None else min(action.tokens, budget)
+        if action.text is not None:
+            count = min(count, len(action.text.encode()))
         finish = "abort" if action.kind == "abort" else (action.finish or ("length" if count == budget else "stop"))
-        body = SHAPES[self.dialect](request, prompt, next_tokens(prompt, count), finish, action, self.dialect)
+        tokens = (next_tokens(prompt, count + action.over) if action.text is None
+                  else byte_tokens(action.text)[:count + action.over])
+        self.generated += tokens
+        body = SHAPES[self.dialect](request, prompt, tokens, finish, action, self.dialect)
         return action, orjson.dumps(body)
 
 
@@ -158,6 +234,16 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
             if action.kind == "hang":
                 time.sleep(action.seconds)
                 return
+            if action.kind == "flood":  # no Content-Length: the body ends when the connection closes
+                self.close_connection = True
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                try:
+                    self.wfile.write(payload)
+                except OSError:  # the client stopped reading
+                    pass
+                return
             if action.kind == "status":
                 payload = orjson.dumps(action.body if action.body is not None else {"error": {"message": "nope"}})
             status = action.status if action.kind in ("status", "raw") else 200
@@ -165,13 +251,16 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
-            if action.kind == "trickle":
-                for byte in payload:
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                    time.sleep(action.seconds)
-                return
-            self.wfile.write(payload)
+            try:
+                if action.kind == "trickle":
+                    for byte in payload:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(action.seconds)
+                    return
+                self.wfile.write(payload)
+            except OSError:  # the client stopped reading (a deadline, or a reply it refused as too large)
+                self.close_connection = True
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True

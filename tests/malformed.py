@@ -15,6 +15,7 @@ from streamgrp.core import codec
 from streamgrp.core.entry_fields import entry_fields
 from streamgrp.core.events import (
     EVENT_TYPES,
+    CheckpointSaved,
     GroupDecided,
     GroupDiscarded,
     GroupStats,
@@ -26,6 +27,7 @@ from streamgrp.core.events import (
     StepCommitted,
     StepFailed,
     TaskIssued,
+    TrainingResumed,
     Tick,
     VersionAdvanced,
     WeightsServed,
@@ -75,6 +77,9 @@ def valid_events() -> list:
         RunFinished(steps=3),
         WeightsServed(server="http://127.0.0.1:30000", version=2, dialect="sglang", ok=True, detail="loaded",
                       seconds=1.5, at=1_700_000_001.0),
+        TrainingResumed(attempt=2, step=5, world_size=2, base_version=7, reason="lowest_rank", retrain_through=5),
+        CheckpointSaved(step=4, version=5, path="/ckpt/step-4", ranks=(0,), world_size=2, attempt=1,
+                        files={"model.safetensors": 1024}),
     ]
     assert {event.kind for event in events} == set(EVENT_TYPES)
     return events

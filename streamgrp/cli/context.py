@@ -9,6 +9,7 @@ imported only when a handler asks for a client or metrics, so ``--help`` and ``s
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import threading
 from contextlib import contextmanager
@@ -32,10 +33,14 @@ def connected(args: argparse.Namespace, *, role: bool = False):
     inspection commands keep Ctrl-C as KeyboardInterrupt."""
     from streamgrp.cli.server_reuse import ensure_server
     from streamgrp.store.connection import connect
+    from streamgrp.store.credentials import command_line_url_warning
 
     connection = settings(args, ConnectionConfig)
+    warning = command_line_url_warning(getattr(args, "redis_url", None))  # the flag's value: never the environment's
+    if warning is not None:
+        logging.getLogger(__name__).warning("%s", warning)
     password = connection.secret()
-    with ensure_server(connection.redis_url, connection.data_dir, password=password,
+    with ensure_server(connection.redis_url, connection.data_dir, password=password, maxmemory=connection.maxmemory,
                        cluster=connection.cluster) as handle:
         client = connect(handle.url, outage_budget_s=connection.outage_budget_s, stop=stop_event() if role else None,
                          wait_replicas=connection.wait_replicas, wait_timeout_ms=connection.wait_timeout_ms,

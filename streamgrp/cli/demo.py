@@ -88,7 +88,7 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
     settings = run_settings.model_copy(update={"dp_size": demo.ranks, "reward_norm": run_settings.reward_norm})
     password, tls = connection.secret(), connection.tls()
     with ensure_server(connection.redis_url, connection.data_dir, password=password,
-                       cluster=connection.cluster) as server:
+                       maxmemory=connection.maxmemory, cluster=connection.cluster) as server:
         client = connect(server.url, password=password, tls=tls, cluster=connection.cluster)
         run = join_run(client, run_name, RunConfig(**settings.model_dump()))
         log_dir = Path(connection.data_dir) / "logs" / run_name

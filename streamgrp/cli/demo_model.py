@@ -41,7 +41,8 @@ def run_model_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: 
     started = time.monotonic()
     run_name = connection.run or time.strftime("model-%Y%m%d-%H%M%S")
     settings = run_settings.model_copy(update={"dp_size": 1})
-    with ensure_server(connection.redis_url, connection.data_dir, cluster=connection.cluster) as server:
+    with ensure_server(connection.redis_url, connection.data_dir, maxmemory=connection.maxmemory,
+                       cluster=connection.cluster) as server:
         client = connect(server.url, cluster=connection.cluster)
         run = join_run(client, run_name, RunConfig(**settings.model_dump()))
         log_dir = Path(connection.data_dir) / "logs" / run_name

@@ -47,6 +47,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         render_png,
         require_png,
     )
+    from streamgrp.store.private import open_private
     from streamgrp.store.runs import open_run, resolve_run_name
     from streamgrp.store.sources import default_source
 
@@ -57,7 +58,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         data = build_report(client, run.keys, source=default_source(client, run.keys, connection.data_dir))
     out = args.out or f"report-{run.name}.{args.format}"
     try:
-        with open(out, "wb") as file:
+        with open_private(out, "wb") as file:  # 0600: the report quotes the run's error texts and numbers
             file.write(render_png(data) if args.format == "png" else render_html(data).encode())
     except OSError as exc:
         raise ConfigError(f"cannot write the report to {out}: {exc.strerror}; pass --out with a writable path") from None

@@ -249,6 +249,7 @@ def _add_model_flags(parser: argparse.ArgumentParser, model: type, title: str,
             continue
         default = (defaults or {}).get(name, field.default)
         help_text = f"{field.description or ''} [env {env_name(name, model)}; default {shown_default(default)}]"
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %: a literal one (50%) is doubled
         options: dict[str, Any] = {"nargs": "?", "const": True, "metavar": "true|false"} \
             if field.annotation is bool else {"metavar": name.upper()}
         action = group.add_argument(flag_name(name, model), dest=name, default=None, help=help_text,

@@ -70,7 +70,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     connection = settings(args, ConnectionConfig)
     return serve_forever(connection.data_dir, port=args.port, bind=args.bind, appendfsync=args.appendfsync,
                          password=connection.secret(), acl_file=args.acl_file, tls=connection.tls(),
-                         stop=stop_event())
+                         maxmemory=connection.maxmemory, stop=stop_event())
 
 
 def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str, *, burst: bool = False):

@@ -62,7 +62,7 @@ from pathlib import Path
 
 from streamgrp.cli import children
 from streamgrp.cli.server_binary import BINARY_ENV, server_binary, version_problem
-from streamgrp.cli.server_config import ServerSecurity
+from streamgrp.cli.server_config import DEFAULT_MAXMEMORY, ServerLimits, ServerSecurity, parse_maxmemory
 from streamgrp.cli.server_probe import connect_host, probe, server_url
 from streamgrp.cli.server_state import live_state, remove_state, write_state
 from streamgrp.config import TlsFiles
@@ -93,6 +93,8 @@ class EmbeddedServer:
     leaves the stale record behind as a real crash would. Refuses to start while another live
     server is recorded in the same ``data_dir``, and refuses a ``bind`` other machines can reach
     without a ``password`` or an ``acl_file`` (`ServerSecurity`). ``tls`` serves TLS only.
+    ``maxmemory`` (``--maxmemory``: bytes, ``4gb``, ``50%`` of the machine) caps its memory under
+    ``noeviction``, and scripts past `SCRIPT_TIME_LIMIT_MS` make it answer BUSY (`ServerLimits`).
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class EmbeddedServer:
         binary: str | os.PathLike[str] | None = None,
         acl_file: str | os.PathLike[str] | None = None,
         tls: TlsFiles | None = None,
+        maxmemory: str | int = DEFAULT_MAXMEMORY,
     ) -> None:
         if appendfsync not in APPENDFSYNC_MODES:
             raise ConfigError(f"appendfsync={appendfsync!r}: use one of {', '.join(APPENDFSYNC_MODES)}")
@@ -114,6 +117,10 @@ class EmbeddedServer:
             raise ConfigError(f"port={port} is out of range; use 0 to pick a free port")
         self.security = ServerSecurity(bind=bind, password=password,
                                        acl_file=Path(acl_file) if acl_file is not None else None, tls=tls)
+        self.limits = ServerLimits(maxmemory=parse_maxmemory(str(maxmemory)))
+        if self.limits.maxmemory == 0:
+            logger.warning("--maxmemory 0: the server's memory is not capped; a run that outgrows the machine ends in "
+                           "its OOM killer instead of writes refused and waited out")
         self.data_dir = Path(data_dir).resolve()
         self.bind = bind
         self.host = connect_host(bind)
@@ -198,6 +205,7 @@ class EmbeddedServer:
             self.binary,
             "--dir", str(self.data_dir),
             *self.security.args(port),
+            *self.limits.args(),
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", self.appendfsync,
             "--save", "",
@@ -309,6 +317,7 @@ class EmbeddedServer:
             "password_set": self.password is not None,
             "url": server_url(self.host, self._port or 0, None, tls=self.tls is not None),
             "binary": self.binary, "appendonly": self.appendonly, "appendfsync": self.appendfsync,
+            "maxmemory": self.limits.maxmemory,
             "acl_file": str(self.security.acl_file) if self.security.acl_file else None,
             "tls": {name: str(getattr(self.tls, name)) for name in ("cert_file", "key_file", "ca_cert_file")}
             if self.tls is not None else None,

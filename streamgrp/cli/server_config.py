@@ -8,11 +8,19 @@ none of the ``@dangerous`` ones (``CONFIG SET appendonly no``, ``FLUSHALL``, ``D
 so a leaked role credential cannot switch persistence off. Also the TLS options and, never on the
 command line, the password: it goes in a config read from the server's stdin. It deliberately
 ignores running the process: that is `streamgrp.cli.server`.
+
+Also the limits that keep one client from taking the server down (`ServerLimits`): a memory cap
+with ``maxmemory-policy noeviction`` (a full server refuses writes, which roles wait out, instead of
+growing until the machine's OOM killer ends it, or evicting a run's state), and the script time
+limit after which a running script makes the server answer ``BUSY`` and becomes killable with
+``SCRIPT KILL``.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +28,20 @@ from pathlib import Path
 from streamgrp.config import TlsFiles
 from streamgrp.errors import ConfigError
 
-__all__ = ["DEFAULT_USER_RULES", "ServerSecurity", "check_acl_file", "is_loopback"]
+__all__ = ["DEFAULT_MAXMEMORY", "DEFAULT_USER_RULES", "SCRIPT_TIME_LIMIT_MS", "ServerLimits", "ServerSecurity",
+           "check_acl_file", "is_loopback", "machine_memory", "parse_maxmemory"]
+
+#: The embedded server's memory cap unless ``--maxmemory`` says otherwise: half the machine (or of the
+#: container's limit), leaving the rest to the roles beside it and to the copy-on-write of an AOF rewrite.
+DEFAULT_MAXMEMORY = "50%"
+#: Below this a server refuses a run's first writes; a typo ("64" for 64 MB) is refused instead.
+MIN_MAXMEMORY = 32 * 1024 * 1024
+#: Milliseconds a script may run before the server answers BUSY to everyone else and accepts SCRIPT KILL.
+#: streamgrp's own scripts validate bounded input and finish in milliseconds; the server's default
+#: (5 s) would only keep a runaway script unkillable for longer.
+SCRIPT_TIME_LIMIT_MS = 1000
+_UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4}
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(%|[kmgt]?b?)\s*", re.IGNORECASE)
 
 #: The rules of a password-only server's default user: everything streamgrp uses, no @dangerous
 #: command but INFO (the connection check) and CONFIG GET (reading appendfsync). Administer with an
@@ -123,3 +144,50 @@ class ServerSecurity:
         """For logs: how clients authenticate and whether traffic is encrypted (never the password)."""
         auth = "ACL users" if self.acl_file else "a password" if self.password else "no password"
         return f"{auth}, {'TLS' if self.tls else 'plain TCP'}, bound to {shlex.join(self.bind.split())}"
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit when lower (a container)."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def parse_maxmemory(text: str, total: int | None = None) -> int:
+    """Bytes from ``--maxmemory``: ``1073741824``, ``512mb``, ``4gb`` (binary units), ``50%`` of ``total``
+    (default `machine_memory`), or ``0`` for no cap."""
+    match = _SIZE.fullmatch(str(text))
+    if match is None:
+        raise ConfigError(f"--maxmemory {text!r:.40} is not a size; give bytes, a size such as 512mb or 4gb, or a "
+                          "share of this machine's memory such as 50% (STREAMGRP_MAXMEMORY)")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise ConfigError(f"--maxmemory {text} is not a share between 0% and 100%")
+        size = int((total if total is not None else machine_memory()) * number / 100)
+    else:
+        size = int(number * _UNITS[unit if unit.endswith("b") or not unit else unit + "b"])
+    if 0 < size < MIN_MAXMEMORY:
+        raise ConfigError(f"--maxmemory {text} is {size} bytes, too little for a run; give at least 32mb (or 0 for "
+                          "no cap)")
+    return size
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one client may take of an embedded server: memory (bytes, 0 for no cap) and script time."""
+
+    maxmemory: int
+    script_time_limit_ms: int = SCRIPT_TIME_LIMIT_MS
+
+    def args(self) -> list[str]:
+        # noeviction whatever the cap: an evicting server would silently delete a run's state, and
+        # streamgrp refuses to use one (streamgrp.store.connection).
+        return ["--maxmemory", str(self.maxmemory), "--maxmemory-policy", "noeviction",
+                "--busy-reply-threshold", str(self.script_time_limit_ms)]

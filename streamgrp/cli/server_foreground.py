@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from streamgrp.cli.server import DEFAULT_DATA_DIR, EmbeddedServer
+from streamgrp.cli.server_config import DEFAULT_MAXMEMORY
 from streamgrp.cli.server_state import locked
 from streamgrp.config import TlsFiles
 from streamgrp.store.private import private_dir
@@ -35,6 +36,7 @@ def serve_forever(
     binary: str | None = None,
     acl_file: str | os.PathLike[str] | None = None,
     tls: TlsFiles | None = None,
+    maxmemory: str = DEFAULT_MAXMEMORY,
     ready: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
 ) -> int:
@@ -48,7 +50,7 @@ def serve_forever(
     # Built first: a bind other machines reach without a password is refused before anything starts.
     server = EmbeddedServer(
         Path(data_dir).resolve(), port=port, bind=bind, appendonly=appendonly, appendfsync=appendfsync,
-        password=password, binary=binary, acl_file=acl_file, tls=tls,
+        password=password, binary=binary, acl_file=acl_file, tls=tls, maxmemory=maxmemory,
     )
     directory = private_dir(server.data_dir)
     stop_requested = stop if stop is not None else threading.Event()

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from streamgrp.cli.server import DEFAULT_DATA_DIR, EmbeddedServer
+from streamgrp.cli.server_config import DEFAULT_MAXMEMORY
 from streamgrp.cli.server_probe import server_url
 from streamgrp.cli.server_state import live_state, locked, state_tls
 from streamgrp.store.private import private_dir
@@ -54,6 +55,7 @@ def ensure_server(
     *,
     password: str | None = None,
     appendfsync: str = "everysec",
+    maxmemory: str = DEFAULT_MAXMEMORY,
     timeout: float = 10.0,
     cluster: bool = False,
 ) -> ServerHandle:
@@ -61,8 +63,8 @@ def ensure_server(
 
     Check-then-start happens under an exclusive flock on ``data_dir/server.lock``, so concurrent
     commands of one run share a single server instead of racing to start two on one AOF.
-    ``password`` and ``appendfsync`` apply only when a new server is started (the password is also
-    used to reach a reused one). ``cluster`` needs ``redis_url``: the embedded server is one server,
+    ``password``, ``appendfsync`` and ``maxmemory`` apply only when a new server is started (the
+    password is also used to reach a reused one). ``cluster`` needs ``redis_url``: the embedded server is one server,
     never a cluster.
     """
     if redis_url:
@@ -81,6 +83,6 @@ def ensure_server(
             logger.info("reusing server pid %s at %s", state["pid"],
                         server_url(state["host"], state["port"], None, tls=tls))
             return ServerHandle(url, owned=False)
-        server = EmbeddedServer(directory, password=password, appendfsync=appendfsync)
+        server = EmbeddedServer(directory, password=password, appendfsync=appendfsync, maxmemory=maxmemory)
         url = server.start(timeout)
         return ServerHandle(url, owned=True, server=server)

@@ -26,7 +26,8 @@ is checked before anything is parsed and a header's depth before pydantic sees i
     length_mismatch     descriptors and the ``b`` bytes disagree (sizes, order, leftovers)
     wrong_type          a field has the wrong JSON type (``true`` or ``2.0`` for an integer)
     invalid_value       a field has the right type but a value the schema refuses (range,
-                        extra field, inconsistent rows); also the safety net for anything
+                        extra field, inconsistent rows, a sample's values that cannot train:
+                        `streamgrp.core.value_checks`); also the safety net for anything
                         unexpected raised while validating
 
 Round trips are bit-exact. No pickle. The work per tensor is a constant number of checks.
@@ -57,6 +58,7 @@ from streamgrp.core.events import (
 )
 from streamgrp.core.fast_decode import (
     fast_group_decided,
+    fast_sample_payload,
     fast_slot_result,
     fast_step_manifest,
 )
@@ -69,6 +71,7 @@ from streamgrp.core.shown import (
     show,
     show_names,
 )
+from streamgrp.core.value_checks import token_id_problem
 from streamgrp.core.values import DTYPES, INT64_MAX
 from streamgrp.errors import DecodeError
 
@@ -158,6 +161,52 @@ def _plain_sample_headers(task_id: Any, slot: Any, sample: Any, producer: Any,
     return slot_header, payload_header, blob
 
 
+def payload_problem(fields: Mapping[bytes | str, bytes | str] | None, result: SlotResult, *,
+                    vocab_size: int | None = None, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> str | None:
+    """What keeps the sample of ``result`` (a schema-2 slot result with a summary) from training, judged by
+    its payload entry's ``fields`` (None: no entry at the result's id); None when nothing does.
+
+    A sample trains only if its payload decodes (its values can train: `streamgrp.core.value_checks`),
+    is the payload of that task and slot, hashes to the digest the summary recorded and agrees with the
+    summary's rows, tokens, version and reward; its token ids are below ``vocab_size`` when given. A
+    publisher that is not streamgrp's worker can write any of these wrong; the assembler asks this of
+    every sample before folding it, so the batcher never places one a trainer would fail on."""
+    summary = result.sample
+    if summary is None:
+        raise ValueError(f"slot {result.slot} of task {result.task_id} is {result.outcome}: it has no payload")
+    if not fields:
+        return "its payload entry is not in the payloads stream (deleted, or never written)"
+    try:
+        payload = decode(fields, max_entry_bytes=max_entry_bytes)
+    except DecodeError as exc:
+        return f"its payload does not decode ({exc.reason}): {exc.detail}"
+    if not isinstance(payload, SamplePayload):
+        return f"the payloads entry at its id is a {payload.kind} event, not a sample_payload"
+    if payload.task_id != result.task_id or payload.slot != result.slot:
+        return f"the payloads entry at its id is slot {payload.slot} of task {clip(payload.task_id, 80)!r}"
+    if entry_digest(fields, like=summary.digest) != summary.digest:
+        return "its payload does not hash to the digest its slot result recorded"
+    sample = payload.sample
+    claimed = (summary.rows, summary.tokens, summary.version)
+    held = (sample.rows, sample.valid_tokens, sample.version)
+    if claimed != held:
+        return (f"its slot result says rows, tokens, version {list(claimed)} but its payload holds {list(held)}; "
+                "publish with streamgrp's worker (or codec.encode_sample), which writes both from one sample")
+    reward = sum(sample.rewards) / sample.rows
+    if not math.isclose(summary.reward, reward, rel_tol=1e-9, abs_tol=1e-12):
+        return f"its slot result says reward {summary.reward!r} but its payload's rewards average {reward!r}"
+    # Every other value was checked as the payload decoded; the vocabulary is the run's, not the sample's.
+    return None if vocab_size is None else token_id_problem(sample.token_ids.dtype, sample.token_ids.data, vocab_size)
+
+
+def is_inline_sample(fields: Mapping[bytes | str, bytes | str]) -> bool:
+    """Whether a slot entry is a schema-1 slot result, which carries its sample itself (no payload entry)."""
+    try:
+        return decode_v1_slot_result(fields).sample is not None
+    except DecodeError:
+        return False
+
+
 def decode(fields: Mapping[bytes | str, bytes | str], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> Any:
     """Rebuild and validate an event from XREAD fields; raises `DecodeError` with a reason, nothing else."""
     return _totally(_decode, fields, max_entry_bytes)
@@ -191,14 +240,16 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     text = _check_size(items, max_entry_bytes)
     raw_header, blob = _header_and_blob(fields, text)
     header = _parse_header(raw_header)
+    kind = header["kind"]
+    # None: not the plain case, so the full path below judges it
     if not blob:
-        kind = header["kind"]
-        # None: not the plain case, so the full path below judges it
         event = fast_slot_result(header) if kind == "slot_result" else \
             fast_group_decided(header) if kind == "group_decided" else \
             fast_step_manifest(header) if kind == "step" else None
-        if event is not None:
-            return event
+    else:
+        event = fast_sample_payload(header, blob) if kind == "sample_payload" else None
+    if event is not None:
+        return event
     legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"
     model = SlotResultV1 if legacy else EVENT_TYPES[header["kind"]]
     state = [0, 0]  # bytes of ``blob`` used so far, descriptors seen

@@ -32,10 +32,11 @@ from streamgrp.core.values import (
     check_strict_numbers,
 )
 
-__all__ = ["EVENT_TYPES", "SCHEMA_VERSION", "DecidedMember", "GroupDecided", "GroupDiscarded", "GroupStats", "Member",
+__all__ = ["EVENT_TYPES", "SCHEMA_VERSION", "CheckpointSaved", "DecidedMember", "GroupDecided", "GroupDiscarded", "GroupStats", "Member",
            "READABLE_SCHEMAS", "RawArray", "RunFinished", "RunStarted", "RunTerminated", "Sample", "SamplePayload",
            "SampleSummary", "Shard", "ShardGroup", "SlotResult",
-           "StepCommitted", "StepFailed", "StepManifest", "TaskIssued", "Tick", "VersionAdvanced", "WeightsServed"]
+           "StepCommitted", "StepFailed", "StepManifest", "TaskIssued", "Tick", "TrainingResumed", "VersionAdvanced",
+           "WeightsServed"]
 
 SCHEMA_VERSION = 2
 #: Schema versions this build reads. 1: a slot result carried its whole sample in the slot log (read
@@ -268,12 +269,13 @@ class GroupDiscarded(_Event):
 
 
 class StepCommitted(_Event):
-    """A trainer rank finished a step."""
+    """A trainer rank finished a step, in ``attempt`` of its trainer group (0: written before attempts)."""
 
     kind: Literal["step_committed"] = "step_committed"
     step: Int
     rank: Int
     world_size: Int
+    attempt: NonNegInt = 0
 
 
 class StepFailed(_Event):
@@ -286,11 +288,50 @@ class StepFailed(_Event):
 
 
 class VersionAdvanced(_Event):
-    """Every rank committed ``step``: the policy is now at ``version`` (= steps fully committed)."""
+    """Every rank committed ``step``: the policy is now at ``version``. Versions only grow: ``step + 1``
+    until a trainer group rolls back, and after that beyond every version the lost weights may have used."""
 
     kind: Literal["version"] = "version"
     version: Int
     step: Int
+
+
+class TrainingResumed(_Event):
+    """A trainer group started attempt ``attempt`` at ``step``, every rank's position set to ``step - 1``.
+
+    ``reason`` says where ``step`` came from: ``checkpoint`` (the weights hold every step before it, a
+    ``CheckpointSaved`` or the trainer's own ``resume_after``), ``lowest_rank`` (the lowest rank's next
+    step, without a checkpoint) or ``start`` (nothing committed yet). Steps ``step..retrain_through``
+    had been committed by some rank before and are trained again (the restarted weights lost them).
+    The steps of this attempt publish versions from ``base_version + 1`` on, above any version a lost
+    attempt may have handed out."""
+
+    kind: Literal["training_resumed"] = "training_resumed"
+    attempt: NonNegInt
+    step: NonNegInt
+    world_size: Int
+    base_version: NonNegInt
+    reason: Literal["checkpoint", "lowest_rank", "start"]
+    retrain_through: Int = -1
+    #: The rank whose start created the attempt.
+    rank: NonNegInt = 0
+
+
+class CheckpointSaved(_Event):
+    """A trainer group's checkpoint of the weights after ``step`` (and the optimizer's state) is durable
+    at ``path``: written by ``ranks`` (each rank that wrote a part), recorded only once every part is
+    on disk, so a checkpoint killed mid-write is never recorded. ``version`` is the policy version
+    those weights were published as; ``files`` maps each file (relative to ``path``) to its size in
+    bytes, checked before loading."""
+
+    kind: Literal["checkpoint_saved"] = "checkpoint_saved"
+    step: NonNegInt
+    version: NonNegInt
+    path: str
+    ranks: tuple[NonNegInt, ...]
+    world_size: Int
+    attempt: NonNegInt = 0
+    files: dict[str, NonNegInt] = Field(default_factory=dict)
 
 
 class RunFinished(_Event):
@@ -315,5 +356,6 @@ class WeightsServed(_Event):
 
 
 _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SamplePayload, Tick, GroupDecided, RunTerminated, StepManifest,
-                 GroupDiscarded, StepCommitted, StepFailed, VersionAdvanced, RunFinished, WeightsServed)
+                 GroupDiscarded, StepCommitted, StepFailed, VersionAdvanced, RunFinished, WeightsServed, TrainingResumed,
+                 CheckpointSaved)
 EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

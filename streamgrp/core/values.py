@@ -29,6 +29,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from streamgrp.core.value_checks import (
+    LOGPROB_TOLERANCE,
+    logprob_problem,
+    loss_mask_problem,
+    reward_problem,
+    token_id_problem,
+)
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: An integer field: an int (not a bool, not a float, not a string) within the signed 64-bit range.
 Int = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]
@@ -153,7 +161,9 @@ class Sample(Frozen):
     """One slot's trajectory: one or more rows, stored flat with the length of each row.
 
     ``token_ids``, ``loss_mask`` and ``logprobs`` are 1-D and span all rows back to back;
-    ``rewards`` has one value per row; ``version`` is the policy version that generated it.
+    ``rewards`` has one value per row; ``version`` is the policy version that generated it. Its values
+    must be able to train (`value_problem`): finite logprobs at most `LOGPROB_TOLERANCE`, token ids at
+    least 0, a 0/1 loss mask with a 1 somewhere, finite rewards; building one that cannot raises.
     """
 
     token_ids: RawArray
@@ -172,8 +182,6 @@ class Sample(Frozen):
             raise ValueError(f"every row needs at least one token, got row_lengths {list(self.row_lengths)}")
         if len(self.rewards) != len(self.row_lengths):
             raise ValueError(f"{len(self.row_lengths)} rows but {len(self.rewards)} rewards; give one reward per row")
-        if not all(math.isfinite(reward) for reward in self.rewards):
-            raise ValueError(f"rewards must be finite, got {list(self.rewards)}")
         total = sum(self.row_lengths)
         for name, allowed in (("token_ids", ("int32", "int64")), ("loss_mask", ("bool", "uint8")),
                               ("logprobs", ("float32", "float16", "bfloat16", "float64"))):
@@ -182,7 +190,18 @@ class Sample(Frozen):
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {tensor.dtype}")
             if tensor.shape != (total,):
                 raise ValueError(f"{name} has shape {list(tensor.shape)}, expected [{total}] (sum of row_lengths)")
+        problem = self.value_problem()
+        if problem is not None:
+            raise ValueError(problem)
         return self
+
+    def value_problem(self, vocab_size: int | None = None, tolerance: float = LOGPROB_TOLERANCE) -> str | None:
+        """None when every value can train (`streamgrp.core.value_checks`), else what is wrong: building a
+        sample checks this without a vocabulary; a worker checks it again, with the run's ``vocab_size``."""
+        return (logprob_problem(self.logprobs.dtype, self.logprobs.data, tolerance)
+                or token_id_problem(self.token_ids.dtype, self.token_ids.data, vocab_size)
+                or loss_mask_problem(self.loss_mask.dtype, self.loss_mask.data)
+                or reward_problem(self.rewards))
 
     @property
     def rows(self) -> int:

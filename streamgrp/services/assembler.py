@@ -18,6 +18,15 @@ in the same log), so a restarted assembler that re-reads its pending entries in 
 continues reaches the same decisions as an uninterrupted one, and `verify` can re-fold the log.
 Only one assembler is active at a time (a lease with a TTL); standbys wait and take over.
 
+Why the assembler reads every sample's payload: a sample that reaches the slot log without passing a
+streamgrp worker (a foreign writer, a bug) may hold values that cannot train (NaN logprobs, token ids
+beyond the vocabulary) or a payload that disagrees with its summary, and the batcher, which sees only
+summaries, would place it in a step its trainer ranks then fail on, at every restart. So before folding
+a sample the assembler checks its payload (`streamgrp.core.codec.payload_problem`); a refused sample
+is folded as a failed slot (its group closes as it would have, without waiting for its deadline), and
+its slot entry is dead-lettered (``invalid_sample``, with what is wrong) in the commit that decides the
+group, so until then it stays pending and a restarted assembler refuses it again the same way.
+
 In a partitioned run each partition has its own slot log, decisions, markers, counters and lease
 (`streamgrp.store.keys.PartitionKeys`), and its own assembler (``partition``): every key one commit
 touches is in the partition's hash slot, so the guarantees above hold per partition on a cluster.
@@ -66,6 +75,7 @@ from streamgrp.store.streams import (
     entry_id_str,
     entry_size,
     producer_name,
+    read_entries,
 )
 
 log = logging.getLogger(__name__)
@@ -73,6 +83,12 @@ log = logging.getLogger(__name__)
 _IGNORED_COUNTER = {DUPLICATE: counters.slots("duplicate"), LATE: counters.slots("late"),
                     DUPLICATE_TASK: counters.TASKS_DUPLICATE}
 _FOLDED_KINDS = (TaskIssued, SlotResult, Tick)
+#: The dead-letter reason of a slot entry whose sample the assembler refused (`codec.payload_problem`).
+INVALID_SAMPLE = "invalid_sample"
+#: Payloads read and checked at once: bounds the memory of a round of long samples.
+PAYLOAD_READ_CHUNK = 64
+#: The longest refusal text a failed slot stands in with (the dead letter keeps it whole).
+MAX_REFUSAL_CHARS = 1000
 
 
 class Assembler:
@@ -99,6 +115,9 @@ class Assembler:
         self._round_now: float | None = None
         self._largest_entry = 0
         self._cluster = isinstance(client, redis.RedisCluster)
+        #: Slot entries of open groups whose samples were refused: entry id -> (what is wrong, its fields),
+        #: dead-lettered with their group's decision.
+        self._refused: dict[str, tuple[str, Any]] = {}
         ensure_group(client, self.keys.slots, ASSEMBLER_GROUP)
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -120,11 +139,13 @@ class Assembler:
 
     def _stand_by(self) -> None:
         self.state = None
+        self._refused.clear()
 
     def _rebuild(self) -> None:
         """Start a fresh fold from this group's pending entries, oldest first."""
         self.state = FoldState(self.run_.config.policy(), self.run_.config.group_timeout_s,
                                max_open=self.config.max_open_groups)
+        self._refused.clear()
         self._claim_orphans()
         last = "0"
         replayed = 0
@@ -185,6 +206,7 @@ class Assembler:
         acks: dict[str, list[str]] = {}
         decoded = self._decode_round(entries, args, acks)
         self._load_decided(decoded)
+        self._refuse_untrainable(decoded)
         self._round_now = read_at
         for entry_id, fields, event in decoded:
             # A sample's digest arrives in its summary, computed once by the publisher.
@@ -194,7 +216,11 @@ class Assembler:
             for output in outputs:
                 if isinstance(output, Closed):
                     decisions.append(self._decision_op(args, output))
-                elif output.reason in _IGNORED_COUNTER:
+                    self._dead_letter_refused(args, output.entries)
+                    continue
+                # Ignored (a duplicate, a late result, ...): accounted as such, refused or not.
+                self._refused.pop(output.entry_id, None)
+                if output.reason in _IGNORED_COUNTER:
                     acks.setdefault(_IGNORED_COUNTER[output.reason], []).append(output.entry_id)
                 elif output.reason == UNKNOWN_TASK:
                     args += ["L", output.task_id, output.entry_id, output.detail[:MAX_DETAIL_CHARS],
@@ -233,6 +259,34 @@ class Assembler:
             decoded.append((entry_id, fields, event))
         self._largest_entry = largest
         return decoded
+
+    def _refuse_untrainable(self, decoded: list[tuple[str, Any, Any]]) -> None:
+        """Check the payload of every sample this round may fold; a refused one's slot result is replaced in
+        ``decoded`` by a failed one saying why, and its entry noted for the dead letter."""
+        samples = [at for at, (_, _, event) in enumerate(decoded) if isinstance(event, SlotResult)
+                   and event.sample is not None and event.task_id not in self.state.decided]
+        vocab_size = self.run_.config.vocab_size
+        for start in range(0, len(samples), PAYLOAD_READ_CHUNK):
+            chunk = samples[start:start + PAYLOAD_READ_CHUNK]
+            payloads = read_entries(self.client, self.keys.payloads, [decoded[at][0] for at in chunk])
+            for at, payload in zip(chunk, payloads):
+                entry_id, fields, event = decoded[at]
+                if payload is None and codec.is_inline_sample(fields):
+                    continue  # a schema-1 entry: its sample was inline, and checked when it decoded
+                problem = codec.payload_problem(payload, event, vocab_size=vocab_size,
+                                                max_entry_bytes=self.config.max_entry_bytes)
+                if problem is not None:
+                    decoded[at] = (entry_id, fields, refused(event, problem))
+                    self._refused[entry_id] = (problem, fields)
+
+    def _dead_letter_refused(self, args: list[Any], entries: tuple[str, ...]) -> None:
+        """Dead-letter the refused slot entries among a decided group's ``entries`` (in the decision's commit)."""
+        for entry_id in entries:
+            found = self._refused.pop(entry_id, None)
+            if found is not None:
+                problem, fields = found
+                log.warning("refused a sample (slot entry %s): %s", entry_id, problem[:200])
+                _dead_letter(args, INVALID_SAMPLE, entry_id, problem, fields)
 
     def _load_decided(self, decoded: list[tuple[str, Any, Any]]) -> None:
         """Tell the fold which tasks named in this round but not open are already decided (one HMGET)."""
@@ -292,6 +346,13 @@ class Assembler:
         if now >= earliest:
             self._seq += 1
             self.client.xadd(self.keys.slots, codec.encode(Tick(now=now, producer=self.name, seq=self._seq)))
+
+
+def refused(result: SlotResult, problem: str) -> SlotResult:
+    """What the fold takes for a sample the assembler refused: a failed slot saying why (`verify` must fold
+    a slot entry dead-lettered as `INVALID_SAMPLE` the same way)."""
+    return SlotResult(task_id=result.task_id, slot=result.slot, outcome="failed", producer=result.producer,
+                      seq=result.seq, error=f"invalid sample: {problem}"[:MAX_REFUSAL_CHARS])
 
 
 def _dead_letter(args: list[Any], reason: str, entry_id: str, detail: str, fields: dict[Any, Any]) -> None:

@@ -7,7 +7,11 @@ its task pending; whoever reclaims it republishes every slot and the assembler c
 as duplicates (first result wins). Deciding groups is not the worker's business.
 
 The user function takes a `SlotRequest` and returns a `Sample` (usable), None (rejected), or
-raises (failed, with the exception text). It may be sync (run on a thread pool) or async.
+raises (failed, with the exception text). It may be sync (run on a thread pool) or async. A sample
+whose values cannot train (`streamgrp.core.value_checks`: non-finite or positive logprobs, token ids
+below 0 or at or above the run's ``vocab_size``, a loss mask that is not 0/1 or trains nothing) is
+published as a failed slot saying what is wrong (`InvalidSample`), counted as ``invalid``: values are
+refused where they enter, and a bad rollout never stops the worker.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from streamgrp.store import scripts
 from streamgrp.store.connection import is_outage, outage_of, replicate
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
-from streamgrp.store.runs import recorded_partitions
+from streamgrp.store.runs import read_record, recorded_partitions
 from streamgrp.store.streams import (
     ensure_group,
     entry_id_str,
@@ -55,6 +59,14 @@ MAX_ERROR_CHARS = 4000
 PUBLISH_CHUNK = 64
 #: Task acknowledgements one publish call carries at most (`publish.lua`'s bound on its input).
 MAX_ACKS_PER_PUBLISH = 256
+#: At most one warning about refused samples per this many seconds (a rollout bug refuses every slot).
+REFUSAL_LOG_EVERY_S = 60.0
+#: ``vocab_size`` not given: the run's record says it.
+RECORDED = "recorded"
+
+
+class InvalidSample(ValueError):
+    """A rollout returned a sample whose values cannot train; published as a failed slot with this text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +100,13 @@ class WorkerClient:
 
     def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0,
                  max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES, metrics: Any = None,
-                 partitions: Sequence[PartitionKeys] | None = None, take_from: Collection[int] | None = None) -> None:
+                 partitions: Sequence[PartitionKeys] | None = None, take_from: Collection[int] | None = None,
+                 vocab_size: int | None | str = RECORDED) -> None:
         self.client = client
         self.keys = keys
+        #: Token ids at or above it are refused (None: only negative ones); by default the run's record's.
+        self.vocab_size = _recorded_vocab_size(client, keys) if vocab_size == RECORDED else vocab_size
+        self._refusals = _RefusalLog()
         # Not given: the run's record names them (writing to the unpartitioned keys of a partitioned
         # run would publish where no assembler reads).
         self.partitions = tuple(partitions) if partitions else recorded_partitions(client, keys)
@@ -175,10 +191,21 @@ class WorkerClient:
         """Publish one slot result; when this returns, the result is in the server (SPEC section 5)."""
         return self.publish_many([(task_id, slot, result)])[0]
 
+    def check(self, result: Sample | BaseException | None) -> Sample | BaseException | None:
+        """``result`` as it is published: a sample whose values cannot train becomes an `InvalidSample`."""
+        if not isinstance(result, Sample):
+            return result
+        problem = result.value_problem(self.vocab_size)
+        if problem is None:
+            return result
+        self._refusals.add(problem)
+        return InvalidSample(problem)
+
     def publish_many(self, results: Sequence[tuple[str, int, Sample | BaseException | None]], *,
-                     done: Sequence[Task] = ()) -> list[str]:
+                     done: Sequence[Task] = (), checked: bool = False) -> list[str]:
         """Publish slot results (``(task_id, slot, result)``: a `Sample`, None for a rejection, an exception
         for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot entry ids.
+        Each result is `check`ed first, unless ``checked`` says the caller did.
 
         When this returns, every result is in the server. A sample's tensors go to the payloads stream
         and its summary, with the payload's digest, to the group log, both in one script call (per
@@ -194,7 +221,7 @@ class WorkerClient:
         ids: list[str] = [""] * len(results)
         for index, positions in by_partition.items():
             part = self.partitions[index]
-            triples = [self._encode(*results[at]) for at in positions]
+            triples = [self._encode(*results[at], checked=checked) for at in positions]
             for start in range(0, len(triples), PUBLISH_CHUNK):
                 chunk = triples[start:start + PUBLISH_CHUNK]
                 acks = owed.pop(index, []) if start + PUBLISH_CHUNK >= len(triples) else []
@@ -212,10 +239,13 @@ class WorkerClient:
         replicate(self.client)
         return ids
 
-    def _encode(self, task_id: str, slot: int, result: Sample | BaseException | None) -> tuple[bytes, bytes, bytes]:
+    def _encode(self, task_id: str, slot: int, result: Sample | BaseException | None, *,
+                checked: bool) -> tuple[bytes, bytes, bytes]:
         """(slot header, payload header, payload blob) for one result; the payload is empty without a sample."""
         with self._seq_lock:
             seq = next(self._seq)
+        if not checked:
+            result = self.check(result)
         if isinstance(result, Sample):
             slot_header, payload_header, blob = codec.encode_sample(task_id, slot, result, producer=self.name, seq=seq)
             size = entry_size({codec.HEADER: payload_header, codec.BLOB: blob})
@@ -352,7 +382,8 @@ class WorkerProcess:
                 complete.append(item.task)
         if ready:
             results = [(item.task.event.task_id, index, item.futures[index].result()) for item, index in ready]
-            self.worker.publish_many(results, done=complete)  # a publish error surfaces here and stops the worker
+            # a publish error surfaces here and stops the worker; results were checked on their slot's thread
+            self.worker.publish_many(results, done=complete, checked=True)
             for (item, index), (_, _, result) in zip(ready, results):
                 item.published.add(index)
                 self._count(result, item.requests[index].version)
@@ -361,7 +392,8 @@ class WorkerProcess:
 
     def _count(self, result: Any, version: int) -> None:
         if self.metrics is not None:
-            outcome = "failed" if isinstance(result, BaseException) else "rejected" if result is None else "sample"
+            outcome = "invalid" if isinstance(result, InvalidSample) else \
+                "failed" if isinstance(result, BaseException) else "rejected" if result is None else "sample"
             self.metrics.slots.labels(outcome).inc()
             self.metrics.policy_version.set(version)
 
@@ -376,7 +408,38 @@ class WorkerProcess:
                 result = TypeError(f"rollout returned {type(result).__name__}; return a streamgrp.Sample or None")
         except Exception as exc:
             result = exc
-        return result
+        return self.worker.check(result)
+
+
+def _recorded_vocab_size(client: redis.Redis, keys: RunKeys) -> int | None:
+    """The vocabulary size the run recorded; None when it recorded none, or has no readable record yet."""
+    first = client.xrange(keys.control, "-", "+", count=1)
+    if not first:
+        return None
+    try:
+        return read_record(keys.run, first[0][1], "the control stream's first entry")[1].vocab_size
+    except (ConfigError, DecodeError):
+        return None
+
+
+class _RefusalLog:
+    """Warns about refused samples at most once per `REFUSAL_LOG_EVERY_S`, with how many there were since
+    (slot threads refuse concurrently; a rollout bug refuses every slot, and must not flood the log)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since = 0
+        self._warned_at: float | None = None
+
+    def add(self, problem: str) -> None:
+        with self._lock:
+            self._since += 1
+            now = time.monotonic()
+            if self._warned_at is not None and now - self._warned_at < REFUSAL_LOG_EVERY_S:
+                return
+            count, self._since, self._warned_at = self._since, 0, now
+        log.warning("%d sample(s) published as failed slots since the last warning: their values cannot train "
+                    "(the latest: %s)", count, problem)
 
 
 def _wait_any(in_flight, timeout: float | None = None) -> None:

@@ -141,14 +141,14 @@ def _batcher(k: RunKeys) -> RoleAccess:
 
 def _trainer(k: RunKeys) -> RoleAccess:
     written = (k.control, k.committed, k.commits, k.version, k.trainer_metrics, k.weights("*"), k.deadletter,
-               k.deadlettered, k.counts)
+               k.deadlettered, k.counts, k.attempt, k.checkpoint)
     return RoleAccess(
         "trainer", "reads steps and their payloads, commits or fails them, advances the policy version, "
         "publishes weights and per-step metrics",
         read=(k.steps, k.payloads, k.slots, k.batcher_state, RUNS),
         write=written,
         commands=(*_RUN_LOOKUP, "xread", "xadd", "get", "set", "del", "multi", "exec", "hget", "hset", "hsetnx",
-                  "hincrby"))
+                  "hincrby", "hgetall"))
 
 
 def _archiver(k: RunKeys) -> RoleAccess:

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from streamgrp.errors import ArchiveError, ConfigError
+from streamgrp.store.archive_files import open_lock
 from streamgrp.store.archive_layout import read_meta
 from streamgrp.store.keys import check_run_name
 
@@ -38,7 +39,7 @@ def archive_in_use(directory: str | os.PathLike[str]) -> bool:
     """True while an archiver holds the directory's ``LOCK`` (`streamgrp.store.archive_writer`)."""
     try:
         # No O_CREAT: probing must not leave a LOCK file in a directory that has none.
-        fd = os.open(Path(directory) / "LOCK", os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_lock(Path(directory) / "LOCK", os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
@@ -80,7 +81,7 @@ def remove_archive(directory: str | os.PathLike[str], run: str, *, force: bool =
     if meta.get("run") != run:
         raise ConfigError(f"{directory} is the archive of run {meta.get('run')!r}, not {run!r}; nothing removed")
     size = archive_bytes(directory)
-    fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_lock(directory / "LOCK", os.O_RDWR | os.O_CREAT)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

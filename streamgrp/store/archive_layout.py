@@ -22,10 +22,13 @@ from typing import Any
 import orjson
 
 from streamgrp.errors import ArchiveError
+from streamgrp.store.archive_files import RegularFile
 
 __all__ = ["ARCHIVE_FORMAT", "default_archive_dir", "read_meta", "segment_paths"]
 
 ARCHIVE_FORMAT = "streamgrp.archive/1"
+#: ``meta.json`` holds a format, a run name and an id: far below this.
+_MAX_META_BYTES = 64 * 1024
 
 
 def default_archive_dir(data_dir: str | os.PathLike[str], run: str) -> Path:
@@ -53,12 +56,16 @@ def _segment_number(path: Path) -> int | None:
 def read_meta(directory: Path) -> dict[str, Any] | None:
     """The archive's ``meta.json``; None when there is none (not an archive, or not one yet)."""
     try:
-        meta = orjson.loads((directory / "meta.json").read_bytes())
+        with RegularFile(directory / "meta.json", "archive record") as file:
+            meta = orjson.loads(file.read_all(limit=_MAX_META_BYTES))
     except FileNotFoundError:
         return None
     except orjson.JSONDecodeError as exc:
         raise ArchiveError(f"{directory / 'meta.json'} is not JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != ARCHIVE_FORMAT:
-        raise ArchiveError(f"{directory} is not a streamgrp archive (meta.json format "
-                           f"{meta.get('format') if isinstance(meta, dict) else meta!r}, expected {ARCHIVE_FORMAT})")
+        found = meta.get("format") if isinstance(meta, dict) else meta
+        raise ArchiveError(f"{directory} is not a streamgrp archive (meta.json format {found!r:.80}, expected "
+                           f"{ARCHIVE_FORMAT})")
+    if not isinstance(meta.get("run"), str) or not isinstance(meta.get("archive_id"), str):
+        raise ArchiveError(f"{directory / 'meta.json'} is damaged (no run name or archive id); restore it from a copy")
     return meta

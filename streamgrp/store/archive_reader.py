@@ -3,7 +3,9 @@
 Finds entries by stream and id range over all segments. An id can be in several segments after a
 crash (the archiver copies again what it had written but not yet recorded as progress); the bytes
 are the same, and the copy in the later segment wins. Every record read is checked to be whole and
-to be the entry its index names.
+to be the entry its index names, and every file is read as `streamgrp.store.archive_files` says: a
+regular file, never through a link, never past its size. Whatever is wrong raises `ArchiveError`
+naming the file (and, in a segment, the offset).
 
 Owns finding and reading entries and the snapshot; knows nothing of Redis or of what the entries
 mean (`streamgrp.store.sources.ArchiveSource` serves them to replay).
@@ -22,6 +24,7 @@ from typing import Any
 import orjson
 
 from streamgrp.errors import ArchiveError, ConfigError
+from streamgrp.store.archive_files import RegularFile
 from streamgrp.store.archive_layout import read_meta, segment_paths
 from streamgrp.store.segment_file import load_index, scan_segment
 from streamgrp.store.segment_format import (
@@ -53,7 +56,7 @@ class ArchiveReader:
                               "archiver wrote (default <data_dir>/archive/<run>)")
         self.meta = meta
         self._indexes: dict[int, tuple[tuple[bool, int], SegmentIndex]] = {}
-        self._open: OrderedDict[int, int] = OrderedDict()
+        self._open: OrderedDict[int, RegularFile] = OrderedDict()
         self._paths: dict[int, Path] = {}
         self._max_open = max_open
 
@@ -63,8 +66,8 @@ class ArchiveReader:
 
     def close(self) -> None:
         while self._open:
-            _, fd = self._open.popitem()
-            os.close(fd)
+            _, file = self._open.popitem()
+            file.close()
 
     def __del__(self) -> None:
         try:
@@ -85,9 +88,9 @@ class ArchiveReader:
         out = []
         for number, path in segment_paths(self.directory):
             self._paths[number] = path
-            idx = path.with_suffix(".idx")
-            sealed = idx.exists()
-            stamp = (sealed, 0 if sealed else path.stat().st_size)
+            # lexists and lstat: a link is not followed here; opening it is refused (archive_files)
+            sealed = os.path.lexists(path.with_suffix(".idx"))
+            stamp = (sealed, 0 if sealed else _size(path))
             cached = self._indexes.get(number)
             if cached is None or cached[0] != stamp:
                 if sealed:
@@ -108,10 +111,13 @@ class ArchiveReader:
     def _read(self, number: int, offset: int, size: int, stream: str, entry_id: str) -> Record:
         """The record the index puts at ``offset``, checked to be whole and to be ``stream``'s ``entry_id``."""
         path = self._paths[number]
-        try:
-            raw = os.pread(self._fd(number), size, offset)
-        except OSError as exc:  # the segment went away or is unreadable since it was indexed
-            raise ArchiveError(f"segment {path} cannot be read ({exc}); restore it from a copy") from None
+        # Never past the indexed record (which lies inside the segment's sealed or scanned length),
+        # nor past the file's size when it was opened.
+        file = self._file(number)
+        if offset + size > file.size:  # a segment being written grew since it was opened: look at it again
+            self._open.pop(number).close()
+            file = self._file(number)
+        raw = file.read(offset, size)
         decoded = decode_record_or_problem(raw, 0)
         if isinstance(decoded, str):
             raise ArchiveError(f"segment {path} is damaged at offset {offset} ({decoded}): the record its index "
@@ -124,18 +130,22 @@ class ArchiveReader:
                                       f"entry {record.entry_id} is")
         return record
 
-    def _fd(self, number: int) -> int:
-        """An open descriptor of segment ``number``; at most ``max_open`` stay open, the least recently used close."""
-        fd = self._open.get(number)
-        if fd is None:
-            fd = os.open(self._paths[number], os.O_RDONLY)
-            self._open[number] = fd
+    def _file(self, number: int) -> RegularFile:
+        """Segment ``number``, open; at most ``max_open`` stay open, the least recently used close."""
+        file = self._open.get(number)
+        if file is None:
+            path = self._paths[number]
+            try:
+                file = RegularFile(path, "segment")
+            except FileNotFoundError:  # gone since it was indexed
+                raise ArchiveError(f"segment {path} is gone since it was indexed; restore it from a copy") from None
+            self._open[number] = file
             if len(self._open) > self._max_open:
                 _, old = self._open.popitem(last=False)
-                os.close(old)
+                old.close()
         else:
             self._open.move_to_end(number)
-        return fd
+        return file
 
     def get(self, stream: str, ids: Sequence[str]) -> list[Fields | None]:
         """The fields of each id of ``stream``, None where the archive does not hold it."""
@@ -190,13 +200,53 @@ class ArchiveReader:
     # -- the snapshot ---------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any] | None:
+        """The snapshot the archiver took when it last caught up, checked to have the shape readers use."""
+        path = self.directory / "snapshot.json"
         try:
-            return orjson.loads((self.directory / "snapshot.json").read_bytes())
+            with RegularFile(path, "snapshot") as file:
+                snapshot = orjson.loads(file.read_all())
         except FileNotFoundError:
             return None
         except orjson.JSONDecodeError as exc:
-            raise ArchiveError(f"{self.directory / 'snapshot.json'} is damaged ({exc}); the archiver rewrites it "
-                               "when it next catches up") from None
+            raise _damaged_snapshot(path, str(exc)) from None
+        problem = _snapshot_problem(snapshot)
+        if problem is not None:
+            raise _damaged_snapshot(path, problem)
+        return snapshot
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.lstat(path).st_size
+    except FileNotFoundError:
+        return 0  # gone since it was listed: opening it says so
+
+
+def _damaged_snapshot(path: Path, problem: str) -> ArchiveError:
+    return ArchiveError(f"{path} is damaged ({problem}); delete it and the archiver rewrites it when it next catches "
+                        "up")
+
+
+def _strings(values: Any) -> bool:
+    return isinstance(values, dict) and all(isinstance(value, str) for value in values.values())
+
+
+def _consumer_groups(infos: Any) -> bool:
+    return isinstance(infos, list) and all(
+        isinstance(info, dict) and isinstance(info.get("last_delivered", ""), str) for info in infos)
+
+
+def _snapshot_problem(snapshot: Any) -> str | None:
+    """What in a snapshot is not the shape `streamgrp.services.archiver` writes, as far as readers rely on it."""
+    if not isinstance(snapshot, dict):
+        return f"it holds a JSON {type(snapshot).__name__}, not an object"
+    hashes = snapshot.get("hashes", {})
+    if not (isinstance(hashes, dict) and all(_strings(values) for values in hashes.values())):
+        return "its 'hashes' are not objects of strings"
+    groups = snapshot.get("groups", {})
+    if not (isinstance(groups, dict) and all(_consumer_groups(infos) for infos in groups.values())):
+        return "its 'groups' are not lists of consumer groups"
+    return None
 
 
 def _run(recs: list[tuple[IdKey, str, int, int]], number: int) -> Iterator[tuple[IdKey, int, str, int, int]]:

@@ -19,8 +19,9 @@ from typing import Any
 import orjson
 
 from streamgrp.errors import ArchiveError, ConfigError
+from streamgrp.store.archive_files import open_lock
 from streamgrp.store.archive_layout import ARCHIVE_FORMAT, read_meta, segment_paths
-from streamgrp.store.private import open_private, private_dir
+from streamgrp.store.private import private_dir
 from streamgrp.store.segment_file import (
     SegmentWriter,
     fsync_dir,
@@ -78,7 +79,7 @@ class ArchiveWriter:
         """
         sealed = 0
         for number, path in segment_paths(self.directory):
-            if not path.with_suffix(".idx").exists():
+            if not os.path.lexists(path.with_suffix(".idx")):  # a link there is refused by readers, not replaced
                 index = scan_segment(path, number)
                 index.sealed = True
                 write_atomic(path.with_suffix(".idx"), index.to_json())
@@ -124,7 +125,7 @@ class ArchiveWriter:
 
 def _lock(path: Path):
     """Hold ``path`` locked for as long as the returned file is open; a second writer is refused at once."""
-    handle = open_private(path, "a+")
+    handle = os.fdopen(open_lock(path, os.O_RDWR | os.O_CREAT), "r+b")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -4,12 +4,20 @@ Owns how every streamgrp process talks to Redis/Valkey. `connect` returns a `Ser
 server) or, with ``cluster=True``, a `ClusterClient` (a Redis Cluster, discovered from the node in
 the URL). Both are redis-py clients (`Riding` holds what they share) whose commands ride out an
 *outage* (a refused or reset connection, a paused server's read timeout, ``LOADING`` while a
-restarted server reads its AOF, ``OOM`` from a full ``noeviction`` server, ``READONLY`` during a
+restarted server reads its AOF, ``BUSY`` while a script or function runs past the server's time
+limit, ``OOM`` from a full ``noeviction`` server, ``READONLY`` during a
 failover, ``CLUSTERDOWN``/``TRYAGAIN`` or no reachable node of a cluster): the command is sent again with bounded
 exponential backoff and full jitter, one warning is logged when the outage starts and one when
 the server is back, and after ``outage_budget_s`` seconds of one outage the command raises
 `OutageBudgetExceeded`. A stop requested meanwhile (SIGTERM) raises `StopRequested`, so a
-process shuts down quietly while the server is gone.
+process shuts down quietly while the server is gone. Every new connection (the first, and each
+reconnect after an outage or an idle server's restart) checks that the server does not evict keys:
+a restarted or replaced server may have come back configured otherwise. A TLS certificate refusal
+is no outage: it raises `ServerError` at once (`credentials.tls_refusal`).
+
+A ``BUSY`` server (a script stuck in a loop, from any client with the right to run one) answers
+nothing else until the script ends or an administrator sends ``SCRIPT KILL``/``FUNCTION KILL``; the
+commands that met it did not run, so repeating them is as safe as after a refused connection.
 
 Why retry here and not with redis-py's own ``Retry``: redis-py retries every command blindly.
 Most of ours are safe to repeat: reads, acknowledgements, the commit scripts (each checks a
@@ -34,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -42,10 +51,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+from redis._parsers.helpers import parse_info
 from redis.backoff import NoBackoff
 from redis.client import Pipeline
 from redis.cluster import ClusterPipeline, TransactionStrategy
 from redis.retry import Retry
+from redis.utils import str_if_bytes
 
 from streamgrp.config import TlsFiles
 from streamgrp.errors import (
@@ -54,7 +65,13 @@ from streamgrp.errors import (
     ServerError,
     StopRequested,
 )
-from streamgrp.store.credentials import auth_options, safe_url, url_without_password  # noqa: F401 - both here too
+from streamgrp.store.credentials import (  # noqa: F401 - url_without_password here too
+    auth_options,
+    safe_url,
+    tls_refusal,
+    url_warnings,
+    url_without_password,
+)
 from streamgrp.store.resp import RespPacker
 from streamgrp.store.streams import keep_every_field
 
@@ -83,15 +100,21 @@ OUTAGE_ERRORS: tuple[type[Exception], ...] = (
 NOT_REPEATED = frozenset({b"XREADGROUP", b"XAUTOCLAIM", b"XCLAIM", b"INCR", b"INCRBY", b"DECR", b"DECRBY",
                           b"HINCRBY", b"HINCRBYFLOAT", b"INCRBYFLOAT"})
 MEMORY_WARNING_RATIO = 0.9
+#: A ``BUSY`` reply (a script or function running past the time limit), alone or inside a pipeline's
+#: annotated error; not ``BUSYKEY`` or ``BUSYGROUP``, which are answers about keys.
+_BUSY_REPLY = re.compile(r"(?:^|: )BUSY\s")
 
 
 def is_outage(exc: BaseException) -> bool:
-    """True for an error that says the server is unavailable right now (including a script's OOM)."""
+    """True for an error that says the server is unavailable right now (including a script's OOM and BUSY)."""
     if isinstance(exc, redis.AuthenticationError):  # a ConnectionError to redis-py, but waiting cannot fix it
         return False
     if isinstance(exc, OUTAGE_ERRORS):
-        return True
-    return isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc)
+        return tls_refusal(exc, "") is None  # a refused certificate is refused on every attempt
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    text = str(exc)
+    return "OOM command not allowed" in text or _BUSY_REPLY.search(text) is not None
 
 
 @dataclass
@@ -127,6 +150,9 @@ class Outage:
                 result = fn(*args, **kwargs)
             except Exception as exc:
                 if not is_outage(exc):
+                    refusal = tls_refusal(exc, self.name)
+                    if refusal is not None:
+                        raise refusal from None
                     raise
                 self.failed(exc, attempt)
                 attempt += 1
@@ -202,7 +228,13 @@ class Riding:
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         if not self.riding or self.outage is None or _command_name(args) in NOT_REPEATED:
-            return super().execute_command(*args, **options)
+            try:
+                return super().execute_command(*args, **options)
+            except redis.ConnectionError as exc:  # raised to the role as an outage, unless waiting cannot help
+                refusal = tls_refusal(exc, self.outage.name if self.outage is not None else "the server")
+                if refusal is not None:
+                    raise refusal from None
+                raise
         return self.outage.call(super().execute_command, *args, **options)
 
     @property
@@ -377,9 +409,14 @@ def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop:
     certificate; on a cluster both apply to every node.
     """
     where = safe_url(url)
+    for warning in url_warnings(url):
+        log.warning("%s", warning)
     options = dict(decode_responses=False, socket_keepalive=True, socket_timeout=SOCKET_TIMEOUT_S,
                    socket_connect_timeout=SOCKET_TIMEOUT_S, retry=Retry(NoBackoff(), 0),
                    **auth_options(url, password, tls))
+    if check_settings:
+        # A cluster client runs its own connection set-up first, then this; a single client only this.
+        options["redis_connect_func"] = _eviction_checked(where, set_up=not cluster)
     outage = Outage(budget_s=outage_budget_s, stop=stop, name=f"the {'cluster' if cluster else 'server'} at {where}")
     if cluster:
         client: ServerClient | ClusterClient = outage.call(_join_cluster, url, options, where)
@@ -403,6 +440,24 @@ def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop:
             # A named ACL user is a role's: its rules deny CONFIG, so asking would only fill the ACL log.
             outage.call(check_server_settings, server, server_where, read_config=not urlsplit(url).username)
     return client
+
+
+def _eviction_checked(where: str, *, set_up: bool) -> Callable[[Any], None]:
+    """A redis-py ``redis_connect_func``: on every new connection, refuse a server that evicts keys.
+
+    Checked per connection, not only at `connect`: redis-py reconnects by itself, after an outage
+    and after an idle server restarted, and the server that answers then may be configured to
+    evict. ``set_up``: run redis-py's own set-up (AUTH, HELLO) first, which the cluster client does itself.
+    """
+    def connect_func(connection: Any) -> None:
+        if set_up:
+            connection.on_connect()
+        connection.send_command("INFO", "memory")
+        info = parse_info(str_if_bytes(connection.read_response()))
+        server = where if set_up else f"{where} (node {connection.host}:{connection.port})"
+        refuse_eviction(info, server)
+
+    return connect_func
 
 
 def _join_cluster(url: str, options: dict[str, Any], where: str) -> ClusterClient:
@@ -448,13 +503,7 @@ def check_server_settings(client: redis.Redis, where: str, *, read_config: bool 
     restarted trainer would start again from step 0: that is refused, not warned about.
     """
     memory = client.info("memory")
-    policy = str(memory.get("maxmemory_policy", "noeviction"))
-    if policy != "noeviction":
-        raise ConfigError(
-            f"the server at {where} evicts keys (maxmemory-policy {policy}): it would silently delete a run's "
-            "committed steps, decisions and leases. Set maxmemory-policy to noeviction (CONFIG SET "
-            "maxmemory-policy noeviction, or in its configuration file); a full server then refuses writes, "
-            "which streamgrp waits out and reports")
+    refuse_eviction(memory, where)
     maxmemory, used = int(memory.get("maxmemory", 0) or 0), int(memory.get("used_memory", 0) or 0)
     if maxmemory and used >= MEMORY_WARNING_RATIO * maxmemory:
         log.warning("the server at %s uses %d of its %d bytes of maxmemory; writes stop when it is full "
@@ -475,6 +524,17 @@ def check_server_settings(client: redis.Redis, where: str, *, read_config: bool 
     if fsync in (b"no", "no"):
         log.warning("the server at %s runs appendfsync no: a machine crash can lose about 30 s of acknowledged "
                     "writes; use everysec (about 1 s) or always (none)", where)
+
+
+def refuse_eviction(memory: dict[str, Any], where: str) -> None:
+    """Raise `ConfigError` when ``INFO memory`` says the server evicts keys."""
+    policy = str(memory.get("maxmemory_policy", "noeviction"))
+    if policy != "noeviction":
+        raise ConfigError(
+            f"the server at {where} evicts keys (maxmemory-policy {policy}): it would silently delete a run's "
+            "committed steps, decisions and leases. Set maxmemory-policy to noeviction (CONFIG SET "
+            "maxmemory-policy noeviction, or in its configuration file); a full server then refuses writes, "
+            "which streamgrp waits out and reports")
 
 
 def outage_of(client: redis.Redis) -> Outage:

@@ -143,8 +143,19 @@ class RunKeys(_FoldLayout):
 
     @property
     def version(self) -> str:
-        """The current policy version (steps every rank committed)."""
+        """The current policy version (grows by one per step every rank committed; see `TrainingResumed`)."""
         return self._key("version")
+
+    @property
+    def attempt(self) -> str:
+        """Hash: the trainer group's current attempt (number, first step, version base, the steps it may
+        have handed out, each rank's process token); `streamgrp.train.attempt` owns it."""
+        return self._key("trainer:attempt")
+
+    @property
+    def checkpoint(self) -> str:
+        """Hash: the newest `CheckpointSaved` by step (``step``, ``h``); never trimmed, unlike ``commits``."""
+        return self._key("trainer:checkpoint")
 
     @property
     def trainer_metrics(self) -> str:

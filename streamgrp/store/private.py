@@ -3,8 +3,8 @@
 Owns the modes streamgrp creates what it writes with: directories ``0700`` and files ``0600``,
 whatever the umask (which can only take bits away). A run's archive, its server's append-only file
 and the roles' logs hold prompts, samples and error texts; the data directory holds the server's
-record. It deliberately leaves alone what already exists (a directory the user made keeps its mode)
-and files the user names for output (``--out``), which are created the usual way.
+record. It deliberately leaves alone what already exists (a directory the user made keeps its mode);
+a report written to the file ``report --out`` names is created ``0600`` too (it quotes error texts).
 
 Pure ``os``: the server commands import it without paying for ``redis``.
 """

@@ -9,9 +9,13 @@ that `SegmentWriter` (with `streamgrp.store.archive_writer.ArchiveWriter`) keeps
   write of an archiver killed mid-append, only ever at the end of the segment it was writing. A
   damaged record that a whole record follows is therefore not a torn write but damage (a bad disk,
   an edit, a copy gone wrong): reading or sealing past it would lose every record after it for good,
-  so it raises `ArchiveError` and the file is left as it is;
+  so it raises `ArchiveError` and the file is left as it is. So does a record that passes its
+  checksum but does not decode, wherever it is: no crash writes one;
 - a sealed segment's index file is loaded only when its size is plausible for its segment, then
-  checked in full (`SegmentIndex.from_json`).
+  checked in full (`SegmentIndex.from_json`);
+- segments and indexes are read only as regular files, never through a link, never past their size
+  at open (`streamgrp.store.archive_files`): a link to ``/dev/zero``, a FIFO or a sparse file of
+  gigabytes raises `ArchiveError` or costs only its written bytes, never ``MemoryError`` or a hang.
 
 Also owns the durable-write helpers every archive file uses (`write_atomic`, `fsync_dir`). Knows
 nothing of the archive directory around the segment, of Redis, or of what the entries mean.
@@ -24,18 +28,27 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from streamgrp.errors import ArchiveError
+from streamgrp.store.archive_files import RegularFile, regular_size
 from streamgrp.store.private import open_private
 from streamgrp.store.segment_format import (
+    PREFIX_SIZE,
     RECORD_MAGIC,
     SEGMENT_MAGIC,
+    Record,
     SegmentIndex,
+    Undecodable,
     damaged_index_error,
-    decode_record_or_problem,
+    decode_at,
     encode_record,
     id_key,
+    record_size,
 )
 
 __all__ = ["SegmentWriter", "fsync_dir", "load_index", "scan_segment", "write_atomic"]
+
+#: Bytes read at a time while indexing a segment or searching it for a record: what a scan holds in
+#: memory besides the record it decodes, whatever the segment's size.
+_WINDOW = 8 * 1024 * 1024
 
 
 def scan_segment(path: Path, number: int, *, resume: SegmentIndex | None = None) -> SegmentIndex:
@@ -43,74 +56,122 @@ def scan_segment(path: Path, number: int, *, resume: SegmentIndex | None = None)
 
     A record that does not decode is a torn tail when nothing whole follows it (a crash mid-append);
     when a whole record does follow, it is damage, and nothing is returned that a caller could seal.
+    A record that passes its checksum but does not decode is damage wherever it is.
 
     ``resume``: an index of the same segment taken earlier; only the bytes after its readable part
     are read (a segment being written only grows, and its torn tail may since have been completed).
+
+    Reads the file a window at a time, never past the size it had when opened, so a huge (or
+    sparse) file costs time in proportion to its written bytes and memory in proportion to its
+    largest record; a link or special file is refused (`streamgrp.store.archive_files`).
     """
     index = SegmentIndex(number, 0)
-    base = 0
-    with open(path, "rb") as handle:
+    with RegularFile(path, "segment") as file:
+        source = _Window(file)
         if resume is not None and resume.length >= len(SEGMENT_MAGIC):
-            index.length = base = resume.length
+            if file.size < resume.length:
+                raise ArchiveError(f"segment {path} shrank to {file.size} bytes after {resume.length} were read from "
+                                   "it: it was replaced or truncated under the reader. Restore it from a copy")
+            index.length = offset = resume.length
             index.streams = {name: list(recs) for name, recs in resume.streams.items()}
-            handle.seek(base)
-        data = handle.read()
-    if base == 0:
-        if not data.startswith(SEGMENT_MAGIC):
+        elif file.read(0, len(SEGMENT_MAGIC)) != SEGMENT_MAGIC:
             # killed before the magic reached the disk, or not a segment; a damaged magic has records after it
-            _refuse_damage(path, data, 0, 0, "its magic bytes are wrong")
-            index.torn = bool(data)
+            _refuse_damage(source, path, 0, Undecodable("its magic bytes are wrong"))
+            index.torn = file.size > 0
             return index
-        offset = len(SEGMENT_MAGIC)
-    else:
-        offset = 0
-    unordered = False
-    while offset < len(data):
-        decoded = decode_record_or_problem(data, offset)
-        if isinstance(decoded, str):
-            _refuse_damage(path, data, offset, base, decoded)
-            index.torn = True
-            break
-        record, after = decoded
-        recs = index.streams.setdefault(record.stream, [])
-        key = id_key(record.entry_id)
-        unordered |= bool(recs) and key <= recs[-1][0]  # never with our writer; stay right for other files
-        recs.append((key, record.entry_id, base + offset, after - offset))
-        offset = after
-    index.length = base + offset
+        else:
+            offset = len(SEGMENT_MAGIC)
+        unordered = False
+        while offset < file.size:
+            decoded = source.record(offset)
+            if isinstance(decoded, Undecodable):
+                _refuse_damage(source, path, offset, decoded)
+                index.torn = True
+                break
+            record, after = decoded
+            recs = index.streams.setdefault(record.stream, [])
+            key = id_key(record.entry_id)
+            unordered |= bool(recs) and key <= recs[-1][0]  # never with our writer; stay right for other files
+            recs.append((key, record.entry_id, offset, after - offset))
+            offset = after
+    index.length = offset
     if unordered:
         for recs in index.streams.values():
             recs.sort()
     return index
 
 
-def _refuse_damage(path: Path, data: bytes, offset: int, base: int, problem: str) -> None:
-    """Raise `ArchiveError` when a whole record follows the undecodable bytes at ``offset`` of ``data``.
+class _Window:
+    """A segment's bytes, read a window at a time from its `RegularFile`: what `scan_segment` decodes."""
 
-    ``data`` holds the segment from byte ``base`` on. A torn tail has nothing whole after it; anything
-    else is damage that neither the reader nor the archiver may skip or seal over.
+    def __init__(self, file: RegularFile) -> None:
+        self.file = file
+        self._start = 0
+        self._data = b""
+
+    def _view(self, offset: int, length: int) -> memoryview:
+        end = min(offset + length, self.file.size)
+        if not (self._start <= offset and end <= self._start + len(self._data)):
+            self._data = self.file.read(offset, max(end - offset, _WINDOW))
+            self._start = offset
+        at = offset - self._start
+        return memoryview(self._data)[at:at + end - offset]
+
+    def record(self, offset: int) -> tuple[Record, int] | Undecodable:
+        """The record at ``offset`` and the offset after it, or what is wrong there; reads only what it declares."""
+        size = record_size(self._view(offset, PREFIX_SIZE))
+        if isinstance(size, Undecodable):
+            return size
+        if offset + size > self.file.size:
+            return Undecodable(f"the record's {size - PREFIX_SIZE} bytes run past the end of the file")
+        decoded = decode_at(self._view(offset, size), 0)
+        if isinstance(decoded, Undecodable):
+            return decoded
+        return decoded[0], offset + decoded[1]
+
+
+def _refuse_damage(source: _Window, path: Path, offset: int, problem: Undecodable) -> None:
+    """Raise `ArchiveError` unless the undecodable bytes at ``offset`` are a torn tail.
+
+    A torn tail is incomplete or fails its checksum, and has nothing whole after it; anything else
+    is damage that neither the reader nor the archiver may skip or seal over.
     """
-    following = _next_record(data, offset + 1)
+    restore = (f"Nothing was sealed or truncated. Restore {path.name} from a copy, or move it out of {path.parent} to "
+               "go on without the entries it holds")
+    if problem.whole:
+        raise ArchiveError(f"segment {path} is damaged at offset {offset} ({problem.problem}): no crash writes such a "
+                           f"record, so it was altered. {restore}")
+    following = _next_record(source, offset + 1)
     if following is None:
         return
     raise ArchiveError(
-        f"segment {path} is damaged at offset {base + offset} ({problem}), yet a whole record follows at offset "
-        f"{base + following}: this is not the torn tail a crash leaves. Nothing was sealed or truncated. Restore "
-        f"{path.name} from a copy, or move it out of {path.parent} to go on without the entries it holds")
+        f"segment {path} is damaged at offset {offset} ({problem.problem}), yet a whole record follows at offset "
+        f"{following}: this is not the torn tail a crash leaves. {restore}")
 
 
-def _next_record(buffer: bytes, start: int) -> int | None:
+def _next_record(source: _Window, start: int) -> int | None:
     """The offset of the first whole, checksummed record at or after ``start``, if any.
 
     Only used after a record failed to decode, to tell a torn tail (nothing whole after it) from
-    damage in the middle. Candidates are found by their magic; a false one is cheap to reject
-    because its lengths must fit the buffer and its checksum must match.
+    damage in the middle. Candidates are found by their magic, a window at a time, skipping the
+    holes of a sparse file; a false one is cheap to reject because its lengths must fit the file
+    and its checksum must match.
     """
-    at = buffer.find(RECORD_MAGIC, start)
-    while at != -1:
-        if not isinstance(decode_record_or_problem(buffer, at), str):
-            return at
-        at = buffer.find(RECORD_MAGIC, at + 1)
+    file = source.file
+    at: int | None = start
+    while at is not None:
+        at = file.data_from(at)
+        if at is None:
+            return None
+        chunk = file.read(at, _WINDOW)
+        hit = chunk.find(RECORD_MAGIC)
+        while hit != -1:
+            if not isinstance(source.record(at + hit), Undecodable):
+                return at + hit
+            hit = chunk.find(RECORD_MAGIC, hit + 1)
+        if at + len(chunk) >= file.size:
+            return None
+        at += len(chunk) - (len(RECORD_MAGIC) - 1)  # a magic across the window's end is found in the next one
     return None
 
 
@@ -118,11 +179,11 @@ def load_index(path: Path, number: int) -> SegmentIndex:
     """The checked index of sealed segment ``number`` at ``path``; an unreadable one raises `ArchiveError`."""
     idx = path.with_suffix(".idx")
     try:
-        segment_size = path.stat().st_size
-        index_size = idx.stat().st_size
-        if index_size > _max_index_bytes(segment_size):  # refuse before reading a huge file into memory
-            raise damaged_index_error(idx, f"{index_size} bytes, too large for a {segment_size}-byte segment")
-        raw = idx.read_bytes()
+        segment_size = regular_size(path, "segment")
+        with RegularFile(idx, "segment index") as file:
+            if file.size > _max_index_bytes(segment_size):  # refuse before reading a huge file into memory
+                raise damaged_index_error(idx, f"{file.size} bytes, too large for a {segment_size}-byte segment")
+            raw = file.read_all()
     except OSError as exc:
         raise ArchiveError(f"segment index {idx} cannot be read ({exc}); delete it and the archiver rebuilds it from "
                            "its segment on the next start") from None
@@ -186,7 +247,9 @@ class SegmentWriter:
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a reader or a crash sees the old or the new file whole."""
     partial = path.with_name(path.name + ".partial")
-    with open_private(partial, "wb") as handle:
+    # Created afresh (O_EXCL): a link left at the partial name is removed, never written through.
+    partial.unlink(missing_ok=True)
+    with open_private(partial, "xb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())

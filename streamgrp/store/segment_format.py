@@ -7,7 +7,10 @@ A segment file is an 8-byte magic, then records, each::
     body    each field's name then its value, raw bytes, back to back
 
 so every field name and value round-trips byte for byte (dead-letter entries carry whatever names the
-bad input had). No pickle.
+bad input had). No pickle. A record whose checksum matches but whose header is not one this format
+writes (a stream name that is no string, an id that is no stream id, field sizes that do not add up)
+is `Undecodable` with ``whole`` set: a crash never leaves one (a torn write fails its lengths or its
+checksum), so readers refuse it wherever it is instead of taking it for a torn tail.
 
 A sealed segment's index file (``NNNNNNNN.idx``) is orjson: each stream's first and last id and
 every record's id, offset and size. `SegmentIndex.from_json` checks it before it is used: every
@@ -34,13 +37,15 @@ import orjson
 from streamgrp.errors import ArchiveError
 from streamgrp.store.keys import IdKey, id_key
 
-__all__ = ["INDEX_FORMAT", "RECORD_MAGIC", "SEGMENT_MAGIC", "Fields", "IdKey", "Record", "SegmentIndex",
-           "damaged_index_error", "decode_record", "decode_record_or_problem", "encode_record", "id_key"]
+__all__ = ["INDEX_FORMAT", "PREFIX_SIZE", "RECORD_MAGIC", "SEGMENT_MAGIC", "Fields", "IdKey", "Record", "SegmentIndex",
+           "Undecodable", "damaged_index_error", "decode_at", "decode_record", "decode_record_or_problem",
+           "encode_record", "id_key", "record_size"]
 
 INDEX_FORMAT = "streamgrp.segment-index/1"
 SEGMENT_MAGIC = b"SGSEG01\n"
 RECORD_MAGIC = b"SGR1"
 _PREFIX = struct.Struct("<4sIII")
+PREFIX_SIZE = _PREFIX.size
 _MAX_HEADER = 64 * 1024 * 1024
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")  # a stream entry id: two u64s
 
@@ -67,40 +72,95 @@ class Record:
     fields: Fields
 
 
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """What is wrong with the bytes at an offset. ``whole``: they are a complete record whose checksum
+    matches but whose header this format never writes, so they are no torn write but damage or forgery."""
+
+    problem: str
+    whole: bool = False
+
+
 def decode_record(buffer: bytes | memoryview, offset: int = 0) -> tuple[Record, int] | None:
     """The record at ``offset`` and the offset after it; None when it is incomplete or damaged."""
-    decoded = decode_record_or_problem(buffer, offset)
-    return None if isinstance(decoded, str) else decoded
+    decoded = decode_at(buffer, offset)
+    return None if isinstance(decoded, Undecodable) else decoded
 
 
 def decode_record_or_problem(buffer: bytes | memoryview, offset: int) -> tuple[Record, int] | str:
     """The record at ``offset`` and the offset after it, or what is wrong with it (for error messages)."""
-    end = offset + _PREFIX.size
-    if end > len(buffer):
-        return "the file ends inside the record's prefix"
-    magic, header_len, body_len, crc = _PREFIX.unpack_from(buffer, offset)
+    decoded = decode_at(buffer, offset)
+    return decoded.problem if isinstance(decoded, Undecodable) else decoded
+
+
+def record_size(prefix: bytes | memoryview) -> int | Undecodable:
+    """A record's whole size from its first `PREFIX_SIZE` bytes, before reading the rest of it."""
+    if len(prefix) < _PREFIX.size:
+        return Undecodable("the file ends inside the record's prefix")
+    magic, header_len, body_len, _crc = _PREFIX.unpack_from(prefix, 0)
     if magic != RECORD_MAGIC:
-        return f"no record starts there (bytes {magic!r})"
+        return Undecodable(f"no record starts there (bytes {bytes(magic)!r})")
     if header_len > _MAX_HEADER:
-        return f"a record header of {header_len} bytes"
-    if end + header_len + body_len > len(buffer):
-        return f"the record's {header_len + body_len} bytes run past the end of the file"
-    header = bytes(buffer[end:end + header_len])
-    body = bytes(buffer[end + header_len:end + header_len + body_len])
+        return Undecodable(f"a record header of {header_len} bytes")
+    return _PREFIX.size + header_len + body_len
+
+
+def decode_at(buffer: bytes | memoryview, offset: int) -> tuple[Record, int] | Undecodable:
+    """The record at ``offset`` and the offset after it, or what is wrong with the bytes there."""
+    size = record_size(buffer[offset:offset + _PREFIX.size])
+    if isinstance(size, Undecodable):
+        return size
+    end = offset + size
+    if end > len(buffer):
+        return Undecodable(f"the record's {size - _PREFIX.size} bytes run past the end of the file")
+    _magic, header_len, _body_len, crc = _PREFIX.unpack_from(buffer, offset)
+    start = offset + _PREFIX.size
+    header = bytes(buffer[start:start + header_len])
+    body = bytes(buffer[start + header_len:end])
     if zlib.crc32(body, zlib.crc32(header)) != crc:
-        return "the record fails its checksum"
+        return Undecodable("the record fails its checksum")
+    if not header:  # zeroed lengths and checksum "match" (the CRC of nothing is 0): a zeroed block, not a forgery
+        return Undecodable("the record's header is empty")
+    record = _parse_header(header, body)
+    if isinstance(record, str):
+        return Undecodable(f"its checksum matches but {record}", whole=True)
+    return record, end
+
+
+def _parse_header(header: bytes, body: bytes) -> Record | str:
+    """The record a checksummed header and body describe, or what in the header is not what `encode_record` writes.
+
+    Checked in full so that no reader later meets a stream name that is no string, an id it cannot
+    order, or a field that slices past the body.
+    """
     try:
         meta = orjson.loads(header)
-        fields, at = {}, 0
-        for name_len, value_len in meta["f"]:
-            fields[body[at:at + name_len]] = body[at + name_len:at + name_len + value_len]
-            at += name_len + value_len
-        record = Record(meta["s"], meta["i"], fields)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return "the record's header is not a record header"
-    if at != body_len:
-        return "the record's field sizes do not add up to its body"
-    return record, end + header_len + body_len
+    except orjson.JSONDecodeError:
+        return "its header is not JSON"
+    if not isinstance(meta, dict):
+        return f"its header is a JSON {type(meta).__name__}, not an object"
+    stream, entry_id, sizes = meta.get("s"), meta.get("i"), meta.get("f")
+    if not isinstance(stream, str) or not stream:
+        return f"its stream name is {stream!r:.80}"
+    if not isinstance(entry_id, str) or not _ENTRY_ID.fullmatch(entry_id):
+        return f"its entry id is {entry_id!r:.80}, not MS-SEQ"
+    if not isinstance(sizes, list):
+        return f"its field sizes are {sizes!r:.80}, not a list"
+    fields: Fields = {}
+    at = 0
+    for pair in sizes:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)):
+            return f"a field size is {pair!r:.80}, not [name length, value length]"
+        name_end = at + pair[0]
+        value_end = name_end + pair[1]
+        if value_end > len(body):
+            return f"its field sizes run past its {len(body)}-byte body"
+        fields[body[at:name_end]] = body[name_end:value_end]
+        at = value_end
+    if at != len(body):
+        return f"its field sizes add up to {at} bytes, not its {len(body)}-byte body"
+    return Record(stream, entry_id, fields)
 
 
 # -- the index of one segment -----------------------------------------------------------------------

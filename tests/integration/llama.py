@@ -81,3 +81,24 @@ def stop_llama(server: LlamaServer) -> None:
         except subprocess.TimeoutExpired:
             server.proc.kill()
             server.proc.wait()
+
+
+def anchor_token(server: LlamaServer) -> int:
+    """A token whose piece is plain ASCII ("a"), so forcing it always gets a probability entry back."""
+    return server.post("/tokenize", {"content": "a", "add_special": False})["tokens"][-1]
+
+
+def teacher_forced(server: LlamaServer, context: list[int], token: int, anchor: int) -> float:
+    """llama-server's own log-probability of ``token`` right after ``context``: the token forced by a logit
+    bias (which changes sampling, not the reported pre-sampling log-probability). llama-server reports no
+    entry for a token whose piece ends inside a UTF-8 character; for those, the whole distribution at that
+    position is read off the anchor's entry: its top 64 first, then (n_probs above the vocabulary) all."""
+    for forced, n_probs in ((token, 1), (anchor, 64), (anchor, 1 << 17)):
+        reply = server.post("/completion", {"prompt": context, "n_predict": 1, "n_probs": n_probs,
+                                            "return_tokens": True, "temperature": 1.0, "top_k": 0,
+                                            "logit_bias": [[forced, 1000.0]]})
+        for entry in reply.get("completion_probabilities", [])[:1]:
+            for candidate in (entry, *entry["top_logprobs"]):
+                if candidate["id"] == token:
+                    return candidate["logprob"]
+    raise AssertionError(f"llama-server scores no token {token} after {context[-8:]}")

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from inference_fakes import (
     Action,
+    byte_tokens,
     close_enough,
     logprob_of,
     next_tokens,
@@ -21,7 +22,7 @@ from inference_fakes import (
 from streamgrp.services.inference import InferenceRollout
 from streamgrp.services.inference.adapter import GenerationFailed, Retry
 from streamgrp.services.inference.dialect import ProtocolError, Sampling
-from streamgrp.services.inference.http import ClientError
+from streamgrp.services.inference.http import ClientError, ReplyTooLarge
 from streamgrp.services.inference.llamacpp import LlamaCpp
 from streamgrp.services.inference.pool import ServerPool
 from streamgrp.services.inference.sglang import SGLang
@@ -197,3 +198,109 @@ def test_least_loaded_prefers_the_idle_server():
         assert {first, second} == {"http://a", "http://b"} and third in ("http://a", "http://b")
         assert pool.in_flight[third] == 2
     assert pool.in_flight == {"http://a": 0, "http://b": 0}
+
+
+# -- one log-probability per generated token, and replies bounded by what was asked ---------------------------
+
+
+@pytest.fixture
+def fake_llama():
+    server, stop = start("llamacpp")
+    yield server
+    stop()
+
+
+MULTI_BYTE = "中文 ok 😀 汉字!"
+
+
+def test_llama_cpp_tokens_of_multi_byte_characters_get_their_own_log_probabilities(fake_llama):
+    """llama-server reports a probability entry only where the text ends in a whole character; every other
+    token is scored again, teacher-forced, and the sample has one log-probability per generated id."""
+    fake_llama.then(Action(text=MULTI_BYTE))
+    sample = rollout(fake_llama, max_tokens=64)(slot())
+    completion = byte_tokens(MULTI_BYTE)
+    ids, mask, logprobs = rows(sample)
+    assert ids == PROMPT + completion and mask == [0] * 3 + [1] * len(completion)
+    assert close_enough(logprobs, [0.0] * 3 + [logprob_of(t) for t in completion])
+    held_back = sum(len(c.encode()) - 1 for c in MULTI_BYTE)  # all but each character's last byte
+    assert held_back == 11 and sample.meta["rescored"] == held_back and sample.meta["finish"] == "stop"
+    assert sample.meta["text"] == MULTI_BYTE
+    # each scored on its own prefix, on the server that generated it
+    scored = fake_llama.scorings()
+    assert len(scored) == held_back
+    assert sorted(len(body["prompt"]) - len(PROMPT) for body in scored) == [
+        i for i, _ in enumerate(completion) if i not in _positions_with_entries(MULTI_BYTE)]
+
+
+def _positions_with_entries(text: str) -> set[int]:
+    ends, at = set(), -1
+    for character in text:
+        at += len(character.encode())
+        ends.add(at)
+    return ends
+
+
+def test_llama_cpp_a_character_cut_off_by_the_token_limit_keeps_its_tokens(fake_llama):
+    fake_llama.then(Action(text="ab中"))
+    sample = rollout(fake_llama, max_tokens=4)(slot())  # "a", "b" and two of 中's three bytes
+    assert rows(sample)[0] == PROMPT + byte_tokens("ab中")[:4]
+    assert close_enough(rows(sample)[2], [0.0] * 3 + [logprob_of(t) for t in byte_tokens("ab中")[:4]])
+    assert sample.meta["finish"] == "length" and sample.meta["rescored"] == 2
+
+
+def test_llama_cpp_a_token_found_only_among_all_log_probabilities_is_still_scored(fake_llama):
+    # 200 other tokens rank above 中's two held-back bytes in the fake's distribution, so the first scoring
+    # request (top 64) misses both. Forced, the continuation byte is reported; the lead byte is not (its piece
+    # ends inside a character): all log-probabilities find it.
+    fake_llama.generated += [1001 + i * 7 for i in range(200)]  # logprob_of = -1/8, the highest
+    fake_llama.then(Action(text="中"))
+    sample = rollout(fake_llama, max_tokens=8)(slot())
+    assert close_enough(rows(sample)[2][3:], [logprob_of(t) for t in byte_tokens("中")])
+    assert [body["n_probs"] for body in fake_llama.scorings()] == [64, 1, 1 << 17, 64, 1]
+
+
+def test_llama_cpp_a_token_no_request_can_score_fails_the_slot_saying_why(fake_llama):
+    nothing = Action("raw", raw=b'{"content": "", "tokens": [1], "stop_type": "limit", "model": "smollm2"}')
+    fake_llama.then(Action(text="中"), Action(), nothing, nothing, nothing)  # Action(): the anchor's /tokenize
+    with pytest.raises(ProtocolError, match="completion token 0 \\(id 2228\\) came without a log-probability, and "
+                                            "scoring it again teacher-forced gave none either"):
+        rollout(fake_llama, max_tokens=8)(slot())
+
+
+def test_llama_cpp_a_server_that_changed_models_before_scoring_fails_the_slot(fake_llama):
+    fake_llama.then(Action(text="中", model="smollm2@v1"), Action(), Action(model="smollm2@v2"))
+    with pytest.raises(GenerationFailed, match="changed models between generating \\('smollm2@v1'\\) and scoring"):
+        rollout(fake_llama, max_tokens=8)(slot())
+
+
+def test_more_tokens_than_asked_fail_the_slot(fake):
+    fake.then(Action(over=2))
+    with pytest.raises(ProtocolError, match="has 8 tokens, more than the 6 the request allowed"):
+        rollout(fake, max_tokens=6)(slot())
+
+
+@pytest.mark.parametrize(("value", "message"), [(1e308, "not a finite float32"), (0.5, "above 0 by more than")])
+def test_log_probabilities_that_cannot_train_fail_the_slot(fake, value, message):
+    fake.then(Action(logprob=value))
+    with pytest.raises(ProtocolError, match=f"completion token 0 is .*{message}"):
+        rollout(fake)(slot())
+    assert len(fake.generations()) == 1  # not retried: the same request gets the same answer
+
+
+def test_float_noise_above_zero_is_recorded_as_zero(fake):
+    fake.then(Action(logprob=3e-5))
+    assert rows(rollout(fake)(slot()))[2][3] == 0.0
+
+
+@pytest.mark.parametrize("kind", ["raw", "flood"])
+def test_a_reply_far_larger_than_max_tokens_justifies_is_cut_off_and_not_retried(fake, kind):
+    # 6 tokens after a 3-token prompt: about 74 KB allowed; 4 MB is not read to the end.
+    fake.default = Action(kind, raw=b'{"text": "' + b"x" * (4 << 20) + b'"}')
+    with pytest.raises(ReplyTooLarge, match="over the \\d+ bytes allowed.*9 tokens' worth.*not retried"):
+        rollout(fake, attempts=3, timeout_s=10)(slot())
+    assert len(fake.generations()) == 1
+
+
+def test_a_long_completion_is_not_mistaken_for_a_runaway_reply(fake):
+    sample = rollout(fake, max_tokens=2000, timeout_s=10)(slot())
+    assert len(rows(sample)[0]) == 3 + 2000

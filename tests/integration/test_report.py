@@ -219,6 +219,7 @@ def test_the_command_writes_report_run_html_by_default(client, redis_url, built_
     out = tmp_path / "elsewhere.html"
     assert streamgrp("report", "--redis-url", redis_url, "--run", built_run.name, "--out", str(out)).returncode == 0
     assert out.read_text() == written.read_text()  # deterministic: no wall-clock stamps in the page
+    assert oct(written.stat().st_mode & 0o777) == oct(out.stat().st_mode & 0o777) == "0o600"  # only its owner reads
 
 
 def test_the_command_names_what_to_fix(redis_url, run_name, tmp_path):

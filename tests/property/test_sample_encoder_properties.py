@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,16 +25,24 @@ def _samples(draw) -> Sample:
     row_lengths = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
     total = sum(row_lengths)
 
-    def tensor(dtype: str, itemsize: int) -> RawArray:
-        return RawArray(dtype=dtype, shape=(total,), data=draw(st.binary(min_size=total * itemsize,
-                                                                          max_size=total * itemsize)))
+    def tensor(dtype: str, fmt: str, values) -> RawArray:
+        data = struct.pack(f"<{total}{fmt}", *draw(st.lists(values, min_size=total, max_size=total)))
+        if dtype == "bfloat16":  # a float32's high half: as negative and finite as the float32
+            data = b"".join(data[at + 2:at + 4] for at in range(0, len(data), 4))
+        return RawArray(dtype=dtype, shape=(total,), data=data)
 
-    mask = draw(st.sampled_from(_MASK_DTYPES))
+    # Any values a sample can train on: ids of every size, a 0/1 mask with a 1, logprobs from -max to 0.
+    ids = draw(st.sampled_from([("int32", "i", 2**31 - 1), ("int64", "q", 2**63 - 1)]))
+    mask = tensor(draw(st.sampled_from(_MASK_DTYPES)), "B", st.integers(0, 1))
+    at = draw(st.integers(0, total - 1))
+    mask = mask.model_copy(update={"data": mask.data[:at] + b"\x01" + mask.data[at + 1:]})
     logprobs = draw(st.sampled_from(_LOGPROB_DTYPES))
+    width = {"float32": 32, "float16": 16, "bfloat16": 32, "float64": 64}[logprobs]
+    fmt = {"float32": "f", "float16": "e", "bfloat16": "f", "float64": "d"}[logprobs]
     return Sample(
-        token_ids=tensor(*draw(st.sampled_from([("int32", 4), ("int64", 8)]))),
-        loss_mask=tensor(mask, 1),
-        logprobs=tensor(logprobs, {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[logprobs]),
+        token_ids=tensor(ids[0], ids[1], st.integers(0, ids[2])),
+        loss_mask=mask,
+        logprobs=tensor(logprobs, fmt, st.floats(max_value=0.0, allow_nan=False, allow_infinity=False, width=width)),
         row_lengths=row_lengths,
         rewards=tuple(draw(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=len(row_lengths),
                                     max_size=len(row_lengths)))),

@@ -56,8 +56,9 @@ def test_round_trip_is_exact(event):
     assert type(decoded) is type(event)
 
 
-def test_tensor_bytes_round_trip_bit_exact_including_nan_and_negative_zero():
-    special = RawArray(dtype="float32", shape=(4,), data=bytes.fromhex("0000c07f" "00000080" "0000807f" "01000000"))
+def test_tensor_bytes_round_trip_bit_exact_including_negative_zero_and_subnormals():
+    # -0.0, the smallest negative subnormal, the most negative float32, +0.0 (NaN cannot train: refused)
+    special = RawArray(dtype="float32", shape=(4,), data=bytes.fromhex("00000080" "01000080" "ffff7fff" "00000000"))
     sample = Sample(token_ids=RawArray.from_values([1, 2, 3, 4], "int32"),
                     loss_mask=RawArray.from_values([0, 1, 1, 1], "uint8"), logprobs=special,
                     row_lengths=(4,), rewards=(0.1,), version=0)

@@ -3,6 +3,8 @@ the LM trainer's mismatch figures."""
 
 from __future__ import annotations
 
+import json
+import math
 import random
 
 import pytest
@@ -70,27 +72,90 @@ def test_the_lm_trainers_mismatch_counts_only_completion_tokens():
     assert mismatch(server, trainer, torch.zeros_like(mask)) == {"tokens_compared": 0}
 
 
-def _llama_reply(tokens: list[int], probs_for: int, stop_type: str = "limit") -> dict:
+def _llama_reply(tokens: list[int], entries: list[int], stop_type: str = "limit") -> dict:
     return {"tokens": tokens, "content": "ab", "stop_type": stop_type, "model": "policy@v0",
-            "completion_probabilities": [{"id": t, "logprob": -0.5} for t in tokens[:probs_for]]}
+            "completion_probabilities": [{"id": t, "logprob": -0.5 - t / 100} for t in entries]}
 
 
-def test_llama_cpp_tokens_of_a_held_back_character_are_dropped_with_a_note():
+@pytest.mark.parametrize(("tokens", "entries", "unscored"), [
+    ([5, 6, 200], [5, 6], (2,)),  # a character cut off at the end: its byte token has no entry
+    ([5, 201, 202, 7], [5, 202, 7], (1,)),  # a 2-token character inside the text: the first has none
+    ([201, 202, 203], [203], (0, 1)),  # a 3-byte character, the only one
+    ([201], [], (0,)),  # nothing kept at all
+    ([5, 6], [5, 6], ()),
+])
+def test_llama_cpp_tokens_without_a_probability_entry_are_kept_and_named_for_scoring(tokens, entries, unscored):
     from streamgrp.services.inference.llamacpp import LlamaCpp
 
-    generation = LlamaCpp().parse(_llama_reply([5, 6, 200], probs_for=2))
-    assert generation.token_ids == [5, 6] and generation.logprobs == [-0.5, -0.5]
-    assert generation.finish == "length" and "1 trailing token(s) of an incomplete character dropped" in generation.reason
-    whole = LlamaCpp().parse(_llama_reply([5, 6], probs_for=2, stop_type="eos"))
-    assert whole.token_ids == [5, 6] and whole.finish == "stop" and whole.reason == ""
+    reply = _llama_reply(tokens, entries)
+    if not entries:
+        del reply["completion_probabilities"]  # llama-server leaves the field out when it kept no entry
+    generation = LlamaCpp().parse(reply)
+    assert generation.token_ids == tokens and generation.unscored == unscored and generation.finish == "length"
+    for position, (token, value) in enumerate(zip(tokens, generation.logprobs)):
+        assert math.isnan(value) if position in unscored else value == -0.5 - token / 100
 
 
-def test_llama_cpp_a_reply_missing_more_probabilities_than_a_character_is_refused():
+def test_llama_cpp_a_repeated_id_in_a_held_back_run_is_scored_again_not_guessed():
+    from streamgrp.services.inference.llamacpp import LlamaCpp, align
+
+    # [lead, 98, 98]: the one entry for 98 may be either position; both are scored again.
+    assert align([300, 98, 98], [98]) == [None, None, None]
+    assert align([7, 300, 98, 98, 7], [7, 98, 7]) == [0, None, None, None, 2]
+    generation = LlamaCpp().parse(_llama_reply([300, 98, 98], [98]))
+    assert generation.unscored == (0, 1, 2)
+
+
+def test_llama_cpp_a_stop_words_tokens_are_kept_as_generated():
+    from streamgrp.services.inference.llamacpp import LlamaCpp
+
+    # llama-server cuts the stop word's entries, not its tokens: the policy generated them, as it does EOS.
+    generation = LlamaCpp().parse({**_llama_reply([5, 6, 7, 8], [5, 6], "word"), "stopping_word": "\n\n"})
+    assert generation.token_ids == [5, 6, 7, 8] and generation.unscored == (2, 3) and generation.finish == "stop"
+
+
+def test_llama_cpp_entries_that_are_not_its_tokens_in_order_are_refused():
     from streamgrp.services.inference.dialect import ProtocolError
     from streamgrp.services.inference.llamacpp import LlamaCpp
 
-    with pytest.raises(ProtocolError, match="6 tokens but 2 completion_probabilities"):
-        LlamaCpp().parse(_llama_reply([1, 2, 3, 4, 5, 6], probs_for=2))
+    with pytest.raises(ProtocolError, match="are not the ids of its 3 tokens in order"):
+        LlamaCpp().parse(_llama_reply([1, 2, 3], [2, 1]))
+    with pytest.raises(ProtocolError, match="no numeric logprob.*post_sampling_probs must stay off"):
+        LlamaCpp().parse({**_llama_reply([1], []), "completion_probabilities": [{"id": 1, "prob": 0.5}]})
+    with pytest.raises(ProtocolError, match="ignored the request's n_probs"):
+        LlamaCpp().parse({**_llama_reply([1], []), "completion_probabilities": None,
+                          "generation_settings": {"n_probs": 0}})
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (1e308, "not a finite float32"), (-1e39, "not a finite float32"), (float("nan"), "not a finite float32"),
+    (float("-inf"), "not a finite float32"), (-3.4028234663852886e38, "not a finite float32"),
+    (0.5, "above 0 by more than"), (0.0011, "above 0 by more than")])
+def test_log_probabilities_that_cannot_train_fail_the_slot(value, message):
+    from streamgrp.services.inference.dialect import ProtocolError, checked_logprobs
+
+    with pytest.raises(ProtocolError, match=f"completion token 1 is .*{message}"):
+        checked_logprobs([-1.0, value], "the test reply")
+
+
+def test_float_noise_above_zero_is_recorded_as_zero():
+    from streamgrp.services.inference.dialect import LOGPROB_TOLERANCE, checked_logprobs
+
+    assert checked_logprobs([-2.5, LOGPROB_TOLERANCE / 2, 0.0, -3e38], "r") == [-2.5, 0.0, 0.0, -3e38]
+
+
+@pytest.mark.parametrize(("dialect", "extra", "field"), [
+    ("llamacpp", {"stream": True}, "stream"), ("llamacpp", {"post_sampling_probs": True}, "post_sampling_probs"),
+    ("llamacpp", {"n_probs": 5}, "n_probs"), ("vllm", {"logprobs": 5}, "logprobs"), ("vllm", {"echo": True}, "echo"),
+    ("sglang", {"stream": True}, "stream"), ("sglang", {"sampling_params": {"max_new_tokens": 9}}, "max_new_tokens")])
+def test_sampling_extras_that_would_change_the_replys_shape_are_refused(dialect, extra, field):
+    from streamgrp.config import InferenceConfig
+    from streamgrp.errors import ConfigError
+    from streamgrp.services.inference import build_rollout
+
+    with pytest.raises(ConfigError, match=f"--sampling sets .*{field}.*remove it"):
+        build_rollout(dialect, InferenceConfig(sampling=json.dumps(extra)))
+    build_rollout(dialect, InferenceConfig(sampling=json.dumps({"seed": 3})))  # a sampling parameter is fine
 
 
 def test_the_lm_trainers_grpo_step_moves_a_real_causal_lm_and_records_loss_and_mismatch():

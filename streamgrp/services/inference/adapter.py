@@ -15,7 +15,14 @@ Owns what users get bitten by when they write this themselves:
   same request cannot help);
 - the slot's policy version is the weight version the server reports, else the run's version when
   the request started; a completion stitched from several segments (aborted, resubmitted, maybe
-  served by new weights) records the oldest version any segment used, so staleness is never understated.
+  served by new weights) records the oldest version any segment used, so staleness is never understated;
+- one log-probability per generated token id, always: where a reply lacks some (llama-server and
+  multi-byte characters), each missing one is scored again, teacher-forced, on the server that
+  generated it, or the slot fails saying why; every value must be a finite float32 not above 0
+  (float noise up to `core.value_checks.LOGPROB_TOLERANCE` is recorded as 0);
+- the reply is bounded by what was asked: never more tokens than ``max_tokens``, and a body is read
+  only up to what that many tokens (and the prompt echoed back) could take, so a runaway server fails
+  the slot at once instead of costing the worker its memory.
 
 Every wait is bounded (request deadline x attempts, backoff cap, resubmission cap), so a slot always
 ends: a sample, a rejection (the reward function returned None) or a failure with the reason.
@@ -27,15 +34,17 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from streamgrp.core.events import Sample
-from streamgrp.services.inference.dialect import Dialect, Generation, Sampling
+from streamgrp.services.inference.dialect import Dialect, Generation, ProtocolError, Sampling, checked_logprobs
 from streamgrp.services.inference.http import (
     InferenceError,
+    ReplyTooLarge,
     TransportError,
     request_json,
 )
@@ -44,6 +53,12 @@ from streamgrp.services.inference.pool import ServerPool
 RewardFn = Callable[[dict[str, Any], list[int], str], "float | None"]
 #: Tokenized text prompts kept per worker process: a task's slots share one tokenization.
 TOKENIZE_CACHE = 1024
+#: A reply may be this long beyond its tokens (settings, timings, ids; the request body is added too) ...
+REPLY_BASE_BYTES = 64 * 1024
+#: ... plus this much per token it can carry: prompt echoed back, generated, or log-probability entry. A
+#: generated token takes a few hundred bytes in the most verbose dialect (llama.cpp: its text three times
+#: over, as a string, as bytes, in its top log-probs), so this is room, not a squeeze.
+REPLY_BYTES_PER_TOKEN = 1024
 
 
 class GenerationFailed(InferenceError):
@@ -75,6 +90,7 @@ class Completion:
     reason: str = ""
     resubmits: int = 0
     attempts: int = 0
+    rescored: int = 0
     model: str = ""
 
     def add(self, generation: Generation, server: str, attempts: int) -> None:
@@ -85,6 +101,7 @@ class Completion:
         self.servers.append(server)
         self.finish, self.reason, self.model = generation.finish, generation.reason, generation.model
         self.attempts += attempts
+        self.rescored += len(generation.unscored)
 
 
 class InferenceRollout:
@@ -94,6 +111,7 @@ class InferenceRollout:
                  retry: Retry = Retry(), request_timeout_s: float = 120.0, on_abort: str = "resubmit",
                  max_resubmits: int = 4, keep_text: bool = True, sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None) -> None:
+        dialect.check_extra(sampling.extra)
         self.dialect = dialect
         self.pool = pool
         self.sampling = sampling
@@ -121,6 +139,8 @@ class InferenceRollout:
                                 "attempts": completion.attempts, "prompt_tokens": n_prompt, "model": completion.model}
         if completion.reason:
             meta["reason"] = completion.reason
+        if completion.rescored:
+            meta["rescored"] = completion.rescored  # log-probabilities the reply lacked, scored again
         if self.keep_text:
             meta["text"] = completion.text
         return Sample.from_rows(token_ids=[prompt_ids + completion.token_ids],
@@ -148,7 +168,7 @@ class InferenceRollout:
             cached = self._tokenized.get(key)
         if cached is None:
             path, body = request
-            cached, _, _ = self._with_retries(path, body, self.dialect.parse_tokens)
+            cached, _, _ = self._with_retries(path, body, self.dialect.parse_tokens, reply_tokens=len(key))
             if not cached:
                 raise ValueError(f"the {self.dialect.name} server tokenized the prompt to no tokens")
             with self._lock:
@@ -164,8 +184,11 @@ class InferenceRollout:
         completion = Completion()
         while True:
             budget = self.sampling.max_tokens - len(completion.token_ids)
-            path, body = self.dialect.generate(prompt_ids + completion.token_ids, replace(self.sampling, max_tokens=budget))
-            generation, server, attempts = self._with_retries(path, body, self.dialect.parse)
+            context = prompt_ids + completion.token_ids
+            path, body = self.dialect.generate(context, replace(self.sampling, max_tokens=budget))
+            generation, server, attempts = self._with_retries(path, body, self.dialect.parse,
+                                                              reply_tokens=len(context) + budget)
+            generation = self._every_logprob(generation, context, budget, server)
             completion.add(generation, server, attempts)
             if generation.finish != "abort":
                 return completion
@@ -181,18 +204,57 @@ class InferenceRollout:
                                        "--max-resubmits or find what keeps aborting it")
             completion.resubmits += 1
 
-    def _with_retries(self, path: str, body: dict[str, Any], parse: Callable[[Any], Any]) -> tuple[Any, str, int]:
-        """(parsed reply, server, attempts) of one request; transport errors retried with backoff."""
+    def _every_logprob(self, generation: Generation, context: list[int], budget: int, server: str) -> Generation:
+        """``generation`` within its budget, with the log-probabilities its reply lacked scored again, all checked."""
+        where = f"the {self.dialect.name} reply from {server}"
+        if len(generation.token_ids) > budget:
+            raise ProtocolError(f"{where} has {len(generation.token_ids)} tokens, more than the {budget} the request "
+                                "allowed; the server does not honour the token limit, so the slot fails")
+        values = list(generation.logprobs)
+        for position in generation.unscored:
+            values[position] = self._score(context + generation.token_ids[:position], generation.token_ids[position],
+                                           server, generation.model, where=f"{where}, completion token {position}")
+        return replace(generation, logprobs=checked_logprobs(values, where))
+
+    def _score(self, context: list[int], token: int, server: str, model: str, *, where: str) -> float:
+        """The log-probability of ``token`` after ``context``, teacher-forced on the server that sampled it
+        (another server may serve other weights)."""
+        anchor = self.prompt_ids({"text": self.dialect.anchor_text})[-1] if self.dialect.anchor_text else None
+        for path, body, entries in self.dialect.score_requests(context, token, anchor, self.sampling):
+            (value, scored_by), _, _ = self._with_retries(
+                path, body, lambda reply: self.dialect.parse_score(reply, token), reply_tokens=len(context) + entries,
+                server=server)
+            if scored_by != model:
+                raise GenerationFailed(f"{where}: the server changed models between generating ({model!r}) and scoring "
+                                       f"the token again ({scored_by!r}); the slot fails rather than mix two policies' "
+                                       "log-probabilities")
+            if value is not None:
+                return value
+        raise ProtocolError(f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
+                            f"gave none either, so it cannot be trained on; check the {self.dialect.name} server's "
+                            "version and flags (it must report log-probabilities, n_probs)")
+
+    def _with_retries(self, path: str, body: dict[str, Any], parse: Callable[[Any], Any], *, reply_tokens: int,
+                      server: str | None = None) -> tuple[Any, str, int]:
+        """(parsed reply, server, attempts) of one request, to ``server`` or one from the pool; transport errors
+        retried with backoff. The reply may hold ``reply_tokens`` tokens' worth of bytes, no more."""
+        limit = REPLY_BASE_BYTES + len(orjson.dumps(body)) + REPLY_BYTES_PER_TOKEN * reply_tokens
         avoid, last = None, None
         for attempt in range(1, self.retry.attempts + 1):
-            with self.pool.lease(avoid=avoid) as url:
+            with self.pool.lease(avoid=avoid) if server is None else nullcontext(server) as url:
                 try:
-                    reply = request_json("POST", url + path, body, timeout_s=self.request_timeout_s)
+                    reply = request_json("POST", url + path, body, timeout_s=self.request_timeout_s, max_bytes=limit)
                 except TransportError as exc:
-                    self.pool.failed(url)
+                    if server is None:
+                        self.pool.failed(url)
                     avoid, last = url, exc
+                except ReplyTooLarge as exc:
+                    raise ReplyTooLarge(f"{exc}, which is {reply_tokens} tokens' worth (prompt and --max-tokens) and "
+                                        "more than such a reply needs: the server is not answering what was asked "
+                                        "(check --server-url and --sampling); not retried") from None
                 else:
-                    self.pool.succeeded(url)
+                    if server is None:
+                        self.pool.succeeded(url)
                     return parse(reply.body), url, attempt
             if attempt < self.retry.attempts:
                 self.sleep(self.retry.pause(attempt, self.rng))

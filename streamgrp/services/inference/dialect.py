@@ -5,18 +5,31 @@ A `Dialect` turns token ids into one server's request body and that server's rep
 stopped, and the weight version it reports (if it reports one). Dialects are pure translation: no
 I/O, no retries (`streamgrp.services.inference.adapter` owns those), except `load_weights`, the
 weight-publishing call, which each dialect makes its own way.
+
+A reply may lack some log-probabilities it owes (llama-server leaves out the tokens that end inside a
+multi-byte character): the `Generation` names those positions in ``unscored``, and the dialect says how
+to score each again (`score_requests`, `parse_score`); the adapter sends those requests. Every
+log-probability then passes `checked_logprobs`: finite (as the float32 it is stored as) and not above 0
+beyond float noise.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from streamgrp.core.value_checks import LOGPROB_TOLERANCE
+from streamgrp.errors import ConfigError
 from streamgrp.services.inference.http import InferenceError
 
 Finish = Literal["stop", "length", "abort"]
+
+#: float32's largest finite value: a logprob at or beyond it becomes inf when stored as float32. llama.cpp
+#: writes log(0) as -FLT_MAX (its JSON cannot hold -inf), which is refused the same way.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 class ProtocolError(InferenceError):
@@ -38,7 +51,8 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Generation:
-    """One server answer: ``token_ids`` and ``logprobs`` have one entry per generated token."""
+    """One server answer: ``token_ids`` and ``logprobs`` have one entry per generated token; at the
+    positions in ``unscored`` the reply had no log-probability (the entry is NaN until scored again)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -47,12 +61,23 @@ class Generation:
     reason: str = ""
     weight_version: int | None = None
     model: str = ""
+    unscored: tuple[int, ...] = ()
 
 
 class Dialect(ABC):
     """One server kind's request and reply shapes."""
 
     name: str = ""
+    #: Request fields the dialect sets itself for the reply it parses; `--sampling` may not set them.
+    reserved: frozenset[str] = frozenset()
+
+    def check_extra(self, extra: dict[str, Any] | None) -> None:
+        """Refuse `--sampling` fields that would change the reply's shape (ids, log-probabilities, length)."""
+        clash = sorted(set(extra or {}) & self.reserved)
+        if clash:
+            raise ConfigError(f"--sampling sets {', '.join(clash)}, which the {self.name} adapter sets itself to get "
+                              "one log-probability per generated token id back; remove it (the length is "
+                              "--max-tokens)")
 
     @abstractmethod
     def generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]]:
@@ -69,6 +94,20 @@ class Dialect(ABC):
     def parse_tokens(self, body: Any) -> list[int]:
         return token_list(body.get("tokens") if isinstance(body, dict) else None, "tokens")
 
+    #: Text whose last token is a plain ASCII one (scoring requests force it where the token to score
+    #: could not be reported itself); None: the dialect needs none.
+    anchor_text: str | None = None
+
+    def score_requests(self, context: list[int], token: int, anchor: int | None,
+                       sampling: Sampling) -> list[tuple[str, dict[str, Any], int]]:
+        """(path, body, entries the reply may list) requests, tried in order until one gives the log-probability
+        of ``token`` right after ``context``; only dialects that leave `Generation.unscored` positions have any."""
+        return []
+
+    def parse_score(self, body: Any, token: int) -> tuple[float | None, str]:
+        """(the log-probability of ``token`` in a `score_requests` reply or None, the model name the reply gives)."""
+        return None, ""
+
     @abstractmethod
     def load_weights(self, url: str, path: str, version: int, *, timeout_s: float) -> str:
         """Tell the server at ``url`` to serve the weights in ``path`` as ``version``; a line for the record."""
@@ -84,6 +123,26 @@ def float_list(value: Any, what: str) -> list[float]:
     if not isinstance(value, list) or not all(type(v) in (int, float) for v in value):
         raise ProtocolError(f"{what} is not a list of numbers: {str(value)[:200]}")
     return [float(v) for v in value]
+
+
+def checked_logprobs(values: list[float], where: str) -> list[float]:
+    """``values`` with float noise above 0 (at most `LOGPROB_TOLERANCE`, the one `Sample` allows too: a
+    log-softmax of p = 1 in float32) set to 0; `ProtocolError` for a value that is not finite as float32 or
+    is positive beyond the tolerance, naming its position. Refused here, the slot fails with the server's
+    reply named, instead of the sample being dead-lettered later."""
+    checked = []
+    for position, value in enumerate(values):
+        if not (math.isfinite(value) and abs(value) < FLOAT32_MAX):
+            raise ProtocolError(f"{where}: the log-probability of completion token {position} is {value!r}, not a "
+                                "finite float32 (a token the server gives probability 0, or a broken reply); the "
+                                "slot fails rather than train on it")
+        if value > LOGPROB_TOLERANCE:
+            raise ProtocolError(f"{where}: the log-probability of completion token {position} is {value!r}, above 0 "
+                                f"by more than the {LOGPROB_TOLERANCE} float-noise tolerance, so it is no "
+                                "log-probability; check that the server reports log-softmax values (not logits or "
+                                "probabilities after sampling)")
+        checked.append(min(value, 0.0))
+    return checked
 
 
 def check_lengths(ids: list[int], logprobs: list[float], where: str) -> None:

@@ -7,7 +7,9 @@ caller should do about it:
   deadline passed, a 5xx or 429 answer, or a 2xx body that is not JSON (a server that died mid-reply
   sends half a body);
 - `ClientError` (never retried): any other 4xx answer, the request itself is wrong and sending it
-  again cannot help; its message carries the server's own error text.
+  again cannot help; its message carries the server's own error text;
+- `ReplyTooLarge` (never retried): the body is longer than the caller's ``max_bytes`` (what the request
+  could justify); reading stops there, so a runaway server costs the worker no more than that.
 
 The deadline bounds the whole exchange, connect to last byte: a server that accepts the connection
 and then trickles its answer one byte at a time is cut off like a silent one. Nothing here retries.
@@ -28,7 +30,7 @@ from streamgrp.errors import StreamgrpError
 
 #: Bytes read per recv while a body streams in; the deadline is checked between reads.
 READ_CHUNK = 64 * 1024
-#: A reply larger than this is refused: no generation server answers a completion with 256 MiB.
+#: The most any reply may be, whatever the caller allows: no generation server answers with 256 MiB.
 MAX_REPLY_BYTES = 256 * 1024 * 1024
 ERROR_TEXT_CHARS = 500
 
@@ -39,6 +41,10 @@ class InferenceError(StreamgrpError):
 
 class TransportError(InferenceError):
     """Worth retrying: unreachable, broken connection, timeout, 5xx/429, or a body that is not JSON."""
+
+
+class ReplyTooLarge(InferenceError):
+    """The body is longer than the request could justify; it was not read further and is not retried."""
 
 
 class ClientError(InferenceError):
@@ -56,12 +62,13 @@ class Reply:
 
 
 def request_json(method: str, url: str, body: Any = None, *, timeout_s: float,
-                 headers: dict[str, str] | None = None) -> Reply:
+                 headers: dict[str, str] | None = None, max_bytes: int = MAX_REPLY_BYTES) -> Reply:
     """``method url`` with ``body`` as JSON; the decoded JSON reply of a 2xx answer.
 
-    Raises `TransportError` or `ClientError` as the module docstring says; never waits longer than
-    ``timeout_s`` in all."""
+    Raises `TransportError`, `ClientError` or `ReplyTooLarge` as the module docstring says; never waits
+    longer than ``timeout_s`` in all, never reads more than ``max_bytes`` (at most `MAX_REPLY_BYTES`)."""
     deadline = time.monotonic() + timeout_s
+    max_bytes = min(max_bytes, MAX_REPLY_BYTES)
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ClientError(f"{url!r} is not an http:// or https:// URL; fix --server-url", 0)
@@ -74,7 +81,7 @@ def request_json(method: str, url: str, body: Any = None, *, timeout_s: float,
         connection.request(method, path, body=payload, headers=sent)
         _set_timeout(connection, deadline)
         response = connection.getresponse()
-        raw = _read_body(connection, response, deadline, url)
+        raw = _read_body(connection, response, deadline, f"{method} {url}", max_bytes)
     except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, bad status line
         raise TransportError(f"{method} {url}: {_describe(exc)}") from None
     finally:
@@ -90,7 +97,11 @@ def _set_timeout(connection: http.client.HTTPConnection, deadline: float) -> Non
         connection.sock.settimeout(left)
 
 
-def _read_body(connection, response: http.client.HTTPResponse, deadline: float, url: str) -> bytes:
+def _read_body(connection, response: http.client.HTTPResponse, deadline: float, what: str,
+               max_bytes: int) -> bytes:
+    declared = response.getheader("Content-Length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
+        raise ReplyTooLarge(f"{what}: the reply announces {int(declared)} bytes, over the {max_bytes} bytes allowed")
     chunks, size = [], 0
     while True:
         _set_timeout(connection, deadline)
@@ -98,8 +109,8 @@ def _read_body(connection, response: http.client.HTTPResponse, deadline: float, 
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)
-        if size > MAX_REPLY_BYTES:
-            raise http.client.HTTPException(f"reply from {url} is over {MAX_REPLY_BYTES} bytes")
+        if size > max_bytes:
+            raise ReplyTooLarge(f"{what}: the reply is over the {max_bytes} bytes allowed; stopped reading it")
         chunks.append(chunk)
 
 

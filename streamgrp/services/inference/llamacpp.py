@@ -2,12 +2,25 @@
 
 Request: ``POST /completion`` with the prompt as a token-id array (so no BOS is added and nothing is
 tokenized), ``n_predict``, ``return_tokens: true`` (the generated ids in ``tokens``) and ``n_probs: 1``
-(``completion_probabilities``: per generated token its ``id`` and ``logprob``, the log-softmax of
-the raw logits, before any sampler). Every sampler llama-server turns on by default that would make
-the sampled distribution differ from the policy's (top-k 40, min-p 0.05, repetition penalties) is
-turned off, so at temperature 1 the tokens are samples of exactly the distribution the log-probs
-describe. ``stop_type`` says why it stopped (``eos``/``word``: stop, ``limit``: length); llama.cpp
-has no abort reply (a server restarted mid-request breaks the connection: a transport error).
+(``completion_probabilities``: per reported token its ``id`` and ``logprob``, the log-softmax of the
+raw logits, before any sampler). Every sampler llama-server turns on by default that would make the
+sampled distribution differ from the policy's (top-k 40, min-p 0.05, repetition penalties) is turned
+off, so at temperature 1 the tokens are samples of exactly the distribution the log-probs describe.
+``stop_type`` says why it stopped (``eos``/``word``: stop, ``limit``: length); llama.cpp has no abort
+reply (a server restarted mid-request breaks the connection: a transport error).
+
+How llama-server builds the reply (tools/server, ``process_token`` and ``send_final_response``): every
+sampled id goes into ``tokens``, but a token's probability entry is kept only when the text generated
+so far ends in a complete UTF-8 character. The tokens of a character spread over several byte tokens,
+but its last, and the tokens of a character cut off at the end, have no entry; after a stop word, the
+last entries (as many as the stop word's own tokenization has) are cut too. Entries are never reordered
+or grouped, so they are the ids of ``tokens`` with some left out. `parse` aligns them (an entry is taken
+only where its position is certain) and names the positions left without one in
+`Generation.unscored`; `score_requests` scores each such token again, teacher-forced on the same server
+(the token after its prefix, forced by a logit bias, which changes sampling, not the reported
+pre-sampling log-probability). A token whose piece ends inside a character is never reported even
+then, so the request forces a plain ASCII token instead and reads the token from the top log-probs.
+Streaming replies leave those tokens out of ``tokens`` as well, so ``stream`` stays off.
 
 The weight version comes from the model alias the reply names (``--alias smollm2@v3`` with the
 adapter's ``--version-pattern``). llama.cpp cannot load new weights over HTTP: ``streamgrp
@@ -17,6 +30,7 @@ weight-sync --dialect llamacpp`` restarts the server it owns on each version's `
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from streamgrp.services.inference.dialect import (
@@ -33,12 +47,18 @@ from streamgrp.services.inference.dialect import (
 NEUTRAL_SAMPLERS = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                     "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0}
 STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
-#: A UTF-8 character is at most 4 bytes, so at most 3 byte tokens can precede its missing last byte.
-MAX_HELD_BACK = 3
+#: A logit bias no other token's logit overcomes: the scoring requests' way to force a token.
+FORCE_BIAS = 1000.0
+#: Top log-probs a scoring request asks for first (the sampled token is nearly always among them), then all
+#: (llama-server clamps n_probs to the vocabulary).
+SCORE_TOP, SCORE_ALL = 64, 1 << 17
 
 
 class LlamaCpp(Dialect):
     name = "llamacpp"
+    reserved = frozenset({"prompt", "n_predict", "max_tokens", "n_probs", "logprobs", "return_tokens", "stream",
+                          "post_sampling_probs", "response_fields", "n_cmpl", "n"})
+    anchor_text = "a"
 
     def __init__(self, *, version_pattern: str | None = None) -> None:
         self.version_pattern = version_pattern
@@ -56,36 +76,22 @@ class LlamaCpp(Dialect):
         if not isinstance(body, dict):
             raise ProtocolError(f"llama.cpp reply is not an object: {str(body)[:200]}")
         ids = token_list(body.get("tokens"), "llama.cpp tokens")
-        probs = body.get("completion_probabilities")
-        if not isinstance(probs, list):
-            raise ProtocolError("llama.cpp reply has no completion_probabilities; the request sets n_probs, so "
-                                "this server ignores it (is it llama-server's /completion?)")
+        entries = _entries(body, ids)
         stop_type = body.get("stop_type")
         if stop_type not in STOP_TYPES:
             raise ProtocolError(f"llama.cpp stop_type {stop_type!r} is not eos, word or limit")
-        finish, notes = STOP_TYPES[stop_type], []
-        if stop_type == "word" and len(probs) < len(ids):
-            ids = ids[:len(probs)]  # the stop word's tokens are cut from the probabilities, not from tokens
-        elif 0 < len(ids) - len(probs) <= MAX_HELD_BACK:
-            # llama-server reports a token's probability with its text, and holds back the text of a
-            # trailing incomplete UTF-8 character: those last tokens come with no log-probability. The
-            # prefix that has them is still a sample of the policy, cut short; the rest is not trained on.
-            notes.append(f"{len(ids) - len(probs)} trailing token(s) of an incomplete character dropped")
-            ids, finish = ids[:len(probs)], "length"
-        if len(probs) != len(ids):
-            raise ProtocolError(f"llama.cpp reply: {len(ids)} tokens but {len(probs)} completion_probabilities")
-        values = []
-        for position, (token, entry) in enumerate(zip(ids, probs)):
-            if not isinstance(entry, dict) or entry.get("id") != token or type(entry.get("logprob")) not in (int, float):
-                raise ProtocolError(f"llama.cpp completion_probabilities[{position}] is not the logprob of token "
-                                    f"{token}: {str(entry)[:120]} (post_sampling_probs must stay off)")
-            values.append(float(entry["logprob"]))
+        owners = align(ids, [entry["id"] for entry in entries])
+        if owners is None:
+            raise ProtocolError(f"llama.cpp reply: its {len(entries)} completion_probabilities are not the ids of its "
+                                f"{len(ids)} tokens in order (ids {[e['id'] for e in entries][:20]} vs tokens "
+                                f"{ids[:20]}), so no log-probability can be matched to its token; is this "
+                                "llama-server's /completion?")
+        values = [math.nan if owner is None else entries[owner]["logprob"] for owner in owners]
         model = str(body.get("model", ""))
         reason = str(body.get("stopping_word") or "") + (" (context truncated)" if body.get("truncated") else "")
-        reason = "; ".join(part for part in (reason.strip(), *notes) if part)
-        return Generation(ids, values, str(body.get("content", "")), finish, reason=reason,
+        return Generation(ids, values, str(body.get("content", "")), STOP_TYPES[stop_type], reason=reason.strip(),
                           weight_version=version_from(model, self.version_pattern) if self.version_pattern else None,
-                          model=model)
+                          model=model, unscored=tuple(i for i, owner in enumerate(owners) if owner is None))
 
     def tokenize(self, prompt: dict[str, Any], model: str | None) -> tuple[str, dict[str, Any]] | None:
         if isinstance(prompt.get("text"), str):
@@ -93,6 +99,92 @@ class LlamaCpp(Dialect):
             return "/tokenize", {"content": prompt["text"], "add_special": True, "parse_special": True}
         return None
 
+    def score_requests(self, context: list[int], token: int, anchor: int | None,
+                       sampling: Sampling) -> list[tuple[str, dict[str, Any], int]]:
+        def forcing(forced: int, n_probs: int) -> tuple[str, dict[str, Any], int]:
+            body: dict[str, Any] = {"prompt": context, "n_predict": 1, "n_probs": n_probs, "return_tokens": True,
+                                    "stream": False, "temperature": 1.0, "top_k": 0,
+                                    "logit_bias": [[forced, FORCE_BIAS]]}
+            return "/completion", ({**body, "model": sampling.model} if sampling.model else body), n_probs
+
+        if anchor is None or anchor == token:
+            return [forcing(token, 1)]
+        # Most tokens are found among the anchor's top log-probs; a token whose piece is a whole character
+        # (or only continuation bytes) is reported when forced itself, at any rank; all log-probs last.
+        return [forcing(anchor, SCORE_TOP), forcing(token, 1), forcing(anchor, SCORE_ALL)]
+
+    def parse_score(self, body: Any, token: int) -> tuple[float | None, str]:
+        if not isinstance(body, dict):
+            raise ProtocolError(f"llama.cpp reply is not an object: {str(body)[:200]}")
+        model = str(body.get("model", ""))
+        entries = body.get("completion_probabilities") or []
+        if not isinstance(entries, list) or not entries:
+            return None, model
+        entry = entries[0]
+        candidates = [entry, *(entry.get("top_logprobs") or [])] if isinstance(entry, dict) else [entry]
+        for candidate in candidates:
+            if isinstance(candidate, dict) and candidate.get("id") == token:
+                return _logprob(candidate, "scoring reply"), model
+        return None, model
+
     def load_weights(self, url: str, path: str, version: int, *, timeout_s: float) -> str:
         raise InferenceError("llama.cpp cannot load weights over HTTP: run `streamgrp weight-sync --dialect llamacpp "
                              "--llama-server-cmd ...`, which restarts the server on each version's model.gguf")
+
+
+def align(ids: list[int], entry_ids: list[int]) -> list[int | None] | None:
+    """Per token position, the index of the entry that is certainly its own, or None; None in all when
+    ``entry_ids`` are not ``ids`` with some left out (in order).
+
+    Entry k sits at or after the earliest position a left-to-right match gives it and at or before the
+    latest a right-to-left match gives it; where the two agree, no other placement exists. Where they
+    differ (a repeated id inside a run of left-out tokens), no position in between is trusted: those
+    tokens are scored again, which costs a request, never a wrong log-probability."""
+    earliest, position = [], 0
+    for entry in entry_ids:
+        while position < len(ids) and ids[position] != entry:
+            position += 1
+        if position == len(ids):
+            return None
+        earliest.append(position)
+        position += 1
+    latest, position = [], len(ids) - 1
+    for entry in reversed(entry_ids):
+        while ids[position] != entry:
+            position -= 1
+        latest.append(position)
+        position -= 1
+    owners: list[int | None] = [None] * len(ids)
+    for index, (first, last) in enumerate(zip(earliest, reversed(latest))):
+        if first == last:
+            owners[first] = index
+    return owners
+
+
+def _entries(body: dict[str, Any], ids: list[int]) -> list[dict[str, Any]]:
+    """The ``completion_probabilities`` entries, each with an int ``id`` and a float ``logprob``."""
+    entries = body.get("completion_probabilities")
+    if entries is None:
+        # llama-server leaves the field out when no entry is kept (every token held back, or none made);
+        # a server that ignored n_probs says so in the settings it echoes.
+        settings = body.get("generation_settings")
+        if isinstance(settings, dict) and settings.get("n_probs") == 0:
+            raise ProtocolError("llama.cpp reply has no completion_probabilities and its generation_settings say "
+                                "n_probs 0: the server ignored the request's n_probs (is it llama-server's "
+                                "/completion?)")
+        return []
+    if not isinstance(entries, list):
+        raise ProtocolError(f"llama.cpp completion_probabilities is not a list: {str(entries)[:200]}")
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict) or type(entry.get("id")) is not int:
+            raise ProtocolError(f"llama.cpp completion_probabilities[{position}] has no token id: {str(entry)[:120]}")
+        entry["logprob"] = _logprob(entry, f"completion_probabilities[{position}]")
+    return entries
+
+
+def _logprob(entry: dict[str, Any], where: str) -> float:
+    value = entry.get("logprob")
+    if type(value) not in (int, float):
+        hint = " (post_sampling_probs must stay off)" if "prob" in entry else ""
+        raise ProtocolError(f"llama.cpp {where} has no numeric logprob: {str(entry)[:120]}{hint}")
+    return float(value)

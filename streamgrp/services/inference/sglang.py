@@ -3,10 +3,10 @@
 Request: ``POST /generate`` with ``input_ids``, ``sampling_params`` (``max_new_tokens``,
 ``temperature``, ``top_p``, ``top_k``; -1 is off) and ``return_logprob: true``. Reply: ``text``,
 ``output_ids`` and ``meta_info``, whose ``output_token_logprobs`` holds one ``[logprob, token_id,
-text-or-null]`` triple per generated token, ``finish_reason`` is ``{"type": "stop"|"length"|"abort",
-...}`` (an abort carries ``message``: ``/pause_generation`` in abort mode, ``/abort_request``, or a
-weight update with ``abort_all_requests``), and newer versions add ``weight_version`` (a string;
-``"default"`` until a weight update sets one).
+text-or-null]`` triple per generated token (a byte token of a split character has its own),
+``finish_reason`` is ``{"type": "stop"|"length"|"abort", ...}`` (an abort carries ``message``:
+``/pause_generation`` in abort mode, ``/abort_request``, or a weight update with ``abort_all_requests``),
+and newer versions add ``weight_version`` (a string; ``"default"`` until a weight update sets one).
 
 Weight loading: ``POST /update_weights_from_disk`` with ``model_path`` and ``weight_version``; in-flight
 requests are aborted (they come back as aborts with their tokens so far, which the adapter resubmits).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamgrp.errors import ConfigError
 from streamgrp.services.inference.dialect import (
     Dialect,
     Generation,
@@ -31,9 +32,20 @@ from streamgrp.services.inference.http import request_json
 
 class SGLang(Dialect):
     name = "sglang"
+    reserved = frozenset({"input_ids", "text", "return_logprob", "stream"})
+    #: Inside ``sampling_params``: the length is --max-tokens, and one sample per request.
+    reserved_sampling = frozenset({"max_new_tokens", "n"})
 
     def __init__(self, *, version_pattern: str | None = None) -> None:
         self.version_pattern = version_pattern
+
+    def check_extra(self, extra: dict[str, Any] | None) -> None:
+        super().check_extra(extra)
+        nested = (extra or {}).get("sampling_params")
+        clash = sorted(set(nested) & self.reserved_sampling) if isinstance(nested, dict) else []
+        if clash:
+            raise ConfigError(f"--sampling sets sampling_params {', '.join(clash)}, which the sglang adapter sets "
+                              "itself; remove it (the length is --max-tokens)")
 
     def generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]]:
         params: dict[str, Any] = {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,

@@ -4,7 +4,8 @@ Request: ``POST /v1/completions`` with the prompt as a list of token ids, ``logp
 sampled token's log-probability only) and either ``return_token_ids: true`` (vLLM >= 0.10.2: the
 choice carries ``token_ids``) or ``return_tokens_as_token_ids: true`` (older: each entry of
 ``logprobs.tokens`` is a ``"token_id:N"`` string). Reply: ``choices[0]`` with ``text``,
-``logprobs.token_logprobs`` and ``finish_reason`` (``stop``, ``length``, or ``abort`` when the
+``logprobs.token_logprobs`` (one per generated id, a byte token of a split character too; vLLM
+clamps -inf to -9999.0) and ``finish_reason`` (``stop``, ``length``, or ``abort`` when the
 server aborted the request, e.g. ``POST /pause?mode=abort`` before a weight update).
 
 vLLM reports no weight version with a completion, so the version comes from the served model name
@@ -37,6 +38,8 @@ FINISH = {"stop": "stop", "length": "length", "abort": "abort", None: "stop"}
 
 class VLLM(Dialect):
     name = "vllm"
+    reserved = frozenset({"prompt", "max_tokens", "max_completion_tokens", "logprobs", "n", "best_of", "echo",
+                          "stream", "use_beam_search", "return_token_ids", "return_tokens_as_token_ids"})
 
     def __init__(self, *, token_ids: str = "return_token_ids", version_pattern: str | None = None) -> None:
         self.token_ids = token_ids
