@@ -148,7 +148,7 @@ def _trainer(k: RunKeys) -> RoleAccess:
         read=(k.steps, k.payloads, k.slots, k.batcher_state, RUNS),
         write=written,
         commands=(*_RUN_LOOKUP, "xread", "xadd", "get", "set", "del", "multi", "exec", "hget", "hset", "hsetnx",
-                  "hincrby", "hgetall"))
+                  "hincrby", "hgetall", "hdel"))
 
 
 def _archiver(k: RunKeys) -> RoleAccess:

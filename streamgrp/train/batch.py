@@ -46,6 +46,12 @@ class Batch:
     step_loss_tokens: int
     digest: str
     run: str = ""
+    #: The trainer group's attempt this batch is trained in, and the policy version committing it publishes
+    #: (`streamgrp.train.attempt`): ``step + 1`` until a group rolls back, above every earlier version after.
+    attempt: int = 0
+    next_version: int = 0
+    #: Whether some rank committed this step in an earlier attempt whose weights were lost.
+    retrained: bool = False
     _client: BatchOwner | None = field(repr=False, default=None)
     settled: bool = field(default=False, repr=False)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -181,9 +181,8 @@ class Collectives:
         return tensor
 
     def any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank (a one-element MAX all-reduce; not recorded, since it is
-        the batch stream's vote on leaving, made once per step, not a call of the step's training). The
-        ``agree`` of `streamgrp.train.trainer.TrainerClient.batches`."""
+        """Whether ``flag`` is true on any rank (a one-element MAX all-reduce; not recorded). Passed as
+        ``agree`` to `streamgrp.train.trainer.TrainerClient.batches` it stands for `max_over_ranks`."""
         if self.world_size == 1:
             return flag
         import torch
@@ -192,6 +191,36 @@ class Collectives:
         vote = torch.tensor([int(flag)], dtype=torch.int32, device=self.device)
         torch_dist.all_reduce(vote, op=torch_dist.ReduceOp.MAX, group=self.group)
         return bool(vote.item())
+
+    def max_over_ranks(self, values: Sequence[int]) -> list[int]:
+        """The element-wise maximum of ``values`` over every rank (one int64 MAX all-reduce; not recorded:
+        it is the batch stream's per-step vote, `streamgrp.train.agreement`, not a call of the step's
+        training). The ``agree`` of `streamgrp.train.trainer.TrainerClient.batches`."""
+        if self.world_size == 1:
+            return list(values)
+        import torch
+        import torch.distributed as torch_dist
+
+        vote = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+        torch_dist.all_reduce(vote, op=torch_dist.ReduceOp.MAX, group=self.group)
+        return [int(v) for v in vote.tolist()]
+
+    @classmethod
+    def from_default_group(cls, world_size: int) -> Collectives | None:
+        """Collectives over ``torch.distributed``'s default group when it is initialised with
+        ``world_size`` ranks (a loop that set up its own process group), else None."""
+        try:
+            import torch.distributed as torch_dist
+        except ImportError:
+            return None
+        if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() != world_size:
+            return None
+        device = "cpu"
+        if torch_dist.get_backend() == "nccl":
+            import torch
+
+            device = torch.device("cuda", torch.cuda.current_device())
+        return cls(world_size, device=device)
 
     def batch_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """`streamgrp.train.advantages.BatchReduce`: batch statistics of `normalize` over all ranks."""

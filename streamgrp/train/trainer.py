@@ -13,14 +13,22 @@ the previous one (the loop body finished). With the ``with`` form an exception i
 records a `StepFailed` event carrying the exception text before it propagates; a bare ``for``
 loop cannot see that exception, so an uncommitted step there is simply left for the next start.
 
+Ranks of a data-parallel group train each step together (`streamgrp.train.agreement`): before the
+first step they begin one attempt at one step (`streamgrp.train.attempt`): the step after the
+checkpoint their weights hold (``resume_after``), else the lowest rank's next step; before every step
+one small collective proves they hold the same attempt, step and manifest, or every rank raises the
+same `TrainerGroupError`. Steps some rank had committed after that first step are trained again (the
+restarted weights lost them) and publish new versions above every earlier one.
+
 A stop (the client's stop event: the one ``connect(stop=...)`` was given, which for ``streamgrp
 trainer`` SIGTERM and SIGINT set) ends the iteration between steps, after the running step is
 committed, so a stopped rank exits cleanly and resumes at its next step. Data-parallel ranks must
 leave at the same step, or a rank that already started the next step waits in its collectives for a
-peer that left: given ``agree`` (`streamgrp.train.distributed.Collectives.any_rank`), every rank votes
-once per step before training on it, and all leave when any rank is stopping (or the run ended for
-it). Without ``agree``, an exception that ends a step after a stop was requested is not recorded as a
-failure either: it is the peer's stop, not the step, and the step is left for the next start.
+peer that left: the per-step vote carries whether a rank is leaving, and all leave when any rank is
+stopping (or the run ended for it). Ranks that cannot vote (more than one rank, no ``agree`` and no
+``torch.distributed`` group) each resume at their own next step, unchecked, with a warning; an
+exception that ends a step after a stop was requested is not recorded as a failure either: it is the
+peer's stop, not the step, and the step is left for the next start.
 
 `streamgrp.train.loader.build_batch` is the one place a shard becomes tensors; it reads entries
 through a fetch function, so `streamgrp.replay.steps` rebuilds a step from the live log or an archive
@@ -33,7 +41,8 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
@@ -51,6 +60,7 @@ from streamgrp.core.events import (
 from streamgrp.errors import (
     ConfigError,
     RunFailed,
+    TrainerGroupError,
 )
 from streamgrp.store import scripts
 from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate, ride
@@ -59,6 +69,9 @@ from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import step_entry_id
 from streamgrp.store.runs import Run
 from streamgrp.store.streams import producer_name, stream_entries
+from streamgrp.train import attempt as attempts
+from streamgrp.train.agreement import GroupVote, manifest_digest, resolve_reduce
+from streamgrp.train.attempt import Attempt
 from streamgrp.train.batch import Batch
 from streamgrp.train.loader import build_batch
 
@@ -94,23 +107,57 @@ class TrainerClient:
         self._control = ControlCursor(self._dead_letters)  # each entry read once, not from the start per step
         self._terminal: RunTerminated | None = None
         self._finished: RunFinished | None = None
+        #: The attempt this client's ranks train in, and the highest step committed before it began.
+        self.attempt: Attempt | None = None
+        self._retrain_through = -1
 
     def next_step(self, rank: int) -> int:
         last = self.client.hget(self.keys.committed, str(rank))
         return 0 if last is None else int(last) + 1
 
-    def batches(self, *, rank: int, world_size: int, agree: Callable[[bool], bool] | None = None) -> BatchStream:
-        """This rank's batches from its next uncommitted step. ``agree(leaving)`` is called by every rank
-        once per step, before the step is handed out, and returns whether any rank is leaving (a
-        collective, such as `streamgrp.train.distributed.Collectives.any_rank`): ranks then stop at the
-        same step. Needed for more than one rank that can be stopped; None for one rank."""
+    def batches(self, *, rank: int, world_size: int, agree: Any = None, resume_after: int | None = None) -> BatchStream:
+        """This rank's batches, from the first step of the attempt its group begins.
+
+        ``agree``: how the group's ranks vote, an element-wise maximum over them
+        (`streamgrp.train.distributed.Collectives`, its ``max_over_ranks`` or ``any_rank``); by default
+        ``torch.distributed``'s group when it is initialised. ``resume_after``: the step the weights hold
+        (the checkpoint they were loaded from; -1 for the initial weights): the group resumes after it
+        and trains every later step again. Without it the group resumes at the lowest rank's next step."""
         dp_size = self.run_.config.dp_size
         if world_size != dp_size:
             raise ConfigError(f"world_size={world_size} but run {self.keys.run!r} batches for dp_size={dp_size}; "
                               "start as many trainer ranks as the run's dp_size")
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is outside 0..{world_size - 1}")
-        return BatchStream(self, rank, world_size, agree)
+        if resume_after is not None and resume_after < -1:
+            raise ConfigError(f"resume_after={resume_after}: give the last step the weights hold, or -1 for the "
+                              "initial weights")
+        return BatchStream(self, rank, world_size, agree, resume_after)
+
+    def begin(self, rank: int, world_size: int, vote: GroupVote | None, resume_after: int | None) -> int:
+        """Begin (or join) this group's attempt; returns the rank's first step."""
+        state = attempts.read_state(self.client, self.keys)
+        if vote is None:
+            if world_size > 1:
+                log.warning("rank %d of %d cannot vote with its peers (no agree and no torch.distributed group): it "
+                            "resumes at its own next step and nothing checks that the ranks train the same step; "
+                            "pass agree=Collectives(...) or initialise torch.distributed first", rank, world_size)
+            self.attempt = state.attempt
+            self._retrain_through = -1
+            return state.next_step(rank)
+        lowest = state.lowest_next_step(world_size)
+        first = lowest if resume_after is None else resume_after + 1
+        if first > lowest:
+            raise TrainerGroupError(
+                f"resume_after={resume_after}, but some rank committed only the steps before {lowest}: weights that "
+                f"hold step {resume_after} were trained on steps not every rank committed; resume after a step every "
+                f"rank committed (at most {lowest - 1})")
+        token, first = vote.plan(token=attempts.new_token(), first=first, explicit=resume_after is not None)
+        self.attempt = attempts.begin(self.client, self.keys, token=token, first=first, world_size=world_size,
+                                      reason="checkpoint" if resume_after is not None else "lowest_rank",
+                                      rank=rank, producer=self.name)
+        self._retrain_through = state.high
+        return self.attempt.first
 
     @property
     def stopping(self) -> bool:
@@ -152,10 +199,15 @@ class TrainerClient:
                 self._finished = event
 
     def load(self, manifest: StepManifest, rank: int, world_size: int) -> Batch:
-        return build_batch(manifest, rank, world_size,
-                           lambda stream, ids: stream_entries(self.client, self.run_.stream_key(stream), list(ids),
-                                                              retry=partial(ride, self.client)),
-                           run=self.keys.run, client=self, check_digests=self.check_digests)
+        batch = build_batch(manifest, rank, world_size,
+                            lambda stream, ids: stream_entries(self.client, self.run_.stream_key(stream), list(ids),
+                                                               retry=partial(ride, self.client)),
+                            run=self.keys.run, client=self, check_digests=self.check_digests)
+        attempt = self.attempt if self.attempt is not None else attempts.current(self.client, self.keys)
+        batch.attempt = attempt.number
+        batch.next_version = attempt.version_after(manifest.step)
+        batch.retrained = manifest.step <= self._retrain_through
+        return batch
 
     # -- writing ------------------------------------------------------------------------------------
 
@@ -165,11 +217,18 @@ class TrainerClient:
 
     def _commit(self, batch: Batch) -> None:
         committed = StepCommitted(step=batch.step, rank=batch.rank, world_size=batch.world_size,
-                                  producer=self.name, seq=self._next_seq())
-        advanced = VersionAdvanced(version=batch.step + 1, step=batch.step, producer=self.name, seq=self._next_seq())
-        self._commit_script(keys=[self.keys.committed, self.keys.commits, self.keys.version, self.keys.control],
-                            args=[batch.rank, batch.step, batch.world_size, codec.encode(committed)[codec.HEADER],
-                                  codec.encode(advanced)[codec.HEADER]])
+                                  attempt=batch.attempt, producer=self.name, seq=self._next_seq())
+        advanced = VersionAdvanced(version=batch.next_version, step=batch.step, producer=self.name,
+                                   seq=self._next_seq())
+        try:
+            self._commit_script(keys=[self.keys.committed, self.keys.commits, self.keys.version, self.keys.control,
+                                      self.keys.attempt],
+                                args=[batch.rank, batch.step, batch.world_size, codec.encode(committed)[codec.HEADER],
+                                      codec.encode(advanced)[codec.HEADER], batch.attempt, batch.next_version])
+        except redis.ResponseError as exc:
+            if scripts.error_code(exc) == "STALE_ATTEMPT":
+                raise TrainerGroupError(str(exc).split(None, 1)[1]) from None
+            raise
         replicate(self.client)
 
     def _fail(self, batch: Batch, exc: BaseException | str) -> None:
@@ -185,24 +244,29 @@ class TrainerClient:
 class BatchStream:
     """Iterable of a rank's batches; also a context manager that records the loop's exception."""
 
-    def __init__(self, trainer: TrainerClient, rank: int, world_size: int,
-                 agree: Callable[[bool], bool] | None = None) -> None:
+    def __init__(self, trainer: TrainerClient, rank: int, world_size: int, agree: Any = None,
+                 resume_after: int | None = None) -> None:
         self.trainer = trainer
         self.rank = rank
         self.world_size = world_size
         self.agree = agree
+        self.resume_after = resume_after
         self.current: Batch | None = None
 
     def __iter__(self) -> Iterator[Batch]:
         trainer = self.trainer
-        step = trainer.next_step(self.rank)
+        reduce_max = resolve_reduce(self.agree, self.world_size)
+        vote = GroupVote(reduce_max, self.rank) if reduce_max is not None else None
+        step = trainer.begin(self.rank, self.world_size, vote, self.resume_after)
+        attempt = trainer.attempt.number
         ahead: tuple[StepManifest, Future[tuple[Batch, float]]] | None = None
         body_s = load_s = None  # the last loop body's and the last load's seconds
         # Terminal events, commits and the order of steps stay on this thread; the pool only loads.
         with ThreadPoolExecutor(1, thread_name_prefix="streamgrp-prefetch") as pool:
             while True:
                 manifest, ended = self._next_manifest(step, ahead[0] if ahead else None)
-                if self.agree is not None and self.agree(manifest is None):
+                if vote is not None and vote.step(leaving=manifest is None, attempt=attempt, step=step,
+                                                  digest=manifest_digest(manifest)):
                     manifest = None  # a rank is leaving at this step: so does every rank
                 if ended is not None:
                     raise ended

@@ -10,7 +10,7 @@ from made_steps import make_steps
 from torch.utils.data import DataLoader
 
 from streamgrp.core import codec
-from streamgrp.core.events import StepCommitted, StepFailed
+from streamgrp.core.events import StepCommitted, StepFailed, TrainingResumed
 from streamgrp.core.policy import NormSpec
 from streamgrp.errors import ConfigError
 from streamgrp.train.advantages import normalize
@@ -46,7 +46,7 @@ def test_a_dataloader_yields_each_step_once_and_commits_on_advance(client, redis
     assert any(2 in sizes for _, sizes in seen), "expected a partial group of the rejected slot"
     assert committed(client, run) == 1 and int(client.get(run.keys.version)) == 2
     commits = [codec.decode(f) for _, f in client.xrange(run.keys.commits)]
-    assert [(type(e), e.step) for e in commits] == [(StepCommitted, 0), (StepCommitted, 1)]
+    assert [(type(e), e.step) for e in commits] == [(TrainingResumed, 0), (StepCommitted, 0), (StepCommitted, 1)]
 
 
 def test_each_rank_gets_its_shard_and_the_step_wide_loss_tokens(client, redis_url, make_run, issuer):
@@ -68,7 +68,7 @@ def test_an_exception_in_the_loop_records_a_failed_step(client, redis_url, make_
         with dataset:
             for item in dataset.loader():
                 raise FloatingPointError(f"loss is nan at step {item['step']}")
-    [failed] = [codec.decode(f) for _, f in client.xrange(run.keys.commits)]
+    [_, failed] = [codec.decode(f) for _, f in client.xrange(run.keys.commits)]
     assert isinstance(failed, StepFailed) and failed.error == "FloatingPointError: loss is nan at step 0"
     assert committed(client, run) is None
 

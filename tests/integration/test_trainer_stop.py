@@ -1,6 +1,5 @@
-"""Data-parallel ranks leave a run at the same step (real server; the ranks are threads whose ``agree`` is a
-two-party vote standing in for `Collectives.any_rank`, which `tests/unit/test_distributed.py` runs on a real
-gloo group): a rank stopped while it waits for a step must not leave its peer inside that step."""
+"""Data-parallel ranks leave a run at the same step (real server; the ranks are threads whose ``agree`` is
+`thread_ranks.ThreadGroup`): a rank stopped while it waits for a step must not leave its peer inside that step."""
 
 from __future__ import annotations
 
@@ -8,35 +7,15 @@ import threading
 
 import redis
 from made_steps import make_steps
+from thread_ranks import ThreadGroup
 
 from streamgrp.train.trainer import TrainerClient
-
-
-class Vote:
-    """``agree`` for two thread ranks: each call waits for the other rank's and returns whether either
-    was leaving, as a MAX all-reduce would. Records each rank's votes."""
-
-    def __init__(self) -> None:
-        self.barrier = threading.Barrier(2, timeout=30)
-        self.flags: list[bool] = [False, False]
-        self.votes: dict[int, list[bool]] = {0: [], 1: []}
-
-    def for_rank(self, rank: int):
-        def agree(leaving: bool) -> bool:
-            self.flags[rank] = leaving
-            self.votes[rank].append(leaving)
-            self.barrier.wait()
-            result = any(self.flags)
-            self.barrier.wait()  # both read the flags before either votes again
-            return result
-
-        return agree
 
 
 def test_a_rank_stopped_between_steps_takes_its_peer_out_before_the_next_step(client, redis_url, make_run):
     run = make_run(n_samples=3, dp_size=2, batch_size=2)
     make_steps(client, run, groups=6, steps=3)
-    vote = Vote()
+    vote = ThreadGroup()
     stops = [threading.Event(), threading.Event()]
     trained: dict[int, list[int]] = {0: [], 1: []}
     errors: list[BaseException] = []
@@ -70,7 +49,7 @@ def test_a_rank_stopped_between_steps_takes_its_peer_out_before_the_next_step(cl
 def test_ranks_that_reach_the_end_of_the_run_leave_after_the_last_step(client, redis_url, make_run):
     run = make_run(n_samples=3, dp_size=2, batch_size=2)
     make_steps(client, run, groups=4, steps=2)
-    vote = Vote()
+    vote = ThreadGroup()
     trained: dict[int, list[int]] = {0: [], 1: []}
 
     def rank_loop(rank: int) -> None:
