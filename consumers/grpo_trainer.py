@@ -4,7 +4,15 @@ Per step: group-normalized advantages over the actual group sizes (`streamgrp.no
 globally token-weighted clipped policy loss (each rank divides by the whole step's loss tokens, so
 summing gradients across ranks gives the step's gradient whatever the shard sizes), one gradient
 all-reduce and one metrics all-reduce on every rank every step, then rank 0 publishes the new
-weights for the workers before committing. Trains the demo's toy policy (`streamgrp.consumers.toy_task`).
+weights for the workers (under the batch's ``next_version``) before committing. Trains the demo's toy
+policy (`streamgrp.consumers.toy_task`).
+
+With ``--checkpoint-dir`` rank 0 writes a checkpoint (weights and Adam state, safetensors) every
+``--checkpoint-every`` steps once every rank committed the step, and records it; a restarted group
+loads the newest recorded one and resumes after it (``resume_after``), training the steps since
+again with their recorded data, so a crash leaves the weights as if it never happened (bit for bit
+on the CPU). Without it a restart continues from the weights published for the run's version,
+without the optimizer's state.
 
 Rank, world size and rendezvous follow torchrun's conventions (`streamgrp.train.distributed`), so
 either of these starts two ranks (flags as for ``streamgrp trainer``):
@@ -24,6 +32,8 @@ before the update), the group metrics of `streamgrp.train.advantages.group_metri
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 import time
 
@@ -41,6 +51,7 @@ from streamgrp.train.advantages import (
     normalize,
     token_weighted_policy_loss,
 )
+from streamgrp.train.checkpoint import load_training_state, save_training_state
 from streamgrp.train.distributed import Collectives, process_group, resolve_config
 from streamgrp.train.trainer import TrainerClient
 from streamgrp.train.weights import publish, save_version
@@ -63,19 +74,18 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
     spec = run.config.adv_norm or run.config.reward_norm or DEFAULT_ADV_NORM
     trainer = TrainerClient(client, run)
-    start = trainer.next_step(rank)
-    if start > 0:
-        _restore(client, run, policy, start)
-    elif rank == 0:
+    resume_after = _restore(client, run, config, trainer, policy, optimizer)
+    if rank == 0 and resume_after in (None, -1) and int(client.get(run.keys.version) or 0) == 0:
         publish(client, run.keys, 0, policy.state_dict())
         if config.weights_dir is not None:
             save_version(config.weights_dir, 0, policy.state_dict())
+    crash_at = _crash_point(config.crash_at)
     steps = 0
     collectives = Collectives(world)
     heap.settle()  # imports, the policy and its optimizer: out of the collector's way while steps load
     waited_at = time.monotonic()
     try:
-        with trainer.batches(rank=rank, world_size=world, agree=collectives.any_rank) as batches:
+        with trainer.batches(rank=rank, world_size=world, agree=collectives, resume_after=resume_after) as batches:
             for batch in batches:
                 wait_s = time.monotonic() - waited_at
                 if metrics is not None:
@@ -84,16 +94,20 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
                     raise FloatingPointError(f"injected fault: loss is NaN at step {batch.step} on rank {rank}")
                 step_metrics = _step(policy, optimizer, batch, spec, collectives)
                 if rank == 0:
-                    publish(client, run.keys, batch.step + 1, policy.state_dict())
+                    publish(client, run.keys, batch.next_version, policy.state_dict())
                     if config.weights_dir is not None:  # for inference servers (streamgrp weight-sync)
-                        save_version(config.weights_dir, batch.step + 1, policy.state_dict())
+                        save_version(config.weights_dir, batch.next_version, policy.state_dict())
                     step_metrics.update(wait_s=round(wait_s, 4), step=batch.step)
                     client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(step_metrics))
+                if crash_at == ("train", batch.step):
+                    _crash(f"after training step {batch.step}, before committing it")
                 batch.commit()
+                if config.checkpoint_dir is not None and (batch.step + 1) % config.checkpoint_every == 0:
+                    _checkpoint(trainer, batch, config, policy, optimizer, collectives, crash_at)
                 steps += 1
                 if metrics is not None:
                     metrics.steps.inc()
-                    metrics.policy_version.set(batch.step + 1)
+                    metrics.policy_version.set(batch.next_version)
                 log.info("rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs) collectives %s", rank,
                          batch.step, step_metrics["reward_mean"], step_metrics["loss"], batch.rows, wait_s,
                          collectives.take())
@@ -143,14 +157,54 @@ def _tokens_per_group(batch) -> list[int]:
     return out
 
 
-def _restore(client: redis.Redis, run: Run, policy, step: int) -> None:
-    """A restarted rank continues from the weights published for the step it resumes at."""
+def _restore(client: redis.Redis, run: Run, config: TrainerConfig, trainer: TrainerClient, policy,
+             optimizer) -> int | None:
+    """Load what a restarted rank continues from; returns the step its weights hold (``resume_after``):
+    the newest recorded checkpoint's, -1 for the initial weights when checkpoints are kept but none is
+    recorded yet, or None without checkpoints (the group resumes at the lowest rank's next step, from
+    the weights published for the run's version)."""
+    if config.checkpoint_dir is not None:
+        saved = trainer.latest_checkpoint()
+        if saved is None:
+            return -1
+        load_training_state(saved, policy, optimizer)
+        log.info("loaded the checkpoint of step %d (version %d) from %s", saved.step, saved.version, saved.path)
+        return saved.step
     from streamgrp.train.weights import WeightCache
 
-    found = WeightCache(client, run.keys).get(step)
+    version = int(client.get(run.keys.version) or 0)
+    found = WeightCache(client, run.keys).get(version) if version > 0 else None
     if found is not None:
         policy.load_state_dict(found[1])
-        log.info("resumed at step %d with weights version %d", step, found[0])
+        log.info("resuming from the weights of version %d (no --checkpoint-dir: the optimizer's state starts "
+                 "afresh)", found[0])
+    return None
+
+
+def _checkpoint(trainer: TrainerClient, batch, config: TrainerConfig, policy, optimizer, collectives: Collectives,
+                crash_at: tuple[str, int] | None) -> None:
+    """Every rank committed ``batch``'s step once all pass the barrier; then rank 0 writes and records."""
+    collectives.barrier()
+    if batch.rank != 0:
+        return
+    halfway = (lambda: _crash(f"halfway through the checkpoint of step {batch.step}")) \
+        if crash_at == ("checkpoint", batch.step) else None
+    path, files = save_training_state(config.checkpoint_dir, step=batch.step, attempt=batch.attempt, model=policy,
+                                      optimizer=optimizer, halfway=halfway)
+    trainer.record_checkpoint(batch, path, files, ranks=(0,))
+
+
+def _crash_point(text: str | None) -> tuple[str, int] | None:
+    if text is None:
+        return None
+    where, step = text.split(":")
+    return where, int(step)
+
+
+def _crash(where: str) -> None:
+    """Fault injection (``--crash-at``): die as a SIGKILL would, with nothing flushed or cleaned up."""
+    log.warning("crash injected %s: SIGKILL", where)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

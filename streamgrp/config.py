@@ -283,6 +283,14 @@ class TrainerConfig(_RoleSettings):
                                  "env:// when torchrun set MASTER_ADDR and MASTER_PORT, else tcp://127.0.0.1:29511)")
     lr: float = Field(0.05, gt=0, description="Adam learning rate")
     fail_at_step: int | None = Field(None, ge=0, description="inject an exception at this step (replay demos, tests)")
+    crash_at: str | None = Field(None, pattern=r"^(train|checkpoint):\d+$", description="tests: SIGKILL this rank at "
+                                 "a point of a step, 'train:S' after training step S and before committing it, "
+                                 "'checkpoint:S' halfway through writing step S's checkpoint")
+    checkpoint_dir: Path | None = Field(None, description="reference trainer: write a checkpoint (weights and optimizer "
+                                        "state, safetensors) here every --checkpoint-every steps, and on start resume "
+                                        "from the newest recorded one, training the steps after it again")
+    checkpoint_every: int = Field(10, ge=1, description="reference trainer: steps between checkpoints (with "
+                                  "--checkpoint-dir)")
     train_fn: str = Field("streamgrp.consumers.grpo_trainer:train", description="module:function(client, run, config, metrics=) "
                           "the trainer process runs (streamgrp.consumers.lm_trainer:train: a real language model)")
     model_gguf: Path | None = Field(None, description="lm trainer: the GGUF file of the policy the inference servers "

@@ -63,6 +63,9 @@ class AttemptState:
     reserved: int
     version: int
     committed: dict[int, int]
+    #: The newest weights version published to the server (`streamgrp.train.weights.publish`), -1 if none:
+    #: a trainer publishes before it commits, so a lost attempt may have published beyond what it committed.
+    published: int = -1
 
     def next_step(self, rank: int) -> int:
         return self.committed.get(rank, -1) + 1
@@ -73,8 +76,9 @@ class AttemptState:
 
     @property
     def version_base(self) -> int:
-        """The base of a new attempt: above the run's version and every version a commit reserved."""
-        return max(self.version, self.reserved)
+        """The base of a new attempt: above the run's version, every version a commit reserved and every
+        published weights version."""
+        return max(self.version, self.reserved, self.published)
 
 
 def new_token() -> int:
@@ -87,11 +91,13 @@ def read_state(client: redis.Redis, keys: RunKeys) -> AttemptState:
     pipe.hgetall(keys.attempt)
     pipe.hgetall(keys.committed)
     pipe.get(keys.version)
-    fields, committed, version = pipe.execute()
+    pipe.get(keys.weights("latest"))
+    fields, committed, version, published = pipe.execute()
     fields = {_text(k): _text(v) for k, v in fields.items()}
     attempt = Attempt(int(fields.get("attempt", 0)), int(fields.get("first", 0)), int(fields.get("base", 0)))
     return AttemptState(attempt, fields.get("token"), int(fields.get("high", -1)), int(fields.get("reserved", 0)),
-                        int(version or 0), {int(_text(r)): int(_text(s)) for r, s in committed.items()})
+                        int(version or 0), {int(_text(r)): int(_text(s)) for r, s in committed.items()},
+                        int(published) if published is not None else -1)
 
 
 def begin(client: redis.Redis, keys: RunKeys, *, token: int, first: int, world_size: int,

@@ -222,6 +222,13 @@ class Collectives:
             device = torch.device("cuda", torch.cuda.current_device())
         return cls(world_size, device=device)
 
+    def barrier(self) -> None:
+        """Wait until every rank reached this call (not recorded: a checkpoint's, not the step's)."""
+        if self.world_size > 1:
+            import torch.distributed as torch_dist
+
+            torch_dist.barrier(group=self.group)
+
     def batch_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """`streamgrp.train.advantages.BatchReduce`: batch statistics of `normalize` over all ranks."""
         return self.all_reduce(tensor)

@@ -38,6 +38,7 @@ with the same code.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
@@ -50,6 +51,7 @@ import redis
 
 from streamgrp.core import codec
 from streamgrp.core.events import (
+    CheckpointSaved,
     RunFinished,
     RunTerminated,
     StepCommitted,
@@ -102,6 +104,7 @@ class TrainerClient:
         self.poll_ms = min(MAX_BLOCK_MS, max(1, int(poll_s * 1000)))
         self.name = name or producer_name("trainer")
         self._commit_script = scripts.register(client, "trainer_commit.lua")
+        self._checkpoint_script = scripts.register(client, "checkpoint_record.lua")
         self._seq = 0
         self._dead_letters = DeadLetters(client, self.keys)
         self._control = ControlCursor(self._dead_letters)  # each entry read once, not from the start per step
@@ -230,6 +233,31 @@ class TrainerClient:
                 raise TrainerGroupError(str(exc).split(None, 1)[1]) from None
             raise
         replicate(self.client)
+
+    def record_checkpoint(self, batch: Batch, path: str | os.PathLike, files: dict[str, int], *,
+                          ranks: tuple[int, ...] | None = None) -> CheckpointSaved:
+        """Record that the checkpoint of the weights after ``batch``'s step is durable at ``path`` (every
+        file written and fsynced, `streamgrp.train.checkpoint.save_training_state`), written by ``ranks``
+        (default: this batch's rank). Call it once every rank committed the step (after a barrier), so
+        a group that resumes from it never skips a step some rank did not commit."""
+        event = CheckpointSaved(step=batch.step, version=batch.next_version, path=str(path),
+                                ranks=ranks if ranks is not None else (batch.rank,), world_size=batch.world_size,
+                                attempt=batch.attempt, files=files, producer=self.name, seq=self._next_seq())
+        try:
+            self._checkpoint_script(keys=[self.keys.checkpoint, self.keys.commits, self.keys.attempt],
+                                    args=[batch.step, batch.attempt, codec.encode(event)[codec.HEADER]])
+        except redis.ResponseError as exc:
+            if scripts.error_code(exc) == "STALE_ATTEMPT":
+                raise TrainerGroupError(str(exc).split(None, 1)[1]) from None
+            raise
+        replicate(self.client)
+        log.info("checkpoint of step %d (version %d) recorded at %s", batch.step, batch.next_version, path)
+        return event
+
+    def latest_checkpoint(self) -> CheckpointSaved | None:
+        """The newest recorded checkpoint, or None."""
+        header = self.client.hget(self.keys.checkpoint, "h")
+        return codec.decode({codec.HEADER: header}) if header is not None else None
 
     def _fail(self, batch: Batch, exc: BaseException | str) -> None:
         if isinstance(exc, BaseException):

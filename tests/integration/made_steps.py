@@ -18,8 +18,9 @@ def rollout(request):
                        seed=hash((request.task_id, request.slot)) % 10_000)
 
 
-def make_steps(client, run, *, groups: int, steps: int) -> None:
-    """Issue ``groups`` tasks, publish every slot, decide every group and write ``steps`` steps."""
+def make_steps(client, run, *, groups: int, steps: int, rollout=rollout) -> None:
+    """Issue ``groups`` tasks, publish every slot (``rollout(request)``: a sample or None), decide every
+    group and write ``steps`` steps."""
     TaskIssuer(client, run.keys).issue([{"i": i} for i in range(groups)])
     worker = WorkerClient(client, run.keys)
     while tasks := worker.take(100, block_ms=None):

@@ -43,6 +43,7 @@ def _records(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.one_server_kind
 def test_after_a_rank_dies_between_training_and_commit_the_restarted_ranks_train_the_same_steps(
         client, redis_url, make_run, tmp_path):
     run = make_run(n_samples=3, dp_size=2, batch_size=2)

@@ -1,0 +1,129 @@
+"""Checkpoints of a trainer's weights and optimizer state: durable files first, then the event.
+
+Owns the checkpoint files: ``DIR/step-NNNNNNNN-aA/`` holding ``model.safetensors`` (the state dict)
+and ``optimizer.safetensors`` (every tensor of the optimizer's state, its other values and its
+parameter groups as JSON in the file's metadata). No pickle. A checkpoint is written into a
+temporary directory, each file fsynced, renamed into place and the parent fsynced; only then does
+`streamgrp.train.trainer.TrainerClient.record_checkpoint` record it (`CheckpointSaved`, with each
+file's size). A write killed halfway leaves a temporary directory no event names: never loaded, and
+removed by the next save. Loading checks each file's recorded size before reading it.
+
+Deliberately ignores which ranks hold which parameters: a data-parallel group's ranks hold the same
+weights, so one rank writes the whole checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import orjson
+import torch
+
+from streamgrp.core.events import CheckpointSaved
+from streamgrp.errors import StreamgrpError
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+#: Prefix of a checkpoint being written; such a directory is never loaded.
+PARTIAL = ".partial-"
+
+
+class CheckpointError(StreamgrpError):
+    """A recorded checkpoint's files are missing, of another size than recorded, or unreadable."""
+
+
+def checkpoint_name(step: int, attempt: int) -> str:
+    return f"step-{step:08d}-a{attempt}"
+
+
+def save_training_state(directory: Path, *, step: int, attempt: int, model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer | None,
+                        halfway: Callable[[], None] | None = None) -> tuple[Path, dict[str, int]]:
+    """Write the model's and the optimizer's state durably under ``directory``; returns the checkpoint's
+    path and each file's size, for the `CheckpointSaved` event. ``halfway`` is called between the two
+    files (fault injection: a crash there must leave nothing loadable)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(f"{PARTIAL}*"):  # a write that a crash cut off
+        shutil.rmtree(stale, ignore_errors=True)
+    final = directory / checkpoint_name(step, attempt)
+    partial = directory / f"{PARTIAL}{final.name}"
+    partial.mkdir()
+    save_file({name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}, partial / MODEL_FILE)
+    if halfway is not None:
+        halfway()
+    if optimizer is not None:
+        tensors, metadata = optimizer_tensors(optimizer)
+        save_file(tensors, partial / OPTIMIZER_FILE, metadata=metadata)
+    files = {}
+    for path in sorted(partial.iterdir()):
+        _fsync(path)
+        files[path.name] = path.stat().st_size
+    _fsync(partial)
+    if final.exists():  # the same step saved by a lost attempt: this one replaces it
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    _fsync(directory)
+    return final, files
+
+
+def load_training_state(saved: CheckpointSaved, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Load a recorded checkpoint into ``model`` and ``optimizer``, its file sizes checked first."""
+    from safetensors.torch import load_file, safe_open
+
+    path = Path(saved.path)
+    for name, size in saved.files.items():
+        found = path / name
+        if not found.is_file() or found.stat().st_size != size:
+            actual = found.stat().st_size if found.is_file() else "missing"
+            raise CheckpointError(f"checkpoint of step {saved.step} at {path}: {name} is {actual}, recorded as {size} "
+                                  "bytes; it was changed or removed after it was recorded")
+    model.load_state_dict(load_file(path / MODEL_FILE))
+    if optimizer is not None and OPTIMIZER_FILE in saved.files:
+        with safe_open(path / OPTIMIZER_FILE, framework="pt") as opened:
+            metadata = opened.metadata()
+            tensors = {key: opened.get_tensor(key) for key in opened.keys()}  # noqa: SIM118 - not a dict
+        optimizer.load_state_dict(optimizer_state(tensors, metadata))
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """An optimizer's state dict as safetensors' tensors and string metadata: ``state.P.NAME`` for
+    each tensor of parameter P's state, the rest as JSON."""
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    values: dict[str, dict[str, object]] = {}
+    for param, entries in state["state"].items():
+        for name, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{param}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                values.setdefault(str(param), {})[name] = value
+    return tensors, {"values": orjson.dumps(values).decode(),
+                     "param_groups": orjson.dumps(state["param_groups"]).decode()}
+
+
+def optimizer_state(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> dict:
+    """The inverse of `optimizer_tensors`."""
+    state: dict[int, dict[str, object]] = {}
+    for key, tensor in tensors.items():
+        _, param, name = key.split(".", 2)
+        state.setdefault(int(param), {})[name] = tensor
+    for param, entries in orjson.loads(metadata.get("values", "{}")).items():
+        state.setdefault(int(param), {}).update(entries)
+    return {"state": state, "param_groups": orjson.loads(metadata["param_groups"])}
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
