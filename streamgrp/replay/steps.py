@@ -43,7 +43,7 @@ from streamgrp.core.events import (
 from streamgrp.core.manifest import decision_ref
 from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError, DecodeError, DigestMismatch
-from streamgrp.store.keys import RunKeys, step_entry_id, task_partition
+from streamgrp.store.keys import RunKeys, id_key, step_entry_id, task_partition
 from streamgrp.store.sources import EntrySource, RedisSource, decode_all, partition_streams
 from streamgrp.store.streams import entry_time
 
@@ -64,6 +64,9 @@ class RankStatus:
     error: str | None = None
     failures: int = 0
     at: float | None = None  # server time of the commit or the last failure
+    #: How many times the rank committed the step: more than once when a trainer group rolled back to a
+    #: checkpoint before it and trained it again (`TrainingResumed`).
+    commits: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,11 @@ class StepStatus:
     @property
     def committed(self) -> bool:
         return all(r.state == "committed" for r in self.ranks)
+
+    @property
+    def trainings(self) -> int:
+        """How many times the step was trained (committed by some rank): 2 and more after rollbacks."""
+        return max((r.commits for r in self.ranks), default=0)
 
 
 def list_steps(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource | None = None) -> list[StepStatus]:
@@ -125,13 +133,15 @@ def _rank_status(step: int, rank: int, events, last_committed: dict[int, int]) -
     mine = events.get((step, rank), [])
     failures = [(entry_id, e) for entry_id, e in mine if isinstance(e, StepFailed)]
     commits = [entry_id for entry_id, e in mine if isinstance(e, StepCommitted)]
-    if commits or last_committed.get(rank, -1) >= step:
-        return RankStatus(rank, "committed", failures=len(failures), at=entry_time(commits[0]) if commits else None)
-    if failures:
+    # The committed hash decides: a rollback (`TrainingResumed`) moves it back below steps committed before.
+    if last_committed.get(rank, -1) >= step:
+        return RankStatus(rank, "committed", failures=len(failures), at=entry_time(commits[-1]) if commits else None,
+                          commits=len(commits))
+    if failures and (not commits or id_key(failures[-1][0]) > id_key(commits[-1])):
         entry_id, last = failures[-1]
-        return RankStatus(rank, "failed", last.error, len(failures), entry_time(entry_id))
+        return RankStatus(rank, "failed", last.error, len(failures), entry_time(entry_id), commits=len(commits))
     state = "in_progress" if last_committed.get(rank, -1) + 1 == step else "pending"
-    return RankStatus(rank, state)
+    return RankStatus(rank, state, commits=len(commits))
 
 
 # -- replaying a step -------------------------------------------------------------------------------
@@ -313,6 +323,9 @@ def format_steps(steps: Sequence[StepStatus]) -> str:
         kinds = f"{status.decisions.get('complete', 0)}+{status.decisions.get('partial', 0)}"
         lines.append(f"{status.step:>5} {status.version:>7} {sum(status.groups):>6} {kinds:>16} {sum(status.rows):>6} "
                      f"{','.join(map(str, status.tokens)):>14} {status.imbalance:>6.3f}  {ranks}")
+        if status.trainings > 1:
+            lines.append(f"      trained {status.trainings} times: a trainer group rolled back to a checkpoint "
+                         "before it and trained it again with the same data")
         for rank in status.ranks:
             if rank.state == "failed":
                 again = f" ({rank.failures} failures)" if rank.failures > 1 else ""

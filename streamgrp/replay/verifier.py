@@ -31,6 +31,9 @@ Kinds of `Difference` (``recorded`` is the log's value, ``recomputed`` verify's)
     shard_groups            a rank's groups (task ids, in order) differ from the re-partition's
     shard_group_differs     a group's members, entries, rows, tokens, versions or digest differ
     shard_tokens, shard_digest, step_imbalance   a shard's tokens or digest, or the step's imbalance, differ
+    step_ranks_apart        a step every rank committed was last committed by its ranks in different attempts
+                            of the trainer group (they did not train it together; ``recorded``: rank -> attempt)
+    step_commit_missing     a rank's position is past a step it never committed (``recorded``: the position)
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
     SlotResult,
+    StepCommitted,
     StepManifest,
     TaskIssued,
     Tick,
@@ -133,7 +137,36 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
     _check_payloads(source, recorded, report)
     by_entry = {ref: decision for ref, decision in recorded}
     _check_steps(source, config, by_entry, from_step, to_step, report)
+    _check_training(source, config, from_step, to_step, report)
     return report
+
+
+def _check_training(source: RedisSource, config: RunConfig, from_step: int | None, to_step: int | None,
+                    report: VerifyReport) -> None:
+    """Every step all ranks committed was trained by all of them in one attempt of the trainer group: the
+    last commit of each rank names the same attempt (a rollback makes every rank commit the step again)."""
+    positions = {int(rank): int(step) for rank, step in source.hash("committed").items()}
+    through = min((positions.get(rank, -1) for rank in range(config.dp_size)), default=-1)
+    last: dict[int, dict[int, int]] = {}
+    for _, event in decode_all(source, "commits"):
+        if isinstance(event, StepCommitted):
+            last.setdefault(event.step, {})[event.rank] = event.attempt
+    low = max(from_step or 0, 0)
+    high = through if to_step is None else min(to_step, through)
+    complete_seen = False  # before the first step with every rank's commit, the log's start may be trimmed
+    for step in range(low, high + 1):
+        attempts = last.get(step, {})
+        missing = [rank for rank in range(config.dp_size) if rank not in attempts]
+        complete_seen = complete_seen or not missing
+        if not complete_seen:
+            continue
+        if missing:
+            for rank in missing:
+                report.differences.append(Difference("step_commit_missing", f"step {step} rank {rank}", "committed",
+                                                     positions.get(rank), "a StepCommitted of this step"))
+        elif len(set(attempts.values())) > 1:
+            report.differences.append(Difference("step_ranks_apart", f"step {step}", "attempt",
+                                                 dict(sorted(attempts.items())), "one attempt for every rank"))
 
 
 def _check_payloads(source: RedisSource, recorded: list[tuple[str, GroupDecided]], report: VerifyReport,

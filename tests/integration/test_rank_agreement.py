@@ -17,6 +17,8 @@ from pipeline import CHILD_ENV
 
 from streamgrp.core import codec
 from streamgrp.core.events import StepCommitted, TrainingResumed
+from streamgrp.replay.steps import list_steps
+from streamgrp.replay.verifier import format_report, verify
 
 HERE = Path(__file__).resolve().parent
 STEPS = 6
@@ -83,3 +85,13 @@ def test_after_a_rank_dies_between_training_and_commit_the_restarted_ranks_train
     # versions never go back or repeat: step KILL_AT published KILL_AT + 1 in attempt 1 (rank 0 committed it,
     # so a version was reserved), attempt 2's steps publish above it
     assert int(client.get(run.keys.version)) == (KILL_AT + 1) + (STEPS - KILL_AT)
+
+    # `steps` counts step KILL_AT trained twice (rank 0 committed it in both attempts)
+    assert [s.trainings for s in list_steps(client, run.keys)] == [1] * KILL_AT + [2] + [1] * (STEPS - KILL_AT - 1)
+    # verify agrees, and catches a step whose ranks' last commits name different attempts
+    assert verify(client, run.keys).ok, format_report(verify(client, run.keys))
+    apart = StepCommitted(step=STEPS - 1, rank=1, world_size=2, attempt=1, producer="a-lost-rank", seq=1)
+    client.xadd(run.keys.commits, codec.encode(apart))
+    differences = verify(client, run.keys).differences
+    assert [(d.kind, d.subject, d.recorded) for d in differences] == [
+        ("step_ranks_apart", f"step {STEPS - 1}", {0: 2, 1: 1})]
