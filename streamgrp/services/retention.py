@@ -13,7 +13,8 @@ below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothi
     payloads    the slot log's floor (a sample's payload sits at its slot result's id), and its own archive
     decisions   the batcher group's pending and undelivered entries; the decisions of uncommitted steps
     steps       every step after the lowest step all ranks committed (a rank that restarts reads its
-                next step's manifest)
+                next step's manifest) and after the newest recorded checkpoint (`CheckpointSaved`: a
+                group that restarts from it trains those steps again)
     tasks       the workers group's pending and undelivered entries
     discarded, commits, deadletter    the archive only: no service reads them back
     control     never: it is small and every process reads the run's record from it
@@ -292,7 +293,13 @@ def _uncommitted_step_bounds(floors_: _Floors, client: redis.Redis, keys: RunKey
         raise committed
     done = {int(rank): int(step) for rank, step in committed.items()}
     lowest = min(done.get(rank, -1) for rank in range(dp_size))
-    floors_.keep("steps", id_key(step_entry_id(lowest + 1)), f"steps after {lowest}, committed by every rank")
+    why = f"steps after {lowest}, committed by every rank"
+    # A trainer group that crashes resumes after its newest checkpoint and trains the steps since again.
+    checkpointed = client.hget(keys.checkpoint, "step")
+    if checkpointed is not None and int(checkpointed) < lowest:
+        lowest = int(checkpointed)
+        why = f"steps after {lowest}, the newest checkpoint (a restarted trainer group trains them again)"
+    floors_.keep("steps", id_key(step_entry_id(lowest + 1)), why)
     for _, manifest in _decoded(_scan(client, keys.steps, step_entry_id(lowest + 1))):
         if not isinstance(manifest, StepManifest):
             continue

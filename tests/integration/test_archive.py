@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from made_steps import make_steps
 
 from streamgrp.cli.main import main
 from streamgrp.config import ArchiverConfig, AssemblerConfig, BatcherConfig
@@ -84,6 +85,26 @@ def decision_of(client, run, task_id) -> tuple[str, GroupDecided]:
 
 
 # -- retention ----------------------------------------------------------------------------------------
+
+def test_retention_keeps_the_steps_after_the_newest_checkpoint(client, make_run, tmp_path):
+    # A trainer group that crashes resumes after its newest checkpoint and trains the steps since again,
+    # reading them from the server: those stay however far every rank committed.
+    run = make_run(n_samples=3, dp_size=2, batch_size=2)
+    make_steps(client, run, groups=8, steps=4)
+    for step in range(4):
+        commit(client, run, 0, step), commit(client, run, 1, step)
+    Archiver(client, run.keys, tmp_path / "archive").run(burst=True)
+    trainer = TrainerClient(client, run)
+    batch = trainer.load(trainer.manifest(1), 0, 2)
+    trainer.record_checkpoint(batch, tmp_path / "checkpoint", {}, ranks=(0,))
+
+    report = trim(client, run.keys, archive_progress(client, run.keys))
+    assert report.streams["steps"].floor == step_entry_id(2) and "newest checkpoint" in report.streams["steps"].bound
+    assert [e.decode() for e, _ in client.xrange(run.keys.steps)] == [step_entry_id(2), step_entry_id(3)]
+    for step in (2, 3):  # and what the steps' shards read
+        for rank in (0, 1):
+            trainer.load(trainer.manifest(step), rank, 2)
+
 
 @pytest.mark.cluster
 def test_retention_trims_only_what_is_archived_and_no_reader_still_needs(client, make_run, issuer, tmp_path):
