@@ -64,7 +64,7 @@ DEFAULT_ADV_NORM = NormSpec("group", "group")
 def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None) -> int:
     """Train until the run finishes; returns the number of steps this rank committed."""
     ranks = resolve_config(config)
-    with process_group(ranks, backend="gloo"):
+    with process_group(ranks, backend="gloo", peer_wait_s=config.peer_wait_s):
         return _train(client, run, config, ranks.rank, ranks.world_size, metrics)
 
 

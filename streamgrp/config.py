@@ -291,6 +291,8 @@ class TrainerConfig(_RoleSettings):
                                         "from the newest recorded one, training the steps after it again")
     checkpoint_every: int = Field(10, ge=1, description="reference trainer: steps between checkpoints (with "
                                   "--checkpoint-dir)")
+    peer_wait_s: float = Field(300.0, gt=0, description="how long a rank waits for the other ranks of its "
+                               "group to join (and in any one collective) before it fails naming them")
     train_fn: str = Field("streamgrp.consumers.grpo_trainer:train", description="module:function(client, run, config, metrics=) "
                           "the trainer process runs (streamgrp.consumers.lm_trainer:train: a real language model)")
     model_gguf: Path | None = Field(None, description="lm trainer: the GGUF file of the policy the inference servers "

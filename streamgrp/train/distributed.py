@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from streamgrp.errors import ConfigError
+from streamgrp.errors import ConfigError, TrainerGroupError
 
 if TYPE_CHECKING:
     import torch
@@ -116,17 +116,28 @@ def _env_int(env: Mapping[str, str], name: str, *, minimum: int) -> int | None:
     return value
 
 
+#: How long a rank waits for its peers to join the process group (and in any one collective).
+PEER_WAIT_S = 300.0
+
+
 @contextlib.contextmanager
-def process_group(dist: DistEnv, *, backend: str = "gloo") -> Iterator[bool]:
+def process_group(dist: DistEnv, *, backend: str = "gloo", peer_wait_s: float = PEER_WAIT_S) -> Iterator[bool]:
     """Join the data-parallel process group for the block when there is more than one rank; yields
-    whether a group was joined. Leaves an already initialised group alone (the caller owns it)."""
+    whether a group was joined. Leaves an already initialised group alone (the caller owns it). A rank
+    whose peers do not all join within ``peer_wait_s`` raises `TrainerGroupError` naming them."""
+    import datetime
+
     import torch.distributed as torch_dist
 
     joined = dist.world_size > 1 and not torch_dist.is_initialized()
     if joined:
-        log.info("joining the process group as %s", dist.describe())
-        torch_dist.init_process_group(backend, init_method=dist.init_method, rank=dist.rank,
-                                      world_size=dist.world_size)
+        log.info("joining the process group as %s; waiting up to %gs for every rank", dist.describe(), peer_wait_s)
+        try:
+            torch_dist.init_process_group(backend, init_method=dist.init_method, rank=dist.rank,
+                                          world_size=dist.world_size,
+                                          timeout=datetime.timedelta(seconds=peer_wait_s))
+        except torch_dist.DistError as exc:
+            raise TrainerGroupError(_peers_missing(dist, peer_wait_s, exc)) from None
     try:
         yield joined
     except BaseException:
@@ -136,6 +147,16 @@ def process_group(dist: DistEnv, *, backend: str = "gloo") -> Iterator[bool]:
     if joined and torch_dist.is_initialized():
         _leave_together(torch_dist)
         torch_dist.destroy_process_group()
+
+
+def _peers_missing(dist: DistEnv, waited_s: float, exc: BaseException) -> str:
+    # Rank 0 hosts the rendezvous: another rank that cannot reach it knows rank 0 is missing; rank 0
+    # knows only that not every other rank came.
+    missing = "rank 0" if dist.rank != 0 else f"some of ranks 1..{dist.world_size - 1}"
+    first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (f"rank {dist.rank} of {dist.world_size} waited {waited_s:g}s at {dist.init_method} and {missing} of its "
+            f"trainer group never joined ({first_line}); start every rank of the group (torchrun starts them "
+            "together), or wait longer with --peer-wait-s")
 
 
 #: How long a rank that is done waits for the others before it tears its connections down anyway.

@@ -63,15 +63,18 @@ class Group:
 
     started: list[Group] = []
 
-    def __init__(self, redis_url: str, run_name: str, checkpoints: Path, logs: Path, crash: dict[int, str]) -> None:
-        dist_url = f"tcp://127.0.0.1:{_free_port()}"
+    def __init__(self, redis_url: str, run_name: str, checkpoints: Path, logs: Path, crash: dict[int, str], *,
+                 ranks: tuple[int, ...] = (0, 1), extra: tuple[str, ...] = (), dist_url: str | None = None) -> None:
+        self.dist_url = dist_url or f"tcp://127.0.0.1:{_free_port()}"
         self.ranks = []
-        for rank in (0, 1):
+        self.logs: list[Path] = []
+        for rank in ranks:
             log_path = logs / f"start{len(list(logs.iterdir()))}-rank{rank}.log"
             args = [sys.executable, "-m", "streamgrp", "trainer", "--redis-url", redis_url, "--run", run_name,
-                    "--rank", str(rank), "--world-size", "2", "--dist-url", dist_url, "--lr", str(LR),
+                    "--rank", str(rank), "--world-size", "2", "--dist-url", self.dist_url, "--lr", str(LR), *extra,
                     "--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(EVERY),
                     *(["--crash-at", crash[rank]] if rank in crash else [])]
+            self.logs.append(log_path)
             with open(log_path, "wb") as log:  # the child writes through its own copy of the descriptor
                 self.ranks.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                                    env={**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"}))
@@ -248,3 +251,23 @@ class ThreadSum:
 
 def _logs(logs: Path) -> str:
     return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(logs.iterdir()))
+
+
+def test_a_rank_that_comes_back_alone_waits_for_its_peer_or_fails_naming_it(client, redis_url, make_run, tmp_path):
+    run = make_run(n_samples=3, dp_size=2, batch_size=2)
+    make_steps(client, run, groups=8, steps=3, rollout=toy_rollout)
+    checkpoints, logs = tmp_path / "checkpoints", tmp_path / "logs"
+    logs.mkdir()
+
+    alone = Group(redis_url, run.keys.run, checkpoints, logs, {}, ranks=(1,), extra=("--peer-wait-s", "3"))
+    assert alone.wait(60) == [2]  # a clear error, no traceback
+    output = alone.logs[0].read_text()
+    assert "rank 1 of 2 waited 3s" in output and "rank 0 of its trainer group never joined" in output, output
+    assert client.hlen(run.keys.committed) == 0 and client.xlen(run.keys.commits) == 0
+
+    waiting = Group(redis_url, run.keys.run, checkpoints, logs, {}, ranks=(1,))
+    assert waiting.wait(4) == [None], "a rank alone did not wait for its peer"
+    assert client.hlen(run.keys.committed) == 0
+    peer = Group(redis_url, run.keys.run, checkpoints, logs, {}, ranks=(0,), dist_url=waiting.dist_url)
+    assert waiting.wait(120) + peer.wait(120) == [0, 0], _logs(logs)
+    assert _committed(client, run) == {0: 2, 1: 2}
