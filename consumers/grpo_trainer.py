@@ -99,7 +99,7 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
                         save_version(config.weights_dir, batch.next_version, policy.state_dict())
                     step_metrics.update(wait_s=round(wait_s, 4), step=batch.step)
                     client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(step_metrics))
-                if crash_at == ("train", batch.step):
+                if crash_at == ("train", batch.step) and not batch.retrained:
                     _crash(f"after training step {batch.step}, before committing it")
                 batch.commit()
                 if config.checkpoint_dir is not None and (batch.step + 1) % config.checkpoint_every == 0:
@@ -188,7 +188,7 @@ def _checkpoint(trainer: TrainerClient, batch, config: TrainerConfig, policy, op
     if batch.rank != 0:
         return
     halfway = (lambda: _crash(f"halfway through the checkpoint of step {batch.step}")) \
-        if crash_at == ("checkpoint", batch.step) else None
+        if crash_at == ("checkpoint", batch.step) and not batch.retrained else None
     path, files = save_training_state(config.checkpoint_dir, step=batch.step, attempt=batch.attempt, model=policy,
                                       optimizer=optimizer, halfway=halfway)
     trainer.record_checkpoint(batch, path, files, ranks=(0,))

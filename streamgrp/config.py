@@ -285,7 +285,7 @@ class TrainerConfig(_RoleSettings):
     fail_at_step: int | None = Field(None, ge=0, description="inject an exception at this step (replay demos, tests)")
     crash_at: str | None = Field(None, pattern=r"^(train|checkpoint):\d+$", description="tests: SIGKILL this rank at "
                                  "a point of a step, 'train:S' after training step S and before committing it, "
-                                 "'checkpoint:S' halfway through writing step S's checkpoint")
+                                 "'checkpoint:S' halfway through writing step S's checkpoint; not again when the step is trained again")
     checkpoint_dir: Path | None = Field(None, description="reference trainer: write a checkpoint (weights and optimizer "
                                         "state, safetensors) here every --checkpoint-every steps, and on start resume "
                                         "from the newest recorded one, training the steps after it again")

@@ -132,10 +132,15 @@ def process_group(dist: DistEnv, *, backend: str = "gloo", peer_wait_s: float = 
     joined = dist.world_size > 1 and not torch_dist.is_initialized()
     if joined:
         log.info("joining the process group as %s; waiting up to %gs for every rank", dist.describe(), peer_wait_s)
+        timeout = datetime.timedelta(seconds=peer_wait_s)
+        store = _restart_store(dist, timeout)
         try:
-            torch_dist.init_process_group(backend, init_method=dist.init_method, rank=dist.rank,
-                                          world_size=dist.world_size,
-                                          timeout=datetime.timedelta(seconds=peer_wait_s))
+            if store is not None:
+                torch_dist.init_process_group(backend, store=store, rank=dist.rank, world_size=dist.world_size,
+                                              timeout=timeout)
+            else:
+                torch_dist.init_process_group(backend, init_method=dist.init_method, rank=dist.rank,
+                                              world_size=dist.world_size, timeout=timeout)
         except torch_dist.DistError as exc:
             raise TrainerGroupError(_peers_missing(dist, peer_wait_s, exc)) from None
     try:
@@ -147,6 +152,20 @@ def process_group(dist: DistEnv, *, backend: str = "gloo", peer_wait_s: float = 
     if joined and torch_dist.is_initialized():
         _leave_together(torch_dist)
         torch_dist.destroy_process_group()
+
+
+def _restart_store(dist: DistEnv, timeout: Any, env: Mapping[str, str] | None = None) -> Any:
+    """Under torchrun's agent store, the rendezvous store of this restart: its keys under the restart's
+    own prefix. ``env://`` there uses one prefix for every restart, so after ``--max-restarts`` restarted
+    the group, gloo read the peers' addresses of the previous start and failed to connect (seen here)."""
+    env = os.environ if env is None else env
+    restart = env.get("TORCHELASTIC_RESTART_COUNT")
+    if dist.init_method != "env://" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or restart is None:
+        return None
+    import torch.distributed as torch_dist
+
+    agent_store = torch_dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), dist.world_size, False, timeout)
+    return torch_dist.PrefixStore(f"/worker/streamgrp-restart-{restart}", agent_store)
 
 
 def _peers_missing(dist: DistEnv, waited_s: float, exc: BaseException) -> str:

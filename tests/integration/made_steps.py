@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 from streamgrp.config import AssemblerConfig, BatcherConfig
+from streamgrp.consumers import toy_task
+from streamgrp.core.events import Sample
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
 from streamgrp.services.synthetic import make_sample
@@ -16,6 +20,18 @@ def rollout(request):
         return None
     return make_sample(tokens=4 + request.slot, prompt_tokens=1, reward=float(request.slot), version=request.version,
                        seed=hash((request.task_id, request.slot)) % 10_000)
+
+
+def toy_rollout(request):
+    """A toy-task sample (prompt token, LENGTH tokens of the toy vocabulary), a few rejected."""
+    rng = random.Random(f"{request.task_id}:{request.slot}")
+    if rng.random() < 0.1:
+        return None
+    p = rng.randrange(toy_task.VOCAB)
+    generated = [rng.randrange(toy_task.VOCAB) for _ in range(toy_task.LENGTH)]
+    logprobs = [-rng.uniform(1.5, 2.5) for _ in generated]
+    return Sample.from_rows(token_ids=[[p, *generated]], loss_mask=[[0] + [1] * toy_task.LENGTH],
+                            logprobs=[[0.0, *logprobs]], rewards=[toy_task.reward(p, generated)], version=0)
 
 
 def make_steps(client, run, *, groups: int, steps: int, rollout=rollout) -> None:

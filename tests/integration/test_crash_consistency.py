@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from made_steps import make_steps
+from made_steps import make_steps, toy_rollout
 from pipeline import CHILD_ENV
 
 from streamgrp.consumers import grpo_trainer, toy_task
 from streamgrp.core import codec
-from streamgrp.core.events import CheckpointSaved, Sample, StepCommitted, TrainingResumed
+from streamgrp.core.events import CheckpointSaved, StepCommitted, TrainingResumed
 from streamgrp.replay.steps import replay_step
 from streamgrp.train.weights import WeightCache
 
@@ -38,18 +38,6 @@ STEPS = 40
 EVERY = 5
 LR = 0.05
 RANDOM_KILLS = 3
-
-
-def toy_rollout(request):
-    """A toy-task sample (prompt token, LENGTH tokens of the toy vocabulary), a few rejected."""
-    rng = random.Random(f"{request.task_id}:{request.slot}")
-    if rng.random() < 0.1:
-        return None
-    p = rng.randrange(toy_task.VOCAB)
-    generated = [rng.randrange(toy_task.VOCAB) for _ in range(toy_task.LENGTH)]
-    logprobs = [-rng.uniform(1.5, 2.5) for _ in generated]
-    return Sample.from_rows(token_ids=[[p, *generated]], loss_mask=[[0] + [1] * toy_task.LENGTH],
-                            logprobs=[[0.0, *logprobs]], rewards=[toy_task.reward(p, generated)], version=0)
 
 
 def _free_port() -> int:

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from made_steps import make_steps, toy_rollout
 from pipeline import CHILD_ENV, events
 from processes import RoleProcess
 
 from streamgrp.config import RunConfig
 from streamgrp.core import codec
-from streamgrp.core.events import StepCommitted, StepManifest
+from streamgrp.core.events import StepCommitted, StepManifest, TrainingResumed
 from streamgrp.core.policy import NormSpec
 from streamgrp.store.runs import join_run
 
@@ -108,3 +109,32 @@ def test_torchrun_two_ranks_consume_every_step_in_order_with_equal_collectives(c
     assert sorted(metrics) == list(range(STEPS))
     for record in metrics.values():
         assert math.isfinite(record["loss"]) and 0.0 <= record["logprob_abs_diff_mean"] < 10.0, record
+
+
+@pytest.mark.one_server_kind
+def test_torchrun_max_restarts_resumes_the_group_from_its_checkpoint(client, redis_url, make_run, tmp_path):
+    # Rank 0 dies halfway through the checkpoint of step 3 (steps 0..3 committed by then); torchrun
+    # restarts both ranks, which resume after the checkpoint of step 1 and train steps 2 and 3 again.
+    run = make_run(n_samples=3, dp_size=2, batch_size=2)
+    make_steps(client, run, groups=16, steps=STEPS, rollout=toy_rollout)
+    log_dir = tmp_path / "torchrun"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "--max-restarts", "1", "--redirects", "3", "--log-dir", str(log_dir),
+                "-m", "streamgrp.consumers.grpo_trainer", "--", "--redis-url", redis_url, "--run", run.keys.run,
+                "--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "2", "--crash-at", "checkpoint:3"]
+    env = {**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    done = subprocess.run(torchrun, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stderr[-3000:]}"
+    assert "crash injected halfway through the checkpoint of step 3" in "".join(
+        p.read_text() for p in log_dir.rglob("stderr.log"))
+
+    resumed = events(client, run.keys.commits, TrainingResumed)
+    assert [(e.attempt, e.step, e.reason, e.retrain_through) for e in resumed] == [
+        (1, 0, "start", -1), (2, 2, "checkpoint", 3)]
+    committed = defaultdict(list)
+    for event in events(client, run.keys.commits, StepCommitted):
+        committed[event.rank].append((event.step, event.attempt))
+    expected = [(0, 1), (1, 1), (2, 1), (3, 1), (2, 2), (3, 2), (4, 2)]
+    assert committed[0] == expected and committed[1] == expected, dict(committed)
