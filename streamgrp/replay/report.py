@@ -21,6 +21,7 @@ from streamgrp.core.events import (
     GroupDiscarded,
     RunStarted,
     StepFailed,
+    TrainingResumed,
     StepManifest,
 )
 from streamgrp.errors import DecodeError
@@ -63,12 +64,14 @@ def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> R
     decisions = [(t, e) for _, name in partition_streams(source, "decisions") for t, e in events(name)
                  if isinstance(e, GroupDecided)]
     discards = [(t, e) for t, e in events("discarded") if isinstance(e, GroupDiscarded)]
-    failures = tuple(e for _, e in events("commits") if isinstance(e, StepFailed))
+    commits = [e for _, e in events("commits")]
+    failures = tuple(e for e in commits if isinstance(e, StepFailed))
+    resumes = tuple(e for e in commits if isinstance(e, TrainingResumed) and e.reason != "start")
     rows, tail = step_rows(started_at=started, manifests=manifests, decisions=decisions, discards=discards,
                            metrics=trainer_metrics(source.hash("trainer_metrics")))
     return ReportData(run=keys.run, started_at=started, steps=tuple(rows), after_last_step=tail,
                       totals=run_summary(client, keys, source=source), status=run_status(control, len(rows)),
-                      failures=failures)
+                      failures=failures, resumes=resumes)
 
 
 # -- HTML ----------------------------------------------------------------------------------------------------
@@ -112,6 +115,15 @@ def render_html(data: ReportData) -> str:
                      '<th>error</th></tr>')
         parts += [f"<tr><td>{f.step}</td><td>{f.rank}</td><td style='text-align: left'>{escape(f.error)}</td></tr>"
                   for f in data.failures]
+        parts.append("</table></section>")
+    if data.resumes:
+        parts.append(f'<section id="resumes"><h2>Trainer restarts</h2><p class="definition">{len(data.resumes)} '
+                     f'restarts of the trainer group; {data.steps_trained_again} steps trained again with their '
+                     'recorded data after a rollback to a checkpoint.</p><table><tr><th>attempt</th>'
+                     '<th>resumed at step</th><th>from</th><th>trained again</th><th>versions from</th></tr>')
+        parts += [f"<tr><td>{r.attempt}</td><td>{r.step}</td><td>{escape(r.reason)}</td>"
+                  f"<td>{f'{r.step}..{r.retrain_through}' if r.retrain_through >= r.step else '-'}</td>"
+                  f"<td>{r.base_version + 1}</td></tr>" for r in data.resumes]
         parts.append("</table></section>")
     parts.append(_steps_table(data))
     parts.append("</body></html>")

@@ -56,6 +56,7 @@ from streamgrp.core.events import (
     RunFinished,
     RunTerminated,
     StepFailed,
+    TrainingResumed,
     StepManifest,
 )
 
@@ -117,6 +118,12 @@ class ReportData:
     totals: dict[str, Any]
     status: str
     failures: tuple[StepFailed, ...] = ()
+    #: Each start of the trainer group after the first (`TrainingResumed`): where it resumed, what it trained again.
+    resumes: tuple[TrainingResumed, ...] = ()
+
+    @property
+    def steps_trained_again(self) -> int:
+        return sum(max(0, r.retrain_through - r.step + 1) for r in self.resumes)
 
     def series(self) -> dict[str, list[Any]]:
         """Every per-step series by name, one value per step (what the charts draw)."""

@@ -17,6 +17,7 @@ from pipeline import CHILD_ENV
 
 from streamgrp.core import codec
 from streamgrp.core.events import StepCommitted, TrainingResumed
+from streamgrp.replay.report import build_report, render_html
 from streamgrp.replay.steps import list_steps
 from streamgrp.replay.verifier import format_report, verify
 
@@ -88,6 +89,11 @@ def test_after_a_rank_dies_between_training_and_commit_the_restarted_ranks_train
 
     # `steps` counts step KILL_AT trained twice (rank 0 committed it in both attempts)
     assert [s.trainings for s in list_steps(client, run.keys)] == [1] * KILL_AT + [2] + [1] * (STEPS - KILL_AT - 1)
+    # the report lists the restart and what it trained again
+    report = build_report(client, run.keys)
+    assert [(r.attempt, r.step, r.retrain_through) for r in report.resumes] == [(2, KILL_AT, KILL_AT)]
+    assert report.steps_trained_again == 1
+    assert f"<td>2</td><td>{KILL_AT}</td><td>lowest_rank</td><td>{KILL_AT}..{KILL_AT}</td>" in render_html(report)
     # verify agrees, and catches a step whose ranks' last commits name different attempts
     assert verify(client, run.keys).ok, format_report(verify(client, run.keys))
     apart = StepCommitted(step=STEPS - 1, rank=1, world_size=2, attempt=1, producer="a-lost-rank", seq=1)
