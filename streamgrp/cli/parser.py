@@ -161,6 +161,11 @@ def _add_common_flags(parser: argparse.ArgumentParser, *, argparse_default: Any)
                        metavar="LEVEL", help=f"{', '.join(LOG_LEVELS)} [env STREAMGRP_LOG_LEVEL; default INFO]")
 
 
+def add_connection_flags(parser: Any) -> None:
+    """The connection flags (--redis-url, --password-file, TLS, ...) of a command that talks to a server."""
+    _add_model_flags(parser, ConnectionConfig, "connection")
+
+
 def _add_housekeeping(commands: Any) -> None:
     delete = commands.add_parser("delete", help="delete a run's keys and registry entry from the server; refuses a "
                                  "live run, keeps its archive unless --delete-archive")

@@ -1,4 +1,5 @@
-"""``streamgrp acl``: the ACL users of one or more runs, one per role, ready for a server's ACL file.
+"""``streamgrp acl``: the ACL users of one or more runs, one per role, ready for a server's ACL file;
+``streamgrp functions``: load the function library the roles call (an administrator's step, once per server).
 
 Owns printing them (`streamgrp.store.acl` builds the rules) and, with ``--password-dir``, keeping
 one password per user in a file of its own (``0600``, made once with `secrets`, reused after), so
@@ -19,7 +20,7 @@ from streamgrp.store.acl import ROLES, render_run, user_name
 from streamgrp.store.keys import check_run_name
 from streamgrp.store.private import open_private, private_dir
 
-__all__ = ["add_acl_command", "cmd_acl"]
+__all__ = ["add_acl_command", "cmd_acl", "cmd_functions"]
 
 
 def add_acl_command(commands) -> None:
@@ -35,6 +36,24 @@ def add_acl_command(commands) -> None:
     acl.add_argument("--no-default", action="store_true",
                      help="leave out 'user default off' (when appending to an ACL file that already has a default user)")
     acl.set_defaults(handler=cmd_acl)
+
+    from streamgrp.cli.parser import add_connection_flags
+
+    functions = commands.add_parser("functions", help="load streamgrp's function library on the server (on a cluster: "
+                                    "every primary); run once as an administrator when roles connect as ACL users")
+    add_connection_flags(functions)
+    functions.set_defaults(handler=cmd_functions)
+
+
+def cmd_functions(args: argparse.Namespace) -> int:
+    from streamgrp.cli.context import connected
+    from streamgrp.store.scripts import load_library
+
+    with connected(args) as (client, _connection, _handle):
+        name = load_library(client)
+    print(f"streamgrp functions: the server holds the function library {name}; every role calls it with FCALL",
+          file=sys.stderr)
+    return 0
 
 
 def cmd_acl(args: argparse.Namespace) -> int:

@@ -33,9 +33,10 @@ from streamgrp.store.keys import RUNS, RunKeys
 
 __all__ = ["ROLES", "RoleAccess", "access", "password_hash", "render", "render_run", "template_for", "user_name"]
 
-#: What every role's connection needs: the version and settings check, health checks, scripts and the
+#: What every role's connection needs: the version and settings check, health checks, streamgrp's functions
+#: (`streamgrp.store.scripts`; never EVAL or SCRIPT LOAD: no Lua of its own) and the
 #: server clock. Only commands Redis 7.0 knows: a rule naming an unknown one stops the ACL file loading.
-COMMON_COMMANDS = ("ping", "info", "time", "evalsha", "script|load")
+COMMON_COMMANDS = ("ping", "info", "time", "fcall", "fcall_ro")
 
 ROLES = ("worker", "assembler", "batcher", "trainer", "archiver", "inspector")
 
@@ -156,9 +157,10 @@ def _archiver(k: RunKeys) -> RoleAccess:
     return RoleAccess(
         "archiver", "copies every stream and hash to disk and records its progress; with --retention trims "
         "the streams behind the archive",
-        read=(k.control, k.decided, k.counts, k.committed, k.batcher_state, k.trainer_metrics, k.version, RUNS),
+        read=(k.control, k.decided, k.counts, k.committed, k.batcher_state, k.trainer_metrics, k.version, k.checkpoint,
+              k.attempt, RUNS),
         write=(k.archive, *trimmed),
-        commands=(*_RUN_LOOKUP, "get", "xinfo|groups", "xinfo|stream", "xpending", "xtrim", "hgetall", "hset",
+        commands=(*_RUN_LOOKUP, "get", "hget", "xinfo|groups", "xinfo|stream", "xpending", "xtrim", "hgetall", "hset",
                   "hsetnx", "multi", "exec"))
 
 

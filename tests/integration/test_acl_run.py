@@ -25,8 +25,11 @@ from streamgrp.cli.children import free_port
 from streamgrp.cli.server import EmbeddedServer
 from streamgrp.core.events import GroupDecided, SlotResult
 from streamgrp.store.acl import ROLES, password_hash, template_for, user_name
+from streamgrp.errors import ConfigError
+from streamgrp.services.worker import WorkerClient
 from streamgrp.store.connection import connect
 from streamgrp.store.keys import RunKeys
+from streamgrp.store.scripts import forget_loaded, function_name, load_library
 from streamgrp.store.sources import decode_all, default_source
 
 pytestmark = pytest.mark.slow
@@ -98,7 +101,9 @@ def secured(server_kind, kind_binary, tmp_path, run_name):
                             tls=certs.server if certs is not None else None)
     server.start()
     try:
-        yield Secured(server, run_name, secrets_dir, certs, admin_password)
+        secured = Secured(server, run_name, secrets_dir, certs, admin_password)
+        load_library(secured.admin())  # the administrator's step: roles may call functions, never load them
+        yield secured
     finally:
         server.stop()
 
@@ -133,6 +138,19 @@ def _roles(secured: Secured, tmp_path: Path) -> dict[str, RoleProcess]:
 
 def _acl_log(admin: redis.Redis) -> list:
     return admin.execute_command("ACL", "LOG")
+
+
+def test_a_role_on_a_server_without_the_functions_is_told_who_must_load_them(secured):
+    admin = secured.admin()
+    admin.function_flush()
+    forget_loaded()
+    worker = secured.client("worker")
+    with pytest.raises(ConfigError, match="load it once as an administrator.*streamgrp functions"):
+        WorkerClient(worker, RunKeys(secured.run))
+    load_library(admin)
+    WorkerClient(worker, RunKeys(secured.run))  # and once it is loaded, the role starts
+    worker.close()
+    admin.close()
 
 
 def test_a_whole_run_with_each_role_under_its_own_user(secured, tmp_path):
@@ -218,16 +236,23 @@ def _dry_runs(admin: redis.Redis, keys: RunKeys) -> None:
     def allowed(role: str, *command: str) -> bool:
         return admin.execute_command("ACL", "DRYRUN", user_name(keys.run, role), *command) in (b"OK", "OK")
 
-    sha = "0" * 40
+    publish = function_name("publish.lua")
+    batch_commit = function_name("batch_commit.lua")
     assert allowed("worker", "XADD", keys.slots, "*", "h", "x")
     assert not allowed("worker", "XADD", keys.control, "*", "h", "x")
-    assert not allowed("worker", "EVALSHA", sha, "1", keys.decisions)  # a script's keys need write permission
-    assert allowed("batcher", "EVALSHA", sha, "7", keys.decisions, keys.steps, keys.discarded, keys.counts,
+    assert not allowed("worker", "FCALL", batch_commit, "1", keys.decisions)  # a function's keys need permission
+    assert allowed("worker", "FCALL", publish, "2", keys.slots, keys.payloads)
+    assert allowed("batcher", "FCALL", batch_commit, "7", keys.decisions, keys.steps, keys.discarded, keys.counts,
                    keys.batcher_lease, keys.batcher_state, keys.control)
     assert allowed("inspector", "XRANGE", keys.payloads, "1-0", "1-5")  # how payloads are read: plain XRANGEs
-    assert not allowed("inspector", "EVALSHA", sha, "1", keys.payloads)
+    assert not allowed("inspector", "FCALL", publish, "1", keys.payloads)
     assert allowed("trainer", "XRANGE", keys.payloads, "1-0", "1-5")
     assert not allowed("archiver", "XTRIM", keys.control, "MAXLEN", "0")
     for role in ROLES:
         assert not allowed(role, "CONFIG", "SET", "appendonly", "no")
+        # no Lua of its own: a loop in it would make the server answer BUSY to every run's clients
+        assert not allowed(role, "EVAL", "while true do end", "0")
+        assert not allowed(role, "SCRIPT", "LOAD", "return 1")
+        assert not allowed(role, "EVALSHA", "0" * 40, "0")
+        assert not allowed(role, "FUNCTION", "LOAD", "#!lua name=mine\nredis.register_function('f', function() end)")
         assert not allowed(role, "XRANGE", RunKeys("another-run").control, "-", "+")

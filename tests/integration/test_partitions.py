@@ -325,6 +325,7 @@ def test_every_role_of_a_partitioned_run_works_under_its_own_acl_user(server_kin
     from streamgrp.cli.server import EmbeddedServer
     from streamgrp.store.acl import ROLES, password_hash, render_run
     from streamgrp.store.connection import connect
+    from streamgrp.store.scripts import load_library
 
     if server_kind == "cluster":
         pytest.skip("an ACL file is loaded by one server")
@@ -340,6 +341,7 @@ def test_every_role_of_a_partitioned_run_works_under_its_own_acl_user(server_kin
             return connect(f"redis://sg-{run_name}-{role}@127.0.0.1:{server.port}/0", password=passwords[role])
 
         admin = connect(f"redis://admin@127.0.0.1:{server.port}/0", password=passwords["admin"])
+        load_library(admin)  # the administrator's step: roles call the functions, never load them
         run = _run(as_("batcher"), run_name)
         batcher = _batcher(as_("batcher"), run, dataset=iter([{"i": i} for i in range(TASKS)]))
         batcher.round()
