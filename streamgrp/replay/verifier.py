@@ -63,6 +63,7 @@ from streamgrp.core.manifest import (
     ref_order,
     split_decision_ref,
 )
+from streamgrp.core.refusal import INVALID_SAMPLE, refused
 from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
@@ -229,6 +230,7 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream
     """Fold one slot log (a partition's, in a partitioned run) up to where its assembler read."""
     through = folded_through(source, stream)
     limit = id_key(through) if through is not None else None
+    refusals = _refused_entries(source)
 
     def events():
         for entry_id, fields in source.scan(stream):
@@ -239,12 +241,23 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream
                 event = codec.decode(fields)
             except DecodeError:
                 continue  # the assembler dead-lettered it; it was never folded
+            if isinstance(event, SlotResult) and entry_id in refusals:
+                event = refused(event, refusals[entry_id])  # as the assembler folded it
             if isinstance(event, (TaskIssued, SlotResult, Tick)):
                 report.entries_folded += 1
                 yield entry_id, event
 
     _, outputs = run_fold(config.policy(), events(), config.group_timeout_s)
     return {output.decision.task_id: output.decision for output in outputs if isinstance(output, Closed)}
+
+
+def _refused_entries(source: RedisSource) -> dict[str, str]:
+    """Slot entries the assembler refused (dead-lettered as `INVALID_SAMPLE`): entry id -> what was wrong."""
+    out = {}
+    for _, fields in source.scan("deadletter"):
+        if fields.get(b"reason") == INVALID_SAMPLE.encode() and b"entry" in fields:
+            out[fields[b"entry"].decode(errors="replace")] = fields.get(b"detail", b"").decode(errors="replace")
+    return out
 
 
 def _compare_decisions(recorded: list[tuple[str, GroupDecided]], refolded: dict[str, GroupDecided],

@@ -45,6 +45,7 @@ from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec, counters
 from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.decision import CONTRACT_VIOLATION
+from streamgrp.core.refusal import INVALID_SAMPLE, refused
 from streamgrp.core.events import (
     GroupDecided,
     SlotResult,
@@ -83,12 +84,8 @@ log = logging.getLogger(__name__)
 _IGNORED_COUNTER = {DUPLICATE: counters.slots("duplicate"), LATE: counters.slots("late"),
                     DUPLICATE_TASK: counters.TASKS_DUPLICATE}
 _FOLDED_KINDS = (TaskIssued, SlotResult, Tick)
-#: The dead-letter reason of a slot entry whose sample the assembler refused (`codec.payload_problem`).
-INVALID_SAMPLE = "invalid_sample"
 #: Payloads read and checked at once: bounds the memory of a round of long samples.
 PAYLOAD_READ_CHUNK = 64
-#: The longest refusal text a failed slot stands in with (the dead letter keeps it whole).
-MAX_REFUSAL_CHARS = 1000
 
 
 class Assembler:
@@ -346,13 +343,6 @@ class Assembler:
         if now >= earliest:
             self._seq += 1
             self.client.xadd(self.keys.slots, codec.encode(Tick(now=now, producer=self.name, seq=self._seq)))
-
-
-def refused(result: SlotResult, problem: str) -> SlotResult:
-    """What the fold takes for a sample the assembler refused: a failed slot saying why (`verify` must fold
-    a slot entry dead-lettered as `INVALID_SAMPLE` the same way)."""
-    return SlotResult(task_id=result.task_id, slot=result.slot, outcome="failed", producer=result.producer,
-                      seq=result.seq, error=f"invalid sample: {problem}"[:MAX_REFUSAL_CHARS])
 
 
 def _dead_letter(args: list[Any], reason: str, entry_id: str, detail: str, fields: dict[Any, Any]) -> None:

@@ -21,6 +21,7 @@ from streamgrp.core.events import GroupDecided, RawArray, Sample, SlotResult
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
 from streamgrp.services.worker import WorkerClient, WorkerProcess
+from streamgrp.replay.verifier import format_report, verify
 from streamgrp.store import scripts
 from streamgrp.store.keys import ASSEMBLER_GROUP
 from streamgrp.train.trainer import TrainerClient
@@ -204,6 +205,8 @@ def test_a_foreign_sample_that_cannot_train_is_dead_lettered_folded_as_failed_an
 
     weights = train(client, redis_url, run, steps=1)  # neither crashes the trainer nor trains the bad sample
     assert torch.isfinite(weights).all()
+    report = verify(client, run.keys)  # which folds the refused entry as the assembler did
+    assert report.ok, format_report(report)
 
 
 def test_a_refused_sample_stays_pending_until_its_group_is_decided_and_a_restarted_assembler_refuses_it_again(
