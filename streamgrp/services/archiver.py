@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 ARCHIVE_ID_FIELD = "archive_id"
 #: Run hashes the snapshot holds, by `RunKeys` attribute: what replay, verify, inspect and the summary read.
-SNAPSHOT_HASHES = ("decided", "counts", "committed", "batcher_state", "trainer_metrics")
+SNAPSHOT_HASHES = ("decided", "counts", "deadletter_counts", "committed", "batcher_state", "trainer_metrics")
 SNAPSHOT_FORMAT = "streamgrp.archive-snapshot/1"
 
 
@@ -183,7 +183,8 @@ class Archiver:
             version = replies[len(SNAPSHOT_HASHES)]
             infos_by_stream = replies[len(SNAPSHOT_HASHES) + 1:]
         else:  # over several slots: no one transaction; each hash as the server source reads it (joined)
-            hashes = {name: self._server.hash(name) for name in SNAPSHOT_HASHES}
+            hashes = {name: self._server.hash(name) for name in SNAPSHOT_HASHES if name != "deadletter_counts"}
+            hashes["deadletter_counts"] = {}  # the joined counts hold them already
             version = self.client.get(self.keys.version)
             infos_by_stream = [self._groups_or_error(key) for key in self.streams.values()]
         groups: dict[str, list[dict[str, Any]]] = {}

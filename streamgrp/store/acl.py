@@ -101,10 +101,10 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
 
 
 #: Kinds a partitioned run has run-wide as well: the batcher's counters and the control stream's dead letters.
-_RUN_WIDE_TOO = ("deadletter", "deadlettered", "counts")
+_RUN_WIDE_TOO = ("deadletter", "deadlettered", "counts", "deadletter_counts")
 #: `PartitionKeys` attributes: the keys every partition has its own of.
 _PARTITION_KINDS = ("tasks", "slots", "payloads", "decisions", "deadletter", "deadlettered", "decided", "counts",
-                    "assembler_lease")
+                    "deadletter_counts", "assembler_lease")
 
 
 def _worker(k: RunKeys) -> RoleAccess:
@@ -112,7 +112,7 @@ def _worker(k: RunKeys) -> RoleAccess:
         "worker", "takes tasks, publishes slot results and their payloads, dead-letters bad tasks; reads the "
         "run's record, the policy version and the published weights",
         read=(k.control, k.version, k.weights("*"), RUNS),
-        write=(k.tasks, k.slots, k.payloads, k.deadletter, k.deadlettered, k.counts),
+        write=(k.tasks, k.slots, k.payloads, k.deadletter, k.deadlettered, k.deadletter_counts),
         commands=(*_RUN_LOOKUP, "get", "xreadgroup", "xack", "xautoclaim", "xgroup|create", "xadd",
                   "xdel",  # publish.lua takes back a slot header whose payload it could not write
                   "hsetnx", "hincrby"))
@@ -130,7 +130,7 @@ def _assembler(k: RunKeys) -> RoleAccess:
 
 def _batcher(k: RunKeys) -> RoleAccess:
     written = (k.control, k.decisions, k.steps, k.discarded, k.counts, k.batcher_lease, k.batcher_state, k.tasks,
-               k.slots, k.deadletter, k.deadlettered, RUNS)
+               k.slots, k.deadletter, k.deadlettered, k.deadletter_counts, RUNS)
     return RoleAccess(
         "batcher", "creates the run, issues tasks, turns decisions into steps, writes the run's terminal and "
         "finished events",
@@ -142,7 +142,7 @@ def _batcher(k: RunKeys) -> RoleAccess:
 
 def _trainer(k: RunKeys) -> RoleAccess:
     written = (k.control, k.committed, k.commits, k.version, k.trainer_metrics, k.weights("*"), k.deadletter,
-               k.deadlettered, k.counts, k.attempt, k.checkpoint)
+               k.deadlettered, k.deadletter_counts, k.attempt, k.checkpoint)
     return RoleAccess(
         "trainer", "reads steps and their payloads, commits or fails them, advances the policy version, "
         "publishes weights and per-step metrics",
@@ -157,8 +157,8 @@ def _archiver(k: RunKeys) -> RoleAccess:
     return RoleAccess(
         "archiver", "copies every stream and hash to disk and records its progress; with --retention trims "
         "the streams behind the archive",
-        read=(k.control, k.decided, k.counts, k.committed, k.batcher_state, k.trainer_metrics, k.version, k.checkpoint,
-              k.attempt, RUNS),
+        read=(k.control, k.decided, k.counts, k.deadletter_counts, k.committed, k.batcher_state, k.trainer_metrics,
+              k.version, k.checkpoint, k.attempt, RUNS),
         write=(k.archive, *trimmed),
         commands=(*_RUN_LOOKUP, "get", "hget", "xinfo|groups", "xinfo|stream", "xpending", "xtrim", "hgetall", "hset",
                   "hsetnx", "multi", "exec"))

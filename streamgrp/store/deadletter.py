@@ -88,10 +88,10 @@ class DeadLetters:
         """Dead-letter ``entry_id`` of ``stream``; True when this call did it (False: already done).
 
         ``group`` acknowledges the entry in that consumer group; without one a marker makes the
-        dead letter happen once. ``counter`` is the `counts` field counted with it
+        dead letter happen once. ``counter`` is the field counted with it (in ``deadletter_counts``)
         (``invalid:tasks``, ``invalid:control``, ``invalid:decisions``).
         """
-        done = self._script(keys=[stream, self.keys.deadletter, self.keys.counts, self.keys.deadlettered],
+        done = self._script(keys=[stream, self.keys.deadletter, self.keys.deadletter_counts, self.keys.deadlettered],
                             args=[group, entry_id, reason, detail[:MAX_DETAIL_CHARS], counter,
                                   *op_fields(fields or {})])
         if done and self.metrics is not None:

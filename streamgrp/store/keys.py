@@ -96,8 +96,16 @@ class _FoldLayout:
 
     @property
     def counts(self) -> str:
-        """Hash of durable accounting counters, updated atomically with the acknowledgements they count."""
+        """Hash of durable accounting counters, updated atomically with the acknowledgements they count;
+        written by the assembler and the batcher only (the feeder's window depends on them)."""
         return self._key("counts")
+
+    @property
+    def deadletter_counts(self) -> str:
+        """Hash of the counters of `streamgrp.store.deadletter.DeadLetters` (``invalid:*``,
+        ``deadletter:*``): kept apart from ``counts`` so that roles which only dead-letter (workers,
+        trainers) never hold a right to the counters the run's accounting and feeder read."""
+        return self._key("deadletter:counts")
 
     @property
     def assembler_lease(self) -> str:

@@ -21,7 +21,7 @@ default place (``<data_dir>/archive/<run>``) when there is one, else the server 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -55,6 +55,15 @@ __all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "dec
 #: ``source(stream, ids)``: the fields of each entry id of a run's stream (a `RunKeys.all_streams`
 #: name), in order, None where the entry is not retained.
 EntrySource = Callable[[str, Sequence[str]], Sequence[Mapping[bytes, bytes] | None]]
+
+
+def added_counts(hashes: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """Counter hashes added field by field (values as the server keeps them: integers, or floats)."""
+    total: dict[str, float] = {}
+    for counts in hashes:
+        for counter, value in counts.items():
+            total[counter] = total.get(counter, 0) + float(value)
+    return {counter: str(int(value) if value == int(value) else value) for counter, value in total.items()}
 
 
 class RedisSource:
@@ -95,15 +104,12 @@ class RedisSource:
         def read(key: str) -> dict[str, str]:
             return {k.decode(): v.decode() for k, v in self.client.hgetall(key).items()}
 
-        if len(self.partitions) == 1 or name not in ("counts", "decided"):
+        if name == "counts":  # with the dead letters' counters, kept apart for least privilege
+            layouts = (self.keys, *self.partitions) if len(self.partitions) > 1 else (self.keys,)
+            return added_counts(read(key) for layout in layouts for key in (layout.counts, layout.deadletter_counts))
+        if len(self.partitions) == 1 or name != "decided":
             return read(getattr(self.keys, name))
-        if name == "decided":
-            return {task: entry for part in self.partitions for task, entry in read(part.decided).items()}
-        total: dict[str, float] = {}
-        for key in (self.keys.counts, *(part.counts for part in self.partitions)):
-            for counter, value in read(key).items():
-                total[counter] = total.get(counter, 0) + float(value)
-        return {counter: str(int(value) if value == int(value) else value) for counter, value in total.items()}
+        return {task: entry for part in self.partitions for task, entry in read(part.decided).items()}
 
     def folded_through(self, stream: str = "slots") -> str | None:
         """The last slot-log entry the assembler read (its consumer group position), None without one;
@@ -162,8 +168,10 @@ class ArchiveSource:
         return self.reader.scan(self._check(stream), after=after, before=before)
 
     def hash(self, name: str) -> dict[str, str]:
-        snapshot = self.reader.snapshot() or {}
-        return dict(snapshot.get("hashes", {}).get(name, {}))
+        hashes = (self.reader.snapshot() or {}).get("hashes", {})
+        if name == "counts":
+            return added_counts([hashes.get("counts", {}), hashes.get("deadletter_counts", {})])
+        return dict(hashes.get(name, {}))
 
     def folded_through(self, stream: str = "slots") -> str | None:
         snapshot = self.reader.snapshot() or {}

@@ -244,6 +244,10 @@ def _dry_runs(admin: redis.Redis, keys: RunKeys) -> None:
     assert allowed("worker", "FCALL", publish, "2", keys.slots, keys.payloads)
     assert allowed("batcher", "FCALL", batch_commit, "7", keys.decisions, keys.steps, keys.discarded, keys.counts,
                    keys.batcher_lease, keys.batcher_state, keys.control)
+    # the counters the feeder's window and the run's accounting read: only the assembler and batcher write them
+    for role in ("worker", "trainer", "archiver", "inspector"):
+        assert not allowed(role, "HINCRBY", keys.counts, "decisions:dropped", "-100000")
+    assert allowed("worker", "HINCRBY", keys.deadletter_counts, "invalid:tasks", "1")
     assert allowed("inspector", "XRANGE", keys.payloads, "1-0", "1-5")  # how payloads are read: plain XRANGEs
     assert not allowed("inspector", "FCALL", publish, "1", keys.payloads)
     assert allowed("trainer", "XRANGE", keys.payloads, "1-0", "1-5")

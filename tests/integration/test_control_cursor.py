@@ -31,7 +31,7 @@ def test_each_entry_is_read_once_across_chunks_and_damage_is_dead_lettered_once(
     assert [type(e) for e in first.read()] == [VersionAdvanced, RunFinished]
     assert len(second.read()) == created + 252  # a second reader keeps its own cursor
     assert client.xlen(keys.deadletter) == 1  # two readers met the damaged entry: one dead letter
-    assert int(client.hget(keys.counts, "invalid:control")) == 1
+    assert int(client.hget(keys.deadletter_counts, "invalid:control")) == 1  # kept apart from the run's counts
 
 
 def test_a_terminal_event_the_batcher_did_not_write_is_refused(client, run_name):
