@@ -91,6 +91,7 @@ def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: 
 @_stoppable
 def cmd_worker(args: argparse.Namespace) -> int:
     from streamgrp.services.worker import WorkerClient, WorkerProcess
+    from streamgrp.store.version import VersionReader
 
     config = settings(args, WorkerConfig)
     rollout = _rollout(config.rollout, args)
@@ -101,7 +102,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
                               metrics=metrics, partitions=run.partitions, take_from=config.partition_numbers())
         process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
-                                version=lambda: int(client.get(run.keys.version) or 0), metrics=metrics)
+                                version=functools.partial(VersionReader(run.keys).read, client), metrics=metrics)
         done = process.run(stop_event())
         log.info("worker %s finished %d tasks", worker.name, done)
     return 0

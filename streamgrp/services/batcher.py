@@ -50,6 +50,7 @@ from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP, PartitionKeys
 from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.runs import Run, server_time
 from streamgrp.store.streams import ensure_group, entry_id_str, producer_name, read_in_turn
+from streamgrp.store.version import VersionReader
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Batcher:
         self.client = client
         self.run_ = run
         self.keys = run.keys
+        self._version = VersionReader(run.keys)
         self.settings = run.config
         self.config = config
         self.name = name or producer_name("batcher")
@@ -183,7 +185,7 @@ class Batcher:
             pipe.get(self.keys.version)  # run once the read returns: as fresh as a GET after it
             reply, version = pipe.execute()
             entries = reply[0][1] if reply else []
-            return ([(part, entries)] if entries else []), int(version or 0)
+            return ([(part, entries)] if entries else []), self._version.parse(version)
 
         def read(part: PartitionKeys, block: int | None) -> list:
             reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512,
@@ -388,7 +390,7 @@ class Batcher:
     # -- what the fold is told: version, trainers, dataset, others' terminal events ---------------------
 
     def _current_version(self) -> int:
-        return int(self.client.get(self.keys.version) or 0)
+        return self._version.read(self.client)
 
     def _feed(self) -> None:
         if self._feeder is None or self.outcome != "running":

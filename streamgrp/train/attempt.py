@@ -31,6 +31,7 @@ from streamgrp.core.events import TrainingResumed
 from streamgrp.errors import TrainerGroupError
 from streamgrp.store import scripts
 from streamgrp.store.keys import RunKeys
+from streamgrp.store.version import VersionReader
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def read_state(client: redis.Redis, keys: RunKeys) -> AttemptState:
     fields = {_text(k): _text(v) for k, v in fields.items()}
     attempt = Attempt(int(fields.get("attempt", 0)), int(fields.get("first", 0)), int(fields.get("base", 0)))
     return AttemptState(attempt, fields.get("token"), int(fields.get("high", -1)), int(fields.get("reserved", 0)),
-                        int(version or 0), {int(_text(r)): int(_text(s)) for r, s in committed.items()},
+                        VersionReader(keys).parse(version), {int(_text(r)): int(_text(s)) for r, s in committed.items()},
                         int(published) if published is not None else -1)
 
 

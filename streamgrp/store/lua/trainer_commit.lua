@@ -27,7 +27,8 @@ if step > tonumber(redis.call('HGET', KEYS[5], 'high') or '-1') then redis.call(
 for r = 0, tonumber(ARGV[3]) - 1 do
   if tonumber(redis.call('HGET', KEYS[1], tostring(r)) or '-1') < step then return 1 end
 end
-if tonumber(redis.call('GET', KEYS[3]) or '0') < version then
+-- A version key that holds no integer was not written here: the commit writes a good one.
+if (tonumber(redis.call('GET', KEYS[3]) or '0') or -1) < version then
   redis.call('SET', KEYS[3], version)
   redis.call('XADD', KEYS[4], '*', 'h', ARGV[5])
 end
