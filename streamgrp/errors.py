@@ -12,6 +12,7 @@
     ├── ReadOnlyBatch                       commit or fail on a replayed or loaded batch
     ├── BatchFileError                      a file given to load_batch is not a valid batch file
     ├── ArchiveError                        the archive directory is unusable (not one, another run's, locked, damaged)
+    ├── WeightsConflict                     a weights version already names another weight state
     ├── RoleFailed                          a process the demo depends on exited with an error
     ├── ServerError                         the Redis/Valkey server could not be started or reached
     │   └── OutageBudgetExceeded            the server stayed unavailable longer than the outage budget
@@ -83,6 +84,11 @@ class BatchFileError(StreamgrpError):
 
 class ArchiveError(StreamgrpError):
     """The archive directory is unusable: not an archive, another run's, locked, or damaged."""
+
+
+class WeightsConflict(StreamgrpError):
+    """Weights published under a version that already names another weight state (or, in Redis, under a
+    version older than the latest): samples drawn from the first state would be attributed to the second."""
 
 
 class RoleFailed(StreamgrpError):

@@ -174,6 +174,7 @@ class FakeServer:
     default: Action = field(default_factory=Action)
     url: str = ""
     generated: list[int] = field(default_factory=list)  # every token id the fake generated, in order
+    loading_until: float = 0.0  # time.monotonic() until which it answers 503 "Loading model" (a restart)
 
     def then(self, *actions: Action) -> FakeServer:
         self.script.extend(actions)
@@ -219,6 +220,16 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
             pass
 
         def do_GET(self) -> None:
+            if self.path == "/health":  # a live server is healthy whatever its script says next
+                fake.requests.append((self.path, {}))
+                loading = time.monotonic() < fake.loading_until
+                body = b'{"error": {"message": "Loading model"}}' if loading else b'{"status": "ok"}'
+                self.send_response(503 if loading else 200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             self._answer({})
 
         def do_POST(self) -> None:
@@ -226,7 +237,11 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
             self._answer(orjson.loads(self.rfile.read(length) or b"{}"))
 
         def _answer(self, request: dict) -> None:
-            action, payload = fake.reply(self.path, request)
+            if time.monotonic() < fake.loading_until:  # restarting, as llama-server answers while it loads
+                fake.requests.append((self.path, request))
+                action, payload = Action("status", status=503, body={"error": {"message": "Loading model"}}), b""
+            else:
+                action, payload = fake.reply(self.path, request)
             if action.kind == "close":
                 self.close_connection = True
                 self.connection.shutdown(2)

@@ -66,6 +66,9 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
     "steps": lambda r: Counter("streamgrp_steps", "Steps written by the batcher or committed by a trainer rank",
                                registry=r),
     "step_failures": lambda r: Counter("streamgrp_step_failures", "Trainer steps that raised", registry=r),
+    "steps_retrained": lambda r: Counter("streamgrp_steps_retrained", "Steps a trainer rank trained again after its "
+                                         "group rolled back to a checkpoint (their first training was lost)",
+                                         registry=r),
     "dead_letters": lambda r: Counter("streamgrp_dead_letters", "Entries sent to the dead-letter stream",
                                       ["reason"], registry=r),
     "stall_seconds": lambda r: Gauge("streamgrp_stall_seconds", "Seconds since the last round that added a "
@@ -77,6 +80,11 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
                                              registry=r),
     "open_groups": lambda r: Gauge("streamgrp_open_groups", "Groups the assembler holds open", registry=r),
     "policy_version": lambda r: Gauge("streamgrp_policy_version", "Current policy version", registry=r),
+    "served_version": lambda r: Gauge("streamgrp_served_version", "Newest policy version among the samples of "
+                                      "the groups decided: what the workers are served", registry=r),
+    "served_behind": lambda r: Gauge("streamgrp_served_behind_seconds", "Seconds the served version has been over "
+                                     "max_staleness versions behind the run's while groups are decided (0: keeping "
+                                     "up); are weights being published?", registry=r),
     "batch_imbalance": lambda r: Gauge("streamgrp_batch_imbalance_ratio", "Largest shard tokens over the mean, "
                                        "last step", registry=r),
     "group_assembly": lambda r: Histogram("streamgrp_group_assembly_seconds", "Task issued to group decided",
@@ -95,8 +103,8 @@ OWNED: dict[str, tuple[str, ...]] = {
     "assembler": ("slots", "groups", "groups_dropped", "target_slots", "usable_slots", "trainable_slots",
                   "dead_letters", "open_groups", "group_assembly"),
     "batcher": ("steps", "groups_dropped", "dead_letters", "stall_seconds", "empty_rounds", "trainer_wait_rounds",
-                "policy_version", "batch_imbalance", "staleness"),
-    "trainer": ("steps", "step_failures", "batch_wait", "policy_version"),
+                "policy_version", "batch_imbalance", "staleness", "served_version", "served_behind"),
+    "trainer": ("steps", "step_failures", "steps_retrained", "batch_wait", "policy_version"),
     "weight-sync": (),
 }
 

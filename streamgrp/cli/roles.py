@@ -225,7 +225,8 @@ def cmd_weight_sync(args: argparse.Namespace) -> int:
         if not config.llama_server_cmd or len(urls) != 1:
             raise ConfigError("--dialect llamacpp: weight-sync restarts the one llama-server it owns; give "
                               "--llama-server-cmd (its command line without --model) and one --server-url")
-        llama = LlamaServerProcess(config.llama_server_cmd, urls[0], ready_timeout_s=config.load_timeout_s)
+        llama = LlamaServerProcess(config.llama_server_cmd, urls[0], ready_timeout_s=config.load_timeout_s,
+                                   log_path=config.llama_server_log)
     with connected(args, role=True) as (client, connection, _):
         run = open_run(client, resolve_run_name(client, connection.run, create=False))
         serve_metrics(config, role="weight-sync", run=run.name)  # its process metrics and the run's info

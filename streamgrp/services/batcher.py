@@ -39,6 +39,7 @@ from streamgrp.core.events import (
     RunTerminated,
 )
 from streamgrp.core.manifest import decision_ref, make_manifest, ref_order, split_decision_ref
+from streamgrp.core.served import ServedTracker
 from streamgrp.core.stall import StallTracker, stall_message
 from streamgrp.errors import DecodeError, LeaseLost
 from streamgrp.services import heap
@@ -77,6 +78,7 @@ class Batcher:
         self.lease = Lease(client, self.keys.batcher_lease, self.name, config.lease_ttl_s)
         self.rules = BatchRules.of(self.settings, config.max_steps)
         self.state = BatchState(self.rules, group_filter)
+        self.served = ServedTracker(self.settings.max_staleness)  # is the served policy keeping up?
         self.steps_written = 0
         self._finished_outcome: str | None = None  # found already finished or failed at activation
         self._commit = scripts.register_fenced(client, "batch_commit.lua")
@@ -218,6 +220,8 @@ class Batcher:
                                       group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
                     continue
                 decided.append((part.index, entry_id, decision))
+                if decision is not None and decision.members and not replaying:
+                    self.served.decided(max(member.version for member in decision.members), self.clock())
         settled = self._settled_tasks([decision.task_id for _, _, decision in decided if decision is not None])
         for partition, entry_id, decision in decided:
             ref = decision_ref(partition, entry_id)
@@ -263,6 +267,18 @@ class Batcher:
             self.metrics.empty_rounds.set(self.state.stall.empty_rounds)
             if self.state.stall.trainer_wait_rounds > waits_before:
                 self.metrics.trainer_wait_rounds.inc()
+        if not away:
+            self._check_served(now)
+
+    def _check_served(self, now: float) -> None:
+        """Say so when the workers' policy stopped keeping up with the run's (`streamgrp.core.served`)."""
+        message = self.served.warning(self.state.version, now)
+        if message is not None:
+            log.warning("%s", message)
+        if self.metrics is not None:
+            if self.served.served is not None:
+                self.metrics.served_version.set(self.served.served)
+            self.metrics.served_behind.set(self.served.behind_seconds(self.state.version, now))
 
     # -- from the fold onto the server ------------------------------------------------------------------
 

@@ -35,7 +35,11 @@ epoch over ``train_dataset`` means nothing, and when the run finishes with TRL w
 
 `StreamgrpWeights` implements TRL's ``WeightTransferProtocol`` by publishing the weights to the run
 (`streamgrp.train.weights`, for small models) under the run's current version, so workers using
-``WeightCache`` sample from them. For large models keep TRL's own transfer (NCCL to vLLM) and
+``WeightCache`` sample from them. TRL syncs after every optimizer step, which need not line up with
+the run's steps; a version names one weight state, so a sync is published only when the run's
+version has moved since the last one: version ``v`` is the weights of TRL's first sync after the run
+reached ``v``, and the syncs between two versions are not published (workers keep sampling the
+weights their samples are labelled with). For large models keep TRL's own transfer (NCCL to vLLM) and
 point the workers' rollout function at that vLLM server instead.
 """
 
@@ -55,7 +59,7 @@ import redis
 import torch
 
 from streamgrp.core.policy import NormSpec
-from streamgrp.errors import ConfigError, RunEnded, StreamgrpError
+from streamgrp.errors import ConfigError, RunEnded, StreamgrpError, WeightsConflict
 from streamgrp.store.keys import RunKeys
 from streamgrp.train.advantages import normalize
 from streamgrp.train.batch import Batch
@@ -245,7 +249,8 @@ class StreamgrpWeights:
     def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
         self.client = client
         self.keys = keys
-        self.published: list[int] = []
+        self.published: list[int] = []  # the versions this process published, each once
+        self.skipped = 0  # syncs whose version already named a weight state
 
     def init_weight_transfer(self) -> None:
         """Nothing to set up: the weights go through the run's server."""
@@ -255,9 +260,19 @@ class StreamgrpWeights:
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
         # Labelled with the steps TRL has taken so far (the run's version): workers asking for that
-        # version get these weights. TRL's cold sync, before any step, publishes version 0.
+        # version get these weights. TRL's cold sync, before any step, publishes version 0. A sync
+        # at a version already published (several optimizer steps in one run step, or a restarted
+        # TRL) leaves that version's weights as they are: one version, one weight state.
         version = int(self.client.get(self.keys.version) or 0)
-        publish(self.client, self.keys, version, {name: tensor.detach().cpu() for name, tensor in iterator})
+        if self.published and self.published[-1] >= version:
+            self.skipped += 1
+            return
+        try:
+            publish(self.client, self.keys, version, {name: tensor.detach().cpu() for name, tensor in iterator})
+        except WeightsConflict as exc:
+            self.skipped += 1
+            log.info("TRL's weights not published: %s", exc)
+            return
         self.published.append(version)
 
     def resume(self) -> None:

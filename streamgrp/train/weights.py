@@ -3,22 +3,31 @@
 For small models (the demo's, tests'): a state dict is one orjson header (names, dtypes, shapes)
 beside the tensors' raw little-endian bytes, under one key per version; the last few versions are
 kept. Large models belong on a weight-transfer path of their own; this module is not that. No pickle.
+
+A version names one weight state, in Redis and on disk: publishing the same state again under a
+version is a no-op (a restarted trainer may), publishing a different one raises `WeightsConflict`,
+since samples already drawn from the first would be attributed to the second.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import orjson
 import redis
 import torch
 
+from streamgrp.errors import WeightsConflict
 from streamgrp.store.keys import RunKeys
 from streamgrp.train import dtypes
 
 KEEP_VERSIONS = 4
+#: The file in a version directory that says which weight state the directory holds.
+STATE_FILE = "state.json"
 
 
 def weights_key(keys: RunKeys, version: int) -> str:
@@ -54,14 +63,46 @@ def decode_state(payload: bytes) -> dict[str, torch.Tensor]:
     return state
 
 
-def publish(client: redis.Redis, keys: RunKeys, version: int, state: dict[str, torch.Tensor]) -> None:
-    """Store ``state`` as ``version`` and make it the latest; drop versions older than the last few."""
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a state dict's names, dtypes, shapes and bytes: equal exactly when the weights are."""
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(orjson.dumps([name, str(tensor.dtype), list(tensor.shape)]))
+        if tensor.numel():
+            digest.update(tensor.view(-1).view(torch.uint8).numpy() if tensor.dtype != torch.bool
+                          else tensor.to(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def publish(client: redis.Redis, keys: RunKeys, version: int, state: dict[str, torch.Tensor]) -> bool:
+    """Store ``state`` as ``version`` and make it the latest; drop versions older than the last few. Returns
+    False when nothing was written: ``version`` already holds exactly this state, or it is older than the
+    latest and no longer kept. Raises `WeightsConflict` when it holds another state."""
+    payload = encode_state(state)
+    latest = client.get(latest_key(keys))
+    if latest is not None and version < int(latest):
+        # A trainer that resumed from a checkpoint trains steps again: the same state is a no-op; one whose
+        # version was already dropped (older than the last few) is not written either, since it would never
+        # be served again.
+        existing = client.get(weights_key(keys, version))
+        if existing is None or existing == payload:
+            return False
+        raise WeightsConflict(f"weights version {version} already names another weight state (the latest published "
+                              f"is {int(latest)}); a version is one state: publish these weights under a new version")
+    # SET NX GET: written only if the version is new, and the existing state returned if not, in one command.
+    existing = client.set(weights_key(keys, version), payload, nx=True, get=True)
+    if existing is not None:
+        if existing == payload:
+            return False
+        raise WeightsConflict(f"weights version {version} already names another weight state; a version is one "
+                              "state (samples drawn from it say so): publish these weights under the next version")
     pipe = client.pipeline(transaction=True)
-    pipe.set(weights_key(keys, version), encode_state(state))
     pipe.set(latest_key(keys), version)
     if version >= KEEP_VERSIONS:
         pipe.delete(weights_key(keys, version - KEEP_VERSIONS))
     pipe.execute()
+    return True
 
 
 class WeightCache:
@@ -120,20 +161,51 @@ def version_dir(root: str | os.PathLike[str], version: int) -> Path:
 
 
 def save_version(root: str | os.PathLike[str], version: int, state: dict[str, torch.Tensor], *,
-                 metadata: dict[str, str] | None = None, extra_files: dict[str, bytes] | None = None) -> Path:
+                 metadata: dict[str, str] | None = None, extra_files: dict[str, bytes] | None = None,
+                 writers: Mapping[str, Callable[[Path], None]] | None = None, safetensors: bool = True) -> Path:
     """Write ``state`` as ``root/vNNNNNN/model.safetensors`` (no pickle), atomically: the directory appears
-    complete or not at all, so a server told to load it never reads half a file. Returns the directory."""
+    complete or not at all, so a server told to load it never reads half a file. Returns the directory.
+
+    ``writers`` add files in other formats (name -> function writing that path, e.g. a GGUF for llama.cpp);
+    ``safetensors=False`` leaves the safetensors file out. ``state.json`` records the state's digest: saving
+    the same state again returns the directory untouched, saving another raises `WeightsConflict`."""
     final = version_dir(root, version)
+    digest = state_digest(state)
+    if final.exists():
+        if saved_digest(final) == digest:
+            return final
+        raise WeightsConflict(f"{final} already holds another weight state (or one of unknown digest); a version "
+                              "is one state: save these weights under the next version")
     partial = final.with_name(final.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    write_safetensors(partial / "model.safetensors", state, metadata={"version": str(version), **(metadata or {})})
+    if safetensors:
+        write_safetensors(partial / "model.safetensors", state, metadata={"version": str(version), **(metadata or {})})
     for name, data in (extra_files or {}).items():
         (partial / name).write_bytes(data)
-    if final.exists():
-        shutil.rmtree(final)
+    for name, write in (writers or {}).items():
+        write(partial / name)
+    (partial / STATE_FILE).write_bytes(orjson.dumps({"version": version, "sha256": digest}))
     os.replace(partial, final)
     return final
+
+
+def saved_digest(directory: str | os.PathLike[str]) -> str | None:
+    """The state digest a version directory records (None: none recorded, not written by `save_version`)."""
+    try:
+        return orjson.loads((Path(directory) / STATE_FILE).read_bytes()).get("sha256")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return None
+
+
+def prune_versions(root: str | os.PathLike[str], *, below: int) -> list[Path]:
+    """Remove the version directories of ``root`` older than ``below``; returns what was removed."""
+    removed = []
+    for path in sorted(Path(root).glob("v[0-9][0-9][0-9][0-9][0-9][0-9]")):
+        if path.is_dir() and not path.is_symlink() and int(path.name[1:]) < below:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def write_safetensors(path: Path, state: dict[str, torch.Tensor], *, metadata: dict[str, str] | None = None) -> None:

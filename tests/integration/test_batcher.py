@@ -298,6 +298,42 @@ def test_stale_groups_are_discarded_counted_and_never_batched(client, make_run, 
     assert c["dropped:stale"] == 2 and c["groups:discarded"] == 2 and c["groups:batched"] == 4
 
 
+def test_the_batcher_says_within_a_minute_that_workers_serve_a_version_the_run_left_behind(client, make_run, issuer,
+                                                                                          caplog):
+    """Workers keep sampling v0 (no weights published) while the run is at v2: every group is stale. The
+    batcher logs "workers serve v0, the run is at v2" within a minute and exports how long it has been."""
+    from streamgrp.cli.metrics import Metrics
+
+    run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=1)
+    skipped = [0.0]  # the batcher's clock runs 10 s ahead per round here: a minute in seven rounds
+    metrics = Metrics(role="batcher")
+    batcher = active(client, run, clock=lambda: time.monotonic() + skipped[0], metrics=metrics)
+    client.set(run.keys.version, 2)
+    warned_at = None
+    with caplog.at_level("WARNING", logger="streamgrp.services.batcher"):
+        for second in range(0, 70, 10):
+            skipped[0] = float(second)
+            issue(issuer, run, [{}], [f"t{second}"])
+            settle(client, run, version=0)
+            batcher.round()
+            if warned_at is None and any("workers serve v0, the run is at v2" in r.message for r in caplog.records):
+                warned_at = second
+    assert warned_at is not None and warned_at <= 60
+    assert counts(client, run)["dropped:stale"] >= 6 and manifests(client, run) == []  # every group stale
+    assert metrics.registry.get_sample_value("streamgrp_served_version") == 0
+    assert metrics.registry.get_sample_value("streamgrp_served_behind_seconds") >= 30
+
+    # weights published: groups from v2 arrive, the figure drops to 0 and nothing more is said
+    caplog.clear()
+    skipped[0] += 10
+    issue(issuer, run, [{}], ["fresh"])
+    settle(client, run, version=2)
+    batcher.round()
+    assert metrics.registry.get_sample_value("streamgrp_served_behind_seconds") == 0
+    assert metrics.registry.get_sample_value("streamgrp_served_version") == 2
+    assert not any("workers serve" in r.message for r in caplog.records)
+
+
 def test_feeder_stops_at_the_window_and_resumes_when_the_version_advances(client, redis_url, make_run):
     run = make_run(n_samples=2, dp_size=2, batch_size=2, max_staleness=1)  # window (1 + version + 1) * 2
     prompts = [{"tokens": 3, "seed": i} for i in range(4)] + [{"reject": True, "seed": i} for i in range(4, 6)] \

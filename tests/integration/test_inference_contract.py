@@ -132,6 +132,20 @@ def test_transport_errors_are_retried_then_succeed(fake, failure):
     assert sample.meta["attempts"] == 3 and len(fake.generations()) == 3
 
 
+def test_a_server_restarting_for_a_weight_sync_is_waited_through_not_counted_as_attempts(fake):
+    """A lone server answering 503 while it loads (llama-server restarted by weight-sync) longer than the
+    whole backoff ladder: the request waits for its /health and is sent again, and the slot is a sample."""
+    fake.loading_until = time.monotonic() + 1.0
+    started = time.monotonic()
+    sample = rollout(fake, attempts=2)(slot())  # backoff 0.01-0.05 s: without waiting through, failed at once
+    assert 1.0 <= time.monotonic() - started < 3.0
+    assert rows(sample)[0] == PROMPT + next_tokens(PROMPT, 6) and sample.meta["attempts"] == 2
+    assert [path for path, _ in fake.requests].count("/health") >= 10  # polled, every 50 ms
+    fake.loading_until = time.monotonic() + 1.0
+    with pytest.raises(GenerationFailed, match="2 attempts failed.*HTTP 503: Loading model"):
+        rollout(fake, attempts=2, restart_wait_s=0.0)(slot())  # without a wait, two attempts are two failures
+
+
 def test_retries_are_bounded_and_the_slot_fails_with_the_last_error(fake):
     fake.default = Action("status", status=500, body={"error": {"message": "CUDA out of memory"}})
     started = time.monotonic()

@@ -59,6 +59,7 @@ def test_weight_sync_loads_each_new_version_on_every_server_and_records_it(clien
         version_dir(tmp_path, 2).mkdir(parents=True)
         sync = WeightSync(client, run.keys, make_dialect("sglang", InferenceConfig()), urls, tmp_path)
         client.set(run.keys.version, 1)
+        client.hset(run.keys.batcher_state, "finished", "0-1")  # burst serves until the run ends: at once here
         assert sync.run(threading.Event(), burst=True) == 1  # the second server refused
         client.set(run.keys.version, 2)
         assert sync.sync(2) == 2
@@ -94,10 +95,11 @@ def test_vllm_weight_loading_pauses_reloads_and_always_resumes(tmp_path):
         stop()
 
 
-def test_the_weight_sync_command_loads_the_current_version_and_exits_in_burst_mode(client, make_run, redis_url,
-                                                                                     tmp_path):
+def test_the_weight_sync_command_in_burst_mode_loads_the_version_and_serves_until_the_run_ends(client, make_run,
+                                                                                                 redis_url, tmp_path):
     import subprocess
     import sys
+    import time
 
     run = make_run(n_samples=2)
     fake, stop = start("sglang")
@@ -107,12 +109,49 @@ def test_the_weight_sync_command_loads_the_current_version_and_exits_in_burst_mo
         client.set(run.keys.version, 3)
         base = [sys.executable, "-m", "streamgrp", "weight-sync", "--redis-url", redis_url, "--run", run.name,
                 "--weights-dir", str(tmp_path), "--server-url", fake.url]
-        done = subprocess.run([*base, "--dialect", "sglang", "--burst"], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        [event] = _events(client, run.keys.control, WeightsServed)
-        assert (event.server, event.version, event.ok) == (fake.url, 3, True)
+        sync = subprocess.Popen([*base, "--dialect", "sglang", "--burst"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not _events(client, run.keys.control, WeightsServed) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            [event] = _events(client, run.keys.control, WeightsServed)
+            assert (event.server, event.version, event.ok) == (fake.url, 3, True)
+            time.sleep(1.0)
+            assert sync.poll() is None, "burst exited before its run ended"
+            client.hset(run.keys.batcher_state, "finished", "0-1")  # the run ends
+            assert sync.wait(30) == 0, sync.stderr.read()
+        finally:
+            if sync.poll() is None:
+                sync.kill()
+                sync.wait()
+            sync.stdout.close()
+            sync.stderr.close()
         refused = subprocess.run([*base, "--dialect", "llamacpp", "--burst"], capture_output=True, text=True,
                                  timeout=60)
         assert refused.returncode != 0 and "--llama-server-cmd" in refused.stderr
     finally:
         stop()
+
+
+def test_weight_sync_shows_why_llama_server_did_not_start_and_exits_non_zero(client, make_run, redis_url, tmp_path):
+    import shlex
+    import subprocess
+    import sys
+
+    from streamgrp.cli.children import free_port
+
+    run = make_run(n_samples=2)
+    version_dir(tmp_path, 0).mkdir(parents=True)
+    (version_dir(tmp_path, 0) / "model.gguf").write_bytes(b"GGUF")
+    # A "llama-server" that prints its complaint and exits, as a bad flag makes the real one do.
+    fake_server = f"{sys.executable} -c " + shlex.quote("import sys; print('error: invalid argument: --bogus'); "
+                                                        "sys.exit(1)")
+    done = subprocess.run([sys.executable, "-m", "streamgrp", "weight-sync", "--redis-url", redis_url, "--run",
+                           run.name, "--weights-dir", str(tmp_path), "--dialect", "llamacpp", "--llama-server-cmd", fake_server,
+                           "--server-url", f"http://127.0.0.1:{free_port('127.0.0.1')}", "--burst"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "exited with code 1" in done.stderr and "error: invalid argument: --bogus" in done.stderr
+    [event] = _events(client, run.keys.control, WeightsServed)
+    assert (event.version, event.ok) == (0, False) and "--bogus" in event.detail

@@ -1,7 +1,7 @@
-"""A real language model end to end: `streamgrp demo --model` starts llama-server on SmolLM2-135M
-(GGUF), and real tokens and log-probabilities flow through its worker (``--rollout llamacpp``), the
-assembler, the batcher and a trainer rank (`streamgrp.consumers.lm_trainer`: the same weights in torch, taking
-GRPO steps), each its own process. Marker ``llama``; run with
+"""A real language model end to end: `streamgrp demo --model` runs SmolLM2-135M (GGUF): the trainer rank
+(`streamgrp.consumers.lm_trainer`: the same weights in torch) writes each version as GGUF, weight-sync
+restarts llama-server on it, and real tokens and log-probabilities flow through its worker
+(``--rollout llamacpp``), the assembler, the batcher and the trainer, each its own process. Marker ``llama``; run with
 ``eval "$(ops/llama-server.sh)" && python -m pytest -q -m llama`` (CI does).
 
 One run serves every check, because loading the model in torch and generating on two CPU cores is
@@ -38,7 +38,7 @@ from streamgrp.store.runs import connect
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 # the model demo's groups and token budget; one step more than 20 groups need, for a slot that fails
-STEPS, GROUPS_PER_STEP, N_SAMPLES, MAX_TOKENS = 6, 4, 4, 16
+STEPS, GROUPS_PER_STEP, N_SAMPLES, MAX_TOKENS = 4, 4, 4, 16
 
 
 @pytest.fixture
@@ -70,16 +70,18 @@ def test_the_model_demo_feeds_smollm2s_own_tokens_and_logprobs_to_a_torch_traine
     manifests = events(client, keys.steps, StepManifest)
     groups = [group for manifest in manifests for shard in manifest.shards for group in shard.groups]
     # A slot may fail now and then on a real server (once in several CI runs; the worker records why, and
-    # the message below shows it); at least 20 groups of 4 must have trained.
+    # the message below shows it); at least 13 of the 16 groups of 4 must have trained whole.
     failed = [e.error for e in events(client, keys.slots, SlotResult) if e.outcome != "sample"]
     complete = [group for group in groups if len(group.members) == N_SAMPLES]
-    assert len(complete) >= 20, ([len(g.members) for g in groups], failed)
+    assert len(complete) >= 13, ([len(g.members) for g in groups], failed)
     samples = [_payload(client, keys.payloads, member.entry) for group in complete for member in group.members]
-    assert len(samples) >= 80
+    assert len(samples) >= 52
     _check_trainer_mismatch(client, keys.trainer_metrics)
 
-    # The demo's llama-server has stopped; the same binary and GGUF answer the same way.
-    server = start_llama(binary, model, tmp_path / "llama-server.log")
+    # The demo's llama-server has stopped. With --lm-lr 0 every version the trainer wrote holds the same
+    # weights (the GGUF's, de-quantized, as F16): served again, they answer the same way.
+    served = tmp_path / "logs" / run_name / "weights" / f"v{STEPS:06d}" / "model.gguf"
+    server = start_llama(binary, served, tmp_path / "llama-server.log")
     try:
         for sample in samples:
             _check_sample(server, sample)
@@ -94,8 +96,8 @@ def _check_sample(server, sample) -> None:
     n_prompt = sample.meta["prompt_tokens"]
     assert mask == [0] * n_prompt + [1] * (len(ids) - n_prompt) and 0 < len(completion) <= MAX_TOKENS
     assert all(lp == 0.0 for lp in logprobs[:n_prompt]) and all(lp <= 0.0 for lp in logprobs[n_prompt:])
-    # llama-server keeps serving the GGUF while the trainer steps: the served alias's version stays 0
-    assert sample.version == 0 and sample.meta["model"] == "policy@v0"
+    # weight-sync restarts llama-server on each version the trainer writes: the alias names the sample's version
+    assert 0 <= sample.version <= STEPS and sample.meta["model"] == f"policy@v{sample.version}"
     _check_text(server, sample, completion)
 
 
@@ -138,8 +140,8 @@ def _check_trainer_mismatch(client, key) -> None:
     assert sorted(metrics) == list(range(STEPS))
     for step in metrics.values():
         assert step["tokens_compared"] > 0
-        # Q4_1 weights de-quantized to float32 in torch vs llama.cpp's quantized kernels: close, not equal.
-        assert 0.0 < step["logprob_abs_diff_mean"] < 0.5 and math.isfinite(step["kl_estimate"])
+        # The trainer's weights served as F16 vs torch's float32: close (hundredths of a nat), not equal.
+        assert 0.0 < step["logprob_abs_diff_mean"] < 0.05 and math.isfinite(step["kl_estimate"])
 
 
 def test_weight_sync_restarts_llama_server_on_the_new_version(client, make_run, tmp_path):

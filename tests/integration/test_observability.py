@@ -122,7 +122,7 @@ EXPORTS = {
                 "streamgrp_batch_imbalance_ratio", "streamgrp_staleness_versions_count", "streamgrp_policy_version",
                 "streamgrp_consumer_lag_entries", "streamgrp_pending_entries"},
     "trainer": {"streamgrp_steps_total", "streamgrp_batch_wait_seconds_count", "streamgrp_step_failures_total",
-                "streamgrp_policy_version"},
+                "streamgrp_policy_version", "streamgrp_steps_retrained_total"},
 }
 
 

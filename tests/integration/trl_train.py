@@ -84,7 +84,7 @@ def main(url: str, run_name: str, workdir: str, max_steps: int, out: str) -> Non
     trainer.train()
     moved = sum(float((p.detach() - before[n]).abs().sum()) for n, p in trainer.model.named_parameters())
     result = {"global_step": trainer.state.global_step, "taken": taken, "published": weights.published,
-              "logs": losses.logs, "moved": moved, "committed_by_feed": rollouts.committed_steps,
+              "skipped": weights.skipped, "logs": losses.logs, "moved": moved, "committed_by_feed": rollouts.committed_steps,
               "model_version": trainer.model_version}
     with open(out, "wb") as handle:
         handle.write(orjson.dumps(result))

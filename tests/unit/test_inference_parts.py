@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from streamgrp.errors import WeightsConflict
 from streamgrp.services.inference.adapter import Retry
 from streamgrp.services.inference.dialect import version_from
 from streamgrp.services.inference.pool import ServerPool
@@ -55,8 +56,10 @@ def test_version_directories_are_safetensors_written_whole(tmp_path):
     assert path.name == "v000012" and not (tmp_path / "v000012.partial").exists()
     loaded = safetensors.load_file(str(path / "model.safetensors"))
     assert all(torch.equal(loaded[name], tensor) for name, tensor in state.items())
-    save_version(tmp_path, 12, {"w": torch.ones(1)})  # a rewrite replaces the whole directory
-    assert set(safetensors.load_file(str(path / "model.safetensors"))) == {"w"}
+    assert save_version(tmp_path, 12, {name: t.clone() for name, t in state.items()}) == path  # same state: no-op
+    with pytest.raises(WeightsConflict, match="already holds another weight state"):
+        save_version(tmp_path, 12, {"w": torch.ones(1)})  # a version names one state
+    assert set(safetensors.load_file(str(path / "model.safetensors"))) == set(state)
 
 
 def test_the_lm_trainers_mismatch_counts_only_completion_tokens():

@@ -17,9 +17,9 @@ ONLY = {
                   "streamgrp_group_assembly_seconds"},
     "batcher": {"streamgrp_steps_total", "streamgrp_stall_seconds", "streamgrp_empty_rounds",
                 "streamgrp_trainer_wait_rounds_total", "streamgrp_policy_version", "streamgrp_batch_imbalance_ratio",
-                "streamgrp_staleness_versions"},
+                "streamgrp_staleness_versions", "streamgrp_served_version", "streamgrp_served_behind_seconds"},
     "trainer": {"streamgrp_steps_total", "streamgrp_step_failures_total", "streamgrp_batch_wait_seconds",
-                "streamgrp_policy_version"},
+                "streamgrp_policy_version", "streamgrp_steps_retrained_total"},
     "weight-sync": set(),
 }
 EVERY = set().union(*ONLY.values())

@@ -12,7 +12,11 @@ Owns what users get bitten by when they write this themselves:
 - transport errors (unreachable, timeout, 5xx/429, a body that is not JSON) are retried with bounded
   exponential backoff and jitter, on another server when there is one, then fail the slot naming the
   last error; a 4xx or a reply without the ids and log-probs asked for fails at once (retrying the
-  same request cannot help);
+  same request cannot help). A lone server that went away (refused or dropped the connection, or 503
+  while it loads: a restart for a weight sync) is waited for, up to ``restart_wait_s`` per request,
+  by polling ``GET /health``; the moment it answers, the request is sent again, and that attempt
+  does not count against ``attempts``: a sync is something to wait through, not an error, and it
+  costs what the restart takes, not a backoff;
 - the slot's policy version is the weight version the server reports, else the run's version when
   the request started; a completion stitched from several segments (aborted, resubmitted, maybe
   served by new weights) records the oldest version any segment used, so staleness is never understated;
@@ -59,6 +63,11 @@ REPLY_BASE_BYTES = 64 * 1024
 #: generated token takes a few hundred bytes in the most verbose dialect (llama.cpp: its text three times
 #: over, as a string, as bytes, in its top log-probs), so this is room, not a squeeze.
 REPLY_BYTES_PER_TOKEN = 1024
+#: How often a server that went away is asked whether it is back.
+HEALTH_POLL_S = 0.05
+#: Restarts one request waits through without counting them as attempts (a bound, so a server that
+#: keeps dropping requests while its /health says it is fine still ends the slot).
+MAX_RESTARTS_WAITED = 4
 
 
 class GenerationFailed(InferenceError):
@@ -110,7 +119,7 @@ class InferenceRollout:
     def __init__(self, dialect: Dialect, pool: ServerPool, sampling: Sampling, reward: RewardFn, *,
                  retry: Retry = Retry(), request_timeout_s: float = 120.0, on_abort: str = "resubmit",
                  max_resubmits: int = 4, keep_text: bool = True, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, restart_wait_s: float = 60.0) -> None:
         dialect.check_extra(sampling.extra)
         self.dialect = dialect
         self.pool = pool
@@ -123,6 +132,7 @@ class InferenceRollout:
         self.keep_text = keep_text
         self.sleep = sleep
         self.rng = rng or random.Random()
+        self.restart_wait_s = restart_wait_s
         self._tokenized: dict[bytes, list[int]] = {}
         self._lock = threading.Lock()
 
@@ -234,13 +244,28 @@ class InferenceRollout:
                             f"gave none either, so it cannot be trained on; check the {self.dialect.name} server's "
                             "version and flags (it must report log-probabilities, n_probs)")
 
+    def _await_restart(self, url: str, budget_s: float) -> tuple[bool, float]:
+        """(whether ``url`` was down and came back, seconds waited): poll ``GET url/health`` (every dialect's
+        server has it; llama-server answers 503 while it loads) until it answers 200 or ``budget_s`` is spent."""
+        polls = int(budget_s / HEALTH_POLL_S)
+        for poll in range(polls + 1):
+            try:
+                request_json("GET", url + "/health", timeout_s=1.0)
+                return poll > 0, poll * HEALTH_POLL_S
+            except InferenceError:
+                if poll < polls:
+                    self.sleep(HEALTH_POLL_S)
+        return False, polls * HEALTH_POLL_S
+
     def _with_retries(self, path: str, body: dict[str, Any], parse: Callable[[Any], Any], *, reply_tokens: int,
                       server: str | None = None) -> tuple[Any, str, int]:
         """(parsed reply, server, attempts) of one request, to ``server`` or one from the pool; transport errors
         retried with backoff. The reply may hold ``reply_tokens`` tokens' worth of bytes, no more."""
         limit = REPLY_BASE_BYTES + len(orjson.dumps(body)) + REPLY_BYTES_PER_TOKEN * reply_tokens
         avoid, last = None, None
-        for attempt in range(1, self.retry.attempts + 1):
+        restart_budget, waited_through = self.restart_wait_s, 0
+        for attempt in range(1, self.retry.attempts + 1 + MAX_RESTARTS_WAITED):
+            restarting = False
             with self.pool.lease(avoid=avoid) if server is None else nullcontext(server) as url:
                 try:
                     reply = request_json("POST", url + path, body, timeout_s=self.request_timeout_s, max_bytes=limit)
@@ -248,6 +273,7 @@ class InferenceRollout:
                     if server is None:
                         self.pool.failed(url)
                     avoid, last = url, exc
+                    restarting = exc.server_away and (server is not None or len(self.pool.urls) == 1)
                 except ReplyTooLarge as exc:
                     raise ReplyTooLarge(f"{exc}, which is {reply_tokens} tokens' worth (prompt and --max-tokens) and "
                                         "more than such a reply needs: the server is not answering what was asked "
@@ -256,7 +282,14 @@ class InferenceRollout:
                     if server is None:
                         self.pool.succeeded(url)
                     return parse(reply.body), url, attempt
-            if attempt < self.retry.attempts:
-                self.sleep(self.retry.pause(attempt, self.rng))
+            if restarting and restart_budget > 0 and waited_through < MAX_RESTARTS_WAITED:
+                back, waited = self._await_restart(url, restart_budget)
+                restart_budget -= waited
+                if back:  # it restarted (a weight sync): send again at once, an attempt not counted
+                    waited_through += 1
+                    continue
+            if attempt - waited_through >= self.retry.attempts:
+                break
+            self.sleep(self.retry.pause(attempt - waited_through, self.rng))
         raise GenerationFailed(f"{self.retry.attempts} attempts failed, the last with: {last}; check the servers "
                                "(--server-url), or raise --max-attempts / --request-timeout-s")

@@ -40,7 +40,13 @@ class InferenceError(StreamgrpError):
 
 
 class TransportError(InferenceError):
-    """Worth retrying: unreachable, broken connection, timeout, 5xx/429, or a body that is not JSON."""
+    """Worth retrying: unreachable, broken connection, timeout, 5xx/429, or a body that is not JSON.
+    ``server_away``: the server refused or dropped the connection, or answered 503 (llama-server while it
+    loads a model): what a server restarting looks like, unlike a timeout or another error status."""
+
+    def __init__(self, message: str, *, server_away: bool = False) -> None:
+        super().__init__(message)
+        self.server_away = server_away
 
 
 class ReplyTooLarge(InferenceError):
@@ -83,7 +89,8 @@ def request_json(method: str, url: str, body: Any = None, *, timeout_s: float,
         response = connection.getresponse()
         raw = _read_body(connection, response, deadline, f"{method} {url}", max_bytes)
     except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, bad status line
-        raise TransportError(f"{method} {url}: {_describe(exc)}") from None
+        away = isinstance(exc, (ConnectionError, http.client.RemoteDisconnected))
+        raise TransportError(f"{method} {url}: {_describe(exc)}", server_away=away) from None
     finally:
         connection.close()
     return _classify(method, url, response.status, raw)
@@ -123,7 +130,7 @@ def _classify(method: str, url: str, status: int, raw: bytes) -> Reply:
                                  f"body starts {_text(raw)!r}") from None
     text = _error_text(raw)
     if status == 429 or status >= 500:
-        raise TransportError(f"{method} {url}: HTTP {status}: {text}")
+        raise TransportError(f"{method} {url}: HTTP {status}: {text}", server_away=status == 503)
     raise ClientError(f"{method} {url}: HTTP {status}: {text}", status)
 
 
