@@ -59,7 +59,7 @@ def check_against_the_record(tables: dict[str, list[dict]], source, run: str) ->
         assert row == {"run": run, "entry_id": entry_id, "task_id": r.task_id, "slot": r.slot, "outcome": r.outcome,
                        "error": r.error, **summary, "producer": r.producer, "seq": r.seq,
                        "issued_at": issued.get(r.task_id), "published_at": entry_time(entry_id),
-                       "member": entry_id in members}
+                       "member": entry_id in members, "text": _text_of(source, entry_id) if r.sample else None}
 
     statuses = list_steps(None, source.keys, source=source)
     assert [row["step"] for row in tables["steps"]] == [m.step for m in manifests] == [s.step for s in statuses]
@@ -74,3 +74,12 @@ def check_against_the_record(tables: dict[str, list[dict]], source, run: str) ->
         {"run": run, "step": m.step, "rank": s.rank, "task_id": g.task_id, "decision_entry": g.decision_entry,
          "slot": p.slot, "entry_id": p.entry, "rows": p.rows, "tokens": p.tokens, "version": p.version}
         for m in manifests for s in m.shards for g in s.groups for p in g.members]
+
+
+def _text_of(source, entry_id: str) -> str | None:
+    """The completion text the sample's payload recorded (its meta's ``text``), decoded as a reader would."""
+    [fields] = source("payloads", [entry_id])
+    if fields is None:
+        return None
+    text = codec.decode(fields).sample.meta.get("text")
+    return text if isinstance(text, str) else None

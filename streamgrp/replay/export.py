@@ -36,7 +36,7 @@ import redis
 from streamgrp.core.events import GroupDecided, GroupDiscarded, SlotResult, StepManifest, TaskIssued
 from streamgrp.core.manifest import decision_ref
 from streamgrp.errors import ConfigError
-from streamgrp.replay.steps import list_steps
+from streamgrp.replay.steps import list_steps, recorded_text
 from streamgrp.store.keys import RunKeys
 from streamgrp.store.sources import RedisSource, decode_all, partition_streams, recorded_config
 from streamgrp.store.streams import entry_time
@@ -94,6 +94,8 @@ TABLES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
         ("issued_at", "float64", "server time its task was issued; null when the log no longer holds the issue"),
         ("published_at", "float64", "server time the result was appended to the slot log (from its entry id)"),
         ("member", "bool", "its group's decision lists this entry among its members (a sample that was folded)"),
+        ("text", "string", "the completion's text as the worker recorded it (an inference rollout with keep_text, "
+                           "the default); null when it recorded none or the payload is gone"),
     )),
     "steps": ("one optimizer step", (
         ("run", "string", "the run's name"),
@@ -130,6 +132,9 @@ TABLES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
         ("version", "int64", "the policy version that generated it"),
     )),
 }
+
+#: Sample payloads read at once for their recorded text (bounds the export's memory on long samples).
+TEXT_READ_CHUNK = 256
 
 #: Rows buffered per table before a Parquet row group is written.
 ROW_GROUP = 65_536
@@ -204,17 +209,31 @@ def export_run(client: redis.Redis | None, keys: RunKeys, out_dir: str | os.Path
     issued: dict[str, float] = {}
     with _Table(parquet, out, "slots", run) as table:
         for partition, name in partition_streams(source, "slots"):
+            # Rows wait for the next batch of payload reads (their samples' text), in log order.
+            pending: list[tuple[tuple[Any, ...], str | None]] = []
+
+            def flush() -> None:
+                ids = [entry for _, entry in pending if entry is not None]
+                texts = iter([recorded_text(fields) for fields in source(name.replace("slots", "payloads"), ids)]
+                             if ids else [])
+                for row, entry in pending:
+                    table.add((*row, next(texts) if entry is not None else None))
+                pending.clear()
+
             for entry_id, event in decode_all(source, name):
                 if isinstance(event, TaskIssued):
                     issued.setdefault(event.task_id, event.issued_at)
                 elif isinstance(event, SlotResult):
                     sample = event.sample
                     ref = decision_ref(partition, entry_id)
-                    table.add((run, ref, event.task_id, event.slot, event.outcome, event.error,
-                               *((sample.rows, sample.tokens, sample.version, sample.reward, sample.digest)
-                                 if sample is not None else (None,) * 5),
-                               event.producer, event.seq, issued.get(event.task_id), entry_time(entry_id),
-                               ref in members))
+                    row = (run, ref, event.task_id, event.slot, event.outcome, event.error,
+                           *((sample.rows, sample.tokens, sample.version, sample.reward, sample.digest)
+                             if sample is not None else (None,) * 5),
+                           event.producer, event.seq, issued.get(event.task_id), entry_time(entry_id), ref in members)
+                    pending.append((row, entry_id if sample is not None else None))
+                    if len(pending) >= TEXT_READ_CHUNK:
+                        flush()
+            flush()
     rows["slots"] = table.rows
 
     record = recorded_config(source)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -227,6 +227,12 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
         else:
             first = first_per_slot.setdefault(event.slot, entry_id) == entry_id
             text, data = _slot_text(entry_id, event, first, decision)
+            if event.sample is not None:
+                [payload] = source(slots[mine][1].replace("slots", "payloads"), [entry_id])
+                completion = recorded_text(payload)
+                if completion is not None:  # what the worker recorded the model wrote
+                    text += f"; text {_short(completion, 200)}"
+                    data["text"] = completion
             timeline.append(TimelineEvent(entry_time(entry_id), "slot", text, entry_id, data))
     if decision is None:
         timeline.append(TimelineEvent(None, "open", "no decision yet: the group is still open (or never folded)"))
@@ -256,6 +262,18 @@ def _find_decision(source: RedisSource, task_id: str, stream: str) -> tuple[str 
         if isinstance(event, GroupDecided) and event.task_id == task_id:
             return entry_id, event
     return None, None
+
+
+def recorded_text(payload: Mapping[bytes, bytes] | None) -> str | None:
+    """The completion text a sample's payload entry recorded in its meta (``text``, kept by inference
+    rollouts unless ``keep_text`` is off), None without one."""
+    if not payload or codec.HEADER not in payload:
+        return None
+    try:
+        text = orjson.loads(payload[codec.HEADER]).get("sample", {}).get("meta", {}).get("text")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return text if isinstance(text, str) else None
 
 
 def _slot_text(entry_id: str, event: SlotResult, first: bool,

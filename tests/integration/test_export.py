@@ -10,6 +10,10 @@ import pytest
 
 from export_checks import check_against_the_record, read_export
 from streamgrp.cli.main import main
+from streamgrp.core.events import Sample
+from streamgrp.replay.export import export_run
+from streamgrp.replay.steps import inspect_task
+from streamgrp.services.worker import WorkerClient
 from streamgrp.store.keys import RUNS
 from streamgrp.store.sources import RedisSource
 
@@ -19,7 +23,7 @@ from runlog import load_run  # noqa: E402
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "run_v2.jsonl"
 ROWS = {"decisions": 13, "slots": 53, "steps": 3, "step_members": 45}
 
-pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -67,3 +71,20 @@ def test_export_after_retention_reads_the_archive_and_equals_the_untrimmed_expor
     assert code == 0 and out.startswith(f"run {run_name}: decisions.parquet 13 rows"), err
     assert read_export(tmp_path / "archived") == whole
     assert {name: len(rows) for name, rows in whole.items()} == ROWS
+
+
+def test_a_samples_recorded_text_is_a_column_of_the_export_and_a_line_of_inspect(client, make_run, issuer, tmp_path):
+    run = make_run(n_samples=2, batch_size=1, dp_size=1)
+    [task] = issuer(run).issue([{}])
+    worker = WorkerClient(client, run.keys)
+    written = "多字节 🙂 text"
+    for slot, meta in enumerate(({"text": written}, {})):
+        worker.publish(task.task_id, slot, Sample.from_rows(token_ids=[[1, 2, 3]], loss_mask=[[0, 1, 1]],
+                                                            logprobs=[[0.0, -0.5, -0.25]], rewards=[1.0], version=0,
+                                                            meta=meta))
+    export_run(client, run.keys, tmp_path / "out")
+    slots = pq.read_table(tmp_path / "out" / "slots.parquet").to_pylist()
+    assert [(row["slot"], row["text"]) for row in slots] == [(0, written), (1, None)]
+    lines = [event for event in inspect_task(client, run.keys, task.task_id) if event.what == "slot"]
+    assert [event.data.get("text") for event in lines] == [written, None]
+    assert written in lines[0].text
