@@ -25,6 +25,7 @@ import torch
 
 from streamgrp.core.events import CheckpointSaved
 from streamgrp.errors import StreamgrpError
+from streamgrp.store.segment_file import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,14 @@ def save_training_state(directory: Path, *, step: int, attempt: int, model: torc
         save_file(tensors, partial / OPTIMIZER_FILE, metadata=metadata)
     files = {}
     for path in sorted(partial.iterdir()):
-        _fsync(path)
+        with open(path, "rb") as written:
+            os.fsync(written.fileno())
         files[path.name] = path.stat().st_size
-    _fsync(partial)
+    fsync_dir(partial)
     if final.exists():  # the same step saved by a lost attempt: this one replaces it
         shutil.rmtree(final)
     os.rename(partial, final)
-    _fsync(directory)
+    fsync_dir(directory)
     return final, files
 
 
@@ -119,11 +121,3 @@ def optimizer_state(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, 
     for param, entries in orjson.loads(metadata.get("values", "{}")).items():
         state.setdefault(int(param), {}).update(entries)
     return {"state": state, "param_groups": orjson.loads(metadata["param_groups"])}
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import torch
 from made_steps import make_steps, toy_rollout
 from pipeline import CHILD_ENV
 
+from streamgrp.cli.children import free_port
 from streamgrp.consumers import grpo_trainer, toy_task
 from streamgrp.core import codec
 from streamgrp.core.events import CheckpointSaved, StepCommitted, TrainingResumed
@@ -40,12 +40,6 @@ LR = 0.05
 RANDOM_KILLS = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Group:
     """Both ranks of one start of the trainer group, as `streamgrp trainer` processes."""
 
@@ -53,7 +47,7 @@ class Group:
 
     def __init__(self, redis_url: str, run_name: str, checkpoints: Path, logs: Path, crash: dict[int, str], *,
                  ranks: tuple[int, ...] = (0, 1), extra: tuple[str, ...] = (), dist_url: str | None = None) -> None:
-        self.dist_url = dist_url or f"tcp://127.0.0.1:{_free_port()}"
+        self.dist_url = dist_url or f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
         self.ranks = []
         self.logs: list[Path] = []
         for rank in ranks:

@@ -5,7 +5,6 @@ step K and before committing it, while rank 0 committed K; both restarted."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from made_steps import make_steps
 from pipeline import CHILD_ENV
 
+from streamgrp.cli.children import free_port
 from streamgrp.core import codec
 from streamgrp.core.events import StepCommitted, TrainingResumed
 from streamgrp.replay.report import build_report, render_html
@@ -26,14 +26,8 @@ STEPS = 6
 KILL_AT = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_group(redis_url: str, run_name: str, record: Path, kill_at: dict[int, int]) -> list[subprocess.Popen]:
-    dist_url = f"tcp://127.0.0.1:{_free_port()}"
+    dist_url = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
     return [subprocess.Popen([sys.executable, str(HERE / "own_loop_rank.py"), redis_url, run_name, str(rank), "2",
                               dist_url, str(record), *([str(kill_at[rank])] if rank in kill_at else [])],
                              env={**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"},
