@@ -15,6 +15,8 @@ Kinds of `Difference` (``recorded`` is the log's value, ``recomputed`` verify's)
     decision_duplicate      a second recorded decision for one task
     decision_undecodable    a decision entry that does not decode
     payload_digest          a member's payload no longer hashes to the digest its slot result recorded
+    payload_missing         a member's payload entry is gone while its slot entry is not (deleted: retention
+                            trims both together), so the steps that trained it cannot be replayed
     step_decision_unknown   a step's group points at a decision entry that is not recorded
     step_decision_task      ... or at the decision of another task
     dropped_group_batched   a step trains a dropped group
@@ -180,22 +182,36 @@ def _check_payloads(source: RedisSource, recorded: list[tuple[str, GroupDecided]
         by_partition.setdefault(split_decision_ref(ref)[0], []).extend(
             (decision.task_id, member) for member in decision.members)
     names = dict(partition_streams(source, "payloads"))
+    slots = dict(partition_streams(source, "slots"))
     for partition, members in sorted(by_partition.items()):
-        _check_partition_payloads(source, members, report, names[partition], chunk)
+        _check_partition_payloads(source, members, report, names[partition], slots[partition], chunk)
 
 
 def _check_partition_payloads(source: RedisSource, members: list, report: VerifyReport, stream: str,
-                              chunk: int) -> None:
+                              slot_stream: str, chunk: int) -> None:
     for start in range(0, len(members), chunk):
         part = members[start:start + chunk]
         for (task_id, member), fields in zip(part, source(stream, [m.entry for _, m in part])):
             if fields is None:
-                continue  # a schema-1 entry, or trimmed with no archive behind it
+                _check_missing_payload(source, slot_stream, task_id, member, report)
+                continue
             report.payloads_checked += 1
             digest = codec.entry_digest(fields, like=member.digest)
             if digest != member.digest:
                 report.differences.append(Difference("payload_digest", f"task {task_id} slot {member.slot}",
                                                      f"payload {member.entry}", member.digest, digest))
+
+
+def _check_missing_payload(source: RedisSource, slot_stream: str, task_id: str, member: Any,
+                           report: VerifyReport) -> None:
+    """A member's payload is gone. Retention trims a payload only with its slot entry (the slot log's
+    floor), and a schema-1 slot entry carries its sample itself; a payload missing beside a slot entry
+    that needs one was deleted, and the step that trained it can no longer be replayed."""
+    [slot_fields] = source(slot_stream, [member.entry])
+    if slot_fields is not None and not codec.is_inline_sample(slot_fields):
+        report.differences.append(Difference("payload_missing", f"task {task_id} slot {member.slot}",
+                                             f"payload {member.entry}", None,
+                                             "the payload entry its slot result names (deleted, not trimmed)"))
 
 
 def _recorded_decisions(source: RedisSource, report: VerifyReport, stream: str = "decisions",

@@ -95,3 +95,8 @@ def test_after_a_rank_dies_between_training_and_commit_the_restarted_ranks_train
     differences = verify(client, run.keys).differences
     assert [(d.kind, d.subject, d.recorded) for d in differences] == [
         ("step_ranks_apart", f"step {STEPS - 1}", {0: 2, 1: 1})]
+    # verify reports a trained sample's payload that was deleted (a credential that may XDEL payloads)
+    member = codec.decode(client.xrange(run.keys.steps)[-1][1]).shards[0].groups[0].members[0]
+    client.xdel(run.keys.payloads, member.entry)
+    assert [(d.kind, d.field) for d in verify(client, run.keys).differences] == [
+        ("payload_missing", f"payload {member.entry}"), ("step_ranks_apart", "attempt")]
