@@ -26,6 +26,7 @@ Kinds of `Difference` (``recorded`` is the log's value, ``recomputed`` verify's)
     log_not_retained        the ``decided`` hash names decisions the log does not hold (trimmed by
                             retention: verify with the run's archive, ``--archive DIR``)
     step_entry              a manifest is not at its step's entry id
+    step_undecodable        an entry of the steps stream does not decode (a damaged manifest: the ranks fail there)
     step_shards             a step does not have dp_size shards
     step_groups             a step's groups differ from what the batch fold forms from the recorded decisions
     step_not_rebatched      the batch fold forms no such step from the recorded decisions
@@ -305,7 +306,16 @@ def _check_steps(source: RedisSource, config: RunConfig, by_entry: dict[str, Gro
                  to_step: int | None, report: VerifyReport) -> None:
     trained_in: dict[str, int] = {}
     expected_step = 0
-    recorded = [(entry_id, m) for entry_id, m in decode_all(source, "steps") if isinstance(m, StepManifest)]
+    recorded = []
+    for entry_id, fields in source.scan("steps"):
+        try:
+            manifest = codec.decode(fields)
+        except DecodeError as exc:  # a trainer rank reaching this step fails on it
+            report.differences.append(Difference("step_undecodable", f"steps entry {entry_id}", None, exc.reason,
+                                                 "a step manifest"))
+            continue
+        if isinstance(manifest, StepManifest):
+            recorded.append((entry_id, manifest))
     rebatched = _rebatch(source, config, by_entry, {m.step: m for _, m in recorded})
     for entry_id, manifest in recorded:
         step = manifest.step

@@ -61,6 +61,7 @@ from streamgrp.core.events import (
 )
 from streamgrp.errors import (
     ConfigError,
+    DecodeError,
     RunFailed,
     TrainerGroupError,
 )
@@ -170,9 +171,18 @@ class TrainerClient:
     # -- reading ------------------------------------------------------------------------------------
 
     def manifest(self, step: int) -> StepManifest | None:
+        """The step's manifest, None before the batcher wrote it; `RunFailed` when the entry at the step's
+        id does not decode (every rank reads the same entry, so every rank fails the same way)."""
         entry = step_entry_id(step)
         found = self.client.xrange(self.keys.steps, entry, entry)
-        return codec.decode(found[0][1]) if found else None
+        if not found:
+            return None
+        try:
+            return codec.decode(found[0][1])
+        except DecodeError as exc:
+            raise RunFailed(f"run {self.keys.run}: step {step}'s manifest (steps entry {entry}) does not decode "
+                            f"({exc.reason}); the step cannot be trained. Only the batcher writes steps: check who "
+                            "else may write the steps stream; `streamgrp verify` lists the damaged entry") from None
 
     def wait_for_step(self, step: int, stop_check=None, *, known: StepManifest | None = None) -> StepManifest | None:
         """The manifest of ``step`` (``known``: already read); None when the run finished before it; raises
@@ -305,7 +315,7 @@ class BatchStream:
                 # A loop body that returns at once (a rank with nothing else to do) would only wait for
                 # the thread: the handoffs of its reads cost CPU and gain nothing, so it loads in line.
                 hides = body_s is None or body_s >= PREFETCH_BODY_SHARE * load_s
-                following = trainer.manifest(step + 1) if trainer.prefetch and hides else None
+                following = self._peek(step + 1) if trainer.prefetch and hides else None
                 if following is not None:
                     ahead = following, pool.submit(self._timed_load, following)
                 self.current = batch
@@ -315,6 +325,14 @@ class BatchStream:
                 batch.commit()  # the loop body finished: the step is done
                 self.current = None
                 step += 1
+
+    def _peek(self, step: int) -> StepManifest | None:
+        """The next step's manifest for prefetching, if it is there and decodes (a damaged one fails the
+        rank when it reaches that step, not this one)."""
+        try:
+            return self.trainer.manifest(step)
+        except RunFailed:
+            return None
 
     def _timed_load(self, manifest: StepManifest) -> tuple[Batch, float]:
         started = time.perf_counter()
