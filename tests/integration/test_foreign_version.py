@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+import redis
 from made_steps import make_steps
 
 from streamgrp.config import BatcherConfig
 from streamgrp.services.batcher import Batcher
+from streamgrp.store import scripts
 from streamgrp.store.version import VersionReader
 from streamgrp.train.trainer import TrainerClient
 
@@ -36,3 +39,16 @@ def test_a_version_that_is_no_integer_is_ridden_by_readers_and_mended_by_the_nex
         second._client = trainer
         second.commit()  # the commit writes a good version over the foreign value
     assert client.get(run.keys.version) == b"2"
+
+
+def test_the_trainer_functions_check_their_whole_input_before_writing(client, make_run):
+    run = make_run(n_samples=3, dp_size=1, batch_size=2)
+    keys = run.keys
+    commit = scripts.register(client, "trainer_commit.lua")
+    with pytest.raises(redis.ResponseError, match="BAD_INPUT"):
+        commit(keys=[keys.committed, keys.commits, keys.version, keys.control, keys.attempt],
+               args=[0, 0, 1, "{}", "{}", 0, "x"])  # a version that is no number
+    record = scripts.register(client, "checkpoint_record.lua")
+    with pytest.raises(redis.ResponseError, match="BAD_INPUT"):
+        record(keys=[keys.checkpoint, keys.commits, keys.attempt], args=["last", 0, "{}"])
+    assert client.hlen(keys.committed) == 0 and client.xlen(keys.commits) == 0 and client.exists(keys.checkpoint) == 0

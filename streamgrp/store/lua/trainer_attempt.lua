@@ -5,17 +5,20 @@
 -- Returns {'new'} when this call started the attempt (every rank's position set to first - 1, the
 -- event recorded), {'same', attempt, first, base} when the group's token already holds the attempt,
 -- {'changed'} when another group's attempt replaced the one the caller read (read again).
+local first = tonumber(ARGV[3])
+local world = tonumber(ARGV[5])
+-- The whole input is checked before the first write.
+if not first or first < 0 or not world or world < 1 or world > 4096 or not tonumber(ARGV[4])
+    or not tonumber(ARGV[1]) or ARGV[2] == '' then
+  return redis.error_reply('BAD_INPUT an attempt takes the attempt read, a token, a first step >= 0, a version base '
+                           .. 'and a world size of 1..4096')
+end
 local current = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
 local token = redis.call('HGET', KEYS[1], 'token')
 if token == ARGV[2] then
   return {'same', current, redis.call('HGET', KEYS[1], 'first'), redis.call('HGET', KEYS[1], 'base')}
 end
 if current ~= tonumber(ARGV[1]) then return {'changed'} end
-local first = tonumber(ARGV[3])
-local world = tonumber(ARGV[5])
-if not first or first < 0 or not world or world < 1 or not tonumber(ARGV[4]) then
-  return redis.error_reply('BAD_INPUT first step, world size and version base must be integers')
-end
 redis.call('HSET', KEYS[1], 'attempt', current + 1, 'token', ARGV[2], 'first', first, 'base', ARGV[4],
            'world_size', world)
 for r = 0, world - 1 do
