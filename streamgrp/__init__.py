@@ -17,9 +17,11 @@ from streamgrp.core.events import (
     Sample,
     SampleSummary,
     SlotResult,
+    SlotRewarded,
     TaskIssued,
     Tick,
 )
+from streamgrp.core.values import RewardLater
 from streamgrp.core.partition import balanced_partition
 from streamgrp.core.policy import GroupPolicy, NormSpec
 from streamgrp.errors import (
@@ -49,8 +51,10 @@ __all__ = [
     "RunFailed",
     "Sample",
     "SampleSummary",
+    "RewardLater",
     "ServerError",
     "SlotResult",
+    "SlotRewarded",
     "StreamgrpError",
     "TaskIssued",
     "Tick",

@@ -205,6 +205,20 @@ class WorkerConfig(_RoleSettings):
                               "like 0,2") from None
 
 
+class RewarderConfig(_RoleSettings):
+    """A reward stage process (`streamgrp rewarder`): scores results published with their reward pending."""
+
+    reward: str | None = Field(None, description="module:function called per result with a ScoreRequest; returns a "
+                               "number, one number per row, or None (rejected); sync or async (required)")
+    concurrency: int = Field(16, ge=1, description="results scored at once")
+    reward_timeout_s: float = Field(60.0, gt=0, description="one scoring's deadline; a timeout is retried")
+    retries: int = Field(2, ge=0, description="retries of a scoring that timed out or lost its connection (any "
+                         "other exception fails the slot at once)")
+    claim_idle_s: float = Field(30.0, gt=0, description="take over a stopped rewarder's results after they sat this "
+                                "long unscored")
+    burst: bool = Field(False, description="exit once nothing has waited for a reward for 2 seconds")
+
+
 class InferenceConfig(_Settings):
     """A rollout adapter's inference servers (`streamgrp.services.inference`): `streamgrp worker --rollout
     vllm|sglang|llamacpp` and `streamgrp weight-sync`."""
@@ -405,6 +419,7 @@ SECTIONS: dict[str, type[_Settings]] = {
     "connection": ConnectionConfig,
     "run": RunConfig,
     "worker": WorkerConfig,
+    "rewarder": RewarderConfig,
     "assembler": AssemblerConfig,
     "batcher": BatcherConfig,
     "trainer": TrainerConfig,

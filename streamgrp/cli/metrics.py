@@ -91,6 +91,14 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
                                           buckets=ASSEMBLY_BUCKETS, registry=r),
     "batch_wait": lambda r: Histogram("streamgrp_batch_wait_seconds", "Time a trainer rank waited for its next batch",
                                       buckets=WAIT_BUCKETS, registry=r),
+    "rewards": lambda r: Counter("streamgrp_rewards", "Rewards a rewarder posted, by what they made of their slot "
+                                 "(sample, rejected, failed)", ["outcome"], registry=r),
+    "reward_latency": lambda r: Histogram("streamgrp_reward_latency_seconds", "Result published to its reward posted",
+                                          buckets=ASSEMBLY_BUCKETS, registry=r),
+    "rewards_in_flight": lambda r: Gauge("streamgrp_rewards_in_flight", "Results a rewarder is scoring now",
+                                         registry=r),
+    "reward_failures": lambda r: Counter("streamgrp_reward_failures", "Scorings that failed: transient (retried) or "
+                                         "error (the slot failed)", ["kind"], registry=r),
     "staleness": lambda r: Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when "
                                      "batched", buckets=STALENESS_BUCKETS, registry=r),
 }
@@ -106,15 +114,26 @@ OWNED: dict[str, tuple[str, ...]] = {
                 "policy_version", "batch_imbalance", "staleness", "served_version", "served_behind"),
     "trainer": ("steps", "step_failures", "steps_retrained", "batch_wait", "policy_version"),
     "weight-sync": (),
+    "rewarder": ("rewards", "reward_latency", "rewards_in_flight", "reward_failures"),
 }
 
 #: Label values created up front, so a dashboard panel has data from the first scrape: a worker
 #: publishes only samples, rejections and failures; the assembler folds every outcome.
 PRESET_LABELS: dict[str, dict[str, tuple[str, ...]]] = {
     "worker": {"slots": ("sample", "rejected", "failed")},
+    "rewarder": {"rewards": ("sample", "rejected", "failed"), "reward_failures": ("transient", "error")},
     "assembler": {"slots": ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid"),
                   "groups": ("complete", "partial", "dropped")},
 }
+
+
+def _every_preset() -> dict[str, tuple[str, ...]]:
+    """Every role's preset label values, merged: a process that runs several services has them all."""
+    merged: dict[str, dict[str, None]] = {}
+    for presets in PRESET_LABELS.values():
+        for name, values in presets.items():
+            merged.setdefault(name, {}).update(dict.fromkeys(values))
+    return {name: tuple(values) for name, values in merged.items()}
 
 
 class Metrics:
@@ -145,7 +164,7 @@ class Metrics:
             Info("streamgrp_run", "The run this process works for (the run label of its every series), and "
                  "streamgrp's version", registry=self._own).info({"version": __version__})
             self.registry.register(_WithLabel(self._own, RUN_LABEL, run))
-        presets = PRESET_LABELS.get(role, {}) if role is not None else PRESET_LABELS["assembler"]
+        presets = PRESET_LABELS.get(role, {}) if role is not None else _every_preset()
         for name, values in presets.items():
             for value in values:
                 getattr(self, name).labels(value)

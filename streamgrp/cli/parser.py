@@ -37,6 +37,7 @@ from streamgrp.config import (
     RunsConfig,
     TrainerConfig,
     WeightSyncConfig,
+    RewarderConfig,
     WorkerConfig,
     env_name,
     flag_name,
@@ -106,6 +107,8 @@ def build_parser() -> Parser:
     # Each role takes the connection flags, the run's settings, and its own.
     for name, help_text, model, handler in (
         ("worker", "run a rollout worker process", WorkerConfig, roles.cmd_worker),
+        ("rewarder", "score results published with their reward pending, and post each reward", RewarderConfig,
+         roles.cmd_rewarder),
         ("assembler", "run the group assembler (one active, others stand by)", AssemblerConfig, roles.cmd_assembler),
         ("batcher", "run the batcher and task feeder (one active, others stand by)", BatcherConfig,
          roles.cmd_batcher),

@@ -30,6 +30,7 @@ from streamgrp.config import (
     RunConfig,
     TrainerConfig,
     WeightSyncConfig,
+    RewarderConfig,
     WorkerConfig,
     env_name,
     load,
@@ -105,6 +106,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                 version=functools.partial(VersionReader(run.keys).read, client), metrics=metrics)
         done = process.run(stop_event())
         log.info("worker %s finished %d tasks", worker.name, done)
+    return 0
+
+
+@_stoppable
+def cmd_rewarder(args: argparse.Namespace) -> int:
+    from streamgrp.services.rewarder import Rewarder
+    from streamgrp.store.rewards import RewardClient
+
+    config = settings(args, RewarderConfig)
+    if not config.reward:
+        raise ConfigError("streamgrp rewarder needs --reward module:function (the function that scores a "
+                          "ScoreRequest)")
+    reward = load_callable(config.reward)
+    with connected(args, role=True) as (client, connection, handle):
+        run = _join(client, connection, args, "rewarder", burst=config.burst)
+        _lend_to_rollouts(client, run.keys, handle.url)
+        metrics = serve_metrics(config, role="rewarder", run=run.name)
+        rewarder = Rewarder(RewardClient(client, run.keys, claim_idle_s=config.claim_idle_s, partitions=run.partitions),
+                            reward, concurrency=config.concurrency, timeout_s=config.reward_timeout_s,
+                            retries=config.retries, metrics=metrics)
+        posted = rewarder.run(stop_event(), until_idle_s=2.0 if config.burst else None)
+        log.info("rewarder %s posted %d rewards", rewarder.client.name, posted)
     return 0
 
 

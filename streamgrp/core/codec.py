@@ -79,7 +79,7 @@ HEADER = b"h"
 BLOB = b"b"
 RAW_KEY = "__raw__"
 #: Models written in their `wire_fields` form rather than field by field.
-_COLUMNAR = (GroupDecided, ShardGroup)
+_WIRE_FORM = (GroupDecided, ShardGroup, SlotResult)
 #: Default ceiling for one entry (header plus bytes); larger entries are dead-lettered as oversized.
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
 #: The deepest a header's JSON objects and arrays may nest (the header itself is level 1; a
@@ -106,27 +106,28 @@ def encode(event: BaseModel) -> dict[bytes, bytes]:
     return fields
 
 
-def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = "",
-                  seq: int = 0) -> tuple[SlotResult, dict[bytes, bytes]]:
+def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = "", seq: int = 0,
+                  reward_pending: bool = False) -> tuple[SlotResult, dict[bytes, bytes]]:
     """A sample's slot result and its payload entry's fields: the result's summary carries the payload's
-    digest, computed here, once (what a publisher writes; `streamgrp.services.worker` is one)."""
+    digest, computed here, once (what a publisher writes; `streamgrp.services.worker` is one).
+    ``reward_pending``: the sample's rewards are placeholders that a `SlotRewarded` replaces."""
     payload = encode(SamplePayload(task_id=task_id, slot=slot, sample=sample, producer=producer, seq=seq))
     summary = SampleSummary.of(sample, entry_digest(payload))
     return SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=summary, producer=producer,
-                      seq=seq), payload
+                      seq=seq, reward_pending=reward_pending), payload
 
 
-def encode_sample(task_id: str, slot: int, sample: Sample, *, producer: str = "",
-                  seq: int = 0) -> tuple[bytes, bytes, bytes]:
+def encode_sample(task_id: str, slot: int, sample: Sample, *, producer: str = "", seq: int = 0,
+                  reward_pending: bool = False) -> tuple[bytes, bytes, bytes]:
     """``sample_result`` already encoded: (slot result header, payload header, payload bytes), the very
     bytes `encode` would write for both. The publisher's hot path: a 1024-token sample's three models
     and their walk cost about 30 µs, so the headers of a plain sample (the `Sample` validated when it
     was built; the few other values checked here by hand) are written directly. Anything unusual takes
     the models, with their errors; a property test holds the two paths to the same bytes."""
-    plain = _plain_sample_headers(task_id, slot, sample, producer, seq)
+    plain = None if reward_pending else _plain_sample_headers(task_id, slot, sample, producer, seq)
     if plain is not None:
         return plain
-    event, payload = sample_result(task_id, slot, sample, producer=producer, seq=seq)
+    event, payload = sample_result(task_id, slot, sample, producer=producer, seq=seq, reward_pending=reward_pending)
     return encode(event)[HEADER], payload[HEADER], payload.get(BLOB, b"")
 
 
@@ -405,8 +406,9 @@ def _to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
                 return [item if item.__class__ in _SCALARS else _to_header(item, blobs, offset) for item in value]
         return value if kind is list else list(value)  # orjson writes a list of plain values as it is
     if isinstance(value, BaseModel):
-        # A model whose wire form differs from its fields (members as columns) says so by `wire_fields`.
-        fields = value.wire_fields() if kind in _COLUMNAR else value.__dict__
+        # A model whose wire form differs from its fields (members as columns, a flag written only when
+        # set) says so by `wire_fields`.
+        fields = value.wire_fields() if kind in _WIRE_FORM else value.__dict__
         return {name: item if item.__class__ in _SCALARS else _to_header(item, blobs, offset)
                 for name, item in fields.items()}
     if isinstance(value, (list, tuple)):

@@ -35,14 +35,19 @@ SLOTS = "slots"            # slot outcomes: sample, rejected, failed, timeout, d
 DECISIONS = "decisions"    # complete, partial, dropped
 DROPPED = "dropped"        # drop and discard reasons
 DEADLETTER = "deadletter"  # dead-letter reasons of the slot log
+REWARDS = "rewards"        # reward entries not folded: duplicate, late
 
-FAMILIES = (SLOTS, DECISIONS, DROPPED, DEADLETTER)
+FAMILIES = (SLOTS, DECISIONS, DROPPED, DEADLETTER, REWARDS)
 TOTALS = (STEPS, TARGET_SLOTS, USABLE_SLOTS, TRAINABLE_SLOTS, GROUPS_BATCHED, GROUPS_DISCARDED, REDUNDANT_DECISIONS,
           TASKS_DUPLICATE, INVALID_TASKS, INVALID_CONTROL, INVALID_DECISIONS)
 
 
 def slots(outcome: str) -> str:
     return f"{SLOTS}:{outcome}"
+
+
+def rewards(label: str) -> str:
+    return f"{REWARDS}:{label}"
 
 
 def decisions(kind: str) -> str:

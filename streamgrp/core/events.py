@@ -32,9 +32,12 @@ from streamgrp.core.values import (
     check_strict_numbers,
 )
 
+#: The most rows a reward may name (a sample's rows; more is not a reward streamgrp wrote).
+MAX_REWARD_ROWS = 4096
+
 __all__ = ["EVENT_TYPES", "SCHEMA_VERSION", "CheckpointSaved", "DecidedMember", "GroupDecided", "GroupDiscarded", "GroupStats", "Member",
            "READABLE_SCHEMAS", "RawArray", "RunFinished", "RunStarted", "RunTerminated", "Sample", "SamplePayload",
-           "SampleSummary", "Shard", "ShardGroup", "SlotResult",
+           "SampleSummary", "Shard", "ShardGroup", "SlotResult", "SlotRewarded",
            "StepCommitted", "StepFailed", "StepManifest", "TaskIssued", "Tick", "TrainingResumed", "VersionAdvanced",
            "WeightsServed"]
 
@@ -120,11 +123,53 @@ class SlotResult(_Event):
     outcome: Outcome
     sample: SampleSummary | None = None
     error: str | None = None
+    #: The sample's rewards come later, in a `SlotRewarded` event: until it arrives the slot is not
+    #: usable, and the sample's own rewards (and the summary's) are placeholders it replaces.
+    reward_pending: StrictBool = False
 
     @model_validator(mode="after")
     def _check_outcome(self) -> SlotResult:
         check_outcome(self.outcome, self.sample, self.error)
+        if self.reward_pending and self.outcome != "sample":
+            raise ValueError(f"only a sample can wait for its reward, not a {self.outcome!r} slot")
         return self
+
+    def wire_fields(self) -> dict[str, Any]:
+        """The fields as written: ``reward_pending`` only when set, so a result with its reward is
+        written as it always was."""
+        if self.reward_pending:
+            return self.__dict__
+        return {name: value for name, value in self.__dict__.items() if name != "reward_pending"}
+
+
+class SlotRewarded(_Event):
+    """The reward of a slot whose result was published with ``reward_pending``: one value per row of
+    its sample, or one for all its rows (``rewards``), a rejection (``reason``: the scorer refused the sample; the slot becomes
+    ``rejected``) or a failure (``error``: scoring raised for good; the slot becomes ``failed``).
+    ``scorer`` names who scored it. Written to the group log after the result; the first reward of a
+    slot wins, a second is counted as a duplicate, one for a slot that is not waiting (an unknown
+    task, a decided group, a slot whose result carried its reward) as late."""
+
+    kind: Literal["slot_rewarded"] = "slot_rewarded"
+    task_id: str = Field(min_length=1, max_length=256)
+    slot: NonNegInt
+    rewards: tuple[Float, ...] | None = Field(default=None, min_length=1, max_length=MAX_REWARD_ROWS)
+    reason: str | None = Field(default=None, min_length=1, max_length=1024)
+    error: str | None = Field(default=None, min_length=1, max_length=4096)
+    scorer: str = Field(default="", max_length=256)
+
+    @model_validator(mode="after")
+    def _check_reward(self) -> SlotRewarded:
+        given = [name for name in ("rewards", "reason", "error") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("a reward carries exactly one of rewards (one per row, finite: `Float`), a rejection "
+                             f"reason or an error, got {given or 'none'}")
+        return self
+
+    @property
+    def outcome(self) -> Outcome:
+        """What the reward makes of its slot: a sample, rejected or failed."""
+        return "sample" if self.rewards is not None else "rejected" if self.reason is not None else "failed"
 
 
 class SamplePayload(_Event):
@@ -355,7 +400,7 @@ class WeightsServed(_Event):
     at: Float = 0.0
 
 
-_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SamplePayload, Tick, GroupDecided, RunTerminated, StepManifest,
+_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload, Tick, GroupDecided, RunTerminated, StepManifest,
                  GroupDiscarded, StepCommitted, StepFailed, VersionAdvanced, RunFinished, WeightsServed, TrainingResumed,
                  CheckpointSaved)
 EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

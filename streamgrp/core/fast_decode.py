@@ -34,8 +34,12 @@ from streamgrp.core.events import (
 from streamgrp.core.members import WIRE_COLUMNS
 from streamgrp.core.values import DTYPES, INT64_MAX, INT64_MIN, built
 
-_SLOT_KEYS = frozenset(SlotResult.model_fields)
+#: A plain slot result's header keys (``reward_pending`` is written only when set: the full path).
+_SLOT_KEYS = frozenset(SlotResult.model_fields) - {"reward_pending"}
 _SUMMARY_KEYS = frozenset(SampleSummary.model_fields)
+#: Fields a plain header leaves out (written only when set): not in the built record's fields set.
+_UNSET_PENDING = frozenset({"reward_pending"})
+_UNSET_REWARDS = frozenset({"rewards"})
 #: A decision's member columns, in the order `GroupDecided.wire_fields` writes them (slots first).
 _COLUMNS = tuple(WIRE_COLUMNS)
 #: A decision's header keys: its fields with the members as columns.
@@ -78,7 +82,7 @@ def fast_slot_result(header: dict[str, Any]) -> SlotResult | None:
         return None
     return built(SlotResult, {"schema_version": 2, "producer": producer, "seq": header["seq"], "kind": "slot_result",
                                "task_id": task_id, "slot": header["slot"], "outcome": outcome, "sample": summary,
-                               "error": error})
+                               "error": error, "reward_pending": False}, _UNSET_PENDING)
 
 
 def _summary(sample: Any) -> SampleSummary | None:
@@ -143,7 +147,7 @@ def _members(columns: list[Any]) -> tuple[DecidedMember, ...] | None:
             and all(_is_optional_float(reward) for reward in rewards)):
         return None
     return tuple(built(DecidedMember, {"slot": slot, "entry": entry, "rows": row, "tokens": token, "version": version,
-                                       "digest": digest, "reward": reward})
+                                       "rewards": None, "digest": digest, "reward": reward}, _UNSET_REWARDS)
                  for slot, entry, row, token, version, digest, reward
                  in zip(slots, entries, rows, tokens, versions, digests, rewards))
 
@@ -206,7 +210,7 @@ def _shard_group(group: Any) -> ShardGroup | None:
                 and _is_int(token, INT64_MIN) and _is_int(version, INT64_MIN)):
             return None
         members.append(built(Member, {"slot": slot, "entry": member_entry, "rows": row, "tokens": token,
-                                      "version": version}))
+                                      "version": version, "rewards": None}, _UNSET_REWARDS))
     placed = built(ShardGroup, {"task_id": task_id, "decision_entry": entry, "members": tuple(members),
                                 "digest": digest, "partition": 0 if partition is None else partition})
     if partition is None:  # as validation leaves it: a default is not a field set

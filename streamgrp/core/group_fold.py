@@ -1,8 +1,10 @@
-"""The assembler fold: ``(state, event) -> (state, outputs)`` over task, slot and tick events.
+"""The assembler fold: ``(state, event) -> (state, outputs)`` over task, slot, reward and tick events.
 
-Owns open groups, their deadlines, first-result-wins per ``(task, slot)``, and the moment a group
-closes: when every slot has a result, or when a `Tick` reaches its deadline (``issued_at +
-group_timeout_s``), the missing slots counting as ``timeout``. It reads no clock and does no I/O:
+Owns open groups, their deadlines, first-result-wins per ``(task, slot)``, rewards that come after
+their results (a result published with ``reward_pending`` waits for its `SlotRewarded`; the first
+reward wins), and the moment a group closes: when every slot has a result with its reward, or when a
+`Tick` reaches its deadline (``issued_at + group_timeout_s``), the missing slots, and those still
+waiting for a reward, counting as ``timeout``. It reads no clock and does no I/O:
 time arrives only as `Tick.now`, so the same events in the same order give the same outputs in
 any process (replay and the crash test rely on this). The driver (`streamgrp.services.assembler`) owns
 acknowledgements, dead letters and persistence; this module deliberately ignores them and only
@@ -21,6 +23,7 @@ from streamgrp.core.events import (
     DecidedMember,
     GroupDecided,
     SlotResult,
+    SlotRewarded,
     TaskIssued,
     Tick,
 )
@@ -34,6 +37,10 @@ UNKNOWN_TASK = "unknown_task"
 SLOT_OUT_OF_RANGE = "slot_out_of_range"
 DUPLICATE_TASK = "duplicate_task"
 OPEN_GROUPS_FULL = "open_groups_full"
+# Why a reward entry was acknowledged without being folded.
+REWARD_DUPLICATE = "reward_duplicate"
+REWARD_LATE = "reward_late"
+REWARD_ROWS = "reward_rows"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,10 @@ class SlotRecord:
     entry_id: str
     digest: str = ""
     reward: float = 0.0
+    #: Per-row rewards and the entry of the `SlotRewarded` that brought them, for a result published
+    #: with ``reward_pending`` (a rejection by its scorer keeps just the entry).
+    rewards: tuple[float, ...] | None = None
+    reward_entry: str = ""
 
 
 @dataclass(slots=True)
@@ -54,6 +65,8 @@ class OpenGroup:
     deadline: float | None
     task_entry: str
     results: dict[int, SlotRecord] = field(default_factory=dict)
+    #: Samples whose results came with ``reward_pending``, until their reward arrives.
+    pending: dict[int, SlotRecord] = field(default_factory=dict)
     #: Entries already acknowledged as duplicates while open; kept only for accounting.
     duplicates: int = 0
 
@@ -100,15 +113,21 @@ class FoldState:
     _deadlines: list[tuple[float, str]] = field(default_factory=list)
 
 
-def fold(state: FoldState, event: TaskIssued | SlotResult | Tick, entry_id: str = "") -> tuple[FoldState, list[Output]]:
+FoldedEvent = TaskIssued | SlotResult | SlotRewarded | Tick
+
+
+def fold(state: FoldState, event: FoldedEvent, entry_id: str = "") -> tuple[FoldState, list[Output]]:
     """Apply one event; ``entry_id`` identifies its stream entry (recorded in decisions)."""
     if isinstance(event, SlotResult):
         return state, _on_slot(state, event, entry_id)
+    if isinstance(event, SlotRewarded):
+        return state, _on_reward(state, event, entry_id)
     if isinstance(event, TaskIssued):
         return state, _on_task(state, event, entry_id)
     if isinstance(event, Tick):
         return state, _on_tick(state, event.now)
-    raise TypeError(f"the assembler fold takes TaskIssued, SlotResult or Tick, not {type(event).__name__}")
+    raise TypeError(f"the assembler fold takes TaskIssued, SlotResult, SlotRewarded or Tick, not "
+                    f"{type(event).__name__}")
 
 
 def _on_task(state: FoldState, event: TaskIssued, entry_id: str) -> list[Output]:
@@ -135,16 +154,51 @@ def _on_slot(state: FoldState, event: SlotResult, entry_id: str) -> list[Output]
         if task_id in state.decided:
             return [Ignored(entry_id, LATE, task_id, slot, "the group was already decided")]
         return [Ignored(entry_id, UNKNOWN_TASK, task_id, slot, "no task with this id is open in this run")]
-    if slot in group.results:
+    if slot in group.results or slot in group.pending:
         group.duplicates += 1
         return [Ignored(entry_id, DUPLICATE, task_id, slot, "a result for this slot was already folded")]
     sample = event.sample
     if sample is None:
         group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, entry_id)
+    elif event.reward_pending:
+        group.pending[slot] = SlotRecord("sample", sample.rows, sample.tokens, sample.version, entry_id, sample.digest)
+        return []
     else:
         group.results[slot] = SlotRecord("sample", sample.rows, sample.tokens, sample.version, entry_id, sample.digest,
                                          sample.reward)
     if len(group.results) == n_samples:
+        return [_close(state, group, "all_slots", None)]
+    return []
+
+
+def _on_reward(state: FoldState, event: SlotRewarded, entry_id: str) -> list[Output]:
+    task_id, slot = event.task_id, event.slot
+    group = state.open.get(task_id)
+    if group is None:
+        why = "the group was already decided" if task_id in state.decided else "no task with this id is open in this run"
+        return [Ignored(entry_id, REWARD_LATE, task_id, slot, why)]
+    waiting = group.pending.get(slot)
+    if waiting is None:
+        done = group.results.get(slot)
+        if done is not None and done.reward_entry:
+            return [Ignored(entry_id, REWARD_DUPLICATE, task_id, slot,
+                            f"slot {slot} was rewarded already (entry {done.reward_entry}); the first reward stands")]
+        why = "its result carried its reward" if done is not None else "no result of it waits for a reward"
+        return [Ignored(entry_id, REWARD_LATE, task_id, slot, f"slot {slot} is not waiting for a reward: {why}")]
+    rewards = event.rewards
+    if rewards is None:  # rejected or failed by its scorer
+        group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, waiting.entry_id, reward_entry=entry_id)
+    elif len(rewards) != waiting.rows and len(rewards) != 1:
+        return [Ignored(entry_id, REWARD_ROWS, task_id, slot,
+                        f"{len(rewards)} rewards for a sample of {waiting.rows} rows; give one reward per row, "
+                        "or one for them all")]
+    else:
+        if len(rewards) != waiting.rows:
+            rewards = rewards * waiting.rows  # one reward for every row
+        group.results[slot] = SlotRecord("sample", waiting.rows, waiting.tokens, waiting.version, waiting.entry_id,
+                                         waiting.digest, sum(rewards) / len(rewards), tuple(rewards), entry_id)
+    del group.pending[slot]
+    if len(group.results) == state.policy.n_samples:
         return [_close(state, group, "all_slots", None)]
     return []
 
@@ -176,7 +230,8 @@ def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None
         # Built, not validated again: every value comes from a slot result validated when it was decoded.
         members=tuple(built(DecidedMember, {"slot": i, "entry": results[i].entry_id, "rows": results[i].rows,
                                             "tokens": results[i].tokens, "version": results[i].version,
-                                            "digest": results[i].digest, "reward": results[i].reward})
+                                            "rewards": results[i].rewards, "digest": results[i].digest,
+                                            "reward": results[i].reward})
                       for i in decided.members),
         slot_outcomes={str(i): results[i].outcome if i in results else "timeout" for i in range(policy.n_samples)},
         stats=decided.stats,
@@ -187,7 +242,11 @@ def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None
     )
     del state.open[group.task_id]
     state.decided.add(group.task_id)
-    entries = (group.task_entry, *(results[i].entry_id for i in sorted(results)))
+    # Every entry the decision accounts for: the task's, each result's and each reward's, and those
+    # of results still waiting for a reward (their slots timed out).
+    entries = (group.task_entry, *(results[i].entry_id for i in sorted(results)),
+               *(results[i].reward_entry for i in sorted(results) if results[i].reward_entry),
+               *(group.pending[i].entry_id for i in sorted(group.pending)))
     return Closed(decision, entries)
 
 

@@ -31,6 +31,9 @@ class Member(Frozen):
     rows: Int
     tokens: Int
     version: Int
+    #: The sample's rewards, one per row, when they came in a `SlotRewarded` event after the result
+    #: (they replace the payload's placeholders); None when the payload carries them.
+    rewards: tuple[Float, ...] | None = None
 
 
 class DecidedMember(Member):
@@ -45,12 +48,15 @@ class DecidedMember(Member):
         """The member as a step's shard records it (without digest and reward)."""
         # Every field was validated when this record was; constructing again would only repeat it.
         return built(Member, {"slot": self.slot, "entry": self.entry, "rows": self.rows, "tokens": self.tokens,
-                              "version": self.version})
+                              "version": self.version, "rewards": self.rewards})
 
 
 #: Wire column -> member field, in the order the columns are written.
 WIRE_COLUMNS = {"members": "slot", "member_entries": "entry", "member_digests": "digest", "member_rows": "rows",
             "member_tokens": "tokens", "member_versions": "version", "member_rewards": "reward"}
+#: Columns written after those, and only when some member has a value: a log whose rewards all came
+#: with their results is written as it was before they existed.
+SPARSE_COLUMNS = {"member_row_rewards": "rewards"}
 
 
 def from_columns(data: Any, record: type[Member]) -> Any:
@@ -80,7 +86,7 @@ def from_columns(data: Any, record: type[Member]) -> Any:
 def _record_columns(record: type[Member]) -> tuple[tuple[str, str, bool], ...]:
     """(wire column, field, optional) of each column ``record`` has, "members" (the slots) first."""
     return tuple((name, field, record.model_fields[field].default is not PydanticUndefined)
-                 for name, field in WIRE_COLUMNS.items() if field in record.model_fields)
+                 for name, field in (*WIRE_COLUMNS.items(), *SPARSE_COLUMNS.items()) if field in record.model_fields)
 
 
 def member_columns(members: Sequence[Member], record: type[Member]) -> dict[str, list[Any]]:
@@ -94,6 +100,8 @@ def member_columns(members: Sequence[Member], record: type[Member]) -> dict[str,
                 if value != default:
                     break
             else:
+                if name in SPARSE_COLUMNS:
+                    continue
                 values = []
         columns[name] = values
     return columns

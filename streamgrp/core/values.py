@@ -16,6 +16,7 @@ import math
 import sys
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -91,14 +92,15 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def built(model: type[Any], values: dict[str, Any]) -> Any:
+def built(model: type[Any], values: dict[str, Any], unset: frozenset[str] = frozenset()) -> Any:
     """An instance of ``model`` holding ``values`` (every field, in declaration order) without
     validating them, as pydantic's ``model_construct`` makes one but without its per-field bookkeeping
     (several µs a call). Only for values already checked: the hand-written fast paths, and records
-    copied from validated ones."""
+    copied from validated ones. ``unset``: fields that hold their default because the input did not
+    name them (left out of ``model_fields_set``, as validation would leave them)."""
     instance = model.__new__(model)
     object.__setattr__(instance, "__dict__", values)
-    _set_fields_set(instance, set(values))
+    _set_fields_set(instance, set(values) - unset if unset else set(values))
     _set_extra(instance, None)
     _set_private(instance, None)
     return instance
@@ -238,6 +240,16 @@ class Sample(Frozen):
             meta=meta or {},
         )
 
+
+
+@dataclass(frozen=True, slots=True)
+class RewardLater:
+    """What a rollout returns for a sample whose reward comes later (`streamgrp.core.events.SlotRewarded`,
+    from ``streamgrp rewarder`` or `streamgrp.store.rewards.post_reward`): the slot waits for it until
+    its group's deadline. The sample's own rewards are placeholders (zeros are fine); the reward's
+    values replace them in decisions, steps and replay."""
+
+    sample: Sample
 
 
 def check_strict_numbers(model: type[BaseModel], data: dict[Any, Any], where: str) -> None:

@@ -35,6 +35,7 @@ from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
     SlotResult,
+    SlotRewarded,
     StepCommitted,
     StepFailed,
     StepManifest,
@@ -209,7 +210,7 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
             except DecodeError as exc:
                 found.append((entry_id, exc))
                 continue
-            if isinstance(event, (TaskIssued, SlotResult)) and event.task_id == task_id:
+            if isinstance(event, (TaskIssued, SlotResult, SlotRewarded)) and event.task_id == task_id:
                 found.append((entry_id, event))
     if not found:
         raise ConfigError(f"task {task_id!r} is not in the slot log of run {keys.run!r} (wrong run? trimmed?)")
@@ -224,6 +225,13 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
             timeline.append(TimelineEvent(event.issued_at, "issued", f"version {event.version} by {event.producer}, "
                                           f"prompt {_short(event.prompt, 160)}", entry_id,
                                           {"version": event.version, "prompt": event.prompt}))
+        elif isinstance(event, SlotRewarded):
+            said = (f"rewards {list(event.rewards)}" if event.rewards is not None
+                    else f"rejected: {_short(event.reason, 300)}" if event.reason is not None
+                    else f"failed: {_short(event.error, 300)}")
+            timeline.append(TimelineEvent(entry_time(entry_id), "rewarded",
+                                          f"slot {event.slot} scored by {event.scorer or '?'}: {said}", entry_id,
+                                          {"slot": event.slot, "outcome": event.outcome, "scorer": event.scorer}))
         else:
             first = first_per_slot.setdefault(event.slot, entry_id) == entry_id
             text, data = _slot_text(entry_id, event, first, decision)
@@ -283,7 +291,7 @@ def _slot_text(entry_id: str, event: SlotResult, first: bool,
     if event.sample is not None:
         sample = event.sample
         text += (f": {sample.rows} row(s), {sample.tokens} loss tokens, version {sample.version}, "
-                 f"reward {sample.reward:.4g}")
+                 + ("reward pending" if event.reward_pending else f"reward {sample.reward:.4g}"))
         data.update(rows=sample.rows, tokens=sample.tokens, version=sample.version)
     if event.error:
         text += f": {_short(event.error, 300)}"

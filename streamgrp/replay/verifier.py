@@ -54,6 +54,7 @@ from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
     SlotResult,
+    SlotRewarded,
     StepCommitted,
     StepManifest,
     TaskIssued,
@@ -260,7 +261,7 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream
                 continue  # the assembler dead-lettered it; it was never folded
             if isinstance(event, SlotResult) and entry_id in refusals:
                 event = refused(event, refusals[entry_id])  # as the assembler folded it
-            if isinstance(event, (TaskIssued, SlotResult, Tick)):
+            if isinstance(event, (TaskIssued, SlotResult, SlotRewarded, Tick)):
                 report.entries_folded += 1
                 yield entry_id, event
 

@@ -49,6 +49,7 @@ from streamgrp.core.refusal import INVALID_SAMPLE, refused
 from streamgrp.core.events import (
     GroupDecided,
     SlotResult,
+    SlotRewarded,
     TaskIssued,
     Tick,
 )
@@ -56,6 +57,8 @@ from streamgrp.core.group_fold import (
     DUPLICATE,
     DUPLICATE_TASK,
     LATE,
+    REWARD_DUPLICATE,
+    REWARD_LATE,
     OPEN_GROUPS_FULL,
     UNKNOWN_TASK,
     Closed,
@@ -82,8 +85,9 @@ from streamgrp.store.streams import (
 log = logging.getLogger(__name__)
 
 _IGNORED_COUNTER = {DUPLICATE: counters.slots("duplicate"), LATE: counters.slots("late"),
-                    DUPLICATE_TASK: counters.TASKS_DUPLICATE}
-_FOLDED_KINDS = (TaskIssued, SlotResult, Tick)
+                    DUPLICATE_TASK: counters.TASKS_DUPLICATE, REWARD_DUPLICATE: counters.rewards("duplicate"),
+                    REWARD_LATE: counters.rewards("late")}
+_FOLDED_KINDS = (TaskIssued, SlotResult, SlotRewarded, Tick)
 #: Payloads read and checked at once: bounds the memory of a round of long samples.
 PAYLOAD_READ_CHUNK = 64
 

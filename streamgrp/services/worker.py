@@ -6,8 +6,9 @@ task is acknowledged only after every slot's publish returned, so a worker kille
 its task pending; whoever reclaims it republishes every slot and the assembler counts the repeats
 as duplicates (first result wins). Deciding groups is not the worker's business.
 
-The user function takes a `SlotRequest` and returns a `Sample` (usable), None (rejected), or
-raises (failed, with the exception text). It may be sync (run on a thread pool) or async. A sample
+The user function takes a `SlotRequest` and returns a `Sample` (usable), a `RewardLater` (a sample
+whose reward another process posts later: the slot waits for it), None (rejected), or raises
+(failed, with the exception text). It may be sync (run on a thread pool) or async. A sample
 whose values cannot train (`streamgrp.core.value_checks`: non-finite or positive logprobs, token ids
 below 0 or at or above the run's ``vocab_size``, a loss mask that is not 0/1 or trains nothing) is
 published as a failed slot saying what is wrong (`InvalidSample`), counted as ``invalid``: values are
@@ -37,6 +38,7 @@ from streamgrp.core.events import (
     SlotResult,
     TaskIssued,
 )
+from streamgrp.core.values import RewardLater
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
 from streamgrp.store import scripts
@@ -63,6 +65,11 @@ MAX_ACKS_PER_PUBLISH = 256
 REFUSAL_LOG_EVERY_S = 60.0
 #: ``vocab_size`` not given: the run's record says it.
 RECORDED = "recorded"
+
+
+#: What a slot's rollout ended in, as published: a sample, a sample waiting for its reward, a
+#: rejection (None) or a failure.
+SlotOutcome = Sample | RewardLater | BaseException | None
 
 
 class InvalidSample(ValueError):
@@ -187,24 +194,25 @@ class WorkerClient:
             tasks.append(Task(entry_id, event, part.index))
         return tasks
 
-    def publish(self, task_id: str, slot: int, result: Sample | BaseException | None) -> str:
+    def publish(self, task_id: str, slot: int, result: SlotOutcome) -> str:
         """Publish one slot result; when this returns, the result is in the server (SPEC section 5)."""
         return self.publish_many([(task_id, slot, result)])[0]
 
-    def check(self, result: Sample | BaseException | None) -> Sample | BaseException | None:
+    def check(self, result: SlotOutcome) -> SlotOutcome:
         """``result`` as it is published: a sample whose values cannot train becomes an `InvalidSample`."""
-        if not isinstance(result, Sample):
+        sample = result.sample if isinstance(result, RewardLater) else result
+        if not isinstance(sample, Sample):
             return result
-        problem = result.value_problem(self.vocab_size)
+        problem = sample.value_problem(self.vocab_size)
         if problem is None:
             return result
         self._refusals.add(problem)
         return InvalidSample(problem)
 
-    def publish_many(self, results: Sequence[tuple[str, int, Sample | BaseException | None]], *,
+    def publish_many(self, results: Sequence[tuple[str, int, SlotOutcome]], *,
                      done: Sequence[Task] = (), checked: bool = False) -> list[str]:
-        """Publish slot results (``(task_id, slot, result)``: a `Sample`, None for a rejection, an exception
-        for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot entry ids.
+        """Publish slot results (``(task_id, slot, result)``: a `Sample`, a `RewardLater`, None for a
+        rejection, an exception for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot entry ids.
         Each result is `check`ed first, unless ``checked`` says the caller did.
 
         When this returns, every result is in the server. A sample's tensors go to the payloads stream
@@ -239,15 +247,18 @@ class WorkerClient:
         replicate(self.client)
         return ids
 
-    def _encode(self, task_id: str, slot: int, result: Sample | BaseException | None, *,
+    def _encode(self, task_id: str, slot: int, result: SlotOutcome, *,
                 checked: bool) -> tuple[bytes, bytes, bytes]:
         """(slot header, payload header, payload blob) for one result; the payload is empty without a sample."""
         with self._seq_lock:
             seq = next(self._seq)
         if not checked:
             result = self.check(result)
-        if isinstance(result, Sample):
-            slot_header, payload_header, blob = codec.encode_sample(task_id, slot, result, producer=self.name, seq=seq)
+        later = isinstance(result, RewardLater)
+        if later or isinstance(result, Sample):
+            sample = result.sample if later else result
+            slot_header, payload_header, blob = codec.encode_sample(task_id, slot, sample, producer=self.name, seq=seq,
+                                                                    reward_pending=later)
             size = entry_size({codec.HEADER: payload_header, codec.BLOB: blob})
             if size <= self.max_entry_bytes:
                 return slot_header, payload_header, blob
@@ -261,7 +272,7 @@ class WorkerClient:
         elif result is None:
             event = SlotResult(task_id=task_id, slot=slot, outcome="rejected", producer=self.name, seq=seq)
         else:
-            raise TypeError(f"a rollout returns a streamgrp.Sample or None, not {type(result).__name__}")
+            raise TypeError(f"a rollout returns a streamgrp.Sample, a RewardLater or None, not {type(result).__name__}")
         return codec.encode(event)[codec.HEADER], b"", b""
 
     def done(self, *tasks: Task) -> None:
@@ -393,19 +404,21 @@ class WorkerProcess:
     def _count(self, result: Any, version: int) -> None:
         if self.metrics is not None:
             outcome = "invalid" if isinstance(result, InvalidSample) else \
-                "failed" if isinstance(result, BaseException) else "rejected" if result is None else "sample"
+                "failed" if isinstance(result, BaseException) else "rejected" if result is None else \
+                "reward_pending" if isinstance(result, RewardLater) else "sample"
             self.metrics.slots.labels(outcome).inc()
             self.metrics.policy_version.set(version)
 
-    def _run_slot(self, request: SlotRequest) -> Sample | BaseException | None:
+    def _run_slot(self, request: SlotRequest) -> SlotOutcome:
         """The slot's result, never an exception raised: the user's failure becomes a failed slot."""
         try:
             if self._is_async:
                 result = asyncio.run_coroutine_threadsafe(self.rollout(request), self._loop).result()
             else:
                 result = self.rollout(request)
-            if result is not None and not isinstance(result, Sample):
-                result = TypeError(f"rollout returned {type(result).__name__}; return a streamgrp.Sample or None")
+            if result is not None and not isinstance(result, (Sample, RewardLater)):
+                result = TypeError(f"rollout returned {type(result).__name__}; return a streamgrp.Sample, a "
+                                   "RewardLater or None")
         except Exception as exc:
             result = exc
         return self.worker.check(result)

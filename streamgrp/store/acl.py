@@ -38,7 +38,7 @@ __all__ = ["ROLES", "RoleAccess", "access", "password_hash", "render", "render_r
 #: server clock. Only commands Redis 7.0 knows: a rule naming an unknown one stops the ACL file loading.
 COMMON_COMMANDS = ("ping", "info", "time", "fcall", "fcall_ro")
 
-ROLES = ("worker", "assembler", "batcher", "trainer", "archiver", "inspector")
+ROLES = ("worker", "assembler", "batcher", "trainer", "archiver", "inspector", "rewarder")
 
 _LEASE = ("get", "set", "pexpire", "del")
 _RUN_LOOKUP = ("xrange", "zrange", "zrevrange")
@@ -173,8 +173,17 @@ def _inspector(k: RunKeys) -> RoleAccess:
                   "hget", "hmget", "hgetall", "hlen", "hvals", "hexists"))
 
 
+def _rewarder(k: RunKeys) -> RoleAccess:
+    return RoleAccess(
+        "rewarder", "takes the slot results that wait for their reward (its consumer group on the group log), reads "
+        "their payloads, posts their rewards",
+        read=(k.payloads, k.control, k.version, RUNS),
+        write=(k.slots,),
+        commands=(*_RUN_LOOKUP, "xrevrange", "xreadgroup", "xack", "xautoclaim", "xclaim", "xgroup|create", "xadd"))
+
+
 _BUILDERS = {"worker": _worker, "assembler": _assembler, "batcher": _batcher, "trainer": _trainer,
-             "archiver": _archiver, "inspector": _inspector}
+             "archiver": _archiver, "inspector": _inspector, "rewarder": _rewarder}
 
 
 def _others(keys: RunKeys, written: Iterable[str]) -> tuple[str, ...]:

@@ -74,7 +74,7 @@ def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: Entry
     # Without digests each entry is read as it arrives, while the rest of the shard is on its way.
     for at, entry in _digest_checked(shard.groups, arriving, where, fetch) if check_digests else arriving:
         group, member = placed[at]
-        samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}")
+        samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}", member.rewards)
     task_ids = [group.task_id for group in shard.groups]
     sizes = [group.rows for group in shard.groups]
     return Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
@@ -152,16 +152,24 @@ def _group_matches(group: ShardGroup, members: list[Mapping[bytes, bytes]], fetc
         all(codec.entry_digest(f, like=digest) == digest for f, digest in zip(members, digests))
 
 
-def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str) -> SampleRows:
-    """The sample in a payload entry (or a schema-1 slot entry), checked against its task and slot."""
+def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str,
+          rewards: tuple[float, ...] | None = None) -> SampleRows:
+    """The sample in a payload entry (or a schema-1 slot entry), checked against its task and slot;
+    ``rewards``: the values a `SlotRewarded` brought after the result, replacing the payload's."""
     try:
         try:
             header = orjson.loads(fields.get(codec.HEADER) or b"")
         except orjson.JSONDecodeError as exc:
             raise PayloadError(f"header is not JSON: {exc}") from None
         if isinstance(header, dict) and header.get("kind") == "slot_result" and header.get("schema_version") == 1:
-            return _legacy_rows(fields, task_id, slot)
-        return _payload_rows(header, fields, task_id, slot)
+            rows = _legacy_rows(fields, task_id, slot)
+        else:
+            rows = _payload_rows(header, fields, task_id, slot)
+        if rewards is None:
+            return rows
+        if len(rewards) != len(rows.row_lengths):
+            raise PayloadError(f"the manifest gives {len(rewards)} rewards for a sample of {len(rows.row_lengths)} rows")
+        return SampleRows(rows.data, rows.row_lengths, tuple(rewards), rows.version)
     except (PayloadError, DecodeError) as exc:
         raise DigestMismatch(f"{where} does not hold the sample payload the manifest names ({exc}); the entry "
                              "was altered or is not streamgrp's") from None

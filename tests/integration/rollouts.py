@@ -58,3 +58,30 @@ def credential_free_toy(request):
     if seen:
         raise RuntimeError(f"the rollout sees credentials: {', '.join(seen)}")
     return rollout(request)
+
+
+# -- rewards that come later (tests/integration/test_rewarder.py) ---------------------------------------
+
+def synthetic_reward_later(request):
+    """The synthetic rollout, its reward left to a rewarder: the same sample with a placeholder reward."""
+    from streamgrp import RewardLater, Sample
+
+    result = synthetic_rollout(request)
+    if result is None:
+        return None
+    placeholder = Sample(token_ids=result.token_ids, loss_mask=result.loss_mask, logprobs=result.logprobs,
+                         row_lengths=result.row_lengths, rewards=(0.0,) * result.rows, version=result.version,
+                         meta=result.meta)
+    return RewardLater(placeholder)
+
+
+def slow_synthetic_score(request):
+    """What the synthetic rollout would have rewarded inline, after 0.2 to 2 s of "scoring" (a sandbox, a
+    reward model): the same value, from the same (seed, task, slot)."""
+    import random
+
+    from streamgrp.services.worker import SlotRequest
+
+    time.sleep(random.uniform(0.2, 2.0))
+    again = synthetic_rollout(SlotRequest(request.task_id, request.slot, 4, request.prompt, request.sample.version))
+    return list(again.rewards)

@@ -94,5 +94,5 @@ def test_time_never_runs_backwards():
 
 
 def test_fold_rejects_other_events():
-    with pytest.raises(TypeError, match="TaskIssued, SlotResult or Tick"):
+    with pytest.raises(TypeError, match="TaskIssued, SlotResult, SlotRewarded or Tick"):
         fold(FoldState(POLICY), "nope")  # type: ignore[arg-type]

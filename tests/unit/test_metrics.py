@@ -21,6 +21,8 @@ ONLY = {
     "trainer": {"streamgrp_steps_total", "streamgrp_step_failures_total", "streamgrp_batch_wait_seconds",
                 "streamgrp_policy_version", "streamgrp_steps_retrained_total"},
     "weight-sync": set(),
+    "rewarder": {"streamgrp_rewards_total", "streamgrp_reward_latency_seconds", "streamgrp_rewards_in_flight",
+                 "streamgrp_reward_failures_total"},
 }
 EVERY = set().union(*ONLY.values())
 
