@@ -144,8 +144,9 @@ class SlotResult(_Event):
 
 class SlotRewarded(_Event):
     """The reward of a slot whose result was published with ``reward_pending``: one value per row of
-    its sample, or one for all its rows (``rewards``), a rejection (``reason``: the scorer refused the sample; the slot becomes
-    ``rejected``) or a failure (``error``: scoring raised for good; the slot becomes ``failed``).
+    its sample, or one for all its rows (``rewards``), a rejection (``reason``: the scorer refused the
+    sample; the slot becomes ``rejected``) or a failure (``error``: scoring raised for good; the slot
+    becomes ``failed``).
     ``scorer`` names who scored it. Written to the group log after the result; the first reward of a
     slot wins, a second is counted as a duplicate, one for a slot that is not waiting (an unknown
     task, a decided group, a slot whose result carried its reward) as late."""
@@ -400,7 +401,7 @@ class WeightsServed(_Event):
     at: Float = 0.0
 
 
-_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload, Tick, GroupDecided, RunTerminated, StepManifest,
-                 GroupDiscarded, StepCommitted, StepFailed, VersionAdvanced, RunFinished, WeightsServed, TrainingResumed,
-                 CheckpointSaved)
+_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload, Tick, GroupDecided, RunTerminated,
+                 StepManifest, GroupDiscarded, StepCommitted, StepFailed, VersionAdvanced, RunFinished, WeightsServed,
+                 TrainingResumed, CheckpointSaved)
 EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

@@ -175,7 +175,8 @@ def _on_reward(state: FoldState, event: SlotRewarded, entry_id: str) -> list[Out
     task_id, slot = event.task_id, event.slot
     group = state.open.get(task_id)
     if group is None:
-        why = "the group was already decided" if task_id in state.decided else "no task with this id is open in this run"
+        why = ("the group was already decided" if task_id in state.decided
+               else "no task with this id is open in this run")
         return [Ignored(entry_id, REWARD_LATE, task_id, slot, why)]
     waiting = group.pending.get(slot)
     if waiting is None:
@@ -201,6 +202,20 @@ def _on_reward(state: FoldState, event: SlotRewarded, entry_id: str) -> list[Out
     if len(group.results) == state.policy.n_samples:
         return [_close(state, group, "all_slots", None)]
     return []
+
+
+def written_tick(event: Tick, entry_id: str) -> Tick:
+    """``event`` with its time no later than its entry id says it was written (the server's clock, in ms).
+
+    Anyone who may write the group log could add a tick with a time in the future, which would close
+    every open group at once as timed out; the drivers that fold a stored log (the assembler, verify)
+    fold each tick through this. The assembler's own ticks say the server's time when they are
+    written, so it changes none of them. An id that is not a stream id leaves the tick as it is."""
+    ms, sep, _ = entry_id.partition("-")
+    if not (sep and ms.isdigit()):
+        return event
+    written = int(ms) / 1000.0 + 0.001  # the id's millisecond holds the whole of it
+    return event if event.now <= written else Tick(now=written, producer=event.producer, seq=event.seq)
 
 
 def _on_tick(state: FoldState, now: float) -> list[Output]:

@@ -227,7 +227,10 @@ def export_run(client: redis.Redis | None, keys: RunKeys, out_dir: str | os.Path
                     sample = event.sample
                     ref = decision_ref(partition, entry_id)
                     row = (run, ref, event.task_id, event.slot, event.outcome, event.error,
-                           *((sample.rows, sample.tokens, sample.version, sample.reward, sample.digest)
+                           # A result whose reward came later carries a placeholder: its reward is the
+                           # decision's (the decisions table), not this row's.
+                           *((sample.rows, sample.tokens, sample.version,
+                              None if event.reward_pending else sample.reward, sample.digest)
                              if sample is not None else (None,) * 5),
                            event.producer, event.seq, issued.get(event.task_id), entry_time(entry_id), ref in members)
                     pending.append((row, entry_id if sample is not None else None))

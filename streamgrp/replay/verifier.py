@@ -60,7 +60,7 @@ from streamgrp.core.events import (
     TaskIssued,
     Tick,
 )
-from streamgrp.core.group_fold import Closed, run_fold
+from streamgrp.core.group_fold import Closed, run_fold, written_tick
 from streamgrp.core.manifest import (
     decision_ref,
     make_manifest,
@@ -261,6 +261,8 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream
                 continue  # the assembler dead-lettered it; it was never folded
             if isinstance(event, SlotResult) and entry_id in refusals:
                 event = refused(event, refusals[entry_id])  # as the assembler folded it
+            if isinstance(event, Tick):
+                event = written_tick(event, entry_id)  # as the assembler folded it
             if isinstance(event, (TaskIssued, SlotResult, SlotRewarded, Tick)):
                 report.entries_folded += 1
                 yield entry_id, event

@@ -65,6 +65,7 @@ from streamgrp.core.group_fold import (
     FoldState,
     fold,
     next_deadline,
+    written_tick,
 )
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
@@ -211,6 +212,8 @@ class Assembler:
         self._round_now = read_at
         for entry_id, fields, event in decoded:
             # A sample's digest arrives in its summary, computed once by the publisher.
+            if isinstance(event, Tick):  # a tick is never later than the server wrote it
+                event = written_tick(event, entry_id)
             self.state, outputs = fold(self.state, event, entry_id)
             if isinstance(event, Tick):
                 acks.setdefault("ticks", []).append(entry_id)

@@ -205,8 +205,8 @@ class RewardClient:
         return entry_id_str(written) if written else None
 
 
-def post_reward(client: redis.Redis, keys: RunKeys, *, task_id: str, slot: int, reward: float | Sequence[float] | None = None,
-                reason: str | None = None, error: str | None = None, scorer: str = "",
+def post_reward(client: redis.Redis, keys: RunKeys, *, task_id: str, slot: int,
+                reward: float | Sequence[float] | None = None, reason: str | None = None, error: str | None = None, scorer: str = "",
                 partitions: Sequence[PartitionKeys] | None = None) -> str:
     """Post a reward for slot ``slot`` of ``task_id`` from anywhere (a late score: a human, an external
     app, a reward-model job): ``reward`` (one number for every row, or one per row), a rejection

@@ -52,7 +52,7 @@ def _rewarder(url: str, run_name: str, tmp_path: Path, label: str) -> RoleProces
     return process
 
 
-def _finish(client, run_name: str, processes: list, trainer: TrainerRank, timeout: float = 120) -> None:
+def _finish(client, run_name: str, processes: list, trainer: TrainerRank, timeout: float = 240) -> None:
     def finished():
         for process in processes:
             assert process.proc.poll() in (None, 0), f"{process.role} failed:\n{process.output()[-3000:]}"
@@ -122,7 +122,7 @@ def test_a_separate_rewarder_killed_mid_run_gives_the_inline_runs_decisions_and_
         group = groups.get(REWARDERS_GROUP.encode()) or groups.get(REWARDERS_GROUP)
         return group is not None and group["pending"] >= 4 and len(events(client, run.keys.slots, SlotRewarded)) >= 4
 
-    wait_until(rewarder_holds_results, timeout=60, message="the first rewarder to post rewards and hold more")
+    wait_until(rewarder_holds_results, timeout=120, message="the first rewarder to post rewards and hold more")
     first.kill()
     held = client.xinfo_groups(run.keys.slots)
     assert any(g["pending"] for g in held), "the killed rewarder held no result: the kill proves nothing"

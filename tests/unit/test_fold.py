@@ -96,3 +96,17 @@ def test_time_never_runs_backwards():
 def test_fold_rejects_other_events():
     with pytest.raises(TypeError, match="TaskIssued, SlotResult, SlotRewarded or Tick"):
         fold(FoldState(POLICY), "nope")  # type: ignore[arg-type]
+
+
+def test_a_tick_is_never_later_than_its_entry_was_written():
+    """A tick entry written by anyone who may write the group log, with a time in the future, would close
+    every open group as timed out; folded as the drivers fold stored ticks, it says its entry's time."""
+    from streamgrp.core.group_fold import written_tick
+
+    forged = Tick(now=4_000_000_000.0, producer="worker-x", seq=1)
+    assert written_tick(forged, "1700000000123-0").now == pytest.approx(1_700_000_000.124)
+    genuine = Tick(now=1_700_000_000.1225)
+    assert written_tick(genuine, "1700000000123-0") is genuine
+    state, _ = run_fold(POLICY, [("1700000000000-0", issued(at=1_700_000_000.0))], group_timeout_s=30.0)
+    _, outputs = fold(state, written_tick(forged, "1700000000500-0"), "1700000000500-0")
+    assert outputs == []  # the group stays open: nothing timed out
