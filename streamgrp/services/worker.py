@@ -456,8 +456,13 @@ class _RefusalLog:
 
 
 def _wait_any(in_flight, timeout: float | None = None) -> None:
+    """Wait until a slot finishes, unless one already has and is not published yet: results that finished
+    while the last publish was on the wire go out in the next round, never behind a slow rollout."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
+    if any(future.done() and index not in item.published
+           for item in in_flight for index, future in enumerate(item.futures)):
+        return
     pending = [f for item in in_flight for f in item.futures if not f.done()]
     if pending:
         wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
