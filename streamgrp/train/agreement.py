@@ -66,6 +66,8 @@ class GroupVote:
     def __init__(self, reduce_max: ReduceMax, rank: int) -> None:
         self.reduce_max = reduce_max
         self.rank = rank
+        #: Whether the last `step` vote had a rank that cannot train the step.
+        self.peer_failed = False
 
     def plan(self, *, token: int, first: int, explicit: bool) -> tuple[int, int]:
         """The group's token and first step. Ranks given their first step (``explicit``: ``resume_after``)
@@ -77,11 +79,13 @@ class GroupVote:
                                     "give every rank the same resume_after (the step its weights hold)")
         return group_token, lowest
 
-    def step(self, *, leaving: bool, attempt: int, step: int, digest: int) -> bool:
+    def step(self, *, leaving: bool, attempt: int, step: int, digest: int, failed: bool = False) -> bool:
         """Whether any rank is leaving at ``step``; raises `TrainerGroupError` on every rank when they
-        differ in attempt, step or (when none is leaving) manifest."""
-        reduced = self._reduce([int(leaving), attempt, -attempt, step, -step, digest, -digest])
+        differ in attempt, step or (when none is leaving) manifest. ``failed``: this rank leaves because it
+        cannot train the step (its shard cannot be loaded); `peer_failed` then tells every rank."""
+        reduced = self._reduce([2 if failed else int(leaving), attempt, -attempt, step, -step, digest, -digest])
         any_leaving = bool(reduced[0])
+        self.peer_failed = reduced[0] >= 2
         differs = []
         if reduced[1] != -reduced[2]:
             differs.append(f"attempts {-reduced[2]} to {reduced[1]}")

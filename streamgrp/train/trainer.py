@@ -62,6 +62,7 @@ from streamgrp.core.events import (
 from streamgrp.errors import (
     ConfigError,
     DecodeError,
+    DigestMismatch,
     RunFailed,
     TrainerGroupError,
 )
@@ -212,10 +213,19 @@ class TrainerClient:
                 self._finished = event
 
     def load(self, manifest: StepManifest, rank: int, world_size: int) -> Batch:
-        batch = build_batch(manifest, rank, world_size,
-                            lambda stream, ids: stream_entries(self.client, self.run_.stream_key(stream), list(ids),
-                                                               retry=partial(ride, self.client)),
-                            run=self.keys.run, client=self, check_digests=self.check_digests)
+        """Rank ``rank``'s batch of ``manifest``; `RunFailed` when a sample it names is gone or altered (every
+        rank that reads it fails the same way, and a restart would meet it again: it needs a person)."""
+        try:
+            batch = build_batch(manifest, rank, world_size,
+                                lambda stream, ids: stream_entries(self.client, self.run_.stream_key(stream), list(ids),
+                                                                   retry=partial(ride, self.client)),
+                                run=self.keys.run, client=self, check_digests=self.check_digests,
+                                missing_hint="a step is never trimmed before every rank committed it, so it was deleted")
+        except DigestMismatch as exc:
+            raise RunFailed(f"run {self.keys.run}: step {manifest.step} cannot be trained as it was recorded: {exc}. "
+                            "Only streamgrp's functions should write or delete entries: check who else may; "
+                            "`streamgrp verify` lists what is missing; an archive (`streamgrp archiver`) holds a copy "
+                            "to restore") from None
         attempt = self.attempt if self.attempt is not None else attempts.current(self.client, self.keys)
         batch.attempt = attempt.number
         batch.next_version = attempt.version_after(manifest.step)
@@ -303,15 +313,28 @@ class BatchStream:
         with ThreadPoolExecutor(1, thread_name_prefix="streamgrp-prefetch") as pool:
             while True:
                 manifest, ended = self._next_manifest(step, ahead[0] if ahead else None)
-                if vote is not None and vote.step(leaving=manifest is None, attempt=attempt, step=step,
-                                                  digest=manifest_digest(manifest)):
+                # Loaded before the vote, so a rank that cannot load its shard (a sample gone or altered)
+                # leaves with every rank of the group instead of leaving them in the step's collectives.
+                loaded = None
+                if manifest is not None and ended is None:
+                    try:
+                        loaded = ahead[1].result() if ahead else self._timed_load(manifest)
+                    except RunFailed as failed:
+                        ended = failed
+                ahead = None
+                if vote is not None and vote.step(leaving=manifest is None or ended is not None, attempt=attempt,
+                                                  step=step, digest=manifest_digest(manifest),
+                                                  failed=loaded is None and manifest is not None):
                     manifest = None  # a rank is leaving at this step: so does every rank
+                    if ended is None and vote.peer_failed:
+                        ended = RunFailed(f"run {trainer.keys.run}: another rank of the trainer group cannot train "
+                                          f"step {step} (its shard cannot be loaded; its log says why); no rank "
+                                          "trains it. `streamgrp verify` lists what is missing")
                 if ended is not None:
                     raise ended
                 if manifest is None:
                     return
-                batch, load_s = ahead[1].result() if ahead else self._timed_load(manifest)
-                ahead = None
+                batch, load_s = loaded
                 # A loop body that returns at once (a rank with nothing else to do) would only wait for
                 # the thread: the handoffs of its reads cost CPU and gain nothing, so it loads in line.
                 hides = body_s is None or body_s >= PREFETCH_BODY_SHARE * load_s

@@ -26,3 +26,54 @@ def test_a_damaged_manifest_fails_the_rank_there_with_a_message_and_verify_names
     assert int(client.hget(run.keys.committed, "0")) == 0  # step 0 committed; nothing of step 1
     kinds = [(d.kind, d.subject) for d in verify(client, run.keys).differences]
     assert ("step_undecodable", f"steps entry {step_entry_id(1)}") in kinds
+
+
+def test_a_step_whose_sample_was_deleted_fails_every_rank_with_one_message(client, make_run):
+    """A payload deleted under a written step (a credential that may XDEL payloads): the rank whose shard
+    holds it cannot load the step, and both ranks of the group leave there with a RunFailed that says
+    why, instead of one dying with a DigestMismatch and the other waiting in the step's collectives."""
+    import threading
+
+    from streamgrp.core import codec
+
+    run = make_run(n_samples=3, dp_size=2, batch_size=2)
+    make_steps(client, run, groups=4, steps=2)
+    manifest = codec.decode(client.xrange(run.keys.steps, step_entry_id(1), step_entry_id(1))[0][1])
+    victim = manifest.shards[1].groups[0].members[0].entry
+    client.xdel(run.keys.payloads, victim)
+
+    barrier = threading.Barrier(2)
+    votes: list[list[int]] = [[], []]
+
+    def reduce_max(rank):
+        def reduce(values):  # an element-wise maximum over the two threads' ranks
+            votes[rank] = list(values)
+            barrier.wait(timeout=30)
+            out = [max(a, b) for a, b in zip(*votes)]
+            barrier.wait(timeout=30)
+            return out
+        return reduce
+
+    outcomes: dict[int, object] = {}
+
+    def rank(r):
+        trained = []
+        try:
+            with TrainerClient(client, run, poll_s=0.1).batches(rank=r, world_size=2, agree=reduce_max(r)) as batches:
+                for batch in batches:
+                    trained.append(batch.step)
+            outcomes[r] = trained
+        except RunFailed as exc:
+            outcomes[r] = (trained, str(exc))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert outcomes[1][0] == [0] and "step 1 cannot be trained as it was recorded" in outcomes[1][1]
+    assert victim in outcomes[1][1]
+    assert outcomes[0][0] == [0] and "another rank of the trainer group cannot train step 1" in outcomes[0][1]
+    kinds = [(d.kind, d.field) for d in verify(client, run.keys).differences]
+    assert ("payload_missing", f"payload {victim}") in kinds
