@@ -60,7 +60,7 @@ def test_wrong_return_type_becomes_a_failed_slot(client, make_run, issuer):
     WorkerProcess(WorkerClient(client, run.keys), lambda request: {"tokens": [1]}, WorkerConfig(burst=True),
                   n_samples=1).run()
     [result] = slot_results(client, run)
-    assert result.outcome == "failed" and "return a streamgrp.Sample or None" in result.error
+    assert result.outcome == "failed" and "return a streamgrp.Sample, a RewardLater or None" in result.error
 
 
 def test_a_dead_workers_task_is_reclaimed_after_the_idle_timeout(client, make_run, issuer):
