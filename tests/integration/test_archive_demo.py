@@ -13,7 +13,7 @@ import time
 import orjson
 import pytest
 import redis
-from processes import RoleProcess
+from processes import RoleProcess, wait_until
 
 from streamgrp.core import codec
 from streamgrp.replay import replay_step, verify
@@ -55,6 +55,9 @@ def test_a_sigkilled_archiver_resumes_and_archives_every_entry_exactly_once(clie
                 progress = client.hgetall(keys.archive)
         assert run.wait(timeout=150) == 0, (tmp_path / "demo.log").read_text()[-3000:]
     assert kills >= 3
+    # Stopped once it is up: a SIGTERM while a loaded machine still imports it would kill it before its handler
+    wait_until(lambda: archiver.output().count("writing to") == archiver.starts, timeout=60,
+               message="the last archiver to start")
     assert archiver.stop() == 0, archiver.output()[-3000:]
     assert "sealed 1 segment(s) a previous archiver left open" in archiver.output()
 
