@@ -37,7 +37,6 @@ import signal
 import sys
 import time
 
-import orjson
 import redis
 import torch
 
@@ -97,8 +96,7 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
                     publish(client, run.keys, batch.next_version, policy.state_dict())
                     if config.weights_dir is not None:  # for inference servers (streamgrp weight-sync)
                         save_version(config.weights_dir, batch.next_version, policy.state_dict())
-                    step_metrics.update(wait_s=round(wait_s, 4), step=batch.step)
-                    client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(step_metrics))
+                    batch.record_metrics(step_metrics, wait_s=round(wait_s, 4))
                 if crash_at == ("train", batch.step) and not batch.retrained:
                     _crash(f"after training step {batch.step}, before committing it")
                 batch.commit()

@@ -32,7 +32,6 @@ import os
 import time
 from pathlib import Path
 
-import orjson
 import redis
 import torch
 
@@ -123,8 +122,8 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
                 step_metrics = _step(model, optimizer, batch, spec)
                 if template is not None:
                     step_metrics["export_seconds"] = _publish(template, config, batch.next_version, model)
-            step_metrics.update(step=batch.step, seconds=round(time.monotonic() - started, 3))
-            client.hset(run.keys.trainer_metrics, batch.step, orjson.dumps(step_metrics))
+            step_metrics["seconds"] = round(time.monotonic() - started, 3)
+            batch.record_metrics(step_metrics)
             batch.commit()
             steps += 1
             if metrics is not None:

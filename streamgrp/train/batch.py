@@ -6,6 +6,7 @@ has no owner and refuses to (`ReadOnlyBatch`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,6 +21,8 @@ class BatchOwner(Protocol):
     def _commit(self, batch: Batch) -> None: ...
 
     def _fail(self, batch: Batch, exc: BaseException | str) -> None: ...
+
+    def _record_metrics(self, batch: Batch, values: Mapping[str, float | int | bool | str]) -> None: ...
 
 
 @dataclass
@@ -72,6 +75,16 @@ class Batch:
         if not self.settled:
             self._client._fail(self, exc)
             self.settled = True
+
+    def record_metrics(self, values: Mapping[str, float | int | bool | str] | None = None, /,
+                       **more: float | int | bool | str) -> None:
+        """Record this step's figures (loss, logprob mismatch, anything) for the report, ``streamgrp export``
+        and the summary: ``batch.record_metrics(loss=0.31, logprob_abs_diff_mean=0.012)``. The report charts
+        ``loss`` and ``logprob_abs_diff_mean``; every key is kept. One record per step: call it on one rank
+        (rank 0), or the last rank's record stands. Values are finite numbers, booleans or short text;
+        anything else raises ValueError, before anything is written."""
+        self._check_live("record metrics of")
+        self._client._record_metrics(self, {**(values or {}), **more})
 
     def _check_live(self, action: str) -> None:
         if self._client is None:

@@ -42,11 +42,12 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
+import orjson
 import redis
 
 from streamgrp.core import codec
@@ -78,6 +79,7 @@ from streamgrp.train.agreement import GroupVote, manifest_digest, resolve_reduce
 from streamgrp.train.attempt import Attempt
 from streamgrp.train.batch import Batch
 from streamgrp.train.loader import build_batch
+from streamgrp.train.step_metrics import checked_metrics
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +280,10 @@ class TrainerClient:
         """The newest recorded checkpoint, or None."""
         header = self.client.hget(self.keys.checkpoint, "h")
         return codec.decode({codec.HEADER: header}) if header is not None else None
+
+    def _record_metrics(self, batch: Batch, values: Mapping[str, Any]) -> None:
+        record = {**checked_metrics(values), "step": batch.step}
+        self.client.hset(self.keys.trainer_metrics, str(batch.step), orjson.dumps(record))
 
     def _fail(self, batch: Batch, exc: BaseException | str) -> None:
         if isinstance(exc, BaseException):

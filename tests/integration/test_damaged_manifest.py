@@ -77,3 +77,27 @@ def test_a_step_whose_sample_was_deleted_fails_every_rank_with_one_message(clien
     assert outcomes[0][0] == [0] and "another rank of the trainer group cannot train step 1" in outcomes[0][1]
     kinds = [(d.kind, d.field) for d in verify(client, run.keys).differences]
     assert ("payload_missing", f"payload {victim}") in kinds
+
+
+def test_a_trainer_records_its_step_figures_for_the_report_and_a_replay_cannot(client, make_run):
+    import orjson
+
+    from streamgrp.errors import ReadOnlyBatch
+    from streamgrp.replay.report_series import trainer_metrics
+    from streamgrp.replay.steps import replay_step
+
+    run = make_run(n_samples=3, dp_size=1, batch_size=2)
+    make_steps(client, run, groups=4, steps=2)
+    with TrainerClient(client, run, poll_s=0.1).batches(rank=0, world_size=1) as batches:
+        for batch in batches:
+            with pytest.raises(ValueError, match="'loss' is nan"):
+                batch.record_metrics(loss=float("nan"))
+            batch.record_metrics({"loss": 1.0 / (batch.step + 1)}, logprob_abs_diff_mean=0.01, note="ok")
+            if batch.step == 1:
+                break
+    recorded = trainer_metrics(client.hgetall(run.keys.trainer_metrics))
+    assert recorded == {0: {"loss": 1.0, "logprob_abs_diff_mean": 0.01, "note": "ok", "step": 0},
+                        1: {"loss": 0.5, "logprob_abs_diff_mean": 0.01, "note": "ok", "step": 1}}
+    assert orjson.loads(client.hget(run.keys.trainer_metrics, "1"))["loss"] == 0.5
+    with pytest.raises(ReadOnlyBatch, match="cannot record metrics of step 0"):
+        replay_step(client, run.keys, 0, 0).record_metrics(loss=2.0)
