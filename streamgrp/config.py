@@ -28,6 +28,7 @@ from pydantic import (
     SecretStr,
     SerializerFunctionWrapHandler,
     ValidationError,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -82,6 +83,9 @@ class ConnectionConfig(_Settings):
     run: str | None = Field(None, description="run name; inspection commands default to the latest run")
     outage_budget_s: float = Field(300.0, gt=0, description="ride out a server outage (down, paused, restarting, "
                                    "loading, full) for this long before giving up")
+    command_budget_s: float = Field(10.0, gt=0, description="one-shot commands (runs, steps, verify, inspect, "
+                                    "replay, report, export, delete, acl) give up on an unreachable server after "
+                                    "this long; services ride outages for --outage-budget-s")
     wait_replicas: int = Field(0, ge=0, description="after each commit wait until this many replicas have it "
                                "(WAITAOF, or WAIT on Redis 7.0); 0: do not wait")
     wait_timeout_ms: int = Field(1000, ge=1, description="how long one replica wait may take before a warning")
@@ -107,6 +111,14 @@ class ConnectionConfig(_Settings):
         if any(tls) and not all(tls):
             raise ValueError("TLS needs all three of --tls-cert-file, --tls-key-file and --tls-ca-cert-file")
         return self
+
+    @field_validator("redis_url")
+    @classmethod
+    def _a_redis_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"{url.split('@')[-1][:120]!r} is not a Redis URL: give redis://HOST:PORT/DB, "
+                             "rediss://HOST:PORT/DB (TLS) or unix:///PATH")
+        return url
 
     def secret(self) -> str | None:
         """The password, from STREAMGRP_PASSWORD or the first line of --password-file; None when neither is set."""

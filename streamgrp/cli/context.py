@@ -42,9 +42,12 @@ def connected(args: argparse.Namespace, *, role: bool = False):
     password = connection.secret()
     with ensure_server(connection.redis_url, connection.data_dir, password=password, maxmemory=connection.maxmemory,
                        cluster=connection.cluster) as handle:
-        client = connect(handle.url, outage_budget_s=connection.outage_budget_s, stop=stop_event() if role else None,
+        # A service rides an outage; a command someone typed says within seconds that the server is not there.
+        budget = connection.outage_budget_s if role else connection.command_budget_s
+        client = connect(handle.url, outage_budget_s=budget, stop=stop_event() if role else None,
                          wait_replicas=connection.wait_replicas, wait_timeout_ms=connection.wait_timeout_ms,
-                         password=password, tls=connection.tls(), cluster=connection.cluster)
+                         password=password, tls=connection.tls(), cluster=connection.cluster,
+                         budget_flag="--outage-budget-s" if role else "--command-budget-s")
         try:
             yield client, connection, handle
         finally:

@@ -130,6 +130,8 @@ class Outage:
     cap_s: float = 2.0
     stop: threading.Event | None = None
     name: str = "the server"
+    #: The setting that raises ``budget_s``, named in the messages.
+    budget_flag: str = "--outage-budget-s"
     #: Outages seen so far; roles compare it between rounds to know they must resynchronise.
     count: int = 0
     _down_since: float | None = field(default=None, repr=False)
@@ -168,15 +170,15 @@ class Outage:
             if self._down_since is None:
                 self._down_since = now
                 self.count += 1
-                log.warning("%s is unavailable (%s: %s); retrying with backoff for up to %gs (--outage-budget-s)",
-                            self.name, type(exc).__name__, _short(exc), self.budget_s)
+                log.warning("%s is unavailable (%s: %s); retrying with backoff for up to %gs (%s)",
+                            self.name, type(exc).__name__, _short(exc), self.budget_s, self.budget_flag)
             self._last_error = f"{type(exc).__name__}: {_short(exc)}"
             down_for = now - self._down_since
         if down_for >= self.budget_s:
             raise OutageBudgetExceeded(
                 f"{self.name} has been unavailable for {down_for:.0f}s, over the outage budget of {self.budget_s:g}s "
                 f"(last error {self._last_error}); check that the server runs and is reachable "
-                "(a full server under noeviction needs more maxmemory or retention), or raise --outage-budget-s"
+                f"(a full server under noeviction needs more maxmemory or retention), or raise {self.budget_flag}"
             ) from None
         # Full jitter: processes that lost the server together do not come back in lockstep.
         delay = random.uniform(0, min(self.cap_s, self.base_s * 2 ** min(attempt, 16)))
@@ -397,7 +399,7 @@ def _command_name(args: tuple[Any, ...]) -> bytes:
 def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop: threading.Event | None = None,
             wait_replicas: int = 0, wait_timeout_ms: int = 1000, check_settings: bool = True,
             password: str | None = None, tls: TlsFiles | None = None,
-            cluster: bool = False) -> ServerClient | ClusterClient:
+            cluster: bool = False, budget_flag: str = "--outage-budget-s") -> ServerClient | ClusterClient:
     """A client for ``url`` once the server answers (waiting through an outage at start).
 
     ``cluster`` False: a `ServerClient` of the one server at ``url`` (refused, with the remedy, when
@@ -417,7 +419,8 @@ def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop:
     if check_settings:
         # A cluster client runs its own connection set-up first, then this; a single client only this.
         options["redis_connect_func"] = _eviction_checked(where, set_up=not cluster)
-    outage = Outage(budget_s=outage_budget_s, stop=stop, name=f"the {'cluster' if cluster else 'server'} at {where}")
+    outage = Outage(budget_s=outage_budget_s, stop=stop, name=f"the {'cluster' if cluster else 'server'} at {where}",
+                    budget_flag=budget_flag)
     if cluster:
         client: ServerClient | ClusterClient = outage.call(_join_cluster, url, options, where)
     else:
