@@ -113,7 +113,8 @@ class WorkerClient:
         self.keys = keys
         #: Token ids at or above it are refused (None: only negative ones); by default the run's record's.
         self.vocab_size = _recorded_vocab_size(client, keys) if vocab_size == RECORDED else vocab_size
-        self._refusals = _RefusalLog()
+        self._refusals = _RateLimitedWarning("%d sample(s) published as failed slots since the last warning: their "
+                                             "values cannot train (the latest: %s)")
         # Not given: the run's record names them (writing to the unpartitioned keys of a partitioned
         # run would publish where no assembler reads).
         self.partitions = tuple(partitions) if partitions else recorded_partitions(client, keys)
@@ -311,6 +312,8 @@ class WorkerProcess:
         self.version = version
         self.metrics = metrics
         self.tasks_done = 0
+        self._raised = _RateLimitedWarning("%d rollout(s) raised since the last warning; their slots are published "
+                                           "as failed with the exception's text (the latest: %s)")
         self._is_async = inspect.iscoroutinefunction(rollout)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -421,6 +424,9 @@ class WorkerProcess:
                                    "RewardLater or None")
         except Exception as exc:
             result = exc
+        if isinstance(result, BaseException):
+            text = "".join(traceback.format_exception_only(type(result), result)).strip()
+            self._raised.add(f"task {request.task_id} slot {request.slot}: {text[:500]}")
         return self.worker.check(result)
 
 
@@ -435,24 +441,25 @@ def _recorded_vocab_size(client: redis.Redis, keys: RunKeys) -> int | None:
         return None
 
 
-class _RefusalLog:
-    """Warns about refused samples at most once per `REFUSAL_LOG_EVERY_S`, with how many there were since
-    (slot threads refuse concurrently; a rollout bug refuses every slot, and must not flood the log)."""
+class _RateLimitedWarning:
+    """Warns at most once per `REFUSAL_LOG_EVERY_S`, with how many there were since (slot threads add
+    concurrently; a rollout bug fails every slot, and must not flood the log). ``message`` takes the
+    count and the latest case's text."""
 
-    def __init__(self) -> None:
+    def __init__(self, message: str) -> None:
+        self.message = message
         self._lock = threading.Lock()
         self._since = 0
         self._warned_at: float | None = None
 
-    def add(self, problem: str) -> None:
+    def add(self, latest: str) -> None:
         with self._lock:
             self._since += 1
             now = time.monotonic()
             if self._warned_at is not None and now - self._warned_at < REFUSAL_LOG_EVERY_S:
                 return
             count, self._since, self._warned_at = self._since, 0, now
-        log.warning("%d sample(s) published as failed slots since the last warning: their values cannot train "
-                    "(the latest: %s)", count, problem)
+        log.warning(self.message, count, latest)
 
 
 def _wait_any(in_flight, timeout: float | None = None) -> None:

@@ -131,3 +131,25 @@ def test_done_acknowledges_several_tasks_in_one_call_and_nothing_when_given_none
     worker.done(*tasks[:2])
     pending = client.xpending_range(run.keys.tasks, WORKERS_GROUP, "-", "+", 10)
     assert [p["message_id"].decode() for p in pending] == [tasks[2].entry_id]
+
+
+def test_a_rollout_that_raises_is_logged_with_its_text_once_a_minute_at_most(client, make_run, issuer, caplog):
+    """48 of 64 slots failing must show in the worker's log, not only in inspect/export: one warning with
+    the count and the latest exception's type and text (a rollout bug fails every slot: no flood)."""
+    import logging
+
+    run = make_run(n_samples=4)
+    issuer(run).issue([{"i": i} for i in range(16)])
+
+    def rollout(request):
+        if request.slot:
+            raise KeyError(f"no field 'answer' in prompt {request.prompt['i']}")
+        return make_sample(tokens=4)
+
+    with caplog.at_level(logging.WARNING, logger="streamgrp.services.worker"):
+        WorkerProcess(WorkerClient(client, run.keys), rollout, WorkerConfig(concurrency=4, burst=True),
+                      n_samples=4).run()
+    warnings = [r.getMessage() for r in caplog.records if "rollout(s) raised" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("1 rollout(s) raised since the last warning") and "KeyError: \"no field 'answer'" \
+        in warnings[0] and " slot " in warnings[0]
