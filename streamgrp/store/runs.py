@@ -21,7 +21,7 @@ import redis
 from streamgrp.config import RunConfig, env_name, flag_name
 from streamgrp.core import codec
 from streamgrp.core.events import RunStarted
-from streamgrp.errors import ConfigError, DecodeError
+from streamgrp.errors import ConfigError, DecodeError, StopRequested
 from streamgrp.store import scripts
 from streamgrp.store.connection import connect, safe_url  # noqa: F401 - connect is documented here
 from streamgrp.store.keys import (
@@ -34,6 +34,9 @@ from streamgrp.store.keys import (
 )
 
 log = logging.getLogger(__name__)
+
+#: How often a process waiting for its run to be created says so (and lists the runs there are).
+WAIT_LOG_EVERY_S = 30.0
 
 def server_time(client: redis.Redis) -> float:
     seconds, micros = client.time()
@@ -133,8 +136,11 @@ def open_run(client: redis.Redis, run: str, config: RunConfig | None = None) -> 
 def await_run(client: redis.Redis, run: str, config: RunConfig | None = None, *, stop: threading.Event,
               wait: bool = True, poll_s: float = 1.0, who: str = "this process") -> Run:
     """`open_run`, waiting (while ``wait``) until the run's batcher has created it; `ConfigError` when it
-    does not exist and ``wait`` is False, or when ``stop`` is set first."""
-    logged = False
+    does not exist and ``wait`` is False; `StopRequested` (a quiet exit) when ``stop`` is set first. While
+    it waits it says so every `WAIT_LOG_EVERY_S`, with the runs the server holds (a typo in the name
+    shows there)."""
+    logged_at: float | None = None
+    started = time.monotonic()
     while True:
         try:
             return open_run(client, run, config)
@@ -144,11 +150,16 @@ def await_run(client: redis.Redis, run: str, config: RunConfig | None = None, *,
             if not _exists_later(client, run):
                 # created between the two reads (or a damaged record): read it again, which raises for damage
                 return open_run(client, run, config)
-        if not logged:
-            log.info("%s waits for run %s to be created by its batcher", who, run)
-            logged = True
+        now = time.monotonic()
+        if logged_at is None or now - logged_at >= WAIT_LOG_EVERY_S:
+            others = [name for name, _ in list_runs(client)]
+            shown = ", ".join(others[-10:]) if others else "none"
+            log.log(logging.INFO if logged_at is None else logging.WARNING,
+                    "%s waits for run %s to be created by its batcher (for %.0fs so far; runs on this server: %s)",
+                    who, run, now - started, shown)
+            logged_at = now
         if stop.is_set() or stop.wait(poll_s):
-            raise ConfigError(f"stopped while waiting for run {run!r} to be created by its batcher")
+            raise StopRequested(f"stopped while waiting for run {run!r} to be created by its batcher")
 
 
 def _exists_later(client: redis.Redis, run: str) -> bool:

@@ -40,3 +40,22 @@ def test_a_url_that_is_not_a_redis_url_is_one_line_naming_the_schemes():
     assert done.stderr.strip().splitlines() == [
         "streamgrp steps: invalid [connection] settings: redis_url: Value error, 'http://127.0.0.1:6379/0' is not a "
         "Redis URL: give redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS) or unix:///PATH"]
+
+
+def test_a_trainer_for_a_run_that_does_not_exist_says_so_lists_the_runs_and_stops_with_0(redis_url, make_run, tmp_path):
+    import signal
+
+    from processes import RoleProcess, wait_until
+
+    existing = make_run(n_samples=2)  # the run that does exist: listed, so a typo in the name shows
+    trainer = RoleProcess("trainer", ["--redis-url", redis_url, "--run", "no-such-run"], tmp_path)
+    trainer.start()
+    try:
+        wait_until(lambda: "waits for run no-such-run to be created by its batcher" in trainer.output(), timeout=60,
+                   message="the trainer to say what it waits for")
+        line = next(line for line in trainer.output().splitlines() if "waits for run no-such-run" in line)
+        assert "runs on this server: " in line and existing.name in line.split("runs on this server: ")[1]
+    finally:
+        trainer.proc.send_signal(signal.SIGTERM)
+        code = trainer.proc.wait(timeout=30)
+    assert code == 0, trainer.output()[-2000:]
