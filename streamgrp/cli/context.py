@@ -40,8 +40,9 @@ def connected(args: argparse.Namespace, *, role: bool = False):
     if warning is not None:
         logging.getLogger(__name__).warning("%s", warning)
     password = connection.secret()
+    # A command that only reads never starts an empty server of its own to report that nothing is there.
     with ensure_server(connection.redis_url, connection.data_dir, password=password, maxmemory=connection.maxmemory,
-                       cluster=connection.cluster) as handle:
+                       cluster=connection.cluster, start_empty=role) as handle:
         # A service rides an outage; a command someone typed says within seconds that the server is not there.
         budget = connection.outage_budget_s if role else connection.command_budget_s
         client = connect(handle.url, outage_budget_s=budget, stop=stop_event() if role else None,

@@ -58,8 +58,13 @@ def ensure_server(
     maxmemory: str = DEFAULT_MAXMEMORY,
     timeout: float = 10.0,
     cluster: bool = False,
+    start_empty: bool = True,
 ) -> ServerHandle:
     """A server to talk to: ``redis_url`` if given, else the one running in ``data_dir``, else a new one.
+
+    ``start_empty`` False (a command that only reads): a server is started only for data ``data_dir``
+    already holds; with none there, `ConfigError` says where it looked and what to pass, instead of an
+    empty new server answering "no run exists yet".
 
     Check-then-start happens under an exclusive flock on ``data_dir/server.lock``, so concurrent
     commands of one run share a single server instead of racing to start two on one AOF.
@@ -74,6 +79,13 @@ def ensure_server(
 
         raise ConfigError("--cluster needs --redis-url of a cluster node (STREAMGRP_REDIS_URL); the embedded server "
                           "is a single server, not a cluster")
+    if not start_empty and not (Path(data_dir) / "appendonlydir").is_dir():
+        from streamgrp.errors import ConfigError
+
+        raise ConfigError(f"no server to read: no --redis-url (STREAMGRP_REDIS_URL) was given and "
+                          f"{Path(data_dir).resolve()} holds no embedded server's data (--data-dir); pass the run's "
+                          "server with --redis-url, or run this where `streamgrp demo` or `streamgrp server` keeps "
+                          "its data")
     directory = private_dir(Path(data_dir).resolve())
     with locked(directory):
         state = live_state(directory, password)
@@ -85,4 +97,6 @@ def ensure_server(
             return ServerHandle(url, owned=False)
         server = EmbeddedServer(directory, password=password, appendfsync=appendfsync, maxmemory=maxmemory)
         url = server.start(timeout)
+        if not start_empty:
+            logger.info("reading the embedded server's data in %s (started for this command)", directory)
         return ServerHandle(url, owned=True, server=server)

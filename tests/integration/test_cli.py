@@ -72,6 +72,15 @@ def test_without_a_url_the_embedded_server_starts_and_keeps_runs_across_commands
     listed = streamgrp("runs", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.startswith("persisted\t")
+    assert "reading the embedded server's data in" in listed.stderr or "reusing server" in listed.stderr
+
+
+def test_an_inspection_command_with_no_server_anywhere_says_where_it_looked_and_starts_nothing(tmp_path):
+    done = streamgrp("steps", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        f"streamgrp steps: no server to read: no --redis-url (STREAMGRP_REDIS_URL) was given and {tmp_path / '.streamgrp'}")
+    assert not (tmp_path / ".streamgrp").exists()  # no empty server, no empty data directory
 
 
 def test_only_the_batcher_creates_a_run_and_the_others_wait_for_it(client, redis_url, run_name):
