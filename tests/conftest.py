@@ -77,10 +77,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=dropped)
         gone = set(map(id, dropped))
         items[:] = [item for item in items if id(item) not in gone]
-    # Longest first: the suite runs on every core (pytest-xdist, two tests at a time at most per chunk), and
-    # a minutes-long llama test started last would run alone at the end. The sort is stable, so tests keep
-    # their order (and their fixtures' grouping) within each class.
+    # Longest first: the suite runs on every core (pytest-xdist, --dist loadgroup hands out one test at a
+    # time), and a minutes-long test started last would run alone at the end. The llama tests run one after
+    # another on one worker: each llama-server takes two threads, and two at once only slow both down. The
+    # sort is stable, so tests keep their order (and their fixtures' grouping) within each class.
     items.sort(key=lambda item: 0 if item.get_closest_marker("llama") else 1 if item.get_closest_marker("slow") else 2)
+    for item in items:
+        if item.get_closest_marker("llama"):
+            item.add_marker(pytest.mark.xdist_group("llama"))
 
 
 @pytest.fixture(scope="session", params=SERVER_KINDS, ids=SERVER_KINDS)
