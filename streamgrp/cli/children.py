@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -116,11 +117,37 @@ def log_tail(path: Path, lines: int, *, offset: int = 0, empty: str = "") -> str
 
 
 def free_port(host: str) -> int:
-    """A TCP port nothing listens on now (the caller binds it soon; a race is reported as such)."""
+    """A TCP port nothing listens on now, for a child to listen on soon (a race is reported as such).
+
+    Chosen below the kernel's ephemeral range: a port from ``bind(0)`` is free again once this returns,
+    and the kernel hands ephemeral ports to every other socket that binds 0 meanwhile (gloo's
+    connections, clients), which then took the child's port now and then on a busy machine. A port
+    below the range is only ever taken by someone who chose it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(_CHOSEN_FROM, low) if low > _CHOSEN_FROM + 1000 else 0
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue  # someone listens there: another one
+            return int(sock.getsockname()[1])
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+#: The lowest port `free_port` chooses (above the well-known and most registered services' ports).
+_CHOSEN_FROM = 20000
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def pid_alive(pid: int) -> bool:

@@ -34,7 +34,7 @@ from streamgrp.core.events import (
     VersionAdvanced,
 )
 from streamgrp.core.stall import stall_message
-from streamgrp.errors import ConfigError, DigestMismatch, RunFailed
+from streamgrp.errors import ConfigError, RunFailed
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
 from streamgrp.services.synthetic import make_sample, synthetic_rollout
@@ -623,7 +623,7 @@ def test_a_step_loaded_ahead_that_cannot_be_loaded_fails_only_when_the_loop_reac
     run, trainer = _two_written_steps(client, redis_url, make_run, issuer)
     client.xdel(run.keys.payloads, trainer.manifest(1).shards[0].groups[0].members[0].entry)
     steps = []
-    with pytest.raises(DigestMismatch, match="step 1 rank 0"):
+    with pytest.raises(RunFailed, match="step 1 cannot be trained as it was recorded: step 1 rank 0"):
         for batch in trainer.batches(rank=0, world_size=1):
             steps.append(batch.step)
     assert steps == [0] and trainer.next_step(0) == 1

@@ -90,7 +90,7 @@ def test_torch_is_the_trainer_extra_without_an_upper_bound(wheel):
     def extra(name: str) -> dict[str, Requirement]:
         return {r.name: r for r in requirements if r.marker is not None and r.marker.evaluate({"extra": name})}
 
-    assert set(metadata.get_all("Provides-Extra")) == {"trainer", "report", "export", "trl", "llm", "dev"}
+    assert set(metadata.get_all("Provides-Extra")) == {"trainer", "report", "export", "trl", "llm", "docs", "dev"}
     trainer = extra("trainer")
     assert set(trainer) == {"torch", "numpy", "safetensors"}  # safetensors: the reference trainer's checkpoints
     assert all(spec.operator in (">=", ">") for spec in trainer["torch"].specifier)

@@ -2,7 +2,7 @@ import pytest
 
 from streamgrp.config import RunConfig
 from streamgrp.core.events import RunStarted
-from streamgrp.errors import ConfigError
+from streamgrp.errors import ConfigError, StopRequested
 from streamgrp.store.runs import (
     await_run,
     join_run,
@@ -73,7 +73,7 @@ def test_await_run_waits_for_the_batcher_and_gives_up_when_stopped(client, run_n
     join_run(client, run_name, RunConfig(n_samples=2))
     waiter.join(timeout=10)
     assert found and found[0].config.n_samples == 2
-    with pytest.raises(ConfigError, match="stopped while waiting"):
+    with pytest.raises(StopRequested, match="stopped while waiting"):
         await_run(client, run_name + "-never", stop=_set_soon(), poll_s=0.05)
 
 
