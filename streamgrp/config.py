@@ -271,6 +271,128 @@ class InferenceConfig(_Settings):
                             "what trains; the text is for reading and checks)")
 
 
+class GatewayConfig(_RoleSettings):
+    """`streamgrp gateway`: the OpenAI-compatible endpoint of agent sessions (`streamgrp.services.gateway`),
+    in front of the inference servers its [inference] settings name."""
+
+    gateway_host: str = Field("127.0.0.1", min_length=1, description="address the gateway listens on; one other "
+                              "machines reach (0.0.0.0) needs a gateway token")
+    gateway_port: int = Field(8000, ge=0, le=65535, description="port the gateway listens on (0: any free one)")
+    gateway_url: str | None = Field(None, description="the gateway's base URL as agents reach it, handed out with "
+                                    "each session (unset: http://HOST:PORT)")
+    gateway_token_file: Path | None = Field(None, description="file holding the gateway's token, which opening and "
+                                            "ending sessions takes (unset: the token's own environment variable, "
+                                            "else a new one written to DATA_DIR/gateway-token, loopback only)")
+    gateway_token: SecretStr | None = Field(None, description="the gateway's token itself; environment only",
+                                            json_schema_extra={"flag": None})
+    dialect: Literal["llamacpp", "vllm", "sglang"] = Field("llamacpp", description="the inference servers' kind")
+    tokenizer: str | None = Field(None, description="the model's Hugging Face tokenizer (a directory or name) for "
+                                  "its chat template; needed for vllm and sglang (unset with llamacpp: "
+                                  "llama-server's own /apply-template and /tokenize)")
+    tool_parser: Literal["hermes", "none"] = Field("hermes", description="how tool calls in the model's text become "
+                                                   "OpenAI tool_calls: hermes (<tool_call>{json}</tool_call>) or none")
+    max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="a session's sample larger than this once "
+                                 "encoded is published as a failed slot saying so")
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
+    gateway_threads: int = Field(32, ge=1, description="threads making the store's calls (each turn's record, "
+                                 "sessions opened and ended) at once")
+    refresh_s: float = Field(1.0, gt=0, description="how often sessions past their group's deadline are timed out "
+                             "and the run's version is read")
+    claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long "
+                                "unacknowledged")
+    crash_after_turn: int | None = Field(None, ge=1, description="tests: SIGKILL the gateway right after it records "
+                                         "the Nth turn since it started, before that turn is answered")
+
+    def token(self, data_dir: Path) -> tuple[str, Path | None]:
+        """(the token, the file a new one was written to or None): from --gateway-token-file, then
+        STREAMGRP_GATEWAY_TOKEN, else a new one in ``data_dir`` (mode 0600), which only a loopback gateway
+        may make up: a reachable one needs a token its apps were given."""
+        given = read_secret(self.gateway_token, self.gateway_token_file, "--gateway-token-file")
+        if given is not None:
+            return given, None
+        if not is_loopback(self.gateway_host):
+            raise ConfigError(f"--gateway-host {self.gateway_host} is reachable from other machines, and no gateway "
+                              "token is set: give --gateway-token-file or STREAMGRP_GATEWAY_TOKEN (apps open and end "
+                              "sessions with it), or listen on 127.0.0.1")
+        import secrets
+
+        path = data_dir / "gateway-token"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_urlsafe(32)
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
+        path.write_text(token + "\n")
+        return token, path
+
+
+class AgentConfig(_Settings):
+    """`streamgrp agent`: runs an agent function once per slot, each in a gateway session."""
+
+    agent: str | None = Field(None, description="module:function(session) run once per slot; returns the reward, "
+                              "None to reject, or raises to fail (session.client is an OpenAI client of its session)")
+    gateway_url: str = Field("http://127.0.0.1:8000", description="the gateway's base URL")
+    gateway_token_file: Path | None = Field(None, description="file holding the gateway's token (unset: the "
+                                            "token's own environment variable, else DATA_DIR/gateway-token)")
+    gateway_token: SecretStr | None = Field(None, description="the gateway's token itself; environment only",
+                                            json_schema_extra={"flag": None})
+    concurrency: int = Field(16, ge=1, description="sessions run at once (whole tasks: n_samples each)")
+    claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long "
+                                "unacknowledged")
+    max_tasks: int | None = Field(None, ge=1, description="exit after this many tasks (default: run until stopped)")
+    burst: bool = Field(False, description="exit when no task is waiting instead of blocking")
+    take_partitions: str | None = Field(None, description="comma-separated run partitions to take tasks from (default "
+                                        "all); results always go to their task's partition")
+    agent_retries: int = Field(6, ge=0, description="retries of each agent request the gateway could not answer "
+                               "(it restarts, or an inference server is away)")
+    request_timeout_s: float = Field(600.0, gt=0, description="one HTTP request's deadline, connect to last byte")
+
+    def token(self, data_dir: Path) -> str:
+        """The gateway's token: --gateway-token-file, STREAMGRP_GATEWAY_TOKEN, else the one a loopback gateway
+        wrote to ``data_dir``."""
+        given = read_secret(self.gateway_token, self.gateway_token_file, "--gateway-token-file")
+        if given is not None:
+            return given
+        path = data_dir / "gateway-token"
+        try:
+            return path.read_text().strip()
+        except OSError:
+            raise ConfigError(f"no gateway token: give --gateway-token-file or STREAMGRP_GATEWAY_TOKEN (the gateway's "
+                              f"own), or run on the gateway's machine with its --data-dir ({path} is missing)") from None
+
+    def partition_numbers(self) -> tuple[int, ...] | None:
+        return WorkerConfig(take_partitions=self.take_partitions).partition_numbers()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is reachable from this machine only."""
+    import ipaddress
+
+    name = host.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def read_secret(value: SecretStr | None, path: Path | None, flag: str) -> str | None:
+    """A secret from its file (first line) or its environment variable's value; None when neither is set."""
+    if path is not None:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {flag} {path}: {exc.strerror}; fix the path or its permissions") from None
+        if not lines or not lines[0].strip():
+            raise ConfigError(f"{flag} {path} is empty; write the secret on its first line")
+        return lines[0].strip()
+    if value is not None:
+        if not value.get_secret_value():
+            raise ConfigError("an empty secret would turn authentication off; unset it or set one")
+        return value.get_secret_value()
+    return None
+
+
 class WeightSyncConfig(_RoleSettings):
     """`streamgrp weight-sync`: after each committed step, tell every inference server to load the new weights."""
 
@@ -439,6 +561,8 @@ SECTIONS: dict[str, type[_Settings]] = {
     "archiver": ArchiverConfig,
     "inference": InferenceConfig,
     "weight_sync": WeightSyncConfig,
+    "gateway": GatewayConfig,
+    "agent": AgentConfig,
     "runs": RunsConfig,
     "delete": DeleteConfig,
     "export": ExportConfig,

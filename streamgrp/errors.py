@@ -14,6 +14,7 @@
     ├── ArchiveError                        the archive directory is unusable (not one, another run's, locked, damaged)
     ├── WeightsConflict                     a weights version already names another weight state
     ├── RoleFailed                          a process the demo depends on exited with an error
+    ├── SessionRefused                      an agent session cannot take this turn or end so; carries .code
     ├── ServerError                         the Redis/Valkey server could not be started or reached
     │   └── OutageBudgetExceeded            the server stayed unavailable longer than the outage budget
     └── StopRequested                       a stop (SIGTERM) arrived while waiting out an outage
@@ -93,6 +94,16 @@ class WeightsConflict(StreamgrpError):
 
 class RoleFailed(StreamgrpError):
     """A process the demo depends on exited with an error."""
+
+
+class SessionRefused(StreamgrpError):
+    """An agent session cannot do what was asked: it is unknown, ended, past its group's deadline, or
+    another writer recorded a turn first. ``code`` is the gateway function's reply code (``UNKNOWN``,
+    ``ENDED``, ``EXPIRED``, ``TURN``, ``TAKEN``, ...), which the gateway maps to an HTTP status."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ServerError(StreamgrpError):

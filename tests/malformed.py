@@ -84,10 +84,25 @@ def valid_events() -> list:
         TrainingResumed(attempt=2, step=5, world_size=2, base_version=7, reason="lowest_rank", retrain_through=5),
         CheckpointSaved(step=4, version=5, path="/ckpt/step-4", ranks=(0,), world_size=2, attempt=1,
                         files={"model.safetensors": 1024}),
+        *_session_events(),
     ]
     assert {event.kind for event in events} == set(EVENT_TYPES)
     return events
 
+
+
+def _session_events() -> list:
+    """An agent session's events (streamgrp.services.gateway): opened, one turn (tensors), ended."""
+    from streamgrp.core.events import RawArray, SessionEnded, SessionOpened, TurnRecorded
+
+    return [SessionOpened(session="p0-0123456789abcdef", task_id="t1", slot=1, deadline=1_700_000_600.5, version=2),
+            TurnRecorded(session="p0-0123456789abcdef", task_id="t1", slot=1, turn=1,
+                         prompt_ids=RawArray.from_values([1, 4093, 198], "int32"),
+                         completion_ids=RawArray.from_values([33, 2], "int32"),
+                         logprobs=RawArray.from_values([-0.5, -0.25], "float32"), version=2, finish="stop",
+                         meta={"text": "1", "endpoint": "chat"}),
+            SessionEnded(session="p0-0123456789abcdef", task_id="t1", slot=1, outcome="sample", turns=1, rows=1,
+                         reward=1.0)]
 
 VALID = [codec.encode(event) for event in valid_events()]
 

@@ -25,6 +25,8 @@ __all__ = ["EXTRAS", "TORCH_CPU_HINT", "missing", "require"]
 EXTRAS: dict[str, tuple[str, ...]] = {
     "trainer": ("torch",),
     "llm": ("transformers", "gguf"),
+    # `streamgrp gateway` serves over aiohttp; `streamgrp agent` hands each agent an openai client.
+    "gateway": ("aiohttp", "openai"),
 }
 TORCH_CPU_HINT = ("for the CPU-only build (no CUDA libraries), install torch from PyTorch's CPU wheel index first: "
                   "pip install torch --index-url <that index's URL, from PyTorch's install page>")

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 ASSEMBLY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
+#: The gateway's own time per turn: sub-millisecond to the 5 ms it should stay under, and what is too much.
+OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 #: The label every series of a run's process carries.
 RUN_LABEL = "run"
 
@@ -101,6 +103,26 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
                                          "error (the slot failed)", ["kind"], registry=r),
     "staleness": lambda r: Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when "
                                      "batched", buckets=STALENESS_BUCKETS, registry=r),
+    # The agent gateway (streamgrp.services.gateway): sessions and their turns.
+    "gateway_turns": lambda r: Counter("streamgrp_gateway_turns", "Agent session turns recorded, by endpoint (chat, "
+                                       "completions)", ["endpoint"], registry=r),
+    "gateway_replayed_turns": lambda r: Counter("streamgrp_gateway_replayed_turns", "Retried requests answered again "
+                                                "from their turn's record, not generated again", registry=r),
+    "gateway_tokens": lambda r: Counter("streamgrp_gateway_tokens", "Prompt and completion tokens of the turns "
+                                        "recorded", ["kind"], registry=r),
+    "gateway_sessions_opened": lambda r: Counter("streamgrp_gateway_sessions_opened", "Agent sessions opened",
+                                                 registry=r),
+    "gateway_sessions": lambda r: Counter("streamgrp_gateway_sessions", "Agent sessions ended, by outcome (sample, "
+                                          "rejected, failed, timeout)", ["outcome"], registry=r),
+    "gateway_open_sessions": lambda r: Gauge("streamgrp_gateway_open_sessions", "Agent sessions open in the run",
+                                             registry=r),
+    "gateway_overhead": lambda r: Histogram("streamgrp_gateway_overhead_seconds", "A turn's time in the gateway apart "
+                                            "from its waits for the inference server (template, tokenizer, "
+                                            "generation)", buckets=OVERHEAD_BUCKETS, registry=r),
+    "gateway_upstream": lambda r: Histogram("streamgrp_gateway_upstream_seconds", "A turn's waits for the inference "
+                                            "server", buckets=ASSEMBLY_BUCKETS, registry=r),
+    "gateway_errors": lambda r: Counter("streamgrp_gateway_errors", "Gateway requests answered with an error, by "
+                                        "HTTP status", ["status"], registry=r),
 }
 
 #: What each role exports: the metrics its code changes (worker.py, assembler.py, batcher.py, the
@@ -115,6 +137,8 @@ OWNED: dict[str, tuple[str, ...]] = {
     "trainer": ("steps", "step_failures", "steps_retrained", "batch_wait", "policy_version"),
     "weight-sync": (),
     "rewarder": ("rewards", "reward_latency", "rewards_in_flight", "reward_failures"),
+    "gateway": ("gateway_turns", "gateway_replayed_turns", "gateway_tokens", "gateway_sessions_opened",
+                "gateway_sessions", "gateway_open_sessions", "gateway_overhead", "gateway_upstream", "gateway_errors"),
 }
 
 #: Label values created up front, so a dashboard panel has data from the first scrape: a worker
@@ -122,6 +146,8 @@ OWNED: dict[str, tuple[str, ...]] = {
 PRESET_LABELS: dict[str, dict[str, tuple[str, ...]]] = {
     "worker": {"slots": ("sample", "rejected", "failed")},
     "rewarder": {"rewards": ("sample", "rejected", "failed"), "reward_failures": ("transient", "error")},
+    "gateway": {"gateway_turns": ("chat", "completions"), "gateway_tokens": ("prompt", "completion"),
+                "gateway_sessions": ("sample", "rejected", "failed", "timeout")},
     "assembler": {"slots": ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid"),
                   "groups": ("complete", "partial", "dropped")},
 }

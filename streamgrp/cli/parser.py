@@ -25,6 +25,7 @@ from streamgrp.cli.flag_env import add_flag_environment, apply_flag_environment
 from streamgrp.cli.security import add_acl_command
 from streamgrp.config import (
     DEMO_RUN_DEFAULTS,
+    AgentConfig,
     ArchiverConfig,
     AssemblerConfig,
     BatcherConfig,
@@ -32,6 +33,7 @@ from streamgrp.config import (
     DeleteConfig,
     DemoConfig,
     ExportConfig,
+    GatewayConfig,
     InferenceConfig,
     RunConfig,
     RunsConfig,
@@ -126,6 +128,7 @@ def build_parser() -> Parser:
             _add_model_flags(role, section, title, defaults=shown)
         role.set_defaults(handler=handler)
     _add_weight_sync(commands)
+    _add_agent_sessions(commands)
 
     runs = commands.add_parser("runs", help="list the runs on the server, newest last (--sizes: what each holds)")
     _add_model_flags(runs, ConnectionConfig, "connection")
@@ -186,6 +189,23 @@ def _add_weight_sync(commands: Any) -> None:
                          (WeightSyncConfig, "weight-sync")):
         _add_model_flags(sync, model, title)
     sync.set_defaults(handler=roles.cmd_weight_sync)
+
+
+def _add_agent_sessions(commands: Any) -> None:
+    """`streamgrp gateway` and `streamgrp agent` (`streamgrp.services.gateway`; the ``gateway`` extra)."""
+    from streamgrp.cli import gateway_roles
+
+    gateway = commands.add_parser("gateway", help="serve agent sessions: an OpenAI-compatible endpoint whose every "
+                                  "turn is recorded token-exact as training data of its slot")
+    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (GatewayConfig, "gateway"),
+                         (InferenceConfig, "inference servers")):
+        _add_model_flags(gateway, model, title)
+    gateway.set_defaults(handler=gateway_roles.cmd_gateway)
+    agent = commands.add_parser("agent", help="take tasks like a worker and run an agent function once per slot, "
+                                "each in its own gateway session")
+    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (AgentConfig, "agent")):
+        _add_model_flags(agent, model, title)
+    agent.set_defaults(handler=gateway_roles.cmd_agent)
 
 
 # -- replay: steps, replay, verify, inspect, export (streamgrp.replay) -------------------------------------

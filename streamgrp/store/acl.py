@@ -1,8 +1,8 @@
 """Least privilege per role: the Redis/Valkey ACL users of one run, built from the run's key names.
 
-Owns, for each role (worker, assembler, batcher, trainer, archiver, and a read-only inspector), the
-keys it may only read, the keys it may read and write, and the commands it may run, and renders
-them as ACL-file lines (``streamgrp acl RUN``; ``ops/acl/*.acl`` are these lines for the run
+Owns, for each role (worker, assembler, batcher, trainer, archiver, a read-only inspector, the agent
+sessions' gateway and the reward stage's rewarder), the keys it may only read, the keys it may read and write, and the commands it may run,
+and renders them as ACL-file lines (``streamgrp acl RUN``; ``ops/acl/*.acl`` are these lines for the run
 ``RUN``). Every key is one of the run's `RunKeys`, so a role's user can touch its own run only.
 It deliberately ignores how users reach the server (``--acl-file``, ``ACL SETUSER``) and their
 passwords, which `render` takes as SHA-256 hashes.
@@ -38,7 +38,7 @@ __all__ = ["ROLES", "RoleAccess", "access", "password_hash", "render", "render_r
 #: server clock. Only commands Redis 7.0 knows: a rule naming an unknown one stops the ACL file loading.
 COMMON_COMMANDS = ("ping", "info", "time", "fcall", "fcall_ro")
 
-ROLES = ("worker", "assembler", "batcher", "trainer", "archiver", "inspector", "rewarder")
+ROLES = ("worker", "assembler", "batcher", "trainer", "archiver", "inspector", "gateway", "rewarder")
 
 _LEASE = ("get", "set", "pexpire", "del")
 _RUN_LOOKUP = ("xrange", "zrange", "zrevrange")
@@ -104,7 +104,7 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
 _RUN_WIDE_TOO = ("deadletter", "deadlettered", "counts", "deadletter_counts")
 #: `PartitionKeys` attributes: the keys every partition has its own of.
 _PARTITION_KINDS = ("tasks", "slots", "payloads", "decisions", "deadletter", "deadlettered", "decided", "counts",
-                    "deadletter_counts", "assembler_lease")
+                    "deadletter_counts", "assembler_lease", "sessions", "session_pattern", "session_deadlines")
 
 
 def _worker(k: RunKeys) -> RoleAccess:
@@ -173,6 +173,20 @@ def _inspector(k: RunKeys) -> RoleAccess:
                   "hget", "hmget", "hgetall", "hlen", "hvals", "hexists"))
 
 
+def _gateway(k: RunKeys) -> RoleAccess:
+    # Its functions (session_open/turn/end.lua) take the task queue (to acknowledge a task whose sessions
+    # they open), the sessions' keys, and the group log and payloads (a session's end publishes its result);
+    # online mode takes tasks itself, as a worker does, and dead-letters a task that does not decode.
+    return RoleAccess(
+        "gateway", "opens agent sessions for tasks (acknowledging each), records their turns, ends them publishing "
+        "their slot results, takes tasks for online apps; reads the run's record and the policy version",
+        read=(k.control, k.version, RUNS),
+        write=(k.tasks, k.slots, k.payloads, k.sessions, k.session_pattern, k.session_deadlines, k.deadletter,
+               k.deadlettered, k.deadletter_counts),
+        commands=(*_RUN_LOOKUP, "get", "xreadgroup", "xack", "xautoclaim", "xgroup|create", "xpending", "xadd", "xdel",
+                  "hset", "hget", "hmget", "hgetall", "hsetnx", "hincrby", "zadd", "zrem", "zrangebyscore", "zcard"))
+
+
 def _rewarder(k: RunKeys) -> RoleAccess:
     return RoleAccess(
         "rewarder", "takes the slot results that wait for their reward (its consumer group on the group log), reads "
@@ -183,7 +197,7 @@ def _rewarder(k: RunKeys) -> RoleAccess:
 
 
 _BUILDERS = {"worker": _worker, "assembler": _assembler, "batcher": _batcher, "trainer": _trainer,
-             "archiver": _archiver, "inspector": _inspector, "rewarder": _rewarder}
+             "archiver": _archiver, "inspector": _inspector, "gateway": _gateway, "rewarder": _rewarder}
 
 
 def _others(keys: RunKeys, written: Iterable[str]) -> tuple[str, ...]:

@@ -36,6 +36,23 @@ BATCHER_CONSUMER = "batcher"
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
+#: A session id: its task's partition, then 16 random hex digits (`streamgrp.store.sessions.new_session_id`).
+#: It is part of a key name, so exactly these characters.
+_SESSION_ID = re.compile(r"p([0-9]{1,2})-[0-9a-f]{16}\Z")
+
+
+def check_session_id(session_id: str) -> str:
+    """``session_id`` if it is a session id streamgrp makes; `ConfigError` (also a ValueError) otherwise."""
+    if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
+        raise ConfigError(f"{str(session_id)[:80]!r} is not a session id (p<partition>-<16 hex digits>)")
+    return session_id
+
+
+def session_partition(session_id: str) -> int:
+    """The partition of the task a session belongs to, from its id."""
+    return int(_SESSION_ID.match(check_session_id(session_id)).group(1))  # type: ignore[union-attr]
+
+
 def check_run_name(run: str) -> str:
     """``run`` if it is a valid run name; `ConfigError` (also a ValueError) naming the rule otherwise."""
     if not isinstance(run, str) or not _RUN_NAME.match(run):
@@ -110,6 +127,29 @@ class _FoldLayout:
     @property
     def assembler_lease(self) -> str:
         return self._key("assembler:lease")
+
+    # -- agent sessions (streamgrp.services.gateway): under the task's partition tag, like its slot results
+
+    @property
+    def sessions(self) -> str:
+        """Agent sessions' events in order (`SessionOpened`, `TurnRecorded`, `SessionEnded`): every turn of
+        every session of the partition's tasks, token-exact; written only by the gateway's functions."""
+        return self._key("sessions")
+
+    def session(self, session_id: str) -> str:
+        """Hash: one session's state (task, slot, deadline, status, its turns' entry ids, its key's digest)."""
+        return self._key(f"session:{check_session_id(session_id)}")
+
+    @property
+    def session_pattern(self) -> str:
+        """Every session hash, as an ACL key pattern (``session:*`` never matches ``sessions``)."""
+        return self._key("session:*")
+
+    @property
+    def session_deadlines(self) -> str:
+        """Sorted set: each open session's id scored by its group's deadline (server clock), so a gateway
+        finds the sessions to end as timed out without scanning."""
+        return self._key("sessions:deadlines")
 
 
 @dataclass(frozen=True)

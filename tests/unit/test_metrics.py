@@ -23,6 +23,10 @@ ONLY = {
     "weight-sync": set(),
     "rewarder": {"streamgrp_rewards_total", "streamgrp_reward_latency_seconds", "streamgrp_rewards_in_flight",
                  "streamgrp_reward_failures_total"},
+    "gateway": {"streamgrp_gateway_turns_total", "streamgrp_gateway_replayed_turns_total",
+                "streamgrp_gateway_tokens_total", "streamgrp_gateway_sessions_opened_total",
+                "streamgrp_gateway_sessions_total", "streamgrp_gateway_open_sessions",
+                "streamgrp_gateway_overhead_seconds", "streamgrp_gateway_upstream_seconds"},
 }
 EVERY = set().union(*ONLY.values())
 

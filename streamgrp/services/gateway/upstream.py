@@ -1,0 +1,370 @@
+"""The inference servers behind the gateway, and the chat templates that turn messages into token ids.
+
+`Upstream` generates one turn on a server of the pool, token ids in and out, speaking each server's
+dialect (`streamgrp.services.inference`: vLLM, SGLang, llama.cpp; their request and reply shapes exist
+once, there) with the inference adapter's rules: the completion is the server's ids with one checked
+log-probability each, positions a reply left unscored are scored again teacher-forced on the same
+server, an aborted generation is resubmitted with the tokens so far (or fails, ``on_abort = fail``),
+transport errors, 5xx and 429 are retried with backoff (another server first), a lone server that went
+away is waited for on ``/health`` without counting the wait as an attempt, and no reply is read past
+what its request could justify. Unlike the adapter, it runs on the gateway's event loop over kept-alive
+connections (aiohttp): the worker's adapter is synchronous, one thread and one new connection per
+request, which at hundreds of sessions cost the gateway more CPU than everything else it does per turn
+(bench/README.md, the gateway's section).
+
+A `ChatTemplate` renders messages to text and tokenizes it the way the model's server does:
+`ServerTemplate` asks llama-server itself (``/apply-template``, ``/tokenize`` with special tokens parsed,
+``/detokenize``, the last one for one special token at most once); `TokenizerTemplate` uses the model's
+Hugging Face tokenizer (for vLLM and SGLang, which have no template endpoint) on a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from abc import ABC, abstractmethod
+from contextlib import nullcontext
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from streamgrp.config import InferenceConfig
+from streamgrp.errors import ConfigError
+from streamgrp.services.inference import make_dialect, server_urls
+from streamgrp.services.inference.adapter import (
+    HEALTH_POLL_S,
+    MAX_RESTARTS_WAITED,
+    REPLY_BASE_BYTES,
+    REPLY_BYTES_PER_TOKEN,
+    Completion,
+    GenerationFailed,
+    Retry,
+)
+from streamgrp.services.inference.dialect import Dialect, Generation, ProtocolError, Sampling, checked_logprobs
+from streamgrp.services.inference.http import ClientError, ReplyTooLarge, TransportError
+from streamgrp.services.inference.pool import ServerPool
+
+
+class AsyncRequests:
+    """JSON requests to the pool's servers on the event loop, connections kept alive (see the module docstring
+    for the rules). Make and use it on one event loop."""
+
+    def __init__(self, pool: ServerPool, retry: Retry, timeout_s: float, restart_wait_s: float = 60.0) -> None:
+        self.pool = pool
+        self.retry = retry
+        self.timeout_s = timeout_s
+        self.restart_wait_s = restart_wait_s
+        self._session: Any = None
+        self._rng = random.Random()
+
+    def _http(self) -> Any:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                                  connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    async def post(self, path: str, body: dict[str, Any], *, max_bytes: int,
+                   server: str | None = None) -> tuple[Any, str]:
+        """(the JSON reply, the server that gave it), to ``server`` or one the pool picks."""
+        payload, avoid, last = orjson.dumps(body), None, None
+        budget, waited, attempt = self.restart_wait_s, 0, 0
+        while True:
+            attempt += 1
+            away = False
+            with self.pool.lease(avoid=avoid) if server is None else nullcontext(server) as url:
+                try:
+                    value = await self._once(url, path, payload, max_bytes)
+                except TransportError as exc:
+                    last, avoid, away = exc, url, exc.server_away
+                    if server is None:
+                        self.pool.failed(url)
+                else:
+                    if server is None:
+                        self.pool.succeeded(url)
+                    return value, url
+            lone = server is not None or len(self.pool.urls) == 1
+            if away and lone and budget > 0 and waited < MAX_RESTARTS_WAITED:
+                back, spent = await self._await_restart(url, budget)
+                budget -= spent
+                if back:  # it restarted (a weight sync): send again at once, an attempt not counted
+                    waited += 1
+                    continue
+            if attempt - waited >= self.retry.attempts:
+                raise GenerationFailed(f"{self.retry.attempts} attempts failed, the last with: {last}; check the "
+                                       "servers (--server-url), or raise --max-attempts / --request-timeout-s")
+            await asyncio.sleep(self.retry.pause(attempt - waited, self._rng))
+
+    async def _once(self, url: str, path: str, payload: bytes, max_bytes: int) -> Any:
+        import aiohttp
+
+        try:
+            async with self._http().post(url + path, data=payload,
+                                         headers={"Content-Type": "application/json"}) as response:
+                raw = await response.content.read(max_bytes + 1)
+                status = response.status
+        except (aiohttp.ClientConnectionError, ConnectionError) as exc:
+            raise TransportError(f"POST {url}{path}: {type(exc).__name__}: {exc}", server_away=True) from None
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise TransportError(f"POST {url}{path}: {type(exc).__name__}: {exc}") from None
+        if len(raw) > max_bytes:
+            raise ReplyTooLarge(f"POST {url}{path}: the reply is over the {max_bytes} bytes its request could need; "
+                                "the server is not answering what was asked (check --server-url); not retried")
+        if 200 <= status < 300:
+            try:
+                return orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raise TransportError(f"POST {url}{path}: HTTP {status} with a body that is not JSON: "
+                                     f"{raw[:500].decode('utf-8', 'replace')!r}") from None
+        text = raw[:500].decode("utf-8", "replace")
+        if status == 429 or status >= 500:
+            raise TransportError(f"POST {url}{path}: HTTP {status}: {text}", server_away=status == 503)
+        raise ClientError(f"POST {url}{path}: HTTP {status}: {text}", status)
+
+    async def _await_restart(self, url: str, budget_s: float) -> tuple[bool, float]:
+        """(whether ``url`` answers ``GET /health`` again within ``budget_s``, seconds waited)."""
+        import aiohttp
+
+        spent = 0.0
+        while spent <= budget_s:
+            try:
+                async with self._http().get(url + "/health", timeout=aiohttp.ClientTimeout(total=1.0)) as response:
+                    if response.status == 200:
+                        return spent > 0, spent
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                pass
+            await asyncio.sleep(HEALTH_POLL_S)
+            spent += HEALTH_POLL_S
+        return False, spent
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class Upstream:
+    """One dialect's servers (a pool of URLs) and the gateway's default sampling for them."""
+
+    def __init__(self, dialect: Dialect, pool: ServerPool, defaults: Sampling, *, retry: Retry | None = None,
+                 request_timeout_s: float = 120.0, on_abort: str = "resubmit", max_resubmits: int = 4,
+                 restart_wait_s: float = 60.0) -> None:
+        self.dialect = dialect
+        self.pool = pool
+        self.defaults = defaults
+        self.on_abort = on_abort
+        self.max_resubmits = max_resubmits
+        self.requests = AsyncRequests(pool, retry or Retry(), request_timeout_s, restart_wait_s)
+        self._anchor: int | None = None
+
+    @classmethod
+    def from_config(cls, dialect_name: str, config: InferenceConfig) -> Upstream:
+        extra = None
+        if config.sampling:
+            try:
+                extra = orjson.loads(config.sampling)
+            except orjson.JSONDecodeError as exc:
+                raise ConfigError(f"--sampling {config.sampling!r} is not JSON: {exc}") from None
+        defaults = Sampling(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p,
+                            top_k=config.top_k, extra=extra, model=config.server_model)
+        dialect = make_dialect(dialect_name, config)
+        dialect.check_extra(extra)
+        return cls(dialect, ServerPool(server_urls(config), config.server_choice), defaults,
+                   retry=Retry(config.max_attempts, config.backoff_s, config.backoff_max_s),
+                   request_timeout_s=config.request_timeout_s, on_abort=config.on_abort,
+                   max_resubmits=config.max_resubmits, restart_wait_s=config.restart_wait_s)
+
+    def sampling(self, sampled: Any) -> Sampling:
+        """The turn's sampling (`openai_api.Sampled`): what it asked for over the gateway's defaults;
+        ``max_tokens`` at most the gateway's ``--max-tokens``."""
+        cap = self.defaults.max_tokens
+        extra = dict(self.defaults.extra or {})
+        wanted: dict[str, Any] = {}
+        if sampled.stop:
+            wanted["stop"] = list(sampled.stop)
+        if sampled.seed is not None:
+            wanted["sampling_seed" if self.dialect.name == "sglang" else "seed"] = sampled.seed
+        if self.dialect.name == "sglang" and wanted:
+            extra["sampling_params"] = {**extra.get("sampling_params", {}), **wanted}
+        else:
+            extra.update(wanted)
+        chosen = {name: getattr(self.defaults, name) if getattr(sampled, name) is None else getattr(sampled, name)
+                  for name in ("temperature", "top_p", "top_k")}
+        sampling = replace(self.defaults, max_tokens=min(cap, sampled.max_tokens or cap), extra=extra or None, **chosen)
+        self.dialect.check_extra(sampling.extra)
+        return sampling
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
+        """The completion of ``prompt_ids``: generated until the server stops by itself or the token budget is
+        spent, aborts resubmitted with the tokens so far, every log-probability there and checked."""
+        completion = Completion()
+        while True:
+            budget = sampling.max_tokens - len(completion.token_ids)
+            context = prompt_ids + completion.token_ids
+            path, body = self.dialect.generate(context, replace(sampling, max_tokens=budget))
+            reply, server = await self.requests.post(path, body, max_bytes=_reply_limit(body, len(context) + budget))
+            generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server, sampling)
+            completion.add(generation, server, 1)
+            if generation.finish != "abort":
+                return completion
+            if len(completion.token_ids) >= sampling.max_tokens:
+                completion.finish = "length"
+                return completion
+            where = (f"the {self.dialect.name} server at {server} aborted the generation after "
+                     f"{len(completion.token_ids)} tokens ({generation.reason or 'no reason given'})")
+            if self.on_abort == "fail":
+                raise GenerationFailed(f"{where}; --on-abort resubmit would continue it")
+            if completion.resubmits >= self.max_resubmits:
+                raise GenerationFailed(f"{where}, after {completion.resubmits} resubmissions already; raise "
+                                       "--max-resubmits or find what keeps aborting it")
+            completion.resubmits += 1
+
+    async def _every_logprob(self, generation: Generation, context: list[int], budget: int, server: str,
+                             sampling: Sampling) -> Generation:
+        where = f"the {self.dialect.name} reply from {server}"
+        if len(generation.token_ids) > budget:
+            raise ProtocolError(f"{where} has {len(generation.token_ids)} tokens, more than the {budget} the request "
+                                "allowed; the server does not honour the token limit")
+        values = list(generation.logprobs)
+        for position in generation.unscored:
+            values[position] = await self._score(context + generation.token_ids[:position],
+                                                 generation.token_ids[position], server, generation.model, sampling,
+                                                 where=f"{where}, completion token {position}")
+        return replace(generation, logprobs=checked_logprobs(values, where))
+
+    async def _score(self, context: list[int], token: int, server: str, model: str, sampling: Sampling, *,
+                     where: str) -> float:
+        """``token``'s log-probability after ``context``, teacher-forced on the server that sampled it."""
+        if self.dialect.anchor_text and self._anchor is None:
+            request = self.dialect.tokenize({"text": self.dialect.anchor_text}, sampling.model)
+            if request is not None:
+                reply, _ = await self.requests.post(request[0], request[1], max_bytes=REPLY_BASE_BYTES, server=server)
+                self._anchor = self.dialect.parse_tokens(reply)[-1]
+        for path, body, entries in self.dialect.score_requests(context, token, self._anchor, sampling):
+            reply, _ = await self.requests.post(path, body, max_bytes=_reply_limit(body, len(context) + entries),
+                                                server=server)
+            value, scored_by = self.dialect.parse_score(reply, token)
+            if scored_by != model:
+                raise GenerationFailed(f"{where}: the server changed models between generating ({model!r}) and scoring "
+                                       f"the token again ({scored_by!r}); the turn fails rather than mix two policies")
+            if value is not None:
+                return value
+        raise ProtocolError(f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
+                            f"gave none either; check the {self.dialect.name} server's version and flags")
+
+
+def _reply_limit(body: dict[str, Any], tokens: int) -> int:
+    return REPLY_BASE_BYTES + len(orjson.dumps(body)) + REPLY_BYTES_PER_TOKEN * tokens
+
+
+class ChatTemplate(ABC):
+    """Messages to text, text to token ids and back, as the model's server does it."""
+
+    @abstractmethod
+    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any,
+                     extra: dict[str, Any]) -> str:
+        """The conversation as the chat template writes it, ending with the assistant's generation prompt."""
+
+    @abstractmethod
+    async def tokenize(self, text: str, *, special: bool) -> list[int]:
+        """``text``'s ids, special tokens written in it parsed as such; ``special`` adds the tokenizer's own
+        (a BOS) as a whole prompt gets them, which a continuation does not."""
+
+    @abstractmethod
+    async def detokenize(self, ids: list[int]) -> str:
+        """The exact text ``ids`` stand for, special tokens included."""
+
+    async def completion_text(self, completion: Completion) -> str:
+        """The exact text of a completion's ids (its reply's text lacks the stop token's)."""
+        return await self.detokenize(completion.token_ids)
+
+    async def close(self) -> None:
+        """Release what the template holds (connections)."""
+
+
+class ServerTemplate(ChatTemplate):
+    """llama-server's own template and tokenizer, through its endpoints."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self._pieces: dict[int, str] = {}
+
+    async def _post(self, path: str, body: dict[str, Any], max_bytes: int) -> Any:
+        return (await self.upstream.requests.post(path, body, max_bytes=max_bytes))[0]
+
+    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any,
+                     extra: dict[str, Any]) -> str:
+        body: dict[str, Any] = {"messages": messages}
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+        if extra:
+            body["chat_template_kwargs"] = extra
+        reply = await self._post("/apply-template", body, 2 * len(orjson.dumps(body)) + REPLY_BASE_BYTES)
+        if not isinstance(reply, dict) or not isinstance(reply.get("prompt"), str):
+            raise ProtocolError(f"/apply-template reply has no prompt text: {str(reply)[:200]}")
+        return reply["prompt"]
+
+    async def tokenize(self, text: str, *, special: bool) -> list[int]:
+        reply = await self._post("/tokenize", {"content": text, "add_special": special, "parse_special": True},
+                                 REPLY_BASE_BYTES + 16 * len(text))
+        return self.upstream.dialect.parse_tokens(reply)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        reply = await self._post("/detokenize", {"tokens": ids}, REPLY_BASE_BYTES + 1024 * len(ids))
+        if not isinstance(reply, dict) or not isinstance(reply.get("content"), str):
+            raise ProtocolError(f"/detokenize reply has no content: {str(reply)[:200]}")
+        return reply["content"]
+
+    async def completion_text(self, completion: Completion) -> str:
+        # llama-server's text of a completion that ended at end-of-generation is every id's but that last
+        # token's (its piece, a special token, is asked once); anything else is asked for whole.
+        if completion.finish == "stop" and not completion.reason and not completion.resubmits and completion.token_ids:
+            last = completion.token_ids[-1]
+            if last not in self._pieces:
+                self._pieces[last] = await self.detokenize([last])
+            return completion.text + self._pieces[last]
+        return await self.detokenize(completion.token_ids)
+
+    async def close(self) -> None:
+        await self.upstream.requests.close()
+
+
+class TokenizerTemplate(ChatTemplate):
+    """A Hugging Face tokenizer's chat template (``transformers``, imported when one is made), on a thread."""
+
+    def __init__(self, name_or_path: str) -> None:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise ConfigError("--tokenizer needs transformers: pip install 'streamgrp[llm]'") from None
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad path
+            raise ConfigError(f"--tokenizer {name_or_path!r} could not be loaded: {exc}") from None
+
+    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any,
+                     extra: dict[str, Any]) -> str:
+        return await asyncio.to_thread(self.tokenizer.apply_chat_template, messages, tools=tools, tokenize=False,
+                                       add_generation_prompt=True, **extra)
+
+    async def tokenize(self, text: str, *, special: bool) -> list[int]:
+        return list(await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=special))
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False,
+                                       clean_up_tokenization_spaces=False)
+
+
+def make_template(upstream: Upstream, tokenizer: str | None) -> ChatTemplate:
+    """The template for ``upstream``: the tokenizer given, else llama-server's own; vLLM and SGLang need one."""
+    if tokenizer:
+        return TokenizerTemplate(tokenizer)
+    if upstream.dialect.name != "llamacpp":
+        raise ConfigError(f"the {upstream.dialect.name} server has no chat template endpoint: give --tokenizer (the "
+                          "model's Hugging Face tokenizer directory or name) so the gateway renders and tokenizes "
+                          "conversations as the server would")
+    return ServerTemplate(upstream)
