@@ -62,6 +62,7 @@ def binary_for(kind: str) -> str | None:
     return shutil.which("redis-server")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect the ``redis7`` case of every test marked ``one_server_kind``, and the ``cluster`` case of
     every test not marked ``cluster``."""
