@@ -90,7 +90,9 @@ def test_torch_is_the_trainer_extra_without_an_upper_bound(wheel):
     def extra(name: str) -> dict[str, Requirement]:
         return {r.name: r for r in requirements if r.marker is not None and r.marker.evaluate({"extra": name})}
 
-    assert set(metadata.get_all("Provides-Extra")) == {"trainer", "report", "export", "trl", "llm", "docs", "dev"}
+    assert set(metadata.get_all("Provides-Extra")) == {"trainer", "report", "export", "trl", "llm", "docs", "gateway",
+                                                       "dev"}
+    assert set(extra("gateway")) == {"aiohttp", "openai"}  # the gateway's server and the agents' client
     trainer = extra("trainer")
     assert set(trainer) == {"torch", "numpy", "safetensors"}  # safetensors: the reference trainer's checkpoints
     assert all(spec.operator in (">=", ">") for spec in trainer["torch"].specifier)
