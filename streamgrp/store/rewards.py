@@ -83,6 +83,10 @@ class RewardClient:
         self._prompts: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._post = scripts.register(client, "reward_post.lua")
         self._claim_cursors = {part.index: "0-0" for part in self.partitions}
+        # A result turns idle only after claim_idle_s: scanning for them more often than a tenth of that finds
+        # them no sooner, and costs a round trip per partition on every take (the rewarder takes every 50 ms).
+        self._scan_every_s = min(1.0, claim_idle_s / 10)
+        self._scanned_at = float("-inf")
         self._seq = 0
         for part in self.partitions:
             ensure_group(client, part.slots, REWARDERS_GROUP)
@@ -92,7 +96,10 @@ class RewardClient:
     def take(self, count: int, *, block_ms: int | None = 1000) -> list[PendingResult]:
         """Up to ``count`` results waiting for rewards: first those a dead rewarder held, then new ones."""
         taken: list[PendingResult] = []
-        for part in self.partitions:
+        scan = time.monotonic() - self._scanned_at >= self._scan_every_s
+        if scan:
+            self._scanned_at = time.monotonic()
+        for part in self.partitions if scan else ():
             cursor, entries, *_ = self.client.xautoclaim(part.slots, REWARDERS_GROUP, self.name, self.claim_idle_ms,
                                                          start_id=self._claim_cursors[part.index], count=count)
             self._claim_cursors[part.index] = entry_id_str(cursor)

@@ -39,6 +39,7 @@ from streamgrp.services.inference.adapter import (
     REPLY_BYTES_PER_TOKEN,
     Completion,
     GenerationFailed,
+    finished_or_resubmit,
     Retry,
 )
 from streamgrp.services.inference.dialect import Dialect, Generation, ProtocolError, Sampling, checked_logprobs
@@ -207,19 +208,9 @@ class Upstream:
             reply, server = await self.requests.post(path, body, max_bytes=_reply_limit(body, len(context) + budget))
             generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server, sampling)
             completion.add(generation, server, 1)
-            if generation.finish != "abort":
+            if finished_or_resubmit(completion, generation, server, self.dialect.name, sampling.max_tokens,
+                                    self.on_abort, self.max_resubmits):
                 return completion
-            if len(completion.token_ids) >= sampling.max_tokens:
-                completion.finish = "length"
-                return completion
-            where = (f"the {self.dialect.name} server at {server} aborted the generation after "
-                     f"{len(completion.token_ids)} tokens ({generation.reason or 'no reason given'})")
-            if self.on_abort == "fail":
-                raise GenerationFailed(f"{where}; --on-abort resubmit would continue it")
-            if completion.resubmits >= self.max_resubmits:
-                raise GenerationFailed(f"{where}, after {completion.resubmits} resubmissions already; raise "
-                                       "--max-resubmits or find what keeps aborting it")
-            completion.resubmits += 1
 
     async def _every_logprob(self, generation: Generation, context: list[int], budget: int, server: str,
                              sampling: Sampling) -> Generation:

@@ -200,19 +200,9 @@ class InferenceRollout:
                                                               reply_tokens=len(context) + budget)
             generation = self._every_logprob(generation, context, budget, server)
             completion.add(generation, server, attempts)
-            if generation.finish != "abort":
+            if finished_or_resubmit(completion, generation, server, self.dialect.name, self.sampling.max_tokens,
+                                    self.on_abort, self.max_resubmits):
                 return completion
-            if len(completion.token_ids) >= self.sampling.max_tokens:
-                completion.finish = "length"  # aborted exactly at the budget: nothing left to resubmit
-                return completion
-            where = (f"the {self.dialect.name} server at {server} aborted the generation after "
-                     f"{len(completion.token_ids)} tokens ({generation.reason or 'no reason given'})")
-            if self.on_abort == "fail":
-                raise GenerationFailed(f"{where}; --on-abort resubmit would continue it")
-            if completion.resubmits >= self.max_resubmits:
-                raise GenerationFailed(f"{where}, after {completion.resubmits} resubmissions already; raise "
-                                       "--max-resubmits or find what keeps aborting it")
-            completion.resubmits += 1
 
     def _every_logprob(self, generation: Generation, context: list[int], budget: int, server: str) -> Generation:
         """``generation`` within its budget, with the log-probabilities its reply lacked scored again, all checked."""
@@ -293,3 +283,25 @@ class InferenceRollout:
             self.sleep(self.retry.pause(attempt - waited_through, self.rng))
         raise GenerationFailed(f"{self.retry.attempts} attempts failed, the last with: {last}; check the servers "
                                "(--server-url), or raise --max-attempts / --request-timeout-s")
+
+
+def finished_or_resubmit(completion: Completion, generation: Generation, server: str, dialect: str, max_tokens: int,
+                         on_abort: str, max_resubmits: int) -> bool:
+    """After ``generation`` was added to ``completion``: True when the completion is done (the server stopped
+    by itself, or aborted exactly at the token budget), False to resubmit an abort with the tokens so far
+    (counted); `GenerationFailed` when ``on_abort`` is ``fail`` or ``max_resubmits`` are spent. The one rule
+    of the worker's adapter and the gateway's."""
+    if generation.finish != "abort":
+        return True
+    if len(completion.token_ids) >= max_tokens:
+        completion.finish = "length"  # aborted exactly at the budget: nothing left to resubmit
+        return True
+    where = (f"the {dialect} server at {server} aborted the generation after "
+             f"{len(completion.token_ids)} tokens ({generation.reason or 'no reason given'})")
+    if on_abort == "fail":
+        raise GenerationFailed(f"{where}; --on-abort resubmit would continue it")
+    if completion.resubmits >= max_resubmits:
+        raise GenerationFailed(f"{where}, after {completion.resubmits} resubmissions already; raise "
+                               "--max-resubmits or find what keeps aborting it")
+    completion.resubmits += 1
+    return False
