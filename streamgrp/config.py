@@ -539,6 +539,8 @@ class DeleteConfig(_Settings):
                                  "after retention it holds the only copy of the run)")
     idle_s: float = Field(60.0, ge=0, description="a run that has not ended counts as live while an entry was "
                           "appended or a consumer read within this many seconds")
+    yes: bool = Field(False, description="delete without asking (asked on a terminal; without a terminal, "
+                      "delete refuses unless this is given)")
 
 
 class ExportConfig(_Settings):

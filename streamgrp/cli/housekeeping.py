@@ -50,6 +50,25 @@ def print_sizes(client, data_dir: Path) -> None:
           f"{human_bytes(archived_total)} in archives under {Path(data_dir) / 'archive'}")
 
 
+def _confirm_delete(run: str, url: str, usage, archive: Path | None) -> None:
+    """Ask on a terminal before deleting; without one (a script, CI) refuse unless --yes was given,
+    since nothing can be undone after it."""
+    from streamgrp.store.credentials import safe_url
+    from streamgrp.store.run_admin import human_bytes
+
+    what = (f"run {run!r} ({usage.keys} keys, {human_bytes(usage.bytes)}) on {safe_url(url)}"
+            + (f" and its archive {archive}" if archive is not None else ""))
+    if not sys.stdin.isatty():
+        raise ConfigError(f"delete would remove {what} and cannot be undone; pass --yes (STREAMGRP_YES=1) to delete "
+                          "without a terminal to confirm on")
+    try:
+        answer = input(f"Delete {what}? This cannot be undone. [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        raise ConfigError(f"not deleted: {run!r} is kept (answer y to delete, or pass --yes)")
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
     from streamgrp.store.archive_admin import archive_bytes, archive_in_use, remove_archive
     from streamgrp.store.archive_layout import default_archive_dir, read_meta
@@ -58,7 +77,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
     config = settings(args, DeleteConfig)
     keys = RunKeys(args.target)
-    with connected(args) as (client, connection, _handle):
+    with connected(args) as (client, connection, handle):
         archive = Path(args.archive) if args.archive else default_archive_dir(connection.data_dir, keys.run)
         try:
             meta = read_meta(archive)
@@ -72,7 +91,9 @@ def cmd_delete(args: argparse.Namespace) -> int:
         if meta is not None and not config.force and archive_in_use(archive):
             raise ConfigError(f"run {keys.run!r} is live: an archiver is writing its archive {archive}. Stop it first, "
                               "or pass --force (STREAMGRP_FORCE=1) to delete it anyway")
-        deleted = delete_run(client, keys, force=config.force, idle_s=config.idle_s)
+        doomed_archive = archive if meta is not None and config.delete_archive else None
+        confirm = None if config.yes else (lambda usage: _confirm_delete(keys.run, handle.url, usage, doomed_archive))
+        deleted = delete_run(client, keys, force=config.force, idle_s=config.idle_s, confirm=confirm)
         if not deleted.keys and not deleted.registered and not (meta is not None and config.delete_archive):
             kept = f"; its archive {archive} is kept (--delete-archive removes it)" if meta is not None else ""
             raise ConfigError(f"run {keys.run!r} has no keys on this server and is not in its registry{kept}; list "

@@ -69,7 +69,9 @@ class Parser(argparse.ArgumentParser):
         if choice:
             known = re.findall(r"'([^']*)'", choice.group(2))
             message += _did_you_mean(choice.group(1), known)
-        super().error(message)
+        # One line that says what is wrong and where the flags are, not argparse's whole usage block
+        # (30-40 lines on most commands) with the useful line at its end.
+        self.exit(2, f"{self.prog}: error: {message}\n(see '{self.prog} --help' for its flags)\n")
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         """As argparse's, but an unknown flag is reported by its subcommand, with the closest known flag."""
@@ -240,7 +242,8 @@ def _add_replay_commands(commands: Any) -> None:
     _add_archive_flag(verify)
     verify.set_defaults(handler=inspection.cmd_verify)
 
-    inspect = commands.add_parser("inspect", help="one task's timeline: issue, slot results, decision, step and rank")
+    inspect = commands.add_parser("inspect", help="one task's timeline: issue, slot results, agent sessions' "
+                                  "turns, decision, step and rank")
     _add_model_flags(inspect, ConnectionConfig, "connection")
     inspect.add_argument("task_id", metavar="TASK_ID")
     _add_archive_flag(inspect)

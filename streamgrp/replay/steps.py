@@ -9,8 +9,8 @@ Owns reading a run's record after the fact (SPEC section 6) and nothing that cha
   (the trainer's own code) from the manifest and the slot entries, digests checked. Entries come from
   an entry source (`streamgrp.store.sources`): the server by default, an archive's source when given. A
   replayed batch is read-only (`ReadOnlyBatch` on commit or fail).
-- `inspect_task`: one task's timeline: issue, each slot result, the decision, the step and rank it
-  trained in (or why it was discarded).
+- `inspect_task`: one task's timeline: issue, each slot result, its agent sessions' turns (when the
+  gateway served them), the decision, the step and rank it trained in (or why it was discarded).
 
 The rest of the replay API (`save_batch` / `load_batch`, batches on disk without pickle, and
 `verify`) is offered by `streamgrp.replay`. Importing this module loads no torch: only rebuilding a
@@ -44,6 +44,7 @@ from streamgrp.core.events import (
 from streamgrp.core.manifest import decision_ref
 from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError, DecodeError, DigestMismatch
+from streamgrp.replay.session_lines import session_lines
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id, task_partition
 from streamgrp.store.sources import EntrySource, RedisSource, decode_all, partition_streams
 from streamgrp.store.streams import entry_time
@@ -215,6 +216,7 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
     if not found:
         raise ConfigError(f"task {task_id!r} is not in the slot log of run {keys.run!r} (wrong run? trimmed?)")
     decision_entry, decision = _find_decision(source, task_id, decisions[mine][1])
+    sessions = partition_streams(source, "sessions")[mine][1]
     first_per_slot: dict[int, str] = {}
     timeline: list[TimelineEvent] = []
     for entry_id, event in found:
@@ -242,6 +244,7 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
                     text += f"; text {_short(completion, 200)}"
                     data["text"] = completion
             timeline.append(TimelineEvent(entry_time(entry_id), "slot", text, entry_id, data))
+    timeline += session_lines(source.scan(sessions), task_id, TimelineEvent)
     if decision is None:
         timeline.append(TimelineEvent(None, "open", "no decision yet: the group is still open (or never folded)"))
         return sorted(timeline, key=lambda event: (event.at is None, event.at or 0.0))

@@ -16,6 +16,7 @@ below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothi
                 next step's manifest) and after the newest recorded checkpoint (`CheckpointSaved`: a
                 group that restarts from it trains those steps again)
     tasks       the workers group's pending and undelivered entries
+    sessions    the turns of open agent sessions (a restarted gateway reads them back)
     discarded, commits, deadletter    the archive only: no service reads them back
     control     never: it is small and every process reads the run's record from it
 
@@ -70,6 +71,7 @@ from streamgrp.store.keys import (
     run_streams,
     step_entry_id,
 )
+from streamgrp.config import RunConfig
 from streamgrp.store.runs import read_record
 from streamgrp.store.streams import entry_id_str, read_entries
 
@@ -82,6 +84,9 @@ NEVER_TRIMMED = ("control",)
 PENDING_PAGE = 10_000
 _PAGE = 1000
 KEEP_ALL: IdKey = (0, 0)
+#: Seconds kept before an open session's task was issued: the issue time is the server's clock read just
+#: before its entry was written, and a second covers rounding to whole milliseconds with room to spare.
+SESSION_CLOCK_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -172,9 +177,24 @@ def _consumer_bounds(floors: _Floors, stream: str, infos, summary, group: str) -
     return True
 
 
-def _recorded_dp_size(client: redis.Redis, keys: RunKeys) -> int:
+def _recorded_config(client: redis.Redis, keys: RunKeys) -> RunConfig | None:
     first = client.xrange(keys.control, "-", "+", count=1)
-    return read_record(keys.run, first[0][1], "the control stream's first entry")[1].dp_size if first else 1
+    return read_record(keys.run, first[0][1], "the control stream's first entry")[1] if first else None
+
+
+def _open_session_bounds(floors_: _Floors, client: redis.Redis, part: PartitionKeys, group_timeout_s: float | None,
+                         suffix: str = "") -> None:
+    """Open agent sessions' events: a restarted gateway reads their turns back. A session is opened for an
+    issued task and ends by its group's deadline (issue time + group timeout, its score in the deadlines
+    set), so the oldest deadline less the timeout is at or before every open session's first entry."""
+    oldest = client.zrange(part.session_deadlines, 0, 0, withscores=True)
+    if not oldest:
+        return  # none open with a deadline; ended ones are the archive's
+    if group_timeout_s is None:
+        floors_.keep("sessions" + suffix, None, "open agent sessions")
+        return
+    issued_ms = int((float(oldest[0][1]) - group_timeout_s - SESSION_CLOCK_MARGIN_S) * 1000)
+    floors_.keep("sessions" + suffix, (max(0, issued_ms), 0), "open agent sessions")
 
 
 def _scan(client: redis.Redis, key: str, start: str) -> Iterable[tuple[str, dict[bytes, bytes]]]:
@@ -206,8 +226,10 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
     streams = run_streams(keys, partitions)
     floors_ = _Floors(streams)
     _archive_bounds(floors_, streams, archive_progress)
+    config = _recorded_config(client, keys)
     if dp_size is None:
-        dp_size = _recorded_dp_size(client, keys)
+        dp_size = config.dp_size if config is not None else 1
+    group_timeout_s = config.group_timeout_s if config is not None else None
     committed = None
     for part in partitions:  # each partition's state one instant of its own; the steps' after every one
         suffix = f"@{part.index}" if len(partitions) > 1 else ""
@@ -218,6 +240,7 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
         batcher = _consumer_bounds(floors_, "decisions" + suffix, state.decision_groups, state.decision_pending,
                                    BATCHER_GROUP)
         _unbatched_bounds(floors_, client, part, state, batcher=batcher, suffix=suffix)
+        _open_session_bounds(floors_, client, part, group_timeout_s, suffix)
     if len(partitions) > 1:
         committed = client.hgetall(keys.committed)
     _uncommitted_step_bounds(floors_, client, keys, committed, dp_size, partitioned=len(partitions) > 1)

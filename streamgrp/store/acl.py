@@ -158,7 +158,7 @@ def _archiver(k: RunKeys) -> RoleAccess:
         "archiver", "copies every stream and hash to disk and records its progress; with --retention trims "
         "the streams behind the archive",
         read=(k.control, k.decided, k.counts, k.deadletter_counts, k.committed, k.batcher_state, k.trainer_metrics,
-              k.version, k.checkpoint, k.attempt, RUNS),
+              k.version, k.checkpoint, k.attempt, k.session_deadlines, RUNS),
         write=(k.archive, *trimmed),
         commands=(*_RUN_LOOKUP, "get", "hget", "xinfo|groups", "xinfo|stream", "xpending", "xtrim", "hgetall", "hset",
                   "hsetnx", "multi", "exec"))

@@ -268,7 +268,7 @@ class RunKeys(_FoldLayout):
         return {"control": self.control, "tasks": self.tasks, "slots": self.slots, "payloads": self.payloads,
                 "decisions": self.decisions,
                 "steps": self.steps, "discarded": self.discarded, "commits": self.commits,
-                "deadletter": self.deadletter}
+                "deadletter": self.deadletter, "sessions": self.sessions}
 
 
 #: The most partitions a run may have: each has its own assembler process and key set.
@@ -290,7 +290,7 @@ class PartitionKeys(_FoldLayout):
 
     def all_streams(self) -> dict[str, str]:
         return {"tasks": self.tasks, "slots": self.slots, "payloads": self.payloads, "decisions": self.decisions,
-                "deadletter": self.deadletter}
+                "deadletter": self.deadletter, "sessions": self.sessions}
 
 
 #: Redis Cluster's hash slots; a key's slot is the CRC16 (XMODEM) of its hash tag modulo this.
@@ -336,7 +336,7 @@ def task_partition(task_id: str, partitions: int) -> int:
 
 
 #: Streams every partition has its own of; in a partitioned run the run's own are unused.
-PARTITION_STREAMS = ("tasks", "slots", "payloads", "decisions")
+PARTITION_STREAMS = ("tasks", "slots", "payloads", "decisions", "sessions")
 
 
 def run_streams(keys: RunKeys, partitions: Sequence[PartitionKeys], only: Sequence[int] | None = None) -> dict[str, str]:

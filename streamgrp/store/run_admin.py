@@ -22,7 +22,7 @@ disk are `streamgrp.store.archive_admin`'s.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -254,11 +254,12 @@ class Deleted:
     reappeared: int = 0
 
 
-def delete_run(client: redis.Redis, keys: RunKeys, *, force: bool = False,
-               idle_s: float = DEFAULT_IDLE_S) -> Deleted:
+def delete_run(client: redis.Redis, keys: RunKeys, *, force: bool = False, idle_s: float = DEFAULT_IDLE_S,
+               confirm: Callable[[RunUsage], None] | None = None) -> Deleted:
     """Delete every ``sg:{RUN}:*`` key and the run's registry entry; a run with neither deletes nothing.
 
-    Refuses a live run (`live_reason`) with a `ConfigError` unless ``force``."""
+    Refuses a live run (`live_reason`) with a `ConfigError` unless ``force``. ``confirm`` is shown what
+    is about to go, after those checks and before anything is deleted; it raises to keep the run."""
     run = check_run_name(keys.run)
     with privileged(f"deleting run {run!r}"):
         if not force:
@@ -268,6 +269,8 @@ def delete_run(client: redis.Redis, keys: RunKeys, *, force: bool = False,
                                   "(STREAMGRP_FORCE=1) to delete it anyway")
         names = run_key_names(client, keys)
         usage = _measure(client, run, names)
+        if confirm is not None and (names or client.zscore(RUNS, run) is not None):
+            confirm(usage)
         for chunk in _chunks(names):
             client.unlink(*chunk)
         # The registry entry goes last: a delete interrupted halfway leaves the run listed, and running

@@ -63,7 +63,7 @@ def test_export_after_retention_reads_the_archive_and_equals_the_untrimmed_expor
     assert read_export(tmp_path / "fb") == whole
 
     # The run deleted from the server: the archive alone answers, its run the default, flags from the environment.
-    assert main(["delete", run_name, *connection, "--data-dir", str(tmp_path / "none")]) == 0  # keeps the archive
+    assert main(["delete", run_name, "--yes", *connection, "--data-dir", str(tmp_path / "none")]) == 0  # keeps the archive
     monkeypatch.setenv("STREAMGRP_ARCHIVE", str(data_dir / "archive" / run_name))
     monkeypatch.setenv("STREAMGRP_OUT", str(tmp_path / "archived"))
     capsys.readouterr()

@@ -23,10 +23,13 @@ from streamgrp.core import codec
 from streamgrp.core.events import GroupDecided, SamplePayload, SessionEnded, SlotResult, TurnRecorded
 from streamgrp.core.policy import NormSpec
 from streamgrp.errors import ConfigError
+from streamgrp.replay import inspect_task
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.gateway.agent import AgentProcess
+from streamgrp.services.retention import SESSION_CLOCK_MARGIN_S, floors, trim
 from streamgrp.services.worker import WorkerClient
 from streamgrp.store.runs import join_run
+from streamgrp.store.streams import entry_id_str
 from streamgrp.store.tasks import TaskIssuer
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "arithmetic",
@@ -145,6 +148,49 @@ def test_a_two_turn_session_with_a_tool_message_is_one_row_of_the_servers_own_to
     assert [i for i, m in enumerate(mask) if m] == sorted(generated)
     assert [values[i] for i in sorted(generated)] == [logprob(ids[i]) for i in sorted(generated)]
     assert all(values[i] == 0.0 for i in range(len(ids)) if i not in generated)
+
+    # `streamgrp inspect` tells the task's sessions: opened, each turn, how each ended.
+    lines = [(e.what, e.data) for e in inspect_task(client, gw.run.keys, opened["task_id"])
+             if e.what in ("session", "turn", "session end")]
+    assert [what for what, _ in lines] == ["session", "session", "turn", "turn", "session end", "session end"]
+    shown_turns = [data for what, data in lines if what == "turn"]
+    assert [(d["turn"], d["completion_tokens"], d["text"]) for d in shown_turns] == \
+        [(1, len(one.completion_ids.to_list()), one.meta["text"]), (2, len(two.completion_ids.to_list()), "It is 4.")]
+    assert {d["outcome"] for what, d in lines if what == "session end"} == {"sample", "rejected"}
+
+
+def test_retention_keeps_the_turns_of_open_sessions_and_trims_ended_ones_behind_the_archive(client, gateway_for,
+                                                                                            fake):
+    gw = gateway_for(tasks=1)
+
+    def one_turn(opened: dict) -> None:
+        fake.script.append("Hello.")
+        openai_client(opened["sessions"][0]).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "hi"}])
+
+    ended_task = gw.open()
+    one_turn(ended_task)
+    for session in ended_task["sessions"]:
+        gw.end(session["session_id"], reward=1.0)
+    time.sleep(SESSION_CLOCK_MARGIN_S + 0.2)  # the floor keeps a margin before the open one's task was issued
+    TaskIssuer(client, gw.run.keys).issue([{"question": "later"}])
+    open_task = gw.open()
+    one_turn(open_task)
+    keys = gw.run.keys
+    everything = {stream: entry_id_str(client.xrevrange(key, count=1)[0][0])
+                  for stream, key in gw.run.streams().items() if client.exists(key)}
+    assert "sessions" in everything  # archived and trimmed like every stream of the run
+    floors_ = floors(client, keys, everything)
+    floor, why = floors_["sessions"]
+    assert why == "open agent sessions", floors_
+    kept = [codec.decode(f) for _, f in client.xrange(keys.sessions, f"{floor[0]}-{floor[1]}", "+")]
+    assert {e.task_id for e in kept} == {open_task["task_id"]}  # every event of the open one, none of the other
+    assert sum(isinstance(e, TurnRecorded) for e in kept) == 1
+    trim(client, keys, everything)
+    assert [codec.decode(f).task_id for _, f in client.xrange(keys.sessions)] == [e.task_id for e in kept]
+    for session in open_task["sessions"]:
+        gw.end(session["session_id"], reward=None)
+    assert floors(client, keys, everything)["sessions"][1] == "archive"
 
 
 @pytest.mark.one_server_kind

@@ -90,7 +90,7 @@ def test_runs_sizes_shows_each_runs_keys_memory_entries_and_archive(client, redi
 
 
 def test_delete_removes_every_key_of_the_run_and_its_registry_entry_and_nothing_else(client, redis_url, run_name,
-                                                                                    capsys):
+                                                                                    capsys, monkeypatch):
     keys, other = golden(client, run_name), golden(client, run_name + "-other")
     pipe = client.pipeline(transaction=False)
     for version in range(1200):  # more keys than one UNLINK takes, under names no stream list knows
@@ -100,17 +100,29 @@ def test_delete_removes_every_key_of_the_run_and_its_registry_entry_and_nothing_
     memory = sum(client.memory_usage(name, samples=0) for name in before)
     kept = {name: client.dump(name) for name in key_names(client, other)}
 
+    # Without a terminal to ask on (stdin here is not one), delete refuses unless told --yes.
+    code, out, err = cli(capsys, "delete", run_name, "--redis-url", redis_url)
+    assert code == 2 and f"delete would remove run {run_name!r} ({len(before)} keys" in err and "--yes" in err, err
+    assert key_names(client, keys) == before
+    # On a terminal, anything but y keeps the run; y deletes it.
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    code, _, err = cli(capsys, "delete", run_name, "--redis-url", redis_url)
+    assert code == 2 and "not deleted" in err and key_names(client, keys) == before
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "y")
     code, out, err = cli(capsys, "delete", run_name, "--redis-url", redis_url)
     assert code == 0, err
+    assert asked and f"Delete run {run_name!r} ({len(before)} keys" in asked[0] and "[y/N]" in asked[0]
     assert out.splitlines()[0] == (f"run {run_name}: deleted {len(before)} keys ({human_bytes(memory)}) and its "
                                    "registry entry")
     assert key_names(client, keys) == set() and client.zscore(RUNS, run_name) is None
     assert {name: client.dump(name) for name in key_names(client, other)} == kept  # the other run is untouched
     assert client.zscore(RUNS, run_name + "-other") is not None
 
-    code, _, err = cli(capsys, "delete", run_name, "--redis-url", redis_url)
+    code, _, err = cli(capsys, "delete", run_name, "--yes", "--redis-url", redis_url)
     assert code == 2 and "has no keys on this server and is not in its registry" in err
-    code, _, err = cli(capsys, "delete", "*", "--redis-url", redis_url)  # never a pattern
+    code, _, err = cli(capsys, "delete", "*", "--yes", "--redis-url", redis_url)  # never a pattern
     assert code == 2 and "is not allowed" in err
     assert delete_run(client, other).keys == len(kept)
 
@@ -120,22 +132,22 @@ def test_delete_refuses_a_live_run_and_force_deletes_it(client, redis_url, make_
     lease = Lease(client, run.keys.batcher_lease, "batcher-test", ttl_s=30)
     assert lease.acquire()
     connection = ["--redis-url", redis_url]
-    code, _, err = cli(capsys, "delete", run_name, *connection, "--idle-s", "0")  # a lease counts whatever the idle
+    code, _, err = cli(capsys, "delete", run_name, "--yes", *connection, "--idle-s", "0")  # a lease counts whatever the idle
     assert code == 2 and f"run {run_name!r} is live: a batcher process holds the run's batcher lease" in err
     assert "--force" in err and client.exists(run.keys.control)
     lease.release()
-    code, _, err = cli(capsys, "delete", run_name, *connection)  # created a moment ago, not ended
+    code, _, err = cli(capsys, "delete", run_name, "--yes", *connection)  # created a moment ago, not ended
     assert code == 2 and "it has not finished and its control stream got an entry 0s ago" in err
-    code, out, err = cli(capsys, "delete", run_name, *connection, "--force")
+    code, out, err = cli(capsys, "delete", run_name, "--yes", *connection, "--force")
     assert code == 0 and f"run {run_name}: deleted" in out, err
     assert key_names(client, run.keys) == set()
 
     # A worker reading the task queue of an idle run keeps it live; the environment can force too.
     keys = golden(client, run_name)
     WorkerClient(client, keys).take(1, block_ms=None)
-    code, _, err = cli(capsys, "delete", run_name, *connection)
+    code, _, err = cli(capsys, "delete", run_name, "--yes", *connection)
     assert code == 2 and "the consumer tasks/workers/" in err and "read 0s ago" in err
-    assert main(["delete", run_name, *connection, "--idle-s", "0"]) == 0
+    assert main(["delete", run_name, "--yes", *connection, "--idle-s", "0"]) == 0
 
 
 def test_an_ended_run_is_deleted_without_force_once_every_rank_committed(client, redis_url, make_run, run_name,
@@ -154,13 +166,13 @@ def test_an_ended_run_is_deleted_without_force_once_every_rank_committed(client,
         batcher.round()
     assert batcher.outcome == "finished"
     batcher.lease.release()
-    code, _, err = cli(capsys, "delete", run_name, "--redis-url", redis_url)
+    code, _, err = cli(capsys, "delete", run_name, "--yes", "--redis-url", redis_url)
     assert code == 2 and "has not finished" in err  # every step written, step 0 not trained yet
     trainer = TrainerClient(client, open_run(client, run_name), poll_s=0.05)
     with trainer.batches(rank=0, world_size=1) as batches:
         for batch in batches:
             batch.commit()
-    code, out, err = cli(capsys, "delete", run_name, "--redis-url", redis_url)
+    code, out, err = cli(capsys, "delete", run_name, "--yes", "--redis-url", redis_url)
     assert code == 0 and "deleted" in out, err
 
 
@@ -172,30 +184,30 @@ def test_delete_keeps_the_archive_unless_asked_and_waits_for_its_archiver(client
     connection = ["--redis-url", redis_url, "--data-dir", str(data_dir)]
     archiver = Archiver(client, keys, archive)
     archiver.archive_once()  # it holds the archive's lock until closed
-    code, _, err = cli(capsys, "delete", run_name, *connection)
+    code, _, err = cli(capsys, "delete", run_name, "--yes", *connection)
     assert code == 2 and f"an archiver is writing its archive {archive}" in err and "--force" in err
     archiver.close()
     size = archive_bytes(archive)
 
-    code, out, err = cli(capsys, "delete", run_name, *connection)
+    code, out, err = cli(capsys, "delete", run_name, "--yes", *connection)
     assert code == 0, err
     assert f"  archive {archive} kept ({human_bytes(size)}); --delete-archive removes it" in out
     assert archive_bytes(archive) == size and key_names(client, keys) == set()
     code, out, err = cli(capsys, "steps", "--redis-url", redis_url, "--archive", str(archive))
     assert code == 0 and "3 steps" in out, err  # the archive still answers for the run
 
-    code, _, err = cli(capsys, "delete", run_name, *connection)
+    code, _, err = cli(capsys, "delete", run_name, "--yes", *connection)
     assert code == 2 and "is kept (--delete-archive removes it)" in err
-    code, out, err = cli(capsys, "delete", run_name, *connection, "--delete-archive")
+    code, out, err = cli(capsys, "delete", run_name, "--yes", *connection, "--delete-archive")
     assert code == 0 and f"  archive {archive} removed ({human_bytes(size)})" in out, err
     assert not archive.exists()
 
     other = golden(client, run_name + "-b")
     Archiver(client, other, tmp_path / "elsewhere").run(burst=True)
-    code, _, err = cli(capsys, "delete", run_name, "--redis-url", redis_url, "--archive", str(tmp_path / "elsewhere"),
+    code, _, err = cli(capsys, "delete", run_name, "--yes", "--redis-url", redis_url, "--archive", str(tmp_path / "elsewhere"),
                        "--delete-archive")
     assert code == 2 and f"is the archive of run {run_name + '-b'!r}, not {run_name!r}" in err
-    code, out, err = cli(capsys, "delete", other.run, "--redis-url", redis_url, "--archive",
+    code, out, err = cli(capsys, "delete", other.run, "--yes", "--redis-url", redis_url, "--archive",
                          str(tmp_path / "elsewhere"), "--delete-archive")
     assert code == 0 and "removed" in out and not (tmp_path / "elsewhere").exists(), err
 
@@ -228,7 +240,7 @@ def test_deleting_on_the_embedded_server_rewrites_its_append_only_file(tmp_path,
         return b"".join(p.read_bytes() for p in (tmp_path / ".streamgrp").rglob("appendonly*") if p.is_file())
 
     assert b"doomed" in aof()
-    code, out, err = cli(capsys, "delete", "doomed", "--idle-s", "0")
+    code, out, err = cli(capsys, "delete", "doomed", "--yes", "--idle-s", "0")
     assert code == 0, err
     assert re.search(r"^  append-only file rewritten \(\d+(\.\d)? (B|KiB)\)$", out, re.M), out
     assert b"doomed" not in aof()  # the next start replays nothing of it
