@@ -41,7 +41,7 @@ from streamgrp.core.events import (
 from streamgrp.core.manifest import decision_ref, make_manifest, ref_order, split_decision_ref
 from streamgrp.core.served import ServedTracker
 from streamgrp.core.stall import StallTracker, stall_message
-from streamgrp.errors import DecodeError, LeaseLost
+from streamgrp.errors import ConfigError, DecodeError, LeaseLost
 from streamgrp.services import heap
 from streamgrp.services.feeder import Feeder
 from streamgrp.store import scripts
@@ -62,8 +62,8 @@ class Batcher:
     """One batcher process's driver; `run` loops until stopped, finished, failed, or (burst) idle."""
 
     def __init__(self, client: redis.Redis, run: Run, config: BatcherConfig, *, name: str | None = None,
-                 group_filter: GroupFilter | None = None, dataset=None, metrics: Any = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 group_filter: GroupFilter | None = None, dataset=None, dataset_identity: str | None = None,
+                 metrics: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.run_ = run
         self.keys = run.keys
@@ -73,6 +73,10 @@ class Batcher:
         self.name = name or producer_name("batcher")
         self.group_filter = group_filter
         self.dataset = dataset
+        # What this batcher feeds the run, recorded by the first one active: one taking over must agree.
+        self.feed = {"dataset": dataset_identity or ("(none: tasks are issued outside the batcher)" if dataset is None
+                                                     else "(an iterable given in Python)"),
+                     "max_steps": "none" if config.max_steps is None else str(config.max_steps)}
         self.metrics = metrics
         self.clock = clock
         self.lease = Lease(client, self.keys.batcher_lease, self.name, config.lease_ttl_s)
@@ -95,6 +99,7 @@ class Batcher:
         self.dead_letters = {part.index: DeadLetters(client, part, metrics=metrics) for part in self.partitions}
         for part in self.partitions:
             ensure_group(client, part.decisions, BATCHER_GROUP)
+        self._check_feed(self._state())  # a standby with another dataset is refused at its start, not at takeover
 
     @property
     def outcome(self) -> str:
@@ -122,11 +127,14 @@ class Batcher:
     def _activate(self) -> None:
         """Take over: the next step from the server, the buffer from pending decisions."""
         self._acknowledge_recorded()  # owed by the batcher before this one, finished run or not
-        state = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.batcher_state).items()}
+        state = self._state()
         if "terminal" in state or "finished" in state:
             self._finished_outcome = "failed" if "terminal" in state else "finished"
             log.info("run %s already %s; batcher exits", self.keys.run, self._finished_outcome)
             return
+        self._check_feed(state)
+        for name, value in self.feed.items():
+            self.client.hsetnx(self.keys.batcher_state, f"feed:{name}", value)
         stall = self.state.stall
         if self._inactive_since is not None:  # standing by (an outage, a lost lease) is not stalling
             stall.shift(self.clock() - self._inactive_since)
@@ -151,6 +159,21 @@ class Batcher:
         log.info("batcher %s active at step %d with %d buffered groups", self.name, self.state.next_step,
                  len(self.state.buffer))
         heap.settle()  # imports and the replayed buffer: out of the collector's way while steps are made
+
+    def _state(self) -> dict[str, str]:
+        return {k.decode(): v.decode(errors="replace") for k, v in self.client.hgetall(self.keys.batcher_state).items()}
+
+    def _check_feed(self, state: dict[str, str]) -> None:
+        """`ConfigError` when the run records another dataset or ``--max-steps`` than this batcher's: taking
+        over with them would feed other prompts after the recorded ones, or end the run at another step."""
+        if "terminal" in state or "finished" in state:
+            return  # nothing more is fed to an ended run (its next batcher only settles what was owed)
+        differs = [(name, state[f"feed:{name}"], mine) for name, mine in self.feed.items()
+                   if state.get(f"feed:{name}", mine) != mine]
+        if differs:
+            said = "; ".join(f"{name} {recorded}, this batcher's {mine}" for name, recorded, mine in differs)
+            raise ConfigError(f"run {self.keys.run} was started with another feed: {said}. A batcher of the run "
+                              "(a standby taking over, or a restart) must be given the same --dataset and --max-steps")
 
     def round(self, stop: threading.Event | None = None) -> int:
         """One collection round: feed, read decisions until the round ends, emit due steps, check the stall."""

@@ -10,6 +10,7 @@ or zombie batcher can never issue a prompt twice; task ids are the dataset posit
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from itertools import islice
@@ -40,6 +41,18 @@ def load_dataset(spec: str) -> Iterator[dict[str, Any]]:
     if callable(target) and not hasattr(target, "__iter__"):
         target = target()  # a factory of prompts
     return (_as_prompt(item, spec) for item in target)
+
+
+def dataset_identity(spec: str) -> str:
+    """What names a dataset, recorded with the run so a batcher taking over feeds the same one: a file's
+    name, size and SHA-256 of its bytes (a copy elsewhere is the same dataset, an edited one is not), or a
+    ``module:iterable`` as given."""
+    path = Path(spec)
+    if not path.is_file():
+        return spec
+    with path.open("rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    return f"{path.name} ({path.stat().st_size} bytes, sha256 {digest[:16]})"
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:

@@ -23,6 +23,9 @@ from streamgrp.store.connection import is_outage, outage_of, without_retries
 
 log = logging.getLogger(__name__)
 
+#: A process standing by says so when it starts waiting, and again this often while it waits.
+STANDBY_REMINDER_S = 300.0
+
 
 class Lease:
     def __init__(self, client: redis.Redis, key: str, owner: str, ttl_s: float) -> None:
@@ -41,6 +44,17 @@ class Lease:
             return True
         return False
 
+    def holder(self) -> str | None:
+        """Who holds the lease now (the owner part of its token: a process name), None when nobody does."""
+        try:
+            token = self.client.get(self.key)
+        except redis.RedisError:
+            return None
+        if token is None:
+            return None
+        text = token.decode(errors="replace") if isinstance(token, bytes) else str(token)
+        return text.rsplit(":", 1)[0]
+
     def renew_if_due(self) -> None:
         """Renew once a third of the TTL has passed; raises `LeaseLost` if someone else holds it."""
         if (time.monotonic() - self._renewed_at) * 1000 < self.ttl_ms / 3:
@@ -54,6 +68,12 @@ class Lease:
             self._release(keys=[self.key], args=[self.token], client=without_retries(self.client))
         except redis.RedisError:
             pass  # the TTL frees it anyway
+
+
+def _say_standing_by(lease: Lease, who: str) -> None:
+    holder = lease.holder()
+    log.info("%s stands by: %s holds the lease %s; this one takes over when that one stops (within %.0f s of it "
+             "stopping renewing)", who, holder or "another process", lease.key, lease.ttl_ms / 1000)
 
 
 def run_while_leased(lease: Lease, *, who: str, stop: threading.Event, is_active: Callable[[], bool],
@@ -70,11 +90,16 @@ def run_while_leased(lease: Lease, *, who: str, stop: threading.Event, is_active
     """
     poll_s = min(1.0, lease.ttl_ms / 3000)
     outage = outage_of(lease.client)
+    said_at: float | None = None  # when standing by was last said (monotonic)
     try:
         while not stop.is_set() and running():
             if not is_active() and not lease.acquire():
+                if said_at is None or time.monotonic() - said_at >= STANDBY_REMINDER_S:
+                    said_at = time.monotonic()
+                    _say_standing_by(lease, who)
                 stop.wait(poll_s)
                 continue
+            said_at = None
             try:
                 if not is_active():
                     activate()

@@ -1,3 +1,4 @@
+import logging
 import time
 
 import orjson
@@ -67,7 +68,8 @@ def test_restart_rebuilds_open_groups_from_pending_entries(client, make_run, iss
     assert pending(client, run) == 0
 
 
-def test_a_standby_waits_for_the_lease_then_takes_over(client, make_run, issuer, background):
+def test_a_standby_waits_for_the_lease_then_takes_over(client, make_run, issuer, background, caplog):
+    caplog.set_level(logging.INFO, logger="streamgrp.store.lease")
     run = make_run(n_samples=2)
     config = AssemblerConfig(lease_ttl_s=0.6, tick_interval_s=0.05)
     active = Assembler(client, run, config, name="active")
@@ -82,6 +84,10 @@ def test_a_standby_waits_for_the_lease_then_takes_over(client, make_run, issuer,
     _wait_for(lambda: len(decisions(client, run)) == 1, timeout=5)
     assert time.monotonic() - started >= 0.3  # it could not act before the old lease expired
     assert decisions(client, run)[0].producer == "standby"
+    # It said it was standing by, and for whom, once (not at every poll).
+    said = [r.getMessage() for r in caplog.records if "stands by" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("assembler standby stands by: active holds the lease ") \
+        and run.keys.assembler_lease in said[0], said
 
 
 def test_a_fenced_assembler_cannot_commit(client, make_run, issuer):

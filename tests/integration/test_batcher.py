@@ -37,6 +37,7 @@ from streamgrp.core.stall import stall_message
 from streamgrp.errors import ConfigError, RunFailed
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
+from streamgrp.services.feeder import dataset_identity, load_dataset
 from streamgrp.services.synthetic import make_sample, synthetic_rollout
 from streamgrp.services.worker import WorkerClient, WorkerProcess
 from streamgrp.store.keys import BATCHER_GROUP
@@ -687,3 +688,30 @@ def test_a_batcher_that_loses_and_regains_the_lease_issues_each_prompt_once_in_o
     first.round()  # t4, t5
     issued = events(client, run.keys.tasks, TaskIssued)
     assert [(t.task_id, t.prompt["seed"]) for t in issued] == [(f"t{i:08d}", i) for i in range(6)]
+
+
+def test_a_batcher_of_the_run_with_another_dataset_or_max_steps_is_refused_at_start(client, make_run, tmp_path):
+    run = make_run(n_samples=2, dp_size=1, batch_size=2)
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(f'{{"seed": {i}}}\n' for i in range(8)))
+    first = Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(dataset)),
+                    dataset_identity=dataset_identity(str(dataset)))
+    assert first.lease.acquire()
+    first._activate()  # the first one active records what it feeds
+    copy = tmp_path / "elsewhere" / "prompts.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(dataset.read_bytes())
+    # The same bytes under another path are the same dataset: a standby with them starts.
+    Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(copy)),
+            dataset_identity=dataset_identity(str(copy)))
+    edited = tmp_path / "edited" / "prompts.jsonl"
+    edited.parent.mkdir()
+    edited.write_text(dataset.read_text() + '{"seed": 99}\n')
+    with pytest.raises(ConfigError, match=r"another feed: dataset prompts.jsonl \(\d+ bytes, sha256 [0-9a-f]{16}\), "
+                       r"this batcher's prompts.jsonl \(\d+ bytes"):
+        Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(edited)),
+                dataset_identity=dataset_identity(str(edited)))
+    with pytest.raises(ConfigError, match="max_steps 3, this batcher's 5"):
+        Batcher(client, run, BatcherConfig(max_steps=5), dataset=load_dataset(str(dataset)),
+                dataset_identity=dataset_identity(str(dataset)))
+
