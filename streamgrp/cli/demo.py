@@ -218,7 +218,8 @@ def _watch(client, keys, children: list[Child], demo: DemoConfig, started: float
             raise KeyboardInterrupt
         for child in children:
             code = child.proc.poll()
-            if code is None or (code == 0 and child.role in ("trainer", "batcher")):
+            # Workers and the assembler exit by themselves (0) once the batcher has ended the run.
+            if code is None or (code == 0 and (child.role in ("trainer", "batcher") or _batcher_done(children))):
                 continue
             if child.role in OPTIONAL_ROLES and any(c.proc.poll() is None for c in children if c.role == child.role):
                 if not getattr(child, "_reported", False):
@@ -233,6 +234,10 @@ def _watch(client, keys, children: list[Child], demo: DemoConfig, started: float
             raise RoleFailed(f"the demo did not finish within {demo.timeout_s:g}s (--timeout-s); see the logs")
         progress.update(client, keys)
         stop.wait(0.25)
+
+
+def _batcher_done(children: list[Child]) -> bool:
+    return any(c.role == "batcher" and c.proc.poll() == 0 for c in children)
 
 
 class _Progress:

@@ -74,6 +74,7 @@ from streamgrp.store.connection import replicate
 from streamgrp.store.deadletter import MAX_DETAIL_CHARS, op_fields
 from streamgrp.store.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
 from streamgrp.store.lease import Lease, run_while_leased
+from streamgrp.store.run_end import RunEndWatch
 from streamgrp.store.runs import Run, server_time
 from streamgrp.store.streams import (
     ensure_group,
@@ -129,9 +130,19 @@ class Assembler:
 
         Groups still open at a burst exit stay pending on the server; the next assembler rebuilds them.
         """
+        run_end, said = RunEndWatch(self.client, self.run_.keys), []
+
+        def going() -> bool:
+            outcome = run_end.ended()
+            if outcome is not None and not said:
+                said.append(outcome)
+                log.info("run %s %s: no slot result will be needed; assembler %s exits", self.run_.keys.run, outcome,
+                         self.name)
+            return outcome is None
+
         run_while_leased(self.lease, who=f"assembler {self.name}", stop=stop or threading.Event(),
                          is_active=lambda: self.state is not None, activate=self._rebuild, work=self._work,
-                         deactivate=self._stand_by, burst=burst)
+                         deactivate=self._stand_by, burst=burst, running=going)
         return self.decisions_written
 
     def _work(self) -> int:

@@ -45,6 +45,7 @@ from streamgrp.store import scripts
 from streamgrp.store.connection import is_outage, outage_of, replicate
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
+from streamgrp.store.run_end import RunEndWatch
 from streamgrp.store.runs import read_record, recorded_partitions
 from streamgrp.store.streams import (
     ensure_group,
@@ -316,6 +317,7 @@ class WorkerProcess:
                                            "as failed with the exception's text (the latest: %s)")
         self._is_async = inspect.iscoroutinefunction(rollout)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.run_end = RunEndWatch(worker.client, worker.keys)
 
     def run(self, stop: threading.Event | None = None) -> int:
         stop = stop or threading.Event()
@@ -336,6 +338,11 @@ class WorkerProcess:
                     continue  # the server was away; ridden out
                 if not tasks:
                     if self.config.burst and not in_flight:
+                        break
+                    ended = None if in_flight else self.run_end.ended()
+                    if ended is not None:
+                        log.info("run %s %s: no task will come; worker %s exits", self.worker.keys.run, ended,
+                                 self.worker.name)
                         break
                     if in_flight:
                         _wait_any(in_flight, timeout=0.05)

@@ -153,3 +153,34 @@ def test_a_rollout_that_raises_is_logged_with_its_text_once_a_minute_at_most(cli
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("1 rollout(s) raised since the last warning") and "KeyError: \"no field 'answer'" \
         in warnings[0] and " slot " in warnings[0]
+
+
+def test_a_worker_and_the_assembler_exit_once_the_run_has_ended(client, make_run, issuer, caplog):
+    import logging
+    import threading
+
+    from streamgrp.config import AssemblerConfig
+    from streamgrp.core.events import RunFinished
+    from streamgrp.services.assembler import Assembler
+
+    caplog.set_level(logging.INFO)
+    run = make_run(n_samples=2)
+    issuer(run).issue([{}])
+    worker = WorkerProcess(WorkerClient(client, run.keys), lambda request: make_sample(), WorkerConfig(), n_samples=2)
+    worker.run_end.interval_s = 0.1
+    assembler = Assembler(client, run, AssemblerConfig(lease_ttl_s=1, tick_interval_s=0.05))
+    exited = {}
+    threads = [threading.Thread(target=lambda: exited.setdefault("worker", worker.run()), daemon=True),
+               threading.Thread(target=lambda: exited.setdefault("assembler", assembler.run()), daemon=True)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    assert exited == {}  # not burst: idle, they wait for more work while the run goes on
+    client.xadd(run.keys.control, codec.encode(RunFinished(steps=1, producer="batcher-test")))
+    for thread in threads:
+        thread.join(timeout=15)  # the assembler reads the control stream every 5 s
+    assert exited == {"worker": 1, "assembler": 1}
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"run {run.keys.run} finished: no task will come; worker" in said
+    assert f"run {run.keys.run} finished: no slot result will be needed; assembler" in said
+
