@@ -43,6 +43,7 @@ import torch
 from streamgrp.config import TrainerConfig
 from streamgrp.consumers import toy_task
 from streamgrp.core.policy import NormSpec
+from streamgrp.errors import ConfigError
 from streamgrp.services import heap
 from streamgrp.store.runs import Run
 from streamgrp.train.advantages import (
@@ -120,6 +121,11 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
 
 
 def _step(policy, optimizer, batch, spec: NormSpec, collectives: Collectives) -> dict:
+    problem = toy_task.batch_problem(batch.token_ids)
+    if problem is not None:
+        raise ConfigError(f"step {batch.step} is not the demo's toy task ({problem}): the reference trainer trains "
+                          "only streamgrp.consumers.toy_task's policy. Train other rollouts with a function of your "
+                          "own: streamgrp trainer --train-fn module:function (docs: guides/own-trainer.md)")
     advantages = normalize(batch.rewards, batch.group_sizes, spec)
     token_adv = advantages[:, None].expand_as(batch.logprobs) * batch.loss_mask
     new_logprobs = toy_task.token_logprobs(policy, batch.token_ids)

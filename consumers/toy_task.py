@@ -106,6 +106,19 @@ def _policy_at(wanted: int) -> tuple[ToyPolicy, int]:
     return _policy, version
 
 
+def batch_problem(token_ids: torch.Tensor) -> str | None:
+    """Why a batch's rows are not this task's (one prompt token and LENGTH generated ones, every id below
+    VOCAB), or None: rollouts of another task reach the toy policy only by mistake."""
+    if token_ids.numel() == 0:
+        return None
+    if token_ids.shape[1] < 1 + LENGTH:
+        return f"its rows hold {token_ids.shape[1]} tokens, the toy task's {1 + LENGTH}"
+    outside = token_ids[(token_ids < 0) | (token_ids >= VOCAB)]
+    if outside.numel():
+        return f"it holds token id {int(outside[0])}, the toy task's vocabulary is 0..{VOCAB - 1}"
+    return None
+
+
 def token_logprobs(policy: ToyPolicy, token_ids: torch.Tensor) -> torch.Tensor:
     """[R, 1 + LENGTH] tokens -> [R, 1 + LENGTH] log-probabilities of each generated token (0 for the prompt)."""
     logits = policy(token_ids[:, 0])

@@ -85,3 +85,17 @@ def test_each_sample_is_generated_by_the_weights_of_the_version_it_names(fresh_m
         with torch.no_grad():
             expected = toy_task.token_logprobs(policies[sample.version], ids)[0]
         assert torch.allclose(torch.tensor(sample.logprobs.to_list()), expected, atol=1e-6)
+
+
+def test_the_reference_trainer_refuses_rows_of_another_task_saying_what_to_do():
+    from streamgrp.consumers import grpo_trainer
+    from streamgrp.errors import ConfigError
+
+    fits = torch.tensor([[3, *range(toy_task.LENGTH)]])
+    assert toy_task.batch_problem(fits % toy_task.VOCAB) is None
+    foreign = fits.clone()
+    foreign[0, 4] = 17  # a real tokenizer's id: out of the toy policy's embedding
+    assert toy_task.batch_problem(foreign) == f"it holds token id 17, the toy task's vocabulary is 0..{toy_task.VOCAB - 1}"
+    assert "rows hold 3 tokens" in toy_task.batch_problem(fits[:, :3])
+    with pytest.raises(ConfigError, match=r"step 4 is not the demo's toy task \(it holds token id 17.*--train-fn"):
+        grpo_trainer._step(toy_task.ToyPolicy(), None, SimpleNamespace(step=4, token_ids=foreign), None, None)
