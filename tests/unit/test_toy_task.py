@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
+import orjson
 import pytest
 import torch
 
@@ -99,3 +100,16 @@ def test_the_reference_trainer_refuses_rows_of_another_task_saying_what_to_do():
     assert "rows hold 3 tokens" in toy_task.batch_problem(fits[:, :3])
     with pytest.raises(ConfigError, match=r"step 4 is not the demo's toy task \(it holds token id 17.*--train-fn"):
         grpo_trainer._step(toy_task.ToyPolicy(), None, SimpleNamespace(step=4, token_ids=foreign), None, None)
+
+
+def test_make_prompts_writes_count_lines_and_has_help(capsys):
+    from streamgrp.consumers import make_prompts
+
+    assert make_prompts.main(["3"]) == 0
+    assert [orjson.loads(line)["i"] for line in capsys.readouterr().out.splitlines()] == [0, 1, 2]
+    with pytest.raises(SystemExit) as exit_info:
+        make_prompts.main(["--help"])
+    assert exit_info.value.code == 0 and "JSONL" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        make_prompts.main(["many"])
+    assert exit_info.value.code == 2 and "invalid int value: 'many'" in capsys.readouterr().err
