@@ -42,6 +42,8 @@ ONE_KIND_MARKER = "one_server_kind"
 CLUSTER_MARKER = "cluster"
 REQUIRE_CLUSTER_ENV = "STREAMGRP_TEST_REQUIRE_CLUSTER"
 REDIS_URL_ENV = "STREAMGRP_TEST_REDIS_URL"
+#: ``1``: run the whole suite, as ``--full`` does (CI).
+FULL_ENV = "STREAMGRP_TEST_FULL"
 DEBIAN_REDIS = "/usr/bin/redis-server"
 
 
@@ -62,18 +64,34 @@ def binary_for(kind: str) -> str | None:
     return shutil.which("redis-server")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true", default=os.environ.get(FULL_ENV) == "1",
+                     help="the whole suite (what .ci/run runs; also $STREAMGRP_TEST_FULL=1): besides the fast tier, "
+                          "the tests marked slow or llama (crash, chaos, real-model, TRL, browser, demo, docs) and "
+                          "every test on Redis 7.0 and Redis Cluster too")
+
+
+def _fast_tier_drops(item: pytest.Item, kind: str | None) -> bool:
+    """What the fast tier (plain ``pytest``, a developer's loop) leaves to ``--full``: long tests, and the
+    other server kinds (the bundled Valkey runs every server test; Redis 7.0 and the cluster repeat them)."""
+    return (kind in ("redis7", "cluster") or item.get_closest_marker("slow") is not None
+            or item.get_closest_marker("llama") is not None)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect the ``redis7`` case of every test marked ``one_server_kind``, and the ``cluster`` case of
-    every test not marked ``cluster``."""
+    every test not marked ``cluster``; without ``--full``, what the fast tier leaves out."""
 
     def kind(item: pytest.Item) -> str | None:
         callspec = getattr(item, "callspec", None)
         return callspec.params.get("server_kind") if callspec is not None else None
 
+    full = config.getoption("--full")
     dropped = [item for item in items
                if (kind(item) == "redis7" and item.get_closest_marker(ONE_KIND_MARKER) is not None)
-               or (kind(item) == "cluster" and item.get_closest_marker(CLUSTER_MARKER) is None)]
+               or (kind(item) == "cluster" and item.get_closest_marker(CLUSTER_MARKER) is None)
+               or (not full and _fast_tier_drops(item, kind(item)))]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         gone = set(map(id, dropped))
