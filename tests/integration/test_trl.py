@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,13 +25,14 @@ from pathlib import Path
 import orjson
 import pytest
 from pipeline import CHILD_ENV, events
-from processes import RoleProcess
+from processes import RoleProcess, wait_until
 
 from streamgrp.config import RunConfig
 from streamgrp.core.events import StepCommitted, StepRowsTrained, TrainingResumed
 from streamgrp.core.policy import NormSpec
 from streamgrp.replay.steps import replay_step
 from streamgrp.store.runs import join_run
+from streamgrp.train.trl_progress import Position, recorded_rows
 from streamgrp.train.weights import latest_key
 
 pytestmark = pytest.mark.slow
@@ -66,13 +68,17 @@ def pipeline(trl_installed, client, redis_url, server_kind, run_name, tmp_path):
                     env=env),
     ]
 
+    def command(name: str, max_steps: int, *extra: str) -> dict:
+        return dict(args=[sys.executable, str(HERE / "trl_train.py"), redis_url, run_name, str(tmp_path),
+                          str(max_steps), str(tmp_path / f"{name}.json"), *extra],
+                    env={**os.environ, **env, "OMP_NUM_THREADS": "1"})
+
     def start(name: str, max_steps: int, *extra: str) -> dict:
-        out = tmp_path / f"{name}.json"
-        done = subprocess.run([sys.executable, str(HERE / "trl_train.py"), redis_url, run_name, str(tmp_path),
-                               str(max_steps), str(out), *extra], env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
-                              capture_output=True, text=True, timeout=240)
+        done = subprocess.run(**command(name, max_steps, *extra), capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-5000:]
-        return orjson.loads(out.read_bytes())
+        return orjson.loads((tmp_path / f"{name}.json").read_bytes())
+
+    start.command = command
 
     for role in roles:
         role.start()
@@ -156,3 +162,28 @@ def test_trl_resumed_from_its_checkpoint_trains_again_what_followed_it(pipeline,
     resumed = events(client, run.keys.commits, TrainingResumed)[-1]
     assert (resumed.step, resumed.reason) == (0, "checkpoint")
     assert committed_steps(client, run)[-1][1] == resumed.attempt
+
+
+def test_trl_killed_mid_step_hands_again_exactly_the_rows_not_recorded_as_trained(pipeline, client, tmp_path):
+    run, start = pipeline
+    log = (tmp_path / "killed.log").open("wb")
+    trl = subprocess.Popen(**start.command("killed", 200), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # Some step partly trained: its rows recorded, the step not committed. Then the machine is lost.
+        wait_until(lambda: trl.poll() is None and (recorded_rows(client, run.keys, 0) or Position(-1)).step
+                   == int(client.hget(run.keys.committed, "0") or -1) + 1, timeout=180, interval=0.02,
+                   message="a partly trained step")
+    finally:
+        trl.send_signal(signal.SIGKILL)
+        trl.wait()
+        log.close()
+    committed = int(client.hget(run.keys.committed, "0") or -1)
+    recorded = recorded_rows(client, run.keys, 0)
+    partial = recorded.rows if recorded is not None and recorded.step == committed + 1 else frozenset()
+    rows = step_rows(client, run, [committed + 1, committed + 2])
+
+    second = start("second", 2)
+    handed = [ids for row, ids in enumerate(rows[0]) if row not in partial] + rows[1]
+    assert second["taken"][:len(handed)] == handed[:len(second["taken"])], \
+        "the next start hands the step's rows not recorded as trained (never lost), and not those recorded (never twice)"
+    assert events(client, run.keys.commits, TrainingResumed)[-1].step == committed + 1
