@@ -143,7 +143,7 @@ class StreamgrpRollouts:
         self._pending: deque[_Pushed] = deque()  # steps with samples still in the buffer
         self._open: dict[int, _Open] = {}  # steps handed to TRL, not committed; guarded by _lock
         self._rows: dict[int, tuple[int, int, dict]] = {}  # id(sample.metrics) -> (step, row, metrics)
-        self._collated: deque[list[tuple[int, int]]] = deque()  # micro-batches TRL packed, not yet trained
+        self._collated: deque[list[int]] = deque()  # the keys of each micro-batch TRL packed, not yet trained
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()  # commits and records, from TRL's thread or (all rows skipped) the feed's
         self._stop = threading.Event()
