@@ -39,7 +39,7 @@ MAX_REWARD_ROWS = 4096
 __all__ = ["EVENT_TYPES", "SCHEMA_VERSION", "CheckpointSaved", "DecidedMember", "GroupDecided", "GroupDiscarded", "GroupStats", "Member",
            "READABLE_SCHEMAS", "RawArray", "RunFinished", "RunStarted", "RunTerminated", "Sample", "SamplePayload",
            "SampleSummary", "Shard", "ShardGroup", "SlotResult", "SlotRewarded",
-           "StepCommitted", "StepFailed", "StepManifest", "TaskIssued", "Tick", "TrainingResumed", "VersionAdvanced",
+           "StepCommitted", "StepFailed", "StepManifest", "StepRowsTrained", "TaskIssued", "Tick", "TrainingResumed", "VersionAdvanced",
            "WeightsServed"]
 
 SCHEMA_VERSION = 2
@@ -334,6 +334,27 @@ class StepFailed(_Event):
     error: str
 
 
+class StepRowsTrained(_Event):
+    """Part of a rank's next step is trained: ``rows`` (indices into its shard of ``step``) were in a completed
+    optimizer step of ``attempt``, the rest not yet. Written by trainers whose optimizer steps do not line up
+    with streamgrp's steps (`streamgrp.train.trl_async`), which commit a step only once all of its rows were
+    trained; a restart hands the other rows. Each record lists every trained row of the step so far."""
+
+    kind: Literal["step_rows_trained"] = "step_rows_trained"
+    step: NonNegInt
+    rank: NonNegInt
+    attempt: NonNegInt
+    rows: tuple[NonNegInt, ...]
+    #: The rows of the rank's shard of the step.
+    total: NonNegInt
+
+    @model_validator(mode="after")
+    def _rows_in_shard(self) -> StepRowsTrained:
+        if list(self.rows) != sorted(set(self.rows)) or (self.rows and self.rows[-1] >= self.total):
+            raise ValueError(f"rows must be distinct, ascending and below total={self.total}")
+        return self
+
+
 class VersionAdvanced(_Event):
     """Every rank committed ``step``: the policy is now at ``version``. Versions only grow: ``step + 1``
     until a trainer group rolls back, and after that beyond every version the lost weights may have used."""
@@ -477,6 +498,6 @@ class SessionEnded(_Event):
 
 
 _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload, Tick, GroupDecided, RunTerminated,
-                 StepManifest, GroupDiscarded, StepCommitted, StepFailed, VersionAdvanced, RunFinished, WeightsServed,
+                 StepManifest, GroupDiscarded, StepCommitted, StepFailed, StepRowsTrained, VersionAdvanced, RunFinished, WeightsServed,
                  TrainingResumed, CheckpointSaved, SessionOpened, TurnRecorded, SessionEnded)
 EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

@@ -8,7 +8,9 @@
 Owns turning each `Batch` of `TrainerClient.batches` into one item (a dict of tensors, one per
 step), and nothing about delivery: the item is this rank's shard of one step, and moving on to the
 next item commits the step, as the trainer API does (a loop that stops early leaves its step for
-the next start). The DataLoader must not batch (``batch_size=None``: an item already is a batch)
+the next start). So a step commits after the loop body that trained on it, optimizer step
+included: take the optimizer step in the body of the item it trained on, since gradients
+accumulated over several items would commit the earlier items' steps before their optimizer step. The DataLoader must not batch (``batch_size=None``: an item already is a batch)
 and must not use worker processes (``num_workers=0``: only the training process may commit).
 
 An item's keys, and what TRL, verl and OpenRLHF call the same tensors (streamgrp's rows are whole

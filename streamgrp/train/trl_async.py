@@ -5,8 +5,8 @@
 
     trainer = TrainerClient(client, run)            # a run with dp_size 1 (TRL splits micro-batches itself)
     AsyncGRPOTrainer(model=path, args=AsyncGRPOConfig(max_steps=..., ...), train_dataset=placeholder,
-                     processing_class=tokenizer, rollout_worker=StreamgrpRollouts(trainer),
-                     weight_transfer=StreamgrpWeights(client, run.keys)).train()
+                     processing_class=tokenizer, rollout_worker=(rollouts := StreamgrpRollouts(trainer)),
+                     weight_transfer=StreamgrpWeights(client, run.keys), callbacks=[rollouts.callback]).train()
 
 `StreamgrpRollouts` implements TRL's ``RolloutWorkerProtocol`` (read in
 ``trl/experimental/async_grpo/async_grpo_trainer.py``): ``rollout_buffer`` (TRL's dataset drains it
@@ -18,29 +18,39 @@ groups and forms steps, and every step can be replayed. TRL only trains.
 Owns, on one background thread started by ``start``: reading the run's steps in order as rank 0
 of 1, turning each row into TRL's ``RolloutSample`` (whole row as ``input_ids``, ``loss_mask`` as
 ``completion_mask``, ``logprobs`` as ``old_log_probs``, one advantage per row by
-`streamgrp.normalize` over the actual group sizes, ``group_id`` unique per group of the run), and
-committing. A step commits once TRL has taken its last sample from the buffer: commit on advance,
-as the trainer API does. Committing then, not at TRL's optimizer step, is what keeps the two from
-waiting on each other: TRL's planner may need more samples than the run's staleness window lets
-the feeder issue before a commit. TRL's planner and accelerate's dispatcher hold at most a
-micro-batch or two taken but not yet trained; a crash loses those, as it loses TRL's own queue.
-At most ``ahead_steps`` steps sit in the buffer not fully taken.
+`streamgrp.normalize` over the actual group sizes, ``group_id`` unique per group of the run). At most
+``ahead_steps`` steps sit in the buffer not fully taken.
 
-TRL's own staleness check sees each sample stamped with the live TRL version when it was put in
-the buffer, so it only bounds how long a sample waits there: streamgrp already dropped groups
-older than the run's ``max_staleness`` when it formed the step (``streamgrp/staleness_max`` in
+Commits only what was trained. `StreamgrpProgress` (``callbacks=[rollouts.callback]``) watches TRL's
+collator, which packs each micro-batch just before its forward pass, and TRL's optimizer steps: a
+step commits once every row of it was in a completed optimizer step (on TRL's ``on_step_end``,
+before TRL's weight sync, so that sync publishes under the version the commit reached). The rows of
+the next step already trained are recorded on the server (`StepRowsTrained`); rows TRL took but did
+not train (``max_steps`` reached mid-step, a stop, a crash) are handed again on the next start, and
+rows recorded as trained are not. One TRL optimizer step needs ``(gradient_accumulation_steps + 1) x
+per_device_train_batch_size`` rows in hand (accelerate packs one micro-batch ahead), and the batcher
+forms at most ``max_staleness + 1`` steps past the last commit: a run whose window holds fewer rows
+cannot train, and ``check_health`` says so instead of waiting.
+
+Resuming: a plain start resumes at the run's next uncommitted step, past its recorded rows. Each TRL
+checkpoint (``checkpoint-N``) carries the streamgrp position of its weights in ``trainer_state.json``
+(first step not fully trained, its trained rows); ``train(resume_from_checkpoint=...)`` begins a
+trainer attempt after it (``resume_after``), so the rows and steps trained after that checkpoint are
+trained again from the same recorded data, as retrained steps (``retrained_rows``).
+
+TRL's own staleness check sees each sample stamped with the live TRL version as TRL takes it, so
+it never drops one (a dropped row would never be trained): streamgrp already dropped groups older
+than the run's ``max_staleness`` when it formed the step (``streamgrp/staleness_max`` in
 TRL's logs shows what was trained). Set TRL's ``max_steps``: the prompts live in the run, so an
 epoch over ``train_dataset`` means nothing, and when the run finishes with TRL wanting more,
 ``check_health`` raises `RunEnded`.
 
-`StreamgrpWeights` implements TRL's ``WeightTransferProtocol`` by publishing the weights to the run
-(`streamgrp.train.weights`, for small models) under the run's current version, so workers using
-``WeightCache`` sample from them. TRL syncs after every optimizer step, which need not line up with
-the run's steps; a version names one weight state, so a sync is published only when the run's
-version has moved since the last one: version ``v`` is the weights of TRL's first sync after the run
-reached ``v``, and the syncs between two versions are not published (workers keep sampling the
-weights their samples are labelled with). For large models keep TRL's own transfer (NCCL to vLLM) and
-point the workers' rollout function at that vLLM server instead.
+`StreamgrpWeights` (`streamgrp.train.trl_weights`) implements TRL's ``WeightTransferProtocol`` by
+publishing the weights to the run for workers using ``WeightCache`` (small models). TRL syncs after
+every optimizer step; a version names one weight state, so only the first sync after a commit is
+published: version ``v`` holds the weights of the optimizer step that completed the run's step
+``v - 1``. For large models keep TRL's own transfer (NCCL to vLLM) and point the workers' rollout
+function at that vLLM server instead.
 """
 
 from __future__ import annotations
@@ -55,16 +65,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import redis
 import torch
 
+from streamgrp.core.events import StepRowsTrained
 from streamgrp.core.policy import NormSpec
-from streamgrp.errors import ConfigError, RunEnded, StreamgrpError, WeightsConflict
-from streamgrp.store.keys import RunKeys
+from streamgrp.errors import ConfigError, RunEnded, StreamgrpError
 from streamgrp.train.advantages import normalize
+from streamgrp.train.agreement import GroupVote, resolve_reduce
 from streamgrp.train.batch import Batch
 from streamgrp.train.trainer import TrainerClient
-from streamgrp.train.weights import publish
+from streamgrp.train.trl_progress import Position, record_rows, recorded_rows
+from streamgrp.train.trl_weights import StreamgrpWeights
 
 __all__ = ["StreamgrpRollouts", "StreamgrpWeights", "TakenCounter"]
 
@@ -74,25 +85,39 @@ GRPO_NORM = NormSpec("group", "group")
 
 
 class TakenCounter(queue.Queue):
-    """The rollout buffer: a ``queue.Queue`` (what TRL drains) that counts the items taken from it."""
+    """The rollout buffer: a ``queue.Queue`` (what TRL drains) that counts the items taken from it and stamps
+    each with TRL's live version as it is taken."""
 
     def __init__(self) -> None:
         super().__init__()
         self.taken = 0
+        self.version = 0
 
     def _get(self) -> Any:
-        # Queue calls _get under its own lock, once per item handed out: the count cannot race.
+        # Queue calls _get under its own lock, once per item handed out: the count cannot race. The stamp
+        # makes TRL's own staleness check pass: streamgrp already dropped what was too old when it formed
+        # the step, and a sample TRL dropped here would never be trained, so its step never committed.
         item = super()._get()
+        item.model_version = self.version
         self.taken += 1
         return item
 
 
 @dataclass
 class _Pushed:
-    """A step whose samples are in the buffer: committed once ``taken`` reaches ``end``."""
+    """A step whose samples are in the buffer: fully taken once ``taken`` reaches ``end``."""
+
+    step: int
+    end: int
+
+
+@dataclass
+class _Open:
+    """A step handed to TRL and not yet committed: committed once ``trained`` holds every row."""
 
     batch: Batch
-    end: int
+    trained: set[int]
+    recorded: frozenset[int] = frozenset()
 
 
 class StreamgrpRollouts:
@@ -114,37 +139,65 @@ class StreamgrpRollouts:
         self.rollout_buffer = TakenCounter()
         self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)
         self._group_stride = config.max_batch_size  # group ids step * stride + index never collide
-        self._live_version = 0
         self._pushed_rows = 0
-        self._pending: deque[_Pushed] = deque()
+        self._pending: deque[_Pushed] = deque()  # steps with samples still in the buffer
+        self._open: dict[int, _Open] = {}  # steps handed to TRL, not committed; guarded by _lock
+        self._rows: dict[int, tuple[int, int, dict]] = {}  # id(sample.metrics) -> (step, row, metrics)
+        self._collated: deque[list[int]] = deque()  # the keys of each micro-batch TRL packed, not yet trained
+        self._lock = threading.Lock()
+        self._commit_lock = threading.Lock()  # commits and records, from TRL's thread or (all rows skipped) the feed's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._ended_at: int | None = None  # the run's step count once it finished
         self._beat = time.time()
+        self._starved_since: float | None = None
+        self._begun = False  # StreamgrpProgress saw TRL's train begin
+        self._checkpoint: Position | None = None
+        self._first: Position | None = None  # where this start resumed: its first step, the rows trained already
+        self.token_budget = 0
         self.committed_steps = 0
+        #: Rows trained in an earlier start whose weights this one lost (resumed from an older checkpoint).
+        self.retrained_rows = 0
+        self._callback: Any = None
+
+    @property
+    def callback(self) -> Any:
+        """The TRL callback this feed needs: ``AsyncGRPOTrainer(..., callbacks=[rollouts.callback])``."""
+        if self._callback is None:
+            _rollout_sample_type()  # a clear error when TRL is missing
+            from streamgrp.train.trl_progress import StreamgrpProgress
+
+            self._callback = StreamgrpProgress(self)
+        return self._callback
 
     # -- TRL's RolloutWorkerProtocol ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start feeding the buffer (TRL calls this once, after its first weight sync)."""
+        """Begin the trainer group's attempt and start feeding the buffer (TRL calls this once, after its
+        first weight sync)."""
         if self._thread is not None:
             return
+        if not self._begun:
+            raise ConfigError("StreamgrpRollouts needs its TRL callback: AsyncGRPOTrainer(..., callbacks=["
+                              "rollouts.callback]) (and TrainingArguments.restore_callback_states_from_checkpoint "
+                              "left False, which replaces callbacks with new, unconnected ones)")
         self._sample_type = _rollout_sample_type()
+        self._first = self._begin()
         self._beat = time.time()
         self._thread = threading.Thread(target=self._run, name="streamgrp-rollouts", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop feeding; steps already fully taken are committed first. TRL calls this at train end."""
+        """Stop feeding. TRL calls this at train end; rows it took but did not train are handed again next start."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
 
     def update_model_version(self, model_version: int) -> None:
-        """TRL's live policy version, stamped on samples put in the buffer from now on."""
-        self._live_version = int(model_version)
+        """TRL's live policy version, stamped on samples as TRL takes them."""
+        self.rollout_buffer.version = int(model_version)
 
     def check_health(self, stale_after_s: float) -> None:
         """Raise when feeding failed (the run failed, the server is gone), ended, or stopped moving."""
@@ -162,14 +215,109 @@ class StreamgrpRollouts:
         if age > stale_after_s:
             raise RuntimeError(f"the streamgrp rollout feed has not moved for {age:.0f}s > {stale_after_s:.0f}s; "
                                "is the server reachable?")
+        window = self.trainer.run_.config.max_staleness + 1
+        if self._pending or self.rollout_buffer.qsize() or len(self._open) < window:
+            self._starved_since = None
+            return
+        # Steps commit once trained, and the batcher forms about this many steps past the last commit (more
+        # only as issued groups are dropped): TRL waits for rows that may not come before it trains the
+        # ones it holds. Only a wait as long as TRL's own heartbeat limit is taken for that.
+        self._starved_since = self._starved_since or time.time()
+        if time.time() - self._starved_since > stale_after_s:
+            raise ConfigError(f"TRL took every row of the {len(self._open)} uncommitted steps the run's staleness "
+                              f"window allows (max_staleness + 1 = {window}) and has waited {stale_after_s:.0f}s for "
+                              "more before an optimizer step: one optimizer step needs more rows than the window "
+                              "holds. Raise the run's --max-staleness, or lower per_device_train_batch_size x "
+                              "gradient_accumulation_steps")
+
+    # -- TRL's training loop, through StreamgrpProgress ----------------------------------------------------
+
+    def train_begins(self, dataloader: Any, *, token_budget: int = 0, checkpoint: dict | None = None) -> None:
+        """TRL's train begins: watch what its collator packs, and where a TRL checkpoint left the run."""
+        if checkpoint is not None:
+            if checkpoint.get("run") != self.trainer.keys.run:
+                raise ConfigError(f"the TRL checkpoint holds run {checkpoint.get('run')!r}'s steps, not run "
+                                  f"{self.trainer.keys.run!r}'s")
+            self._checkpoint = Position(int(checkpoint["step"]), frozenset(int(r) for r in checkpoint["rows"]))
+        self.token_budget = int(token_budget)
+        loader = getattr(dataloader, "base_dataloader", dataloader)
+        if loader is None or not hasattr(loader, "collate_fn"):
+            raise ConfigError("TRL's train dataloader has no collate_fn to watch; this TRL version is not supported")
+        collate = loader.collate_fn
+
+        def watched(examples: list) -> Any:
+            out = collate(examples)
+            self.collated([sample for rows in examples for row in rows for sample in row.samples])
+            return out
+
+        loader.collate_fn = watched
+        self._begun = True
+
+    def collated(self, samples: list[dict]) -> None:
+        """TRL packed one micro-batch of these samples (the dicts its dataset yields); in training order."""
+        keys = [id(sample["metrics"]) for sample in samples]
+        with self._lock:
+            if any(key not in self._rows for key in keys):
+                raise ConfigError("TRL packed a sample this feed did not hand out")
+            self._collated.append(keys)
+
+    def optimizer_step(self, microbatches: int) -> None:
+        """The first ``microbatches`` packed micro-batches were in this completed optimizer step: commit the
+        steps now fully trained, in order, and record the trained rows of the next one."""
+        with self._commit_lock:
+            with self._lock:
+                for _ in range(min(microbatches, len(self._collated))):
+                    for key in self._collated.popleft():
+                        step, row, _ = self._rows.pop(key)
+                        self._open[step].trained.add(row)
+                first = self._open[min(self._open)] if self._open else None
+            while first is not None and len(first.trained) >= first.batch.rows:
+                first.batch.commit()  # every row of it was in a completed optimizer step
+                self.committed_steps += 1
+                with self._lock:
+                    del self._open[first.batch.step]
+                    first = self._open[min(self._open)] if self._open else None
+            if first is not None and first.trained and frozenset(first.trained) != first.recorded:
+                self._record(first)
+
+    def position(self) -> dict[str, Any] | None:
+        """The first step not fully trained and its trained rows (saved with each TRL checkpoint)."""
+        with self._lock:
+            if self._first is None:
+                return None
+            if not self._open:
+                return self._next_position().to_json(self.trainer.keys.run)
+            first = self._open[min(self._open)]
+            return Position(first.batch.step, frozenset(first.trained)).to_json(self.trainer.keys.run)
 
     # -- the feeding thread -----------------------------------------------------------------------------
 
+    def _begin(self) -> Position:
+        """Begin this start's attempt: after the TRL checkpoint's position, else at the run's next step."""
+        trainer = self.trainer
+        vote = GroupVote(resolve_reduce(None, 1), 0)
+        recorded = recorded_rows(trainer.client, trainer.keys, 0)
+        if self._checkpoint is not None:
+            first = self._checkpoint
+            trainer.begin(0, 1, vote, first.step - 1)
+            if recorded is not None and recorded.step >= first.step:  # trained after the checkpoint: lost with it
+                self.retrained_rows += len(recorded.rows - (first.rows if recorded.step == first.step else set()))
+        else:
+            step = trainer.next_step(0)
+            first = Position(step, recorded.rows if recorded is not None and recorded.step == step else frozenset())
+            trainer.begin(0, 1, vote, None)
+        if first.rows:
+            self._record_position(first)  # in this attempt: a later start finds them
+        return first
+
+    def _next_position(self) -> Position:
+        return Position(self.trainer.next_step(0))
+
     def _run(self) -> None:
         try:
-            step = self.trainer.next_step(0)
+            step = self._first.step
             while not self._stop.is_set():
-                self._commit_taken()
+                self._drop_taken()
                 if self._ended_at is not None and not self._pending:
                     return
                 if self._ended_at is not None or len(self._pending) >= self.ahead_steps:
@@ -180,34 +328,47 @@ class StreamgrpRollouts:
                 self._beat = time.time()
                 if manifest is None:
                     if not self._interrupted():
-                        self._ended_at = step  # the run finished: feed nothing more, commit what TRL takes
+                        self._ended_at = step  # the run finished: feed nothing more
                     continue
-                self._push(self.trainer.load(manifest, 0, 1))
+                batch = self.trainer.load(manifest, 0, 1)
+                skip = self._first.rows if step == self._first.step else frozenset()
+                if batch.retrained:
+                    self.retrained_rows += batch.rows - len(skip)
+                self._push(batch, skip)
                 step += 1
-            self._commit_taken()
         except BaseException as exc:  # surfaced to TRL by check_health, on its own thread
             log.error("streamgrp rollout feed stopped: %s", exc)
             self._error = exc
 
     def _interrupted(self) -> bool:
         self._beat = time.time()
-        return self._stop.is_set() or self._commit_due()
+        return self._stop.is_set() or self._taken_due()
 
-    def _commit_due(self) -> bool:
+    def _taken_due(self) -> bool:
         with self.rollout_buffer.mutex:
             taken = self.rollout_buffer.taken
         return bool(self._pending) and self._pending[0].end <= taken
 
-    def _commit_taken(self) -> None:
-        while self._commit_due():
-            self._pending.popleft().batch.commit()
-            self.committed_steps += 1
+    def _drop_taken(self) -> None:
+        while self._taken_due():
+            self._pending.popleft()
 
-    def _push(self, batch: Batch) -> None:
-        samples = list(self._samples(batch))
+    def _push(self, batch: Batch, trained: frozenset[int]) -> None:
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        if self.token_budget and max(lengths, default=0) > self.token_budget:
+            raise ConfigError(f"step {batch.step} has a row of {max(lengths)} tokens, longer than TRL's token_budget="
+                              f"{self.token_budget}: TRL would drop it untrained. Raise token_budget to the run's "
+                              "longest row (prompt and completion)")
+        samples = [(row, sample) for row, sample in enumerate(self._samples(batch)) if row not in trained]
+        with self._lock:
+            self._open[batch.step] = _Open(batch, set(trained), trained)
+            for row, sample in samples:
+                self._rows[id(sample.metrics)] = (batch.step, row, sample.metrics)
         self._pushed_rows += len(samples)
-        self._pending.append(_Pushed(batch, self._pushed_rows))
-        for sample in samples:
+        self._pending.append(_Pushed(batch.step, self._pushed_rows))
+        if not samples:  # every row trained in an earlier start, only the commit was missing
+            self.optimizer_step(0)
+        for _, sample in samples:
             sample.enqueued_at = time.time()
             self.rollout_buffer.put(sample)
         staleness = int(batch.version - batch.versions.min()) if batch.rows else 0
@@ -217,6 +378,20 @@ class StreamgrpRollouts:
                                            "streamgrp/groups_per_step": float(len(batch.task_ids))})
         except queue.Full:
             pass  # TRL stopped logging; never block the feed for a metric
+
+    def _record(self, step: _Open) -> None:
+        rows = frozenset(step.trained)
+        self._record_position(Position(step.batch.step, rows), step.batch.rows)
+        step.recorded = rows
+
+    def _record_position(self, position: Position, total: int | None = None) -> None:
+        attempt = self.trainer.attempt.number
+        if total is None:
+            manifest = self.trainer.manifest(position.step)
+            total = self.trainer.load(manifest, 0, 1).rows if manifest is not None else max(position.rows) + 1
+        record_rows(self.trainer.client, self.trainer.keys,
+                    StepRowsTrained(step=position.step, rank=0, attempt=attempt, rows=tuple(sorted(position.rows)),
+                                    total=total, producer=self.trainer.name))
 
     def _samples(self, batch: Batch) -> Iterator[Any]:
         """One TRL ``RolloutSample`` per row, unpadded, in group order."""
@@ -231,7 +406,7 @@ class StreamgrpRollouts:
             yield self._sample_type(
                 prompt=prompt, completion=completion, input_ids=ids, completion_mask=mask,
                 old_log_probs=batch.logprobs[row, :length].numpy().astype(np.float32), advantage=advantages[row],
-                model_version=self._live_version, group_id=batch.step * self._group_stride + group,
+                model_version=self.rollout_buffer.version, group_id=batch.step * self._group_stride + group,
                 metrics={"reward": rewards[row]})
 
     def _messages(self, ids: np.ndarray, mask: np.ndarray, task_id: str) -> tuple[list[dict], list[dict]]:
@@ -241,45 +416,6 @@ class StreamgrpRollouts:
         first = int(mask.argmax()) if mask.any() else len(ids)
         return ([{"role": "user", "content": self.decode(ids[:first].tolist())}],
                 [{"role": "assistant", "content": self.decode(ids[first:].tolist())}])
-
-
-class StreamgrpWeights:
-    """TRL's weight-transfer protocol: each sync publishes the policy to the run, under its current version."""
-
-    def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
-        self.client = client
-        self.keys = keys
-        self.published: list[int] = []  # the versions this process published, each once
-        self.skipped = 0  # syncs whose version already named a weight state
-
-    def init_weight_transfer(self) -> None:
-        """Nothing to set up: the weights go through the run's server."""
-
-    def pause(self) -> None:
-        """Workers keep sampling from the weights they hold; nothing to pause."""
-
-    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
-        # Labelled with the steps TRL has taken so far (the run's version): workers asking for that
-        # version get these weights. TRL's cold sync, before any step, publishes version 0. A sync
-        # at a version already published (several optimizer steps in one run step, or a restarted
-        # TRL) leaves that version's weights as they are: one version, one weight state.
-        version = int(self.client.get(self.keys.version) or 0)
-        if self.published and self.published[-1] >= version:
-            self.skipped += 1
-            return
-        try:
-            publish(self.client, self.keys, version, {name: tensor.detach().cpu() for name, tensor in iterator})
-        except WeightsConflict as exc:
-            self.skipped += 1
-            log.info("TRL's weights not published: %s", exc)
-            return
-        self.published.append(version)
-
-    def resume(self) -> None:
-        """Nothing was paused."""
-
-    def destroy(self) -> None:
-        """Nothing to release."""
 
 
 def _rollout_sample_type() -> type:

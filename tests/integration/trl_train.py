@@ -1,11 +1,14 @@
 """TRL's async GRPO trainer on a tiny random model, fed by a streamgrp run (run by test_trl.py as a process).
 
-    python trl_train.py URL RUN WORKDIR MAX_STEPS OUT_JSON
+    python trl_train.py URL RUN WORKDIR MAX_STEPS OUT_JSON [SAVE_STEPS [RESUME_CHECKPOINT]]
 
 Builds a 2-layer Llama from a config (random weights) and a word-level tokenizer locally (nothing
-downloaded), trains MAX_STEPS optimizer steps with `StreamgrpRollouts` and `StreamgrpWeights`,
-and writes what the test checks: every sample TRL took (in order), the published weight versions,
-the logged losses and how far the weights moved.
+downloaded), trains up to MAX_STEPS optimizer steps with `StreamgrpRollouts` and `StreamgrpWeights`
+(a TRL checkpoint every SAVE_STEPS, 0: none; resuming from RESUME_CHECKPOINT when given), and
+writes what the test checks: every sample TRL took (in order), the samples of the micro-batches
+whose optimizer step completed (seen at TRL's collator and counted at its training step, apart from
+the feed's own bookkeeping), the published weight versions, the logged losses and how far the
+weights moved.
 """
 
 from __future__ import annotations
@@ -56,7 +59,42 @@ class Losses(TrainerCallback):
         self.logs.append({k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))})
 
 
-def main(url: str, run_name: str, workdir: str, max_steps: int, out: str) -> None:
+class Trained(TrainerCallback):
+    """The rows of every micro-batch TRL packed (its collator), in order, and how many micro-batches had gone
+    through TRL's training step when each optimizer step completed."""
+
+    def __init__(self, trainer) -> None:
+        self.packed: list[list[list[int]]] = []
+        self.steps = 0
+        self.through = 0
+        original = trainer.training_step
+
+        def training_step(*args, **kwargs):
+            out = original(*args, **kwargs)
+            self.steps += 1
+            return out
+
+        trainer.training_step = training_step
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        loader = train_dataloader.base_dataloader
+        collate = loader.collate_fn
+
+        def packed(examples):
+            self.packed.append([s["input_ids"].tolist() for rows in examples for row in rows for s in row.samples])
+            return collate(examples)
+
+        loader.collate_fn = packed
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.through = self.steps
+
+    def trained(self) -> list[list[int]]:
+        return [ids for batch in self.packed[:self.through] for ids in batch]
+
+
+def main(url: str, run_name: str, workdir: str, max_steps: int, out: str, save_steps: int = 0,
+         resume: str | None = None) -> None:
     trl_cpu.install()
     model_dir = os.path.join(workdir, "model")
     tokenizer = tiny_model(model_dir)
@@ -75,16 +113,20 @@ def main(url: str, run_name: str, workdir: str, max_steps: int, out: str) -> Non
     weights = StreamgrpWeights(client, run.keys)
     args = AsyncGRPOConfig(output_dir=os.path.join(workdir, "out"), max_steps=max_steps, per_device_train_batch_size=4,
                            token_budget=0, bf16=False, use_cpu=True, activation_checkpointing=False, report_to=[],
-                           save_strategy="no", learning_rate=1e-2, logging_steps=1, disable_tqdm=True)
+                           save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+                           learning_rate=1e-2, logging_steps=1, disable_tqdm=True)
     losses = Losses()
     trainer = AsyncGRPOTrainer(model=model_dir, args=args, train_dataset=Dataset.from_dict({"prompt": ["-"]}),
                                processing_class=tokenizer, rollout_worker=rollouts, weight_transfer=weights,
-                               callbacks=[losses])
+                               callbacks=[rollouts.callback, losses])
+    trained = Trained(trainer)
+    trainer.add_callback(trained)  # after the feed's callback: it wraps the collator the feed already watches
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     moved = sum(float((p.detach() - before[n]).abs().sum()) for n, p in trainer.model.named_parameters())
     result = {"global_step": trainer.state.global_step, "taken": taken, "published": weights.published,
               "skipped": weights.skipped, "logs": losses.logs, "moved": moved, "committed_by_feed": rollouts.committed_steps,
+              "trained": trained.trained(), "retrained_rows": rollouts.retrained_rows,
               "model_version": trainer.model_version}
     with open(out, "wb") as handle:
         handle.write(orjson.dumps(result))
@@ -92,4 +134,5 @@ def main(url: str, run_name: str, workdir: str, max_steps: int, out: str) -> Non
 
 if __name__ == "__main__":
     url, run_name, workdir, max_steps, out = sys.argv[1:6]
-    main(url, run_name, workdir, int(max_steps), out)
+    main(url, run_name, workdir, int(max_steps), out, int(sys.argv[6]) if len(sys.argv) > 6 else 0,
+         sys.argv[7] if len(sys.argv) > 7 else None)
