@@ -175,7 +175,7 @@ def cmd_assembler(args: argparse.Namespace) -> int:
 @_stoppable
 def cmd_batcher(args: argparse.Namespace) -> int:
     from streamgrp.services.batcher import Batcher
-    from streamgrp.services.feeder import dataset_identity, load_dataset
+    from streamgrp.services.feeder import DatasetIdentity, load_dataset
     config = settings(args, BatcherConfig)
     group_filter = load_callable(config.group_filter) if config.group_filter else None
     dataset = load_dataset(config.dataset) if config.dataset else None
@@ -184,7 +184,7 @@ def cmd_batcher(args: argparse.Namespace) -> int:
         metrics = serve_metrics(config, role="batcher", run=run.name, client=client,
                                 streams=run.streams())
         batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics,
-                          dataset_identity=dataset_identity(config.dataset) if config.dataset else None)
+                          dataset_identity=DatasetIdentity.of(config.dataset) if config.dataset else None)
         outcome = batcher.run(stop_event(), burst=config.burst)
         log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
                  batcher.steps_written)

@@ -43,7 +43,7 @@ from streamgrp.core.served import ServedTracker
 from streamgrp.core.stall import StallTracker, stall_message
 from streamgrp.errors import ConfigError, DecodeError, LeaseLost
 from streamgrp.services import heap
-from streamgrp.services.feeder import Feeder
+from streamgrp.services.feeder import DatasetIdentity, Feeder
 from streamgrp.store import scripts
 from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
 from streamgrp.store.deadletter import DeadLetters
@@ -62,7 +62,7 @@ class Batcher:
     """One batcher process's driver; `run` loops until stopped, finished, failed, or (burst) idle."""
 
     def __init__(self, client: redis.Redis, run: Run, config: BatcherConfig, *, name: str | None = None,
-                 group_filter: GroupFilter | None = None, dataset=None, dataset_identity: str | None = None,
+                 group_filter: GroupFilter | None = None, dataset=None, dataset_identity: DatasetIdentity | None = None,
                  metrics: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.run_ = run
@@ -74,9 +74,9 @@ class Batcher:
         self.group_filter = group_filter
         self.dataset = dataset
         # What this batcher feeds the run, recorded by the first one active: one taking over must agree.
-        self.feed = {"dataset": dataset_identity or ("(none: tasks are issued outside the batcher)" if dataset is None
-                                                     else "(an iterable given in Python)"),
-                     "max_steps": "none" if config.max_steps is None else str(config.max_steps)}
+        self.feed = dataset_identity or DatasetIdentity(
+            "(none: tasks are issued outside the batcher)" if dataset is None else "(an iterable given in Python)")
+        self.max_steps = "none" if config.max_steps is None else str(config.max_steps)
         self.metrics = metrics
         self.clock = clock
         self.lease = Lease(client, self.keys.batcher_lease, self.name, config.lease_ttl_s)
@@ -133,8 +133,8 @@ class Batcher:
             log.info("run %s already %s; batcher exits", self.keys.run, self._finished_outcome)
             return
         self._check_feed(state)
-        for name, value in self.feed.items():
-            self.client.hsetnx(self.keys.batcher_state, f"feed:{name}", value)
+        self.client.hsetnx(self.keys.batcher_state, "feed:dataset", self.feed.record())
+        self.client.hsetnx(self.keys.batcher_state, "feed:max_steps", self.max_steps)
         stall = self.state.stall
         if self._inactive_since is not None:  # standing by (an outage, a lost lease) is not stalling
             stall.shift(self.clock() - self._inactive_since)
@@ -164,12 +164,17 @@ class Batcher:
         return {k.decode(): v.decode(errors="replace") for k, v in self.client.hgetall(self.keys.batcher_state).items()}
 
     def _check_feed(self, state: dict[str, str]) -> None:
-        """`ConfigError` when the run records another dataset or ``--max-steps`` than this batcher's: taking
-        over with them would feed other prompts after the recorded ones, or end the run at another step."""
+        """`ConfigError` when the run records another dataset (one this batcher's does not continue:
+        `DatasetIdentity.continues`) or ``--max-steps`` than this batcher's: taking over with them would feed
+        other prompts after the recorded ones, or end the run at another step."""
         if "terminal" in state or "finished" in state:
             return  # nothing more is fed to an ended run (its next batcher only settles what was owed)
-        differs = [(name, state[f"feed:{name}"], mine) for name, mine in self.feed.items()
-                   if state.get(f"feed:{name}", mine) != mine]
+        differs = []
+        recorded = state.get("feed:dataset")
+        if recorded is not None and not self.feed.continues(DatasetIdentity.from_record(recorded)):
+            differs.append(("dataset", DatasetIdentity.from_record(recorded), self.feed))
+        if state.get("feed:max_steps", self.max_steps) != self.max_steps:
+            differs.append(("max_steps", state["feed:max_steps"], self.max_steps))
         if differs:
             said = "; ".join(f"{name} {recorded}, this batcher's {mine}" for name, recorded, mine in differs)
             raise ConfigError(f"run {self.keys.run} was started with another feed: {said}. A batcher of the run "

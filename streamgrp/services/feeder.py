@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -43,16 +44,60 @@ def load_dataset(spec: str) -> Iterator[dict[str, Any]]:
     return (_as_prompt(item, spec) for item in target)
 
 
-def dataset_identity(spec: str) -> str:
-    """What names a dataset, recorded with the run so a batcher taking over feeds the same one: a file's
-    name, size and SHA-256 of its bytes (a copy elsewhere is the same dataset, an edited one is not), or a
-    ``module:iterable`` as given."""
-    path = Path(spec)
-    if not path.is_file():
-        return spec
-    with path.open("rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    return f"{path.name} ({path.stat().st_size} bytes, sha256 {digest[:16]})"
+@dataclass(frozen=True)
+class DatasetIdentity:
+    """What names a dataset, recorded with the run so a batcher joining later feeds the same one: a file
+    by the SHA-256 of its bytes and their count (a copy elsewhere is the same dataset; one with lines
+    appended since continues it: the feeder's cursor takes them as new prompts; an edited one is another),
+    a ``module:iterable`` by the spec as given."""
+
+    spec: str
+    size: int | None = None
+    sha256: str | None = None
+
+    @classmethod
+    def of(cls, spec: str) -> DatasetIdentity:
+        path = Path(spec)
+        if not path.is_file():
+            return cls(spec)
+        with path.open("rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        return cls(spec, path.stat().st_size, digest)
+
+    def record(self) -> str:
+        return orjson.dumps({"spec": self.spec, "size": self.size, "sha256": self.sha256}).decode()
+
+    @classmethod
+    def from_record(cls, text: str) -> DatasetIdentity:
+        try:
+            fields = orjson.loads(text)
+            return cls(str(fields["spec"]), fields.get("size"), fields.get("sha256"))
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return cls(text)  # not one of ours: compared as a spec, so only the same text matches
+
+    def continues(self, recorded: DatasetIdentity) -> bool:
+        """Whether this dataset is ``recorded`` or continues it (the recorded file's bytes, then more)."""
+        if recorded.sha256 is None or self.sha256 is None:
+            return recorded.sha256 is None and self.sha256 is None and recorded.spec == self.spec
+        if recorded.size is None or self.size is None or self.size < recorded.size:
+            return False
+        if self.size == recorded.size:
+            return self.sha256 == recorded.sha256
+        with Path(self.spec).open("rb") as handle:  # hash the recorded length's prefix of this file
+            prefix = hashlib.sha256()
+            left = recorded.size
+            while left:
+                chunk = handle.read(min(left, 1 << 20))
+                if not chunk:
+                    return False
+                prefix.update(chunk)
+                left -= len(chunk)
+        return prefix.hexdigest() == recorded.sha256
+
+    def __str__(self) -> str:
+        if self.sha256 is None:
+            return self.spec
+        return f"{Path(self.spec).name} ({self.size} bytes, sha256 {self.sha256[:16]})"
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:

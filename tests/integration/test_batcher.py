@@ -37,7 +37,7 @@ from streamgrp.core.stall import stall_message
 from streamgrp.errors import ConfigError, RunFailed
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
-from streamgrp.services.feeder import dataset_identity, load_dataset
+from streamgrp.services.feeder import DatasetIdentity, load_dataset
 from streamgrp.services.synthetic import make_sample, synthetic_rollout
 from streamgrp.services.worker import WorkerClient, WorkerProcess
 from streamgrp.store.keys import BATCHER_GROUP
@@ -695,7 +695,7 @@ def test_a_batcher_of_the_run_with_another_dataset_or_max_steps_is_refused_at_st
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(f'{{"seed": {i}}}\n' for i in range(8)))
     first = Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(dataset)),
-                    dataset_identity=dataset_identity(str(dataset)))
+                    dataset_identity=DatasetIdentity.of(str(dataset)))
     assert first.lease.acquire()
     first._activate()  # the first one active records what it feeds
     copy = tmp_path / "elsewhere" / "prompts.jsonl"
@@ -703,15 +703,21 @@ def test_a_batcher_of_the_run_with_another_dataset_or_max_steps_is_refused_at_st
     copy.write_bytes(dataset.read_bytes())
     # The same bytes under another path are the same dataset: a standby with them starts.
     Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(copy)),
-            dataset_identity=dataset_identity(str(copy)))
+            dataset_identity=DatasetIdentity.of(str(copy)))
+    # Lines appended since continue it (the feeder's cursor takes them as new prompts); an edit does not.
+    grown = tmp_path / "grown" / "prompts.jsonl"
+    grown.parent.mkdir()
+    grown.write_text(dataset.read_text() + '{"seed": 99}\n')
+    Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(grown)),
+            dataset_identity=DatasetIdentity.of(str(grown)))
     edited = tmp_path / "edited" / "prompts.jsonl"
     edited.parent.mkdir()
-    edited.write_text(dataset.read_text() + '{"seed": 99}\n')
+    edited.write_text(dataset.read_text().replace('"seed": 0', '"seed": 7'))
     with pytest.raises(ConfigError, match=r"another feed: dataset prompts.jsonl \(\d+ bytes, sha256 [0-9a-f]{16}\), "
                        r"this batcher's prompts.jsonl \(\d+ bytes"):
         Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(edited)),
-                dataset_identity=dataset_identity(str(edited)))
+                dataset_identity=DatasetIdentity.of(str(edited)))
     with pytest.raises(ConfigError, match="max_steps 3, this batcher's 5"):
         Batcher(client, run, BatcherConfig(max_steps=5), dataset=load_dataset(str(dataset)),
-                dataset_identity=dataset_identity(str(dataset)))
+                dataset_identity=DatasetIdentity.of(str(dataset)))
 

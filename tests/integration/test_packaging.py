@@ -140,7 +140,7 @@ def test_the_core_commands_run_without_torch_numpy_matplotlib_or_pyarrow(redis_u
     ok("batcher", "--burst", "--n-samples", "2", "--batch-size", "2", "--dataset", str(dataset))  # creates, issues
     ok("worker", "--burst")
     ok("assembler", "--burst")
-    ok("batcher", "--burst")  # writes the steps
+    ok("batcher", "--burst", "--dataset", str(dataset))  # writes the steps (the run's dataset: it records it)
     assert "2 steps" in ok("steps")
     assert "all match" in ok("verify")
     assert "decided   complete" in ok("inspect", "t00000000")
