@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tiers import FULL_ENV
 
 from streamgrp.cli.server import EmbeddedServer
 from streamgrp.cli.server_binary import bundled_binary
@@ -42,8 +43,6 @@ ONE_KIND_MARKER = "one_server_kind"
 CLUSTER_MARKER = "cluster"
 REQUIRE_CLUSTER_ENV = "STREAMGRP_TEST_REQUIRE_CLUSTER"
 REDIS_URL_ENV = "STREAMGRP_TEST_REDIS_URL"
-#: ``1``: run the whole suite, as ``--full`` does (CI).
-FULL_ENV = "STREAMGRP_TEST_FULL"
 DEBIAN_REDIS = "/usr/bin/redis-server"
 
 
@@ -69,6 +68,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="the whole suite (what .ci/run runs; also $STREAMGRP_TEST_FULL=1): besides the fast tier, "
                           "the tests marked slow or llama (crash, chaos, real-model, TRL, browser, demo, docs) and "
                           "every test on Redis 7.0 and Redis Cluster too")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--full"):
+        os.environ[FULL_ENV] = "1"  # for `tiers.examples`, read as test modules are imported (xdist workers too)
 
 
 def _fast_tier_drops(item: pytest.Item, kind: str | None) -> bool:

@@ -21,7 +21,7 @@ from streamgrp.cli.children import free_port
 from streamgrp.services.inference.http import request_json
 from streamgrp.services.inference.weight_sync import wait_healthy
 
-SETUP = 'eval "$(ops/llama-server.sh)" && python -m pytest -q -m llama'
+SETUP = 'eval "$(ops/llama-server.sh)" && python -m pytest -q --full -m llama'
 ALIAS = "smollm2"
 
 

@@ -2,7 +2,7 @@
 (`streamgrp.consumers.lm_trainer`: the same weights in torch) writes each version as GGUF, weight-sync
 restarts llama-server on it, and real tokens and log-probabilities flow through its worker
 (``--rollout llamacpp``), the assembler, the batcher and the trainer, each its own process. Marker ``llama``; run with
-``eval "$(ops/llama-server.sh)" && python -m pytest -q -m llama`` (CI does).
+``eval "$(ops/llama-server.sh)" && python -m pytest -q --full -m llama`` (CI does).
 
 One run serves every check, because loading the model in torch and generating on two CPU cores is
 most of the cost: at least 20 groups of 4 reach trained steps; every sample's completion ids decode

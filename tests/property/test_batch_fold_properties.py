@@ -3,6 +3,7 @@ the batch fold's invariants and partition cleanly over the ranks."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from streamgrp.core.batch_fold import (
     Acked,
@@ -39,7 +40,7 @@ RULES = st.builds(
     st.sampled_from(["fixed", "dynamic"]), st.integers(1, 4), st.integers(1, 8), st.integers(0, 6), st.integers(0, 2))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rules=RULES, groups=GROUPS, data=st.data())
 def test_any_interleaving_gives_valid_steps(rules, groups, data):
     decisions = [Decided(f"{i + 1}-0", _group(f"t{i}", *spec)) for i, spec in enumerate(groups)]

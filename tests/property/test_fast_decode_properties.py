@@ -6,6 +6,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from streamgrp.core import codec
 from streamgrp.core.fast_decode import (
@@ -88,7 +89,7 @@ def _full(header: dict, blob: bytes = b""):
             return None
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(header=_valid_header(), change=_CHANGE)
 def test_the_fast_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(header, change):
     _check_fast_path(fast_slot_result, _changed(header, change))
@@ -202,7 +203,7 @@ def _changed_decision(header: dict, change) -> dict:
     return header
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(header=_valid_decision(), change=_DECISION_CHANGE)
 def test_the_fast_decision_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(header, change):
     both = _check_fast_path(fast_group_decided, _changed_decision(header, change))
@@ -287,7 +288,7 @@ def _changed_manifest(header: dict, change) -> dict:
     return header
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(header=_valid_manifest(), change=_MANIFEST_CHANGE)
 def test_the_fast_manifest_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(header, change):
     both = _check_fast_path(fast_step_manifest, _changed_manifest(header, change))
@@ -376,7 +377,7 @@ def _changed_payload(header: dict, blob: bytes, change) -> tuple[dict, bytes]:
     return header, blob
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(payload=_valid_payload(), change=_PAYLOAD_CHANGE)
 def test_the_fast_payload_path_gives_the_full_decoders_event_or_leaves_the_payload_to_it(payload, change):
     header, blob = _changed_payload(*payload, change)

@@ -2,6 +2,7 @@
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from streamgrp import GroupPolicy, NormSpec
 from streamgrp.core import codec
@@ -27,7 +28,7 @@ def _result(slot, outcome):
     return codec.sample_result("t", slot, make_sample(tokens=3 + slot, rows=rows))[0]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(policy=POLICIES, outcomes=st.lists(OUTCOMES, min_size=4, max_size=4), data=st.data())
 def test_order_and_duplication_do_not_change_the_decision(policy, outcomes, data):
     firsts = [(f"s{slot}", _result(slot, outcome)) for slot, outcome in enumerate(outcomes)]

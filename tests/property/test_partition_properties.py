@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from streamgrp.core.partition import (
     balanced_partition,
@@ -12,7 +13,7 @@ from streamgrp.core.partition import (
     max_load,
 )
 
-SETTINGS = settings(max_examples=200, deadline=None)
+SETTINGS = settings(max_examples=examples(200), deadline=None)
 
 int_weights = st.integers(min_value=1, max_value=10_000)
 float_weights = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)

@@ -8,6 +8,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from streamgrp.core import codec
 from streamgrp.core.values import INT64_MAX, RawArray, Sample
@@ -62,7 +63,7 @@ def _by_the_models(task_id, slot, sample, producer, seq):
 _ODD_INTS = st.one_of(st.integers(-2, 3), st.sampled_from([INT64_MAX, INT64_MAX + 1]), st.booleans(), st.just(1.0))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(sample=_samples(), task_id=st.one_of(st.text(min_size=1, max_size=8), st.sampled_from(["", "t" * 256, "t" * 257]),
                                             st.integers(0, 3)),
        slot=_ODD_INTS, producer=st.one_of(st.text(max_size=6), st.none()), seq=_ODD_INTS)

@@ -7,6 +7,7 @@ import struct
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from streamgrp.core.value_checks import LOGPROB_TOLERANCE, logprob_problem, token_id_problem
 
@@ -41,7 +42,7 @@ def _float_tensor(draw) -> tuple[str, bytes]:
     return dtype, data
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(tensor=_float_tensor(), tolerance=st.sampled_from([0.0, LOGPROB_TOLERANCE, 0.5, 1e-40]))
 def test_a_logprob_tensor_is_refused_exactly_when_some_value_is_not_finite_or_above_the_tolerance(tensor, tolerance):
     dtype, data = tensor
@@ -53,7 +54,7 @@ def test_a_logprob_tensor_is_refused_exactly_when_some_value_is_not_finite_or_ab
         assert problem.startswith(f"logprobs[{bad[0]}] is ")
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(dtype=st.sampled_from(["int32", "int64"]), data=st.data(),
        vocab_size=st.one_of(st.none(), st.integers(1, 2**31 - 1),
                             st.sampled_from([1, 2, 255, 256, 257, 65536, 151936])))

@@ -23,6 +23,7 @@ from malformed import (
     slot_literal,
     valid_events,
 )
+from tiers import examples
 
 from streamgrp.core import codec
 from streamgrp.core.events import EVENT_TYPES
@@ -122,7 +123,7 @@ JSONISH = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(base=st.sampled_from(VALID), data=st.data())
 def test_jsonish_values_grafted_onto_valid_headers_decode_or_raise(base, data):
     h = orjson.loads(base[codec.HEADER])
