@@ -105,10 +105,7 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
                     _checkpoint(trainer, batch, config, policy, optimizer, collectives, crash_at)
                 steps += 1
                 if metrics is not None:
-                    metrics.steps.inc()
-                    if batch.retrained:
-                        metrics.steps_retrained.inc()
-                    metrics.policy_version.set(batch.next_version)
+                    metrics.step_committed(batch.step, version=batch.next_version, retrained=batch.retrained)
                 log.info("rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs) collectives %s", rank,
                          batch.step, step_metrics["reward_mean"], step_metrics["loss"], batch.rows, wait_s,
                          collectives.take())

@@ -127,7 +127,7 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
             batch.commit()
             steps += 1
             if metrics is not None:
-                metrics.steps.inc()
+                metrics.step_committed(batch.step, version=batch.next_version)
             log.info("step %d: %d rows, logprob mismatch |server - torch| mean %.4f max %.4f over %d tokens, "
                      "reward %.3f (%.1fs)", batch.step, batch.rows, step_metrics.get("logprob_abs_diff_mean", 0.0),
                      step_metrics.get("logprob_abs_diff_max", 0.0), step_metrics["tokens_compared"],

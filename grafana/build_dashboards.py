@@ -7,11 +7,13 @@ The JSON is stock Grafana dashboard JSON (schemaVersion 39) that needs no plugin
 the Prometheus data source chosen by the ``datasource`` template variable, so the file imports as
 is through provisioning or Dashboards > New > Import. Metric names are SPEC section 7's. Every
 query selects the chosen *Run* (every series carries ``run``; the variable lists
-``streamgrp_run_info``), so runs scraped by one Prometheus never add up. A few metrics are exported
-by two roles, each counting its own side (slot outcomes: published by workers, folded by the
-assembler; steps: written by the batcher, committed by each trainer rank), so those queries select
-the role by its scrape target's ``role`` label; lag and pending entries, read from the server by
-both the assembler and the batcher, are combined with ``max``.
+``streamgrp_run_info``), so runs scraped by one Prometheus never add up. A name means one thing
+whichever role exports it (slots published by workers and folded by the assembler, steps written by the
+batcher and committed by each trainer rank, groups dropped by the assembler and discarded by the batcher
+each have their own), so a sum over every target never mixes two; queries still select the owning role
+(its scrape target's ``role`` label) to read no more series than they need. A trainer rank's series
+carry its ``rank``; lag and pending entries, read from the server by both the assembler and the batcher,
+are combined with ``max``.
 
 Edit the panels here, run the script, and check both files in; ``tests/unit/test_dashboards.py``
 fails when they disagree.
@@ -66,7 +68,8 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
              description="Slot results per second by outcome as the assembler folded them (sample, rejected, "
                          "failed, timeout, duplicate, late, invalid), beside what the workers published.",
              queries=[(rate("streamgrp_slots_total", "assembler", by="outcome"), "{{outcome}}"),
-                      (rate("streamgrp_slots_total", "worker", by="outcome"), "{{outcome}} published by workers")],
+                      (rate("streamgrp_slots_published_total", "worker", by="outcome"),
+                       "{{outcome}} published by workers")],
              unit="cps"),
     ]),
     ("Groups", [
@@ -78,8 +81,8 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
         dict(title="Dropped groups by reason",
              description="Drops per second: the assembler's (all_unusable, incomplete, below_minimum, "
                          "contract_violation) and the batcher's (stale, filtered, leftover).",
-             queries=[("sum by (role, reason) (rate(streamgrp_groups_dropped_total{" + RUN
-                       + "}[$__rate_interval]))", "{{reason}} ({{role}})")],
+             queries=[(rate("streamgrp_groups_dropped_total", "assembler", by="reason"), "{{reason}} (assembler)"),
+                      (rate("streamgrp_groups_discarded_total", "batcher", by="reason"), "{{reason}} (batcher)")],
              unit="cps", stack=True),
         dict(title="Open groups",
              description="Groups the assembler holds open, waiting for slot results or their deadline.",
@@ -133,21 +136,40 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                        f"{rate('streamgrp_staleness_versions_count', 'batcher')}", "mean")],
              unit="short", min=0),
     ]),
+    ("Rollouts", [
+        dict(title="Rollouts in flight",
+             description="Slots whose rollout function is running in the workers now (at most each worker's "
+                         "--concurrency).",
+             queries=[(f"sum(streamgrp_rollouts_in_flight{sel('worker')})", "in flight")], unit="short", min=0),
+        dict(title="Rollout time",
+             description="A slot's rollout function, from its call to its return or exception.",
+             queries=quantiles("streamgrp_rollout_seconds", "worker"), unit="s", min=0),
+        dict(title="Rollout exceptions by type",
+             description="Rollouts that raised, per second, by the exception's type (its slot is published as "
+                         "failed with the text; the worker logs them, rate-limited).",
+             queries=[(rate("streamgrp_rollout_exceptions_total", "worker", by="type"), "{{type}}")],
+             unit="cps", min=0),
+    ]),
     ("Steps", [
         dict(title="Steps per second",
              description="Steps the batcher wrote and each trainer rank committed, per second.",
-             queries=[(rate("streamgrp_steps_total", "batcher"), "written (batcher)"),
-                      (rate("streamgrp_steps_total", "trainer", by="index"), "committed (rank {{index}})")],
+             queries=[(rate("streamgrp_steps_written_total", "batcher"), "written (batcher)"),
+                      (rate("streamgrp_steps_total", "trainer", by="rank"), "committed (rank {{rank}})")],
              unit="short", min=0),
         dict(title="Step failures and steps trained again",
              description="Trainer steps that raised, per rank (each is a StepFailed event; see `streamgrp steps "
                          "--failed`), and steps trained again after the trainer group rolled back to a checkpoint "
                          "(a restart; `streamgrp steps` shows them).",
-             queries=[("sum by (index) (increase(streamgrp_step_failures_total" + sel("trainer")
-                       + "[$__rate_interval]))", "failed (rank {{index}})"),
-                      ("sum by (index) (increase(streamgrp_steps_retrained_total" + sel("trainer")
-                       + "[$__rate_interval]))", "trained again (rank {{index}})")],
+             queries=[("sum by (rank) (increase(streamgrp_step_failures_total" + sel("trainer")
+                       + "[$__rate_interval]))", "failed (rank {{rank}})"),
+                      ("sum by (rank) (increase(streamgrp_steps_retrained_total" + sel("trainer")
+                       + "[$__rate_interval]))", "trained again (rank {{rank}})")],
              unit="short", min=0, bars=True),
+        dict(title="Current step per rank",
+             description="The step each trainer rank committed last: ranks of one group move together; one that "
+                         "stays behind is waiting for its peers or stuck.",
+             queries=[("max by (rank) (streamgrp_trainer_step" + sel("trainer") + ")", "rank {{rank}}")],
+             unit="short", min=0),
         dict(title="Shard imbalance",
              description="The last step's largest shard in tokens over the mean shard (1 is perfectly balanced).",
              queries=[(f"max(streamgrp_batch_imbalance_ratio{sel('batcher')})", "largest / mean")],
@@ -237,7 +259,7 @@ def _templating() -> list[dict[str, Any]]:
         {"allValue": ".+", "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
          "datasource": DATASOURCE, "hide": 0,
          "includeAll": True, "label": "Job", "multi": True, "name": "job", "options": [],
-         "query": {"qryType": 1, "query": "label_values(streamgrp_steps_total, job)",
+         "query": {"qryType": 1, "query": "label_values(streamgrp_build_info, job)",
                    "refId": "PrometheusVariableQueryEditor-VariableQuery"},
          "refresh": 2, "regex": "", "sort": 1, "type": "query"},
         # One run at a time (newest demo run first, by name): sums over two runs would mean nothing.

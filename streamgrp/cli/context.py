@@ -55,14 +55,15 @@ def connected(args: argparse.Namespace, *, role: bool = False):
             client.close()
 
 
-def serve_metrics(config: Any, *, role: str, run: str, client=None, streams: Mapping[str, str] | None = None):
-    """The metrics ``role`` exports, labelled with ``run``, served on the role's
+def serve_metrics(config: Any, *, role: str, run: str, client=None, streams: Mapping[str, str] | None = None,
+                  rank: int | None = None):
+    """The metrics ``role`` exports, labelled with ``run`` (and a trainer's ``rank``), served on the role's
     ``metrics_address``:``metrics_port`` when the port is not 0; None when off."""
     if not config.metrics_port:
         return None
     from streamgrp.cli.metrics import Metrics
 
-    metrics = Metrics(role=role, run=run)
+    metrics = Metrics(role=role, run=run, rank=rank)
     if client is not None:
         metrics.watch_streams(client, streams or {})
     metrics.serve(config.metrics_port, config.metrics_address)

@@ -24,6 +24,7 @@ process serves for another run, never add up into one series.
 from __future__ import annotations
 
 import logging
+import platform
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import (
@@ -53,20 +54,32 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 #: The label every series of a run's process carries.
 RUN_LABEL = "run"
+#: A trainer rank's series carry its rank (scrape targets' own ``index`` label need not be the rank).
+RANK_LABEL = "rank"
+#: Distinct exception types a worker counts by name; later ones count as ``other`` (a bounded label).
+MAX_EXCEPTION_TYPES = 32
 
 #: Every metric by the `Metrics` attribute that holds it.
 DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
-    "slots": lambda r: Counter("streamgrp_slots", "Slot results by outcome", ["outcome"], registry=r),
+    "slots": lambda r: Counter("streamgrp_slots", "Slot results the assembler folded, by outcome", ["outcome"],
+                               registry=r),
+    "slots_published": lambda r: Counter("streamgrp_slots_published", "Slot results a worker published, by outcome",
+                                         ["outcome"], registry=r),
     "groups": lambda r: Counter("streamgrp_groups", "Group decisions by kind", ["decision"], registry=r),
-    "groups_dropped": lambda r: Counter("streamgrp_groups_dropped", "Dropped groups by reason", ["reason"],
-                                        registry=r),
+    "groups_dropped": lambda r: Counter("streamgrp_groups_dropped", "Groups the assembler dropped, by reason",
+                                        ["reason"], registry=r),
+    "groups_discarded": lambda r: Counter("streamgrp_groups_discarded", "Decided groups the batcher did not train "
+                                          "(stale, filtered), by reason", ["reason"], registry=r),
     "target_slots": lambda r: Counter("streamgrp_target_slots", "Slots asked for (n_samples per decided group)",
                                       registry=r),
     "usable_slots": lambda r: Counter("streamgrp_usable_slots", "Usable slots of decided groups", registry=r),
     "trainable_slots": lambda r: Counter("streamgrp_trainable_slots", "Usable slots of groups that were kept",
                                          registry=r),
-    "steps": lambda r: Counter("streamgrp_steps", "Steps written by the batcher or committed by a trainer rank",
-                               registry=r),
+    "steps_written": lambda r: Counter("streamgrp_steps_written", "Steps the batcher wrote", registry=r),
+    # SPEC section 7's step counter: what the trainer ranks committed (the batcher's are steps_written).
+    "steps_committed": lambda r: Counter("streamgrp_steps", "Steps this trainer rank committed", registry=r),
+    "trainer_step": lambda r: Gauge("streamgrp_trainer_step", "The step this trainer rank committed last",
+                                    registry=r),
     "step_failures": lambda r: Counter("streamgrp_step_failures", "Trainer steps that raised", registry=r),
     "steps_retrained": lambda r: Counter("streamgrp_steps_retrained", "Steps a trainer rank trained again after its "
                                          "group rolled back to a checkpoint (their first training was lost)",
@@ -101,6 +114,13 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
                                          registry=r),
     "reward_failures": lambda r: Counter("streamgrp_reward_failures", "Scorings that failed: transient (retried) or "
                                          "error (the slot failed)", ["kind"], registry=r),
+    "rollouts_in_flight": lambda r: Gauge("streamgrp_rollouts_in_flight", "Slots whose rollout is running in this "
+                                          "worker now", registry=r),
+    "rollout_seconds": lambda r: Histogram("streamgrp_rollout_seconds", "A slot's rollout, called to returned (or "
+                                           "raised)", buckets=ASSEMBLY_BUCKETS, registry=r),
+    "rollout_exceptions": lambda r: Counter("streamgrp_rollout_exceptions", "Rollouts that raised, by exception type "
+                                            f"(the first {MAX_EXCEPTION_TYPES} types seen, then 'other')", ["type"],
+                                            registry=r),
     "staleness": lambda r: Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when "
                                      "batched", buckets=STALENESS_BUCKETS, registry=r),
     # The agent gateway (streamgrp.services.gateway): sessions and their turns.
@@ -129,12 +149,14 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
 #: trainer functions, and the dead letters each one sends). Lag and pending entries
 #: (`Metrics.watch_streams`) come on top, from the roles that read every stream: assembler, batcher.
 OWNED: dict[str, tuple[str, ...]] = {
-    "worker": ("slots", "dead_letters", "policy_version"),
+    "worker": ("slots_published", "dead_letters", "policy_version", "rollouts_in_flight", "rollout_seconds",
+               "rollout_exceptions"),
     "assembler": ("slots", "groups", "groups_dropped", "target_slots", "usable_slots", "trainable_slots",
                   "dead_letters", "open_groups", "group_assembly"),
-    "batcher": ("steps", "groups_dropped", "dead_letters", "stall_seconds", "empty_rounds", "trainer_wait_rounds",
-                "policy_version", "batch_imbalance", "staleness", "served_version", "served_behind"),
-    "trainer": ("steps", "step_failures", "steps_retrained", "batch_wait", "policy_version"),
+    "batcher": ("steps_written", "groups_discarded", "dead_letters", "stall_seconds", "empty_rounds",
+                "trainer_wait_rounds", "policy_version", "batch_imbalance", "staleness", "served_version",
+                "served_behind"),
+    "trainer": ("steps_committed", "trainer_step", "step_failures", "steps_retrained", "batch_wait", "policy_version"),
     "weight-sync": (),
     "rewarder": ("rewards", "reward_latency", "rewards_in_flight", "reward_failures"),
     "gateway": ("gateway_turns", "gateway_replayed_turns", "gateway_tokens", "gateway_sessions_opened",
@@ -144,7 +166,8 @@ OWNED: dict[str, tuple[str, ...]] = {
 #: Label values created up front, so a dashboard panel has data from the first scrape: a worker
 #: publishes only samples, rejections and failures; the assembler folds every outcome.
 PRESET_LABELS: dict[str, dict[str, tuple[str, ...]]] = {
-    "worker": {"slots": ("sample", "rejected", "failed")},
+    "worker": {"slots_published": ("sample", "rejected", "failed")},
+    "batcher": {"groups_discarded": ("stale", "filtered", "leftover")},
     "rewarder": {"rewards": ("sample", "rejected", "failed"), "reward_failures": ("transient", "error")},
     "gateway": {"gateway_turns": ("chat", "completions"), "gateway_tokens": ("prompt", "completion"),
                 "gateway_sessions": ("sample", "rejected", "failed", "timeout")},
@@ -173,7 +196,7 @@ class Metrics:
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, *, role: str | None = None,
-                 run: str | None = None) -> None:
+                 run: str | None = None, rank: int | None = None) -> None:
         if role is not None and role not in OWNED:
             raise ValueError(f"unknown role {role!r}; one of {sorted(OWNED)}")
         self.role = role
@@ -187,17 +210,23 @@ class Metrics:
         if role is not None:
             ProcessCollector(registry=self._own)
         if run is not None:
-            Info("streamgrp_run", "The run this process works for (the run label of its every series), and "
-                 "streamgrp's version", registry=self._own).info({"version": __version__})
-            self.registry.register(_WithLabel(self._own, RUN_LABEL, run))
+            Info("streamgrp_run", "The run this process works for (the run label of its every series)",
+                 registry=self._own).info({})
+            Info("streamgrp_build", "The software this process runs: streamgrp's and Python's versions",
+                 registry=self._own).info({"version": __version__, "python": platform.python_version()})
+            labels = {RUN_LABEL: run, **({RANK_LABEL: str(rank)} if rank is not None else {})}
+            self.registry.register(_WithLabels(self._own, labels))
+        self._exception_types: set[str] = set()
         presets = PRESET_LABELS.get(role, {}) if role is not None else _every_preset()
         for name, values in presets.items():
             for value in values:
                 getattr(self, name).labels(value)
-        families = {counters.SLOTS: "slots", counters.DECISIONS: "groups", counters.DROPPED: "groups_dropped",
+        # The batcher's drop counts are its discards (stale, filtered); the assembler's, its dropped groups.
+        dropped = "groups_dropped" if "groups_dropped" in owned else "groups_discarded"
+        families = {counters.SLOTS: "slots", counters.DECISIONS: "groups", counters.DROPPED: dropped,
                     counters.DEADLETTER: "dead_letters"}
         totals = {counters.TARGET_SLOTS: "target_slots", counters.USABLE_SLOTS: "usable_slots",
-                  counters.TRAINABLE_SLOTS: "trainable_slots", counters.STEPS: "steps"}
+                  counters.TRAINABLE_SLOTS: "trainable_slots", counters.STEPS: "steps_written"}
         self._families = {field: getattr(self, name) for field, name in families.items() if name in owned}
         self._totals = {field: getattr(self, name) for field, name in totals.items() if name in owned}
 
@@ -221,6 +250,26 @@ class Metrics:
             elif field in self._totals:
                 self._totals[field].inc(amount)
 
+    def step_committed(self, step: int, *, version: int | None = None, retrained: bool = False) -> None:
+        """A trainer rank committed ``step``: its counters and gauges (``version``: the policy version the
+        commit advanced to)."""
+        self.steps_committed.inc()
+        self.trainer_step.set(step)
+        if retrained:
+            self.steps_retrained.inc()
+        if version is not None:
+            self.policy_version.set(version)
+
+    def rollout_raised(self, exc: BaseException) -> None:
+        """Count a rollout's exception by its type's name (the first `MAX_EXCEPTION_TYPES` names, then ``other``)."""
+        name = type(exc).__name__
+        if name not in self._exception_types:
+            if len(self._exception_types) >= MAX_EXCEPTION_TYPES:
+                name = "other"
+            else:
+                self._exception_types.add(name)
+        self.rollout_exceptions.labels(name).inc()
+
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` on ``addr``:``port`` (0 disables); returns the port. Loopback by default: the
         endpoint has no authentication, so listening on every interface is the caller's explicit choice."""
@@ -238,19 +287,17 @@ class Metrics:
         self._own.register(_StreamCollector(without_retries(client), dict(streams)))
 
 
-class _WithLabel:
-    """Collects ``registry`` with one more label on every sample (a constant: the process's run)."""
+class _WithLabels:
+    """Collects ``registry`` with more labels on every sample (constants: the process's run, a trainer's rank)."""
 
-    def __init__(self, registry: CollectorRegistry, name: str, value: str) -> None:
+    def __init__(self, registry: CollectorRegistry, labels: Mapping[str, str]) -> None:
         self.registry = registry
-        self.name = name
-        self.value = value
+        self.labels = dict(labels)
 
     def collect(self):
         for family in self.registry.collect():
             labelled = Metric(family.name, family.documentation, family.type, family.unit)
-            labelled.samples = [sample._replace(labels={**sample.labels, self.name: self.value})
-                                for sample in family.samples]
+            labelled.samples = [sample._replace(labels={**sample.labels, **self.labels}) for sample in family.samples]
             yield labelled
 
     def describe(self):

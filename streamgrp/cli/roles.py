@@ -203,7 +203,8 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {ranks.rank}")
         try:
-            steps = train(client, run, config, metrics=serve_metrics(config, role="trainer", run=run.name))
+            steps = train(client, run, config, metrics=serve_metrics(config, role="trainer", run=run.name,
+                                                                     rank=ranks.rank))
         except StreamgrpError:
             raise
         except Exception as exc:

@@ -78,6 +78,7 @@ def stall_message(tracker: StallTracker, now: float, counts: dict[str, int], ser
         "more than the workers can reach; no worker is running (or all died); the assembler is down. "
         f"Check: usable_slot_yield={usable_yield}, trainable_slot_yield={trainable_yield}, "
         f"drop reasons {drops or '{}'}, slot outcomes {outcomes or '{}'} "
-        "(streamgrp_groups_dropped_total and streamgrp_slots_total on the dashboards)."
+        "(streamgrp_groups_dropped_total, streamgrp_groups_discarded_total and streamgrp_slots_total on the "
+        "dashboards)."
         + (f" {server_note}" if server_note else "")
     )

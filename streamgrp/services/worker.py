@@ -416,11 +416,14 @@ class WorkerProcess:
             outcome = "invalid" if isinstance(result, InvalidSample) else \
                 "failed" if isinstance(result, BaseException) else "rejected" if result is None else \
                 "reward_pending" if isinstance(result, RewardLater) else "sample"
-            self.metrics.slots.labels(outcome).inc()
+            self.metrics.slots_published.labels(outcome).inc()
             self.metrics.policy_version.set(version)
 
     def _run_slot(self, request: SlotRequest) -> SlotOutcome:
         """The slot's result, never an exception raised: the user's failure becomes a failed slot."""
+        metrics, started = self.metrics, time.monotonic()
+        if metrics is not None:
+            metrics.rollouts_in_flight.inc()
         try:
             if self._is_async:
                 result = asyncio.run_coroutine_threadsafe(self.rollout(request), self._loop).result()
@@ -431,9 +434,15 @@ class WorkerProcess:
                                    "RewardLater or None")
         except Exception as exc:
             result = exc
+        finally:
+            if metrics is not None:
+                metrics.rollouts_in_flight.dec()
+                metrics.rollout_seconds.observe(time.monotonic() - started)
         if isinstance(result, BaseException):
             text = "".join(traceback.format_exception_only(type(result), result)).strip()
             self._raised.add(f"task {request.task_id} slot {request.slot}: {text[:500]}")
+            if metrics is not None:
+                metrics.rollout_raised(result)
         return self.worker.check(result)
 
 

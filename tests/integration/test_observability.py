@@ -113,16 +113,17 @@ class Role:
 #: no other role's (assembler: slot and group accounting; batcher: steps written, the stall, staleness;
 #: trainers: steps committed, failures, batch wait; workers: what they published).
 EXPORTS = {
-    "worker": {"streamgrp_slots_total", "streamgrp_policy_version"},
+    "worker": {"streamgrp_slots_published_total", "streamgrp_policy_version", "streamgrp_rollouts_in_flight",
+               "streamgrp_rollout_seconds_count"},
     "assembler": {"streamgrp_slots_total", "streamgrp_groups_total", "streamgrp_target_slots_total",
                   "streamgrp_usable_slots_total", "streamgrp_trainable_slots_total", "streamgrp_open_groups",
                   "streamgrp_group_assembly_seconds_count", "streamgrp_consumer_lag_entries",
                   "streamgrp_pending_entries"},
-    "batcher": {"streamgrp_steps_total", "streamgrp_stall_seconds", "streamgrp_empty_rounds",
+    "batcher": {"streamgrp_steps_written_total", "streamgrp_stall_seconds", "streamgrp_empty_rounds",
                 "streamgrp_batch_imbalance_ratio", "streamgrp_staleness_versions_count", "streamgrp_policy_version",
                 "streamgrp_consumer_lag_entries", "streamgrp_pending_entries"},
-    "trainer": {"streamgrp_steps_total", "streamgrp_batch_wait_seconds_count", "streamgrp_step_failures_total",
-                "streamgrp_policy_version", "streamgrp_steps_retrained_total"},
+    "trainer": {"streamgrp_steps_total", "streamgrp_trainer_step", "streamgrp_batch_wait_seconds_count",
+                "streamgrp_step_failures_total", "streamgrp_policy_version", "streamgrp_steps_retrained_total"},
 }
 
 

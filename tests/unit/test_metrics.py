@@ -7,19 +7,22 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamgrp.cli.metrics import OWNED, Metrics
+from streamgrp._version import __version__
+from streamgrp.cli.metrics import MAX_EXCEPTION_TYPES, OWNED, Metrics
 
 # Written out here rather than derived from OWNED, so the test says what each role is for.
 ONLY = {
-    "worker": {"streamgrp_slots_total", "streamgrp_policy_version"},
+    "worker": {"streamgrp_slots_published_total", "streamgrp_policy_version", "streamgrp_rollouts_in_flight",
+               "streamgrp_rollout_seconds"},
     "assembler": {"streamgrp_slots_total", "streamgrp_groups_total", "streamgrp_target_slots_total",
                   "streamgrp_usable_slots_total", "streamgrp_trainable_slots_total", "streamgrp_open_groups",
                   "streamgrp_group_assembly_seconds"},
-    "batcher": {"streamgrp_steps_total", "streamgrp_stall_seconds", "streamgrp_empty_rounds",
+    "batcher": {"streamgrp_steps_written_total", "streamgrp_groups_discarded_total", "streamgrp_stall_seconds",
+                "streamgrp_empty_rounds",
                 "streamgrp_trainer_wait_rounds_total", "streamgrp_policy_version", "streamgrp_batch_imbalance_ratio",
                 "streamgrp_staleness_versions", "streamgrp_served_version", "streamgrp_served_behind_seconds"},
-    "trainer": {"streamgrp_steps_total", "streamgrp_step_failures_total", "streamgrp_batch_wait_seconds",
-                "streamgrp_policy_version", "streamgrp_steps_retrained_total"},
+    "trainer": {"streamgrp_steps_total", "streamgrp_trainer_step", "streamgrp_step_failures_total",
+                "streamgrp_batch_wait_seconds", "streamgrp_policy_version", "streamgrp_steps_retrained_total"},
     "weight-sync": set(),
     "rewarder": {"streamgrp_rewards_total", "streamgrp_reward_latency_seconds", "streamgrp_rewards_in_flight",
                  "streamgrp_reward_failures_total"},
@@ -45,18 +48,21 @@ def _exported(metrics: Metrics) -> dict[str, list]:
 def test_a_role_exports_its_own_metrics_its_process_and_its_run(role):
     metrics = Metrics(role=role, run="run-a")
     exported = _exported(metrics)
-    streamgrp = {name for name in exported if name.startswith("streamgrp_") and name != "streamgrp_run_info"}
+    streamgrp = {name for name in exported if name.startswith("streamgrp_")} - {"streamgrp_run_info",
+                                                                                 "streamgrp_build_info"}
     assert streamgrp == ONLY[role]
     assert not (EVERY - ONLY[role]) & set(exported)
     assert "process_cpu_seconds_total" in exported and "process_resident_memory_bytes" in exported
     [info] = exported["streamgrp_run_info"]
-    assert info.labels["run"] == "run-a" and info.labels["version"] and info.value == 1
+    assert info.labels == {"run": "run-a"} and info.value == 1  # no version beside the policy version's gauge
+    [build] = exported["streamgrp_build_info"]
+    assert build.labels["version"] == __version__ and build.labels["python"].count(".") == 2 and build.value == 1
     unlabelled = [s for samples in exported.values() for s in samples if s.labels.get("run") != "run-a"]
     assert unlabelled == []
 
 
 def test_the_worker_counts_what_it_publishes_and_the_assembler_every_outcome():
-    worker = {s.labels["outcome"] for s in _exported(Metrics(role="worker"))["streamgrp_slots_total"]}
+    worker = {s.labels["outcome"] for s in _exported(Metrics(role="worker"))["streamgrp_slots_published_total"]}
     assembler = {s.labels["outcome"] for s in _exported(Metrics(role="assembler"))["streamgrp_slots_total"]}
     assert worker == {"sample", "rejected", "failed"}
     assert assembler == {"sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid"}
@@ -72,9 +78,10 @@ def test_counts_mirror_only_into_the_roles_own_metrics():
     assert value(assembler, "streamgrp_slots_total", outcome="sample") == 3
     assert value(assembler, "streamgrp_target_slots_total") == 6
     assert value(assembler, "streamgrp_dead_letters_total", reason="bad_header") == 1
-    assert value(assembler, "streamgrp_steps_total") is None
-    assert value(batcher, "streamgrp_steps_total") == 1
-    assert value(batcher, "streamgrp_groups_dropped_total", reason="stale") == 2
+    assert value(assembler, "streamgrp_steps_written_total") is None
+    assert value(batcher, "streamgrp_steps_written_total") == 1
+    assert value(batcher, "streamgrp_groups_discarded_total", reason="stale") == 2
+    assert value(batcher, "streamgrp_groups_dropped_total", reason="stale") is None  # the assembler's name
     assert value(batcher, "streamgrp_slots_total", outcome="sample") is None
 
 
@@ -93,3 +100,36 @@ def test_without_a_role_every_metric_is_there_on_the_given_registry():
     assert metrics.registry is registry
     assert EVERY <= set(_exported(metrics))
     assert "streamgrp_run_info" not in _exported(metrics)
+
+
+def test_one_name_has_one_meaning_whichever_role_exports_it():
+    """A sum over every target never adds one role's figure to another's: names two roles export count the same
+    thing (dead letters each sends, the policy version each sees)."""
+    by_name: dict[str, set[str]] = {}
+    for role in OWNED:
+        for name in _exported(Metrics(role=role, run="r")):
+            if name.startswith("streamgrp_") and name not in ("streamgrp_run_info", "streamgrp_build_info"):
+                by_name.setdefault(name, set()).add(role)
+    shared = {name: roles for name, roles in by_name.items() if len(roles) > 1}
+    assert shared == {"streamgrp_policy_version": {"worker", "batcher", "trainer"}}  # dead letters: none preset
+
+
+def test_a_trainer_ranks_series_carry_its_rank_and_its_steps():
+    trainer = Metrics(role="trainer", run="run-a", rank=1)
+    trainer.step_committed(7, version=8, retrained=True)
+    exported = _exported(trainer)
+    assert all(s.labels["rank"] == "1" for samples in exported.values() for s in samples)
+    value = lambda name: trainer.registry.get_sample_value(name, {"run": "run-a", "rank": "1"})  # noqa: E731
+    assert (value("streamgrp_trainer_step"), value("streamgrp_steps_total"),
+            value("streamgrp_steps_retrained_total"), value("streamgrp_policy_version")) == (7, 1, 1, 8)
+
+
+def test_a_worker_counts_rollout_exceptions_by_type_under_a_bounded_label():
+    worker = Metrics(role="worker")
+    for index in range(MAX_EXCEPTION_TYPES + 5):
+        worker.rollout_raised(type(f"Error{index}", (Exception,), {})())
+    worker.rollout_raised(ValueError())
+    types = {s.labels["type"] for s in _exported(worker)["streamgrp_rollout_exceptions_total"]}
+    assert len(types) == MAX_EXCEPTION_TYPES + 1 and "other" in types and "Error0" in types
+    assert worker.registry.get_sample_value("streamgrp_rollout_exceptions_total", {"type": "other"}) == 6
+
