@@ -11,6 +11,9 @@ from streamgrp.core.events import SlotResult
 
 #: The dead-letter reason of a slot entry whose sample the assembler refused.
 INVALID_SAMPLE = "invalid_sample"
+#: The dead-letter reason of a task entry in the group log that no issue wrote: its queue entry (field
+#: ``q``, written by the same call) is missing or holds another header. Never opens a group.
+TASK_NOT_ISSUED = "task_not_issued"
 #: The longest refusal text a failed slot stands in with (the dead letter keeps more of it).
 MAX_REFUSAL_CHARS = 1000
 

@@ -15,7 +15,9 @@ below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothi
     steps       every step after the lowest step all ranks committed (a rank that restarts reads its
                 next step's manifest) and after the newest recorded checkpoint (`CheckpointSaved`: a
                 group that restarts from it trains those steps again)
-    tasks       the workers group's pending and undelivered entries
+    tasks       the workers group's pending and undelivered entries; the tasks of the slot log's kept
+                entries (from the millisecond of the slot log's assembler bound: the assembler checks an
+                issued task against its queue entry, written in the same call just before)
     discarded, commits, deadletter    the archive only: no service reads them back
     control     never: it is small and every process reads the run's record from it
 
@@ -215,6 +217,7 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
         committed = state.committed
         _consumer_bounds(floors_, "slots" + suffix, state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
         _consumer_bounds(floors_, "tasks" + suffix, state.task_groups, state.task_pending, WORKERS_GROUP)
+        _queued_task_bounds(floors_, suffix)
         batcher = _consumer_bounds(floors_, "decisions" + suffix, state.decision_groups, state.decision_pending,
                                    BATCHER_GROUP)
         _unbatched_bounds(floors_, client, part, state, batcher=batcher, suffix=suffix)
@@ -222,6 +225,14 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
         committed = client.hgetall(keys.committed)
     _uncommitted_step_bounds(floors_, client, keys, committed, dp_size, partitioned=len(partitions) > 1)
     return floors_.result()
+
+
+def _queued_task_bounds(floors_: _Floors, suffix: str) -> None:
+    """A task the assembler has yet to fold, or folds again after a restart, is checked against its queue
+    entry: keep the task queue from the millisecond of the slot log's assembler bound."""
+    kept = [key for key, why in floors_.bounds["slots" + suffix] if ASSEMBLER_GROUP in why]
+    if kept:
+        floors_.keep("tasks" + suffix, (min(kept)[0], 0), "tasks the assembler checks")
 
 
 def _archive_bounds(floors_: _Floors, streams: Iterable[str], archive_progress: Mapping[str, str]) -> None:
