@@ -239,9 +239,18 @@ class WorkerClient:
                     owed[index], acks = acks[MAX_ACKS_PER_PUBLISH:], acks[:MAX_ACKS_PER_PUBLISH]
                 # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate
                 # (and acknowledging again changes nothing).
-                written = self._publish(keys=keys, args=[WORKERS_GROUP if acks else "", len(acks),
-                                                         *(task.entry_id for task in acks),
-                                                         *(item for triple in chunk for item in triple)])
+                head = [WORKERS_GROUP if acks else "", len(acks), *(task.entry_id for task in acks)]
+                try:
+                    written = self._publish(keys=keys, args=[*head, *(item for triple in chunk for item in triple)])
+                except redis.exceptions.ResponseError as exc:
+                    if not str(exc).startswith("PAYLOAD"):
+                        raise
+                    # The payloads stream holds the largest id there is (a foreign entry): no payload can be
+                    # written after it, ever. The results go out as failed slots saying so, and the worker goes on.
+                    log.error("slot results published as failed: %s", exc)
+                    failed = [self._encode(*results[at][:2], RuntimeError(f"not published: {exc}"), checked=True)
+                              for at in positions[start:start + PUBLISH_CHUNK]]
+                    written = self._publish(keys=keys, args=[*head, *(item for triple in failed for item in triple)])
                 for at, entry_id in zip(positions[start:start + PUBLISH_CHUNK], written):
                     ids[at] = entry_id_str(entry_id)
         self.done(*(task for tasks in owed.values() for task in tasks))
