@@ -59,6 +59,7 @@ from typing import Any
 import redis
 
 from streamgrp.core import codec
+from streamgrp.core.shown import show_names
 from streamgrp.core.events import GroupDecided, StepManifest
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import (
@@ -215,6 +216,7 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
         suffix = f"@{part.index}" if len(partitions) > 1 else ""
         state = _consumer_state(client, part, keys.committed if len(partitions) == 1 else None)
         committed = state.committed
+        _warn_foreign_groups(part, state)
         _consumer_bounds(floors_, "slots" + suffix, state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
         _consumer_bounds(floors_, "tasks" + suffix, state.task_groups, state.task_pending, WORKERS_GROUP)
         _queued_task_bounds(floors_, suffix)
@@ -225,6 +227,28 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
         committed = client.hgetall(keys.committed)
     _uncommitted_step_bounds(floors_, client, keys, committed, dp_size, partitioned=len(partitions) > 1)
     return floors_.result()
+
+
+#: The consumer groups streamgrp's roles read each stream with.
+_OWN_GROUPS = {"tasks": {WORKERS_GROUP}, "slots": {ASSEMBLER_GROUP, "rewarders"}, "decisions": {BATCHER_GROUP}}
+
+
+def _warn_foreign_groups(part: PartitionKeys, state: _ConsumerState) -> None:
+    """Say so when a stream has consumer groups no role of streamgrp made. A role that may read a stream
+    through its own group may create groups on it (Redis ACLs cannot name groups): such groups hold no
+    entry back from trimming (the floors above name streamgrp's groups), but each costs server memory."""
+    for stream, infos in (("tasks", state.task_groups), ("slots", state.slot_groups),
+                          ("decisions", state.decision_groups)):
+        if isinstance(infos, Exception):
+            continue
+        names = sorted({_text_name(info["name"]) for info in infos} - _OWN_GROUPS[stream])
+        if names:
+            log.warning("%s has %d consumer groups streamgrp did not make (%s): a role's credential made them; "
+                        "delete them with XGROUP DESTROY", getattr(part, stream), len(names), show_names(names[:5]))
+
+
+def _text_name(name: bytes | str) -> str:
+    return name.decode(errors="replace") if isinstance(name, bytes) else name
 
 
 def _queued_task_bounds(floors_: _Floors, suffix: str) -> None:

@@ -8,6 +8,8 @@ each attack below is refused with NOPERM.
 
 from __future__ import annotations
 
+import logging
+
 from role_users import refused, role_users  # noqa: F401  (a fixture)
 
 from streamgrp.config import AssemblerConfig
@@ -16,6 +18,7 @@ from streamgrp.core.events import GroupDecided, TaskIssued
 from streamgrp.core.refusal import TASK_NOT_ISSUED
 from streamgrp.replay.verifier import format_report, verify
 from streamgrp.services.assembler import Assembler
+from streamgrp.services.retention import trim
 from streamgrp.services.synthetic import make_sample
 from streamgrp.services.worker import WorkerClient
 from streamgrp.store.keys import RUNS, WORKERS_GROUP, RunKeys
@@ -65,6 +68,20 @@ def test_forged_task_entries_open_no_group_and_issued_tasks_are_not_refused(clie
     assert int(client.hget(run.keys.counts, "tasks:duplicate")) == 1
     report = verify(client, run.keys)
     assert report.ok, format_report(report)
+
+
+def test_consumer_groups_a_worker_makes_on_its_task_queue_are_reported(client, make_run, issuer, role_users, caplog):
+    # Redis ACLs cannot name consumer groups: a worker that may read the task queue through its group may
+    # create others there. Retention names them (they hold nothing back from trimming).
+    run = make_run(n_samples=2)
+    issuer(run).issue([{"tokens": 8}])
+    worker = role_users.client("worker")
+    for i in range(3):
+        worker.xgroup_create(run.keys.tasks, f"forged-{i}", id="0")
+    with caplog.at_level(logging.WARNING, logger="streamgrp.services.retention"):
+        trim(client, run.keys, {})
+    [line] = [r.getMessage() for r in caplog.records if "consumer groups streamgrp did not make" in r.getMessage()]
+    assert "3 consumer groups" in line and "'forged-0'" in line and run.keys.tasks in line
 
 
 def test_each_roles_writes_reach_only_the_keys_that_need_them(client, make_run, issuer, role_users):
