@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from role_users import refused, role_users  # noqa: F401  (a fixture)
+import pytest
+from role_users import RoleUsers, refused, role_users  # noqa: F401  (a fixture)
 
 from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec
@@ -128,3 +129,31 @@ def test_each_roles_writes_reach_only_the_keys_that_need_them(client, make_run, 
     assert worker.xreadgroup(WORKERS_GROUP, "w", {keys.tasks: "0"}) is not None
     trainer.set(keys.version, 0)
     assert client.xlen(keys.control) >= 1 and client.exists(RUNS)
+
+
+def test_a_run_record_the_trainer_appends_before_the_batcher_is_not_adopted(client, run_name, role_users):
+    # The trainer appends its version events to control, so before the batcher created the run its
+    # credential could append a record of its own; the batcher notes the record it writes in its state
+    # hash, which only its user may write, and refuses a first entry nobody vouches for.
+    from streamgrp.config import RunConfig
+    from streamgrp.core.events import RunStarted
+    from streamgrp.errors import ConfigError
+    from streamgrp.store.runs import join_run
+
+    keys = RunKeys(run_name)
+    trainer = role_users.client("trainer")
+    forged = RunStarted(run=run_name, policy=RunConfig(n_samples=2).policy(), settings={"n_samples": 2},
+                        started_at=1.0, producer="forger")
+    trainer.xadd(keys.control, codec.encode(forged))
+    refused(lambda: trainer.delete(keys.control))
+    with pytest.raises(ConfigError, match="was not written by a batcher"):
+        join_run(role_users.client("batcher"), run_name, RunConfig(n_samples=4))
+    # a run the batcher created is joined again as before, and the trainer's later entries change nothing
+    other = RunKeys(run_name + "-b")
+    run = join_run(client, other.run, RunConfig(n_samples=4))
+    trainer_b = RoleUsers(client, other.run)
+    try:
+        trainer_b.client("trainer").xadd(other.control, codec.encode(forged.model_copy(update={"run": other.run})))
+        assert join_run(client, other.run, RunConfig()).config.n_samples == run.config.n_samples == 4
+    finally:
+        trainer_b.close()
