@@ -67,7 +67,7 @@ from streamgrp.core.manifest import (
     ref_order,
     split_decision_ref,
 )
-from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, refused
+from streamgrp.core.refusal import INVALID_SAMPLE, NOT_FOLDED, refused
 from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
@@ -259,8 +259,8 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream
                 event = codec.decode(fields)
             except DecodeError:
                 continue  # the assembler dead-lettered it; it was never folded
-            if isinstance(event, TaskIssued) and entry_id in unissued:
-                continue  # the assembler found no issue of it (its task-queue entry): it opened no group
+            if isinstance(event, (TaskIssued, Tick)) and entry_id in unissued:
+                continue  # the assembler dead-lettered it unfolded: a task no issue wrote, a tick from the future
             if isinstance(event, SlotResult) and entry_id in refusals:
                 event = refused(event, refusals[entry_id])  # as the assembler folded it
             if isinstance(event, Tick):
@@ -275,14 +275,14 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream
 
 def _refused_entries(source: RedisSource) -> tuple[dict[str, str], set[str]]:
     """Slot entries the assembler refused: samples (dead-lettered as `INVALID_SAMPLE`, entry id -> what was
-    wrong) and task entries no issue wrote (`TASK_NOT_ISSUED`)."""
+    wrong) and entries it did not fold (`NOT_FOLDED`: tasks no issue wrote, ticks from the future)."""
     out, unissued = {}, set()
     for _, fields in source.scan("deadletter"):
         if b"entry" not in fields:
             continue
         if fields.get(b"reason") == INVALID_SAMPLE.encode():
             out[fields[b"entry"].decode(errors="replace")] = fields.get(b"detail", b"").decode(errors="replace")
-        elif fields.get(b"reason") == TASK_NOT_ISSUED.encode():
+        elif fields.get(b"reason", b"").decode(errors="replace") in NOT_FOLDED:
             unissued.add(fields[b"entry"].decode(errors="replace"))
     return out, unissued
 

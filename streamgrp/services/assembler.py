@@ -52,7 +52,7 @@ from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec, counters
 from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.decision import CONTRACT_VIOLATION
-from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, refused
+from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, TICK_FROM_FUTURE, refused
 from streamgrp.core.events import (
     GroupDecided,
     SlotResult,
@@ -92,6 +92,8 @@ from streamgrp.store.streams import (
 
 log = logging.getLogger(__name__)
 
+#: How far a tick may be ahead of the clock the assembler reads it by: a cluster's nodes' clocks differ a little.
+TICK_SLACK_S = 1.0
 #: A stream entry id as XADD returns it.
 QUEUE_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
@@ -223,8 +225,10 @@ class Assembler:
         self._round_now = read_at
         for entry_id, fields, event in decoded:
             # A sample's digest arrives in its summary, computed once by the publisher.
-            if isinstance(event, Tick):  # a tick is never later than the server wrote it
+            if isinstance(event, Tick):  # a tick is never later than the server wrote it, nor than now
                 event = written_tick(event, entry_id)
+                if self._from_future(event, args, entry_id, fields):
+                    continue
             self.state, outputs = fold(self.state, event, entry_id)
             if isinstance(event, Tick):
                 acks.setdefault("ticks", []).append(entry_id)
@@ -274,6 +278,18 @@ class Assembler:
             decoded.append((entry_id, fields, event))
         self._largest_entry = largest
         return decoded
+
+    def _from_future(self, tick: Tick, args: list[Any], entry_id: str, fields: Any) -> bool:
+        """Dead-letter ``tick`` if it says a time after the server's clock now (where its entry id is in the
+        future too, as any writer of the log may choose); the assembler's own ticks never do."""
+        if self._round_now is None:
+            self._round_now = server_time(self.client)
+        if tick.now <= self._round_now + TICK_SLACK_S:
+            return False
+        why = f"the tick says {tick.now:.3f}, after the server's clock when it was read ({self._round_now:.3f})"
+        log.warning("tick entry %s refused: %s", entry_id, why)
+        _dead_letter(args, TICK_FROM_FUTURE, entry_id, why, fields)
+        return True
 
     def _refuse_unissued(self, decoded: list[tuple[str, Any, Any]], args: list[Any]) -> list[tuple[str, Any, Any]]:
         """``decoded`` without the task entries no issue wrote (dead-lettered into ``args``): one pipelined
