@@ -56,6 +56,10 @@ from streamgrp.store.streams import (
 
 log = logging.getLogger(__name__)
 
+#: What the server answers an append to a stream at the largest id there is; and how long to wait then.
+LOG_FULL = "exhausted the last possible ID"
+LOG_FULL_WAIT_S = 5.0
+
 MAX_ERROR_CHARS = 4000
 #: Slot results per publish script call: bounds the script's input whatever the caller hands over.
 PUBLISH_CHUNK = 64
@@ -406,7 +410,16 @@ class WorkerProcess:
         if ready:
             results = [(item.task.event.task_id, index, item.futures[index].result()) for item, index in ready]
             # a publish error surfaces here and stops the worker; results were checked on their slot's thread
-            self.worker.publish_many(results, done=complete, checked=True)
+            try:
+                self.worker.publish_many(results, done=complete, checked=True)
+            except redis.exceptions.ResponseError as exc:
+                if self.config.burst or LOG_FULL not in str(exc):
+                    raise
+                # A foreign entry at the largest stream id: nothing can be published to this run again. The
+                # results wait and the worker with them (the batcher's stall bound ends the run), not exiting.
+                log.error("slot results cannot be published; retrying in %.0f s: %s", LOG_FULL_WAIT_S, exc)
+                time.sleep(LOG_FULL_WAIT_S)
+                return in_flight
             for (item, index), (_, _, result) in zip(ready, results):
                 item.published.add(index)
                 self._count(result, item.requests[index].version)

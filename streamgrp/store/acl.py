@@ -168,7 +168,8 @@ def _batcher(k: RunKeys) -> RoleAccess:
         commands=(*_RUN_LOOKUP, "get", "xlen", "xreadgroup", "xack", "xadd", "xgroup|create", "xinfo|stream",
                   "xinfo|groups", "hget", "hmget", "hset", "hsetnx", "hincrby", "hexists", "hgetall", "hlen", "hvals"),
         confined=((_LEASE_WRITES, (k.batcher_lease,)),
-                  (("zadd",), (RUNS,))))
+                  (("zadd",), (RUNS,)),
+                  (("xdel",), (k.tasks,))))  # issue_tasks.lua takes back a task the group log cannot take
 
 
 def _trainer(k: RunKeys) -> RoleAccess:

@@ -99,3 +99,42 @@ def test_no_role_but_the_batcher_may_append_to_the_task_queue(client, make_run, 
         user = role_users.client(role)
         refused(lambda: user.xadd(run.keys.tasks, {"h": b"{}"}, id=LARGEST_ID))
     assert role_users.client("batcher").xadd(run.keys.tasks, {"h": b"{}"})  # the issuer's own
+
+
+def test_a_group_log_at_the_largest_id_stops_no_role(client, make_run, issuer, role_users, monkeypatch):
+    # Nothing can be appended to the group log again, and no ACL can stop a writer of it choosing that id.
+    # The batcher's issue takes its task back (in neither stream) and the batcher goes on (its stall bound
+    # ends the run); a worker's results wait for it, the worker not exiting.
+    from streamgrp.services import worker as worker_module
+    from streamgrp.services.feeder import Feeder
+    from streamgrp.store.lease import Lease
+
+    monkeypatch.setattr(worker_module, "LOG_FULL_WAIT_S", 0.1)
+    run = make_run(n_samples=2)
+    issuer(run).issue([{"tokens": 8}])
+    role_users.client("worker").xadd(run.keys.slots, {"h": b"{}"}, id=LARGEST_ID)
+    tasks_before = client.xlen(run.keys.tasks)
+    batcher = role_users.client("batcher")
+    lease = Lease(batcher, run.keys.batcher_lease, "b", 10)
+    assert lease.acquire()
+    feeder = Feeder(batcher, run.keys, iter([{"tokens": 8}] * 8), batch_size=4, max_staleness=1, producer="b")
+    assert feeder.feed(0, lease.token) == 0 and feeder.window_full
+    assert client.xlen(run.keys.tasks) == tasks_before and feeder.cursor == 0  # nothing half-issued
+
+    process = WorkerProcess(WorkerClient(role_users.client("worker"), run.keys), _rollout,
+                            WorkerConfig(concurrency=2), n_samples=2)
+    stop, failed = threading.Event(), []
+    thread = threading.Thread(target=lambda: _capture(failed, process.run, stop), daemon=True)
+    thread.start()
+    thread.join(timeout=1.5)
+    assert thread.is_alive() and not failed  # still there, waiting
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and not failed
+
+
+def _capture(failed: list, call, stop) -> None:
+    try:
+        call(stop)
+    except Exception as exc:  # noqa: BLE001 - the test reports it
+        failed.append(exc)

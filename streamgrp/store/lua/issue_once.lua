@@ -9,7 +9,12 @@ local written = 0
 for i = 1, #ARGV - 1, 2 do
   if redis.call('HSETNX', KEYS[3], ARGV[i], 1) == 1 then
     local queued = redis.call('XADD', KEYS[1], '*', 'h', ARGV[i + 1])
-    redis.call('XADD', KEYS[2], '*', 'h', ARGV[i + 1], 'q', queued)
+    local logged = redis.pcall('XADD', KEYS[2], '*', 'h', ARGV[i + 1], 'q', queued)
+    if type(logged) == 'table' and logged.err then  -- as issue_tasks.lua: in neither stream, and say so
+      redis.call('XDEL', KEYS[1], queued)
+      redis.call('HDEL', KEYS[3], ARGV[i])
+      return redis.error_reply('LOG the group log takes no more entries (' .. logged.err .. ')')
+    end
     written = written + 1
   end
 end

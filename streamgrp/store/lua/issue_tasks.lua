@@ -20,7 +20,13 @@ if fenced then
 end
 for i = 3, #ARGV do
   local queued = redis.call('XADD', KEYS[1], '*', 'h', ARGV[i])
-  redis.call('XADD', KEYS[2], '*', 'h', ARGV[i], 'q', queued)
+  local logged = redis.pcall('XADD', KEYS[2], '*', 'h', ARGV[i], 'q', queued)
+  if type(logged) == 'table' and logged.err then
+    -- The group log takes no more entries (a foreign entry at the largest id there is): take the task
+    -- back, so it is in neither stream, and say so; nothing can be issued to this run again.
+    redis.call('XDEL', KEYS[1], queued)
+    return redis.error_reply('LOG the group log takes no more entries (' .. logged.err .. ')')
+  end
 end
 if fenced then
   redis.call('HINCRBY', KEYS[3], 'feeder_cursor', #ARGV - 2)
