@@ -53,6 +53,7 @@ from streamgrp.core import codec, counters
 from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.decision import CONTRACT_VIOLATION
 from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, TICK_FROM_FUTURE, refused
+from streamgrp.core.shown import show
 from streamgrp.core.events import (
     GroupDecided,
     SlotResult,
@@ -246,7 +247,7 @@ class Assembler:
                              *op_fields(fields)]
                 else:
                     if output.reason == OPEN_GROUPS_FULL:
-                        log.warning("task %s refused: %s", output.task_id, output.detail)
+                        log.warning("task %s refused: %s", show(output.task_id), output.detail)
                     _dead_letter(args, output.reason, output.entry_id, output.detail, fields)
         self.state.decided.clear()  # the server's decided hash is the record; keep only open groups
         for field, ids in acks.items():
@@ -317,7 +318,7 @@ class Assembler:
             else:
                 continue
             refused_at.add(at)
-            log.warning("task entry %s (task %s) refused: %s", entry_id, event.task_id, why)
+            log.warning("task entry %s (task %s) refused: %s", entry_id, show(event.task_id), why)
             _dead_letter(args, TASK_NOT_ISSUED, entry_id, why, fields)
         return [item for at, item in enumerate(decoded) if at not in refused_at]
 
