@@ -11,6 +11,14 @@ from streamgrp.core.events import SlotResult
 
 #: The dead-letter reason of a slot entry whose sample the assembler refused.
 INVALID_SAMPLE = "invalid_sample"
+#: The dead-letter reason of a task entry in the group log that no issue wrote: its queue entry (field
+#: ``q``, written by the same call) is missing or holds another header. Never opens a group.
+TASK_NOT_ISSUED = "task_not_issued"
+#: The dead-letter reason of a tick whose time was after the server's clock when the assembler read it
+#: (the assembler writes its ticks at the server's time, so only a foreign writer's can be): never folded.
+TICK_FROM_FUTURE = "tick_from_future"
+#: Reasons of group-log entries the assembler dead-lettered without folding them (`verify` skips them too).
+NOT_FOLDED = (TASK_NOT_ISSUED, TICK_FROM_FUTURE)
 #: The longest refusal text a failed slot stands in with (the dead letter keeps more of it).
 MAX_REFUSAL_CHARS = 1000
 

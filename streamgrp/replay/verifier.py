@@ -67,7 +67,7 @@ from streamgrp.core.manifest import (
     ref_order,
     split_decision_ref,
 )
-from streamgrp.core.refusal import INVALID_SAMPLE, refused
+from streamgrp.core.refusal import INVALID_SAMPLE, NOT_FOLDED, refused
 from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
@@ -248,7 +248,7 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream
     """Fold one slot log (a partition's, in a partitioned run) up to where its assembler read."""
     through = folded_through(source, stream)
     limit = id_key(through) if through is not None else None
-    refusals = _refused_entries(source)
+    refusals, unissued = _refused_entries(source)
 
     def events():
         for entry_id, fields in source.scan(stream):
@@ -259,6 +259,8 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream
                 event = codec.decode(fields)
             except DecodeError:
                 continue  # the assembler dead-lettered it; it was never folded
+            if isinstance(event, (TaskIssued, Tick)) and entry_id in unissued:
+                continue  # the assembler dead-lettered it unfolded: a task no issue wrote, a tick from the future
             if isinstance(event, SlotResult) and entry_id in refusals:
                 event = refused(event, refusals[entry_id])  # as the assembler folded it
             if isinstance(event, Tick):
@@ -271,13 +273,18 @@ def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream
     return {output.decision.task_id: output.decision for output in outputs if isinstance(output, Closed)}
 
 
-def _refused_entries(source: RedisSource) -> dict[str, str]:
-    """Slot entries the assembler refused (dead-lettered as `INVALID_SAMPLE`): entry id -> what was wrong."""
-    out = {}
+def _refused_entries(source: RedisSource) -> tuple[dict[str, str], set[str]]:
+    """Slot entries the assembler refused: samples (dead-lettered as `INVALID_SAMPLE`, entry id -> what was
+    wrong) and entries it did not fold (`NOT_FOLDED`: tasks no issue wrote, ticks from the future)."""
+    out, unissued = {}, set()
     for _, fields in source.scan("deadletter"):
-        if fields.get(b"reason") == INVALID_SAMPLE.encode() and b"entry" in fields:
+        if b"entry" not in fields:
+            continue
+        if fields.get(b"reason") == INVALID_SAMPLE.encode():
             out[fields[b"entry"].decode(errors="replace")] = fields.get(b"detail", b"").decode(errors="replace")
-    return out
+        elif fields.get(b"reason", b"").decode(errors="replace") in NOT_FOLDED:
+            unissued.add(fields[b"entry"].decode(errors="replace"))
+    return out, unissued
 
 
 def _compare_decisions(recorded: list[tuple[str, GroupDecided]], refolded: dict[str, GroupDecided],

@@ -27,6 +27,12 @@ is folded as a failed slot (its group closes as it would have, without waiting f
 its slot entry is dead-lettered (``invalid_sample``, with what is wrong) in the commit that decides the
 group, so until then it stays pending and a restarted assembler refuses it again the same way.
 
+Why a task entry is checked against the task queue: every role that publishes results may append to the
+slot log, so it could append task entries of its own until ``max_open_groups`` refused the run's real
+tasks. An issued task's log entry names its queue entry (``q``, written in the same call,
+`issue_tasks.lua`), which only issuers may append to; a task entry whose queue entry is missing or holds
+another header opens no group and is dead-lettered (``task_not_issued``), and `verify` skips it too.
+
 In a partitioned run each partition has its own slot log, decisions, markers, counters and lease
 (`streamgrp.store.keys.PartitionKeys`), and its own assembler (``partition``): every key one commit
 touches is in the partition's hash slot, so the guarantees above hold per partition on a cluster.
@@ -35,6 +41,7 @@ touches is in the partition's hash slot, so the guarantees above hold per partit
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -45,7 +52,8 @@ from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec, counters
 from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.decision import CONTRACT_VIOLATION
-from streamgrp.core.refusal import INVALID_SAMPLE, refused
+from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, TICK_FROM_FUTURE, refused
+from streamgrp.core.shown import show
 from streamgrp.core.events import (
     GroupDecided,
     SlotResult,
@@ -85,6 +93,11 @@ from streamgrp.store.streams import (
 )
 
 log = logging.getLogger(__name__)
+
+#: How far a tick may be ahead of the clock the assembler reads it by: a cluster's nodes' clocks differ a little.
+TICK_SLACK_S = 1.0
+#: A stream entry id as XADD returns it.
+QUEUE_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 _IGNORED_COUNTER = {DUPLICATE: counters.slots("duplicate"), LATE: counters.slots("late"),
                     DUPLICATE_TASK: counters.TASKS_DUPLICATE, REWARD_DUPLICATE: counters.rewards("duplicate"),
@@ -219,12 +232,15 @@ class Assembler:
         acks: dict[str, list[str]] = {}
         decoded = self._decode_round(entries, args, acks)
         self._load_decided(decoded)
+        decoded = self._refuse_unissued(decoded, args)
         self._refuse_untrainable(decoded)
         self._round_now = read_at
         for entry_id, fields, event in decoded:
             # A sample's digest arrives in its summary, computed once by the publisher.
-            if isinstance(event, Tick):  # a tick is never later than the server wrote it
+            if isinstance(event, Tick):  # a tick is never later than the server wrote it, nor than now
                 event = written_tick(event, entry_id)
+                if self._from_future(event, args, entry_id, fields):
+                    continue
             self.state, outputs = fold(self.state, event, entry_id)
             if isinstance(event, Tick):
                 acks.setdefault("ticks", []).append(entry_id)
@@ -242,7 +258,7 @@ class Assembler:
                              *op_fields(fields)]
                 else:
                     if output.reason == OPEN_GROUPS_FULL:
-                        log.warning("task %s refused: %s", output.task_id, output.detail)
+                        log.warning("task %s refused: %s", show(output.task_id), output.detail)
                     _dead_letter(args, output.reason, output.entry_id, output.detail, fields)
         self.state.decided.clear()  # the server's decided hash is the record; keep only open groups
         for field, ids in acks.items():
@@ -274,6 +290,48 @@ class Assembler:
             decoded.append((entry_id, fields, event))
         self._largest_entry = largest
         return decoded
+
+    def _from_future(self, tick: Tick, args: list[Any], entry_id: str, fields: Any) -> bool:
+        """Dead-letter ``tick`` if it says a time after the server's clock now (where its entry id is in the
+        future too, as any writer of the log may choose); the assembler's own ticks never do."""
+        if self._round_now is None:
+            self._round_now = server_time(self.client)
+        if tick.now <= self._round_now + TICK_SLACK_S:
+            return False
+        why = f"the tick says {tick.now:.3f}, after the server's clock when it was read ({self._round_now:.3f})"
+        log.warning("tick entry %s refused: %s", entry_id, why)
+        _dead_letter(args, TICK_FROM_FUTURE, entry_id, why, fields)
+        return True
+
+    def _refuse_unissued(self, decoded: list[tuple[str, Any, Any]], args: list[Any]) -> list[tuple[str, Any, Any]]:
+        """``decoded`` without the task entries no issue wrote (dead-lettered into ``args``): one pipelined
+        XRANGE of the task queue per task that would open a group."""
+        checked = [(at, _queue_entry(fields)) for at, (_, fields, event) in enumerate(decoded)
+                   if isinstance(event, TaskIssued) and event.task_id not in self.state.open
+                   and event.task_id not in self.state.decided]
+        if not checked:
+            return decoded
+        pipe = self.client.pipeline(transaction=False)
+        for _, queued in checked:
+            if queued is not None:
+                pipe.xrange(self.keys.tasks, queued, queued, count=1)
+        found = iter(pipe.execute(raise_on_error=False))
+        refused_at = set()
+        for at, queued in checked:
+            entry_id, fields, event = decoded[at]
+            reply = next(found) if queued is not None else None
+            if queued is None:
+                why = "it names no task-queue entry (field q): no issue wrote it"
+            elif isinstance(reply, Exception) or not reply:
+                why = f"its task-queue entry {queued} does not exist: no issue wrote it"
+            elif (reply[0][1] or {}).get(codec.HEADER) != fields.get(codec.HEADER):
+                why = f"its task-queue entry {queued} holds another task: no issue wrote it"
+            else:
+                continue
+            refused_at.add(at)
+            log.warning("task entry %s (task %s) refused: %s", entry_id, show(event.task_id), why)
+            _dead_letter(args, TASK_NOT_ISSUED, entry_id, why, fields)
+        return [item for at, item in enumerate(decoded) if at not in refused_at]
 
     def _refuse_untrainable(self, decoded: list[tuple[str, Any, Any]]) -> None:
         """Check the payload of every sample this round may fold; a refused one's slot result is replaced in
@@ -361,6 +419,15 @@ class Assembler:
         if now >= earliest:
             self._seq += 1
             self.client.xadd(self.keys.slots, codec.encode(Tick(now=now, producer=self.name, seq=self._seq)))
+
+
+def _queue_entry(fields: Any) -> str | None:
+    """The task-queue entry id a group-log task entry names, if it is one."""
+    raw = fields.get(b"q", fields.get("q"))
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    if not isinstance(text, str) or not QUEUE_ID.fullmatch(text):
+        return None
+    return text
 
 
 def _dead_letter(args: list[Any], reason: str, entry_id: str, detail: str, fields: dict[Any, Any]) -> None:

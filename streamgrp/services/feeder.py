@@ -189,7 +189,16 @@ class Feeder:
             now = self._writer.now()
             events = [TaskIssued(task_id=f"t{self.cursor + i:08d}", prompt=prompt, version=version, issued_at=now,
                                  producer=self.producer, seq=self.cursor + i) for i, prompt in enumerate(prompts)]
-            self.cursor = self._writer.write(events, lease_token=lease_token, cursor=self.cursor)
+            try:
+                self.cursor = self._writer.write(events, lease_token=lease_token, cursor=self.cursor)
+            except redis.exceptions.ResponseError as exc:
+                if not str(exc).startswith("LOG"):
+                    raise
+                # A foreign entry at the largest stream id: no task can be issued to this run again. The
+                # batcher goes on; with nothing decided its stall bound ends the run, saying why.
+                log.error("no task can be issued: %s", exc)
+                self.window_full = True
+                break
             del self._held[:len(prompts)]
             issued += len(prompts)
             room -= len(prompts)

@@ -15,7 +15,9 @@ below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothi
     steps       every step after the lowest step all ranks committed (a rank that restarts reads its
                 next step's manifest) and after the newest recorded checkpoint (`CheckpointSaved`: a
                 group that restarts from it trains those steps again)
-    tasks       the workers group's pending and undelivered entries
+    tasks       the workers group's pending and undelivered entries; the tasks of the slot log's kept
+                entries (from the millisecond of the slot log's assembler bound: the assembler checks an
+                issued task against its queue entry, written in the same call just before)
     sessions    the turns of open agent sessions (a restarted gateway reads them back)
     discarded, commits, deadletter    the archive only: no service reads them back
     control     never: it is small and every process reads the run's record from it
@@ -58,6 +60,7 @@ from typing import Any
 import redis
 
 from streamgrp.core import codec
+from streamgrp.core.shown import show_names
 from streamgrp.core.events import GroupDecided, StepManifest
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import (
@@ -235,8 +238,10 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
         suffix = f"@{part.index}" if len(partitions) > 1 else ""
         state = _consumer_state(client, part, keys.committed if len(partitions) == 1 else None)
         committed = state.committed
+        _warn_foreign_groups(part, state)
         _consumer_bounds(floors_, "slots" + suffix, state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
         _consumer_bounds(floors_, "tasks" + suffix, state.task_groups, state.task_pending, WORKERS_GROUP)
+        _queued_task_bounds(floors_, suffix)
         batcher = _consumer_bounds(floors_, "decisions" + suffix, state.decision_groups, state.decision_pending,
                                    BATCHER_GROUP)
         _unbatched_bounds(floors_, client, part, state, batcher=batcher, suffix=suffix)
@@ -245,6 +250,36 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
         committed = client.hgetall(keys.committed)
     _uncommitted_step_bounds(floors_, client, keys, committed, dp_size, partitioned=len(partitions) > 1)
     return floors_.result()
+
+
+#: The consumer groups streamgrp's roles read each stream with.
+_OWN_GROUPS = {"tasks": {WORKERS_GROUP}, "slots": {ASSEMBLER_GROUP, "rewarders"}, "decisions": {BATCHER_GROUP}}
+
+
+def _warn_foreign_groups(part: PartitionKeys, state: _ConsumerState) -> None:
+    """Say so when a stream has consumer groups no role of streamgrp made. A role that may read a stream
+    through its own group may create groups on it (Redis ACLs cannot name groups): such groups hold no
+    entry back from trimming (the floors above name streamgrp's groups), but each costs server memory."""
+    for stream, infos in (("tasks", state.task_groups), ("slots", state.slot_groups),
+                          ("decisions", state.decision_groups)):
+        if isinstance(infos, Exception):
+            continue
+        names = sorted({_text_name(info["name"]) for info in infos} - _OWN_GROUPS[stream])
+        if names:
+            log.warning("%s has %d consumer groups streamgrp did not make (%s): a role's credential made them; "
+                        "delete them with XGROUP DESTROY", getattr(part, stream), len(names), show_names(names[:5]))
+
+
+def _text_name(name: bytes | str) -> str:
+    return name.decode(errors="replace") if isinstance(name, bytes) else name
+
+
+def _queued_task_bounds(floors_: _Floors, suffix: str) -> None:
+    """A task the assembler has yet to fold, or folds again after a restart, is checked against its queue
+    entry: keep the task queue from the millisecond of the slot log's assembler bound."""
+    kept = [key for key, why in floors_.bounds["slots" + suffix] if ASSEMBLER_GROUP in why]
+    if kept:
+        floors_.keep("tasks" + suffix, (min(kept)[0], 0), "tasks the assembler checks")
 
 
 def _archive_bounds(floors_: _Floors, streams: Iterable[str], archive_progress: Mapping[str, str]) -> None:

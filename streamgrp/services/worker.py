@@ -57,6 +57,10 @@ from streamgrp.store.streams import (
 
 log = logging.getLogger(__name__)
 
+#: What the server answers an append to a stream at the largest id there is; and how long to wait then.
+LOG_FULL = "exhausted the last possible ID"
+LOG_FULL_WAIT_S = 5.0
+
 MAX_ERROR_CHARS = 4000
 #: Slot results per publish script call: bounds the script's input whatever the caller hands over.
 PUBLISH_CHUNK = 64
@@ -240,9 +244,18 @@ class WorkerClient:
                     owed[index], acks = acks[MAX_ACKS_PER_PUBLISH:], acks[:MAX_ACKS_PER_PUBLISH]
                 # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate
                 # (and acknowledging again changes nothing).
-                written = self._publish(keys=keys, args=[WORKERS_GROUP if acks else "", len(acks),
-                                                         *(task.entry_id for task in acks),
-                                                         *(item for triple in chunk for item in triple)])
+                head = [WORKERS_GROUP if acks else "", len(acks), *(task.entry_id for task in acks)]
+                try:
+                    written = self._publish(keys=keys, args=[*head, *(item for triple in chunk for item in triple)])
+                except redis.exceptions.ResponseError as exc:
+                    if not str(exc).startswith("PAYLOAD"):
+                        raise
+                    # The payloads stream holds the largest id there is (a foreign entry): no payload can be
+                    # written after it, ever. The results go out as failed slots saying so, and the worker goes on.
+                    log.error("slot results published as failed: %s", exc)
+                    failed = [self._encode(*results[at][:2], RuntimeError(f"not published: {exc}"), checked=True)
+                              for at in positions[start:start + PUBLISH_CHUNK]]
+                    written = self._publish(keys=keys, args=[*head, *(item for triple in failed for item in triple)])
                 for at, entry_id in zip(positions[start:start + PUBLISH_CHUNK], written):
                     ids[at] = entry_id_str(entry_id)
         self.done(*(task for tasks in owed.values() for task in tasks))
@@ -404,7 +417,16 @@ class WorkerProcess:
         if ready:
             results = [(item.task.event.task_id, index, item.futures[index].result()) for item, index in ready]
             # a publish error surfaces here and stops the worker; results were checked on their slot's thread
-            self.worker.publish_many(results, done=complete, checked=True)
+            try:
+                self.worker.publish_many(results, done=complete, checked=True)
+            except redis.exceptions.ResponseError as exc:
+                if self.config.burst or LOG_FULL not in str(exc):
+                    raise
+                # A foreign entry at the largest stream id: nothing can be published to this run again. The
+                # results wait and the worker with them (the batcher's stall bound ends the run), not exiting.
+                log.error("slot results cannot be published; retrying in %.0f s: %s", LOG_FULL_WAIT_S, exc)
+                time.sleep(LOG_FULL_WAIT_S)
+                return in_flight
             for (item, index), (_, _, result) in zip(ready, results):
                 item.published.add(index)
                 self._count(result, item.requests[index].version)

@@ -20,7 +20,16 @@ Why the rules look the way they do:
   own state hash (which trainers may only read) names its entry (`streamgrp.store.control`).
 - No role has ``CONFIG``, ``FLUSHALL``, ``KEYS``, ``DEBUG``, ``ACL`` or any other ``@dangerous``
   command except ``INFO`` (the connection check reads the server version and memory settings).
-- The registry of runs (``sg:runs``) is read by every role and written (one ``ZADD``) by the batcher.
+- The registry of runs (``sg:runs``) is read by every role and written (one ``ZADD``, its only write
+  there) by the batcher.
+- A write command is granted only on the keys that need it (ACL selectors, Redis 7+/Valkey): the user's
+  root rules hold the read commands, ``FCALL`` (whose keys need read and write permission) and the keys;
+  each write command comes from a selector ``(+cmd ~key ...)`` naming the keys the role's functions and its
+  own calls write with it (``confined``). So ``DEL``/``SET`` reach only a role's lease (the trainer's: its
+  policy version and weights), a worker reads and acknowledges only the task queue, not the slot log,
+  and no role may ``XADD`` to the task queue but the batcher. Redis 7 checks the commands a function runs
+  against the caller's rules, so what a function writes its caller may also write directly: those writes
+  are checked where they are read (see the README's Security section).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from dataclasses import dataclass
 
 from streamgrp.store.keys import RUNS, RunKeys
 
-__all__ = ["ROLES", "RoleAccess", "access", "password_hash", "render", "render_run", "template_for", "user_name"]
+__all__ = ["ROLES", "RoleAccess", "access", "password_hash", "render", "render_run", "rules", "template_for", "user_name"]
 
 #: What every role's connection needs: the version and settings check, health checks, streamgrp's functions
 #: (`streamgrp.store.scripts`; never EVAL or SCRIPT LOAD: no Lua of its own) and the
@@ -40,19 +49,30 @@ COMMON_COMMANDS = ("ping", "info", "time", "fcall", "fcall_ro")
 
 ROLES = ("worker", "assembler", "batcher", "trainer", "archiver", "inspector", "gateway", "rewarder")
 
-_LEASE = ("get", "set", "pexpire", "del")
+#: What a lease's functions write (lease_acquire/renew/release.lua): granted on the role's lease key only.
+_LEASE_WRITES = ("set", "pexpire", "del")
+#: Taking tasks from a queue as one of its consumer group's consumers.
+_TAKE = ("xreadgroup", "xack", "xautoclaim", "xgroup|create")
 _RUN_LOOKUP = ("xrange", "zrange", "zrevrange")
 
 
 @dataclass(frozen=True)
 class RoleAccess:
-    """One role's rights in one run: keys read only, keys read and written, commands."""
+    """One role's rights in one run: keys read only, keys read and written, commands on all of them, and
+    ``confined``: (commands, keys) pairs, commands granted on those keys only (one ACL selector each)."""
 
     role: str
     about: str
     read: tuple[str, ...]
     write: tuple[str, ...]
     commands: tuple[str, ...]
+    confined: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+
+    def may(self, command: str, key: str) -> bool:
+        """Whether the user may run ``command`` on ``key`` (its root rules or a selector)."""
+        if command in self.commands:
+            return key in self.read or key in self.write
+        return any(command in commands and key in keys for commands, keys in self.confined)
 
     def can_write(self, key: str) -> bool:
         return key in self.write
@@ -97,7 +117,9 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
               *(part.issued for part in parts)) if role == "batcher" else ())
     # The batcher reads and clears the acknowledgements a partitioned run's commits record.
     commands = (*rights.commands, "hkeys", "hdel") if role == "batcher" else rights.commands
-    return RoleAccess(rights.role, rights.about, spread(rights.read), (*spread(rights.write), *extra), commands)
+    confined = tuple((names, spread(on)) for names, on in rights.confined)
+    return RoleAccess(rights.role, rights.about, spread(rights.read), (*spread(rights.write), *extra), commands,
+                      confined)
 
 
 #: Kinds a partitioned run has run-wide as well: the batcher's counters and the control stream's dead letters.
@@ -113,9 +135,11 @@ def _worker(k: RunKeys) -> RoleAccess:
         "run's record, the policy version and the published weights",
         read=(k.control, k.version, k.weights("*"), RUNS),
         write=(k.tasks, k.slots, k.payloads, k.deadletter, k.deadlettered, k.deadletter_counts),
-        commands=(*_RUN_LOOKUP, "get", "xreadgroup", "xack", "xautoclaim", "xgroup|create", "xadd",
-                  "xdel",  # publish.lua takes back a slot header whose payload it could not write
-                  "hsetnx", "hincrby"))
+        commands=(*_RUN_LOOKUP, "get"),
+        confined=((_TAKE, (k.tasks,)),  # the task queue only: the slot log's entries are the assembler's
+                  (("xadd",), (k.slots, k.payloads, k.deadletter)),
+                  (("xdel",), (k.slots,)),  # publish.lua takes back a slot header whose payload it could not write
+                  (("hsetnx", "hincrby"), (k.deadlettered, k.deadletter_counts))))
 
 
 def _assembler(k: RunKeys) -> RoleAccess:
@@ -124,20 +148,28 @@ def _assembler(k: RunKeys) -> RoleAccess:
         "assembler", "folds the slot log into group decisions, writes each once, dead-letters bad slot entries",
         read=(*_others(k, written), RUNS),
         write=written,
-        commands=(*_RUN_LOOKUP, *_LEASE, "xreadgroup", "xautoclaim", "xack", "xadd", "xgroup|create",
-                  "xinfo|groups", "hsetnx", "hset", "hincrby", "hexists", "hmget", "hget"))
+        commands=(*_RUN_LOOKUP, "get", "xinfo|groups", "hexists", "hmget", "hget"),
+        confined=((_LEASE_WRITES, (k.assembler_lease,)),
+                  (("xreadgroup", "xautoclaim", "xack", "xgroup|create"), (k.slots,)),
+                  (("xadd",), (k.slots, k.decisions, k.deadletter)),
+                  (("hsetnx", "hset", "hincrby"), (k.decided, k.counts))))
 
 
 def _batcher(k: RunKeys) -> RoleAccess:
     written = (k.control, k.decisions, k.steps, k.discarded, k.counts, k.batcher_lease, k.batcher_state, k.tasks,
-               k.slots, k.deadletter, k.deadlettered, k.deadletter_counts, RUNS)
+               k.slots, k.deadletter, k.deadlettered, k.deadletter_counts)
     return RoleAccess(
         "batcher", "creates the run, issues tasks, turns decisions into steps, writes the run's terminal and "
         "finished events",
-        read=(*_others(k, written), k.version, k.committed, k.decided),
+        # The shared registry of runs: read, and one ZADD of its own run (no DEL/SET/XADD of it, so one run's
+        # credential cannot break the registry every run reads).
+        read=(*_others(k, written), k.version, k.committed, k.decided, RUNS),
         write=written,
-        commands=(*_RUN_LOOKUP, *_LEASE, "zadd", "xlen", "xreadgroup", "xack", "xadd", "xgroup|create", "xinfo|stream",
-                  "xinfo|groups", "hget", "hmget", "hset", "hsetnx", "hincrby", "hexists", "hgetall", "hlen", "hvals"))
+        commands=(*_RUN_LOOKUP, "get", "xlen", "xreadgroup", "xack", "xadd", "xgroup|create", "xinfo|stream",
+                  "xinfo|groups", "hget", "hmget", "hset", "hsetnx", "hincrby", "hexists", "hgetall", "hlen", "hvals"),
+        confined=((_LEASE_WRITES, (k.batcher_lease,)),
+                  (("zadd",), (RUNS,)),
+                  (("xdel",), (k.tasks,))))  # issue_tasks.lua takes back a task the group log cannot take
 
 
 def _trainer(k: RunKeys) -> RoleAccess:
@@ -148,8 +180,10 @@ def _trainer(k: RunKeys) -> RoleAccess:
         "publishes weights and per-step metrics",
         read=(k.steps, k.payloads, k.slots, k.batcher_state, RUNS),
         write=written,
-        commands=(*_RUN_LOOKUP, "xread", "xadd", "get", "set", "del", "multi", "exec", "hget", "hset", "hsetnx",
-                  "hincrby", "hgetall", "hdel"))
+        commands=(*_RUN_LOOKUP, "xread", "xadd", "get", "multi", "exec", "hget", "hset", "hsetnx",
+                  "hincrby", "hgetall", "hdel"),
+        # SET: the policy version (trainer_commit.lua) and the published weights; DEL: weights it retires.
+        confined=((("set",), (k.version, k.weights("*"))), (("del",), (k.weights("*"),))))
 
 
 def _archiver(k: RunKeys) -> RoleAccess:
@@ -183,8 +217,11 @@ def _gateway(k: RunKeys) -> RoleAccess:
         read=(k.control, k.version, RUNS),
         write=(k.tasks, k.slots, k.payloads, k.sessions, k.session_pattern, k.session_deadlines, k.deadletter,
                k.deadlettered, k.deadletter_counts),
-        commands=(*_RUN_LOOKUP, "get", "xreadgroup", "xack", "xautoclaim", "xgroup|create", "xpending", "xadd", "xdel",
-                  "hset", "hget", "hmget", "hgetall", "hsetnx", "hincrby", "zadd", "zrem", "zrangebyscore", "zcard"))
+        commands=(*_RUN_LOOKUP, "get", "hset", "hget", "hmget", "hgetall", "hsetnx", "hincrby", "zadd", "zrem",
+                  "zrangebyscore", "zcard"),
+        confined=(((*_TAKE, "xpending"), (k.tasks,)),  # the task queue only, as a worker
+                  (("xadd",), (k.slots, k.payloads, k.sessions, k.deadletter)),
+                  (("xdel",), (k.slots,))))
 
 
 def _rewarder(k: RunKeys) -> RoleAccess:
@@ -213,11 +250,17 @@ def password_hash(password: str) -> str:
 
 def render(rights: RoleAccess, run: str, *, password_hashes: Sequence[str] = ()) -> str:
     """One ACL-file line for ``rights``; without a password hash the user exists but cannot log in yet."""
+    return f"user {user_name(run, rights.role)} " + " ".join(rules(rights, password_hashes=password_hashes))
+
+
+def rules(rights: RoleAccess, *, password_hashes: Sequence[str] = ()) -> list[str]:
+    """The ACL rules of ``rights``, one item each (a selector ``(...)`` is one), as ``ACL SETUSER`` takes them."""
     passwords = " ".join(password_hashes) if password_hashes else ""
-    rules = ["on", "resetpass", *([passwords] if passwords else []), "resetkeys", "resetchannels", "-@all",
-             *(f"+{command}" for command in dict.fromkeys((*COMMON_COMMANDS, *rights.commands))),
-             *(f"%R~{key}" for key in rights.read), *(f"~{key}" for key in rights.write)]
-    return f"user {user_name(run, rights.role)} " + " ".join(rules)
+    selectors = ["(" + " ".join([*(f"+{command}" for command in commands), *(f"~{key}" for key in keys)]) + ")"
+                 for commands, keys in rights.confined]
+    return ["on", "resetpass", *([passwords] if passwords else []), "resetkeys", "resetchannels", "-@all",
+            *(f"+{command}" for command in dict.fromkeys((*COMMON_COMMANDS, *rights.commands))),
+            *(f"%R~{key}" for key in rights.read), *(f"~{key}" for key in rights.write), *selectors]
 
 
 def render_run(run: str, roles: Iterable[str] = ROLES, *, passwords: dict[str, str] | None = None,

@@ -32,6 +32,7 @@ from streamgrp.store.keys import (
     run_streams,
     stream_key,
 )
+from streamgrp.store.streams import entry_id_str
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,13 @@ def join_run(client: redis.Redis, run: str, config: RunConfig, *, producer: str 
     if settings.get("partitions") == 1:
         del settings["partitions"]  # an unpartitioned run's record stays what it was (older readers open it)
     record_event = RunStarted(run=run, policy=config.policy(), settings=settings, started_at=now, producer=producer)
-    entry_id, fields = scripts.register(client, "create_run.lua")(keys=[keys.control],
-                                                                  args=[codec.encode(record_event)[codec.HEADER]])
+    entry_id, fields, vouched = scripts.register(client, "create_run.lua")(
+        keys=[keys.control, keys.batcher_state], args=[codec.encode(record_event)[codec.HEADER]])
+    if not int(vouched):
+        raise ConfigError(f"run {run!r}: the first entry of its control stream ({entry_id_str(entry_id)}) was not "
+                          "written by a batcher (another role's credential wrote it before the run was created); "
+                          "nothing it says is adopted. Delete the run (`streamgrp delete`, as an administrator) and "
+                          "start its batcher again")
     client.zadd(RUNS, {run: now}, nx=True)
     record, recorded = read_record(run, _pairs(fields), f"the control stream's first entry {entry_id!r}")
     return Run(keys, _reconcile(run, recorded, config), record)

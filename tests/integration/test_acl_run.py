@@ -40,6 +40,9 @@ REPO = HERE.parents[1]
 RUN_FLAGS = ["--n-samples", "4", "--batch-size", "4", "--dp-size", "2", "--group-timeout-s", "30",
              "--reward-norm", "group,group", "--max-staleness", "1", "--stall-timeout-s", "120"]
 STEPS = 3
+#: Task entries the worker's user forges in the group log before the run starts: as many as the assembler
+#: may hold open, so if they opened groups no issued task could.
+FORGED_TASKS = 30
 
 
 @dataclass
@@ -124,7 +127,7 @@ def _roles(secured: Secured, tmp_path: Path) -> dict[str, RoleProcess]:
         "trainer0": ("trainer", [*run, "--rank", "0", "--world-size", "2", "--dist-url", dist]),
         "trainer1": ("trainer", [*run, "--rank", "1", "--world-size", "2", "--dist-url", dist]),
         "worker": ("worker", [*run, "--rollout", "rollouts:credential_free_toy", "--concurrency", "4"]),
-        "assembler": ("assembler", [*run, "--tick-interval-s", "0.2"]),
+        "assembler": ("assembler", [*run, "--tick-interval-s", "0.2", "--max-open-groups", str(FORGED_TASKS)]),
         "archiver": ("archiver", [*run, *data, "--retention", "--retention-interval-s", "1", "--poll-s", "0.2"]),
         "batcher": ("batcher", [*run, *RUN_FLAGS, "--dataset", str(_dataset(tmp_path / "prompts.jsonl")),
                                 "--max-steps", str(STEPS), "--round-s", "0.5"]),
@@ -153,7 +156,24 @@ def test_a_role_on_a_server_without_the_functions_is_told_who_must_load_them(sec
     admin.close()
 
 
+def _attack_as_worker(secured: Secured) -> None:
+    """What the worker's user may write and a run must survive: forged task entries, a tick and a payload at
+    ids in the future (every later slot result moves after it), a consumer group of its own on the queue."""
+    from streamgrp.core import codec
+    from streamgrp.core.events import TaskIssued, Tick
+
+    keys, worker = RunKeys(secured.run), secured.client("worker")
+    for i in range(FORGED_TASKS):
+        worker.xadd(keys.slots, codec.encode(TaskIssued(task_id=f"forged-{i}", prompt={"a": 1}, version=0,
+                                                        issued_at=4e9, producer="forger", seq=i)))
+    worker.xadd(keys.payloads, {"h": b"{}"}, id="99999999999999-0")
+    worker.xadd(keys.slots, codec.encode(Tick(now=4e12, producer="forger", seq=0)), id="99999999999998-0")
+    worker.xgroup_create(keys.tasks, "forged", id="0", mkstream=True)
+    worker.close()
+
+
 def test_a_whole_run_with_each_role_under_its_own_user(secured, tmp_path):
+    _attack_as_worker(secured)
     roles = _roles(secured, tmp_path)
     try:
         for role in roles.values():  # the batcher last: the others open the run read-only and wait for it
@@ -182,6 +202,8 @@ def test_a_whole_run_with_each_role_under_its_own_user(secured, tmp_path):
     leaks = {r.error for r in results if isinstance(r, SlotResult) and "sees credentials" in (r.error or "")}
     assert leaks == set() and any(isinstance(r, SlotResult) and r.outcome == "sample" for r in results)
     assert int(admin.hget(keys.counts, "steps") or 0) == STEPS
+    assert int(admin.hget(keys.counts, "deadletter:task_not_issued")) == FORGED_TASKS
+    assert int(admin.hget(keys.counts, "deadletter:tick_from_future")) == 1
     _inspector_reads_everything(secured, tmp_path, admin, keys)
     assert _acl_log(admin) == [], "the inspector was refused a command an inspection needs"
     _worker_cannot_write_what_decides_or_stops_the_run(secured, keys)

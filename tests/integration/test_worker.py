@@ -112,12 +112,15 @@ def test_publish_many_acknowledges_the_done_tasks_in_the_same_call_and_none_when
     pending = client.xpending_range(run.keys.tasks, WORKERS_GROUP, "-", "+", 10)
     assert [p["message_id"].decode() for p in pending] == [third.entry_id]
     assert client.xlen(run.keys.slots) == 3 + 4 and client.xlen(run.keys.payloads) == 4  # 3 issued + 4 results
-    # A payload written outside streamgrp at a later id makes the publish fail: nothing acknowledged.
-    client.xadd(run.keys.payloads, {"h": "not ours"}, id="99999999999999-0")
+    # A payload stream at the largest id takes no payload: the publish call fails, acknowledging nothing...
+    client.xadd(run.keys.payloads, {"h": "not ours"}, id="18446744073709551615-18446744073709551615")
+    header, payload, blob = codec.encode_sample(third.event.task_id, 0, make_sample(), producer="p", seq=1)
     with pytest.raises(redis.ResponseError, match="PAYLOAD cannot be written"):
-        worker.publish_many([(third.event.task_id, slot, make_sample()) for slot in range(2)], done=[third])
+        worker._publish(keys=[run.keys.slots, run.keys.payloads, run.keys.tasks],
+                        args=[WORKERS_GROUP, 1, third.entry_id, header, payload, blob])
     assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 1
-    worker.publish_many([(third.event.task_id, slot, None) for slot in range(2)], done=[third])  # rejections
+    # ...and publish_many then publishes the results as failed slots saying why, acknowledging the task.
+    worker.publish_many([(third.event.task_id, slot, make_sample()) for slot in range(2)], done=[third])
     assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
 
 

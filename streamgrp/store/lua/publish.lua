@@ -31,10 +31,17 @@ for i = first, #ARGV, 3 do
   if ARGV[i + 1] ~= '' then
     local written = redis.pcall('XADD', KEYS[2], id, 'h', ARGV[i + 1], 'b', ARGV[i + 2])
     if type(written) == 'table' and written.err then
-      -- Only a write outside streamgrp can put a later id in the payloads stream; refuse it whole.
+      -- Only a write outside streamgrp puts an id at or after this one in the payloads stream (a plain
+      -- XADD in the same millisecond, an explicit id in the future, written and deleted or not). Then the
+      -- payload goes after the stream's last id and its header moves there too (above the header's own
+      -- id, since the payloads stream had passed it), so both still share one id and no publish fails for it.
       redis.call('XDEL', KEYS[1], id)
-      return redis.error_reply('PAYLOAD cannot be written at ' .. id .. ' (' .. written.err .. '); the payloads '
-                               .. 'stream holds an entry streamgrp did not write')
+      written = redis.pcall('XADD', KEYS[2], '*', 'h', ARGV[i + 1], 'b', ARGV[i + 2])
+      if type(written) == 'table' and written.err then  -- the stream's last id is the largest there is
+        return redis.error_reply('PAYLOAD cannot be written after ' .. id .. ' (' .. written.err .. '); the '
+                                 .. 'payloads stream holds an entry streamgrp did not write')
+      end
+      id = redis.call('XADD', KEYS[1], written, 'h', ARGV[i])
     end
   end
   ids[#ids + 1] = id
