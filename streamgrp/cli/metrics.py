@@ -41,6 +41,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from streamgrp._version import __version__
 from streamgrp.core import counters
+from streamgrp.errors import ConfigError
 
 # `_created` series double every counter's output and no dashboard reads them.
 disable_created_metrics()
@@ -274,7 +275,12 @@ class Metrics:
         """Serve ``/metrics`` on ``addr``:``port`` (0 disables); returns the port. Loopback by default: the
         endpoint has no authentication, so listening on every interface is the caller's explicit choice."""
         if port:
-            start_http_server(port, addr=addr, registry=self.registry)
+            try:
+                start_http_server(port, addr=addr, registry=self.registry)
+            except OSError as exc:
+                raise ConfigError(f"--metrics-port {port} on {addr} cannot be served ({exc.strerror or exc}): "
+                                  "another process holds it, or the address is not this machine's; pick another "
+                                  "port, or 0 to turn metrics off") from None
             log.info("metrics on http://%s:%d/metrics", addr, port)
         return port
 

@@ -133,3 +133,16 @@ def test_a_worker_counts_rollout_exceptions_by_type_under_a_bounded_label():
     assert len(types) == MAX_EXCEPTION_TYPES + 1 and "other" in types and "Error0" in types
     assert worker.registry.get_sample_value("streamgrp_rollout_exceptions_total", {"type": "other"}) == 6
 
+
+
+def test_a_metrics_port_in_use_is_one_clear_error_not_a_traceback():
+    import socket
+
+    from streamgrp.errors import ConfigError
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"--metrics-port {port} on 127.0.0.1 cannot be served .*pick another"):
+            Metrics(role="worker").serve(port)
