@@ -23,6 +23,7 @@ ONLY = {
     "weight-sync": set(),
     "rewarder": {"streamgrp_rewards_total", "streamgrp_reward_latency_seconds", "streamgrp_rewards_in_flight",
                  "streamgrp_reward_failures_total"},
+    "follower": set(),  # its series are labelled by the follower's name and stream: none before it reads
     "gateway": {"streamgrp_gateway_turns_total", "streamgrp_gateway_replayed_turns_total",
                 "streamgrp_gateway_tokens_total", "streamgrp_gateway_sessions_opened_total",
                 "streamgrp_gateway_sessions_total", "streamgrp_gateway_open_sessions",
@@ -93,3 +94,13 @@ def test_without_a_role_every_metric_is_there_on_the_given_registry():
     assert metrics.registry is registry
     assert EVERY <= set(_exported(metrics))
     assert "streamgrp_run_info" not in _exported(metrics)
+
+
+def test_a_follower_exports_entries_skips_and_lag_by_name_and_stream():
+    metrics = Metrics(role="follower", run="run-a")
+    metrics.follow_entries.labels("eval", "decisions").inc(3)
+    metrics.follow_lag.labels("eval", "decisions").set(1.5)
+    exported = _exported(metrics)
+    [entries] = exported["streamgrp_follow_entries_total"]
+    assert (entries.labels["consumer"], entries.labels["stream"], entries.value) == ("eval", "decisions", 3)
+    assert exported["streamgrp_follow_lag_seconds"][0].value == 1.5
