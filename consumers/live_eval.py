@@ -8,10 +8,10 @@ its prompt's tally, a slot passing when it produced a sample whose reward is at 
 ``--difficulty-key`` field (default ``difficulty``; ``unknown`` without one), read from the task's
 `TaskIssued` in the slot log. Nothing it does reaches the trainer: it reads, and records its position.
 
-The tallies live in ``--state`` (JSON, replaced atomically), written before the follower's position is
-recorded, with the last entry applied per stream: a decision that comes again after a crash (one read
-but not recorded) is recognized by its entry id and not counted twice. So the tallies count every
-decision exactly once, whatever kills the process. ``--keep-ids`` keeps every applied entry id, in
+The tallies live in ``--state`` (JSON, replaced atomically), written after each read and before the
+follower's position is recorded, with the last entry applied per stream: a decision that comes again
+after a crash (read but not recorded) is recognized by its entry id and not counted twice. So the
+tallies count every decision exactly once, whatever kills the process. ``--keep-ids`` keeps every applied entry id, in
 order, in the state (what the tests check).
 """
 
@@ -21,6 +21,7 @@ import argparse
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +84,14 @@ def difficulty_of(client: Any, run: Any, stream: str, decision: GroupDecided, ke
         return "unknown"
     slots = run.stream_key(stream.replace("decisions", "slots"))
     start = f"{max(0, int(decision.issued_at * 1000) - 5)}-0"
+    # Only entries whose header names the task and an issue are decoded: a cheap bytes test first.
+    marks = (b'"kind":"task_issued"', b'"task_id":' + orjson.dumps(decision.task_id))
     for _ in range(4):  # the feeder issues tasks in batches: the issue sits among the first entries from there
         page = client.xrange(slots, start, "+", count=128)
         for raw_id, fields in page:
+            header = fields.get(b"h", b"")
+            if not all(mark in header for mark in marks):
+                continue
             try:
                 event = codec.decode(fields)
             except DecodeError:
@@ -114,16 +120,28 @@ def run_eval(client: Any, run: Any, state_path: Path, *, name: str = "live-eval"
     stop = stop or threading.Event()
     state = orjson.loads(state_path.read_bytes()) if state_path.exists() else None
     evaluation = LiveEval(state, threshold=threshold, keep_ids=keep_ids)
-    follower = Follower(client, run, name, "decisions", batch=64)
-    for item in follower.entries(stop, until_finished=until_finished):
-        if isinstance(item, Skipped):
-            evaluation.skipped(item)
-        elif isinstance(item, Followed) and isinstance(item.event, GroupDecided):
-            evaluation.apply(item.stream, item.entry_id,
-                             item.event, difficulty_of(client, run, item.stream, item.event, difficulty_key))
-            if delay_s:
-                stop.wait(delay_s)  # a slow consumer (the tests' and the benchmark's)
-        _save(state_path, evaluation.state)  # before the position is recorded (when the loop asks for more)
+    follower = Follower(client, run, name, "decisions", batch=256)
+    idle_since = None
+    while not stop.is_set():
+        items = follower.poll()  # one read: applied, saved once, then recorded as handled
+        for item in items:
+            if isinstance(item, Skipped):
+                evaluation.skipped(item)
+            elif isinstance(item, Followed) and isinstance(item.event, GroupDecided):
+                evaluation.apply(item.stream, item.entry_id,
+                                 item.event, difficulty_of(client, run, item.stream, item.event, difficulty_key))
+                if delay_s:
+                    stop.wait(delay_s)  # a slow consumer (the tests')
+            follower.handled(item)
+        if items:
+            _save(state_path, evaluation.state)  # before the position is recorded
+            follower.record()
+            idle_since = None
+            continue
+        idle_since = idle_since if idle_since is not None else time.monotonic()
+        if until_finished and follower.run_ended() and time.monotonic() - idle_since >= 2.0:
+            break
+        stop.wait(0.2)
     return evaluation
 
 

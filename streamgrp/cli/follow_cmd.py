@@ -48,13 +48,15 @@ def _print(item: Any) -> None:
 def cmd_follow(args: argparse.Namespace) -> int:
     from streamgrp.services.follower import FOLLOWABLE, Follower
     from streamgrp.store.follow import FollowPositions, positions, unread_age
-    from streamgrp.store.runs import open_run, resolve_run_name, server_time
+    from streamgrp.store.runs import await_run, resolve_run_name, server_time
 
     stop = stop_event()
     config = settings(args, FollowConfig)
     handle = load_callable(config.follow_handler) if config.follow_handler else _print
     with connected(args, role=True) as (client, connection, _):
-        run = open_run(client, resolve_run_name(client, connection.run, create=False))
+        # A follower may start before the run: it waits for the batcher to create it (--list-followers does not).
+        run = await_run(client, resolve_run_name(client, connection.run, create=False), stop=stop,
+                        wait=not (config.list_followers or config.forget), who=f"follower {args.name}")
         if config.list_followers:
             now = server_time(client)
             for p in positions(client, run.keys):

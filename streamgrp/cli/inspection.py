@@ -175,11 +175,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_follow(args: argparse.Namespace, config: ExportConfig, follow_export) -> int:
     from streamgrp.cli.context import stop_event
-    from streamgrp.store.runs import open_run, resolve_run_name
+    from streamgrp.store.runs import await_run, resolve_run_name
 
     stop = stop_event()  # SIGTERM: write what was read, record it, exit 0
     with connected(args, role=True) as (client, connection, _handle):
-        run = open_run(client, resolve_run_name(client, args.target or connection.run, create=False))
+        run = await_run(client, resolve_run_name(client, args.target or connection.run, create=False), stop=stop,
+                        who="export --follow")  # started before the run: waits for its batcher to create it
         out = config.out or Path(f"export-{run.name}")
         files, rows = follow_export(client, run, out, name=config.follow_name, flush_s=config.flush_s, stop=stop,
                                     until_finished=True)
