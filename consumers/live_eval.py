@@ -2,7 +2,7 @@
 
     python -m streamgrp.consumers.live_eval --run RUN --state eval.json [--name live-eval] [--threshold 0.5]
 
-A follower (`streamgrp.services.follower`) of the run's decisions: each decided group adds its slots to
+A follower (`streamgrp.store.follower`) of the run's decisions: each decided group adds its slots to
 its prompt's tally, a slot passing when it produced a sample whose reward is at least ``--threshold``
 (rejected, failed and timed-out slots count as tried and not passed). A prompt's difficulty is its
 ``--difficulty-key`` field (default ``difficulty``; ``unknown`` without one), read from the task's
@@ -30,7 +30,7 @@ import orjson
 from streamgrp.core import codec
 from streamgrp.core.events import GroupDecided, TaskIssued
 from streamgrp.errors import DecodeError
-from streamgrp.services.follower import Followed, Follower, Skipped
+from streamgrp.store.follower import Followed, Follower, Skipped
 from streamgrp.store.keys import id_key
 from streamgrp.store.streams import entry_time
 

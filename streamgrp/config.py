@@ -232,7 +232,7 @@ class RewarderConfig(_RoleSettings):
 
 
 class FollowConfig(_RoleSettings):
-    """A follower (`streamgrp follow NAME`, `streamgrp.services.follower`): a named consumer of one run's stream."""
+    """A follower (`streamgrp follow NAME`, `streamgrp.store.follower`): a named consumer of one run's stream."""
 
     follow_stream: Literal["decisions", "slots", "steps"] = Field("decisions", description="the stream to follow")
     follow_start: Literal["first", "now"] = Field("first", description="where a new follower begins: the first entry "

@@ -1,4 +1,4 @@
-"""`streamgrp follow NAME`: a named consumer of one run's stream on the command line (`streamgrp.services.follower`).
+"""`streamgrp follow NAME`: a named consumer of one run's stream on the command line (`streamgrp.store.follower`).
 
 Prints each entry as a JSON line (or calls ``--follow-handler module:function`` with it), recording its
 position as it goes, so a follower stopped or killed resumes where it stopped; ``--list-followers`` shows
@@ -31,7 +31,7 @@ def add_follow_command(commands: Any, add_model_flags: Any, connection_model: ty
 
 def as_json(item: Any) -> bytes:
     """A `Followed` or `Skipped` item as one JSON object."""
-    from streamgrp.services.follower import Skipped
+    from streamgrp.store.follower import Skipped
 
     if isinstance(item, Skipped):
         return orjson.dumps({"stream": item.stream, "skipped": {"after": item.after, "before": item.before,
@@ -46,7 +46,7 @@ def _print(item: Any) -> None:
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
-    from streamgrp.services.follower import FOLLOWABLE, Follower
+    from streamgrp.store.follower import FOLLOWABLE, Follower
     from streamgrp.store.follow import FollowPositions, positions, unread_age
     from streamgrp.store.runs import await_run, resolve_run_name, server_time
 

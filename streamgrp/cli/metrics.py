@@ -103,7 +103,7 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
                                          "error (the slot failed)", ["kind"], registry=r),
     "staleness": lambda r: Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when "
                                      "batched", buckets=STALENESS_BUCKETS, registry=r),
-    # Followers (streamgrp.services.follower): named consumers beside the run, by name and stream.
+    # Followers (streamgrp.store.follower): named consumers beside the run, by name and stream.
     "follow_entries": lambda r: Counter("streamgrp_follow_entries", "Entries a follower read", ["consumer", "stream"],
                                         registry=r),
     "follow_skipped": lambda r: Counter("streamgrp_follow_skipped", "Entries retention trimmed before a follower read "

@@ -1,6 +1,6 @@
 """`streamgrp export --follow`: the run's decisions as Parquet files appended while the run goes.
 
-A follower (`streamgrp.services.follower`, named ``--follow-name``, default ``export``) reads the
+A follower (`streamgrp.store.follower`, named ``--follow-name``, default ``export``) reads the
 decisions as they are written; every ``--flush-s`` seconds (or `ROWS_PER_FILE` decisions) the ones read
 since the last file become one more file, ``OUT/decisions/part-<STREAM>-<FIRST ENTRY ID>.parquet``, with
 the columns of ``decisions.parquet`` (`streamgrp.replay.export.TABLES`); ``step``, ``rank`` and
@@ -11,7 +11,7 @@ has them). ``pyarrow.dataset`` / ``pd.read_parquet(OUT/decisions)`` / duckdb's `
 Each file is written beside its name and renamed into place, and only then is the follower's position
 recorded: a killed export writes the unrecorded decisions again on restart into a file of the same name
 (its first entry is the same), which replaces the first one, so every decision is in exactly one file.
-Entries retention trimmed before the export read them (a skip, `streamgrp.services.follower.Skipped`)
+Entries retention trimmed before the export read them (a skip, `streamgrp.store.follower.Skipped`)
 are appended to ``OUT/skipped.jsonl``.
 """
 
@@ -29,7 +29,7 @@ from streamgrp.core.events import GroupDecided
 from streamgrp.core.manifest import decision_ref
 from streamgrp.errors import ConfigError
 from streamgrp.replay.export import TABLES, _arrow_type, _decision_row, require_pyarrow
-from streamgrp.services.follower import Followed, Follower, Skipped
+from streamgrp.store.follower import Followed, Follower, Skipped
 from streamgrp.store.runs import Run
 
 __all__ = ["ROWS_PER_FILE", "follow_export"]

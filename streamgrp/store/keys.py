@@ -53,7 +53,7 @@ def session_partition(session_id: str) -> int:
     return int(_SESSION_ID.match(check_session_id(session_id)).group(1))  # type: ignore[union-attr]
 
 
-#: A follower's name (`streamgrp.services.follower`): part of its position fields, so exactly these characters.
+#: A follower's name (`streamgrp.store.follower`): part of its position fields, so exactly these characters.
 _CONSUMER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from streamgrp.core.events import GroupDecided
-from streamgrp.services.follower import Followed, Follower, Skipped
+from streamgrp.store.follower import Followed, Follower, Skipped
 from streamgrp.services.retention import trim
 from streamgrp.services.synthetic import synthetic_rollout
 from streamgrp.store.follow import FollowPositions, positions

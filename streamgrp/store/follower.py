@@ -1,6 +1,6 @@
 """Independent consumers: a named reader of one run's decisions, slot results or steps, with a durable position.
 
-    from streamgrp.services.follower import Follower
+    from streamgrp.store.follower import Follower
 
     follower = Follower(client, run, "eval", stream="decisions")
     for item in follower.entries(stop=stop, until_finished=True):
