@@ -176,6 +176,8 @@ def main() -> None:
     print(f"trainer steps/s, median: none {statistics.median(base):.2f} (range {min(base):.2f}-{max(base):.2f}), "
           f"2 followers {statistics.median(followed):.2f} (range {min(followed):.2f}-{max(followed):.2f})")
     print(f"with followers / without: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%; target within 5%)")
+    pairs = ", ".join(f"{f / b:.3f}" for b, f in zip(base, followed))
+    print(f"each repeat's pair (followers / none, run one after the other): {pairs}")
 
 
 if __name__ == "__main__":

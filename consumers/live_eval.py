@@ -78,30 +78,43 @@ class LiveEval:
                 "difficulty": by_difficulty}
 
 
-def difficulty_of(client: Any, run: Any, stream: str, decision: GroupDecided, key: str) -> str:
-    """The ``key`` field of the task's prompt, from its `TaskIssued` near ``issued_at`` in the slot log."""
-    if decision.issued_at is None:
+class Difficulties:
+    """Each task's difficulty (its prompt's ``key`` field), from its `TaskIssued` in the slot log near the
+    decision's ``issued_at``. The feeder issues tasks in batches, so one read finds a batch's issues: all
+    of them are kept (up to `KEEP`), and the batch's other decisions need no read."""
+
+    KEEP = 100_000
+
+    def __init__(self, client: Any, run: Any, key: str) -> None:
+        self.client = client
+        self.run = run
+        self.key = key
+        self.known: dict[str, str] = {}
+
+    def __call__(self, stream: str, decision: GroupDecided) -> str:
+        found = self.known.pop(decision.task_id, None)  # a task is decided once: its entry is not needed again
+        if found is not None or decision.issued_at is None:
+            return found or "unknown"
+        slots = self.run.stream_key(stream.replace("decisions", "slots"))
+        start = f"{max(0, int(decision.issued_at * 1000) - 5)}-0"
+        for _ in range(4):  # the issue sits among the first entries from there
+            page = self.client.xrange(slots, start, "+", count=128)
+            for _raw_id, fields in page:
+                if b'"kind":"task_issued"' not in fields.get(b"h", b""):  # a bytes test before decoding
+                    continue
+                try:
+                    event = codec.decode(fields)
+                except DecodeError:
+                    continue
+                if isinstance(event, TaskIssued) and len(self.known) < self.KEEP:
+                    self.known[event.task_id] = str(event.prompt.get(self.key, "unknown"))
+            found = self.known.pop(decision.task_id, None)
+            if found is not None:
+                return found
+            if len(page) < 128 or entry_time(page[-1][0].decode()) > decision.issued_at + 5:
+                break
+            start = "(" + page[-1][0].decode()
         return "unknown"
-    slots = run.stream_key(stream.replace("decisions", "slots"))
-    start = f"{max(0, int(decision.issued_at * 1000) - 5)}-0"
-    # Only entries whose header names the task and an issue are decoded: a cheap bytes test first.
-    marks = (b'"kind":"task_issued"', b'"task_id":' + orjson.dumps(decision.task_id))
-    for _ in range(4):  # the feeder issues tasks in batches: the issue sits among the first entries from there
-        page = client.xrange(slots, start, "+", count=128)
-        for raw_id, fields in page:
-            header = fields.get(b"h", b"")
-            if not all(mark in header for mark in marks):
-                continue
-            try:
-                event = codec.decode(fields)
-            except DecodeError:
-                continue
-            if isinstance(event, TaskIssued) and event.task_id == decision.task_id:
-                return str(event.prompt.get(key, "unknown"))
-        if len(page) < 128 or entry_time(page[-1][0].decode()) > decision.issued_at + 5:
-            break
-        start = "(" + page[-1][0].decode()
-    return "unknown"
 
 
 def _save(path: Path, state: dict) -> None:
@@ -115,12 +128,13 @@ def _save(path: Path, state: dict) -> None:
 
 def run_eval(client: Any, run: Any, state_path: Path, *, name: str = "live-eval", threshold: float = 0.5,
              difficulty_key: str = "difficulty", keep_ids: bool = False, stop: threading.Event | None = None,
-             until_finished: bool = True, delay_s: float = 0.0) -> LiveEval:
+             until_finished: bool = True, delay_s: float = 0.0, batch: int = 256) -> LiveEval:
     """Follow the run's decisions into ``state_path`` until ``stop`` (or the run's end)."""
     stop = stop or threading.Event()
     state = orjson.loads(state_path.read_bytes()) if state_path.exists() else None
     evaluation = LiveEval(state, threshold=threshold, keep_ids=keep_ids)
-    follower = Follower(client, run, name, "decisions", batch=256)
+    follower = Follower(client, run, name, "decisions", batch=batch)
+    difficulty_of = Difficulties(client, run, difficulty_key)
     idle_since = None
     while not stop.is_set():
         items = follower.poll()  # one read: applied, saved once, then recorded as handled
@@ -129,7 +143,7 @@ def run_eval(client: Any, run: Any, state_path: Path, *, name: str = "live-eval"
                 evaluation.skipped(item)
             elif isinstance(item, Followed) and isinstance(item.event, GroupDecided):
                 evaluation.apply(item.stream, item.entry_id,
-                                 item.event, difficulty_of(client, run, item.stream, item.event, difficulty_key))
+                                 item.event, difficulty_of(item.stream, item.event))
                 if delay_s:
                     stop.wait(delay_s)  # a slow consumer (the tests')
             follower.handled(item)
@@ -157,13 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--difficulty-key", default="difficulty")
     parser.add_argument("--keep-ids", action="store_true")
     parser.add_argument("--delay-s", type=float, default=0.0, help="pause after each decision (a slow consumer)")
+    parser.add_argument("--batch", type=int, default=256, help="decisions read, applied and recorded at once")
     args = parser.parse_args(argv)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     client = connect(args.redis_url)
     evaluation = run_eval(client, await_run(client, args.run, stop=stop), args.state, name=args.name,
                           threshold=args.threshold, difficulty_key=args.difficulty_key, keep_ids=args.keep_ids,
-                          stop=stop, delay_s=args.delay_s)
+                          stop=stop, delay_s=args.delay_s, batch=args.batch)
     rates = evaluation.rates()
     for level, figures in sorted(rates["difficulty"].items()):
         print(f"difficulty {level}: {figures['prompts']} prompts, pass rate {figures['pass_rate']:.3f}")

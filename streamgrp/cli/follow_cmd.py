@@ -9,6 +9,7 @@ every follower of the run, ``--forget`` removes one. `export --follow` is the ot
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -75,6 +76,9 @@ def cmd_follow(args: argparse.Namespace) -> int:
             return 0
         metrics = serve_metrics(config, role="follower", run=run.name)
         follower = Follower(client, run, args.name, config.follow_stream, start=config.follow_start, metrics=metrics)
-        for item in follower.entries(stop, until_finished=config.until_finished):
-            handle(item)
+        try:
+            for item in follower.entries(stop, until_finished=config.until_finished):
+                handle(item)
+        except BrokenPipeError:  # `streamgrp follow NAME | head`: the reader left; the unprinted item stays unrecorded
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0

@@ -114,7 +114,7 @@ def _with_followers(url, run_name, tmp_path, common, roles, trainer) -> dict:
     archiver = RoleProcess("archiver", [*common, "--archive-dir", str(tmp_path / "archive"), "--retention", "true",
                                         "--retention-interval-s", "0.2", "--poll-s", "0.1"], tmp_path, env=CHILD_ENV)
     evaluation = EvalProcess("live-eval", ["--redis-url", url, "--run", run_name, "--state",
-                                           str(tmp_path / "eval.json"), "--keep-ids", "--delay-s", "0.3"],
+                                           str(tmp_path / "eval.json"), "--keep-ids", "--delay-s", "0.3", "--batch", "4"],
                              tmp_path, env=CHILD_ENV)
     export = RoleProcess("export", [run_name, "--redis-url", url, "--follow", "true", "--flush-s", "0.3",
                                     "--out", str(tmp_path / "export")], tmp_path, env=CHILD_ENV)
