@@ -175,6 +175,45 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
              queries=[(f"max(streamgrp_batch_imbalance_ratio{sel('batcher')})", "largest / mean")],
              unit="short", min=0),
     ]),
+    ("Rewards (a run with streamgrp rewarder)", [
+        dict(title="Reward latency",
+             description="Seconds from a result published with its reward pending to its reward posted by a "
+                         "rewarder (quantiles over the window): the time a slot waits for its score.",
+             queries=quantiles("streamgrp_reward_latency_seconds", "rewarder"), unit="s", min=0),
+        dict(title="Pending rewards",
+             description="Results waiting for their reward: being scored by a rewarder now, taken by the "
+                         "rewarders' group and not posted yet (a killed rewarder's are taken over after "
+                         "claim_idle_s), and not taken yet.",
+             queries=[(f"sum(streamgrp_rewards_in_flight{sel('rewarder')})", "scoring now"),
+                      ('max(streamgrp_pending_entries{' + RUN + ', group="rewarders"})', "taken, not posted"),
+                      ('max(streamgrp_consumer_lag_entries{' + RUN + ', group="rewarders"})', "not taken yet")],
+             unit="short", min=0),
+        dict(title="Rewards and rewarder failures",
+             description="Rewards posted per second by what they made of their slot (sample, rejected, failed), "
+                         "and scorings that failed per second by kind: transient (timed out or lost its "
+                         "connection; retried) or error (the slot failed with its reason).",
+             queries=[(rate("streamgrp_rewards_total", "rewarder", by="outcome"), "{{outcome}}"),
+                      (rate("streamgrp_reward_failures_total", "rewarder", by="kind"), "failed: {{kind}}")],
+             unit="cps", min=0),
+    ]),
+    ("Followers (streamgrp follow, export --follow)", [
+        dict(title="Follower lag",
+             description="Per follower and stream: how old the newest entry it read was while more waited (0: "
+                         "caught up). Retention keeps what a follower has not read, so a growing lag holds "
+                         "entries on the server, up to the archiver's --max-follow-lag-s.",
+             queries=[("max by (consumer, stream) (streamgrp_follow_lag_seconds{" + RUN + "})",
+                       "{{consumer}} / {{stream}}")],
+             unit="s", min=0),
+        dict(title="Follower reads and skips",
+             description="Entries each follower read per second, and entries retention trimmed before a "
+                         "follower read them (it fell past --max-follow-lag-s; it sees the skip). Normally no "
+                         "skips.",
+             queries=[("sum by (consumer) (rate(streamgrp_follow_entries_total{" + RUN + "}[$__rate_interval]))",
+                       "{{consumer}} read"),
+                      ("sum by (consumer) (increase(streamgrp_follow_skipped_total{" + RUN
+                       + "}[$__rate_interval]))", "{{consumer}} skipped")],
+             unit="short", min=0),
+    ]),
     ("Dead letters and processes", [
         dict(title="Dead letters",
              description="Entries moved to the dead-letter stream, per second by reason (an entry that does not "
@@ -295,7 +334,7 @@ def build() -> dict[str, Any]:
                                   "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
                                   "name": "Annotations & Alerts", "type": "dashboard"}]},
         "description": "streamgrp: yields, group decisions, the stall bound, stream lag, latency, staleness, "
-                       "steps and dead letters (built by grafana/build_dashboards.py)",
+                       "steps, rewards, followers and dead letters (built by grafana/build_dashboards.py)",
         "editable": True,
         "fiscalYearStartMonth": 0,
         "graphTooltip": 1,

@@ -231,6 +231,20 @@ class RewarderConfig(_RoleSettings):
     burst: bool = Field(False, description="exit once nothing has waited for a reward for 2 seconds")
 
 
+class FollowConfig(_RoleSettings):
+    """A follower (`streamgrp follow NAME`, `streamgrp.store.follower`): a named consumer of one run's stream."""
+
+    follow_stream: Literal["decisions", "slots", "steps"] = Field("decisions", description="the stream to follow")
+    follow_start: Literal["first", "now"] = Field("first", description="where a new follower begins: the first entry "
+                                                  "the server holds, or what is written from now on (a known one "
+                                                  "resumes where it stopped)")
+    follow_handler: str | None = Field(None, description="module:function called with each Followed or Skipped item "
+                                       "(default: print each as a JSON line)")
+    until_finished: bool = Field(False, description="exit once the run has ended and nothing new came for 2 seconds")
+    forget: bool = Field(False, description="remove the follower's position (retention stops keeping for it) and exit")
+    list_followers: bool = Field(False, description="print every follower of the run (position, lag, skips) and exit")
+
+
 class InferenceConfig(_Settings):
     """A rollout adapter's inference servers (`streamgrp.services.inference`): `streamgrp worker --rollout
     vllm|sglang|llamacpp` and `streamgrp weight-sync`."""
@@ -520,6 +534,8 @@ class ArchiverConfig(_Settings):
     retention: bool = Field(False, description="trim the run's streams behind the archive and every reader "
                             "(off by default: the archive then holds the only copy of old entries)")
     retention_interval_s: float = Field(10.0, ge=0, description="seconds between retention passes")
+    max_follow_lag_s: float = Field(0.0, ge=0, description="trim past a follower (streamgrp follow) whose oldest "
+                                    "unread entry is older than this, recording the skip it then sees (0: never)")
     burst: bool = Field(False, description="archive what is there, snapshot, trim (with --retention) and exit")
 
 
@@ -547,6 +563,10 @@ class ExportConfig(_Settings):
     """`streamgrp export` (`streamgrp.replay.export`): where the Parquet files go."""
 
     out: Path | None = Field(None, description="directory for the Parquet files and run.json (default export-RUN)")
+    follow: bool = Field(False, description="follow the run: append a Parquet file of its new decisions every "
+                         "--flush-s, resuming where the follower --follow-name stopped (see docs/guides/follow.md)")
+    follow_name: str = Field("export", description="the follower name --follow records its position under")
+    flush_s: float = Field(5.0, gt=0, description="with --follow: seconds between files")
 
 
 T = TypeVar("T", bound=_Settings)
@@ -568,6 +588,7 @@ SECTIONS: dict[str, type[_Settings]] = {
     "runs": RunsConfig,
     "delete": DeleteConfig,
     "export": ExportConfig,
+    "follow": FollowConfig,
 }
 
 

@@ -159,6 +159,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     require_pyarrow()  # before connecting: say what to install without starting a server
     config = settings(args, ExportConfig)
+    if config.follow:
+        from streamgrp.replay.export_follow import follow_export
+
+        return _export_follow(args, config, follow_export)
     with connected(args) as (client, connection, _handle):
         run, source = open_run_source(client, args.target or connection.run, archive=args.archive,
                                       data_dir=connection.data_dir)
@@ -166,4 +170,19 @@ def cmd_export(args: argparse.Namespace) -> int:
         rows = export_run(client, run.keys, out, source=source)
     print(f"run {run.name}: " + ", ".join(f"{name}.parquet {count} rows" for name, count in rows.items())
           + f", run.json; written to {out}")
+    return 0
+
+
+def _export_follow(args: argparse.Namespace, config: ExportConfig, follow_export) -> int:
+    from streamgrp.cli.context import stop_event
+    from streamgrp.store.runs import await_run, resolve_run_name
+
+    stop = stop_event()  # SIGTERM: write what was read, record it, exit 0
+    with connected(args, role=True) as (client, connection, _handle):
+        run = await_run(client, resolve_run_name(client, args.target or connection.run, create=False), stop=stop,
+                        who="export --follow")  # started before the run: waits for its batcher to create it
+        out = config.out or Path(f"export-{run.name}")
+        files, rows = follow_export(client, run, out, name=config.follow_name, flush_s=config.flush_s, stop=stop,
+                                    until_finished=True)
+    print(f"run {run.name}: {rows} decisions in {files} files appended to {out / 'decisions'}")
     return 0

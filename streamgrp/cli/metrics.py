@@ -124,6 +124,13 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
                                             registry=r),
     "staleness": lambda r: Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when "
                                      "batched", buckets=STALENESS_BUCKETS, registry=r),
+    # Followers (streamgrp.store.follower): named consumers beside the run, by name and stream.
+    "follow_entries": lambda r: Counter("streamgrp_follow_entries", "Entries a follower read", ["consumer", "stream"],
+                                        registry=r),
+    "follow_skipped": lambda r: Counter("streamgrp_follow_skipped", "Entries retention trimmed before a follower read "
+                                        "them (it fell past --max-follow-lag-s)", ["consumer", "stream"], registry=r),
+    "follow_lag": lambda r: Gauge("streamgrp_follow_lag_seconds", "Age of the newest entry a follower read while more "
+                                  "waited (0: caught up)", ["consumer", "stream"], registry=r),
     # The agent gateway (streamgrp.services.gateway): sessions and their turns.
     "gateway_turns": lambda r: Counter("streamgrp_gateway_turns", "Agent session turns recorded, by endpoint (chat, "
                                        "completions)", ["endpoint"], registry=r),
@@ -160,6 +167,7 @@ OWNED: dict[str, tuple[str, ...]] = {
     "trainer": ("steps_committed", "trainer_step", "step_failures", "steps_retrained", "batch_wait", "policy_version"),
     "weight-sync": (),
     "rewarder": ("rewards", "reward_latency", "rewards_in_flight", "reward_failures"),
+    "follower": ("follow_entries", "follow_skipped", "follow_lag"),
     "gateway": ("gateway_turns", "gateway_replayed_turns", "gateway_tokens", "gateway_sessions_opened",
                 "gateway_sessions", "gateway_open_sessions", "gateway_overhead", "gateway_upstream", "gateway_errors"),
 }

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from streamgrp._version import __version__
 from streamgrp.cli import housekeeping, inspection, roles
 from streamgrp.cli.flag_env import add_flag_environment, apply_flag_environment
+from streamgrp.cli.follow_cmd import add_follow_command
 from streamgrp.cli.security import add_acl_command
 from streamgrp.config import (
     DEMO_RUN_DEFAULTS,
@@ -151,6 +152,7 @@ def build_parser() -> Parser:
         _add_model_flags(archiver, model, title)
     archiver.set_defaults(handler=roles.cmd_archiver)
     _add_replay_commands(commands)
+    add_follow_command(commands, _add_model_flags, ConnectionConfig)
     add_acl_command(commands)
     parser.subcommands.update(commands.choices)
     for sub in parser.subcommands.values():

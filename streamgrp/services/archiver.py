@@ -210,7 +210,8 @@ class Archiver:
 
     def retain(self) -> TrimReport:
         """Trim the run's streams behind this archive's durable progress and every reader (`streamgrp.services.retention`)."""
-        report = trim(self.client, self.keys, dict(self.progress), dp_size=self.dp_size, partitions=self.partitions)
+        report = trim(self.client, self.keys, dict(self.progress), dp_size=self.dp_size, partitions=self.partitions,
+                      max_follow_lag_s=self.config.max_follow_lag_s)
         self.trimmed += report.removed
         self.last_trim = report
         self._last_retention = self.clock()

@@ -19,6 +19,9 @@ below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothi
                 entries (from the millisecond of the slot log's assembler bound: the assembler checks an
                 issued task against its queue entry, written in the same call just before)
     sessions    the turns of open agent sessions (a restarted gateway reads them back)
+    followed    (any of the above) what each registered follower (`streamgrp.store.follow`) has not
+                handled yet, unless it is over ``max_follow_lag_s`` behind: then its unread entries may
+                go, and what goes is recorded as a skip the follower sees before its next entry
     discarded, commits, deadletter    the archive only: no service reads them back
     control     never: it is small and every process reads the run's record from it
 
@@ -75,7 +78,8 @@ from streamgrp.store.keys import (
     step_entry_id,
 )
 from streamgrp.config import RunConfig
-from streamgrp.store.runs import read_record
+from streamgrp.store.follow import Position, follower_bounds, record_skips
+from streamgrp.store.runs import read_record, server_time
 from streamgrp.store.streams import entry_id_str, read_entries
 
 __all__ = ["NEVER_TRIMMED", "StreamTrim", "TrimReport", "archive_progress", "floors", "trim"]
@@ -105,6 +109,8 @@ class StreamTrim:
 @dataclass
 class TrimReport:
     streams: dict[str, StreamTrim] = field(default_factory=dict)
+    #: Followers past their bound whose unread entries this trim removed, and what was recorded for each.
+    skips: list = field(default_factory=list)
 
     @property
     def removed(self) -> int:
@@ -222,9 +228,16 @@ def _decoded(pairs: Iterable[tuple[str, dict[bytes, bytes] | None]]):
 
 
 def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *,
-           dp_size: int | None = None, partitions: Sequence[PartitionKeys] | None = None) -> dict[str, tuple[IdKey, str]]:
+           dp_size: int | None = None, partitions: Sequence[PartitionKeys] | None = None,
+           max_follow_lag_s: float = 0.0) -> dict[str, tuple[IdKey, str]]:
     """Each stream's floor (the lowest entry id that must stay) and the bound that set it; a partitioned
     run's streams (``partitions``) by `streamgrp.store.keys.run_streams` names (``slots@2``)."""
+    return _floors(client, keys, archive_progress, dp_size=dp_size, partitions=partitions,
+                   max_follow_lag_s=max_follow_lag_s)[0].result()
+
+
+def _floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *, dp_size: int | None,
+            partitions: Sequence[PartitionKeys] | None, max_follow_lag_s: float) -> tuple[_Floors, list[Position]]:
     partitions = tuple(partitions) if partitions else keys.partitions(1)
     streams = run_streams(keys, partitions)
     floors_ = _Floors(streams)
@@ -249,7 +262,11 @@ def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, st
     if len(partitions) > 1:
         committed = client.hgetall(keys.committed)
     _uncommitted_step_bounds(floors_, client, keys, committed, dp_size, partitioned=len(partitions) > 1)
-    return floors_.result()
+    # A follower's position only moves forward, so reading it after the rest can only keep less of what it read.
+    kept, over = follower_bounds(client, keys, streams, max_follow_lag_s, server_time(client))
+    for stream, key, why in kept:
+        floors_.keep(stream, key, why)
+    return floors_, over
 
 
 #: The consumer groups streamgrp's roles read each stream with.
@@ -372,18 +389,26 @@ def _uncommitted_step_bounds(floors_: _Floors, client: redis.Redis, keys: RunKey
 
 
 def trim(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *, dp_size: int | None = None,
-         dry_run: bool = False, partitions: Sequence[PartitionKeys] | None = None) -> TrimReport:
+         dry_run: bool = False, partitions: Sequence[PartitionKeys] | None = None,
+         max_follow_lag_s: float = 0.0) -> TrimReport:
     """Trim every stream of the run down to its floor (see the module docstring); returns what was removed.
 
     ``archive_progress`` is stream name -> last archived id (`archive_progress` reads the run's hash);
     a stream missing from it is not trimmed. ``dp_size`` defaults to the run's recorded one;
-    ``partitions``, a partitioned run's (`streamgrp.store.runs.Run.partitions`).
+    ``partitions``, a partitioned run's (`streamgrp.store.runs.Run.partitions`); ``max_follow_lag_s``, how
+    far behind (seconds since its oldest unread entry was written) a follower may fall before its unread
+    entries are trimmed anyway (0: never), each such trim recorded as the follower's skip first.
     """
     report = TrimReport()
     partitions = tuple(partitions) if partitions else keys.partitions(1)
     streams = run_streams(keys, partitions)
-    for name, (floor, why) in floors(client, keys, archive_progress, dp_size=dp_size,
-                                     partitions=partitions).items():
+    found, over = _floors(client, keys, archive_progress, dp_size=dp_size, partitions=partitions,
+                          max_follow_lag_s=max_follow_lag_s)
+    result = found.result()
+    if over and not dry_run:
+        report.skips = record_skips(client, keys, streams, over, {name: floor for name, (floor, _) in result.items()
+                                                                   if floor != KEEP_ALL})
+    for name, (floor, why) in result.items():
         if floor == KEEP_ALL:
             report.streams[name] = StreamTrim(name, None, why)
             continue

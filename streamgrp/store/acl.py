@@ -1,7 +1,7 @@
 """Least privilege per role: the Redis/Valkey ACL users of one run, built from the run's key names.
 
 Owns, for each role (worker, assembler, batcher, trainer, archiver, a read-only inspector, the agent
-sessions' gateway and the reward stage's rewarder), the keys it may only read, the keys it may read and write, and the commands it may run,
+sessions' gateway, the reward stage's rewarder and a follower), the keys it may only read, the keys it may read and write, and the commands it may run,
 and renders them as ACL-file lines (``streamgrp acl RUN``; ``ops/acl/*.acl`` are these lines for the run
 ``RUN``). Every key is one of the run's `RunKeys`, so a role's user can touch its own run only.
 It deliberately ignores how users reach the server (``--acl-file``, ``ACL SETUSER``) and their
@@ -47,7 +47,7 @@ __all__ = ["ROLES", "RoleAccess", "access", "password_hash", "render", "render_r
 #: server clock. Only commands Redis 7.0 knows: a rule naming an unknown one stops the ACL file loading.
 COMMON_COMMANDS = ("ping", "info", "time", "fcall", "fcall_ro")
 
-ROLES = ("worker", "assembler", "batcher", "trainer", "archiver", "inspector", "gateway", "rewarder")
+ROLES = ("worker", "assembler", "batcher", "trainer", "archiver", "inspector", "gateway", "rewarder", "follower")
 
 #: What a lease's functions write (lease_acquire/renew/release.lua): granted on the role's lease key only.
 _LEASE_WRITES = ("set", "pexpire", "del")
@@ -193,7 +193,7 @@ def _archiver(k: RunKeys) -> RoleAccess:
         "the streams behind the archive",
         read=(k.control, k.decided, k.counts, k.deadletter_counts, k.committed, k.batcher_state, k.trainer_metrics,
               k.version, k.checkpoint, k.attempt, k.session_deadlines, RUNS),
-        write=(k.archive, *trimmed),
+        write=(k.archive, k.follow, *trimmed),  # follow: reads followers' positions, records their skips
         commands=(*_RUN_LOOKUP, "get", "hget", "xinfo|groups", "xinfo|stream", "xpending", "xtrim", "hgetall", "hset",
                   "hsetnx", "multi", "exec"))
 
@@ -233,8 +233,21 @@ def _rewarder(k: RunKeys) -> RoleAccess:
         commands=(*_RUN_LOOKUP, "xrevrange", "xreadgroup", "xack", "xautoclaim", "xclaim", "xgroup|create", "xadd"))
 
 
+def _follower(k: RunKeys) -> RoleAccess:
+    # Reads like the inspector; writes only the followers' positions, through follow_position.lua (whose
+    # commands are checked against this user too, hence hset and hdel on that one hash).
+    return RoleAccess(
+        "follower", "reads the run (decisions, slot results, steps) as a named consumer beside it; records only "
+        "its position",
+        read=(k.pattern, RUNS),
+        write=(k.follow,),
+        commands=(*_RUN_LOOKUP, "xrevrange", "xlen", "xinfo|groups", "xinfo|stream", "get", "hget", "hmget", "hgetall",
+                  "hlen", "hvals", "hexists", "hset", "hdel"))
+
+
 _BUILDERS = {"worker": _worker, "assembler": _assembler, "batcher": _batcher, "trainer": _trainer,
-             "archiver": _archiver, "inspector": _inspector, "gateway": _gateway, "rewarder": _rewarder}
+             "archiver": _archiver, "inspector": _inspector, "gateway": _gateway, "rewarder": _rewarder,
+             "follower": _follower}
 
 
 def _others(keys: RunKeys, written: Iterable[str]) -> tuple[str, ...]:

@@ -53,6 +53,18 @@ def session_partition(session_id: str) -> int:
     return int(_SESSION_ID.match(check_session_id(session_id)).group(1))  # type: ignore[union-attr]
 
 
+#: A follower's name (`streamgrp.store.follower`): part of its position fields, so exactly these characters.
+_CONSUMER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+def check_consumer_name(name: str) -> str:
+    """``name`` if it is a valid follower name; `ConfigError` (also a ValueError) naming the rule otherwise."""
+    if not isinstance(name, str) or not _CONSUMER_NAME.match(name):
+        raise ConfigError(f"consumer name {str(name)[:80]!r} is not allowed: use 1-64 letters, digits, '.', '_' or "
+                          "'-', starting with a letter or digit")
+    return name
+
+
 def check_run_name(run: str) -> str:
     """``run`` if it is a valid run name; `ConfigError` (also a ValueError) naming the rule otherwise."""
     if not isinstance(run, str) or not _RUN_NAME.match(run):
@@ -236,6 +248,13 @@ class RunKeys(_FoldLayout):
         """Hash stream name -> last entry id the archiver wrote and fsynced (and ``archive_id``, whose
         archive that is): retention never trims past it."""
         return self._key("archive")
+
+    @property
+    def follow(self) -> str:
+        """Hash of the followers' durable positions (`streamgrp.store.follow`): ``NAME|STREAM`` -> the last
+        entry id that follower handled, and the skips retention recorded for it; retention keeps what each
+        has not read."""
+        return self._key("follow")
 
     def weights(self, version: int | str) -> str:
         """Policy weights of ``version`` (``latest``: the newest version's number; ``*``: the ACL pattern of all)."""

@@ -136,6 +136,10 @@ def _roles(secured: Secured, tmp_path: Path) -> dict[str, RoleProcess]:
     for label, (role, args) in specs.items():
         (tmp_path / label).mkdir()
         processes[label] = RoleProcess(role, args, tmp_path / label, env=secured.env(role.rstrip("01")))
+    # A follower beside the run, under its own user: it prints every decision and records its position.
+    (tmp_path / "follower").mkdir()
+    processes["follower"] = RoleProcess("follow", [*run, "acl-follower", "--until-finished"], tmp_path / "follower",
+                                        env=secured.env("follower"))
     return processes
 
 
@@ -185,6 +189,7 @@ def test_a_whole_run_with_each_role_under_its_own_user(secured, tmp_path):
         failed = {label: role.proc.returncode for label, role in roles.items() if role.proc.poll() not in (None, 0)}
         assert not failed, "\n".join(f"{label} exited {code}:\n{roles[label].output()[-3000:]}"
                                       for label, code in failed.items())
+        wait_until(lambda: roles["follower"].proc.poll() is not None, timeout=60, message="the follower to finish")
         for label in ("worker", "assembler", "archiver"):
             roles[label].stop()
     finally:
@@ -204,6 +209,9 @@ def test_a_whole_run_with_each_role_under_its_own_user(secured, tmp_path):
     assert int(admin.hget(keys.counts, "steps") or 0) == STEPS
     assert int(admin.hget(keys.counts, "deadletter:task_not_issued")) == FORGED_TASKS
     assert int(admin.hget(keys.counts, "deadletter:tick_from_future")) == 1
+    followed = [line for line in roles["follower"].output().splitlines() if line.startswith('{"stream"')]
+    decided = [e for e, _ in decode_all(default_source(admin, keys, tmp_path / "data"), "decisions")]
+    assert [orjson.loads(line)["entry_id"] for line in followed] == decided
     _inspector_reads_everything(secured, tmp_path, admin, keys)
     assert _acl_log(admin) == [], "the inspector was refused a command an inspection needs"
     _worker_cannot_write_what_decides_or_stops_the_run(secured, keys)
@@ -274,6 +282,12 @@ def _dry_runs(admin: redis.Redis, keys: RunKeys) -> None:
     assert not allowed("inspector", "FCALL", publish, "1", keys.payloads)
     assert allowed("trainer", "XRANGE", keys.payloads, "1-0", "1-5")
     assert not allowed("archiver", "XTRIM", keys.control, "MAXLEN", "0")
+    follow_position = function_name("follow_position.lua")
+    assert allowed("follower", "FCALL", follow_position, "1", keys.follow, "ack", "x", "decisions", "1-0")
+    assert allowed("follower", "XRANGE", keys.decisions, "-", "+")
+    for write in (("XADD", keys.decisions, "*", "h", "x"), ("HSET", keys.counts, "x", "1"),
+                  ("FCALL", publish, "2", keys.slots, keys.payloads), ("XTRIM", keys.decisions, "MAXLEN", "0")):
+        assert not allowed("follower", *write), write
     for role in ROLES:
         assert not allowed(role, "CONFIG", "SET", "appendonly", "no")
         # no Lua of its own: a loop in it would make the server answer BUSY to every run's clients

@@ -26,6 +26,7 @@ ONLY = {
     "weight-sync": set(),
     "rewarder": {"streamgrp_rewards_total", "streamgrp_reward_latency_seconds", "streamgrp_rewards_in_flight",
                  "streamgrp_reward_failures_total"},
+    "follower": set(),  # its series are labelled by the follower's name and stream: none before it reads
     "gateway": {"streamgrp_gateway_turns_total", "streamgrp_gateway_replayed_turns_total",
                 "streamgrp_gateway_tokens_total", "streamgrp_gateway_sessions_opened_total",
                 "streamgrp_gateway_sessions_total", "streamgrp_gateway_open_sessions",
@@ -134,7 +135,6 @@ def test_a_worker_counts_rollout_exceptions_by_type_under_a_bounded_label():
     assert worker.registry.get_sample_value("streamgrp_rollout_exceptions_total", {"type": "other"}) == 6
 
 
-
 def test_a_metrics_port_in_use_is_one_clear_error_not_a_traceback():
     import socket
 
@@ -146,3 +146,13 @@ def test_a_metrics_port_in_use_is_one_clear_error_not_a_traceback():
         port = held.getsockname()[1]
         with pytest.raises(ConfigError, match=f"--metrics-port {port} on 127.0.0.1 cannot be served .*pick another"):
             Metrics(role="worker").serve(port)
+
+
+def test_a_follower_exports_entries_skips_and_lag_by_name_and_stream():
+    metrics = Metrics(role="follower", run="run-a")
+    metrics.follow_entries.labels("eval", "decisions").inc(3)
+    metrics.follow_lag.labels("eval", "decisions").set(1.5)
+    exported = _exported(metrics)
+    [entries] = exported["streamgrp_follow_entries_total"]
+    assert (entries.labels["consumer"], entries.labels["stream"], entries.value) == ("eval", "decisions", 3)
+    assert exported["streamgrp_follow_lag_seconds"][0].value == 1.5
