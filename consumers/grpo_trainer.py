@@ -8,7 +8,8 @@ weights for the workers (under the batch's ``next_version``) before committing. 
 policy (`streamgrp.consumers.toy_task`).
 
 With ``--checkpoint-dir`` rank 0 writes a checkpoint (weights and Adam state, safetensors) every
-``--checkpoint-every`` steps once every rank committed the step, and records it; a restarted group
+``--checkpoint-every`` steps once every rank committed the step, records it and keeps the newest
+``--keep-checkpoints`` (`streamgrp.train.checkpoint.Checkpoints`); a restarted group
 loads the newest recorded one and resumes after it (``resume_after``), training the steps since
 again with their recorded data, so a crash leaves the weights as if it never happened (bit for bit
 on the CPU). Without it a restart continues from the weights published for the run's version,
@@ -32,8 +33,6 @@ before the update), the group metrics of `streamgrp.train.advantages.group_metri
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
 import time
 
@@ -51,8 +50,9 @@ from streamgrp.train.advantages import (
     normalize,
     token_weighted_policy_loss,
 )
-from streamgrp.train.checkpoint import load_training_state, save_training_state
+from streamgrp.train.checkpoint import Checkpoints
 from streamgrp.train.distributed import Collectives, process_group, resolve_config
+from streamgrp.train.faults import crash, crash_point
 from streamgrp.train.trainer import TrainerClient
 from streamgrp.train.weights import publish, save_version
 
@@ -74,12 +74,14 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
     spec = run.config.adv_norm or run.config.reward_norm or DEFAULT_ADV_NORM
     trainer = TrainerClient(client, run)
-    resume_after = _restore(client, run, config, trainer, policy, optimizer)
+    checkpoints = Checkpoints(trainer, config.checkpoint_dir, every=config.checkpoint_every,
+                              keep=config.keep_checkpoints) if config.checkpoint_dir is not None else None
+    resume_after = _restore(client, run, checkpoints, policy, optimizer)
     if rank == 0 and resume_after in (None, -1) and int(client.get(run.keys.version) or 0) == 0:
         publish(client, run.keys, 0, policy.state_dict())
         if config.weights_dir is not None:
             save_version(config.weights_dir, 0, policy.state_dict())
-    crash_at = _crash_point(config.crash_at)
+    crash_at = crash_point(config.crash_at)
     steps = 0
     collectives = Collectives(world)
     heap.settle()  # imports, the policy and its optimizer: out of the collector's way while steps load
@@ -99,10 +101,10 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
                         save_version(config.weights_dir, batch.next_version, policy.state_dict())
                     batch.record_metrics(step_metrics, wait_s=round(wait_s, 4))
                 if crash_at == ("train", batch.step) and not batch.retrained:
-                    _crash(f"after training step {batch.step}, before committing it")
+                    crash(f"after training step {batch.step}, before committing it")
                 batch.commit()
-                if config.checkpoint_dir is not None and (batch.step + 1) % config.checkpoint_every == 0:
-                    _checkpoint(trainer, batch, config, policy, optimizer, collectives, crash_at)
+                if checkpoints is not None and checkpoints.due(batch):
+                    _checkpoint(checkpoints, batch, policy, optimizer, collectives, crash_at)
                 steps += 1
                 if metrics is not None:
                     metrics.step_committed(batch.step, version=batch.next_version, retrained=batch.retrained)
@@ -160,19 +162,13 @@ def _tokens_per_group(batch) -> list[int]:
     return out
 
 
-def _restore(client: redis.Redis, run: Run, config: TrainerConfig, trainer: TrainerClient, policy,
-             optimizer) -> int | None:
+def _restore(client: redis.Redis, run: Run, checkpoints: Checkpoints | None, policy, optimizer) -> int | None:
     """Load what a restarted rank continues from; returns the step its weights hold (``resume_after``):
     the newest recorded checkpoint's, -1 for the initial weights when checkpoints are kept but none is
     recorded yet, or None without checkpoints (the group resumes at the lowest rank's next step, from
     the weights published for the run's version)."""
-    if config.checkpoint_dir is not None:
-        saved = trainer.latest_checkpoint()
-        if saved is None:
-            return -1
-        load_training_state(saved, policy, optimizer)
-        log.info("loaded the checkpoint of step %d (version %d) from %s", saved.step, saved.version, saved.path)
-        return saved.step
+    if checkpoints is not None:
+        return checkpoints.restore(policy, optimizer)
     from streamgrp.train.weights import WeightCache
 
     version = int(client.get(run.keys.version) or 0)
@@ -184,30 +180,15 @@ def _restore(client: redis.Redis, run: Run, config: TrainerConfig, trainer: Trai
     return None
 
 
-def _checkpoint(trainer: TrainerClient, batch, config: TrainerConfig, policy, optimizer, collectives: Collectives,
+def _checkpoint(checkpoints: Checkpoints, batch, policy, optimizer, collectives: Collectives,
                 crash_at: tuple[str, int] | None) -> None:
     """Every rank committed ``batch``'s step once all pass the barrier; then rank 0 writes and records."""
     collectives.barrier()
     if batch.rank != 0:
         return
-    halfway = (lambda: _crash(f"halfway through the checkpoint of step {batch.step}")) \
+    halfway = (lambda: crash(f"halfway through the checkpoint of step {batch.step}")) \
         if crash_at == ("checkpoint", batch.step) and not batch.retrained else None
-    path, files = save_training_state(config.checkpoint_dir, step=batch.step, attempt=batch.attempt, model=policy,
-                                      optimizer=optimizer, halfway=halfway)
-    trainer.record_checkpoint(batch, path, files, ranks=(0,))
-
-
-def _crash_point(text: str | None) -> tuple[str, int] | None:
-    if text is None:
-        return None
-    where, step = text.split(":")
-    return where, int(step)
-
-
-def _crash(where: str) -> None:
-    """Fault injection (``--crash-at``): die as a SIGKILL would, with nothing flushed or cleaned up."""
-    log.warning("crash injected %s: SIGKILL", where)
-    os.kill(os.getpid(), signal.SIGKILL)
+    checkpoints.save(batch, policy, optimizer, ranks=(0,), halfway=halfway)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,20 @@ GGUF's tokenizer and settings), so `streamgrp weight-sync --dialect llamacpp` ha
 over to the weights trained here and the samples of the next steps are on-policy. The step's
 metrics hold what that cost (``export_seconds``). Only the last `KEEP_VERSIONS` directories are kept.
 
-A restarted trainer resumes from the newest version on disk at or below the run's; when the version
-a step would write is already there (written before a crash, the commit lost), that version is the
-step's result: it is loaded, not trained again, since samples may already come from it (a version
-names one weight state). One rank (world size 1): the 135M model's step takes seconds
-on two CPU cores; gradients across ranks are the reference trainer's business.
+With ``--checkpoint-dir`` it writes a checkpoint every ``--checkpoint-every`` steps after committing
+the step (`streamgrp.train.checkpoint.Checkpoints`: the weights and Adam's state as safetensors, no
+pickle, recorded as `CheckpointSaved`; the newest ``--keep-checkpoints`` are kept) and a restarted
+trainer loads the newest recorded one and resumes after it, training the steps since again with
+their recorded data: the weights and the optimizer's state end bit for bit as without the crash (on
+the CPU). Those steps publish new versions, above every version directory on disk (a version a lost
+attempt wrote may have been served: `streamgrp.train.weights.reserve_versions`).
+
+Without checkpoints a restarted trainer resumes from the newest version on disk at or below the run's,
+and the optimizer's state starts afresh; when the version a step would write is already there (written
+before a crash, the commit lost), that version is the step's result: it is loaded, not trained again,
+since samples may already come from it (a version names one weight state). One rank (world size 1):
+the 135M model's step takes seconds on two CPU cores; gradients across ranks are the reference
+trainer's business.
 """
 
 from __future__ import annotations
@@ -40,9 +49,18 @@ from streamgrp.core.policy import NormSpec
 from streamgrp.services import heap
 from streamgrp.store.runs import Run
 from streamgrp.train.advantages import normalize, token_weighted_policy_loss
+from streamgrp.train.checkpoint import Checkpoints
 from streamgrp.train.distributed import resolve_config
+from streamgrp.train.faults import crash, crash_point
 from streamgrp.train.trainer import TrainerClient
-from streamgrp.train.weights import KEEP_VERSIONS, prune_versions, save_version, version_dir
+from streamgrp.train.weights import (
+    KEEP_VERSIONS,
+    newest_version_on_disk,
+    prune_versions,
+    reserve_versions,
+    save_version,
+    version_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +111,21 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
     torch.manual_seed(0)
     trainer = TrainerClient(client, run)
     publishing = config.weights_dir is not None
-    current = int(client.get(run.keys.version) or 0)  # the version of the last committed step
-    model = _resume(config, current) if publishing else load_policy(config.model_gguf)
+    checkpoints = Checkpoints(trainer, config.checkpoint_dir, every=config.checkpoint_every,
+                              keep=config.keep_checkpoints) if config.checkpoint_dir is not None else None
+    resume_after = None
+    if checkpoints is not None:
+        model = load_policy(config.model_gguf)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lm_lr) if config.lm_lr > 0 else None
+        resume_after = checkpoints.restore(model, optimizer)
+        newest = newest_version_on_disk(config.weights_dir) if publishing else None
+        if newest is not None and reserve_versions(client, run.keys, newest):
+            log.info("versions up to %d are on disk: the steps trained from here publish above them", newest)
+    else:
+        current = int(client.get(run.keys.version) or 0)  # the version of the last committed step
+        model = _resume(config, current) if publishing else load_policy(config.model_gguf)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lm_lr) if config.lm_lr > 0 else None
     start = trainer.next_step(ranks.rank)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lm_lr) if config.lm_lr > 0 else None
     model.train(optimizer is not None)
     template = None
     if publishing:
@@ -106,15 +135,17 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
         if start == 0 and not version_dir(config.weights_dir, 0).exists():
             _publish(template, config, 0, model)  # even version 0 is served from the tensors trained here
     spec = run.config.adv_norm or run.config.reward_norm or NormSpec("group", "group")
+    crash_at = crash_point(config.crash_at)
     steps = 0
     heap.settle()  # imports and the model: out of the collector's way while steps load
-    with trainer.batches(rank=ranks.rank, world_size=1) as batches:
+    with trainer.batches(rank=ranks.rank, world_size=1, resume_after=resume_after) as batches:
         for batch in batches:
             started = time.monotonic()
             written = version_dir(config.weights_dir, batch.next_version) / "model.gguf" if publishing else None
-            if written is not None and written.is_file():
+            if checkpoints is None and written is not None and written.is_file():
                 # Trained and written before a crash took the commit: that version is this step's result, and
-                # samples may already come from it, so it is loaded, not trained again.
+                # samples may already come from it, so it is loaded, not trained again. (With checkpoints the
+                # step is trained again from the checkpoint, under a version above every one on disk.)
                 model.load_state_dict(template.read_state(written, list(model.state_dict())), strict=False)
                 step_metrics = _step(model, None, batch, spec)
                 step_metrics["resumed_from_published"] = 1
@@ -122,12 +153,18 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
                 step_metrics = _step(model, optimizer, batch, spec)
                 if template is not None:
                     step_metrics["export_seconds"] = _publish(template, config, batch.next_version, model)
+            if crash_at == ("train", batch.step) and not batch.retrained:
+                crash(f"after training step {batch.step}, before committing it")
             step_metrics["seconds"] = round(time.monotonic() - started, 3)
             batch.record_metrics(step_metrics)
             batch.commit()
+            if checkpoints is not None and checkpoints.due(batch):
+                halfway = (lambda: crash(f"halfway through the checkpoint of step {batch.step}")) \
+                    if crash_at == ("checkpoint", batch.step) and not batch.retrained else None
+                checkpoints.save(batch, model, optimizer, halfway=halfway)
             steps += 1
             if metrics is not None:
-                metrics.step_committed(batch.step, version=batch.next_version)
+                metrics.step_committed(batch.step, version=batch.next_version, retrained=batch.retrained)
             log.info("step %d: %d rows, logprob mismatch |server - torch| mean %.4f max %.4f over %d tokens, "
                      "reward %.3f (%.1fs)", batch.step, batch.rows, step_metrics.get("logprob_abs_diff_mean", 0.0),
                      step_metrics.get("logprob_abs_diff_max", 0.0), step_metrics["tokens_compared"],

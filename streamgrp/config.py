@@ -454,11 +454,13 @@ class TrainerConfig(_RoleSettings):
     crash_at: str | None = Field(None, pattern=r"^(train|checkpoint):\d+$", description="tests: SIGKILL this rank at "
                                  "a point of a step, 'train:S' after training step S and before committing it, "
                                  "'checkpoint:S' halfway through writing step S's checkpoint; not again when the step is trained again")
-    checkpoint_dir: Path | None = Field(None, description="reference trainer: write a checkpoint (weights and optimizer "
-                                        "state, safetensors) here every --checkpoint-every steps, and on start resume "
-                                        "from the newest recorded one, training the steps after it again")
+    checkpoint_dir: Path | None = Field(None, description="reference trainers (grpo, lm): write a checkpoint (weights "
+                                        "and optimizer state, safetensors) here every --checkpoint-every steps, and on "
+                                        "start resume from the newest recorded one, training the steps after it again")
     checkpoint_every: int = Field(10, ge=1, description="reference trainer: steps between checkpoints (with "
                                   "--checkpoint-dir)")
+    keep_checkpoints: int = Field(2, ge=1, description="reference trainer: checkpoints kept on disk (with "
+                                  "--checkpoint-dir); older ones are removed once a newer one is recorded")
     peer_wait_s: float = Field(300.0, gt=0, description="how long a rank waits for the other ranks of its "
                                "group to join (and in any one collective) before it fails naming them")
     train_fn: str = Field("streamgrp.consumers.grpo_trainer:train", description="module:function(client, run, config, metrics=) "

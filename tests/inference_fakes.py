@@ -5,7 +5,8 @@ Each reply has the documented shape of its server (vLLM's OpenAI completion with
 ``weight_version``; llama-server's ``/completion`` with ``tokens`` and ``completion_probabilities``).
 A test scripts what the next requests get: a normal completion, an abort with the tokens so far, an
 HTTP error, a hang, an answer trickled byte by byte, a body that is not JSON, a dropped connection, a
-flood with no length. Every request is recorded. The generated tokens are a pure function of the
+flood with no length, a restart (the connection dropped, then 503 "Loading model" for a while, as
+llama-server restarted by weight-sync answers). Every request is recorded. The generated tokens are a pure function of the
 prompt, so a test can predict them: token ``k`` of a completion of prompt ``p`` is
 ``(sum(p) + k) % 1000 + 1000``.
 
@@ -47,6 +48,7 @@ class Action:
     """What the fake does with one request."""
 
     kind: str = "complete"  # complete | abort | status | raw | hang | trickle | close | flood (raw, no length)
+    #                         | restart (close, then 503 while loading for ``seconds``)
     tokens: int | None = None  # complete/abort: how many tokens (default: the request's maximum)
     status: int = 200
     body: Any = None
@@ -242,7 +244,9 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
                 action, payload = Action("status", status=503, body={"error": {"message": "Loading model"}}), b""
             else:
                 action, payload = fake.reply(self.path, request)
-            if action.kind == "close":
+            if action.kind == "restart":
+                fake.loading_until = time.monotonic() + action.seconds
+            if action.kind in ("close", "restart"):
                 self.close_connection = True
                 self.connection.shutdown(2)
                 return

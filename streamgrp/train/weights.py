@@ -105,6 +105,24 @@ def publish(client: redis.Redis, keys: RunKeys, version: int, state: dict[str, t
     return True
 
 
+def reserve_versions(client: redis.Redis, keys: RunKeys, version: int) -> bool:
+    """Record that weights up to ``version`` were written outside Redis (a version directory on disk that
+    inference servers may have served): the run's newest-published mark rises to it, so a trainer group's
+    next attempt publishes above it (`streamgrp.train.attempt`) and never reuses a version a lost attempt
+    wrote. Returns whether the mark rose."""
+    latest = client.get(latest_key(keys))
+    if latest is not None and int(latest) >= version:
+        return False
+    client.set(latest_key(keys), version)
+    return True
+
+
+def newest_version_on_disk(root: str | os.PathLike[str]) -> int | None:
+    """The highest version ``root`` holds a directory of (`version_dir`), None when it holds none."""
+    found = [int(path.name[1:]) for path in Path(root).glob("v[0-9][0-9][0-9][0-9][0-9][0-9]") if path.is_dir()]
+    return max(found, default=None)
+
+
 class WeightCache:
     """A worker's copy of the newest published weights no newer than the version it was asked for."""
 

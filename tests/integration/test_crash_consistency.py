@@ -157,6 +157,13 @@ def test_a_trainer_group_killed_again_and_again_ends_with_the_weights_of_one_uni
             last.setdefault(e.step, {})[e.rank] = e.attempt
     assert all(len(set(last[s].values())) == 1 and set(last[s]) == {0, 1} for s in range(STEPS)), last
 
+    # Retention (--keep-checkpoints, default 2): the two newest recorded checkpoints are all that is left.
+    newest = sorted((e.step, e.attempt) for e in events if isinstance(e, CheckpointSaved))[-1]
+    assert newest[0] == STEPS - 1
+    kept = sorted(path.name for path in checkpoints.iterdir() if not path.name.startswith("."))
+    assert len(kept) == 2 and kept[-1] == f"step-{newest[0]:08d}-a{newest[1]}" and kept[0].startswith(
+        f"step-{STEPS - 1 - EVERY:08d}-"), kept
+
     trained = WeightCache(client, run.keys).get(int(client.get(run.keys.version)))
     assert trained is not None
     reference = _uninterrupted_pass(client, run)

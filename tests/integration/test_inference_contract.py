@@ -281,10 +281,35 @@ def test_llama_cpp_a_token_no_request_can_score_fails_the_slot_saying_why(fake_l
         rollout(fake_llama, max_tokens=8)(slot())
 
 
-def test_llama_cpp_a_server_that_changed_models_before_scoring_fails_the_slot(fake_llama):
-    fake_llama.then(Action(text="中", model="smollm2@v1"), Action(), Action(model="smollm2@v2"))
-    with pytest.raises(GenerationFailed, match="changed models between generating \\('smollm2@v1'\\) and scoring"):
+def test_llama_cpp_a_weight_sync_between_generating_and_scoring_generates_the_segment_again(fake_llama):
+    """Issue 38: llama-server generated a multi-byte reply on version 1, then weight-sync restarted it on
+    version 2 before the held-back tokens were scored again. The scoring request meets the restart (the
+    connection dropped, then 503 while loading), waits it through, and is answered by version 2: the
+    segment is generated again on version 2, and nothing of version 1's reply is recorded."""
+    fake_llama.then(Action(text="中", model="smollm2@v1"), Action(),  # the anchor's /tokenize
+                    Action("restart", seconds=0.3), Action(model="smollm2@v2"),  # scoring: restarted, now v2
+                    Action(text="é", model="smollm2@v2"), Action(model="smollm2@v2"))  # again, scored on v2
+    sample = rollout(fake_llama, max_tokens=8)(slot())
+    ids, mask, logprobs = rows(sample)
+    assert ids == PROMPT + byte_tokens("é") and close_enough(logprobs[3:], [logprob_of(t) for t in byte_tokens("é")])
+    assert sample.version == 2 and sample.meta["versions"] == [2] and sample.meta["model"] == "smollm2@v2"
+    assert sample.meta["regenerated"] == 1 and sample.meta["rescored"] == 1 and sample.meta["text"] == "é"
+    assert [g["prompt"] for g in fake_llama.generations()] == [PROMPT, PROMPT]  # the same segment, from its start
+    assert [path for path, _ in fake_llama.requests].count("/health") >= 2  # the restart was waited through
+
+
+def test_llama_cpp_a_server_whose_model_keeps_changing_before_scoring_fails_the_slot(fake_llama):
+    """The regenerations are bounded: a server that answers every scoring with another model than it generated
+    with fails the slot saying so, and never records a log-probability of the other model."""
+    from streamgrp.services.inference.adapter import MAX_REGENERATIONS
+
+    fake_llama.then(Action(text="中", model="smollm2@v1"), Action())
+    for version in range(2, MAX_REGENERATIONS + 3):
+        fake_llama.then(Action(model=f"smollm2@v{version}"), Action(text="中", model=f"smollm2@v{version}"))
+    with pytest.raises(GenerationFailed, match=f"changed models between generating \\('smollm2@v{MAX_REGENERATIONS + 1}'"
+                                               f"\\) and scoring .*after {MAX_REGENERATIONS} generations again"):
         rollout(fake_llama, max_tokens=8)(slot())
+    assert len(fake_llama.generations()) == MAX_REGENERATIONS + 1
 
 
 def test_more_tokens_than_asked_fail_the_slot(fake):

@@ -23,7 +23,11 @@ Owns what users get bitten by when they write this themselves:
 - one log-probability per generated token id, always: where a reply lacks some (llama-server and
   multi-byte characters), each missing one is scored again, teacher-forced, on the server that
   generated it, or the slot fails saying why; every value must be a finite float32 not above 0
-  (float noise up to `core.value_checks.LOGPROB_TOLERANCE` is recorded as 0);
+  (float noise up to `core.value_checks.LOGPROB_TOLERANCE` is recorded as 0). When that server
+  answers the scoring with another model than it generated with (a weight sync restarted it on a
+  new version in between), nothing of the segment is kept: it is generated again, on the weights
+  served now, at most `MAX_REGENERATIONS` times per slot (a sync is waited through, not a failure;
+  a log-probability of one version is never recorded beside tokens of another);
 - the reply is bounded by what was asked: never more tokens than ``max_tokens``, and a body is read
   only up to what that many tokens (and the prompt echoed back) could take, so a runaway server fails
   the slot at once instead of costing the worker its memory.
@@ -68,10 +72,23 @@ HEALTH_POLL_S = 0.05
 #: Restarts one request waits through without counting them as attempts (a bound, so a server that
 #: keeps dropping requests while its /health says it is fine still ends the slot).
 MAX_RESTARTS_WAITED = 4
+#: Segments of one slot generated again because the server's weights changed before every token of
+#: the segment was scored (a bound, so a server whose model name keeps changing still ends the slot).
+MAX_REGENERATIONS = 4
 
 
 class GenerationFailed(InferenceError):
     """Every attempt at a request failed in transport, or an aborted generation could not be finished."""
+
+
+class WeightsChanged(InferenceError):
+    """The server that generated a segment answered its scoring with another model (a weight sync in
+    between): the segment's tokens and the scores cannot be of one policy, so it is generated again."""
+
+    def __init__(self, where: str, generated_by: str, scored_by: str) -> None:
+        super().__init__(f"{where}: the server changed models between generating ({generated_by!r}) and scoring "
+                         f"the token again ({scored_by!r})")
+        self.generated_by, self.scored_by = generated_by, scored_by
 
 
 @dataclass(frozen=True)
@@ -100,6 +117,8 @@ class Completion:
     resubmits: int = 0
     attempts: int = 0
     rescored: int = 0
+    #: Segments generated again because a weight sync came between generating and scoring them.
+    regenerated: int = 0
     model: str = ""
 
     def add(self, generation: Generation, server: str, attempts: int) -> None:
@@ -151,6 +170,8 @@ class InferenceRollout:
             meta["reason"] = completion.reason
         if completion.rescored:
             meta["rescored"] = completion.rescored  # log-probabilities the reply lacked, scored again
+        if completion.regenerated:
+            meta["regenerated"] = completion.regenerated  # segments generated again after a weight sync
         if self.keep_text:
             meta["text"] = completion.text
         return Sample.from_rows(token_ids=[prompt_ids + completion.token_ids],
@@ -198,7 +219,11 @@ class InferenceRollout:
             path, body = self.dialect.generate(context, replace(self.sampling, max_tokens=budget))
             generation, server, attempts = self._with_retries(path, body, self.dialect.parse,
                                                               reply_tokens=len(context) + budget)
-            generation = self._every_logprob(generation, context, budget, server)
+            try:
+                generation = self._every_logprob(generation, context, budget, server)
+            except WeightsChanged as changed:
+                regenerate(completion, changed, attempts)
+                continue  # the same segment again, on the weights the servers serve now
             completion.add(generation, server, attempts)
             if finished_or_resubmit(completion, generation, server, self.dialect.name, self.sampling.max_tokens,
                                     self.on_abort, self.max_resubmits):
@@ -225,9 +250,7 @@ class InferenceRollout:
                 path, body, lambda reply: self.dialect.parse_score(reply, token), reply_tokens=len(context) + entries,
                 server=server)
             if scored_by != model:
-                raise GenerationFailed(f"{where}: the server changed models between generating ({model!r}) and scoring "
-                                       f"the token again ({scored_by!r}); the slot fails rather than mix two policies' "
-                                       "log-probabilities")
+                raise WeightsChanged(where, model, scored_by)
             if value is not None:
                 return value
         raise ProtocolError(f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
@@ -283,6 +306,18 @@ class InferenceRollout:
             self.sleep(self.retry.pause(attempt - waited_through, self.rng))
         raise GenerationFailed(f"{self.retry.attempts} attempts failed, the last with: {last}; check the servers "
                                "(--server-url), or raise --max-attempts / --request-timeout-s")
+
+
+def regenerate(completion: Completion, changed: WeightsChanged, attempts: int) -> None:
+    """After ``changed``: count one more generation of the segment, or `GenerationFailed` once
+    `MAX_REGENERATIONS` are spent. The segment's tokens were never added to ``completion``, so none of
+    its values, of either model, is recorded."""
+    if completion.regenerated >= MAX_REGENERATIONS:
+        raise GenerationFailed(f"{changed}, after {completion.regenerated} generations again already for the same "
+                               "reason; the slot fails rather than mix two policies' log-probabilities. Is the "
+                               "server's model name changing without a weight sync?") from None
+    completion.regenerated += 1
+    completion.attempts += attempts
 
 
 def finished_or_resubmit(completion: Completion, generation: Generation, server: str, dialect: str, max_tokens: int,

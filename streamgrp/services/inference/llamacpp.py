@@ -20,6 +20,8 @@ only where its position is certain) and names the positions left without one in
 (the token after its prefix, forced by a logit bias, which changes sampling, not the reported
 pre-sampling log-probability). A token whose piece ends inside a character is never reported even
 then, so the request forces a plain ASCII token instead and reads the token from the top log-probs.
+A scoring reply that names another model than the generation's (weight-sync restarted the server on a
+new version in between) makes the adapter generate the segment again on the new weights.
 Streaming replies leave those tokens out of ``tokens`` as well, so ``stream`` stays off.
 
 The weight version comes from the model alias the reply names (``--alias smollm2@v3`` with the
