@@ -143,9 +143,17 @@ class Assembler:
 
         Groups still open at a burst exit stay pending on the server; the next assembler rebuilds them.
         """
-        run_end, said = RunEndWatch(self.client, self.run_.keys), []
+        run_end, said, last_read = RunEndWatch(self.client, self.run_.keys), [], [1]
+
+        def work() -> int:
+            last_read[0] = self._work()
+            return last_read[0]
 
         def going() -> bool:
+            # Once the run ended, what is still in the slot log is folded (late results and rewards are
+            # counted), then the assembler exits at its first round that read nothing.
+            if last_read[0]:
+                return True
             outcome = run_end.ended()
             if outcome is not None and not said:
                 said.append(outcome)
@@ -154,7 +162,7 @@ class Assembler:
             return outcome is None
 
         run_while_leased(self.lease, who=f"assembler {self.name}", stop=stop or threading.Event(),
-                         is_active=lambda: self.state is not None, activate=self._rebuild, work=self._work,
+                         is_active=lambda: self.state is not None, activate=self._rebuild, work=work,
                          deactivate=self._stand_by, burst=burst, running=going)
         return self.decisions_written
 

@@ -137,9 +137,12 @@ class Pipeline:
             role.start()
 
     def exited(self) -> list[str]:
-        """Roles whose current process has exited, with their exit code and the tail of their log."""
+        """Roles whose current process has exited, with their exit code and the tail of their log; workers
+        and the assembler that exited 0 after the batcher ended the run (they do, once it has) are not."""
+        ended = self.batcher.proc is not None and self.batcher.proc.poll() == 0
         return [f"{role.role} (pid {role.pid}) exited with {role.proc.returncode}:\n{role.output()[-3000:]}"
-                for role in self.roles if role.proc is not None and role.proc.poll() is not None]
+                for role in self.roles if role.proc is not None and role.proc.poll() is not None
+                and not (ended and role.proc.returncode == 0 and role.role in ("worker", "assembler"))]
 
     def trainers_done(self) -> bool:
         return all(t.proc.poll() == 0 and t.out.read_text().endswith("done\n") for t in self.trainers)

@@ -89,8 +89,8 @@ def test_a_rollout_returning_nan_logprobs_is_refused_by_the_worker_and_the_run_t
     worker = WorkerProcess(WorkerClient(client, run.keys), nan_on_slot_one, WorkerConfig(burst=True, concurrency=4),
                            n_samples=4, metrics=metrics)
     assert worker.run() == 4  # no slot stopped the worker
-    assert metrics.registry.get_sample_value("streamgrp_slots_total", {"outcome": "invalid"}) == 4
-    assert metrics.registry.get_sample_value("streamgrp_slots_total", {"outcome": "sample"}) == 12
+    assert metrics.registry.get_sample_value("streamgrp_slots_published_total", {"outcome": "invalid"}) == 4
+    assert metrics.registry.get_sample_value("streamgrp_slots_published_total", {"outcome": "sample"}) == 12
 
     results = slot_results(client, run)
     for (task, slot), result in results.items():
