@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from streamgrp.core.events import RawArray, TurnRecorded
+from streamgrp.core.events import RawArray, Sample, TurnRecorded
 from streamgrp.core.session_rows import Turn, contract_problem, session_sample
 from streamgrp.errors import SessionRefused
 from streamgrp.services.gateway.live import LiveSession, LiveTurn, SessionTable, text_digest
@@ -210,10 +210,9 @@ class Gateway:
                     if problem is not None:
                         error, sample = f"SessionError: {problem}", None
             try:
-                outcome, entry = await self.blocking(self.store.end, session.stored, turns=len(turns), sample=sample,
-                                                     error=error, reward=None if reward_pending else reward,
-                                                     reward_pending=reward_pending,
-                                                     max_entry_bytes=self.max_entry_bytes)
+                outcome, entry, error = await self._end(session.stored, len(turns), sample, error,
+                                                        reward=None if reward_pending else reward,
+                                                        reward_pending=reward_pending)
             except SessionRefused as refused:
                 if refused.code != "EXPIRED":
                     raise
@@ -228,6 +227,22 @@ class Gateway:
         return {"session_id": session_id, "outcome": outcome, "entry": entry, "turns": len(turns),
                 "rows": rows if outcome == "sample" else 0, "error": error if outcome == "failed" else None,
                 "reward_pending": reward_pending and outcome == "sample"}
+
+    async def _end(self, stored: StoredSession, turns: int, sample: Sample | None, error: str | None,
+                   **options: Any) -> tuple[str, str, str | None]:
+        """`SessionStore.end`: (the outcome, the slot result's entry id, the error published). A sample the
+        payloads stream can never take (a foreign entry at the largest id there is) is published as a failed
+        slot saying so, as a worker does, and the session still ends."""
+        end = functools.partial(self.blocking, self.store.end, stored, turns=turns,
+                                max_entry_bytes=self.max_entry_bytes, **options)
+        try:
+            return (*await end(sample=sample, error=error), error)
+        except SessionRefused as refused:
+            if refused.code != "PAYLOAD":
+                raise
+            error = f"not published: {refused}"
+        log.error("session %s ended as failed: %s", stored.session_id, error)
+        return (*await end(error=error), error)
 
     async def post_reward(self, session_id: str, *, reward: float | None, reason: str | None = None) -> dict[str, Any]:
         """The reward of a session that ended with its reward pending (`streamgrp.store.rewards.post_reward`): a
