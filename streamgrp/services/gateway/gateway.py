@@ -43,7 +43,12 @@ import redis
 from streamgrp.core.events import RawArray, Sample, TurnRecorded
 from streamgrp.core.session_rows import Turn, contract_problem, session_sample
 from streamgrp.errors import SessionRefused
-from streamgrp.services.gateway.live import LiveSession, LiveTurn, SessionTable, text_digest
+from streamgrp.services.gateway.live import (
+    LiveSession,
+    LiveTurn,
+    SessionTable,
+    text_digest,
+)
 from streamgrp.services.gateway.openai_api import (
     Answer,
     ChatRequest,
@@ -56,9 +61,16 @@ from streamgrp.services.gateway.upstream import ChatTemplate, Upstream
 from streamgrp.services.inference.adapter import Completion
 from streamgrp.services.inference.dialect import ProtocolError
 from streamgrp.services.worker import WorkerClient
+from streamgrp.store.loop_client import loop_client
 from streamgrp.store.rewards import post_reward
 from streamgrp.store.runs import Run, server_time
-from streamgrp.store.sessions import SessionStore, StoredSession, key_digest, new_key, new_session_id
+from streamgrp.store.sessions import (
+    SessionStore,
+    StoredSession,
+    key_digest,
+    new_key,
+    new_session_id,
+)
 from streamgrp.store.streams import producer_name
 from streamgrp.store.version import VersionReader
 
@@ -120,10 +132,13 @@ class Gateway:
         self.crash_after_turn = crash_after_turn
         self.turns_recorded = 0
         self._taking = asyncio.Lock()
+        self._aclient: Any = None  # the loop's client of the server, made on the loop (False: none)
 
     async def aclose(self) -> None:
         """Release the template's connections (on the loop that used them)."""
         await self.template.close()
+        if self._aclient:
+            await self._aclient.aclose()
 
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
@@ -362,7 +377,7 @@ class Gateway:
                              logprobs=RawArray.from_values(turn.logprobs, "float32"), version=turn.version,
                              finish=turn.finish, meta=meta, producer=self.name, seq=self.store.next_seq())
         try:
-            await self.blocking(self.store.record, event)
+            await self._record(event)
         except SessionRefused as refused:
             if refused.code in ("TURN", "ENDED", "EXPIRED"):
                 await self.table.reload(session.session_id)  # another gateway wrote it: read what it did
@@ -378,6 +393,15 @@ class Gateway:
             self.metrics.gateway_tokens.labels("prompt").inc(len(prompt_ids))
             self.metrics.gateway_tokens.labels("completion").inc(len(turn.completion_ids))
         return turn
+
+    async def _record(self, event: TurnRecorded) -> None:
+        """The turn's record: on the event loop (one FCALL, no thread hop per turn) unless the server gave
+        no answer there, then on a thread (which rides outages out; a repeat is answered as the first)."""
+        keys, args = self.store.record_call(event)
+        if self._aclient is None:
+            self._aclient = loop_client(self.client) or False
+        if self._aclient is False or await self.store.record_on_loop(self._aclient, keys, args) is None:
+            await self.blocking(self.store.record, event)
 
     # -- upkeep --------------------------------------------------------------------------------------------
 
