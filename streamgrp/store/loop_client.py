@@ -19,6 +19,8 @@ import redis
 import redis.asyncio
 import redis.asyncio.connection as async_connection
 import redis.connection as sync_connection
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
 from streamgrp.store.connection import is_outage
 
@@ -51,7 +53,10 @@ def loop_client(client: Any) -> redis.asyncio.Redis | None:
             accepted |= set(inspect.signature(vars(klass)["__init__"]).parameters)
     kwargs = {k: v for k, v in pool.connection_kwargs.items()
               if k in accepted and k not in _NOT_COPIED and not k.startswith(("maint_notifications", "orig_"))}
-    return redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(connection_class=cls, **kwargs))
+    # No retries of its own: a call that got no answer goes the synchronous way (see the module docstring).
+    kwargs["retry"] = AsyncRetry(NoBackoff(), 0)
+    # from_pool: the client owns its pool, so ``aclose`` closes its connections too.
+    return redis.asyncio.Redis.from_pool(redis.asyncio.ConnectionPool(connection_class=cls, **kwargs))
 
 
 async def call(client: redis.asyncio.Redis, name: str, keys: list[Any], args: list[Any]) -> Any:
