@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis
+import redis.asyncio
 
 from streamgrp.core import codec
 from streamgrp.core.events import (
@@ -150,7 +151,7 @@ class SessionStore:
         part = self.part(turn.session)
         return [part.session(turn.session), part.sessions], [turn.turn, digest, header, blob]
 
-    async def record_on_loop(self, aclient: object, keys: list[str], args: list[object]) -> str | None:
+    async def record_on_loop(self, aclient: redis.asyncio.Redis, keys: list[str], args: list[object]) -> str | None:
         """`record`'s call (`record_call`) through ``aclient`` (`streamgrp.store.loop_client`) on the event loop:
         the turn's entry id, or None when the server gave no answer of the function's own (then `record` it
         the synchronous way: a repeat is answered with what the first call did)."""
