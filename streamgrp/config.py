@@ -308,8 +308,9 @@ class GatewayConfig(_RoleSettings):
     max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="a session's sample larger than this once "
                                  "encoded is published as a failed slot saying so")
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
-    gateway_threads: int = Field(32, ge=1, description="threads making the store's calls (each turn's record, "
-                                 "sessions opened and ended) at once")
+    gateway_threads: int = Field(32, ge=1, description="threads making the store's calls (sessions opened and "
+                                 "ended; a turn's record is made on the event loop, on a thread only "
+                                 "when that gets no answer or the server is a cluster) at once")
     refresh_s: float = Field(1.0, gt=0, description="how often sessions past their group's deadline are timed out "
                              "and the run's version is read")
     claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long "

@@ -32,11 +32,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis
+import redis.asyncio
 
 from streamgrp.core import codec
-from streamgrp.core.events import Sample, SessionEnded, SessionOpened, SlotResult, TaskIssued, TurnRecorded
+from streamgrp.core.events import (
+    Sample,
+    SessionEnded,
+    SessionOpened,
+    SlotResult,
+    TaskIssued,
+    TurnRecorded,
+)
 from streamgrp.errors import DecodeError, SessionRefused
-from streamgrp.store import scripts
+from streamgrp.store import loop_client, scripts
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, session_partition
 from streamgrp.store.streams import entry_id_str, entry_size, read_entries
 
@@ -132,12 +140,26 @@ class SessionStore:
 
     def record(self, turn: TurnRecorded) -> str:
         """Record ``turn`` (numbered from 1, in order) before it is answered; its entry id."""
+        keys, args = self.record_call(turn)
+        return _text(self._call(self._turn, keys, args))
+
+    def record_call(self, turn: TurnRecorded) -> tuple[list[str], list[object]]:
+        """The keys and arguments of ``session_turn`` recording ``turn``: a call to send again as it is."""
         fields = codec.encode(turn)
         header, blob = fields[codec.HEADER], fields.get(codec.BLOB, b"")
         digest = hashlib.blake2b(header + b"\0" + blob, digest_size=16).hexdigest()
         part = self.part(turn.session)
-        return _text(self._call(self._turn, [part.session(turn.session), part.sessions],
-                                [turn.turn, digest, header, blob]))
+        return [part.session(turn.session), part.sessions], [turn.turn, digest, header, blob]
+
+    async def record_on_loop(self, aclient: redis.asyncio.Redis, keys: list[str], args: list[object]) -> str | None:
+        """`record`'s call (`record_call`) through ``aclient`` (`streamgrp.store.loop_client`) on the event loop:
+        the turn's entry id, or None when the server gave no answer of the function's own (then `record` it
+        the synchronous way: a repeat is answered with what the first call did)."""
+        try:
+            reply = await loop_client.call(aclient, self._turn.name, keys, args)
+        except redis.ResponseError as exc:
+            raise self._refusal(exc) from None
+        return None if reply is loop_client.UNANSWERED else _text(reply)
 
     def end(self, session: StoredSession, *, turns: int, sample: Sample | None = None, error: str | None = None,
             timeout: bool = False, reward: float | None = None, reward_pending: bool = False,
@@ -239,10 +261,15 @@ class SessionStore:
         try:
             return function(keys=keys, args=args)
         except redis.ResponseError as exc:
-            code = scripts.error_code(exc)
-            if code in ("UNKNOWN", "ENDED", "EXPIRED", "TURN", "TAKEN", "EXISTS", "EARLY", "PAYLOAD", "BAD_INPUT"):
-                raise SessionRefused(code, str(exc).split(None, 1)[-1]) from None
-            raise
+            raise SessionStore._refusal(exc) from None
+
+    @staticmethod
+    def _refusal(exc: redis.ResponseError) -> Exception:
+        """A function's refusal as `SessionRefused` with its code; any other error as it is."""
+        code = scripts.error_code(exc)
+        if code in ("UNKNOWN", "ENDED", "EXPIRED", "TURN", "TAKEN", "EXISTS", "EARLY", "PAYLOAD", "BAD_INPUT"):
+            return SessionRefused(code, str(exc).split(None, 1)[-1])
+        return exc
 
 
 def _text(value: object) -> str:

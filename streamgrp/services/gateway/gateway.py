@@ -40,10 +40,15 @@ from typing import Any
 
 import redis
 
-from streamgrp.core.events import RawArray, TurnRecorded
+from streamgrp.core.events import RawArray, Sample, TurnRecorded
 from streamgrp.core.session_rows import Turn, contract_problem, session_sample
 from streamgrp.errors import SessionRefused
-from streamgrp.services.gateway.live import LiveSession, LiveTurn, SessionTable, text_digest
+from streamgrp.services.gateway.live import (
+    LiveSession,
+    LiveTurn,
+    SessionTable,
+    text_digest,
+)
 from streamgrp.services.gateway.openai_api import (
     Answer,
     ChatRequest,
@@ -56,9 +61,16 @@ from streamgrp.services.gateway.upstream import ChatTemplate, Upstream
 from streamgrp.services.inference.adapter import Completion
 from streamgrp.services.inference.dialect import ProtocolError
 from streamgrp.services.worker import WorkerClient
+from streamgrp.store.loop_client import loop_client
 from streamgrp.store.rewards import post_reward
 from streamgrp.store.runs import Run, server_time
-from streamgrp.store.sessions import SessionStore, StoredSession, key_digest, new_key, new_session_id
+from streamgrp.store.sessions import (
+    SessionStore,
+    StoredSession,
+    key_digest,
+    new_key,
+    new_session_id,
+)
 from streamgrp.store.streams import producer_name
 from streamgrp.store.version import VersionReader
 
@@ -120,10 +132,13 @@ class Gateway:
         self.crash_after_turn = crash_after_turn
         self.turns_recorded = 0
         self._taking = asyncio.Lock()
+        self._aclient: Any = None  # the loop's client of the server, made on the loop (False: none)
 
     async def aclose(self) -> None:
         """Release the template's connections (on the loop that used them)."""
         await self.template.close()
+        if self._aclient:
+            await self._aclient.aclose()
 
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
@@ -210,10 +225,9 @@ class Gateway:
                     if problem is not None:
                         error, sample = f"SessionError: {problem}", None
             try:
-                outcome, entry = await self.blocking(self.store.end, session.stored, turns=len(turns), sample=sample,
-                                                     error=error, reward=None if reward_pending else reward,
-                                                     reward_pending=reward_pending,
-                                                     max_entry_bytes=self.max_entry_bytes)
+                outcome, entry, error = await self._end(session.stored, len(turns), sample, error,
+                                                        reward=None if reward_pending else reward,
+                                                        reward_pending=reward_pending)
             except SessionRefused as refused:
                 if refused.code != "EXPIRED":
                     raise
@@ -228,6 +242,22 @@ class Gateway:
         return {"session_id": session_id, "outcome": outcome, "entry": entry, "turns": len(turns),
                 "rows": rows if outcome == "sample" else 0, "error": error if outcome == "failed" else None,
                 "reward_pending": reward_pending and outcome == "sample"}
+
+    async def _end(self, stored: StoredSession, turns: int, sample: Sample | None, error: str | None,
+                   **options: Any) -> tuple[str, str, str | None]:
+        """`SessionStore.end`: (the outcome, the slot result's entry id, the error published). A sample the
+        payloads stream can never take (a foreign entry at the largest id there is) is published as a failed
+        slot saying so, as a worker does, and the session still ends."""
+        end = functools.partial(self.blocking, self.store.end, stored, turns=turns,
+                                max_entry_bytes=self.max_entry_bytes, **options)
+        try:
+            return (*await end(sample=sample, error=error), error)
+        except SessionRefused as refused:
+            if refused.code != "PAYLOAD":
+                raise
+            error = f"not published: {refused}"
+        log.error("session %s ended as failed: %s", stored.session_id, error)
+        return (*await end(error=error), error)
 
     async def post_reward(self, session_id: str, *, reward: float | None, reason: str | None = None) -> dict[str, Any]:
         """The reward of a session that ended with its reward pending (`streamgrp.store.rewards.post_reward`): a
@@ -347,7 +377,7 @@ class Gateway:
                              logprobs=RawArray.from_values(turn.logprobs, "float32"), version=turn.version,
                              finish=turn.finish, meta=meta, producer=self.name, seq=self.store.next_seq())
         try:
-            await self.blocking(self.store.record, event)
+            await self._record(event)
         except SessionRefused as refused:
             if refused.code in ("TURN", "ENDED", "EXPIRED"):
                 await self.table.reload(session.session_id)  # another gateway wrote it: read what it did
@@ -363,6 +393,14 @@ class Gateway:
             self.metrics.gateway_tokens.labels("prompt").inc(len(prompt_ids))
             self.metrics.gateway_tokens.labels("completion").inc(len(turn.completion_ids))
         return turn
+
+    async def _record(self, event: TurnRecorded) -> None:
+        """The turn's record: on the event loop (one FCALL, no thread hop per turn) unless the server gave
+        no answer there, then on a thread (which rides outages out; a repeat is answered as the first)."""
+        keys, args = self.store.record_call(event)
+        self._aclient = (loop_client(self.client) or False) if self._aclient is None else self._aclient
+        if self._aclient is False or await self.store.record_on_loop(self._aclient, keys, args) is None:
+            await self.blocking(self.store.record, event)
 
     # -- upkeep --------------------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 -- End a session (streamgrp.store.sessions, for the gateway) and publish its slot result, in one atomic
 -- call: a session is ended exactly when its result is in the group log, so a crash between the two
 -- cannot lose the result or publish it twice. The publish is publish.lua's: the header to the group log
--- KEYS[4] and, for a sample, its payload to the payloads stream KEYS[5] at the same entry id. A timeout
+-- KEYS[4] and, for a sample, its payload to the payloads stream KEYS[5] at the same entry id (after a
+-- foreign entry there, both move after it, as in publish.lua). A timeout
 -- publishes nothing (the assembler times the slot out at the same deadline).
 -- KEYS: 1 the session's hash, 2 the sessions stream, 3 the deadlines set, 4 the group log, 5 payloads
 -- ARGV: 1 session id, 2 outcome (sample, rejected, failed, timeout), 3 the turns the result was built
@@ -12,7 +13,8 @@
 -- before returns the same (a repeat after a lost reply, or two gateways timing one session out).
 -- Refuses, before any write: UNKNOWN, ENDED (another outcome first), TURN (a turn was recorded
 -- after the result was built), EXPIRED (its deadline passed: it can only time out), EARLY (a timeout
--- before the deadline).
+-- before the deadline). PAYLOAD (nothing written) when the payloads stream holds the largest id there
+-- is, so no payload can ever be written: the caller ends the session as failed instead.
 local outcome = ARGV[2]
 local outcomes = {sample = true, rejected = true, failed = true, timeout = true}
 if #ARGV ~= 8 or not outcomes[outcome] or ARGV[1] == '' or ARGV[4] == ''
@@ -48,10 +50,18 @@ if outcome ~= 'timeout' then
   if ARGV[6] ~= '' then
     local written = redis.pcall('XADD', KEYS[5], id, 'h', ARGV[6], 'b', ARGV[7])
     if type(written) == 'table' and written.err then
-      -- Only a write outside streamgrp can put a later id in the payloads stream; refuse it whole.
+      -- Only a write outside streamgrp puts an id at or after this one in the payloads stream (a plain
+      -- XADD in the same millisecond, an explicit id in the future, written and deleted or not). As in
+      -- publish.lua, the payload goes after the stream's last id and its header moves there too (above
+      -- the header's own id, since the payloads stream had passed it), so both share one id and the
+      -- session still ends.
       redis.call('XDEL', KEYS[4], id)
-      return redis.error_reply('PAYLOAD cannot be written at ' .. id .. ' (' .. written.err .. '); the payloads '
-                               .. 'stream holds an entry streamgrp did not write')
+      written = redis.pcall('XADD', KEYS[5], '*', 'h', ARGV[6], 'b', ARGV[7])
+      if type(written) == 'table' and written.err then  -- the stream's last id is the largest there is
+        return redis.error_reply('PAYLOAD cannot be written after ' .. id .. ' (' .. written.err .. '); the '
+                                 .. 'payloads stream holds an entry streamgrp did not write')
+      end
+      id = redis.call('XADD', KEYS[4], written, 'h', ARGV[5])
     end
   end
 end
