@@ -23,7 +23,7 @@ class EntryFields(dict):  # type: ignore[type-arg]
     unhashable name), else None. `decode` refuses both (``bad_fields``, ``repeated_field``).
     """
 
-    __slots__ = ("pairs", "malformed")
+    __slots__ = ("malformed", "pairs")
 
     def __init__(self, pairs: Iterable[tuple[Any, Any]] = (), *, malformed: str | None = None) -> None:
         super().__init__()

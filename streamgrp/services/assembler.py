@@ -52,8 +52,6 @@ from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec, counters
 from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.decision import CONTRACT_VIOLATION
-from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, TICK_FROM_FUTURE, refused
-from streamgrp.core.shown import show
 from streamgrp.core.events import (
     GroupDecided,
     SlotResult,
@@ -65,9 +63,9 @@ from streamgrp.core.group_fold import (
     DUPLICATE,
     DUPLICATE_TASK,
     LATE,
+    OPEN_GROUPS_FULL,
     REWARD_DUPLICATE,
     REWARD_LATE,
-    OPEN_GROUPS_FULL,
     UNKNOWN_TASK,
     Closed,
     FoldState,
@@ -75,6 +73,8 @@ from streamgrp.core.group_fold import (
     next_deadline,
     written_tick,
 )
+from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, TICK_FROM_FUTURE, refused
+from streamgrp.core.shown import show
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
 from streamgrp.store import scripts
@@ -192,7 +192,7 @@ class Assembler:
         """Move entries pending under any other consumer name to ours (assemblers that used --name)."""
         cursor = "0-0"
         while True:
-            cursor, claimed, *_ = self.client.xautoclaim(self.keys.slots, ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, 0,
+            cursor, _claimed, *_ = self.client.xautoclaim(self.keys.slots, ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, 0,
                                                          start_id=cursor, count=1000)
             cursor = entry_id_str(cursor)
             if cursor == "0-0":

@@ -113,7 +113,7 @@ class WorkerClient:
     def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0,
                  max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES, metrics: Any = None,
                  partitions: Sequence[PartitionKeys] | None = None, take_from: Collection[int] | None = None,
-                 vocab_size: int | None | str = RECORDED) -> None:
+                 vocab_size: int | str | None = RECORDED) -> None:
         self.client = client
         self.keys = keys
         #: Token ids at or above it are refused (None: only negative ones); by default the run's record's.

@@ -181,7 +181,7 @@ class RewardClient:
         end, read = before, 0
         while read < LOOKBACK_ENTRIES:
             entries = self.client.xrevrange(part.slots, max=end, min="-", count=_LOOKBACK_CHUNK)
-            for entry_id, fields in entries:
+            for _entry_id, fields in entries:
                 header = fields.get(codec.HEADER) or b""
                 if b'"task_issued"' in header and needle in header:
                     try:

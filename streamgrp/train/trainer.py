@@ -43,9 +43,9 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator, Mapping
-from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
 import orjson
 import redis
