@@ -13,7 +13,7 @@ from typing import Any
 from streamgrp.core.shown import show
 
 
-class EntryFields(dict):  # type: ignore[type-arg]
+class EntryFields(dict[Any, Any]):  # names and values as the server sent them (malformed ones too)
     """A stream entry's fields when its RESP field list was not a plain set of distinct names.
 
     As a dict it maps each name to its **last** value, which is what redis-py's own

@@ -53,6 +53,7 @@ from streamgrp.store.streams import (
     entry_size,
     producer_name,
     read_in_turn,
+    read_reply,
 )
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class WorkerClient:
 
     def _read(self, part: PartitionKeys, count: int, block_ms: int | None) -> list[Task]:
         reply = self.client.xreadgroup(WORKERS_GROUP, self.name, {part.tasks: ">"}, count=count, block=block_ms)
-        return self._tasks(part, (entries for _, entries in reply for entries in entries))
+        return self._tasks(part, (entry for _, entries in read_reply(reply) for entry in entries))
 
     def _reclaim(self, part: PartitionKeys, count: int) -> list[Task]:
         clean_at = self._scanned_clean.get(part.index)
