@@ -369,7 +369,7 @@ class WorkerProcess:
                 for future in item.futures:
                     future.result()
             self._publish_ready(in_flight)
-        if loop_thread is not None:
+        if loop_thread is not None and self._loop is not None:  # the loop _start_loop made for async rollouts
             self._loop.call_soon_threadsafe(self._loop.stop)
             loop_thread.join()
             self._loop.close()
@@ -449,6 +449,8 @@ class WorkerProcess:
             metrics.rollouts_in_flight.inc()
         try:
             if self._is_async:
+                if self._loop is None:
+                    raise RuntimeError("an async rollout runs inside Worker.run, which starts its event loop")
                 result = asyncio.run_coroutine_threadsafe(self.rollout(request), self._loop).result()
             else:
                 result = self.rollout(request)
