@@ -21,9 +21,9 @@ from streamgrp.core.events import (
     TaskIssued,
     Tick,
 )
-from streamgrp.core.values import RewardLater
 from streamgrp.core.partition import balanced_partition
 from streamgrp.core.policy import GroupPolicy, NormSpec
+from streamgrp.core.values import RewardLater
 from streamgrp.errors import (
     ConfigError,
     ContractViolation,
@@ -48,10 +48,10 @@ __all__ = [
     "GroupPolicy",
     "NormSpec",
     "RawArray",
+    "RewardLater",
     "RunFailed",
     "Sample",
     "SampleSummary",
-    "RewardLater",
     "ServerError",
     "SlotResult",
     "SlotRewarded",
@@ -61,7 +61,10 @@ __all__ = [
     "__version__",
     "balanced_partition",
     "decide_group",
-    *_LAZY,
+    # the lazily imported names (_LAZY)
+    "group_metrics",
+    "normalize",
+    "token_weighted_policy_loss",
 ]
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import random
+import signal
 import socket
 import subprocess
 import sys

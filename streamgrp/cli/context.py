@@ -12,6 +12,7 @@ import argparse
 import logging
 import signal
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Any
 

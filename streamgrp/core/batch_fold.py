@@ -283,7 +283,7 @@ def _on_round_end(state: BatchState, event: RoundEnded) -> list[Output]:
         return outputs
     waiting = _waiting_for_trainers(state, event)
     if state.stall.round(added, event.now, waiting_for_trainers=waiting):
-        return outputs + [_fail(state, "stall", "")]
+        return [*outputs, _fail(state, "stall", "")]
     if state.stall.should_warn(event.now):
         outputs.append(Stalling(state.stall.empty_rounds, state.stall.stall_seconds(event.now)))
     return outputs
@@ -303,7 +303,7 @@ def _on_dataset_end(state: BatchState) -> list[Output]:
         outputs.append(Discarded(entry_id, decision, LEFTOVER, "dataset ended"))
     state.buffer = []
     state.outcome = "finished"
-    return outputs + [Finished(state.next_step)]
+    return [*outputs, Finished(state.next_step)]
 
 
 def _finish_if_done(state: BatchState) -> list[Output]:

@@ -80,6 +80,10 @@ BLOB = b"b"
 RAW_KEY = "__raw__"
 #: Models written in their `wire_fields` form rather than field by field.
 _WIRE_FORM = (GroupDecided, ShardGroup, SlotResult)
+#: Entry fields as a stream read returns them: bytes names and values, or str from a client that decodes
+#: replies. Any of these mappings is accepted (the codec checks every name and value itself: ``bad_fields``);
+#: `decode` takes None too (an entry deleted before it was read) and refuses it the same way.
+Fields = Mapping[bytes, bytes | str] | Mapping[str, bytes | str] | Mapping[bytes | str, bytes | str]
 #: Default ceiling for one entry (header plus bytes); larger entries are dead-lettered as oversized.
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
 #: The deepest a header's JSON objects and arrays may nest (the header itself is level 1; a
@@ -162,7 +166,7 @@ def _plain_sample_headers(task_id: Any, slot: Any, sample: Any, producer: Any,
     return slot_header, payload_header, blob
 
 
-def payload_problem(fields: Mapping[bytes | str, bytes | str] | None, result: SlotResult, *,
+def payload_problem(fields: Fields | None, result: SlotResult, *,
                     vocab_size: int | None = None, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> str | None:
     """What keeps the sample of ``result`` (a schema-2 slot result with a summary) from training, judged by
     its payload entry's ``fields`` (None: no entry at the result's id); None when nothing does.
@@ -200,7 +204,7 @@ def payload_problem(fields: Mapping[bytes | str, bytes | str] | None, result: Sl
     return None if vocab_size is None else token_id_problem(sample.token_ids.dtype, sample.token_ids.data, vocab_size)
 
 
-def is_inline_sample(fields: Mapping[bytes | str, bytes | str]) -> bool:
+def is_inline_sample(fields: Fields) -> bool:
     """Whether a slot entry is a schema-1 slot result, which carries its sample itself (no payload entry)."""
     try:
         return decode_v1_slot_result(fields).sample is not None
@@ -208,12 +212,12 @@ def is_inline_sample(fields: Mapping[bytes | str, bytes | str]) -> bool:
         return False
 
 
-def decode(fields: Mapping[bytes | str, bytes | str], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> Any:
+def decode(fields: Fields | None, *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> Any:
     """Rebuild and validate an event from XREAD fields; raises `DecodeError` with a reason, nothing else."""
     return _totally(_decode, fields, max_entry_bytes)
 
 
-def decode_v1_slot_result(fields: Mapping[bytes | str, bytes | str], *,
+def decode_v1_slot_result(fields: Fields | None, *,
                           max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> SlotResultV1:
     """A schema-1 slot entry as recorded, its sample inline; raises `DecodeError` for anything else, a
     schema-2 slot result included (its tensors are a payload)."""
@@ -243,6 +247,7 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     header = _parse_header(raw_header)
     kind = header["kind"]
     # None: not the plain case, so the full path below judges it
+    event: BaseModel | None
     if not blob:
         event = fast_slot_result(header) if kind == "slot_result" else \
             fast_group_decided(header) if kind == "group_decided" else \
@@ -265,7 +270,7 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
         raise DecodeError("bad_header", f"the header has {state[1]} tensor descriptors but the {header['kind']} event "
                           f"has {_tensor_count(event, _TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
                           "that takes no tensor")
-    if legacy and upcast:
+    if legacy and upcast and isinstance(event, SlotResultV1):  # legacy: the model is SlotResultV1
         # Schema 1's assemblers digested a slot entry with untagged BLAKE2b when they folded it, and the
         # decisions they wrote recorded that: upcast to the same digest.
         return event.upcast(entry_digest(fields, like=UNTAGGED))
@@ -348,7 +353,7 @@ DIGEST_PREFIX = "sha256:"
 UNTAGGED = ""
 
 
-def entry_digest(fields: Mapping[bytes | str, bytes | str], like: str | None = None) -> str:
+def entry_digest(fields: Fields, like: str | None = None) -> str:
     """A digest of an entry's header and bytes: what replay checks the rebuilt tensors against. Made
     the way ``like`` (a digest the log recorded for this entry) was made; by default, today's way."""
     header, blob = (_field(fields, key) or b"" for key in (HEADER, BLOB))
@@ -408,7 +413,8 @@ def _to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
     if isinstance(value, BaseModel):
         # A model whose wire form differs from its fields (members as columns, a flag written only when
         # set) says so by `wire_fields`.
-        fields = value.wire_fields() if kind in _WIRE_FORM else value.__dict__
+        # (the isinstance only tells the type checker what the exact-class test already established)
+        fields = value.wire_fields() if kind in _WIRE_FORM and isinstance(value, _WIRE_FORM) else value.__dict__
         return {name: item if item.__class__ in _SCALARS else _to_header(item, blobs, offset)
                 for name, item in fields.items()}
     if isinstance(value, (list, tuple)):
@@ -430,7 +436,7 @@ def _from_header(value: dict[str, Any] | list[Any], blob: bytes, state: list[int
             if descriptor is not None:
                 return _raw_array(descriptor, blob, state)
         out = {}
-        for key, item in value.items():  # type: ignore[union-attr]
+        for key, item in value.items():
             kind = item.__class__
             out[key] = _from_header(item, blob, state, depth + 1) if kind is dict or kind is list else item
         return out
@@ -472,7 +478,7 @@ def _raw_array(descriptor: Any, blob: bytes, state: list[int]) -> dict[str, Any]
 
 def _tensor_fields(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
     """Where ``model`` holds tensors: ``(field, None)`` for a RawArray, ``(field, nested)`` for a model."""
-    found = []
+    found: list[tuple[str, Any]] = []
     for name, field in model.model_fields.items():
         annotation = field.annotation
         parts = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
@@ -504,7 +510,8 @@ def _tensor_count(value: Any, where: tuple[tuple[str, Any], ...]) -> int:
     return count
 
 
-_TENSOR_FIELDS = {model: _tensor_fields(model) for model in (*EVENT_TYPES.values(), SlotResultV1)}
+_CODEC_MODELS: tuple[type[BaseModel], ...] = (*EVENT_TYPES.values(), SlotResultV1)
+_TENSOR_FIELDS = {model: _tensor_fields(model) for model in _CODEC_MODELS}
 
 
 def _check_field_types(key: Any, value: Any) -> None:
@@ -516,7 +523,7 @@ def _check_field_types(key: Any, value: Any) -> None:
 
 def _as_bytes(value: bytes | str) -> bytes:
     if value.__class__ is bytes:
-        return value  # type: ignore[return-value]
+        return value
     try:
         # surrogateescape gives back the server's bytes when the client decoded them that way
         return value.encode("utf-8", "surrogateescape")  # type: ignore[union-attr]
@@ -537,10 +544,10 @@ def _text_fields(fields: Mapping[Any, Any], raw_header: Any, blob: Any) -> tuple
             None if blob is None else _as_bytes(blob))
 
 
-def _field(fields: Mapping[bytes | str, bytes | str], key: bytes) -> bytes | str | None:
+def _field(fields: Mapping[Any, bytes | str], key: bytes) -> bytes | str | None:
     value = fields.get(key)
     if value is None:
-        value = fields.get(key.decode())  # type: ignore[call-overload]
+        value = fields.get(key.decode())
     return value
 
 

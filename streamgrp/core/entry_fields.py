@@ -13,7 +13,7 @@ from typing import Any
 from streamgrp.core.shown import show
 
 
-class EntryFields(dict):  # type: ignore[type-arg]
+class EntryFields(dict[Any, Any]):  # names and values as the server sent them (malformed ones too)
     """A stream entry's fields when its RESP field list was not a plain set of distinct names.
 
     As a dict it maps each name to its **last** value, which is what redis-py's own
@@ -23,7 +23,7 @@ class EntryFields(dict):  # type: ignore[type-arg]
     unhashable name), else None. `decode` refuses both (``bad_fields``, ``repeated_field``).
     """
 
-    __slots__ = ("pairs", "malformed")
+    __slots__ = ("malformed", "pairs")
 
     def __init__(self, pairs: Iterable[tuple[Any, Any]] = (), *, malformed: str | None = None) -> None:
         super().__init__()

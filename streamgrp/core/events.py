@@ -20,6 +20,7 @@ from streamgrp.core.members import (
     member_columns,
 )
 from streamgrp.core.policy import GroupPolicy
+from streamgrp.core.value_checks import logprob_problem, token_id_problem
 from streamgrp.core.values import (
     Float,
     FreeForm,
@@ -31,16 +32,41 @@ from streamgrp.core.values import (
     Sample,
     check_strict_numbers,
 )
-from streamgrp.core.value_checks import logprob_problem, token_id_problem
 
 #: The most rows a reward may name (a sample's rows; more is not a reward streamgrp wrote).
 MAX_REWARD_ROWS = 4096
 
-__all__ = ["EVENT_TYPES", "SCHEMA_VERSION", "CheckpointSaved", "DecidedMember", "GroupDecided", "GroupDiscarded", "GroupStats", "Member",
-           "READABLE_SCHEMAS", "RawArray", "RunFinished", "RunStarted", "RunTerminated", "Sample", "SamplePayload",
-           "SampleSummary", "Shard", "ShardGroup", "SlotResult", "SlotRewarded",
-           "StepCommitted", "StepFailed", "StepManifest", "StepRowsTrained", "TaskIssued", "Tick", "TrainingResumed", "VersionAdvanced",
-           "WeightsServed"]
+__all__ = [
+    "EVENT_TYPES",
+    "READABLE_SCHEMAS",
+    "SCHEMA_VERSION",
+    "CheckpointSaved",
+    "DecidedMember",
+    "GroupDecided",
+    "GroupDiscarded",
+    "GroupStats",
+    "Member",
+    "RawArray",
+    "RunFinished",
+    "RunStarted",
+    "RunTerminated",
+    "Sample",
+    "SamplePayload",
+    "SampleSummary",
+    "Shard",
+    "ShardGroup",
+    "SlotResult",
+    "SlotRewarded",
+    "StepCommitted",
+    "StepFailed",
+    "StepManifest",
+    "StepRowsTrained",
+    "TaskIssued",
+    "Tick",
+    "TrainingResumed",
+    "VersionAdvanced",
+    "WeightsServed",
+]
 
 SCHEMA_VERSION = 2
 #: Schema versions this build reads. 1: a slot result carried its whole sample in the slot log (read

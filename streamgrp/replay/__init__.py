@@ -27,7 +27,8 @@ _ELSEWHERE = {
     "ArchiveSource": "streamgrp.store.sources",
 }
 
-__all__ = sorted([*_API, *_ELSEWHERE])
+# Built from the two tables, so a name is exported exactly when __getattr__ resolves it (no second copy to drift).
+__all__ = sorted([*_API, *_ELSEWHERE])  # noqa: PLE0605
 
 
 def __getattr__(name: str) -> Any:

@@ -289,11 +289,11 @@ class _Frame:
 
     def render(self, body: list[str], legend: list[_LegendItem]) -> str:
         cid = escape(self.chart_id)
-        out = [f'<svg class="chart" id="chart-{cid}" data-chart="{cid}" viewBox="0 0 {self.width} {self.height}" '
-               f'width="{self.width}" height="{self.height}" role="img" aria-labelledby="chart-{cid}-title">',
+        out = [(f'<svg class="chart" id="chart-{cid}" data-chart="{cid}" viewBox="0 0 {self.width} {self.height}" '
+               f'width="{self.width}" height="{self.height}" role="img" aria-labelledby="chart-{cid}-title">'),
                f'<title id="chart-{cid}-title">{escape(self.title)}</title>',
-               f'<text class="chart-title" x="{self.left}" y="20" {_FONT} font-size="15" font-weight="600">'
-               f'{escape(self.title)}</text>']
+               (f'<text class="chart-title" x="{self.left}" y="20" {_FONT} font-size="15" font-weight="600">'
+               f'{escape(self.title)}</text>')]
         out += self._legend(legend)
         out += self._axes()
         if not self.steps:

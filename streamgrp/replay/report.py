@@ -21,8 +21,8 @@ from streamgrp.core.events import (
     GroupDiscarded,
     RunStarted,
     StepFailed,
-    TrainingResumed,
     StepManifest,
+    TrainingResumed,
 )
 from streamgrp.errors import DecodeError
 from streamgrp.replay.charts import format_number, line_chart, stacked_bar_chart

@@ -93,12 +93,12 @@ def chart_specs(data: ReportData) -> list[ChartSpec]:
                     Series("trainable", series["trainable_yield"], "#E69F00"),
                     Series("usable (cumulative)", series["cumulative_usable_yield"], "#0072B2", width=3.6),
                     Series("trainable (cumulative)", series["cumulative_trainable_yield"], "#E69F00")],
-                   dict(y_min=0.0, y_max=1.0)),
+                   {"y_min": 0.0, "y_max": 1.0}),
         "reward": ("Mean reward per step", "line", "reward", [Series("mean reward", series["reward"], "#009E73")], {}),
         "loss": ("Policy loss per step", "line", "loss", [Series("loss", series["loss"], "#D55E00")], {}),
         "logprob-mismatch": ("Logprob mismatch per step", "line", "nats per token",
                              [Series("mean |rollout - trainer|", series["logprob_mismatch"], "#CC79A7")],
-                             dict(y_min=0.0)),
+                             {"y_min": 0.0}),
         "decisions": ("Group decisions per step, by kind", "bars", "groups",
                       [Series(kind, series[f"decisions:{kind}"], _KIND_COLORS[kind]) for kind in DECISION_KINDS], {}),
         "drop-reasons": ("Drop reasons per step", "bars", "groups",
@@ -108,7 +108,7 @@ def chart_specs(data: ReportData) -> list[ChartSpec]:
                   [Series("since previous step", series["step_seconds"], "#0072B2", width=3.6),
                    Series("longest gap without a trainable decision", series["longest_gap_s"], "#D55E00")], {}),
         "imbalance": ("Shard imbalance per step", "line", "largest / mean shard",
-                      [Series("imbalance", series["imbalance"], "#CC79A7")], dict(y_min=1.0)),
+                      [Series("imbalance", series["imbalance"], "#CC79A7")], {"y_min": 1.0}),
     }
     out = []
     for chart_id in CHART_IDS:

@@ -46,6 +46,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -56,8 +57,8 @@ from streamgrp.core.events import (
     RunFinished,
     RunTerminated,
     StepFailed,
-    TrainingResumed,
     StepManifest,
+    TrainingResumed,
 )
 
 __all__ = ["DECISION_KINDS", "TRAINER_METRICS", "ReportData", "StepRow", "Tally", "longest_gap", "run_status",
@@ -232,7 +233,7 @@ def _number(value: Any) -> float | None:
 def longest_gap(start: float, end: float, times: Sequence[float]) -> float:
     """The longest stretch of [start, end] containing none of ``times`` (clipped to the interval)."""
     points = [start, *sorted(min(max(t, start), end) for t in times), end]
-    return max((b - a for a, b in zip(points, points[1:])), default=0.0)
+    return max((b - a for a, b in pairwise(points)), default=0.0)
 
 
 def run_status(control: Sequence[Any], steps: int) -> str:

@@ -345,8 +345,8 @@ def _clock(at: float | None) -> str:
 
 
 def format_steps(steps: Sequence[StepStatus]) -> str:
-    lines = [f"{'step':>5} {'version':>7} {'groups':>6} {'complete+partial':>16} {'rows':>6} {'tokens/shard':>14} "
-             f"{'imbal':>6}  ranks"]
+    lines = [(f"{'step':>5} {'version':>7} {'groups':>6} {'complete+partial':>16} {'rows':>6} {'tokens/shard':>14} "
+             f"{'imbal':>6}  ranks")]
     for status in steps:
         ranks = " ".join(f"{r.rank}:{r.state}" for r in status.ranks)
         kinds = f"{status.decisions.get('complete', 0)}+{status.decisions.get('partial', 0)}"
@@ -366,10 +366,10 @@ def format_batch(batch: Batch) -> str:
     sums = ", ".join(f"{name} {getattr(batch, name).double().sum().item():.6g}"
                      for name in ("token_ids", "loss_mask", "logprobs", "rewards"))
     return "\n".join([
-        f"step {batch.step} rank {batch.rank}/{batch.world_size} of run {batch.run}: digest {batch.digest} matches "
-        "the manifest",
-        f"  {batch.rows} rows x {batch.token_ids.shape[1]} tokens, policy version {batch.version}, "
-        f"{len(batch.task_ids)} groups, step loss tokens {batch.step_loss_tokens}",
+        (f"step {batch.step} rank {batch.rank}/{batch.world_size} of run {batch.run}: digest {batch.digest} matches "
+        "the manifest"),
+        (f"  {batch.rows} rows x {batch.token_ids.shape[1]} tokens, policy version {batch.version}, "
+        f"{len(batch.task_ids)} groups, step loss tokens {batch.step_loss_tokens}"),
         f"  group sizes {batch.group_sizes.tolist()}",
         f"  tasks {', '.join(printable(task) for task in batch.task_ids)}",
         f"  sums  {sums}",

@@ -96,8 +96,8 @@ def format_summary(summary: dict[str, Any], seconds: float) -> str:
         f"  groups       complete {groups['complete']}, partial {groups['partial']}, dropped {groups['dropped']}",
         f"  drop reasons {', '.join(f'{k} {v}' for k, v in summary['dropped_reasons'].items()) or 'none'}",
         "  slots        " + ", ".join(f"{k} {v}" for k, v in slots.items()) + f" (published {summary['slots_published']})",
-        f"  yields       usable {summary['usable_slot_yield']:.3f}, trainable {summary['trainable_slot_yield']:.3f} "
-        "(slots that could train / slots asked for)",
+        (f"  yields       usable {summary['usable_slot_yield']:.3f}, trainable {summary['trainable_slot_yield']:.3f} "
+        "(slots that could train / slots asked for)"),
         f"  reward       first step {reward(summary['reward_first'])}, last step {reward(summary['reward_last'])}",
         f"  ranks        committed steps {summary['committed_steps']}"
         + (f", mean wait for a batch {summary['trainer_wait_s_mean']:.3f}s" if summary['trainer_wait_s_mean'] is not None else ""),

@@ -140,7 +140,7 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
                 for task, decision in _refold(source, config, report, name).items()}
     _compare_decisions(recorded, refolded, report)
     _check_payloads(source, recorded, report)
-    by_entry = {ref: decision for ref, decision in recorded}
+    by_entry = dict(recorded)
     _check_steps(source, config, by_entry, from_step, to_step, report)
     _check_training(source, config, from_step, to_step, report)
     return report

@@ -44,6 +44,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -52,8 +53,6 @@ from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec, counters
 from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.decision import CONTRACT_VIOLATION
-from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, TICK_FROM_FUTURE, refused
-from streamgrp.core.shown import show
 from streamgrp.core.events import (
     GroupDecided,
     SlotResult,
@@ -65,9 +64,9 @@ from streamgrp.core.group_fold import (
     DUPLICATE,
     DUPLICATE_TASK,
     LATE,
+    OPEN_GROUPS_FULL,
     REWARD_DUPLICATE,
     REWARD_LATE,
-    OPEN_GROUPS_FULL,
     UNKNOWN_TASK,
     Closed,
     FoldState,
@@ -75,6 +74,8 @@ from streamgrp.core.group_fold import (
     next_deadline,
     written_tick,
 )
+from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, TICK_FROM_FUTURE, refused
+from streamgrp.core.shown import show
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
 from streamgrp.store import scripts
@@ -88,6 +89,7 @@ from streamgrp.store.streams import (
     ensure_group,
     entry_id_str,
     entry_size,
+    first_entries,
     producer_name,
     read_entries,
 )
@@ -123,6 +125,7 @@ class Assembler:
         self.name = name or producer_name("assembler")
         self.metrics = metrics
         self.lease = Lease(client, self.keys.assembler_lease, self.name, config.lease_ttl_s)
+        #: The fold while this assembler holds the lease; None while it stands by.
         self.state: FoldState | None = None
         self.decisions_written = 0
         self._commit = scripts.register_fenced(client, "commit.lua")
@@ -143,7 +146,9 @@ class Assembler:
 
         Groups still open at a burst exit stay pending on the server; the next assembler rebuilds them.
         """
-        run_end, said, last_read = RunEndWatch(self.client, self.run_.keys), [], [1]
+        run_end = RunEndWatch(self.client, self.run_.keys)
+        said: list[str] = []
+        last_read = [1]
 
         def work() -> int:
             last_read[0] = self._work()
@@ -166,6 +171,13 @@ class Assembler:
                          deactivate=self._stand_by, burst=burst, running=going)
         return self.decisions_written
 
+    @property
+    def _fold(self) -> FoldState:
+        """The fold; only the lease holder's rounds (after `_rebuild`) reach for it."""
+        if self.state is None:
+            raise RuntimeError(f"assembler {self.name} has no fold while it stands by (it holds no lease)")
+        return self.state
+
     def _work(self) -> int:
         read = self._round(">", block_ms=int(self.config.tick_interval_s * 1000))
         self._maybe_tick()
@@ -186,21 +198,21 @@ class Assembler:
         while True:
             reply = self.client.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: last},
                                            count=self._read_count())
-            entries = reply[0][1] if reply else []
+            entries = first_entries(reply)
             if not entries:
                 break
             last = entry_id_str(entries[-1][0])
             replayed += len(entries)
             self._process(entries)
         log.info("assembler %s active: replayed %d pending entries, %d groups open", self.name, replayed,
-                 len(self.state.open))
+                 len(self._fold.open))
         heap.settle()  # imports and rebuilt groups: a full collection over them lands on the latency tail
 
     def _claim_orphans(self) -> None:
         """Move entries pending under any other consumer name to ours (assemblers that used --name)."""
         cursor = "0-0"
         while True:
-            cursor, claimed, *_ = self.client.xautoclaim(self.keys.slots, ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, 0,
+            cursor, _claimed, *_ = self.client.xautoclaim(self.keys.slots, ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, 0,
                                                          start_id=cursor, count=1000)
             cursor = entry_id_str(cursor)
             if cursor == "0-0":
@@ -220,7 +232,7 @@ class Assembler:
             pipe.time()
             reply, (seconds, micros) = pipe.execute()
             read_at = seconds + micros / 1e6
-        entries = reply[0][1] if reply else []
+        entries = first_entries(reply)
         if entries:
             self._process(entries, read_at)
         return len(entries)
@@ -249,7 +261,7 @@ class Assembler:
                 event = written_tick(event, entry_id)
                 if self._from_future(event, args, entry_id, fields):
                     continue
-            self.state, outputs = fold(self.state, event, entry_id)
+            self.state, outputs = fold(self._fold, event, entry_id)
             if isinstance(event, Tick):
                 acks.setdefault("ticks", []).append(entry_id)
             for output in outputs:
@@ -268,13 +280,13 @@ class Assembler:
                     if output.reason == OPEN_GROUPS_FULL:
                         log.warning("task %s refused: %s", show(output.task_id), output.detail)
                     _dead_letter(args, output.reason, output.entry_id, output.detail, fields)
-        self.state.decided.clear()  # the server's decided hash is the record; keep only open groups
+        self._fold.decided.clear()  # the server's decided hash is the record; keep only open groups
         for field, ids in acks.items():
             args += ["A", field, len(ids), *ids]
         if args:
             self._commit_ops(args, decisions)
         if self.metrics is not None:
-            self.metrics.open_groups.set(len(self.state.open))
+            self.metrics.open_groups.set(len(self._fold.open))
 
     def _decode_round(self, entries, args: list[Any], acks: dict[str, list[str]]) -> list[tuple[str, Any, Any]]:
         """The round's foldable events; what does not decode or belong is dead-lettered into ``args``."""
@@ -315,8 +327,8 @@ class Assembler:
         """``decoded`` without the task entries no issue wrote (dead-lettered into ``args``): one pipelined
         XRANGE of the task queue per task that would open a group."""
         checked = [(at, _queue_entry(fields)) for at, (_, fields, event) in enumerate(decoded)
-                   if isinstance(event, TaskIssued) and event.task_id not in self.state.open
-                   and event.task_id not in self.state.decided]
+                   if isinstance(event, TaskIssued) and event.task_id not in self._fold.open
+                   and event.task_id not in self._fold.decided]
         if not checked:
             return decoded
         pipe = self.client.pipeline(transaction=False)
@@ -345,7 +357,7 @@ class Assembler:
         """Check the payload of every sample this round may fold; a refused one's slot result is replaced in
         ``decoded`` by a failed one saying why, and its entry noted for the dead letter."""
         samples = [at for at, (_, _, event) in enumerate(decoded) if isinstance(event, SlotResult)
-                   and event.sample is not None and event.task_id not in self.state.decided]
+                   and event.sample is not None and event.task_id not in self._fold.decided]
         vocab_size = self.run_.config.vocab_size
         for start in range(0, len(samples), PAYLOAD_READ_CHUNK):
             chunk = samples[start:start + PAYLOAD_READ_CHUNK]
@@ -372,10 +384,10 @@ class Assembler:
     def _load_decided(self, decoded: list[tuple[str, Any, Any]]) -> None:
         """Tell the fold which tasks named in this round but not open are already decided (one HMGET)."""
         names = sorted({event.task_id for _, _, event in decoded
-                        if not isinstance(event, Tick) and event.task_id not in self.state.open})
+                        if not isinstance(event, Tick) and event.task_id not in self._fold.open})
         if names:
             found = self.client.hmget(self.keys.decided, names)
-            self.state.decided.update(name for name, entry in zip(names, found) if entry is not None)
+            self._fold.decided.update(name for name, entry in zip(names, found) if entry is not None)
 
     def _decision_op(self, args: list[Any], closed: Closed) -> GroupDecided:
         decision = closed.decision
@@ -398,7 +410,7 @@ class Assembler:
             log.error("run %s fails at the next step: %s", self.keys.run, decision.error)
         return decision
 
-    def _commit_ops(self, args: list[Any], decisions: list[GroupDecided] = ()) -> None:
+    def _commit_ops(self, args: list[Any], decisions: Sequence[GroupDecided] = ()) -> None:
         keys = [self.keys.slots, self.keys.decisions, self.keys.deadletter, self.keys.decided, self.keys.counts,
                 self.keys.assembler_lease]
         written, redundant, *applied = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
@@ -420,13 +432,15 @@ class Assembler:
         if now_mono - self._last_tick_check < self.config.tick_interval_s:
             return
         self._last_tick_check = now_mono
-        earliest = next_deadline(self.state)
+        earliest = next_deadline(self._fold)
         if earliest is None:
             return
         now = server_time(self.client)
         if now >= earliest:
             self._seq += 1
-            self.client.xadd(self.keys.slots, codec.encode(Tick(now=now, producer=self.name, seq=self._seq)))
+            # redis-py types the fields as an invariant Dict of its widest key and value types, so no narrower dict fits
+            tick = codec.encode(Tick(now=now, producer=self.name, seq=self._seq))
+            self.client.xadd(self.keys.slots, tick)  # type: ignore[arg-type]
 
 
 def _queue_entry(fields: Any) -> str | None:

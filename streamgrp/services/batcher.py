@@ -50,7 +50,7 @@ from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP, PartitionKeys
 from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.runs import Run, server_time
-from streamgrp.store.streams import ensure_group, entry_id_str, producer_name, read_in_turn
+from streamgrp.store.streams import ensure_group, entry_id_str, first_entries, producer_name, read_in_turn
 from streamgrp.store.version import VersionReader
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class Batcher:
             last = "0"
             while True:
                 reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: last}, count=512)
-                entries = reply[0][1] if reply else []
+                entries = first_entries(reply)
                 if not entries:
                     break
                 last = entry_id_str(entries[-1][0])
@@ -214,13 +214,13 @@ class Batcher:
             pipe.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512, block=block_ms)
             pipe.get(self.keys.version)  # run once the read returns: as fresh as a GET after it
             reply, version = pipe.execute()
-            entries = reply[0][1] if reply else []
+            entries = first_entries(reply)
             return ([(part, entries)] if entries else []), self._version.parse(version)
 
         def read(part: PartitionKeys, block: int | None) -> list:
             reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512,
                                            block=block)
-            return reply[0][1] if reply else []
+            return first_entries(reply)
 
         return read_in_turn(self.partitions, read, block_ms, first=False), None
 

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait, FIRST_COMPLETED
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,8 +89,8 @@ class Rewarder:
         self.retries = retries
         self.metrics = metrics
         self._clock = clock
-        self._is_async = inspect.iscoroutinefunction(reward) or inspect.iscoroutinefunction(
-            getattr(reward, "__call__", None))
+        self._is_async = inspect.iscoroutinefunction(reward) or (
+            callable(reward) and inspect.iscoroutinefunction(reward.__call__))
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="reward")
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="reward-loop", daemon=True)

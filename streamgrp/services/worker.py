@@ -53,6 +53,7 @@ from streamgrp.store.streams import (
     entry_size,
     producer_name,
     read_in_turn,
+    read_reply,
 )
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class WorkerClient:
     def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0,
                  max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES, metrics: Any = None,
                  partitions: Sequence[PartitionKeys] | None = None, take_from: Collection[int] | None = None,
-                 vocab_size: int | None | str = RECORDED) -> None:
+                 vocab_size: int | str | None = RECORDED) -> None:
         self.client = client
         self.keys = keys
         #: Token ids at or above it are refused (None: only negative ones); by default the run's record's.
@@ -159,7 +160,7 @@ class WorkerClient:
 
     def _read(self, part: PartitionKeys, count: int, block_ms: int | None) -> list[Task]:
         reply = self.client.xreadgroup(WORKERS_GROUP, self.name, {part.tasks: ">"}, count=count, block=block_ms)
-        return self._tasks(part, (entries for _, entries in reply for entries in entries))
+        return self._tasks(part, (entry for _, entries in read_reply(reply) for entry in entries))
 
     def _reclaim(self, part: PartitionKeys, count: int) -> list[Task]:
         clean_at = self._scanned_clean.get(part.index)
@@ -368,7 +369,7 @@ class WorkerProcess:
                 for future in item.futures:
                     future.result()
             self._publish_ready(in_flight)
-        if loop_thread is not None:
+        if loop_thread is not None and self._loop is not None:  # the loop _start_loop made for async rollouts
             self._loop.call_soon_threadsafe(self._loop.stop)
             loop_thread.join()
             self._loop.close()
@@ -448,6 +449,8 @@ class WorkerProcess:
             metrics.rollouts_in_flight.inc()
         try:
             if self._is_async:
+                if self._loop is None:
+                    raise RuntimeError("an async rollout runs inside Worker.run, which starts its event loop")
                 result = asyncio.run_coroutine_threadsafe(self.rollout(request), self._loop).result()
             else:
                 result = self.rollout(request)

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
@@ -76,6 +76,7 @@ from streamgrp.store.resp import RespPacker
 from streamgrp.store.streams import keep_every_field
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MIN_SERVER_VERSION = (7, 0)
 #: Default seconds one outage may last before a process gives up (``--outage-budget-s``).
@@ -557,7 +558,7 @@ def without_retries(client: redis.Redis) -> redis.Redis:
     return client.without_retries() if isinstance(client, Riding) else client
 
 
-def ride(client: redis.Redis, attempt: Callable[[], Any]) -> Any:
+def ride(client: redis.Redis, attempt: Callable[[], T]) -> T:
     """``attempt()``, sent again through outages when ``client`` rides them out (as its own commands
     do), else once: for reads a caller runs on a connection of its own (`streams.stream_entries`)."""
     if isinstance(client, Riding) and client.riding and client.outage is not None:

@@ -20,8 +20,14 @@ import redis
 from streamgrp.config import TlsFiles
 from streamgrp.errors import ConfigError, ServerError
 
-__all__ = ["auth_options", "command_line_url_warning", "safe_url", "tls_refusal", "url_without_password",
-           "url_warnings"]
+__all__ = [
+    "auth_options",
+    "command_line_url_warning",
+    "safe_url",
+    "tls_refusal",
+    "url_warnings",
+    "url_without_password",
+]
 
 #: Alerts a TLS server sends when it refuses the client's certificate: as permanent as a server
 #: certificate this client cannot verify.

@@ -24,7 +24,7 @@ import orjson
 import redis
 
 from streamgrp.store import scripts
-from streamgrp.store.keys import RunKeys
+from streamgrp.store.keys import PartitionKeys, RunKeys
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def op_fields(fields: Mapping[Any, Any]) -> list[Any]:
 class DeadLetters:
     """Dead-lettering entries of the task queue or the control stream for one run, each once."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, metrics: Any = None) -> None:
+    def __init__(self, client: redis.Redis, keys: RunKeys | PartitionKeys, *, metrics: Any = None) -> None:
         self.client = client
         self.keys = keys
         self.metrics = metrics

@@ -31,7 +31,7 @@ from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.keys import PartitionKeys, RunKeys, task_partition
 from streamgrp.store.runs import recorded_partitions
-from streamgrp.store.streams import ensure_group, entry_id_str, producer_name, read_entries, read_in_turn
+from streamgrp.store.streams import ensure_group, entry_id_str, producer_name, read_entries, read_in_turn, read_reply
 
 __all__ = ["REWARDERS_GROUP", "PendingResult", "RewardClient", "post_reward"]
 
@@ -115,7 +115,7 @@ class RewardClient:
 
         def read(part: PartitionKeys, block: int | None) -> list[PendingResult]:
             reply = self.client.xreadgroup(REWARDERS_GROUP, self.name, {part.slots: ">"}, count=count, block=block)
-            return self._pending(part, [entry for _, entries in reply for entry in entries])
+            return self._pending(part, [entry for _, entries in read_reply(reply) for entry in entries])
 
         for _, found in read_in_turn(self.partitions, read, block_ms, first=False):
             taken += found
@@ -181,7 +181,7 @@ class RewardClient:
         end, read = before, 0
         while read < LOOKBACK_ENTRIES:
             entries = self.client.xrevrange(part.slots, max=end, min="-", count=_LOOKBACK_CHUNK)
-            for entry_id, fields in entries:
+            for _entry_id, fields in entries:
                 header = fields.get(codec.HEADER) or b""
                 if b'"task_issued"' in header and needle in header:
                     try:

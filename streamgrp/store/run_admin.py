@@ -113,7 +113,7 @@ def _measure(client: redis.Redis, run: str, names: Sequence[str]) -> RunUsage:
         streams = {}  # a key under sg:{...} whose name is no run name: counted, not a stream of a run
     for key in names:  # a partition's streams, as `streamgrp.store.keys.stream_key` names them
         tag, _, stream = key[len(PREFIX) + 2:].partition("}:")
-        if "/" in tag and stream in PARTITION_STREAMS + ("deadletter",):
+        if "/" in tag and stream in (*PARTITION_STREAMS, "deadletter"):
             streams[f"{stream}@{tag.split('/')[1].split('.')[0]}"] = key
     pipe = client.pipeline(transaction=False)
     for key in streams.values():

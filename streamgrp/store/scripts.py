@@ -67,8 +67,8 @@ def library() -> tuple[str, str]:
     bodies = {name: source(name) for name in _function_names()}
     digest = hashlib.sha256("\n".join(f"{n}\n{b}" for n, b in bodies.items()).encode()).hexdigest()[:12]
     parts = [f"#!lua name=streamgrp_{digest}",
-             f"redis.register_function{{function_name='{version_function(digest)}', "
-             f"callback=function() return '{digest}' end, flags={{'no-writes'}}}}"]
+             (f"redis.register_function{{function_name='{version_function(digest)}', "
+             f"callback=function() return '{digest}' end, flags={{'no-writes'}}}}")]
     for name, body in bodies.items():
         parts.append(f"redis.register_function('{function_name(name, digest)}', function(KEYS, ARGV)\n{body}\nend)")
     return f"streamgrp_{digest}", "\n".join(parts) + "\n"

@@ -6,14 +6,35 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from functools import partial
+from typing import Any, Protocol, TypeVar, cast
 
 import redis
+from redis.client import CaseInsensitiveDict
 
 from streamgrp.core.entry_fields import entry_fields
 
 S = TypeVar("S")
 R = TypeVar("R")
+T = TypeVar("T")
+
+#: One stream entry as `STREAM_CALLBACKS` parse it: its id and its fields (None: the entry was deleted while
+#: pending; an `EntryFields` when a field name repeats).
+Entry = tuple[bytes, dict[bytes, bytes] | None]
+
+
+def read_reply(reply: object) -> list[tuple[bytes, list[Entry]]]:
+    """The (stream, entries) pairs of an XREAD or XREADGROUP reply ([] when the read timed out).
+
+    redis-py declares every shape the protocols allow (RESP3 maps among them); streamgrp's clients speak
+    RESP2 and `_xread` hands RESP2's pairs over in any case, so this is the shape callers get."""
+    return cast("list[tuple[bytes, list[Entry]]]", reply or [])
+
+
+def first_entries(reply: object) -> list[Entry]:
+    """The entries of the first stream of a read reply (reads that name one stream); [] when none came."""
+    pairs = read_reply(reply)
+    return pairs[0][1] if pairs else []
 
 
 def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
@@ -91,14 +112,16 @@ def read_entries(client: redis.Redis, stream: str, ids: list[str]) -> list[dict[
         # Every field kept whatever callbacks the caller's client has (a copy: the client's own stay). A
         # cluster pipeline parses with its nodes' clients, which `keep_every_field` gave these callbacks.
         if hasattr(pipe, "response_callbacks"):
-            pipe.response_callbacks = {**pipe.response_callbacks, "XRANGE": _entries}
+            callbacks = CaseInsensitiveDict(pipe.response_callbacks)
+            callbacks["XRANGE"] = _entries
+            pipe.response_callbacks = callbacks
         for first, last in runs:
             pipe.xrange(stream, first, last)
         out += _in_order(chunk, pipe.execute())
     return out
 
 
-def _in_order(ids: list[str], replies: list[list[tuple[bytes, object]]]) -> list[dict[bytes, bytes] | None]:
+def _in_order(ids: list[str], replies: list[list[Entry]]) -> list[dict[bytes, bytes] | None]:
     """The fields of each of ``ids`` from XRANGE replies (parsed by `_entries`), None where one is gone."""
     found = {entry_id: fields for entries in replies for entry_id, fields in entries}
     got = [found.get(entry.encode()) for entry in ids]
@@ -108,12 +131,22 @@ def _in_order(ids: list[str], replies: list[list[tuple[bytes, object]]]) -> list
     return [fields or None for fields in got]
 
 
+class Retry(Protocol):
+    """Runs a read attempt, and again after a failure if its policy says so (the trainer's outage policy)."""
+
+    def __call__(self, attempt: Callable[[], T], /) -> T: ...
+
+
+def _once(attempt: Callable[[], T], /) -> T:
+    return attempt()
+
+
 #: Entry ids per part of `stream_entries`: one part's reply is made while the caller reads the last.
 STREAM_PART = 64
 
 
 def stream_entries(client: redis.Redis, stream: str, ids: list[str], *,
-                   retry: Callable[[Callable[[], R]], R] = lambda attempt: attempt()) -> Iterator[dict[bytes, bytes] | None]:
+                   retry: Retry = _once) -> Iterator[dict[bytes, bytes] | None]:
     """`read_entries`, yielded in order part by part: the request for the next `STREAM_PART` ids is sent
     before a part is handed over, so the server makes that reply while the caller works on this one
     (loading a 1024-token shard, 29 -> 23 µs a row here). ``retry(attempt)`` runs each part's read
@@ -136,7 +169,7 @@ def stream_entries(client: redis.Redis, stream: str, ids: list[str], *,
             [("XRANGE", stream, first, last) for first, last in runs[index]]))
         on_the_wire = index
 
-    def read(index: int) -> list[list[tuple[bytes, object]]]:
+    def read(index: int) -> list[list[Entry]]:
         nonlocal on_the_wire
         try:
             if on_the_wire != index:  # the first part, or one asked for again after a failure
@@ -151,7 +184,7 @@ def stream_entries(client: redis.Redis, stream: str, ids: list[str], *,
 
     try:
         for index, part in enumerate(parts):
-            replies = retry(lambda index=index: read(index))
+            replies = retry(partial(read, index))
             if index + 1 < len(parts):
                 try:
                     send(index + 1)
@@ -177,15 +210,17 @@ def _adjacent_runs(ids: list[str]) -> list[tuple[str, str]]:
     """``ids`` as (first, last) ranges of certainly adjacent ids, each id in one range."""
     positions = sorted({p for p in map(_position, ids) if isinstance(p, tuple)})
     runs: list[tuple[str, str]] = [(text, text) for text in {p for p in map(_position, ids) if isinstance(p, str)}]
-    first = previous = None
+    # both None before the first position, both set after it
+    first: tuple[int, int] | None = None
+    previous: tuple[int, int] | None = None
     for ms, seq in positions:
-        if previous is not None and (ms, seq - 1) != previous:
+        if first is not None and previous is not None and (ms, seq - 1) != previous:
             runs.append((f"{first[0]}-{first[1]}", f"{previous[0]}-{previous[1]}"))
             first = None
         if first is None:
             first = (ms, seq)
         previous = (ms, seq)
-    if first is not None:
+    if first is not None and previous is not None:
         runs.append((f"{first[0]}-{first[1]}", f"{previous[0]}-{previous[1]}"))
     return runs
 
@@ -199,7 +234,7 @@ def _adjacent_runs(ids: list[str]) -> list[tuple[str, str]]:
 def _entries(response, **options):
     if response is None:
         return None
-    out = []
+    out: list[tuple[Any, ...]] = []
     for item in response:
         if item is None:
             out.append((None, None))
@@ -255,7 +290,8 @@ def _keep_on_nodes(client: redis.RedisCluster) -> None:
     def create_keeping(*args, **kwargs):
         return keep_every_field(create(*args, **kwargs))
 
-    manager.create_redis_node = create_keeping
+    # Deliberately replaced on this one manager's instance: nodes it discovers later get the callbacks too.
+    manager.create_redis_node = create_keeping  # type: ignore[method-assign]
     for node in [*client.get_nodes(), *manager.startup_nodes.values()]:
         if node.redis_connection is not None:
             keep_every_field(node.redis_connection)

@@ -197,7 +197,7 @@ def _payload_rows(header: object, fields: Mapping[bytes, bytes], task_id: str, s
     if rewards.__class__ is not list or len(rewards) != len(lengths):
         raise PayloadError("rewards are not one finite number per row")
     for r in rewards:
-        if r.__class__ is not float and r.__class__ is not int or not isfinite(r):
+        if (r.__class__ is not float and r.__class__ is not int) or not isfinite(r):
             raise PayloadError("rewards are not one finite number per row")
     if version.__class__ is not int or version < 0:
         raise PayloadError("version is not a non-negative integer")

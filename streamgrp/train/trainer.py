@@ -43,9 +43,9 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator, Mapping
-from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
 import orjson
 import redis
@@ -291,7 +291,8 @@ class TrainerClient:
         else:
             text = str(exc)
         event = StepFailed(step=batch.step, rank=batch.rank, error=text[:8000], producer=self.name, seq=self._next_seq())
-        self.client.xadd(self.keys.commits, codec.encode(event))
+        # redis-py types the fields as an invariant Dict of its widest key and value types, so no narrower dict fits
+        self.client.xadd(self.keys.commits, codec.encode(event))  # type: ignore[arg-type]
         log.error("step %d failed on rank %d: %s", batch.step, batch.rank, text)
 
 
