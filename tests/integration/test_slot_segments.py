@@ -116,3 +116,51 @@ def test_without_segment_tokens_nothing_is_recorded(client, make_run, issuer):
         assert [body["n_predict"] for body in fake.generations()] == [20] and client.xlen(run.keys.segments) == 0
     finally:
         stop()
+
+
+def test_a_worker_taking_a_task_over_continues_from_its_segments_and_verify_checks_them(client, make_run, issuer):
+    from streamgrp.config import AssemblerConfig
+    from streamgrp.replay.verifier import verify
+    from streamgrp.services.assembler import Assembler
+
+    run = make_run(n_samples=1)
+    fake, stop = start("llamacpp")
+    try:
+        issuer(run).issue([{"prompt_ids": [5, 6]}])
+        first = WorkerClient(client, run.keys, name="w1")
+        [task] = first.take(1)
+        # what w1 made durable before it died: two chunks, as the server generated them
+        store, prompt = SegmentStore(client, run.partitions, name="w1"), [5, 6]
+        one = next_tokens(prompt, 8)
+        two = next_tokens(prompt + one, 8)
+        for index, (start_at, ids) in enumerate(((0, one), (8, two))):
+            store.record(0, task.entry_id, SlotSegment(
+                task_id=task.event.task_id, slot=0, index=index, start=start_at,
+                token_ids=RawArray.from_values(ids, "int32"),
+                logprobs=RawArray.from_values([logprob_of(t) for t in ids], "float32"), version=0, cause="chunk"))
+        config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01)
+        second = WorkerClient(client, run.keys, name="w2", claim_idle_s=0.05)
+        import time
+
+        time.sleep(0.1)  # the task idles past w2's claim time
+        assert WorkerProcess(second, build_rollout("llamacpp", config), WorkerConfig(burst=True, concurrency=1),
+                             n_samples=1).run() == 1
+        assert len(fake.generated) == 4  # only the 4 tokens no segment held
+        [body] = fake.generations()
+        assert body["prompt"] == prompt + one + two and body["n_predict"] == 4
+        [payload] = [codec.decode(f) for _, f in client.xrange(run.keys.payloads)]
+        sample = payload.sample
+        assert sample.token_ids.to_list() == prompt + one + two + next_tokens(prompt + one + two, 4)
+        assert sample.meta["segments"] == {"count": 3, "tokens": 20} and sample.meta["resumed_tokens"] == 16
+        assert sample.meta["token_versions"] == [[0, 20]]
+        Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)).run(burst=True)
+        report = verify(client, run.keys)
+        assert report.ok, report.differences
+        assert report.segments_checked == 1
+        # a segment deleted behind verify's back: the sample names more than the stream holds
+        client.xdel(run.keys.segments, client.xrange(run.keys.segments)[1][0])
+        report = verify(client, run.keys)
+        assert [d.kind for d in report.differences] == ["segments_differ"]
+        assert "names 3 segments; the stream holds a chain of 1" in report.differences[0].recorded
+    finally:
+        stop()
