@@ -164,3 +164,64 @@ def test_a_worker_taking_a_task_over_continues_from_its_segments_and_verify_chec
         assert "names 3 segments; the stream holds a chain of 1" in report.differences[0].recorded
     finally:
         stop()
+
+
+@pytest.mark.one_server_kind
+def test_a_worker_records_segments_under_its_own_acl_user(kind_binary, tmp_path, run_name):
+    import secrets
+    from pathlib import Path
+
+    from streamgrp.cli.server import EmbeddedServer
+    from streamgrp.config import RunConfig
+    from streamgrp.store.acl import password_hash, template_for, user_name
+    from streamgrp.store.connection import connect
+    from streamgrp.store.runs import join_run
+    from streamgrp.store.scripts import load_library
+    from streamgrp.store.tasks import TaskIssuer
+
+    ops_acl = Path(__file__).resolve().parents[2] / "ops" / "acl"
+    admin_password, worker_password = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    rule = template_for((ops_acl / "worker.acl").read_text(), run_name).strip()
+    users = tmp_path / "users.acl"
+    users.write_text("\n".join([(ops_acl / "default.acl").read_text().strip(),
+                                f"user admin on {password_hash(admin_password)} ~* &* +@all",
+                                rule.replace(" resetpass ", f" resetpass {password_hash(worker_password)} ", 1)]) + "\n")
+    server = EmbeddedServer(tmp_path / "server", binary=kind_binary, acl_file=users)
+    server.start()
+    fake, stop = start("llamacpp")
+    try:
+        admin = connect(f"redis://admin@127.0.0.1:{server.port}/0", password=admin_password)
+        load_library(admin)
+        run = join_run(admin, run_name, RunConfig(n_samples=1))
+        TaskIssuer(admin, run.keys).issue([{"prompt_ids": [5, 6]}])
+        client = connect(f"redis://{user_name(run_name, 'worker')}@127.0.0.1:{server.port}/0",
+                         password=worker_password)
+        config = InferenceConfig(server_url=fake.url, max_tokens=12, segment_tokens=8, max_attempts=2, backoff_s=0.01)
+        assert WorkerProcess(WorkerClient(client, run.keys), build_rollout("llamacpp", config),
+                             WorkerConfig(burst=True, concurrency=1), n_samples=1).run() == 1
+        assert admin.xlen(run.keys.segments) == 2 and admin.xlen(run.keys.payloads) == 1
+        with pytest.raises(redis.exceptions.NoPermissionError):  # its selectors name no other stream for XADD
+            client.xadd(run.keys.decisions, {"h": b"x"})
+    finally:
+        stop()
+        server.stop()
+
+
+def test_retention_keeps_the_segments_of_tasks_the_workers_hold(client, make_run, issuer):
+    from streamgrp.services.retention import floors
+    from streamgrp.store.keys import id_key
+
+    run = make_run(n_samples=1)
+    WorkerClient(client, run.keys)
+    entry = _held_task(client, run, issuer, "w1")
+    segment_id = SegmentStore(client, run.partitions, name="w1").record(0, entry, _segment(0, 0, [7, 8]))
+    archived = {name: "9999999999999-0" for name in run.keys.all_streams()}  # everything archived
+    floor, why = floors(client, run.keys, archived)["segments"]
+    assert floor <= id_key(segment_id) and why == "segments of tasks the workers hold"
+    client.xack(run.keys.tasks, WORKERS_GROUP, entry)  # its results published: its segments are the archive's,
+    import time
+
+    time.sleep(0.01)
+    client.xack(run.keys.tasks, WORKERS_GROUP, _held_task(client, run, issuer, "w1"))  # once a later task was taken
+    floor, why = floors(client, run.keys, archived)["segments"]
+    assert floor > id_key(segment_id), why
