@@ -225,3 +225,41 @@ def test_retention_keeps_the_segments_of_tasks_the_workers_hold(client, make_run
     client.xack(run.keys.tasks, WORKERS_GROUP, _held_task(client, run, issuer, "w1"))  # once a later task was taken
     floor, why = floors(client, run.keys, archived)["segments"]
     assert floor > id_key(segment_id), why
+
+
+def test_aborted_parts_are_segments_and_a_partitioned_run_keeps_each_tasks_segments_in_its_partition(
+        client, make_run, issuer):
+    from streamgrp.config import AssemblerConfig
+    from streamgrp.replay.verifier import verify
+    from streamgrp.services.assembler import Assembler
+
+    run = make_run(n_samples=1, partitions=2)
+    fake, stop = start("sglang")
+    try:
+        # the first request aborts after 5 tokens (a weight update): its part is a segment, the rest resubmitted
+        fake.then(Action("abort", tokens=5, version=1))
+        fake.default = Action(version=2)
+        issuer(run).issue([{"prompt_ids": [5, 6]}, {"prompt_ids": [7]}, {"prompt_ids": [8]}])
+        config = InferenceConfig(server_url=fake.url, max_tokens=12, segment_tokens=8, max_attempts=2, backoff_s=0.01)
+        worker = WorkerClient(client, run.keys, partitions=run.partitions)
+        assert WorkerProcess(worker, build_rollout("sglang", config), WorkerConfig(burst=True, concurrency=1),
+                             n_samples=1).run() == 3
+        causes = []
+        for part in run.partitions:
+            tasks = {codec.decode(f).task_id for _, f in client.xrange(part.tasks)}
+            segments = [codec.decode(f) for _, f in client.xrange(part.segments)]
+            assert {s.task_id for s in segments} == tasks  # each task's segments in its own partition
+            causes += [[(s.tokens, s.cause, s.version) for s in chain_of([x for x in segments if x.task_id == t])]
+                       for t in tasks]
+        assert [(5, "abort", 1), (7, "length", 2)] in causes  # aborted at 5, then 7 more (under 8: the end)
+        assert causes.count([(8, "chunk", 2), (4, "length", 2)]) == 2
+        samples = [codec.decode(f).sample for part in run.partitions for _, f in client.xrange(part.payloads)]
+        [spanning] = [s for s in samples if s.meta["token_versions"] == [[1, 5], [2, 7]]]  # per-token versions, as runs
+        assert spanning.version == 1  # the oldest
+        for partition in range(2):
+            Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05), partition=partition).run(
+                burst=True)
+        report = verify(client, run.keys)
+        assert report.ok and report.segments_checked == 3, report.differences
+    finally:
+        stop()
