@@ -130,7 +130,7 @@ class SegmentStore:
         self.name = name
         self._write = scripts.register(client, "segment.lua")
         self._lock = threading.Lock()
-        self._chains: OrderedDict[str, dict[int, list[SlotSegment]]] = OrderedDict()
+        self._chains: OrderedDict[str, tuple[dict[int, list[SlotSegment]], set[int]]] = OrderedDict()
         self._seq = 0
 
     def record(self, partition: int, task_entry: str, segment: SlotSegment) -> str:
@@ -151,16 +151,20 @@ class SegmentStore:
             raise
         return entry_id_str(written)
 
-    def chain(self, partition: int, task_entry: str, task_id: str, slot: int) -> list[SlotSegment]:
-        """The chain of ``slot`` of the task at ``task_entry``, read once per task (the first slot to ask
-        reads every slot's)."""
+    def chain(self, partition: int, task_entry: str, task_id: str, slot: int, slots: int = 1) -> list[SlotSegment]:
+        """The chain of ``slot`` of the task at ``task_entry``, read once for its ``slots`` slots (the first to
+        ask reads every slot's; the last to ask drops the reading, so a task this worker takes over again
+        later is read afresh)."""
         with self._lock:
-            chains = self._chains.get(task_entry)
-            if chains is None:
+            cached = self._chains.get(task_entry)
+            if cached is None:
                 found = task_segments(self.client, self.partitions[partition].segments, task_id, task_entry)
-                chains = {index: chain_of(segments) for index, segments in found.items()}
-                self._chains[task_entry] = chains
+                cached = ({index: chain_of(segments) for index, segments in found.items()}, set())
+                self._chains[task_entry] = cached
                 while len(self._chains) > _CACHED_TASKS:
                     self._chains.popitem(last=False)
+            chains, asked = cached
+            asked.add(slot)
+            if len(asked) >= slots:
+                self._chains.pop(task_entry, None)
             return list(chains.get(slot, ()))
-

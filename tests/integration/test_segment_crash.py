@@ -69,7 +69,7 @@ def test_a_worker_killed_mid_generation_is_continued_from_its_segments(client, r
         assert sorted(p.slot for p in payloads) == list(range(N_SAMPLES))
         for payload in payloads:
             assert isinstance(payload, SamplePayload)
-            ids, logprobs, _ = chain_values(chains[payload.slot])
+            ids, _, _ = chain_values(chains[payload.slot])
             assert len(ids) == MAX_TOKENS and payload.sample.token_ids.to_list() == PROMPT + ids  # exactly the chain
             assert payload.sample.meta["resumed_tokens"] == durable[payload.slot]
             assert ids[:SEGMENT] == next_tokens(PROMPT, SEGMENT)

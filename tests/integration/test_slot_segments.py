@@ -263,3 +263,16 @@ def test_aborted_parts_are_segments_and_a_partitioned_run_keeps_each_tasks_segme
         assert report.ok and report.segments_checked == 3, report.differences
     finally:
         stop()
+
+
+def test_a_tasks_chains_are_read_once_for_its_slots_and_afresh_when_it_is_taken_over_again(client, make_run, issuer):
+    run = make_run(n_samples=2)
+    WorkerClient(client, run.keys)
+    entry = _held_task(client, run, issuer, "w1")
+    task_id = _task_id(client, run)
+    store = SegmentStore(client, run.partitions, name="w1")
+    store.record(0, entry, _segment(0, 0, [7, 8], task=task_id))
+    assert len(store.chain(0, entry, task_id, 0, 2)) == 1
+    store.record(0, entry, _segment(1, 2, [9], task=task_id))
+    assert len(store.chain(0, entry, task_id, 1, 2)) == 0  # slot 1 has none; read with slot 0's
+    assert len(store.chain(0, entry, task_id, 0, 2)) == 2  # both slots asked: the task is read afresh

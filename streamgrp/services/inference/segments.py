@@ -27,8 +27,8 @@ class SlotSegments:
     def __init__(self, store: SegmentStore, request: Any) -> None:
         self.store = store
         self.request = request
-        self.chain = (store.chain(request.partition, request.task_entry, request.task_id, request.slot)
-                      if request.reclaimed else [])
+        self.chain = (store.chain(request.partition, request.task_entry, request.task_id, request.slot,
+                                  request.n_samples) if request.reclaimed else [])
         self.resumed_tokens = sum(segment.tokens for segment in self.chain)
         self.tokens = self.resumed_tokens
         self.count = len(self.chain)
