@@ -58,6 +58,7 @@ class Action:
     finish: str | None = None  # complete: "stop" instead of the length finish
     over: int = 0  # complete: this many tokens beyond the request's maximum
     logprob: float | None = None  # complete: the first token's log-probability instead of logprob_of
+    delay: float = 0.0  # complete: seconds spent generating before the tokens exist (a slow server)
     text: str | None = None  # llamacpp complete: generate these UTF-8 bytes, one token each (see the docstring)
     model: str | None = None  # llamacpp: the alias a reply names (scoring replies too)
 
@@ -199,6 +200,8 @@ class FakeServer:
             return action, orjson.dumps({"tokens": [ord(c) for c in text]})
         if "logit_bias" in request:
             return action, orjson.dumps(_llamacpp_score(request, self.generated, action))
+        if action.delay:
+            time.sleep(action.delay)
         prompt = request[PROMPT_FIELD[self.dialect]]
         budget = max_tokens_of(request)
         count = budget if action.tokens is None else min(action.tokens, budget)

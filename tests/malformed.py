@@ -95,7 +95,7 @@ def valid_events() -> list:
 
 def _session_events() -> list:
     """An agent session's events (streamgrp.services.gateway): opened, one turn (tensors), ended."""
-    from streamgrp.core.events import RawArray, SessionEnded, SessionOpened, TurnRecorded
+    from streamgrp.core.events import RawArray, SessionEnded, SessionOpened, SlotSegment, TurnRecorded
 
     return [SessionOpened(session="p0-0123456789abcdef", task_id="t1", slot=1, deadline=1_700_000_600.5, version=2),
             TurnRecorded(session="p0-0123456789abcdef", task_id="t1", slot=1, turn=1,
@@ -104,7 +104,9 @@ def _session_events() -> list:
                          logprobs=RawArray.from_values([-0.5, -0.25], "float32"), version=2, finish="stop",
                          meta={"text": "1", "endpoint": "chat"}),
             SessionEnded(session="p0-0123456789abcdef", task_id="t1", slot=1, outcome="sample", turns=1, rows=1,
-                         reward=1.0)]
+                         reward=1.0),
+            SlotSegment(task_id="t1", slot=0, index=1, start=64, token_ids=RawArray.from_values([33, 2], "int32"),
+                        logprobs=RawArray.from_values([-0.5, -0.25], "float32"), version=3, cause="chunk")]
 
 VALID = [codec.encode(event) for event in valid_events()]
 

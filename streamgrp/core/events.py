@@ -12,6 +12,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
 
+from streamgrp.core.event_base import READABLE_SCHEMAS, SCHEMA_VERSION, _Event
+from streamgrp.core.generation_events import (
+    SessionEnded,
+    SessionOpened,
+    SlotSegment,
+    TurnRecorded,
+)
 from streamgrp.core.members import (
     DecidedMember,
     GroupStats,
@@ -36,51 +43,12 @@ from streamgrp.core.values import (
 #: The most rows a reward may name (a sample's rows; more is not a reward streamgrp wrote).
 MAX_REWARD_ROWS = 4096
 
-__all__ = [
-    "EVENT_TYPES",
-    "READABLE_SCHEMAS",
-    "SCHEMA_VERSION",
-    "CheckpointSaved",
-    "DecidedMember",
-    "GroupDecided",
-    "GroupDiscarded",
-    "GroupStats",
-    "Member",
-    "RawArray",
-    "RunFinished",
-    "RunStarted",
-    "RunTerminated",
-    "Sample",
-    "SamplePayload",
-    "SampleSummary",
-    "Shard",
-    "ShardGroup",
-    "SlotResult",
-    "SlotRewarded",
-    "StepCommitted",
-    "StepFailed",
-    "StepManifest",
-    "StepRowsTrained",
-    "TaskIssued",
-    "Tick",
-    "TrainingResumed",
-    "VersionAdvanced",
-    "WeightsServed",
-]
-
-SCHEMA_VERSION = 2
-#: Schema versions this build reads. 1: a slot result carried its whole sample in the slot log (read
-#: through `streamgrp.core.legacy`); 2: the slot log carries a `SampleSummary` and the sample's
-#: tensors are a `SamplePayload` in the payloads stream, at the same entry id.
-READABLE_SCHEMAS = (1, 2)
-
-
-class _Event(Frozen):
-    """Fields every event carries: schema version, and the producer's identity and sequence number."""
-
-    schema_version: Int = SCHEMA_VERSION
-    producer: str = ""
-    seq: NonNegInt = 0
+__all__ = ["EVENT_TYPES", "READABLE_SCHEMAS", "SCHEMA_VERSION", "CheckpointSaved", "DecidedMember", "GroupDecided",
+           "GroupDiscarded", "GroupStats", "Member", "RawArray", "RunFinished", "RunStarted", "RunTerminated",
+           "Sample", "SamplePayload", "SampleSummary", "SessionEnded", "SessionOpened", "Shard", "ShardGroup",
+           "SlotResult", "SlotRewarded", "SlotSegment", "StepCommitted", "StepFailed", "StepManifest",
+           "StepRowsTrained", "TaskIssued", "Tick", "TrainingResumed", "TurnRecorded", "VersionAdvanced",
+           "WeightsServed"]
 
 
 class RunStarted(_Event):
@@ -449,81 +417,7 @@ class WeightsServed(_Event):
     at: Float = 0.0
 
 
-# -- agent sessions (streamgrp.services.gateway): the events of the sessions stream ----------------------
-
-#: Session ids are made by `streamgrp.store.sessions` (``p<partition>-<16 hex digits>``).
-SessionId = Annotated[str, Field(min_length=1, max_length=64)]
-
-
-class SessionOpened(_Event):
-    """An agent session was opened: one slot of a task, whose turns the gateway records.
-
-    ``deadline`` is the task's group deadline in the server's clock (None when the run has none): a
-    session still open then is ended as ``timeout`` and publishes nothing, so the assembler times its
-    slot out as it does any slot without a result."""
-
-    kind: Literal["session_opened"] = "session_opened"
-    session: SessionId
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
-    deadline: Float | None = None
-    version: NonNegInt = 0
-
-
-class TurnRecorded(_Event):
-    """One turn of a session, token-exact: the prompt ids the inference server was given, the ids it
-    generated and its log-probability of each, and the policy version that generated them. Recorded
-    before the turn is answered; ``meta`` holds what the answer was built from (the completion's text,
-    the model, the endpoint) and how the next turn's prompt may extend this one (`streamgrp.services.gateway`)."""
-
-    kind: Literal["session_turn"] = "session_turn"
-    session: SessionId
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
-    turn: Annotated[Int, Field(ge=1)]
-    prompt_ids: RawArray
-    completion_ids: RawArray
-    logprobs: RawArray
-    version: NonNegInt
-    finish: Literal["stop", "length"]
-    meta: FreeForm = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _check_tokens(self) -> TurnRecorded:
-        for name, allowed in (("prompt_ids", ("int32", "int64")), ("completion_ids", ("int32", "int64")),
-                              ("logprobs", ("float32",))):
-            tensor: RawArray = getattr(self, name)
-            if tensor.dtype not in allowed or len(tensor.shape) != 1 or not tensor.shape[0]:
-                raise ValueError(f"{name} must be a non-empty 1-D {' or '.join(allowed)} array, got {tensor.dtype} "
-                                 f"{list(tensor.shape)}")
-        if self.logprobs.shape != self.completion_ids.shape:
-            raise ValueError(f"{self.completion_ids.shape[0]} completion ids but {self.logprobs.shape[0]} "
-                             "log-probabilities; a turn has one per generated token")
-        problem = (token_id_problem(self.prompt_ids.dtype, self.prompt_ids.data)
-                   or token_id_problem(self.completion_ids.dtype, self.completion_ids.data)
-                   or logprob_problem(self.logprobs.dtype, self.logprobs.data))
-        if problem is not None:
-            raise ValueError(problem)
-        return self
-
-
-class SessionEnded(_Event):
-    """A session ended: with the slot result it published (``sample``, ``rejected``, ``failed``), or
-    with none (``timeout``: its group's deadline passed first). ``turns`` is how many turns the result
-    was built from, ``rows`` the sample's rows (turns that extend each other share one)."""
-
-    kind: Literal["session_ended"] = "session_ended"
-    session: SessionId
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
-    outcome: Literal["sample", "rejected", "failed", "timeout"]
-    turns: NonNegInt
-    rows: NonNegInt = 0
-    reward: Float | None = None
-    error: str | None = None
-
-
 _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload, Tick, GroupDecided, RunTerminated,
                  StepManifest, GroupDiscarded, StepCommitted, StepFailed, StepRowsTrained, VersionAdvanced, RunFinished, WeightsServed,
-                 TrainingResumed, CheckpointSaved, SessionOpened, TurnRecorded, SessionEnded)
+                 TrainingResumed, CheckpointSaved, SessionOpened, TurnRecorded, SessionEnded, SlotSegment)
 EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}

@@ -37,6 +37,7 @@ Kinds of `Difference` (``recorded`` is the log's value, ``recomputed`` verify's)
     step_ranks_apart        a step every rank committed was last committed by its ranks in different attempts
                             of the trainer group (they did not train it together; ``recorded``: rank -> attempt)
     step_commit_missing     a rank's position is past a step it never committed (``recorded``: the position)
+    segments_differ         a sample built on segments is not their concatenation (`streamgrp.replay.segment_check`)
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from streamgrp.core.manifest import (
 from streamgrp.core.refusal import INVALID_SAMPLE, NOT_FOLDED, refused
 from streamgrp.core.shown import printable
 from streamgrp.errors import DecodeError
+from streamgrp.replay.segment_check import check_segments
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id
 from streamgrp.store.sources import (
     RedisSource,
@@ -113,6 +115,7 @@ class VerifyReport:
     decisions_checked: int = 0
     payloads_checked: int = 0
     steps_checked: int = 0
+    segments_checked: int = 0  # decided samples built on segments, compared against them
     differences: list[Difference] = field(default_factory=list)
 
     @property
@@ -140,6 +143,7 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
                 for task, decision in _refold(source, config, report, name).items()}
     _compare_decisions(recorded, refolded, report)
     _check_payloads(source, recorded, report)
+    report.segments_checked = check_segments(source, recorded, report, Difference)
     by_entry = dict(recorded)
     _check_steps(source, config, by_entry, from_step, to_step, report)
     _check_training(source, config, from_step, to_step, report)
@@ -489,6 +493,7 @@ def format_report(report: VerifyReport) -> str:
         if report.unread_entries else ""
     verdict = "all match" if report.ok else f"{len(report.differences)} differences"
     lines.append(f"verify run {report.run}: folded {report.entries_folded} slot-log entries{unread}; checked "
-                 f"{report.decisions_checked} decisions, {report.payloads_checked} payloads and "
+                 f"{report.decisions_checked} decisions, {report.payloads_checked} payloads"
+                 f"{f' ({report.segments_checked} built on segments)' if report.segments_checked else ''} and "
                  f"{report.steps_checked} steps: {verdict}")
     return "\n".join(lines)

@@ -19,6 +19,9 @@ below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothi
                 entries (from the millisecond of the slot log's assembler bound: the assembler checks an
                 issued task against its queue entry, written in the same call just before)
     sessions    the turns of open agent sessions (a restarted gateway reads them back)
+    segments    the segments of tasks the workers group holds (pending or undelivered): a worker that
+                takes one over continues its slots from them; each was written while its task was
+                pending, so after the task's entry id (from the millisecond of the tasks' workers bound)
     followed    (any of the above) what each registered follower (`streamgrp.store.follow`) has not
                 handled yet, unless it is over ``max_follow_lag_s`` behind: then its unread entries may
                 go, and what goes is recorded as a skip the follower sees before its next entry
@@ -255,6 +258,7 @@ def _floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, s
         _consumer_bounds(floors_, "slots" + suffix, state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
         _consumer_bounds(floors_, "tasks" + suffix, state.task_groups, state.task_pending, WORKERS_GROUP)
         _queued_task_bounds(floors_, suffix)
+        _held_segment_bounds(floors_, suffix)
         batcher = _consumer_bounds(floors_, "decisions" + suffix, state.decision_groups, state.decision_pending,
                                    BATCHER_GROUP)
         _unbatched_bounds(floors_, client, part, state, batcher=batcher, suffix=suffix)
@@ -297,6 +301,14 @@ def _queued_task_bounds(floors_: _Floors, suffix: str) -> None:
     kept = [key for key, why in floors_.bounds["slots" + suffix] if ASSEMBLER_GROUP in why]
     if kept:
         floors_.keep("tasks" + suffix, (min(kept)[0], 0), "tasks the assembler checks")
+
+
+def _held_segment_bounds(floors_: _Floors, suffix: str) -> None:
+    """A task's segments are written while it is pending in the workers group (``segment.lua`` checks), so
+    after its queue entry: keep the segments stream from the millisecond of the task queue's workers bound."""
+    kept = [key for key, why in floors_.bounds["tasks" + suffix] if WORKERS_GROUP in why]
+    if kept:
+        floors_.keep("segments" + suffix, (min(kept)[0], 0), "segments of tasks the workers hold")
 
 
 def _archive_bounds(floors_: _Floors, streams: Iterable[str], archive_progress: Mapping[str, str]) -> None:

@@ -26,7 +26,7 @@ import time
 import traceback
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -91,6 +91,11 @@ class SlotRequest:
     n_samples: int
     prompt: dict[str, Any]
     version: int
+    #: The task's entry in its partition's queue, and whether it was taken over from a worker that stopped
+    #: (its slots may have segments to continue from: `streamgrp.store.segments`).
+    task_entry: str = ""
+    partition: int = 0
+    reclaimed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +104,11 @@ class Task:
     event: TaskIssued
     #: The run partition whose task queue the task came from (0 in an unpartitioned run).
     partition: int = 0
+    reclaimed: bool = False
 
     def requests(self, n_samples: int, version: int) -> list[SlotRequest]:
-        return [SlotRequest(self.event.task_id, slot, n_samples, self.event.prompt, version) for slot in range(n_samples)]
+        return [SlotRequest(self.event.task_id, slot, n_samples, self.event.prompt, version, self.entry_id,
+                            self.partition, self.reclaimed) for slot in range(n_samples)]
 
 
 class WorkerClient:
@@ -174,7 +181,7 @@ class WorkerClient:
             self._scanned_clean[part.index] = time.monotonic()
         else:
             self._scanned_clean.pop(part.index, None)
-        tasks = self._tasks(part, entries)
+        tasks = [replace(task, reclaimed=True) for task in self._tasks(part, entries)]
         for task in tasks:
             log.info("reclaimed task %s (entry %s) from a worker that stopped", task.event.task_id, task.entry_id)
         return tasks
@@ -332,6 +339,8 @@ class WorkerProcess:
         self._is_async = inspect.iscoroutinefunction(rollout)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.run_end = RunEndWatch(worker.client, worker.keys)
+        if hasattr(rollout, "bind_segments"):  # an inference adapter records its slots' segments through us
+            rollout.bind_segments(worker.client, worker.partitions, worker.name)
 
     def run(self, stop: threading.Event | None = None) -> int:
         stop = stop or threading.Event()

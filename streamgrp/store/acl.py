@@ -126,18 +126,21 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
 _RUN_WIDE_TOO = ("deadletter", "deadlettered", "counts", "deadletter_counts")
 #: `PartitionKeys` attributes: the keys every partition has its own of.
 _PARTITION_KINDS = ("tasks", "slots", "payloads", "decisions", "deadletter", "deadlettered", "decided", "counts",
-                    "deadletter_counts", "assembler_lease", "sessions", "session_pattern", "session_deadlines")
+                    "deadletter_counts", "assembler_lease", "sessions", "session_pattern", "session_deadlines",
+                    "segments")
 
 
 def _worker(k: RunKeys) -> RoleAccess:
     return RoleAccess(
-        "worker", "takes tasks, publishes slot results and their payloads, dead-letters bad tasks; reads the "
-        "run's record, the policy version and the published weights",
+        "worker", "takes tasks, records their slots' segments, publishes slot results and their payloads, "
+        "dead-letters bad tasks; reads the run's record, the policy version and the published weights",
         read=(k.control, k.version, k.weights("*"), RUNS),
-        write=(k.tasks, k.slots, k.payloads, k.deadletter, k.deadlettered, k.deadletter_counts),
+        write=(k.tasks, k.slots, k.payloads, k.segments, k.deadletter, k.deadlettered, k.deadletter_counts),
         commands=(*_RUN_LOOKUP, "get"),
-        confined=((_TAKE, (k.tasks,)),  # the task queue only: the slot log's entries are the assembler's
-                  (("xadd",), (k.slots, k.payloads, k.deadletter)),
+        # the task queue only: the slot log's entries are the assembler's; XPENDING: segment.lua checks the
+        # caller still holds the task
+        confined=(((*_TAKE, "xpending"), (k.tasks,)),
+                  (("xadd",), (k.slots, k.payloads, k.segments, k.deadletter)),
                   (("xdel",), (k.slots,)),  # publish.lua takes back a slot header whose payload it could not write
                   (("hsetnx", "hincrby"), (k.deadlettered, k.deadletter_counts))))
 

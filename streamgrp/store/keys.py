@@ -158,6 +158,13 @@ class _FoldLayout:
         return self._key("session:*")
 
     @property
+    def segments(self) -> str:
+        """`SlotSegment` entries: slots' generations in progress, durable before their results, so a worker
+        that takes a task over continues each slot from them; written only through ``segment.lua`` by the
+        worker holding the task, never folded as results (`streamgrp.store.segments`)."""
+        return self._key("segments")
+
+    @property
     def session_deadlines(self) -> str:
         """Sorted set: each open session's id scored by its group's deadline (server clock), so a gateway
         finds the sessions to end as timed out without scanning."""
@@ -287,7 +294,7 @@ class RunKeys(_FoldLayout):
         return {"control": self.control, "tasks": self.tasks, "slots": self.slots, "payloads": self.payloads,
                 "decisions": self.decisions,
                 "steps": self.steps, "discarded": self.discarded, "commits": self.commits,
-                "deadletter": self.deadletter, "sessions": self.sessions}
+                "deadletter": self.deadletter, "sessions": self.sessions, "segments": self.segments}
 
 
 #: The most partitions a run may have: each has its own assembler process and key set.
@@ -309,7 +316,7 @@ class PartitionKeys(_FoldLayout):
 
     def all_streams(self) -> dict[str, str]:
         return {"tasks": self.tasks, "slots": self.slots, "payloads": self.payloads, "decisions": self.decisions,
-                "deadletter": self.deadletter, "sessions": self.sessions}
+                "deadletter": self.deadletter, "sessions": self.sessions, "segments": self.segments}
 
 
 #: Redis Cluster's hash slots; a key's slot is the CRC16 (XMODEM) of its hash tag modulo this.
@@ -355,7 +362,7 @@ def task_partition(task_id: str, partitions: int) -> int:
 
 
 #: Streams every partition has its own of; in a partitioned run the run's own are unused.
-PARTITION_STREAMS = ("tasks", "slots", "payloads", "decisions", "sessions")
+PARTITION_STREAMS = ("tasks", "slots", "payloads", "decisions", "sessions", "segments")
 
 
 def run_streams(keys: RunKeys, partitions: Sequence[PartitionKeys], only: Sequence[int] | None = None) -> dict[str, str]:

@@ -272,6 +272,11 @@ def _dry_runs(admin: redis.Redis, keys: RunKeys) -> None:
     assert not allowed("worker", "XADD", keys.control, "*", "h", "x")
     assert not allowed("worker", "FCALL", batch_commit, "1", keys.decisions)  # a function's keys need permission
     assert allowed("worker", "FCALL", publish, "2", keys.slots, keys.payloads)
+    segment = function_name("segment.lua")
+    assert allowed("worker", "FCALL", segment, "2", keys.tasks, keys.segments)
+    assert allowed("worker", "XPENDING", keys.tasks, "workers", "-", "+", "1")  # what segment.lua checks with
+    assert not allowed("gateway", "FCALL", segment, "2", keys.tasks, keys.segments)
+    assert not allowed("inspector", "XADD", keys.segments, "*", "h", "x")
     assert allowed("batcher", "FCALL", batch_commit, "7", keys.decisions, keys.steps, keys.discarded, keys.counts,
                    keys.batcher_lease, keys.batcher_state, keys.control)
     # the counters the feeder's window and the run's accounting read: only the assembler and batcher write them

@@ -28,6 +28,11 @@ Owns what users get bitten by when they write this themselves:
   new version in between), nothing of the segment is kept: it is generated again, on the weights
   served now, at most `MAX_REGENERATIONS` times per slot (a sync is waited through, not a failure;
   a log-probability of one version is never recorded beside tokens of another);
+- with ``segment_tokens`` (and a worker that binds a segment store: `bind_segments`), a generation is
+  asked for in chunks of at most that many tokens, each continued from prompt + tokens so far, and every
+  chunk and every aborted part is a durable `SlotSegment` before the next is asked for; a slot of a task
+  taken over from a worker that stopped continues from its segments instead of from scratch, and its
+  sample is exactly their concatenation (`streamgrp.services.inference.segments`);
 - the reply is bounded by what was asked: never more tokens than ``max_tokens``, and a body is read
   only up to what that many tokens (and the prompt echoed back) could take, so a runaway server fails
   the slot at once instead of costing the worker its memory.
@@ -44,7 +49,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -57,6 +62,10 @@ from streamgrp.services.inference.http import (
     request_json,
 )
 from streamgrp.services.inference.pool import ServerPool
+
+if TYPE_CHECKING:
+    from streamgrp.services.inference.segments import SlotSegments
+    from streamgrp.store.segments import SegmentStore
 
 RewardFn = Callable[[dict[str, Any], list[int], str], "float | None"]
 #: Tokenized text prompts kept per worker process: a task's slots share one tokenization.
@@ -138,7 +147,7 @@ class InferenceRollout:
     def __init__(self, dialect: Dialect, pool: ServerPool, sampling: Sampling, reward: RewardFn, *,
                  retry: Retry = Retry(), request_timeout_s: float = 120.0, on_abort: str = "resubmit",
                  max_resubmits: int = 4, keep_text: bool = True, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None, restart_wait_s: float = 60.0) -> None:
+                 rng: random.Random | None = None, restart_wait_s: float = 60.0, segment_tokens: int = 0) -> None:
         dialect.check_extra(sampling.extra)
         self.dialect = dialect
         self.pool = pool
@@ -152,18 +161,33 @@ class InferenceRollout:
         self.sleep = sleep
         self.rng = rng or random.Random()
         self.restart_wait_s = restart_wait_s
+        self.segment_tokens = segment_tokens
+        self.segments: SegmentStore | None = None
         self._tokenized: dict[bytes, list[int]] = {}
         self._lock = threading.Lock()
 
+    def bind_segments(self, client: Any, partitions: Any, name: str) -> None:
+        """Record slots' segments through the worker's connection as consumer ``name`` (with ``segment_tokens``)."""
+        if self.segment_tokens > 0:
+            from streamgrp.store.segments import SegmentStore
+
+            self.segments = SegmentStore(client, partitions, name=name)
+
     def __call__(self, request: Any) -> Sample | None:
         prompt_ids = self.prompt_ids(request.prompt)
-        completion = self.complete(prompt_ids)
+        slot = None
+        if self.segments is not None and getattr(request, "task_entry", ""):
+            from streamgrp.services.inference.segments import SlotSegments
+
+            slot = SlotSegments(self.segments, request)
+        completion = self.complete(prompt_ids, slot=slot)
         reward = self.reward(request.prompt, list(completion.token_ids), completion.text)
         if reward is None:
             return None
         version = min(request.version if v is None else v for v in completion.versions)
         n_prompt, n_completion = len(prompt_ids), len(completion.token_ids)
-        meta: dict[str, Any] = {"server": completion.servers[-1], "finish": completion.finish,
+        meta: dict[str, Any] = {"server": completion.servers[-1] if completion.servers else "",
+                                "finish": completion.finish,
                                 "versions": completion.versions, "resubmits": completion.resubmits,
                                 "attempts": completion.attempts, "prompt_tokens": n_prompt, "model": completion.model}
         if completion.reason:
@@ -173,7 +197,9 @@ class InferenceRollout:
         if completion.regenerated:
             meta["regenerated"] = completion.regenerated  # segments generated again after a weight sync
         if self.keep_text:
-            meta["text"] = completion.text
+            meta["text"] = completion.text  # of what this worker generated: not of a prefix it continued from
+        if slot is not None:
+            meta.update(slot.meta())
         return Sample.from_rows(token_ids=[prompt_ids + completion.token_ids],
                                 loss_mask=[[0] * n_prompt + [1] * n_completion],
                                 logprobs=[[0.0] * n_prompt + completion.logprobs],
@@ -210,11 +236,21 @@ class InferenceRollout:
 
     # -- the completion -----------------------------------------------------------------------------------
 
-    def complete(self, prompt_ids: list[int]) -> Completion:
-        """Generate until the server stops by itself or the token budget is spent, resubmitting aborts."""
+    def complete(self, prompt_ids: list[int], slot: SlotSegments | None = None) -> Completion:
+        """Generate until the server stops by itself or the token budget is spent, resubmitting aborts; with
+        ``slot``, from its durable prefix on, and in chunks of ``segment_tokens``, each recorded there."""
         completion = Completion()
+        if slot is not None and slot.chain:
+            completion.token_ids, completion.logprobs, completion.versions = slot.resumed_values()
+            if slot.ended:
+                completion.finish = slot.chain[-1].cause
+                return completion
         while True:
-            budget = self.sampling.max_tokens - len(completion.token_ids)
+            left = self.sampling.max_tokens - len(completion.token_ids)
+            if left <= 0:
+                completion.finish = "length"
+                return completion
+            budget = min(left, self.segment_tokens) if slot is not None else left
             context = prompt_ids + completion.token_ids
             path, body = self.dialect.generate(context, replace(self.sampling, max_tokens=budget))
             generation, server, attempts = self._with_retries(path, body, self.dialect.parse,
@@ -225,6 +261,13 @@ class InferenceRollout:
                 regenerate(completion, changed, attempts)
                 continue  # the same segment again, on the weights the servers serve now
             completion.add(generation, server, attempts)
+            # a chunk: the server stopped at the chunk's budget, not the slot's; go on from prompt + tokens so far
+            chunk = generation.finish == "length" and len(generation.token_ids) == budget < left
+            if slot is not None:
+                slot.record(generation.token_ids, generation.logprobs, generation.weight_version,
+                            "chunk" if chunk else generation.finish)
+            if chunk:
+                continue
             if finished_or_resubmit(completion, generation, server, self.dialect.name, self.sampling.max_tokens,
                                     self.on_abort, self.max_resubmits):
                 return completion

@@ -1,0 +1,79 @@
+"""One slot's segments, as an inference adapter sees them: what to continue from, and where each new
+segment goes (`streamgrp.store.segments` owns the stream and its function).
+
+`SlotSegments` is made per slot by `InferenceRollout` when its worker bound a segment store (``segment_tokens``
+above 0): `resumed` is the slot's durable prefix (read only for a task taken over from a worker that stopped:
+a task delivered for the first time has none) as a `Completion` to continue, `record` the hook the adapter
+calls with every generation it adds (each chunk of at most ``segment_tokens`` tokens, each aborted part),
+and `meta` what the sample records of them. When the task was taken over from this worker (``TAKEN``), the
+slot goes on without segments: its result is published as any slot's (the first result of a slot wins), only
+it no longer says it is built on segments.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from streamgrp.core.events import RawArray, SlotSegment
+from streamgrp.store.segments import SegmentStore, SegmentTaken, chain_values
+
+log = logging.getLogger(__name__)
+
+
+class SlotSegments:
+    """The segments of one slot of one task (``request``: the worker's `SlotRequest`)."""
+
+    def __init__(self, store: SegmentStore, request: Any) -> None:
+        self.store = store
+        self.request = request
+        self.chain = (store.chain(request.partition, request.task_entry, request.task_id, request.slot,
+                                  request.n_samples) if request.reclaimed else [])
+        self.resumed_tokens = sum(segment.tokens for segment in self.chain)
+        self.tokens = self.resumed_tokens
+        self.count = len(self.chain)
+        self.runs: list[tuple[int, int]] = chain_values(self.chain)[2]
+        self.taken = False
+
+    @property
+    def ended(self) -> bool:
+        """The chain holds the whole generation (its last segment ended it): nothing is left to generate."""
+        return bool(self.chain) and self.chain[-1].cause in ("stop", "length")
+
+    def resumed_values(self) -> tuple[list[int], list[float], list[int]]:
+        """(token ids, log-probabilities, one version per segment) of the durable prefix."""
+        ids, logprobs, _ = chain_values(self.chain)
+        return ids, logprobs, [segment.version for segment in self.chain]
+
+    def record(self, token_ids: list[int], logprobs: list[float], version: int | None, cause: str) -> None:
+        """Make one generation of the slot durable (the adapter's hook); after ``TAKEN``, nothing."""
+        if self.taken or not token_ids:
+            return
+        version = self.request.version if version is None else version
+        segment = SlotSegment(task_id=self.request.task_id, slot=self.request.slot, index=self.count,
+                              start=self.tokens, token_ids=RawArray.from_values(token_ids, "int32"),
+                              logprobs=RawArray.from_values(logprobs, "float32"), version=version, cause=cause)
+        try:
+            self.store.record(self.request.partition, self.request.task_entry, segment)
+        except SegmentTaken as exc:
+            self.taken = True
+            log.warning("task %s slot %d goes on without segments: %s", self.request.task_id, self.request.slot, exc)
+            return
+        self.count += 1
+        self.tokens += len(token_ids)
+        if self.runs and self.runs[-1][0] == version:
+            self.runs[-1] = (version, self.runs[-1][1] + len(token_ids))
+        else:
+            self.runs.append((version, len(token_ids)))
+
+    def meta(self) -> dict[str, Any]:
+        """What the sample records: its segments (count and tokens: `streamgrp.store.segments.check_sample`
+        compares them), the tokens it continued from, and its tokens' versions as ``[version, tokens]`` runs
+        (the per-token versions, compactly; the sample's version is still the oldest)."""
+        out: dict[str, Any] = {"token_versions": [list(run) for run in self.runs]}
+        if not self.taken:
+            out["segments"] = {"count": self.count, "tokens": self.tokens}
+        if self.resumed_tokens:
+            out["resumed_tokens"] = self.resumed_tokens
+        return out
+

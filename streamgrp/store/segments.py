@@ -1,0 +1,170 @@
+"""Slots' segments: the durable prefix of a generation in progress (`SlotSegment`, the segments stream).
+
+Owns writing a segment (``segment.lua``: only the worker that holds the slot's task, pending under its
+name in the workers group, may append; a worker whose task was taken over is refused with ``TAKEN``,
+raised as `SegmentTaken`) and reading a task's segments back as one chain per slot (`chains`), which a
+worker that takes the task over continues from. A slot's chain is its segments in stream order with
+indexes 0, 1, 2, ... and each one starting where the one before ended; a repeat of an index (a write
+sent again after a lost reply) is skipped, and the chain ends at the first gap or after a segment that
+ends the generation (``stop``/``length``).
+
+Segments are never folded as results: the slot's result (`streamgrp.services.worker`) is published as
+always, and a sample built on segments says so in its meta (``segments``: how many, and the tokens they
+hold), which `check_sample` (and ``streamgrp verify``) compares against the chain.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import redis
+
+from streamgrp.core import codec
+from streamgrp.core.events import Sample, SlotSegment
+from streamgrp.errors import DecodeError
+from streamgrp.store import scripts
+from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys
+from streamgrp.store.streams import entry_id_str
+
+log = logging.getLogger(__name__)
+
+#: Entries per XRANGE page when reading a task's segments back.
+_PAGE = 512
+#: Tasks whose chains a worker keeps read (a task's slots run at once, each asks for its chain).
+_CACHED_TASKS = 64
+
+
+class SegmentTaken(Exception):
+    """The slot's task is not held by this worker any more: its segments are another worker's to write."""
+
+
+def chain_of(segments: Sequence[SlotSegment]) -> list[SlotSegment]:
+    """The chain of one slot's segments, given in stream order (see the module docstring)."""
+    chain: list[SlotSegment] = []
+    tokens = 0
+    for segment in segments:
+        if chain and chain[-1].cause in ("stop", "length"):
+            break
+        if segment.index < len(chain):
+            continue  # a repeat of a segment already in the chain
+        if segment.index > len(chain) or segment.start != tokens:
+            break
+        chain.append(segment)
+        tokens += segment.tokens
+    return chain
+
+
+def chain_values(chain: Sequence[SlotSegment]) -> tuple[list[int], list[float], list[tuple[int, int]]]:
+    """(token ids, log-probabilities, versions as (version, tokens) runs) of a chain, concatenated."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    runs: list[tuple[int, int]] = []
+    for segment in chain:
+        ids += segment.token_ids.to_list()
+        logprobs += segment.logprobs.to_list()
+        if runs and runs[-1][0] == segment.version:
+            runs[-1] = (segment.version, runs[-1][1] + segment.tokens)
+        else:
+            runs.append((segment.version, segment.tokens))
+    return ids, logprobs, runs
+
+
+def check_sample(sample: Sample, chain: Sequence[SlotSegment]) -> str | None:
+    """None when ``sample`` is what its segments say: its meta's ``segments`` (count, tokens) name a prefix
+    of ``chain`` whose tokens and log-probabilities are exactly the sample's generated ones, in order;
+    else what differs. A sample without ``segments`` in its meta was not built on segments: None."""
+    told = sample.meta.get("segments") if isinstance(sample.meta, dict) else None
+    if told is None:
+        return None
+    if not (isinstance(told, dict) and type(told.get("count")) is int and type(told.get("tokens")) is int):
+        return f"meta segments {str(told)[:80]} is not {{count, tokens}}"
+    if told["count"] > len(chain):
+        return f"the sample names {told['count']} segments; the stream holds a chain of {len(chain)}"
+    ids, logprobs, _ = chain_values(chain[:told["count"]])
+    if len(ids) != told["tokens"]:
+        return f"the sample's {told['count']} segments hold {len(ids)} tokens, its meta says {told['tokens']}"
+    row_ids, mask, row_logprobs = (sample.token_ids.to_list(), sample.loss_mask.to_list(), sample.logprobs.to_list())
+    generated = [at for at, bit in enumerate(mask) if bit]
+    if len(generated) != len(ids):
+        return f"the sample generated {len(generated)} tokens, its segments hold {len(ids)}"
+    if [row_ids[at] for at in generated] != ids:
+        return "the sample's generated token ids are not its segments' concatenation"
+    if any(abs(row_logprobs[at] - value) > 1e-6 for at, value in zip(generated, logprobs)):
+        return "the sample's log-probabilities are not its segments' concatenation"
+    return None
+
+
+def task_segments(client: redis.Redis, stream: str, task_id: str, since: str = "-") -> dict[int, list[SlotSegment]]:
+    """Every readable `SlotSegment` of ``task_id`` in ``stream`` from ``since`` (its task's entry id: no segment
+    of it is older), by slot, in stream order. Entries that do not decode are skipped (not this reader's to
+    judge: retention, the archive and verify see them)."""
+    needle = task_id.encode()
+    found: dict[int, list[SlotSegment]] = {}
+    start = since
+    while True:
+        page = client.xrange(stream, start, "+", count=_PAGE)
+        for _, fields in page:
+            header = fields.get(codec.HEADER, b"")
+            if needle not in header:  # cheap: most entries are other tasks'
+                continue
+            try:
+                event = codec.decode(fields)
+            except DecodeError:
+                continue
+            if isinstance(event, SlotSegment) and event.task_id == task_id:
+                found.setdefault(event.slot, []).append(event)
+        if len(page) < _PAGE:
+            return found
+        start = "(" + entry_id_str(page[-1][0])
+
+
+class SegmentStore:
+    """A worker's writes and reads of segments; thread-safe (a worker's slots run on a thread pool)."""
+
+    def __init__(self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, name: str) -> None:
+        self.client = client
+        self.partitions = tuple(partitions)
+        self.name = name
+        self._write = scripts.register(client, "segment.lua")
+        self._lock = threading.Lock()
+        self._chains: OrderedDict[str, tuple[dict[int, list[SlotSegment]], set[int]]] = OrderedDict()
+        self._seq = 0
+
+    def record(self, partition: int, task_entry: str, segment: SlotSegment) -> str:
+        """Append ``segment`` of the task at ``task_entry``; its entry id. `SegmentTaken` when this worker
+        does not hold the task (any more)."""
+        with self._lock:
+            self._seq += 1
+            segment = segment.model_copy(update={"producer": self.name, "seq": self._seq})
+        fields = codec.encode(segment)
+        part = self.partitions[partition]
+        try:
+            written = self._write(keys=[part.tasks, part.segments],
+                                  args=[WORKERS_GROUP, task_entry, self.name, fields[codec.HEADER],
+                                        fields[codec.BLOB]])
+        except redis.ResponseError as exc:
+            if scripts.error_code(exc) == "TAKEN":
+                raise SegmentTaken(str(exc)) from None
+            raise
+        return entry_id_str(written)
+
+    def chain(self, partition: int, task_entry: str, task_id: str, slot: int, slots: int = 1) -> list[SlotSegment]:
+        """The chain of ``slot`` of the task at ``task_entry``, read once for its ``slots`` slots (the first to
+        ask reads every slot's; the last to ask drops the reading, so a task this worker takes over again
+        later is read afresh)."""
+        with self._lock:
+            cached = self._chains.get(task_entry)
+            if cached is None:
+                found = task_segments(self.client, self.partitions[partition].segments, task_id, task_entry)
+                cached = ({index: chain_of(segments) for index, segments in found.items()}, set())
+                self._chains[task_entry] = cached
+                while len(self._chains) > _CACHED_TASKS:
+                    self._chains.popitem(last=False)
+            chains, asked = cached
+            asked.add(slot)
+            if len(asked) >= slots:
+                self._chains.pop(task_entry, None)
+            return list(chains.get(slot, ()))
