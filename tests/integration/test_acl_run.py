@@ -189,9 +189,12 @@ def test_a_whole_run_with_each_role_under_its_own_user(secured, tmp_path):
         failed = {label: role.proc.returncode for label, role in roles.items() if role.proc.poll() not in (None, 0)}
         assert not failed, "\n".join(f"{label} exited {code}:\n{roles[label].output()[-3000:]}"
                                       for label, code in failed.items())
-        wait_until(lambda: roles["follower"].proc.poll() is not None, timeout=60, message="the follower to finish")
-        for label in ("worker", "assembler", "archiver"):
-            roles[label].stop()
+        # The worker and the assembler see the run end and exit by themselves (a SIGTERM sent while one is
+        # already tearing its interpreter down would end it with -15); only the archiver is stopped.
+        for label in ("follower", "worker", "assembler"):
+            wait_until(lambda label=label: roles[label].proc.poll() is not None, timeout=60,
+                       message=f"the {label} to finish")
+        roles["archiver"].stop()
     finally:
         for role in roles.values():
             if role.proc is not None and role.proc.poll() is None:
