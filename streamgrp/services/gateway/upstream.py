@@ -39,8 +39,10 @@ from streamgrp.services.inference.adapter import (
     REPLY_BYTES_PER_TOKEN,
     Completion,
     GenerationFailed,
-    finished_or_resubmit,
     Retry,
+    WeightsChanged,
+    finished_or_resubmit,
+    regenerate,
 )
 from streamgrp.services.inference.dialect import Dialect, Generation, ProtocolError, Sampling, checked_logprobs
 from streamgrp.services.inference.http import ClientError, ReplyTooLarge, TransportError
@@ -199,14 +201,19 @@ class Upstream:
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
         """The completion of ``prompt_ids``: generated until the server stops by itself or the token budget is
-        spent, aborts resubmitted with the tokens so far, every log-probability there and checked."""
+        spent, aborts resubmitted with the tokens so far, every log-probability there and checked; a part whose
+        tokens the server could not score on the weights that generated them is generated again (bounded)."""
         completion = Completion()
         while True:
             budget = sampling.max_tokens - len(completion.token_ids)
             context = prompt_ids + completion.token_ids
             path, body = self.dialect.generate(context, replace(sampling, max_tokens=budget))
             reply, server = await self.requests.post(path, body, max_bytes=_reply_limit(body, len(context) + budget))
-            generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server, sampling)
+            try:
+                generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server, sampling)
+            except WeightsChanged as changed:  # a weight sync between generating and scoring: the worker's rule
+                regenerate(completion, changed, 1)
+                continue
             completion.add(generation, server, 1)
             if finished_or_resubmit(completion, generation, server, self.dialect.name, sampling.max_tokens,
                                     self.on_abort, self.max_resubmits):
@@ -238,8 +245,7 @@ class Upstream:
                                                 server=server)
             value, scored_by = self.dialect.parse_score(reply, token)
             if scored_by != model:
-                raise GenerationFailed(f"{where}: the server changed models between generating ({model!r}) and scoring "
-                                       f"the token again ({scored_by!r}); the turn fails rather than mix two policies")
+                raise WeightsChanged(where, model, scored_by)
             if value is not None:
                 return value
         raise ProtocolError(f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
