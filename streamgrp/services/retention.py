@@ -65,10 +65,12 @@ from typing import Any
 
 import redis
 
+from streamgrp.config import RunConfig
 from streamgrp.core import codec
-from streamgrp.core.shown import show_names
 from streamgrp.core.events import GroupDecided, StepManifest
+from streamgrp.core.shown import show_names
 from streamgrp.errors import DecodeError
+from streamgrp.store.follow import Position, follower_bounds, record_skips
 from streamgrp.store.keys import (
     ASSEMBLER_GROUP,
     BATCHER_GROUP,
@@ -80,8 +82,6 @@ from streamgrp.store.keys import (
     run_streams,
     step_entry_id,
 )
-from streamgrp.config import RunConfig
-from streamgrp.store.follow import Position, follower_bounds, record_skips
 from streamgrp.store.runs import read_record, server_time
 from streamgrp.store.streams import entry_id_str, read_entries
 

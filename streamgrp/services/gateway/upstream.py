@@ -39,8 +39,8 @@ from streamgrp.services.inference.adapter import (
     REPLY_BYTES_PER_TOKEN,
     Completion,
     GenerationFailed,
-    finished_or_resubmit,
     Retry,
+    finished_or_resubmit,
 )
 from streamgrp.services.inference.dialect import Dialect, Generation, ProtocolError, Sampling, checked_logprobs
 from streamgrp.services.inference.http import ClientError, ReplyTooLarge, TransportError
@@ -271,7 +271,7 @@ class ChatTemplate(ABC):
         """The exact text of a completion's ids (its reply's text lacks the stop token's)."""
         return await self.detokenize(completion.token_ids)
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - an optional hook: a template that holds nothing keeps it
         """Release what the template holds (connections)."""
 
 
