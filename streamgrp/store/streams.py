@@ -31,6 +31,23 @@ def read_reply(reply: object) -> list[tuple[bytes, list[Entry]]]:
     return cast("list[tuple[bytes, list[Entry]]]", reply or [])
 
 
+#: One entry of an XRANGE or XREVRANGE reply: its id and its fields (never None: a range reads what exists).
+RangeEntry = tuple[bytes, dict[bytes, bytes]]
+
+
+def range_reply(reply: object) -> list[RangeEntry]:
+    """The entries of an XRANGE or XREVRANGE reply, oldest first for XRANGE.
+
+    redis-py declares ids and fields that may be text and a reply that may be None (decoded responses,
+    other protocols); streamgrp's clients read bytes over RESP2 and the server answers a range with a list."""
+    return cast("list[RangeEntry]", reply)
+
+
+def hash_reply(reply: object) -> dict[bytes, bytes]:
+    """An HGETALL reply: streamgrp's clients read field names and values as bytes (redis-py's hints allow text)."""
+    return cast("dict[bytes, bytes]", reply)
+
+
 def first_entries(reply: object) -> list[Entry]:
     """The entries of the first stream of a read reply (reads that name one stream); [] when none came."""
     pairs = read_reply(reply)
