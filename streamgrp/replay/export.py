@@ -38,7 +38,7 @@ from streamgrp.core.manifest import decision_ref
 from streamgrp.errors import ConfigError
 from streamgrp.replay.steps import list_steps, recorded_text
 from streamgrp.store.keys import RunKeys
-from streamgrp.store.sources import RedisSource, decode_all, partition_streams, recorded_config
+from streamgrp.store.sources import RedisSource, decode_all, partition_streams, recorded_config, server_source
 from streamgrp.store.streams import entry_time
 
 __all__ = ["INSTALL_HINT", "TABLES", "columns", "export_run", "require_pyarrow"]
@@ -156,7 +156,7 @@ def export_run(client: redis.Redis | None, keys: RunKeys, out_dir: str | os.Path
     Each file is written beside its final name and renamed into place, so a reader never sees half a
     file. ``source`` defaults to the server; pass an archive-backed one for a trimmed run."""
     parquet = require_pyarrow()
-    source = source or RedisSource(client, keys)
+    source = source or server_source(client, keys)
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,7 @@ from streamgrp.store.sources import (
     folded_through,
     partition_streams,
     recorded_config,
+    server_source,
 )
 
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
@@ -132,7 +133,7 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
     Run it on a run whose assembler is stopped or idle: a decision the assembler is about to write
     would show as missing.
     """
-    source = source or RedisSource(client, keys)
+    source = source or server_source(client, keys)
     config = recorded_config(source)
     report = VerifyReport(keys.run)
     decided = source.hash("decided")  # before the log: every decision it names is in the log by then, or trimmed
@@ -456,7 +457,7 @@ def _check_rebatched(subject: str, ordered: list[tuple[str, GroupDecided]],
     if rebatched is False:
         report.differences.append(Difference("step_not_rebatched", subject, "groups", len(ordered),
                                              "the batch fold forms no such step from the recorded decisions"))
-    elif rebatched is not None and [entry for entry, _ in rebatched.groups] != [entry for entry, _ in ordered]:
+    elif isinstance(rebatched, batch_fold.StepDue) and [entry for entry, _ in rebatched.groups] != [entry for entry, _ in ordered]:
         report.differences.append(Difference("step_groups", subject, "decision entries",
                                              [e for e, _ in ordered], [e for e, _ in rebatched.groups]))
 

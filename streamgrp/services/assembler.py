@@ -79,7 +79,7 @@ from streamgrp.core.shown import show
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
 from streamgrp.store import scripts
-from streamgrp.store.connection import replicate
+from streamgrp.store.connection import wait_for_replicas
 from streamgrp.store.deadletter import MAX_DETAIL_CHARS, op_fields
 from streamgrp.store.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
 from streamgrp.store.lease import Lease, run_while_leased
@@ -414,7 +414,7 @@ class Assembler:
         keys = [self.keys.slots, self.keys.decisions, self.keys.deadletter, self.keys.decided, self.keys.counts,
                 self.keys.assembler_lease]
         written, redundant, *applied = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
-        replicate(self.client)
+        wait_for_replicas(self.client)
         self.decisions_written += written
         if self.metrics is not None:
             self.metrics.apply_counts(pairs_to_counts(applied))

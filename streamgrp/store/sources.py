@@ -50,7 +50,7 @@ from streamgrp.store.runs import (
 from streamgrp.store.streams import entry_id_str, hash_reply, range_reply, read_entries
 
 __all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source",
-           "folded_through", "open_run_source", "partition_streams", "recorded_config"]
+           "folded_through", "open_run_source", "partition_streams", "recorded_config", "server_source"]
 
 #: ``source(stream, ids)``: the fields of each entry id of a run's stream (a `RunKeys.all_streams`
 #: name), in order, None where the entry is not retained.
@@ -298,6 +298,13 @@ def decode_all(source: RedisSource, stream: str) -> Iterator[tuple[str, Any]]:
             yield entry_id, codec.decode(fields)
         except DecodeError:
             continue
+
+
+def server_source(client: redis.Redis | None, keys: RunKeys) -> RedisSource:
+    """The server's entries, for a caller given no other source (it must then give a client)."""
+    if client is None:
+        raise TypeError("give a client (the server's entries) or a source")
+    return RedisSource(client, keys)
 
 
 def recorded_config(source: RedisSource | ArchiveSource) -> RunConfig:

@@ -17,6 +17,7 @@ from streamgrp.core.entry_fields import entry_fields
 S = TypeVar("S")
 R = TypeVar("R")
 T = TypeVar("T")
+C = TypeVar("C", bound=redis.Redis | redis.RedisCluster)
 
 #: One stream entry as `STREAM_CALLBACKS` parse it: its id and its fields (None: the entry was deleted while
 #: pending; an `EntryFields` when a field name repeats).
@@ -286,7 +287,7 @@ STREAM_CALLBACKS = {"XREAD": _xread, "XREADGROUP": _xread, "XRANGE": _entries, "
                     "XAUTOCLAIM": _xautoclaim, "XCLAIM": _xclaim}
 
 
-def keep_every_field(client: redis.Redis) -> redis.Redis:
+def keep_every_field(client: C) -> C:
     """Make ``client`` parse stream replies with `STREAM_CALLBACKS` (RESP2, the default protocol).
 
     A cluster client parses each reply with the client of the node that sent it (its own callbacks

@@ -94,7 +94,7 @@ class GatewayServer:
             return self._error(exc)
         if not report.stream:
             reply = chat_reply(answer, report) if endpoint == "chat" else completion_reply(answer, report)
-            response = web.Response(body=orjson.dumps(reply), content_type=JSON)
+            response: web.StreamResponse = web.Response(body=orjson.dumps(reply), content_type=JSON)
             await response.prepare(request)
             await response.write_eof()
         else:
