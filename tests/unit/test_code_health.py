@@ -12,7 +12,6 @@ MAX_LINES = 450
 #: Modules over the limit today, each owned by work in progress that splits it; empty this as they merge.
 #: Nothing else may be added here: split the module instead.
 OVER_THE_LIMIT = frozenset({
-    "config.py",
     "services/worker.py",
     "services/batcher.py",
 })
