@@ -237,13 +237,13 @@ def _add_replay_commands(commands: Any) -> None:
     _add_archive_flag(replay)
     replay.set_defaults(handler=inspection.cmd_replay)
 
-    verify = commands.add_parser("verify", help="re-fold the slot log and re-partition the steps; exit 1 on any "
+    verify = commands.add_parser("verify", help="re-fold the slot log and re-shard the steps; exit 1 on any "
                                  "difference from the record")
     _add_model_flags(verify, ConnectionConfig, "connection")
     verify.add_argument("--from", dest="from_step", type=int, default=None, metavar="STEP",
-                        help="first step to re-partition [default: 0]")
+                        help="first step to re-shard [default: 0]")
     verify.add_argument("--to", dest="to_step", type=int, default=None, metavar="STEP",
-                        help="last step to re-partition [default: the last]")
+                        help="last step to re-shard [default: the last]")
     _add_archive_flag(verify)
     verify.set_defaults(handler=inspection.cmd_verify)
 

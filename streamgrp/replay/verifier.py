@@ -1,4 +1,4 @@
-"""Verify a run's record: re-fold the slot log, re-batch and re-partition the steps, report every difference.
+"""Verify a run's record: re-fold the slot log, re-batch and re-shard the steps, report every difference.
 
 Owns the comparison, not the semantics: the fold (`streamgrp.core.group_fold.run_fold`) with the run's recorded
 policy and deadline decides every group again, and `streamgrp.core.manifest.make_manifest` splits each
@@ -30,8 +30,8 @@ Kinds of `Difference` (``recorded`` is the log's value, ``recomputed`` verify's)
     step_shards             a step does not have dp_size shards
     step_groups             a step's groups differ from what the batch fold forms from the recorded decisions
     step_not_rebatched      the batch fold forms no such step from the recorded decisions
-    step_unbuildable        the step's groups cannot be partitioned (fewer than dp_size)
-    shard_groups            a rank's groups (task ids, in order) differ from the re-partition's
+    step_unbuildable        the step's groups cannot be split into dp_size shards (fewer groups)
+    shard_groups            a rank's groups (task ids, in order) differ from the re-shard's
     shard_group_differs     a group's members, entries, rows, tokens, versions or digest differ
     shard_tokens, shard_digest, step_imbalance   a shard's tokens or digest, or the step's imbalance, differ
     step_ranks_apart        a step every rank committed was last committed by its ranks in different attempts
@@ -84,7 +84,7 @@ DECISION_FIELDS = ("decision", "reason", "members", "member_entries", "member_di
 
 def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = None, to_step: int | None = None, *,
            source: RedisSource | None = None) -> VerifyReport:
-    """Re-fold the slot log and re-partition steps ``from_step..to_step`` (inclusive); report every difference.
+    """Re-fold the slot log and re-shard steps ``from_step..to_step`` (inclusive); report every difference.
 
     The fold covers the log up to the last entry the assembler read (entries after it were never
     folded by the service either); every recorded decision is compared whatever the step range.

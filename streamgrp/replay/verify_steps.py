@@ -1,4 +1,4 @@
-"""Verify's checks of the steps: each recorded step re-batched from the recorded decisions and re-partitioned
+"""Verify's checks of the steps: each recorded step re-batched from the recorded decisions and re-sharded
 (`check_steps`), and every step all ranks committed trained by them together (`check_training`).
 
 Owns the per-step comparisons (manifest entries, shards, tokens, digests, stale or dropped groups, groups
@@ -153,7 +153,7 @@ def _check_step(manifest: StepManifest, groups, config: RunConfig, report: Verif
     if len(manifest.shards) != config.dp_size:
         report.differences.append(Difference("step_shards", subject, "shards", len(manifest.shards), config.dp_size))
         return
-    if not usable:  # a group without its own decision cannot be partitioned again
+    if not usable:  # a group without its own decision cannot be sharded again
         return
     # The batcher buffers decisions in stream order and a step takes its fresh groups in that order (a
     # partitioned run's steps: in entry id, then partition order, `streamgrp.core.manifest.ref_order`).
@@ -173,7 +173,7 @@ def _check_step(manifest: StepManifest, groups, config: RunConfig, report: Verif
 
 def _check_step_decisions(manifest: StepManifest, groups, config: RunConfig, report: VerifyReport) -> bool:
     """Check that each of the step's groups points at its own trainable, fresh decision; False when
-    some group's decision is unknown or another task's (the step cannot be re-partitioned then)."""
+    some group's decision is unknown or another task's (the step cannot be re-sharded then)."""
     subject = f"step {manifest.step}"
     usable = True
     for group, decision in groups:
@@ -207,7 +207,7 @@ def _check_rebatched(subject: str, ordered: list[tuple[str, GroupDecided]],
 
 
 def _check_shards(step: int, manifest: StepManifest, rebuilt: StepManifest, report: VerifyReport) -> None:
-    """Compare each recorded shard with the re-partition's shard of the same rank: groups, tokens, digest."""
+    """Compare each recorded shard with the re-shard's shard of the same rank: groups, tokens, digest."""
     for mine, theirs in zip(rebuilt.shards, manifest.shards):
         where = f"step {step} rank {mine.rank}"
         recorded_tasks = [g.task_id for g in theirs.groups]
