@@ -277,7 +277,7 @@ class ChatTemplate(ABC):
         """The exact text of a completion's ids (its reply's text lacks the stop token's)."""
         return await self.detokenize(completion.token_ids)
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - an optional hook: a template that holds nothing keeps it
         """Release what the template holds (connections)."""
 
 
@@ -345,14 +345,18 @@ class TokenizerTemplate(ChatTemplate):
 
     async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any,
                      extra: dict[str, Any]) -> str:
-        return await asyncio.to_thread(self.tokenizer.apply_chat_template, messages, tools=tools, tokenize=False,
-                                       add_generation_prompt=True, **extra)
+        # transformers' hints: ``tools`` is a list of one item type (a list's item type is invariant) and the
+        # overloads keyed by ``tokenize`` do not pass through to_thread's ParamSpec.
+        return await asyncio.to_thread(self.tokenizer.apply_chat_template,  # type: ignore[arg-type]
+                                       messages, tools=tools,  # type: ignore[arg-type]
+                                       tokenize=False, add_generation_prompt=True, **extra)
 
     async def tokenize(self, text: str, *, special: bool) -> list[int]:
         return list(await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=special))
 
     async def detokenize(self, ids: list[int]) -> str:
-        return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False,
+        # transformers' hint for decode's ``**kwargs`` does not pass through to_thread's ParamSpec.
+        return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False,  # type: ignore[arg-type]
                                        clean_up_tokenization_spaces=False)
 
 
