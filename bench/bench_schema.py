@@ -161,16 +161,13 @@ def main() -> None:
     slot_fields = codec.encode_sample("t00000042", 3, make_sample(tokens=256), producer="worker-a", seq=5)[0]
     slot_header = slot_fields[codec.HEADER] if isinstance(slot_fields, dict) else slot_fields
     checked = codec.decode({codec.HEADER: slot_header})
-    fast_slot = lambda h: fast_decode.fast_slot_result(orjson.loads(h))  # noqa: E731 - orjson first, as codec does
-    assert isinstance(checked, SlotResult) and fast_slot(slot_header) == checked
+    assert isinstance(checked, SlotResult)
     slot_decoder = msgspec.json.Decoder(MsgSlotResult)
     assert msgspec_slot(slot_decoder)(slot_header).sample.tokens == checked.sample.tokens
 
     cases = {
         "slot result": (slot_header, {
-            "pydantic": lambda h: codec.decode({codec.HEADER: h}),
-            "fast": fast_slot,
-            "pydantic-core json": SlotResult.model_validate_json,
+            "pydantic": lambda h: codec.decode({codec.HEADER: h}),  # since issue 36: the codec's msgspec Structs
             "msgspec": msgspec_slot(slot_decoder),
         }),
     }

@@ -54,7 +54,7 @@ def check_against_the_record(tables: dict[str, list[dict]], source, run: str) ->
     members = {m.entry for _, d in decisions for m in d.members}
     assert len(tables["slots"]) == len(results)
     for row, (entry_id, r) in zip(tables["slots"], results):
-        summary = r.sample.model_dump() if r.sample is not None else dict.fromkeys(
+        summary = r.sample.to_builtins() if r.sample is not None else dict.fromkeys(
             ("rows", "tokens", "version", "reward", "digest"))
         assert row == {"run": run, "entry_id": entry_id, "task_id": r.task_id, "slot": r.slot, "outcome": r.outcome,
                        "error": r.error, **summary, "producer": r.producer, "seq": r.seq,

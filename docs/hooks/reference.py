@@ -170,6 +170,7 @@ def _type_name(annotation: object) -> str:
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
     text = re.sub(r"\b(typing|pathlib|pydantic\.types|streamgrp\.core\.policy|streamgrp\.core\.values|"
                   r"streamgrp\.core\.members|streamgrp\.core\.events)\.", "", text)
+    text = re.sub(r"Annotated\[([\w.]+), msgspec\.Meta\([^)]*\)\]", r"\1", text)  # the wire's bounds
     return text.replace("NoneType", "None").replace("<class '", "").replace("'>", "")
 
 
@@ -257,22 +258,39 @@ def render_metrics() -> str:
 
 
 def _models_in(annotation: object) -> Iterator[type]:
+    import msgspec
     from pydantic import BaseModel
 
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, (BaseModel, msgspec.Struct)):
         yield annotation
     for arg in typing.get_args(annotation):
         yield from _models_in(arg)
 
 
+def _event_fields(model: type) -> list[tuple[str, object, str]]:
+    """(wire name, annotation, shown default or "required") of each field of an event or a value inside one:
+    a msgspec Struct (the wire schema) or a pydantic model (a group policy)."""
+    import msgspec
+
+    if issubclass(model, msgspec.Struct):
+        fields = []
+        for info in msgspec.structs.fields(model):
+            if info.required:
+                default = "required"
+            else:
+                shown = repr(info.default_factory()) if info.default_factory is not msgspec.NODEFAULT else \
+                    _shown_default(type("Field", (), {"default": info.default})())
+                default = _code(shown)
+            fields.append((info.encode_name, info.type, default))
+        return fields
+    return [(name, field.annotation, "required" if field.is_required() else _code(_shown_default(field)))
+            for name, field in model.model_fields.items() if name != "kind"]
+
+
 def _model_table(model: type) -> list[str]:
     rows = ["| field | type | default |", "|---|---|---|"]
-    for name, field in model.model_fields.items():
-        if name == "kind":
-            continue
-        required = field.is_required()
-        default = "required" if required else _code(_shown_default(field))
-        rows.append(f"| `{name}` | {_code(_type_name(field.annotation))} | {default} |")
+    for name, annotation, default in _event_fields(model):
+        rows.append(f"| `{name}` | {_code(_type_name(annotation))} | {default} |")
     return rows
 
 
@@ -290,15 +308,15 @@ def render_events() -> str:
     for kind, model in EVENT_TYPES.items():
         out += [f"### {model.__name__} {{ #{model.__name__.lower()} }}", "", f"`kind: {kind}`. "
                 + " ".join(inspect.cleandoc(model.__doc__ or "").split()), "", *_model_table(model), ""]
-        for field in model.model_fields.values():
-            for inner in _models_in(field.annotation):
+        for _, annotation, _ in _event_fields(model):
+            for inner in _models_in(annotation):
                 if inner.__name__ not in {m.__name__ for m in EVENT_TYPES.values()}:
                     nested.setdefault(inner.__name__, inner)
     queue = list(nested.values())
     while queue:  # models inside the nested ones, once each
         model = queue.pop()
-        for field in model.model_fields.values():
-            for inner in _models_in(field.annotation):
+        for _, annotation, _ in _event_fields(model):
+            for inner in _models_in(annotation):
                 if inner.__name__ not in nested:
                     nested[inner.__name__] = inner
                     queue.append(inner)

@@ -32,12 +32,13 @@ def add_follow_command(commands: Any, add_model_flags: Any, connection_model: ty
 
 def as_json(item: Any) -> bytes:
     """A `Followed` or `Skipped` item as one JSON object."""
+    from streamgrp.core.wire import jsonable
     from streamgrp.store.follower import Skipped
 
     if isinstance(item, Skipped):
         return orjson.dumps({"stream": item.stream, "skipped": {"after": item.after, "before": item.before,
                                                                 "count": item.count}})
-    event = item.event.model_dump(mode="json") if item.event is not None else None
+    event = jsonable(item.event) if item.event is not None else None
     return orjson.dumps({"stream": item.stream, "entry_id": item.entry_id, "event": event, "error": item.error})
 
 

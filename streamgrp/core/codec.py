@@ -36,9 +36,10 @@ Round trips are bit-exact. No pickle. The work per tensor is a constant number o
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Union
 
+import msgspec
 import orjson
 from pydantic import BaseModel, ValidationError
 
@@ -49,6 +50,7 @@ from streamgrp.core.digests import (  # noqa: F401 - the digests' names, importa
     combine_digests,
     digest_of,
 )
+from streamgrp.core.entry_fields import BLOB, HEADER, check_size, field, field_items, header_and_blob
 from streamgrp.core.events import (
     EVENT_TYPES,
     READABLE_SCHEMAS,
@@ -61,17 +63,14 @@ from streamgrp.core.events import (
 from streamgrp.core.fast_decode import (
     fast_group_decided,
     fast_sample_payload,
-    fast_slot_result,
     fast_step_manifest,
 )
 from streamgrp.core.legacy import LEGACY_SCHEMA, SlotResultV1
 from streamgrp.core.shown import (
     clip,
-    field_names,
     json_name,
     safe_text,
     show,
-    show_names,
 )
 from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, importable from here as before
     MAX_HEADER_DEPTH,
@@ -84,10 +83,9 @@ from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, i
 )
 from streamgrp.core.value_checks import token_id_problem
 from streamgrp.core.values import INT64_MAX
+from streamgrp.core.wire import ENCODER, WireEvent, decoder, reason_of
 from streamgrp.errors import DecodeError
 
-HEADER = b"h"
-BLOB = b"b"
 #: Entry fields as a stream read returns them: bytes names and values, or str from a client that decodes
 #: replies. Any of these mappings is accepted (the codec checks every name and value itself: ``bad_fields``);
 #: `decode` takes None too (an entry deleted before it was read) and refuses it the same way.
@@ -103,14 +101,38 @@ DECODE_REASONS = frozenset({
 _WRONG_TYPE_SUFFIXES = ("_type", "_parsing")
 
 
-def encode(event: BaseModel) -> dict[bytes, bytes]:
-    """Fields for XADD: the orjson header and, if the event carries tensors, the raw bytes."""
+#: Events defined as msgspec Structs (`streamgrp.core.wire`), decoded in one compiled pass.
+_STRUCT_EVENTS = tuple(model for model in EVENT_TYPES.values() if issubclass(model, WireEvent))
+_ANY_STRUCT_EVENT: Any = Union[_STRUCT_EVENTS]  # noqa: UP007 - a union of a runtime tuple of types
+#: The compiled decoder of every Struct event, by its tag.
+_STRUCT_DECODER = decoder(_ANY_STRUCT_EVENT)
+#: How a result leaves out ``reward_pending`` when it is not set (its last field).
+_NOT_PENDING = b',"reward_pending":false}'
+
+
+def encode(event: Any) -> dict[bytes, bytes]:
+    """Fields for XADD: the header and, if the event carries tensors, the raw bytes. An event is checked as it
+    is encoded (a Struct built in Python is not checked before): ``ValueError`` names what it breaks."""
+    if isinstance(event, WireEvent):
+        return {HEADER: struct_header(event)}
     blobs: list[bytes] = []
     header = to_header(event, blobs, [0])
     fields = {HEADER: orjson.dumps(header)}
     if blobs:
         fields[BLOB] = b"".join(blobs)
     return fields
+
+
+def struct_header(event: WireEvent) -> bytes:
+    """The header of a Struct event, checked by decoding it as a reader will."""
+    header = ENCODER.encode(event)
+    if event.__class__ is SlotResult and header.endswith(_NOT_PENDING):
+        header = header[:-len(_NOT_PENDING)] + b"}"
+    try:
+        decoder(type(event)).decode(header)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"this {event.kind} event cannot be written: {exc}") from None
+    return header
 
 
 def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = "", seq: int = 0,
@@ -161,11 +183,10 @@ def _plain_sample_headers(task_id: Any, slot: Any, sample: Any, producer: Any,
         "sample": {**descriptors, "row_lengths": sample.row_lengths, "rewards": sample.rewards,
                    "version": sample.version, "meta": sample.meta}})
     blob = b"".join((sample.token_ids.data, sample.loss_mask.data, sample.logprobs.data))
-    summary = {"rows": rows, "tokens": sample.valid_tokens, "version": sample.version, "reward": reward,
-               "digest": digest_of(payload_header, blob)}
-    slot_header = orjson.dumps({
-        "schema_version": SCHEMA_VERSION, "producer": producer, "seq": seq, "kind": "slot_result",
-        "task_id": task_id, "slot": slot, "outcome": "sample", "sample": summary, "error": None})
+    summary = SampleSummary(rows=rows, tokens=sample.valid_tokens, version=sample.version, reward=reward,
+                            digest=digest_of(payload_header, blob))
+    slot_header = struct_header(SlotResult(producer=producer, seq=seq, task_id=task_id, slot=slot, outcome="sample",
+                                           sample=summary))
     return slot_header, payload_header, blob
 
 
@@ -244,16 +265,25 @@ def _totally(decoder: Any, *args: Any, **options: Any) -> Any:
 
 
 def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
-    items = _field_items(fields)
-    text = _check_size(items, max_entry_bytes)
-    raw_header, blob = _header_and_blob(fields, text)
+    items = field_items(fields)
+    text = check_size(items, max_entry_bytes)
+    raw_header, blob = header_and_blob(fields, text)
+    if not blob:
+        # One compiled pass for a valid header of a Struct event; anything else (an error, an older schema's
+        # slot result) takes the checks below, which give the reason.
+        try:
+            decoded = _STRUCT_DECODER.decode(raw_header)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            decoded = None
+        if decoded is not None and (decoded.schema_version == SCHEMA_VERSION or (
+                decoded.schema_version in READABLE_SCHEMAS and decoded.__class__ is not SlotResult)):
+            return decoded
     header = _parse_header(raw_header)
     kind = header["kind"]
     # None: not the plain case, so the full path below judges it
     event: BaseModel | None
     if not blob:
-        event = fast_slot_result(header) if kind == "slot_result" else \
-            fast_group_decided(header) if kind == "group_decided" else \
+        event = fast_group_decided(header) if kind == "group_decided" else \
             fast_step_manifest(header) if kind == "step" else None
     else:
         event = fast_sample_payload(header, blob) if kind == "sample_payload" else None
@@ -265,6 +295,8 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     data = from_header(header, blob, state, 1)
     if state[0] != len(blob):
         raise DecodeError("length_mismatch", f"descriptors cover {state[0]} bytes but the entry carries {len(blob)}")
+    if model.__name__ in _STRUCT_NAMES:
+        return _struct_event(model, data, state[1])
     try:
         event = model.model_validate(data)
     except ValidationError as exc:
@@ -280,53 +312,19 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     return event
 
 
-def _field_items(fields: Any) -> Iterable[tuple[Any, Any]]:
-    """Every (name, value) pair of the entry, repeats included; refuses what is not a field mapping."""
-    if fields.__class__ is dict:  # the fast path: what redis-py and `entry_fields` return
-        return fields.items()
-    if not isinstance(fields, Mapping):
-        raise DecodeError("bad_fields", f"entry fields are a {type(fields).__name__}, not a mapping of names "
-                          "to values" + (" (the entry was deleted?)" if fields is None else ""))
-    malformed = getattr(fields, "malformed", None)
-    if malformed:
-        raise DecodeError("bad_fields", clip(str(malformed)))
-    pairs = getattr(fields, "pairs", None)
-    return pairs if isinstance(pairs, list) else fields.items()
+_STRUCT_NAMES = frozenset(model.__name__ for model in _STRUCT_EVENTS)
 
 
-def _check_size(items: Iterable[tuple[Any, Any]], max_entry_bytes: int) -> bool:
-    """Refuse an entry over ``max_entry_bytes`` before anything is parsed (every name and value counts).
-    Returns whether any name or value is a str (a decode_responses client)."""
-    size = 0
-    text = False
-    for key, value in items:
-        if key.__class__ is not bytes or value.__class__ is not bytes:
-            _check_field_types(key, value)
-            text = True
-        size += len(key) + len(value)
-    if size <= max_entry_bytes and text:
-        # A str counted its characters, a lower bound; count the UTF-8 bytes the server holds.
-        size = sum(len(_as_bytes(key)) + len(_as_bytes(value)) for key, value in items)
-    if size > max_entry_bytes:
-        raise DecodeError("oversized", f"entry is {'at least ' if text else ''}{size} bytes, over the "
-                          f"{max_entry_bytes}-byte limit (max_entry_bytes); write smaller events or raise the limit")
-    return text
-
-
-def _header_and_blob(fields: Any, text: bool) -> tuple[bytes, bytes]:
-    """The ``h`` and ``b`` values as bytes (``b`` empty when absent); refuses repeated or missing ones."""
-    if fields.__class__ is not dict:
-        repeated = getattr(fields, "repeated", ())
-        if repeated:
-            raise DecodeError("repeated_field", f"field names repeated in one entry: {show_names(repeated)}; "
-                              "each field must appear once (was the entry written by streamgrp.core.codec?)")
-    raw_header = fields.get(HEADER)
-    blob = fields.get(BLOB)
-    if text:
-        raw_header, blob = _text_fields(fields, raw_header, blob)
-    if raw_header is None:
-        raise DecodeError("missing_field", f"entry has no {HEADER.decode()!r} header field (fields: {field_names(fields)})")
-    return raw_header, b"" if blob is None else blob
+def _struct_event(model: Any, data: dict[str, Any], descriptors: int) -> Any:
+    """A Struct event from its parsed header, with the reason of the first thing it breaks."""
+    try:
+        event = msgspec.convert(data, model)
+    except msgspec.ValidationError as exc:
+        raise DecodeError(reason_of(exc), clip(safe_text(exc), 280)) from None
+    if descriptors:
+        raise DecodeError("bad_header", f"the header has {descriptors} tensor descriptors but the {event.kind} event "
+                          "has no tensors: a descriptor sits in a field that takes no tensor")
+    return event
 
 
 def _parse_header(raw_header: bytes) -> dict[str, Any]:
@@ -350,49 +348,12 @@ def _parse_header(raw_header: bytes) -> dict[str, Any]:
 def entry_digest(fields: Fields, like: str | None = None) -> str:
     """A digest of an entry's header and bytes: what replay checks the rebuilt tensors against. Made
     the way ``like`` (a digest the log recorded for this entry) was made; by default, today's way."""
-    header, blob = (_field(fields, key) or b"" for key in (HEADER, BLOB))
+    header, blob = (field(fields, key) or b"" for key in (HEADER, BLOB))
     header = header.encode() if isinstance(header, str) else header
     blob = blob.encode() if isinstance(blob, str) else blob
     if like is not None and not like.startswith(DIGEST_PREFIX):
         return blake2b_digest_of(header, blob)
     return digest_of(header, blob)
-
-
-def _check_field_types(key: Any, value: Any) -> None:
-    for what, item in (("name", key), ("value", value)):
-        if item.__class__ is not bytes and item.__class__ is not str:
-            raise DecodeError("bad_fields", f"a field {what} is of type {type(item).__name__} ({show(item)}), "
-                              "expected bytes (or str from a decode_responses client)")
-
-
-def _as_bytes(value: bytes | str) -> bytes:
-    if value.__class__ is bytes:
-        return value
-    try:
-        # surrogateescape gives back the server's bytes when the client decoded them that way
-        return value.encode("utf-8", "surrogateescape")  # type: ignore[union-attr]
-    except UnicodeEncodeError as exc:
-        raise DecodeError("bad_fields", f"a str field holds text that has no UTF-8 bytes: {exc.reason}") from None
-
-
-def _text_fields(fields: Mapping[Any, Any], raw_header: Any, blob: Any) -> tuple[bytes | None, bytes | None]:
-    """The header and blob from a mapping with str names or values (a decode_responses client)."""
-    for key, value in ((HEADER, raw_header), (BLOB, blob)):
-        if value is not None and key.decode() in fields:
-            raise DecodeError("repeated_field", f"field {key.decode()!r} is given both as bytes and as str")
-    if raw_header is None:
-        raw_header = fields.get(HEADER.decode())
-    if blob is None:
-        blob = fields.get(BLOB.decode())
-    return (None if raw_header is None else _as_bytes(raw_header),
-            None if blob is None else _as_bytes(blob))
-
-
-def _field(fields: Mapping[Any, bytes | str], key: bytes) -> bytes | str | None:
-    value = fields.get(key)
-    if value is None:
-        value = fields.get(key.decode())
-    return value
 
 
 def _reason(exc: ValidationError) -> str:

@@ -8,10 +8,13 @@ in `streamgrp.core.members`. Pure: no I/O.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
+import msgspec
+from pydantic import Field, StrictBool, field_validator, model_validator
 
+from streamgrp.core import wire
 from streamgrp.core.event_base import READABLE_SCHEMAS, SCHEMA_VERSION, _Event
 from streamgrp.core.generation_events import (
     SessionEnded,
@@ -38,6 +41,7 @@ from streamgrp.core.values import (
     Sample,
     check_strict_numbers,
 )
+from streamgrp.core.wire import Record, WireEvent
 
 #: The most rows a reward may name (a sample's rows; more is not a reward streamgrp wrote).
 MAX_REWARD_ROWS = 4096
@@ -88,7 +92,7 @@ def check_outcome(outcome: str, sample: object, error: str | None) -> None:
         raise ValueError("a failed slot carries its error text")
 
 
-class SampleSummary(Frozen):
+class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """What the group log keeps of a sample: what folding, filtering and partitioning need.
 
     ``tokens`` are the valid loss tokens (the partition weight), ``reward`` the mean over rows, and
@@ -96,11 +100,15 @@ class SampleSummary(Frozen):
     computed once, by the publisher; replay and verify check the payload against it.
     """
 
-    rows: Annotated[Int, Field(ge=1)]
-    tokens: NonNegInt
-    version: NonNegInt
-    reward: Float
-    digest: str = Field(min_length=1, max_length=128)
+    rows: wire.PosInt
+    tokens: wire.NonNegInt
+    version: wire.NonNegInt
+    reward: wire.Float
+    digest: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.reward):  # the mean of finite rewards can still overflow
+            raise ValueError(f"reward {self.reward!r} is not a finite number; rewards must be finite")
 
     @classmethod
     def of(cls, sample: Sample, digest: str) -> SampleSummary:
@@ -108,32 +116,31 @@ class SampleSummary(Frozen):
                    reward=sum(sample.rewards) / sample.rows, digest=digest)
 
 
-class SlotResult(_Event):
+class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="slot_result"):
     """What a worker published for one slot: a sample (its summary), a rejection, or a failure with its text."""
 
-    kind: Literal["slot_result"] = "slot_result"
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
+    task_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    slot: wire.NonNegInt
     outcome: Outcome
     sample: SampleSummary | None = None
     error: str | None = None
     #: The sample's rewards come later, in a `SlotRewarded` event: until it arrives the slot is not
-    #: usable, and the sample's own rewards (and the summary's) are placeholders it replaces.
-    reward_pending: StrictBool = False
+    #: usable, and the sample's own rewards (and the summary's) are placeholders it replaces. Written
+    #: only when set (the codec leaves it out otherwise), so a result with its reward is written as it
+    #: always was; it must stay the last field.
+    reward_pending: bool = False
 
-    @model_validator(mode="after")
-    def _check_outcome(self) -> SlotResult:
+    def __post_init__(self) -> None:
         check_outcome(self.outcome, self.sample, self.error)
         if self.reward_pending and self.outcome != "sample":
             raise ValueError(f"only a sample can wait for its reward, not a {self.outcome!r} slot")
-        return self
 
     def wire_fields(self) -> dict[str, Any]:
-        """The fields as written: ``reward_pending`` only when set, so a result with its reward is
-        written as it always was."""
-        if self.reward_pending:
-            return self.__dict__
-        return {name: value for name, value in self.__dict__.items() if name != "reward_pending"}
+        """The fields as written (the header's keys and values but ``kind``)."""
+        fields = msgspec.structs.asdict(self)
+        if not self.reward_pending:
+            del fields["reward_pending"]
+        return fields
 
 
 class SlotRewarded(_Event):
@@ -178,11 +185,14 @@ class SamplePayload(_Event):
     sample: Sample
 
 
-class Tick(_Event):
+class Tick(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="tick"):
     """Time passing, in the server's clock; closes groups whose deadline is at or before ``now``."""
 
-    kind: Literal["tick"] = "tick"
-    now: Float
+    now: wire.Float
+
+    def __post_init__(self) -> None:
+        if self.now.__class__ is int:  # a float field takes ints and holds floats, as on the wire
+            msgspec.structs.force_setattr(self, "now", float(self.now))
 
 
 class GroupDecided(_Event):
@@ -419,4 +429,10 @@ class WeightsServed(_Event):
 _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload, Tick, GroupDecided, RunTerminated,
                  StepManifest, GroupDiscarded, StepCommitted, StepFailed, StepRowsTrained, VersionAdvanced, RunFinished, WeightsServed,
                  TrainingResumed, CheckpointSaved, SessionOpened, TurnRecorded, SessionEnded, SlotSegment)
-EVENT_TYPES: dict[str, type[BaseModel]] = {model.model_fields["kind"].default: model for model in _EVENT_MODELS}
+
+
+def _kind_of(model: Any) -> str:
+    return model.__struct_config__.tag if issubclass(model, WireEvent) else model.model_fields["kind"].default
+
+
+EVENT_TYPES: dict[str, type[Any]] = {_kind_of(model): model for model in _EVENT_MODELS}

@@ -1,10 +1,10 @@
-"""The fast paths of decoding: plain schema-2 slot result, group decision and step manifest headers
+"""The fast paths of decoding: plain schema-2 group decision and step manifest headers
 checked by hand, no pydantic validation.
 
 The assembler decodes every slot header of the group log, the batcher every decision and each
 trainer rank every step's manifest; pydantic spends several microseconds on each slot header, tens
 on a decision with its member records and over a millisecond on a 32-group manifest's 256 members.
-`fast_slot_result`, `fast_group_decided` and `fast_step_manifest` accept only headers that the full decoder would accept
+`fast_group_decided` and `fast_step_manifest` accept only headers that the full decoder would accept
 and turn into the very same event (every key present and no other, the exact types and bounds of
 the models), and return None for anything else, which then takes the full path with its reasons
 and dead letters. So they change speed, never results: property tests hold them to the full decoder.
@@ -25,20 +25,14 @@ from streamgrp.core.events import (
     RawArray,
     Sample,
     SamplePayload,
-    SampleSummary,
     Shard,
     ShardGroup,
-    SlotResult,
     StepManifest,
 )
 from streamgrp.core.members import WIRE_COLUMNS
 from streamgrp.core.values import DTYPES, INT64_MAX, INT64_MIN, built
 
-#: A plain slot result's header keys (``reward_pending`` is written only when set: the full path).
-_SLOT_KEYS = frozenset(SlotResult.model_fields) - {"reward_pending"}
-_SUMMARY_KEYS = frozenset(SampleSummary.model_fields)
 #: Fields a plain header leaves out (written only when set): not in the built record's fields set.
-_UNSET_PENDING = frozenset({"reward_pending"})
 _UNSET_REWARDS = frozenset({"rewards"})
 #: A decision's member columns, in the order `GroupDecided.wire_fields` writes them (slots first).
 _COLUMNS = tuple(WIRE_COLUMNS)
@@ -60,42 +54,6 @@ _RAW_KEY = "__raw__"
 #: A sample's tensors in the order the encoder writes them, each with the dtypes `Sample` allows.
 _SAMPLE_TENSORS = (("token_ids", ("int32", "int64")), ("loss_mask", ("bool", "uint8")),
                    ("logprobs", ("float32", "float16", "bfloat16", "float64")))
-
-def fast_slot_result(header: dict[str, Any]) -> SlotResult | None:
-    """The `SlotResult` of a parsed header when it is a plain, valid schema-2 one; else None."""
-    if header.keys() != _SLOT_KEYS or header["kind"] != "slot_result" or not _is_int(header["schema_version"], 2, 2):
-        return None
-    task_id, producer, error = header["task_id"], header["producer"], header["error"]
-    if not (task_id.__class__ is str and 1 <= len(task_id) <= 256 and producer.__class__ is str
-            and _is_int(header["slot"]) and _is_int(header["seq"]) and (error is None or error.__class__ is str)):
-        return None
-    outcome = header["outcome"]
-    if outcome == "sample":
-        summary = _summary(header["sample"])
-        if summary is None:
-            return None
-    elif outcome in ("rejected", "failed") and header["sample"] is None:
-        if outcome == "failed" and not error:
-            return None
-        summary = None
-    else:
-        return None
-    return built(SlotResult, {"schema_version": 2, "producer": producer, "seq": header["seq"], "kind": "slot_result",
-                               "task_id": task_id, "slot": header["slot"], "outcome": outcome, "sample": summary,
-                               "error": error, "reward_pending": False}, _UNSET_PENDING)
-
-
-def _summary(sample: Any) -> SampleSummary | None:
-    if sample.__class__ is not dict or sample.keys() != _SUMMARY_KEYS:
-        return None
-    reward, digest = sample["reward"], sample["digest"]
-    if not (_is_int(sample["rows"], 1) and _is_int(sample["tokens"]) and _is_int(sample["version"])
-            and reward.__class__ is float and math.isfinite(reward)
-            and digest.__class__ is str and 1 <= len(digest) <= 128):
-        return None
-    return built(SampleSummary, {"rows": sample["rows"], "tokens": sample["tokens"], "version": sample["version"],
-                                  "reward": reward, "digest": digest})
-
 
 def fast_group_decided(header: dict[str, Any]) -> GroupDecided | None:
     """The `GroupDecided` of a parsed header when it is a plain, valid schema-2 one with every member

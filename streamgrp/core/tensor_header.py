@@ -14,7 +14,7 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from streamgrp.core.events import EVENT_TYPES, GroupDecided, RawArray, ShardGroup, SlotResult
+from streamgrp.core.events import EVENT_TYPES, GroupDecided, RawArray, ShardGroup
 from streamgrp.core.legacy import SlotResultV1
 from streamgrp.core.shown import clip, show
 from streamgrp.core.values import DTYPES
@@ -22,7 +22,7 @@ from streamgrp.errors import DecodeError
 
 RAW_KEY = "__raw__"
 #: Models written in their `wire_fields` form rather than field by field.
-_WIRE_FORM = (GroupDecided, ShardGroup, SlotResult)
+_WIRE_FORM = (GroupDecided, ShardGroup)
 #: The deepest a header's JSON objects and arrays may nest (the header itself is level 1; a
 #: tensor descriptor counts as one level). Encoded events reach about 6 (a step manifest).
 MAX_HEADER_DEPTH = 32
@@ -151,5 +151,6 @@ def tensor_count(value: Any, where: tuple[tuple[str, Any], ...]) -> int:
     return count
 
 
-_CODEC_MODELS: tuple[type[BaseModel], ...] = (*EVENT_TYPES.values(), SlotResultV1)
+_CODEC_MODELS: tuple[type[BaseModel], ...] = (
+    *(model for model in EVENT_TYPES.values() if issubclass(model, BaseModel)), SlotResultV1)
 TENSOR_FIELDS = {model: tensor_fields(model) for model in _CODEC_MODELS}

@@ -30,6 +30,7 @@ import secrets
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import redis
 import redis.asyncio
@@ -187,9 +188,10 @@ class SessionStore:
         elif payload_header:
             outcome = "sample"
         else:
-            outcome = "failed" if error is not None else "rejected"
+            refused: Literal["failed", "rejected"] = "failed" if error is not None else "rejected"
+            outcome = refused
             error = None if error is None else error[:MAX_ERROR_CHARS]
-            slot_header = codec.encode(SlotResult(task_id=session.task_id, slot=session.slot, outcome=outcome,
+            slot_header = codec.encode(SlotResult(task_id=session.task_id, slot=session.slot, outcome=refused,
                                                   error=error or None, producer=self.producer, seq=seq))[codec.HEADER]
         ended = SessionEnded(session=session.session_id, task_id=session.task_id, slot=session.slot, outcome=outcome,
                              turns=turns, rows=sample.rows if outcome == "sample" and sample is not None else 0,

@@ -145,7 +145,7 @@ def with_blob(result: SlotResult, payload: dict[bytes, bytes], blob: bytes):
     """The payload with other bytes, and a slot result whose digest matches them (what a forger computes)."""
     forged = {codec.HEADER: payload[codec.HEADER], codec.BLOB: blob}
     digest = codec.entry_digest(forged)
-    return result.model_copy(update={"sample": result.sample.model_copy(update={"digest": digest})}), forged
+    return result.replace(**{"sample": result.sample.replace(**{"digest": digest})}), forged
 
 
 def nan_logprob(result, payload):
@@ -158,11 +158,11 @@ def beyond_vocabulary(result, payload):
 
 def tokens_disagree(result, payload):
     # "tokens of 10^12 trains the step silently at loss 0" (issue 31)
-    return result.model_copy(update={"sample": result.sample.model_copy(update={"tokens": 10**12})}), payload
+    return result.replace(**{"sample": result.sample.replace(**{"tokens": 10**12})}), payload
 
 
 def rows_disagree(result, payload):
-    return result.model_copy(update={"sample": result.sample.model_copy(update={"rows": 3})}), payload
+    return result.replace(**{"sample": result.sample.replace(**{"rows": 3})}), payload
 
 
 FORGERIES = {"nan_logprob": (nan_logprob, "logprobs[3] is nan"),

@@ -12,7 +12,6 @@ from streamgrp.core import codec
 from streamgrp.core.fast_decode import (
     fast_group_decided,
     fast_sample_payload,
-    fast_slot_result,
     fast_step_manifest,
 )
 from streamgrp.core.values import INT64_MAX
@@ -29,37 +28,6 @@ def _edits(keys: list[str], values, part: str = ""):
     another key added: ``(how, key, value)`` as `_edit` takes it, ``how`` naming the part."""
     hows = [f"{how} {part}".strip() for how in ("set", "drop", "add")]
     return st.tuples(st.sampled_from(hows), st.sampled_from(keys), values)
-
-
-@st.composite
-def _valid_header(draw) -> dict:
-    outcome = draw(st.sampled_from(["sample", "rejected", "failed"]))
-    sample = draw(st.fixed_dictionaries({
-        "rows": st.integers(1, INT64_MAX), "tokens": _COUNT, "version": _COUNT,
-        "reward": st.floats(allow_nan=False, allow_infinity=False),
-        "digest": st.text(min_size=1, max_size=128)})) if outcome == "sample" else None
-    error = draw(st.text(min_size=1, max_size=5)) if outcome == "failed" else draw(st.none() | st.text(max_size=3))
-    return {"schema_version": 2, "producer": draw(st.text(max_size=5)), "seq": draw(_COUNT), "kind": "slot_result",
-            "task_id": draw(st.text(min_size=1, max_size=256)), "slot": draw(_COUNT), "outcome": outcome,
-            "sample": sample, "error": error}
-
-
-_KEYS = ["schema_version", "producer", "seq", "kind", "task_id", "slot", "outcome", "sample", "error"]
-_SUMMARY_KEYS = ["rows", "tokens", "version", "reward", "digest"]
-#: One change to a valid header: a key given another value, dropped, or added; or the same in its summary.
-_CHANGE = st.one_of(st.none(), _edits(_KEYS, _ODD), _edits(_SUMMARY_KEYS, _ODD, "summary"))
-
-
-def _changed(header: dict, change) -> dict:
-    if change is None:
-        return header
-    how, key, value = change
-    if how.endswith("summary"):
-        if isinstance(header["sample"], dict):
-            _edit(header["sample"], how, key, value)
-        return header
-    _edit(header, how, key, value)
-    return header
 
 
 def _edit(target: dict, how: str, key: str, value) -> None:
@@ -79,7 +47,6 @@ def _edit(target: dict, how: str, key: str, value) -> None:
 def _full(header: dict, blob: bytes = b""):
     """The full decoder's event for ``header`` (every fast path off), or None where it refuses it."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(codec, "fast_slot_result", lambda header: None)
         patch.setattr(codec, "fast_group_decided", lambda header: None)
         patch.setattr(codec, "fast_step_manifest", lambda header: None)
         patch.setattr(codec, "fast_sample_payload", lambda header, blob: None)
@@ -87,12 +54,6 @@ def _full(header: dict, blob: bytes = b""):
             return codec.decode({b"h": orjson.dumps(header), **({b"b": blob} if blob else {})})
         except DecodeError:
             return None
-
-
-@settings(max_examples=examples(800), deadline=None)
-@given(header=_valid_header(), change=_CHANGE)
-def test_the_fast_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(header, change):
-    _check_fast_path(fast_slot_result, _changed(header, change))
 
 
 def _check_fast_path(fast_decode, header: dict):
@@ -110,46 +71,6 @@ def _check_fast_path(fast_decode, header: dict):
     assert fast == full and codec.encode(fast) == codec.encode(full)
     assert fast.model_fields_set == full.model_fields_set
     return fast, full
-
-
-def test_a_plain_header_takes_the_fast_path_and_a_refused_one_gets_the_full_reason():
-    good = {"schema_version": 2, "producer": "w", "seq": 1, "kind": "slot_result", "task_id": "t", "slot": 0,
-            "outcome": "sample", "sample": {"rows": 1, "tokens": 4, "version": 0, "reward": 0.5, "digest": "ab"},
-            "error": None}
-    assert fast_slot_result(good) == _full(good)
-    bad = {**good, "sample": {**good["sample"], "rows": True}}
-    assert fast_slot_result(bad) is None
-    with pytest.raises(DecodeError) as refused:
-        codec.decode({b"h": orjson.dumps(bad)})
-    assert refused.value.reason == "wrong_type"
-
-
-_GOOD = ('{"schema_version":2,"producer":"w","seq":1,"kind":"slot_result","task_id":"t","slot":0,"outcome":"sample",'
-         '"sample":{"rows":1,"tokens":4,"version":0,"reward":0.5,"digest":"ab"},"error":null}')
-
-
-@pytest.mark.parametrize("edit", [('"t"', '"' + "x" * 257 + '"'), ('"ab"', '"' + "d" * 129 + '"'),
-                                  ('"slot":0', '"slot":true'), ('"seq":1', f'"seq":{INT64_MAX + 1}'),
-                                  ('"rows":1', '"rows":0'), ('"schema_version":2', '"schema_version":1'),
-                                  (',"error":null', ''), ('"error":null', '"error":null,"x":1'),
-                                  ('"reward":0.5', '"reward":1')])
-def test_headers_at_or_past_a_bound_or_in_another_shape_leave_the_fast_path(edit):
-    header = orjson.loads(_GOOD.replace(*edit))
-    assert fast_slot_result(header) is None
-
-
-def test_a_reward_that_is_not_finite_leaves_the_fast_path():
-    header = orjson.loads(_GOOD)  # JSON cannot carry one; a header parsed elsewhere might
-    header["sample"]["reward"] = float("inf")
-    assert fast_slot_result(header) is None
-
-
-@pytest.mark.parametrize("edit", [('"t"', '"' + "x" * 256 + '"'), ('"ab"', '"' + "d" * 128 + '"'),
-                                  ('"seq":1', f'"seq":{INT64_MAX}'), ('"outcome":"sample"', '"outcome":"sample"')])
-def test_headers_at_the_bounds_take_the_fast_path_to_the_same_event(edit):
-    header = orjson.loads(_GOOD.replace(*edit))
-    fast = fast_slot_result(header)
-    assert fast is not None and fast == _full(header)
 
 
 # -- group decisions -------------------------------------------------------------------------------------

@@ -130,8 +130,7 @@ def test_a_group_published_across_the_digest_change_checks_each_member_as_its_de
     slot = codec.decode(log["slots"]["1-1"])  # task t0, slot 0
     legacy = codec.entry_digest(log["payloads"]["1-1"], like=codec.UNTAGGED)
     assert legacy != slot.sample.digest and not legacy.startswith(codec.DIGEST_PREFIX)
-    log["slots"]["1-1"] = codec.encode(slot.model_copy(update={"sample": slot.sample.model_copy(
-        update={"digest": legacy})}))
+    log["slots"]["1-1"] = codec.encode(slot.replace(sample=slot.sample.replace(digest=legacy)))
     _, outputs = run_fold(POLICY, ((entry_id, codec.decode(fields)) for entry_id, fields in log["slots"].items()))
     groups = [(f"{100 + i}-0", output.decision) for i, output in enumerate(outputs) if isinstance(output, Closed)]
     manifest = make_manifest(7, 3, groups, 2, 123.0)

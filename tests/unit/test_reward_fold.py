@@ -130,5 +130,5 @@ def test_a_reward_event_carries_exactly_one_finite_outcome(fields, message):
 def test_only_a_sample_can_wait_for_its_reward():
     from streamgrp.core.events import SlotResult
 
-    with pytest.raises(ValidationError, match="only a sample can wait"):
+    with pytest.raises(ValueError, match="only a sample can wait"):
         SlotResult(task_id="t1", slot=0, outcome="rejected", reward_pending=True)
