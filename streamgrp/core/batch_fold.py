@@ -33,9 +33,10 @@ GroupFilter = Callable[[GroupDecided], bool]
 Buffered = tuple[str, GroupDecided]
 
 # Why a trainable group was discarded instead of trained.
-STALE = "stale"
-FILTERED = "filtered"
-LEFTOVER = "leftover"
+DiscardReason = Literal["stale", "filtered", "leftover"]
+STALE: DiscardReason = "stale"
+FILTERED: DiscardReason = "filtered"
+LEFTOVER: DiscardReason = "leftover"
 
 
 def is_stale(decision: GroupDecided, current_version: int, max_staleness: int) -> bool:
@@ -128,7 +129,7 @@ class Discarded:
 
     entry_id: str
     decision: GroupDecided
-    reason: str
+    reason: DiscardReason
     detail: str
     current_version: int | None = None
 

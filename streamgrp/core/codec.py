@@ -83,7 +83,7 @@ from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, i
 )
 from streamgrp.core.value_checks import token_id_problem
 from streamgrp.core.values import INT64_MAX
-from streamgrp.core.wire import ENCODER, WireEvent, decoder, reason_of
+from streamgrp.core.wire import ENCODER, WireEvent, dec_hook, decoder, reason_of
 from streamgrp.errors import DecodeError
 
 #: Entry fields as a stream read returns them: bytes names and values, or str from a client that decodes
@@ -121,6 +121,13 @@ def encode(event: Any) -> dict[bytes, bytes]:
     if blobs:
         fields[BLOB] = b"".join(blobs)
     return fields
+
+
+def stamped(event: Any, *, producer: str, seq: int) -> Any:
+    """``event`` as written by ``producer`` at sequence number ``seq`` (a copy)."""
+    if isinstance(event, WireEvent):
+        return event.replace(producer=producer, seq=seq)
+    return event.model_copy(update={"producer": producer, "seq": seq})
 
 
 def struct_header(event: WireEvent) -> bytes:
@@ -318,7 +325,7 @@ _STRUCT_NAMES = frozenset(model.__name__ for model in _STRUCT_EVENTS)
 def _struct_event(model: Any, data: dict[str, Any], descriptors: int) -> Any:
     """A Struct event from its parsed header, with the reason of the first thing it breaks."""
     try:
-        event = msgspec.convert(data, model)
+        event = msgspec.convert(data, model, dec_hook=dec_hook)
     except msgspec.ValidationError as exc:
         raise DecodeError(reason_of(exc), clip(safe_text(exc), 280)) from None
     if descriptors:

@@ -12,7 +12,8 @@ import math
 from typing import Annotated, Any, Literal
 
 import msgspec
-from pydantic import Field, StrictBool, field_validator, model_validator
+from msgspec import Meta
+from pydantic import Field, model_validator
 
 from streamgrp.core import wire
 from streamgrp.core.event_base import READABLE_SCHEMAS, SCHEMA_VERSION, _Event
@@ -32,16 +33,14 @@ from streamgrp.core.members import (
 from streamgrp.core.policy import GroupPolicy
 from streamgrp.core.values import (
     Float,
-    FreeForm,
     Frozen,
     Int,
     NonNegInt,
     Outcome,
     RawArray,
     Sample,
-    check_strict_numbers,
 )
-from streamgrp.core.wire import Record, WireEvent
+from streamgrp.core.wire import Record, WireEvent, as_tuples, check_free_form
 
 #: The most rows a reward may name (a sample's rows; more is not a reward streamgrp wrote).
 MAX_REWARD_ROWS = 4096
@@ -54,33 +53,28 @@ __all__ = ["EVENT_TYPES", "READABLE_SCHEMAS", "SCHEMA_VERSION", "CheckpointSaved
            "WeightsServed"]
 
 
-class RunStarted(_Event):
+class RunStarted(WireEvent, frozen=True, kw_only=True, tag="run_started"):
     """The run's first event: its recorded configuration, which every later process must match."""
 
-    kind: Literal["run_started"] = "run_started"
     run: str
     policy: GroupPolicy
-    settings: FreeForm = Field(default_factory=dict)
-    started_at: Float
+    settings: dict[str, Any] = msgspec.field(default_factory=dict)
+    started_at: wire.Float
 
-    @field_validator("policy", mode="before")
-    @classmethod
-    def _strict_policy_numbers(cls, value: Any) -> Any:
-        # GroupPolicy's own fields are lax (``true`` would pass as n_samples=1); a recorded
-        # policy is read as strictly as every other event field.
-        if isinstance(value, dict):
-            check_strict_numbers(GroupPolicy, value, "")
-        return value
+    def __post_init__(self) -> None:
+        check_free_form(self.settings, "settings")
 
 
-class TaskIssued(_Event):
+class TaskIssued(WireEvent, frozen=True, kw_only=True, tag="task_issued"):
     """A prompt to sample ``n_samples`` times; ``issued_at`` is in the server's clock (seconds)."""
 
-    kind: Literal["task_issued"] = "task_issued"
-    task_id: str = Field(min_length=1, max_length=256)
-    prompt: FreeForm = Field(default_factory=dict)
-    version: NonNegInt = 0
-    issued_at: Float
+    task_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    prompt: dict[str, Any] = msgspec.field(default_factory=dict)
+    version: wire.NonNegInt = 0
+    issued_at: wire.Float
+
+    def __post_init__(self) -> None:
+        check_free_form(self.prompt, "prompt")
 
 
 def check_outcome(outcome: str, sample: object, error: str | None) -> None:
@@ -143,7 +137,7 @@ class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=Tru
         return fields
 
 
-class SlotRewarded(_Event):
+class SlotRewarded(WireEvent, frozen=True, kw_only=True, tag="slot_rewarded"):
     """The reward of a slot whose result was published with ``reward_pending``: one value per row of
     its sample, or one for all its rows (``rewards``), a rejection (``reason``: the scorer refused the
     sample; the slot becomes ``rejected``) or a failure (``error``: scoring raised for good; the slot
@@ -152,21 +146,19 @@ class SlotRewarded(_Event):
     slot wins, a second is counted as a duplicate, one for a slot that is not waiting (an unknown
     task, a decided group, a slot whose result carried its reward) as late."""
 
-    kind: Literal["slot_rewarded"] = "slot_rewarded"
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
-    rewards: tuple[Float, ...] | None = Field(default=None, min_length=1, max_length=MAX_REWARD_ROWS)
-    reason: str | None = Field(default=None, min_length=1, max_length=1024)
-    error: str | None = Field(default=None, min_length=1, max_length=4096)
-    scorer: str = Field(default="", max_length=256)
+    task_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    slot: wire.NonNegInt
+    rewards: Annotated[tuple[wire.Float, ...], Meta(min_length=1, max_length=MAX_REWARD_ROWS)] | None = None
+    reason: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
+    error: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None
+    scorer: Annotated[str, Meta(max_length=256)] = ""
 
-    @model_validator(mode="after")
-    def _check_reward(self) -> SlotRewarded:
+    def __post_init__(self) -> None:
         given = [name for name in ("rewards", "reason", "error") if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError("a reward carries exactly one of rewards (one per row, finite: `Float`), a rejection "
                              f"reason or an error, got {given or 'none'}")
-        return self
+        as_tuples(self, "rewards")
 
     @property
     def outcome(self) -> Outcome:
@@ -243,14 +235,13 @@ class GroupDecided(_Event):
         return sum(member.tokens for member in self.members)
 
 
-class RunTerminated(_Event):
+class RunTerminated(WireEvent, frozen=True, kw_only=True, tag="run_failed"):
     """The run failed for good (contract violation, stall bound): every trainer rank raises ``message``."""
 
-    kind: Literal["run_failed"] = "run_failed"
     reason: str
     message: str
     task_id: str | None = None
-    step: Int | None = None
+    step: wire.Int | None = None
 
 
 class ShardGroup(Frozen):
@@ -304,70 +295,64 @@ class StepManifest(_Event):
     created_at: Float
 
 
-class GroupDiscarded(_Event):
+class GroupDiscarded(WireEvent, frozen=True, kw_only=True, tag="group_discarded"):
     """A decided, trainable group the batcher did not train: ``stale``, ``filtered``, or ``leftover``
     (fewer than dp_size groups remained when the dataset ran out)."""
 
-    kind: Literal["group_discarded"] = "group_discarded"
     task_id: str
     reason: Literal["stale", "filtered", "leftover"]
     #: The decision's entry id; in a partitioned run `streamgrp.core.manifest.decision_ref`'s ``ID@P``.
     decision_entry: str
-    group_version: Int | None = None
-    current_version: Int | None = None
+    group_version: wire.Int | None = None
+    current_version: wire.Int | None = None
     detail: str = ""
 
 
-class StepCommitted(_Event):
+class StepCommitted(WireEvent, frozen=True, kw_only=True, tag="step_committed"):
     """A trainer rank finished a step, in ``attempt`` of its trainer group (0: written before attempts)."""
 
-    kind: Literal["step_committed"] = "step_committed"
-    step: Int
-    rank: Int
-    world_size: Int
-    attempt: NonNegInt = 0
+    step: wire.Int
+    rank: wire.Int
+    world_size: wire.Int
+    attempt: wire.NonNegInt = 0
 
 
-class StepFailed(_Event):
+class StepFailed(WireEvent, frozen=True, kw_only=True, tag="step_failed"):
     """A trainer rank's step raised; ``error`` is the exception text."""
 
-    kind: Literal["step_failed"] = "step_failed"
-    step: Int
-    rank: Int
+    step: wire.Int
+    rank: wire.Int
     error: str
 
 
-class StepRowsTrained(_Event):
+class StepRowsTrained(WireEvent, frozen=True, kw_only=True, tag="step_rows_trained"):
     """Part of a rank's next step is trained: ``rows`` (indices into its shard of ``step``) were in a completed
     optimizer step of ``attempt``, the rest not yet. Written by trainers whose optimizer steps do not line up
     with streamgrp's steps (`streamgrp.train.trl_async`), which commit a step only once all of its rows were
     trained; a restart hands the other rows. Each record lists every trained row of the step so far."""
 
-    kind: Literal["step_rows_trained"] = "step_rows_trained"
-    step: NonNegInt
-    rank: NonNegInt
-    attempt: NonNegInt
-    rows: tuple[NonNegInt, ...]
+    step: wire.NonNegInt
+    rank: wire.NonNegInt
+    attempt: wire.NonNegInt
+    rows: tuple[wire.NonNegInt, ...]
     #: The rows of the rank's shard of the step.
-    total: NonNegInt
+    total: wire.NonNegInt
 
-    @model_validator(mode="after")
-    def _rows_in_shard(self) -> StepRowsTrained:
+    def __post_init__(self) -> None:
+        as_tuples(self, "rows")
         if list(self.rows) != sorted(set(self.rows)) or (self.rows and self.rows[-1] >= self.total):
             raise ValueError(f"rows must be distinct, ascending and below total={self.total}")
-        return self
 
 
-class VersionAdvanced(_Event):
+class VersionAdvanced(WireEvent, frozen=True, kw_only=True, tag="version"):
     """Every rank committed ``step``: the policy is now at ``version``. Versions only grow: ``step + 1``
     until a trainer group rolls back, and after that beyond every version the lost weights may have used."""
 
-    kind: Literal["version"] = "version"
-    version: Int
-    step: Int
+    version: wire.Int
+    step: wire.Int
 
 
-class TrainingResumed(_Event):
+class TrainingResumed(WireEvent, frozen=True, kw_only=True, tag="training_resumed"):
     """A trainer group started attempt ``attempt`` at ``step``, every rank's position set to ``step - 1``.
 
     ``reason`` says where ``step`` came from: ``checkpoint`` (the weights hold every step before it, a
@@ -377,53 +362,52 @@ class TrainingResumed(_Event):
     The steps of this attempt publish versions from ``base_version + 1`` on, above any version a lost
     attempt may have handed out."""
 
-    kind: Literal["training_resumed"] = "training_resumed"
-    attempt: NonNegInt
-    step: NonNegInt
-    world_size: Int
-    base_version: NonNegInt
+    attempt: wire.NonNegInt
+    step: wire.NonNegInt
+    world_size: wire.Int
+    base_version: wire.NonNegInt
     reason: Literal["checkpoint", "lowest_rank", "start"]
-    retrain_through: Int = -1
+    retrain_through: wire.Int = -1
     #: The rank whose start created the attempt.
-    rank: NonNegInt = 0
+    rank: wire.NonNegInt = 0
 
 
-class CheckpointSaved(_Event):
+class CheckpointSaved(WireEvent, frozen=True, kw_only=True, tag="checkpoint_saved"):
     """A trainer group's checkpoint of the weights after ``step`` (and the optimizer's state) is durable
     at ``path``: written by ``ranks`` (each rank that wrote a part), recorded only once every part is
     on disk, so a checkpoint killed mid-write is never recorded. ``version`` is the policy version
     those weights were published as; ``files`` maps each file (relative to ``path``) to its size in
     bytes, checked before loading."""
 
-    kind: Literal["checkpoint_saved"] = "checkpoint_saved"
-    step: NonNegInt
-    version: NonNegInt
+    step: wire.NonNegInt
+    version: wire.NonNegInt
     path: str
-    ranks: tuple[NonNegInt, ...]
-    world_size: Int
-    attempt: NonNegInt = 0
-    files: dict[str, NonNegInt] = Field(default_factory=dict)
+    ranks: tuple[wire.NonNegInt, ...]
+    world_size: wire.Int
+    attempt: wire.NonNegInt = 0
+    files: dict[str, wire.NonNegInt] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        as_tuples(self, "ranks")
 
 
-class RunFinished(_Event):
+class RunFinished(WireEvent, frozen=True, kw_only=True, tag="run_finished"):
     """The dataset is exhausted and every accepted group was batched: ``steps`` is the last step + 1."""
 
-    kind: Literal["run_finished"] = "run_finished"
-    steps: Int
+    steps: wire.Int
 
 
-class WeightsServed(_Event):
+class WeightsServed(WireEvent, frozen=True, kw_only=True, tag="weights_served"):
     """An inference server was told to serve policy ``version`` (written by `streamgrp weight-sync` to the
     control stream): ``ok`` says whether it answered that it does, ``detail`` what it said or why not."""
 
-    kind: Literal["weights_served"] = "weights_served"
     server: str
-    version: NonNegInt
+    version: wire.NonNegInt
     dialect: str
-    ok: StrictBool
+    ok: bool
     detail: str = ""
-    seconds: Float = 0.0
-    at: Float = 0.0
+    seconds: wire.Float = 0.0
+    at: wire.Float = 0.0
 
 
 _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload, Tick, GroupDecided, RunTerminated,

@@ -51,7 +51,7 @@ Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 FREE_FORM_DEPTH = 24
 
 
-def _check_free_form_depth(value: dict[str, Any]) -> dict[str, Any]:
+def check_free_form_depth(value: dict[str, Any]) -> dict[str, Any]:
     if not value:
         return value  # the common case (an empty meta) costs nothing
     # An explicit stack, not recursion: a hostile value must not reach Python's recursion limit.
@@ -67,7 +67,7 @@ def _check_free_form_depth(value: dict[str, Any]) -> dict[str, Any]:
 
 
 #: A free-form JSON object (prompt, meta, settings), at most `FREE_FORM_DEPTH` levels deep.
-FreeForm = Annotated[dict[str, Any], AfterValidator(_check_free_form_depth)]
+FreeForm = Annotated[dict[str, Any], AfterValidator(check_free_form_depth)]
 
 #: The one dtype table. name (also torch's attribute name) -> (item size in bytes, `array` typecode
 #: for building from Python values or None, safetensors code). `streamgrp.train.dtypes` derives the

@@ -18,8 +18,11 @@ import functools
 from typing import Annotated, Any
 
 import msgspec
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
 
-from streamgrp.core.values import INT64_MAX, INT64_MIN
+from streamgrp.core.policy import GroupPolicy
+from streamgrp.core.values import INT64_MAX, INT64_MIN, check_free_form_depth, check_strict_numbers
 
 #: Schema version written today (also `streamgrp.core.event_base.SCHEMA_VERSION`).
 WIRE_SCHEMA = 2
@@ -46,7 +49,25 @@ class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
     def to_builtins(self) -> Any:
         """Plain JSON values (``model_dump(mode="json")`` of the pydantic models before)."""
-        return msgspec.to_builtins(self)
+        return msgspec.to_builtins(self, enc_hook=_enc_hook)
+
+
+def as_tuples(record: Record, *names: str) -> None:
+    """Fields ``names`` of ``record`` held as tuples when Python gave lists (decoding gives tuples already), so
+    a record built in Python equals, and hashes like, the one read back."""
+    for name in names:
+        value = getattr(record, name)
+        if value.__class__ is list:
+            msgspec.structs.force_setattr(record, name, tuple(value))
+
+
+def check_free_form(value: dict[str, Any], name: str) -> None:
+    """A free-form object (prompt, meta, settings) nests at most `streamgrp.core.values.FREE_FORM_DEPTH` levels."""
+    if value:
+        try:
+            check_free_form_depth(value)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
 
 
 class WireEvent(Record, frozen=True, forbid_unknown_fields=True, kw_only=True, tag_field="kind"):
@@ -65,23 +86,60 @@ class WireEvent(Record, frozen=True, forbid_unknown_fields=True, kw_only=True, t
 def jsonable(event: Any) -> Any:
     """An event as plain JSON values, whichever schema library defines it."""
     if isinstance(event, msgspec.Struct):
-        return msgspec.to_builtins(event)
+        return msgspec.to_builtins(event, enc_hook=_enc_hook)
     return event.model_dump(mode="json")
+
+
+def _policy(value: Any) -> GroupPolicy:
+    """A recorded group policy (a settings model inside `RunStarted`), read as strictly as every event field:
+    GroupPolicy's own fields are lax (``true`` would pass as n_samples=1)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"Expected `object`, got `{type(value).__name__}`")
+    try:
+        check_strict_numbers(GroupPolicy, value, "")
+        return GroupPolicy.model_validate(value)
+    except PydanticCustomError as exc:
+        raise ValueError(f"wrong_type: {exc}") from None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        reason = "missing_field" if error["type"] == "missing" else \
+            "wrong_type" if error["type"].endswith(("_type", "_parsing")) or error["type"] == "literal_error" else \
+            "invalid_value"
+        raise ValueError(f"{reason}: {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+
+
+def dec_hook(kind: Any, value: Any) -> Any:
+    """Values of types that are not Structs: the group policy, a settings model."""
+    if kind is GroupPolicy:
+        return _policy(value)
+    raise NotImplementedError(f"no decoder for {kind!r}")
+
+
+def _enc_hook(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise NotImplementedError(f"cannot encode a {type(value).__name__}")
 
 
 @functools.cache
 def decoder(kind: Any) -> msgspec.json.Decoder[Any]:
     """The JSON decoder of ``kind`` (a Struct class or a union of tagged ones), built once."""
-    return msgspec.json.Decoder(kind)
+    return msgspec.json.Decoder(kind, dec_hook=dec_hook)
 
 
-ENCODER = msgspec.json.Encoder()
+ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+_HOOK_REASONS = frozenset({"missing_field", "wrong_type", "invalid_value"})
 
 
 def reason_of(exc: msgspec.ValidationError) -> str:
     """The codec reason of a msgspec validation error, as pydantic's error types mapped before: a missing
     field, a wrong JSON type (literals included), else a value the schema refuses."""
     text = str(exc)
+    reason = text.partition(":")[0]
+    if reason in _HOOK_REASONS:  # a check that names its reason (a recorded policy)
+        return reason
     if text.startswith("Object missing required field"):
         return "missing_field"
     if text.startswith("Invalid enum value") or (text.startswith("Expected `") and ", got `" in text):

@@ -349,7 +349,7 @@ class Batcher:
 
     def _header(self, event) -> bytes:
         self._seq += 1
-        return codec.encode(event.model_copy(update={"producer": self.name, "seq": self._seq}))[codec.HEADER]
+        return codec.encode(codec.stamped(event, producer=self.name, seq=self._seq))[codec.HEADER]
 
     def _discard_header(self, output: batch_fold.Discarded) -> bytes:
         decision = output.decision

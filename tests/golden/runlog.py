@@ -101,7 +101,7 @@ def load_run(client, path: Path, run: str, *, edit: Edit | None = None, groups: 
 def _renamed(fields: dict[bytes, bytes], run: str) -> dict[bytes, bytes]:
     event = codec.decode(fields)
     if isinstance(event, RunStarted):
-        return codec.encode(event.model_copy(update={"run": run}))
+        return codec.encode(event.replace(run=run))
     return fields
 
 

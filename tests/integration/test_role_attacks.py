@@ -153,7 +153,7 @@ def test_a_run_record_the_trainer_appends_before_the_batcher_is_not_adopted(clie
     run = join_run(client, other.run, RunConfig(n_samples=4))
     trainer_b = RoleUsers(client, other.run)
     try:
-        trainer_b.client("trainer").xadd(other.control, codec.encode(forged.model_copy(update={"run": other.run})))
+        trainer_b.client("trainer").xadd(other.control, codec.encode(forged.replace(run=other.run)))
         assert join_run(client, other.run, RunConfig()).config.n_samples == run.config.n_samples == 4
     finally:
         trainer_b.close()
