@@ -41,7 +41,7 @@ def check_against_the_record(tables: dict[str, list[dict]], source, run: str) ->
         assert (row["task_id"], row["decision"], row["reason"], row["closed_by"], row["error"]) == \
             (d.task_id, d.decision, d.reason, d.closed_by, d.error)
         assert (row["issued_at"], row["decided_at"], row["producer"]) == (d.issued_at, d.decided_at, d.producer)
-        assert {k: row[k] for k in d.stats.model_dump()} == d.stats.model_dump()
+        assert {k: row[k] for k in d.stats.to_builtins()} == d.stats.to_builtins()
         assert row["member_slots"] == [m.slot for m in d.members] and row["version"] == d.version
         assert row["slot_outcomes"] == [d.slot_outcomes[str(i)] for i in range(d.stats.target_slot_count)]
         assert (row["rows"], row["tokens"]) == (sum(m.rows for m in d.members), d.valid_tokens)

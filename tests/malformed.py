@@ -45,7 +45,7 @@ TOKENS = (b"true", b"false", b"null", b"[", b"]", b"{", b"}", b'"', b",", b":", 
 
 def _decision(task: int, members: int = 2) -> GroupDecided:
     slots = tuple(range(members))
-    return GroupDecided(task_id=f"g{task}", decision="complete", members=slots,
+    return GroupDecided(task_id=f"g{task}", decision="complete", slots=slots,
                         member_entries=tuple(f"{task}-{m}" for m in slots),
                         member_digests=tuple(f"{task:02d}{m:030d}" for m in slots), member_rows=(1,) * members,
                         member_tokens=tuple(5 + m for m in slots), member_versions=(0,) * members,

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from streamgrp.core.digests import (  # noqa: F401 - the digests' names, importable from here as before
     DIGEST_PREFIX,
@@ -60,11 +60,7 @@ from streamgrp.core.events import (
     SampleSummary,
     SlotResult,
 )
-from streamgrp.core.fast_decode import (
-    fast_group_decided,
-    fast_sample_payload,
-    fast_step_manifest,
-)
+from streamgrp.core.fast_decode import fast_sample_payload
 from streamgrp.core.legacy import LEGACY_SCHEMA, SlotResultV1
 from streamgrp.core.shown import (
     clip,
@@ -101,11 +97,9 @@ DECODE_REASONS = frozenset({
 _WRONG_TYPE_SUFFIXES = ("_type", "_parsing")
 
 
-#: Events defined as msgspec Structs (`streamgrp.core.wire`), decoded in one compiled pass.
-_STRUCT_EVENTS = tuple(model for model in EVENT_TYPES.values() if issubclass(model, WireEvent))
-_ANY_STRUCT_EVENT: Any = Union[_STRUCT_EVENTS]  # noqa: UP007 - a union of a runtime tuple of types
-#: The compiled decoder of every Struct event, by its tag.
-_STRUCT_DECODER = decoder(_ANY_STRUCT_EVENT)
+#: The compiled decoder of each event defined as a msgspec Struct (`streamgrp.core.wire`), by its kind.
+_STRUCT_DECODERS = {kind: decoder(model) for kind, model in EVENT_TYPES.items() if issubclass(model, WireEvent)}
+_KIND_KEY = b'"kind":"'
 #: How a result leaves out ``reward_pending`` when it is not set (its last field).
 _NOT_PENDING = b',"reward_pending":false}'
 
@@ -278,24 +272,26 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     if not blob:
         # One compiled pass for a valid header of a Struct event; anything else (an error, an older schema's
         # slot result) takes the checks below, which give the reason.
-        try:
-            decoded = _STRUCT_DECODER.decode(raw_header)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            decoded = None
+        # Which decoder: the kind as the encoder writes it (a header that only looks so fails the decoder's own
+        # check of its kind, and takes the checks below).
+        start = raw_header.find(_KIND_KEY) + len(_KIND_KEY)
+        struct_decoder = _STRUCT_DECODERS.get(raw_header[start:raw_header.find(b'"', start)].decode(errors="replace")) \
+            if start >= len(_KIND_KEY) else None
+        decoded = None
+        if struct_decoder is not None:
+            try:
+                decoded = struct_decoder.decode(raw_header)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass
         if decoded is not None and (decoded.schema_version == SCHEMA_VERSION or (
                 decoded.schema_version in READABLE_SCHEMAS and decoded.__class__ is not SlotResult)):
             return decoded
     header = _parse_header(raw_header)
     kind = header["kind"]
-    # None: not the plain case, so the full path below judges it
-    event: BaseModel | None
-    if not blob:
-        event = fast_group_decided(header) if kind == "group_decided" else \
-            fast_step_manifest(header) if kind == "step" else None
-    else:
-        event = fast_sample_payload(header, blob) if kind == "sample_payload" else None
-    if event is not None:
-        return event
+    if blob and kind == "sample_payload":
+        payload = fast_sample_payload(header, blob)  # None: not the plain case, so the full path below judges it
+        if payload is not None:
+            return payload
     legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"
     model = SlotResultV1 if legacy else EVENT_TYPES[header["kind"]]
     state = [0, 0]  # bytes of ``blob`` used so far, descriptors seen
@@ -319,7 +315,7 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     return event
 
 
-_STRUCT_NAMES = frozenset(model.__name__ for model in _STRUCT_EVENTS)
+_STRUCT_NAMES = frozenset(model.__name__ for model in EVENT_TYPES.values() if issubclass(model, WireEvent))
 
 
 def _struct_event(model: Any, data: dict[str, Any], descriptors: int) -> Any:
@@ -327,7 +323,7 @@ def _struct_event(model: Any, data: dict[str, Any], descriptors: int) -> Any:
     try:
         event = msgspec.convert(data, model, dec_hook=dec_hook)
     except msgspec.ValidationError as exc:
-        raise DecodeError(reason_of(exc), clip(safe_text(exc), 280)) from None
+        raise DecodeError(reason_of(exc, model, data), clip(safe_text(exc), 280)) from None
     if descriptors:
         raise DecodeError("bad_header", f"the header has {descriptors} tensor descriptors but the {event.kind} event "
                           "has no tensors: a descriptor sits in a field that takes no tensor")

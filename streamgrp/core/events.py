@@ -8,12 +8,14 @@ in `streamgrp.core.members`. Pure: no I/O.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta
-from pydantic import Field, model_validator
+from msgspec import UNSET, Meta, UnsetType
+from pydantic import Field
 
 from streamgrp.core import wire
 from streamgrp.core.event_base import READABLE_SCHEMAS, SCHEMA_VERSION, _Event
@@ -27,14 +29,23 @@ from streamgrp.core.members import (
     DecidedMember,
     GroupStats,
     Member,
-    from_columns,
-    member_columns,
+    RowRewards,
+    check_columns,
+    columns_of,
+    records_of,
 )
 from streamgrp.core.policy import GroupPolicy
+from streamgrp.core.training_events import (
+    CheckpointSaved,
+    RunFinished,
+    StepCommitted,
+    StepFailed,
+    StepRowsTrained,
+    TrainingResumed,
+    VersionAdvanced,
+    WeightsServed,
+)
 from streamgrp.core.values import (
-    Float,
-    Frozen,
-    Int,
     NonNegInt,
     Outcome,
     RawArray,
@@ -53,8 +64,10 @@ __all__ = ["EVENT_TYPES", "READABLE_SCHEMAS", "SCHEMA_VERSION", "CheckpointSaved
            "WeightsServed"]
 
 
-class RunStarted(WireEvent, frozen=True, kw_only=True, tag="run_started"):
+class RunStarted(WireEvent, frozen=True, kw_only=True):
     """The run's first event: its recorded configuration, which every later process must match."""
+
+    kind: Literal["run_started"] = "run_started"
 
     run: str
     policy: GroupPolicy
@@ -65,8 +78,10 @@ class RunStarted(WireEvent, frozen=True, kw_only=True, tag="run_started"):
         check_free_form(self.settings, "settings")
 
 
-class TaskIssued(WireEvent, frozen=True, kw_only=True, tag="task_issued"):
+class TaskIssued(WireEvent, frozen=True, kw_only=True):
     """A prompt to sample ``n_samples`` times; ``issued_at`` is in the server's clock (seconds)."""
+
+    kind: Literal["task_issued"] = "task_issued"
 
     task_id: Annotated[str, Meta(min_length=1, max_length=256)]
     prompt: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -110,8 +125,10 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
                    reward=sum(sample.rewards) / sample.rows, digest=digest)
 
 
-class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="slot_result"):
+class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """What a worker published for one slot: a sample (its summary), a rejection, or a failure with its text."""
+
+    kind: Literal["slot_result"] = "slot_result"
 
     task_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
     slot: wire.NonNegInt
@@ -130,14 +147,13 @@ class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=Tru
             raise ValueError(f"only a sample can wait for its reward, not a {self.outcome!r} slot")
 
     def wire_fields(self) -> dict[str, Any]:
-        """The fields as written (the header's keys and values but ``kind``)."""
-        fields = msgspec.structs.asdict(self)
+        fields = super().wire_fields()
         if not self.reward_pending:
             del fields["reward_pending"]
         return fields
 
 
-class SlotRewarded(WireEvent, frozen=True, kw_only=True, tag="slot_rewarded"):
+class SlotRewarded(WireEvent, frozen=True, kw_only=True):
     """The reward of a slot whose result was published with ``reward_pending``: one value per row of
     its sample, or one for all its rows (``rewards``), a rejection (``reason``: the scorer refused the
     sample; the slot becomes ``rejected``) or a failure (``error``: scoring raised for good; the slot
@@ -145,6 +161,8 @@ class SlotRewarded(WireEvent, frozen=True, kw_only=True, tag="slot_rewarded"):
     ``scorer`` names who scored it. Written to the group log after the result; the first reward of a
     slot wins, a second is counted as a duplicate, one for a slot that is not waiting (an unknown
     task, a decided group, a slot whose result carried its reward) as late."""
+
+    kind: Literal["slot_rewarded"] = "slot_rewarded"
 
     task_id: Annotated[str, Meta(min_length=1, max_length=256)]
     slot: wire.NonNegInt
@@ -177,8 +195,10 @@ class SamplePayload(_Event):
     sample: Sample
 
 
-class Tick(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="tick"):
+class Tick(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Time passing, in the server's clock; closes groups whose deadline is at or before ``now``."""
+
+    kind: Literal["tick"] = "tick"
 
     now: wire.Float
 
@@ -187,56 +207,64 @@ class Tick(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True, tag
             msgspec.structs.force_setattr(self, "now", float(self.now))
 
 
-class GroupDecided(_Event):
-    """The one decision for a task; ``members`` are its usable slots in slot order.
+class GroupDecided(WireEvent, frozen=True, kw_only=True, dict=True):
+    """The one decision for a task; ``members`` are its usable slots in slot order (`DecidedMember`
+    records), written as columns right after ``reason``: ``slots`` (written as ``members``),
+    ``member_entries`` and so on (`streamgrp.core.members`). Build one from records with `of`.
 
     ``slot_outcomes`` maps each slot index (as a string) to sample / rejected / failed / timeout.
     """
 
     kind: Literal["group_decided"] = "group_decided"
+
     task_id: str
     decision: Literal["complete", "partial", "dropped"]
     reason: str | None = None
-    members: tuple[DecidedMember, ...]
+    slots: tuple[wire.NonNegInt, ...] = msgspec.field(name="members")
+    member_entries: tuple[str, ...]
+    member_digests: tuple[str, ...] = ()
+    member_rows: tuple[wire.Int, ...]
+    member_tokens: tuple[wire.Int, ...]
+    member_versions: tuple[wire.Int, ...]
+    member_rewards: tuple[wire.Float | None, ...] = ()
+    member_row_rewards: RowRewards = UNSET
     slot_outcomes: dict[str, str]
     stats: GroupStats
     error: str | None = None
     closed_by: Literal["all_slots", "deadline"]
-    issued_at: Float | None = None
-    decided_at: Float | None = None
+    issued_at: wire.Float | None = None
+    decided_at: wire.Float | None = None
 
-    @model_validator(mode="before")
+    def __post_init__(self) -> None:
+        check_columns(self)
+
     @classmethod
-    def _members_from_columns(cls, data: Any) -> Any:
-        return from_columns(data, DecidedMember)
+    def of(cls, *, members: Sequence[DecidedMember], **fields: Any) -> GroupDecided:
+        """A decision of ``members`` (records) and the other ``fields``."""
+        return cls(**columns_of(members, DecidedMember), **fields)
 
-    def wire_fields(self) -> dict[str, Any]:
-        """The fields as schema 1 writes them: members as columns, right after ``reason``."""
-        fields = self.__dict__
-        wire: dict[str, Any] = {}
-        for name, value in fields.items():
-            if name != "members":
-                wire[name] = value
-            if name == "reason":
-                wire.update(member_columns(fields["members"], DecidedMember))
-        return wire
+    def with_members(self, members: Sequence[DecidedMember]) -> GroupDecided:
+        """A copy whose members are ``members``."""
+        return self.replace(**columns_of(members, DecidedMember))
 
-    @property
-    def slots(self) -> tuple[int, ...]:
-        return tuple(member.slot for member in self.members)
+    @functools.cached_property
+    def members(self) -> tuple[DecidedMember, ...]:
+        return records_of(self, DecidedMember)
 
     @property
     def version(self) -> int | None:
         """The group's policy version: the oldest among its members (SPEC section 4)."""
-        return min(member.version for member in self.members) if self.members else None
+        return min(self.member_versions) if self.slots else None
 
     @property
     def valid_tokens(self) -> int:
-        return sum(member.tokens for member in self.members)
+        return sum(self.member_tokens)
 
 
-class RunTerminated(WireEvent, frozen=True, kw_only=True, tag="run_failed"):
+class RunTerminated(WireEvent, frozen=True, kw_only=True):
     """The run failed for good (contract violation, stall bound): every trainer rank raises ``message``."""
+
+    kind: Literal["run_failed"] = "run_failed"
 
     reason: str
     message: str
@@ -244,60 +272,89 @@ class RunTerminated(WireEvent, frozen=True, kw_only=True, tag="run_failed"):
     step: wire.Int | None = None
 
 
-class ShardGroup(Frozen):
-    """One group as a step uses it: where its members are and what their bytes hash to."""
+class ShardGroup(Record, frozen=True, kw_only=True, dict=True):
+    """One group as a step uses it: where its members are (`Member` records, written as columns:
+    `streamgrp.core.members`) and what their bytes hash to. Build one from records with `of`."""
 
     task_id: str
     decision_entry: str
-    members: tuple[Member, ...]
+    slots: tuple[wire.NonNegInt, ...] = msgspec.field(name="members")
+    member_entries: tuple[str, ...]
+    member_rows: tuple[wire.Int, ...]
+    member_tokens: tuple[wire.Int, ...]
+    member_versions: tuple[wire.Int, ...]
+    member_row_rewards: RowRewards = UNSET
     digest: str
-    #: The run partition whose streams hold the decision and the members' entries (0 unpartitioned).
-    partition: NonNegInt = 0
+    #: The run partition whose streams hold the decision and the members' entries: written only when not 0,
+    #: so an unpartitioned run's manifests are what they always were (`partition` reads it).
+    written_partition: wire.NonNegInt | UnsetType = msgspec.field(name="partition", default=UNSET)
 
-    @model_validator(mode="before")
+    def __post_init__(self) -> None:
+        check_columns(self)
+        if self.written_partition == 0:
+            msgspec.structs.force_setattr(self, "written_partition", UNSET)
+
     @classmethod
-    def _members_from_columns(cls, data: Any) -> Any:
-        return from_columns(data, Member)
+    def of(cls, *, task_id: str, decision_entry: str, members: Sequence[Member], digest: str,
+           partition: int = 0) -> ShardGroup:
+        columns = columns_of(members, Member)
+        return cls(task_id=task_id, decision_entry=decision_entry, **columns, digest=digest,
+                   written_partition=partition or UNSET)
 
-    def wire_fields(self) -> dict[str, Any]:
-        """The fields as schema 1 writes them: members as columns; the partition only when not 0, so an
-        unpartitioned run's manifests are what they always were."""
-        partition = {"partition": self.partition} if self.partition else {}
-        return {"task_id": self.task_id, "decision_entry": self.decision_entry,
-                **member_columns(self.members, Member), "digest": self.digest, **partition}
+    def with_members(self, members: Sequence[Member]) -> ShardGroup:
+        """A copy whose members are ``members``."""
+        return self.replace(**columns_of(members, Member))
+
+    @property
+    def partition(self) -> int:
+        """The run partition of the group's streams (0 unpartitioned)."""
+        return 0 if self.written_partition is UNSET else self.written_partition
+
+    @functools.cached_property
+    def members(self) -> tuple[Member, ...]:
+        return records_of(self, Member)
 
     @property
     def valid_tokens(self) -> int:
-        return sum(member.tokens for member in self.members)
+        return sum(self.member_tokens)
 
     @property
     def rows(self) -> int:
-        return sum(member.rows for member in self.members)
+        return sum(self.member_rows)
 
 
-class Shard(Frozen):
+class Shard(Record, frozen=True, kw_only=True):
     """What one DP rank trains at a step: whole groups, and a digest over their members' bytes."""
 
-    rank: Int
+    rank: wire.Int
     groups: tuple[ShardGroup, ...]
-    tokens: Int
+    tokens: wire.Int
     digest: str
 
+    def __post_init__(self) -> None:
+        as_tuples(self, "groups")
 
-class StepManifest(_Event):
+
+class StepManifest(WireEvent, frozen=True, kw_only=True):
     """One optimizer step: its number, the policy version it was batched at, one shard per rank."""
 
     kind: Literal["step"] = "step"
-    step: NonNegInt
-    version: Int
+
+    step: wire.NonNegInt
+    version: wire.Int
     shards: tuple[Shard, ...]
-    imbalance: Float
-    created_at: Float
+    imbalance: wire.Float
+    created_at: wire.Float
+
+    def __post_init__(self) -> None:
+        as_tuples(self, "shards")
 
 
-class GroupDiscarded(WireEvent, frozen=True, kw_only=True, tag="group_discarded"):
+class GroupDiscarded(WireEvent, frozen=True, kw_only=True):
     """A decided, trainable group the batcher did not train: ``stale``, ``filtered``, or ``leftover``
     (fewer than dp_size groups remained when the dataset ran out)."""
+
+    kind: Literal["group_discarded"] = "group_discarded"
 
     task_id: str
     reason: Literal["stale", "filtered", "leftover"]
@@ -308,115 +365,15 @@ class GroupDiscarded(WireEvent, frozen=True, kw_only=True, tag="group_discarded"
     detail: str = ""
 
 
-class StepCommitted(WireEvent, frozen=True, kw_only=True, tag="step_committed"):
-    """A trainer rank finished a step, in ``attempt`` of its trainer group (0: written before attempts)."""
-
-    step: wire.Int
-    rank: wire.Int
-    world_size: wire.Int
-    attempt: wire.NonNegInt = 0
-
-
-class StepFailed(WireEvent, frozen=True, kw_only=True, tag="step_failed"):
-    """A trainer rank's step raised; ``error`` is the exception text."""
-
-    step: wire.Int
-    rank: wire.Int
-    error: str
-
-
-class StepRowsTrained(WireEvent, frozen=True, kw_only=True, tag="step_rows_trained"):
-    """Part of a rank's next step is trained: ``rows`` (indices into its shard of ``step``) were in a completed
-    optimizer step of ``attempt``, the rest not yet. Written by trainers whose optimizer steps do not line up
-    with streamgrp's steps (`streamgrp.train.trl_async`), which commit a step only once all of its rows were
-    trained; a restart hands the other rows. Each record lists every trained row of the step so far."""
-
-    step: wire.NonNegInt
-    rank: wire.NonNegInt
-    attempt: wire.NonNegInt
-    rows: tuple[wire.NonNegInt, ...]
-    #: The rows of the rank's shard of the step.
-    total: wire.NonNegInt
-
-    def __post_init__(self) -> None:
-        as_tuples(self, "rows")
-        if list(self.rows) != sorted(set(self.rows)) or (self.rows and self.rows[-1] >= self.total):
-            raise ValueError(f"rows must be distinct, ascending and below total={self.total}")
-
-
-class VersionAdvanced(WireEvent, frozen=True, kw_only=True, tag="version"):
-    """Every rank committed ``step``: the policy is now at ``version``. Versions only grow: ``step + 1``
-    until a trainer group rolls back, and after that beyond every version the lost weights may have used."""
-
-    version: wire.Int
-    step: wire.Int
-
-
-class TrainingResumed(WireEvent, frozen=True, kw_only=True, tag="training_resumed"):
-    """A trainer group started attempt ``attempt`` at ``step``, every rank's position set to ``step - 1``.
-
-    ``reason`` says where ``step`` came from: ``checkpoint`` (the weights hold every step before it, a
-    ``CheckpointSaved`` or the trainer's own ``resume_after``), ``lowest_rank`` (the lowest rank's next
-    step, without a checkpoint) or ``start`` (nothing committed yet). Steps ``step..retrain_through``
-    had been committed by some rank before and are trained again (the restarted weights lost them).
-    The steps of this attempt publish versions from ``base_version + 1`` on, above any version a lost
-    attempt may have handed out."""
-
-    attempt: wire.NonNegInt
-    step: wire.NonNegInt
-    world_size: wire.Int
-    base_version: wire.NonNegInt
-    reason: Literal["checkpoint", "lowest_rank", "start"]
-    retrain_through: wire.Int = -1
-    #: The rank whose start created the attempt.
-    rank: wire.NonNegInt = 0
-
-
-class CheckpointSaved(WireEvent, frozen=True, kw_only=True, tag="checkpoint_saved"):
-    """A trainer group's checkpoint of the weights after ``step`` (and the optimizer's state) is durable
-    at ``path``: written by ``ranks`` (each rank that wrote a part), recorded only once every part is
-    on disk, so a checkpoint killed mid-write is never recorded. ``version`` is the policy version
-    those weights were published as; ``files`` maps each file (relative to ``path``) to its size in
-    bytes, checked before loading."""
-
-    step: wire.NonNegInt
-    version: wire.NonNegInt
-    path: str
-    ranks: tuple[wire.NonNegInt, ...]
-    world_size: wire.Int
-    attempt: wire.NonNegInt = 0
-    files: dict[str, wire.NonNegInt] = msgspec.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        as_tuples(self, "ranks")
-
-
-class RunFinished(WireEvent, frozen=True, kw_only=True, tag="run_finished"):
-    """The dataset is exhausted and every accepted group was batched: ``steps`` is the last step + 1."""
-
-    steps: wire.Int
-
-
-class WeightsServed(WireEvent, frozen=True, kw_only=True, tag="weights_served"):
-    """An inference server was told to serve policy ``version`` (written by `streamgrp weight-sync` to the
-    control stream): ``ok`` says whether it answered that it does, ``detail`` what it said or why not."""
-
-    server: str
-    version: wire.NonNegInt
-    dialect: str
-    ok: bool
-    detail: str = ""
-    seconds: wire.Float = 0.0
-    at: wire.Float = 0.0
-
-
 _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload, Tick, GroupDecided, RunTerminated,
                  StepManifest, GroupDiscarded, StepCommitted, StepFailed, StepRowsTrained, VersionAdvanced, RunFinished, WeightsServed,
                  TrainingResumed, CheckpointSaved, SessionOpened, TurnRecorded, SessionEnded, SlotSegment)
 
 
 def _kind_of(model: Any) -> str:
-    return model.__struct_config__.tag if issubclass(model, WireEvent) else model.model_fields["kind"].default
+    if issubclass(model, WireEvent):
+        return next(info.default for info in msgspec.structs.fields(model) if info.name == "kind")
+    return model.model_fields["kind"].default
 
 
 EVENT_TYPES: dict[str, type[Any]] = {_kind_of(model): model for model in _EVENT_MODELS}

@@ -18,9 +18,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from msgspec import UNSET
+
 from streamgrp.core.decision import decide_group
 from streamgrp.core.events import (
-    DecidedMember,
     GroupDecided,
     SlotResult,
     SlotRewarded,
@@ -28,7 +29,6 @@ from streamgrp.core.events import (
     Tick,
 )
 from streamgrp.core.policy import GroupPolicy
-from streamgrp.core.values import built
 
 # Why a slot entry was acknowledged without being folded.
 DUPLICATE = "duplicate"
@@ -238,16 +238,24 @@ def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None
     row_counts = [results[i].rows if i in results and results[i].outcome == "sample" else None
                   for i in range(policy.n_samples)]
     decided = decide_group(policy, row_counts)
+    usable = [results[i] for i in decided.members]
+    digests = tuple(result.digest for result in usable)
+    rewards = tuple(result.reward for result in usable)
+    row_rewards = tuple(result.rewards for result in usable)
+    # The member columns straight from the slot results, validated when they were decoded (an optional column
+    # no member recorded is empty, as `streamgrp.core.members.columns_of` writes it).
     decision = GroupDecided(
         task_id=group.task_id,
         decision=decided.decision,
         reason=decided.reason,
-        # Built, not validated again: every value comes from a slot result validated when it was decoded.
-        members=tuple(built(DecidedMember, {"slot": i, "entry": results[i].entry_id, "rows": results[i].rows,
-                                            "tokens": results[i].tokens, "version": results[i].version,
-                                            "rewards": results[i].rewards, "digest": results[i].digest,
-                                            "reward": results[i].reward})
-                      for i in decided.members),
+        slots=tuple(decided.members),
+        member_entries=tuple(result.entry_id for result in usable),
+        member_digests=digests if any(digests) else (),
+        member_rows=tuple(result.rows for result in usable),
+        member_tokens=tuple(result.tokens for result in usable),
+        member_versions=tuple(result.version for result in usable),
+        member_rewards=rewards if any(reward is not None for reward in rewards) else (),
+        member_row_rewards=row_rewards if any(value is not None for value in row_rewards) else UNSET,
         slot_outcomes={str(i): results[i].outcome if i in results else "timeout" for i in range(policy.n_samples)},
         stats=decided.stats,
         error=decided.error,

@@ -14,15 +14,13 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from streamgrp.core.events import EVENT_TYPES, GroupDecided, RawArray, ShardGroup
+from streamgrp.core.events import EVENT_TYPES, RawArray
 from streamgrp.core.legacy import SlotResultV1
 from streamgrp.core.shown import clip, show
 from streamgrp.core.values import DTYPES
 from streamgrp.errors import DecodeError
 
 RAW_KEY = "__raw__"
-#: Models written in their `wire_fields` form rather than field by field.
-_WIRE_FORM = (GroupDecided, ShardGroup)
 #: The deepest a header's JSON objects and arrays may nest (the header itself is level 1; a
 #: tensor descriptor counts as one level). Encoded events reach about 6 (a step manifest).
 MAX_HEADER_DEPTH = 32
@@ -52,10 +50,7 @@ def to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
                 return [item if item.__class__ in _SCALARS else to_header(item, blobs, offset) for item in value]
         return value if kind is list else list(value)  # orjson writes a list of plain values as it is
     if isinstance(value, BaseModel):
-        # A model whose wire form differs from its fields (members as columns, a flag written only when
-        # set) says so by `wire_fields`.
-        # (the isinstance only tells the type checker what the exact-class test already established)
-        fields = value.wire_fields() if kind in _WIRE_FORM and isinstance(value, _WIRE_FORM) else value.__dict__
+        fields = value.__dict__
         return {name: item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
                 for name, item in fields.items()}
     if isinstance(value, (list, tuple)):

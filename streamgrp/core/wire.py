@@ -2,7 +2,7 @@
 checked in compiled code.
 
 Owns the base classes of every record on the wire (`Record`: frozen, unknown fields refused; `WireEvent`:
-the fields every event shares, ``kind`` as the tag of its class), the constrained value types
+the fields every event shares), the constrained value types
 (`Int`, `NonNegInt`, `PosInt`, `Float`), one cached JSON decoder per type (`decoder`) and how a msgspec
 validation error maps onto the codec's stable reasons (`reason_of`). Which events exist is
 `streamgrp.core.events`'; bytes, sizes and the order of checks are `streamgrp.core.codec`'s.
@@ -15,7 +15,8 @@ Python is checked when the codec encodes it (it decodes what it wrote), and its 
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any
+import re
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import msgspec
 from pydantic import BaseModel, ValidationError
@@ -47,6 +48,11 @@ class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         until encoded, as that was)."""
         return msgspec.structs.replace(self, **changes)
 
+    def wire_fields(self) -> dict[str, Any]:
+        """The fields by the names the header gives them (columns as columns), those left out of it not."""
+        return {info.encode_name: value for info in msgspec.structs.fields(self)
+                if (value := getattr(self, info.name)) is not msgspec.UNSET}
+
     def to_builtins(self) -> Any:
         """Plain JSON values (``model_dump(mode="json")`` of the pydantic models before)."""
         return msgspec.to_builtins(self, enc_hook=_enc_hook)
@@ -70,17 +76,17 @@ def check_free_form(value: dict[str, Any], name: str) -> None:
             raise ValueError(f"{name}: {exc}") from None
 
 
-class WireEvent(Record, frozen=True, forbid_unknown_fields=True, kw_only=True, tag_field="kind"):
+class WireEvent(Record, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Fields every event carries: schema version, and the producer's identity and sequence number. A
-    subclass names its ``kind`` (the tag) in its class keywords: ``tag="slot_result"``."""
+    subclass's first field is its ``kind``, a literal with that default (written right after these, as
+    every schema wrote it)."""
 
     schema_version: Int = WIRE_SCHEMA
     producer: str = ""
     seq: NonNegInt = 0
 
-    @property
-    def kind(self) -> str:
-        return self.__struct_config__.tag  # type: ignore[return-value]
+    if TYPE_CHECKING:
+        kind: str
 
 
 def jsonable(event: Any) -> Any:
@@ -123,7 +129,7 @@ def _enc_hook(value: Any) -> Any:
 
 @functools.cache
 def decoder(kind: Any) -> msgspec.json.Decoder[Any]:
-    """The JSON decoder of ``kind`` (a Struct class or a union of tagged ones), built once."""
+    """The JSON decoder of ``kind`` (a Struct class), built once."""
     return msgspec.json.Decoder(kind, dec_hook=dec_hook)
 
 
@@ -133,10 +139,14 @@ ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
 _HOOK_REASONS = frozenset({"missing_field", "wrong_type", "invalid_value"})
 
 
-def reason_of(exc: msgspec.ValidationError) -> str:
+def reason_of(exc: msgspec.ValidationError, model: Any = None, data: Any = None) -> str:
     """The codec reason of a msgspec validation error, as pydantic's error types mapped before: a missing
-    field, a wrong JSON type (literals included), else a value the schema refuses."""
+    field, a wrong JSON type (literals included), else a value the schema refuses. Given the ``model`` and
+    the ``data`` it refused, an object with an unknown field that also lacks a required one is a missing
+    field (pydantic judged the fields it defines before the ones it does not)."""
     text = str(exc)
+    if text.startswith("Object contains unknown field") and model is not None and _lacks_a_field(model, data, text):
+        return "missing_field"
     reason = text.partition(":")[0]
     if reason in _HOOK_REASONS:  # a check that names its reason (a recorded policy)
         return reason
@@ -145,3 +155,39 @@ def reason_of(exc: msgspec.ValidationError) -> str:
     if text.startswith("Invalid enum value") or (text.startswith("Expected `") and ", got `" in text):
         return "wrong_type"
     return "invalid_value"
+
+
+_STEP = re.compile(r"\.(\w+)|\[(\d+)\]")
+
+
+def _lacks_a_field(model: Any, data: Any, text: str) -> bool:
+    """Whether the object the error's path names (``- at `$.stats```) lacks a required field of its Struct."""
+    where = text.rpartition(" - at `$")[2].rstrip("`") if " - at `$" in text else ""
+    kind: Any = model
+    for name, index in _STEP.findall(where):
+        kind = _struct_in(kind)
+        if kind is None:
+            return False
+        if name:
+            info = {info.encode_name: info for info in msgspec.structs.fields(kind)}.get(name)
+            if info is None or not isinstance(data, dict):
+                return False
+            kind, data = info.type, data.get(name)
+        else:
+            if not isinstance(data, (list, tuple)) or int(index) >= len(data):
+                return False
+            args = [arg for arg in get_args(kind) if arg is not Ellipsis]
+            kind, data = (args[0] if args else Any), data[int(index)]
+    kind = _struct_in(kind)
+    return kind is not None and isinstance(data, dict) and any(
+        info.required and info.encode_name not in data for info in msgspec.structs.fields(kind))
+
+
+def _struct_in(kind: Any) -> Any:
+    """The Struct class ``kind`` is, or holds as an option (``X | None``); else None."""
+    if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+        return kind
+    for arg in get_args(kind):
+        if isinstance(arg, type) and issubclass(arg, msgspec.Struct):
+            return arg
+    return None

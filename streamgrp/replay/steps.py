@@ -259,7 +259,7 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
         text += f"; {decision.error}"
     # Recorded at: the entry's server time, the clock every other line uses (decided_at may be another host's).
     timeline.append(TimelineEvent(entry_time(decision_entry), "decided", text, decision_entry,
-                                  decision.model_dump(mode="json", exclude={"producer", "seq", "schema_version"})))
+                                  _decision_detail(decision)))
     timeline.extend(_placement(source, task_id))
     return sorted(timeline, key=lambda event: (event.at is None, event.at or 0.0))
 
@@ -381,3 +381,14 @@ def format_timeline(events: Sequence[TimelineEvent]) -> str:
     # A line's text quotes producers, prompts and error texts: whatever was written to the streams.
     return "\n".join(f"{_clock(e.at)}  {e.what:<9} {printable(e.text)}" + (f"  [{e.entry}]" if e.entry else "")
                      for e in events)
+
+
+def _decision_detail(decision: GroupDecided) -> dict[str, Any]:
+    """A decision as plain JSON values, its members as records where the header has columns."""
+    detail: dict[str, Any] = {}
+    for name, value in decision.to_builtins().items():
+        if name == "members":
+            detail[name] = [member.to_builtins() for member in decision.members]
+        elif not name.startswith("member_") and name not in ("producer", "seq", "schema_version"):
+            detail[name] = value
+    return detail

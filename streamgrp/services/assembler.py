@@ -362,7 +362,7 @@ class Assembler:
             if self._round_now is None:
                 self._round_now = server_time(self.client)
             update["decided_at"] = self._round_now
-        decision = decision.model_copy(update=update)
+        decision = decision.replace(**update)
         header = codec.encode(decision)[codec.HEADER]
         increments = counters.decision_increments(decision)
         args += ["D", decision.task_id, header, len(closed.entries), *closed.entries, len(increments)]

@@ -40,7 +40,7 @@ def _manifest(source, step):
 
 def test_an_altered_decision_outcome_is_reported(source):
     entry_id, decision = _decision(source, "g03")
-    source.streams["decisions"][entry_id] = codec.encode(decision.model_copy(update={"reason": "incomplete"}))
+    source.streams["decisions"][entry_id] = codec.encode(decision.replace(reason="incomplete"))
     report = verify(None, source.keys, source=source)
     assert _kinds(report) == {("decision_differs", "task g03", "reason")}
     (difference,) = report.differences
@@ -50,8 +50,8 @@ def test_an_altered_decision_outcome_is_reported(source):
 
 def test_an_altered_stats_dict_is_reported(source):
     entry_id, decision = _decision(source, "g05")
-    stats = decision.stats.model_copy(update={"usable_slot_count": 4})
-    source.streams["decisions"][entry_id] = codec.encode(decision.model_copy(update={"stats": stats}))
+    stats = decision.stats.replace(usable_slot_count=4)
+    source.streams["decisions"][entry_id] = codec.encode(decision.replace(stats=stats))
     assert _kinds(verify(None, source.keys, source=source)) == {("decision_differs", "task g05", "stats")}
 
 
@@ -65,7 +65,7 @@ def test_a_missing_decision_is_reported_and_its_step_cannot_be_rebuilt(source):
 
 def test_a_decision_the_log_does_not_support_is_reported(source):
     entry_id, decision = _decision(source, "g12")
-    source.streams["decisions"]["9999999999999-0"] = codec.encode(decision.model_copy(update={"task_id": "ghost"}))
+    source.streams["decisions"]["9999999999999-0"] = codec.encode(decision.replace(task_id="ghost"))
     assert _kinds(verify(None, source.keys, source=source)) == {("decision_extra", "task ghost", "decision")}
 
 
@@ -78,8 +78,8 @@ def test_a_duplicate_decision_is_reported(source):
 def test_groups_moved_between_ranks_are_reported(source):
     manifest = _manifest(source, 1)
     first, second = manifest.shards
-    moved = (first.model_copy(update={"groups": second.groups}), second.model_copy(update={"groups": first.groups}))
-    source.streams["steps"][step_entry_id(1)] = codec.encode(manifest.model_copy(update={"shards": moved}))
+    moved = (first.replace(groups=second.groups), second.replace(groups=first.groups))
+    source.streams["steps"][step_entry_id(1)] = codec.encode(manifest.replace(shards=moved))
     report = verify(None, source.keys, source=source)
     assert {("shard_groups", "step 1 rank 0", "task ids"), ("shard_groups", "step 1 rank 1", "task ids")} \
         <= _kinds(report)
@@ -92,16 +92,16 @@ def test_groups_moved_between_ranks_are_reported(source):
 def test_a_group_batched_twice_is_reported(source):
     step0, step1 = _manifest(source, 0), _manifest(source, 1)
     shard = step1.shards[0]
-    doubled = shard.model_copy(update={"groups": (step0.shards[0].groups[0], *shard.groups[1:])})
+    doubled = shard.replace(groups=(step0.shards[0].groups[0], *shard.groups[1:]))
     source.streams["steps"][step_entry_id(1)] = codec.encode(
-        step1.model_copy(update={"shards": (doubled, step1.shards[1])}))
+        step1.replace(shards=(doubled, step1.shards[1])))
     task = step0.shards[0].groups[0].task_id
     assert ("group_in_two_steps", f"task {task}", "step") in _kinds(verify(None, source.keys, source=source))
 
 
 def test_the_step_range_limits_repartitioning_but_not_decisions(source):
     manifest = _manifest(source, 2)
-    source.streams["steps"][step_entry_id(2)] = codec.encode(manifest.model_copy(update={"imbalance": 9.0}))
+    source.streams["steps"][step_entry_id(2)] = codec.encode(manifest.replace(imbalance=9.0))
     assert _kinds(verify(None, source.keys, source=source)) == {("step_imbalance", "step 2", "imbalance")}
     report = verify(None, source.keys, 0, 1, source=source)
     assert report.ok and report.steps_checked == 2 and report.decisions_checked == 13
@@ -142,8 +142,8 @@ def test_two_steps_with_their_groups_swapped_are_caught_by_the_re_batch(source):
     """Each step alone still partitions cleanly; only batching the decisions again shows that step 0
     holds groups the batcher could only have formed after step 0's."""
     first, second = _manifest(source, 0), _manifest(source, 1)
-    swapped = {0: second.model_copy(update={"step": 0, "version": first.version, "created_at": first.created_at}),
-               1: first.model_copy(update={"step": 1, "version": second.version, "created_at": second.created_at})}
+    swapped = {0: second.replace(step=0, version=first.version, created_at=first.created_at),
+               1: first.replace(step=1, version=second.version, created_at=second.created_at)}
     for step, manifest in swapped.items():
         source.streams["steps"][step_entry_id(step)] = codec.encode(manifest)
     kinds = _kinds(verify(None, source.keys, source=source))

@@ -39,7 +39,7 @@ def counts(client, run) -> dict[str, int]:
 
 def decision(task: int) -> GroupDecided:
     digest = hashlib.blake2b(str(task).encode(), digest_size=16).hexdigest()
-    return GroupDecided(task_id=f"t{task:06d}", decision="complete", members=(0, 1),
+    return GroupDecided(task_id=f"t{task:06d}", decision="complete", slots=(0, 1),
                         member_entries=(f"{task + 1}-0", f"{task + 1}-1"), member_digests=(digest, digest),
                         member_rows=(1, 1), member_tokens=(8 + task % 5, 8), member_versions=(0, 0),
                         slot_outcomes={"0": "sample", "1": "sample"}, stats=GroupStats.of(2, 2, 2),

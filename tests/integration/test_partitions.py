@@ -189,7 +189,7 @@ def test_a_dropped_task_decided_again_is_not_trained(client, run_name):
     # Its partition's server loses the decision and the task runs again: now it is decided complete.
     trained = next(codec.decode(f) for _, f in client.xrange(part.decisions)
                    if codec.decode(f).decision == "complete")
-    again = trained.model_copy(update={"task_id": victim})
+    again = trained.replace(task_id=victim)
     client.xadd(part.decisions, codec.encode(again))
     for partition in (1, 2):
         Assembler(client, run, config, partition=partition).run(burst=True)

@@ -104,7 +104,7 @@ def test_a_failed_step_is_listed_replayed_and_verified(failed_demo, client, redi
             return fields
         decision = codec.decode(fields)
         keep = len(decision.members) - 1  # pretend the last usable slot was not a member
-        forged = decision.model_copy(update={"members": decision.members[:keep]})
+        forged = decision.with_members(decision.members[:keep])
         return codec.encode(forged)
 
     forged_run = run_name + "-forged"

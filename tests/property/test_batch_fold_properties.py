@@ -24,11 +24,11 @@ from streamgrp.core.partition import check_partition_invariants
 
 def _group(task: str, version: int, tokens: int, dropped: bool) -> GroupDecided:
     if dropped:
-        return GroupDecided(task_id=task, decision="dropped", reason="below_minimum", members=(), slot_outcomes={},
+        return GroupDecided.of(task_id=task, decision="dropped", reason="below_minimum", members=(), slot_outcomes={},
                             stats=GroupStats.of(2, 1, 0), closed_by="all_slots")
     members = (DecidedMember(slot=0, entry=f"{task}a", rows=1, tokens=tokens, version=version),
                DecidedMember(slot=1, entry=f"{task}b", rows=1, tokens=tokens + 1, version=version + 1))
-    return GroupDecided(task_id=task, decision="partial", members=members, slot_outcomes={},
+    return GroupDecided.of(task_id=task, decision="partial", members=members, slot_outcomes={},
                         stats=GroupStats.of(2, 2, 2), closed_by="all_slots")
 
 

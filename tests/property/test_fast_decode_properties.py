@@ -10,9 +10,7 @@ from tiers import examples
 
 from streamgrp.core import codec
 from streamgrp.core.fast_decode import (
-    fast_group_decided,
     fast_sample_payload,
-    fast_step_manifest,
 )
 from streamgrp.core.values import INT64_MAX
 from streamgrp.errors import DecodeError
@@ -21,6 +19,8 @@ _INTS = st.one_of(st.integers(-3, 3), st.sampled_from([INT64_MAX, INT64_MAX + 1,
 _ODD = st.one_of(_INTS, st.none(), st.floats(allow_nan=False), st.text(max_size=3), st.lists(st.integers(), max_size=2),
                  st.sampled_from(["", "x" * 256, "x" * 257, "d" * 128, "d" * 129, "sample", "slot_result"]))
 _COUNT = st.integers(0, INT64_MAX)
+_ODD_ITEM = st.one_of(_ODD, st.just([]), st.lists(_ODD, max_size=3), st.dictionaries(st.text(max_size=2), _ODD, max_size=2))
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False)
 
 
 def _edits(keys: list[str], values, part: str = ""):
@@ -47,8 +47,6 @@ def _edit(target: dict, how: str, key: str, value) -> None:
 def _full(header: dict, blob: bytes = b""):
     """The full decoder's event for ``header`` (every fast path off), or None where it refuses it."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(codec, "fast_group_decided", lambda header: None)
-        patch.setattr(codec, "fast_step_manifest", lambda header: None)
         patch.setattr(codec, "fast_sample_payload", lambda header, blob: None)
         try:
             return codec.decode({b"h": orjson.dumps(header), **({b"b": blob} if blob else {})})
@@ -71,177 +69,6 @@ def _check_fast_path(fast_decode, header: dict):
     assert fast == full and codec.encode(fast) == codec.encode(full)
     assert fast.model_fields_set == full.model_fields_set
     return fast, full
-
-
-# -- group decisions -------------------------------------------------------------------------------------
-
-_FLOATS = st.floats(allow_nan=False, allow_infinity=False)
-
-
-@st.composite
-def _valid_decision(draw) -> dict:
-    count = draw(st.integers(0, 4))
-
-    def column(values):
-        return draw(st.lists(values, min_size=count, max_size=count))
-
-    return {"schema_version": 2, "producer": draw(st.text(max_size=4)), "seq": draw(_COUNT), "kind": "group_decided",
-            "task_id": draw(st.text(max_size=6)), "decision": draw(st.sampled_from(["complete", "partial", "dropped"])),
-            "reason": draw(st.none() | st.text(max_size=3)), "members": column(_COUNT),
-            "member_entries": column(st.text(max_size=4)), "member_digests": column(st.text(max_size=4)),
-            "member_rows": column(st.integers(-(2**63), INT64_MAX)), "member_tokens": column(st.integers(-3, 9)),
-            "member_versions": column(st.integers(-3, 9)), "member_rewards": column(st.none() | _FLOATS),
-            "slot_outcomes": draw(st.dictionaries(st.text(max_size=2), st.text(max_size=7), max_size=3)),
-            "stats": {"target_slot_count": draw(_COUNT), "usable_slot_count": draw(_COUNT),
-                      "trainable_slot_count": draw(_COUNT), "fully_masked_group": draw(st.booleans()),
-                      "singleton_slot_group": draw(st.booleans()), "pre_filter_usable_slot_yield": draw(_FLOATS),
-                      "pre_filter_trainable_slot_yield": draw(_FLOATS)},
-            "error": draw(st.none() | st.text(max_size=3)), "closed_by": draw(st.sampled_from(["all_slots", "deadline"])),
-            "issued_at": draw(st.none() | _FLOATS), "decided_at": draw(st.none() | _FLOATS)}
-
-
-_DECISION_KEYS = [
-    "schema_version", "producer", "seq", "kind", "task_id", "decision", "reason", "members", "member_entries",
-    "member_digests", "member_rows", "member_tokens", "member_versions", "member_rewards", "slot_outcomes", "stats",
-    "error", "closed_by", "issued_at", "decided_at"]
-_STATS_KEYS = ["target_slot_count", "usable_slot_count", "trainable_slot_count", "fully_masked_group",
-               "singleton_slot_group", "pre_filter_usable_slot_yield", "pre_filter_trainable_slot_yield"]
-_ODD_ITEM = st.one_of(_ODD, st.just([]), st.lists(_ODD, max_size=3), st.dictionaries(st.text(max_size=2), _ODD, max_size=2))
-
-#: One change to a valid decision: a key set, dropped or added; a stats key; or one item of a member column.
-_DECISION_CHANGE = st.one_of(
-    st.none(),
-    _edits(_DECISION_KEYS, _ODD_ITEM),
-    _edits(_STATS_KEYS, _ODD, "stats"),
-    st.tuples(st.just("set item"), st.sampled_from(_DECISION_KEYS[7:14]), _ODD))
-
-
-def _changed_decision(header: dict, change) -> dict:
-    if change is None:
-        return header
-    how, key, value = change
-    _edit(header["stats"] if how.endswith("stats") else header, how, key, value)
-    return header
-
-
-@settings(max_examples=examples(800), deadline=None)
-@given(header=_valid_decision(), change=_DECISION_CHANGE)
-def test_the_fast_decision_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(header, change):
-    both = _check_fast_path(fast_group_decided, _changed_decision(header, change))
-    if both is not None:
-        fast, full = both
-        assert [m.model_fields_set for m in fast.members] == [m.model_fields_set for m in full.members]
-
-
-def test_what_the_assembler_writes_takes_the_fast_path():
-    from streamgrp.core.events import DecidedMember, GroupDecided
-    from streamgrp.core.members import GroupStats
-
-    decision = GroupDecided(task_id="t1", decision="partial", producer="assembler-1", seq=3, slot_outcomes={"0": "sample", "1": "timeout"},
-                            members=[DecidedMember(slot=0, entry="1-0", rows=1, tokens=4, version=0, digest="ab",
-                                                   reward=0.5)],
-                            stats=GroupStats.of(2, 1, 1), closed_by="deadline", issued_at=1.0, decided_at=2.0)
-    header = orjson.loads(codec.encode(decision)[codec.HEADER])
-    assert fast_group_decided(header) == decision
-    dropped = decision.model_copy(update={"members": (), "decision": "dropped", "stats": GroupStats.of(2, 0, 0)})
-    assert fast_group_decided(orjson.loads(codec.encode(dropped)[codec.HEADER])) == dropped
-    # A member without a reward and a digest (schema 1 leaves those columns empty): the full path.
-    bare = decision.model_copy(update={"members": (DecidedMember(slot=0, entry="1-0", rows=1, tokens=4, version=0),)})
-    assert fast_group_decided(orjson.loads(codec.encode(bare)[codec.HEADER])) is None
-    assert codec.decode(codec.encode(bare)) == bare
-
-
-# -- step manifests --------------------------------------------------------------------------------
-
-_INT64 = st.integers(-(2**63), INT64_MAX)
-
-
-@st.composite
-def _valid_group(draw) -> dict:
-    count = draw(st.integers(0, 3))
-
-    def column(values):
-        return draw(st.lists(values, min_size=count, max_size=count))
-
-    group = {"task_id": draw(st.text(max_size=4)), "decision_entry": draw(st.text(max_size=4)),
-             "members": column(_COUNT), "member_entries": column(st.text(max_size=4)), "member_rows": column(_INT64),
-             "member_tokens": column(st.integers(-3, 9)), "member_versions": column(st.integers(-3, 9)),
-             "digest": draw(st.text(max_size=4))}
-    if draw(st.booleans()):
-        group["partition"] = draw(st.integers(0, 5))
-    return group
-
-
-@st.composite
-def _valid_manifest(draw) -> dict:
-    shards = [{"rank": draw(_INT64), "groups": draw(st.lists(_valid_group(), max_size=3)),
-               "tokens": draw(st.integers(-3, 99)), "digest": draw(st.text(max_size=4))}
-              for _ in range(draw(st.integers(0, 2)))]
-    return {"schema_version": 2, "producer": draw(st.text(max_size=4)), "seq": draw(_COUNT), "kind": "step",
-            "step": draw(_COUNT), "version": draw(_INT64), "shards": shards, "imbalance": draw(_FLOATS),
-            "created_at": draw(_FLOATS)}
-
-
-_MANIFEST_KEYS = ["schema_version", "producer", "seq", "kind", "step", "version", "shards", "imbalance", "created_at"]
-_SHARD_KEYS = ["rank", "groups", "tokens", "digest"]
-_GROUP_KEYS = ["task_id", "decision_entry", "members", "member_entries", "member_rows", "member_tokens",
-               "member_versions", "digest", "partition"]
-#: One change to a valid manifest: a key of it, of its first shard or of that shard's first group set,
-#: dropped or added, or one item of a member column of that group.
-_MANIFEST_CHANGE = st.one_of(
-    st.none(),
-    _edits(_MANIFEST_KEYS, _ODD_ITEM),
-    _edits(_SHARD_KEYS, _ODD_ITEM, "shard"),
-    _edits(_GROUP_KEYS, _ODD_ITEM, "group"),
-    st.tuples(st.just("set item"), st.sampled_from(_GROUP_KEYS[2:7]), _ODD))
-
-
-def _changed_manifest(header: dict, change) -> dict:
-    if change is None:
-        return header
-    how, key, value = change
-    shard = header["shards"][0] if header["shards"] else None
-    group = shard["groups"][0] if shard and shard["groups"] else None
-    target = {"shard": shard, "group": group, "item": group}.get(how.split()[-1], header)
-    if target is None or (how.startswith("drop") and key not in target):
-        return header
-    _edit(target, how, key, value)
-    return header
-
-
-@settings(max_examples=examples(800), deadline=None)
-@given(header=_valid_manifest(), change=_MANIFEST_CHANGE)
-def test_the_fast_manifest_path_gives_the_full_decoders_event_or_leaves_the_header_to_it(header, change):
-    both = _check_fast_path(fast_step_manifest, _changed_manifest(header, change))
-    if both is not None:
-        fast, full = both
-        for fast_shard, full_shard in zip(fast.shards, full.shards):
-            assert fast_shard.model_fields_set == full_shard.model_fields_set
-            for fast_group, full_group in zip(fast_shard.groups, full_shard.groups):
-                assert fast_group.model_fields_set == full_group.model_fields_set
-                assert [m.model_fields_set for m in fast_group.members] == \
-                    [m.model_fields_set for m in full_group.members]
-
-
-def test_what_the_batcher_writes_takes_the_fast_path():
-    from streamgrp.core.events import DecidedMember, GroupDecided
-    from streamgrp.core.manifest import make_manifest
-    from streamgrp.core.members import GroupStats
-
-    def decision(task: str, tokens: int) -> GroupDecided:
-        return GroupDecided(task_id=task, decision="complete", slot_outcomes={"0": "sample"}, stats=GroupStats.of(1, 1, 1), closed_by="all_slots",
-                            members=[DecidedMember(slot=0, entry="1-0", rows=1, tokens=tokens, version=0, digest="ab",
-                                                   reward=0.5)])
-
-    for partition in (0, 2):
-        ref = "5-0" if partition == 0 else f"5-0@{partition}"
-        manifest = make_manifest(3, 1, [(ref, decision("t1", 4)), ("6-0", decision("t2", 9))], 2, 12.5)
-        header = orjson.loads(codec.encode(manifest)[codec.HEADER])
-        assert fast_step_manifest(header) == manifest
-        assert codec.encode(fast_step_manifest(header)) == codec.encode(manifest)
-    # A schema-1 manifest, as old logs hold: the full path.
-    old = orjson.loads(codec.encode(manifest)[codec.HEADER]) | {"schema_version": 1}
-    assert fast_step_manifest(old) is None
 
 
 # -- sample payloads -------------------------------------------------------------------------------

@@ -27,9 +27,9 @@ from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats
 def group(task: str, *, version: int = 0, tokens: int = 4, decision: str = "complete", members: int = 2,
           reward: float = 1.0) -> GroupDecided:
     if decision == "dropped":
-        return GroupDecided(task_id=task, decision="dropped", reason="all_unusable", members=(), slot_outcomes={},
+        return GroupDecided.of(task_id=task, decision="dropped", reason="all_unusable", members=(), slot_outcomes={},
                             stats=GroupStats.of(2, 0, 0), closed_by="all_slots")
-    return GroupDecided(task_id=task, decision=decision,
+    return GroupDecided.of(task_id=task, decision=decision,
                         members=tuple(DecidedMember(slot=i, entry=f"{task}-s{i}", rows=1, tokens=tokens, version=version,
                                                     reward=reward) for i in range(members)),
                         slot_outcomes={}, stats=GroupStats.of(members, members, members), closed_by="all_slots")
@@ -197,8 +197,8 @@ def test_progress_warnings_are_rate_limited_to_one_a_minute():
 
 def test_a_contract_violation_decision_fails_the_run_at_the_next_step():
     s, _ = run_batch_fold(state(), decided(4))
-    violation = group("bad", decision="dropped").model_copy(update={"reason": "contract_violation",
-                                                                     "error": "slot sizes [2, 1]"})
+    violation = group("bad", decision="dropped").replace(reason="contract_violation",
+                                                           error="slot sizes [2, 1]")
     s, outputs = fold(s, Decided("9-0", violation))
     assert outputs == [Acked(("9-0",)), Failed("contract_violation", "slot sizes [2, 1]", 1)]
     assert s.outcome == "failed"

@@ -27,7 +27,7 @@ def decision(task: int, tokens: list[int], versions: list[int] | None = None,
     return f"{1000 + task}-0", GroupDecided(
         task_id=f"task-{task}",
         decision="complete",
-        members=members,
+        slots=members,
         member_entries=tuple(f"{task}-{m}" for m in members),
         member_digests=tuple(_digest(f"{task}:{m}") for m in members),
         member_rows=tuple(rows or [1] * n),
@@ -104,8 +104,8 @@ def test_shard_digest_depends_on_member_digests_and_order():
     one = make_manifest(0, 0, groups, 1, 0.0).shards[0]
     assert one.digest == combine_digests([combine_digests(m.digest for m in groups[0][1].members),
                                           combine_digests(m.digest for m in groups[1][1].members)])
-    other_member = groups[1][1].members[0].model_copy(update={"digest": _digest("other")})
-    changed = [groups[0], (groups[1][0], groups[1][1].model_copy(update={"members": (other_member,)}))]
+    other_member = groups[1][1].members[0].replace(digest=_digest("other"))
+    changed = [groups[0], (groups[1][0], groups[1][1].with_members((other_member,)))]
     assert make_manifest(0, 0, changed, 1, 0.0).shards[0].digest != one.digest
 
 

@@ -42,7 +42,7 @@ def slot_event(**overrides):
         slot_event(outcome="failed", sample=None, error="ValueError: boom"),
         TaskIssued(task_id="t", prompt={"text": "2+2?", "nested": [1, {"a": None}]}, issued_at=12.5, version=4),
         Tick(now=1_700_000_000.125),
-        GroupDecided(task_id="t", decision="partial", members=(0, 2), member_entries=("1-0", "1-2"),
+        GroupDecided(task_id="t", decision="partial", slots=(0, 2), member_entries=("1-0", "1-2"),
                      member_rows=(1, 1), member_tokens=(5, 7), member_versions=(3, 2),
                      slot_outcomes={"0": "sample", "1": "failed", "2": "sample"},
                      stats=GroupStats.of(3, 2, 2),
@@ -206,7 +206,7 @@ def test_float_fields_still_take_ints():
 def test_members_are_records_in_python_and_aligned_columns_on_the_wire():
     members = (DecidedMember(slot=0, entry="1-0", rows=1, tokens=5, version=3, digest="d0", reward=0.5),
                DecidedMember(slot=2, entry="1-2", rows=2, tokens=7, version=2, digest="d2", reward=-1.0))
-    decision = GroupDecided(task_id="t", decision="partial", members=members, slot_outcomes={"0": "sample"},
+    decision = GroupDecided.of(task_id="t", decision="partial", members=members, slot_outcomes={"0": "sample"},
                             stats=GroupStats.of(3, 2, 2), closed_by="all_slots")
     header = orjson.loads(codec.encode(decision)[codec.HEADER])
     assert (header["members"], header["member_entries"], header["member_rows"], header["member_tokens"],
@@ -214,8 +214,7 @@ def test_members_are_records_in_python_and_aligned_columns_on_the_wire():
         [0, 2], ["1-0", "1-2"], [1, 2], [5, 7], [3, 2], ["d0", "d2"], [0.5, -1.0])
     assert codec.decode(codec.encode(decision)) == decision
     # optional columns nobody recorded are written empty and read back as defaults
-    bare = decision.model_copy(update={"members": tuple(m.model_copy(update={"digest": "", "reward": None})
-                                                        for m in members)})
+    bare = decision.with_members(tuple(m.replace(digest="", reward=None) for m in members))
     header = orjson.loads(codec.encode(bare)[codec.HEADER])
     assert header["member_digests"] == [] and header["member_rewards"] == []
     assert codec.decode(codec.encode(bare)) == bare
@@ -226,7 +225,7 @@ def test_members_are_records_in_python_and_aligned_columns_on_the_wire():
 def test_a_column_of_the_wrong_length_is_refused_naming_it(column):
     members = (DecidedMember(slot=0, entry="1-0", rows=1, tokens=5, version=3, digest="d0", reward=0.5),
                DecidedMember(slot=1, entry="1-1", rows=1, tokens=7, version=2, digest="d1", reward=1.0))
-    decision = GroupDecided(task_id="t", decision="complete", members=members, slot_outcomes={},
+    decision = GroupDecided.of(task_id="t", decision="complete", members=members, slot_outcomes={},
                             stats=GroupStats.of(2, 2, 2), closed_by="all_slots")
     header = orjson.loads(codec.encode(decision)[codec.HEADER])
     header[column] = header[column][:1]

@@ -39,7 +39,7 @@ def test_unknown_names_are_not_known():
 
 
 def test_a_decision_adds_its_slot_outcomes_kind_reason_and_slot_counts():
-    decision = GroupDecided(task_id="t", decision="dropped", reason="below_minimum",
+    decision = GroupDecided.of(task_id="t", decision="dropped", reason="below_minimum",
                             members=(DecidedMember(slot=1, entry="1-1", rows=1, tokens=4, version=0),),
                             slot_outcomes={"0": "failed", "1": "sample", "2": "timeout", "3": "failed"},
                             stats=GroupStats.of(4, 1, 0), closed_by="deadline")

@@ -38,7 +38,7 @@ ALWAYS_DRAWN = [chart for chart in CHART_IDS if chart not in RECORDED_CHARTS]
 def decided(task: str, kind: str = "complete", usable: int = 3, target: int = 3, reason: str | None = None,
             rewards: tuple[float, ...] = ()) -> GroupDecided:
     trainable = 0 if kind == "dropped" else usable
-    return GroupDecided(task_id=task, decision=kind, reason=reason, members=tuple(range(usable)),
+    return GroupDecided(task_id=task, decision=kind, reason=reason, slots=tuple(range(usable)),
                         member_entries=("1-0",) * usable, member_rows=(1,) * usable, member_tokens=(4,) * usable,
                         member_versions=(0,) * usable, member_rewards=rewards,
                         slot_outcomes={str(i): "sample" for i in range(target)},
@@ -51,7 +51,7 @@ def discarded(task: str, reason: str = "stale") -> GroupDiscarded:
 
 def manifest(step: int, created_at: float, tokens: tuple[int, ...] = (10, 10), tasks: tuple[str, ...] = ()) -> StepManifest:
     """A manifest whose first shard trains ``tasks`` (members are not looked at: rewards come from decisions)."""
-    groups = tuple(ShardGroup(task_id=task, decision_entry="1-0", members=(), digest="") for task in tasks)
+    groups = tuple(ShardGroup.of(task_id=task, decision_entry="1-0", members=(), digest="") for task in tasks)
     shards = tuple(Shard(rank=r, groups=groups if r == 0 else (), tokens=t, digest="") for r, t in enumerate(tokens))
     return StepManifest(step=step, version=step, shards=shards, imbalance=max(tokens) * len(tokens) / sum(tokens),
                         created_at=created_at)
