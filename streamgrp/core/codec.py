@@ -8,7 +8,7 @@ ignored (but counted in the size).
 `decode` is total: whatever it is given, it returns a validated event or raises `DecodeError`
 (never another exception) whose ``reason`` is one of `DECODE_REASONS`, a stable token used as the
 dead-letter reason and a metric label. Checks run cheapest and least trusting first, so a size
-is checked before anything is parsed and a header's depth before pydantic sees it:
+is checked before anything is parsed and a header's depth before its fields are validated:
 
     bad_fields          the fields are not a mapping of bytes (or str) names to bytes (or str)
                         values, a str has no UTF-8 bytes (a lone surrogate), or the entry's
@@ -41,7 +41,6 @@ from typing import Any
 
 import msgspec
 import orjson
-from pydantic import ValidationError
 
 from streamgrp.core.digests import (  # noqa: F401 - the digests' names, importable from here as before
     DIGEST_PREFIX,
@@ -60,7 +59,6 @@ from streamgrp.core.events import (
     SampleSummary,
     SlotResult,
 )
-from streamgrp.core.fast_decode import fast_sample_payload
 from streamgrp.core.legacy import LEGACY_SCHEMA, SlotResultV1
 from streamgrp.core.shown import (
     clip,
@@ -78,7 +76,6 @@ from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, i
     to_header,
 )
 from streamgrp.core.value_checks import token_id_problem
-from streamgrp.core.values import INT64_MAX
 from streamgrp.core.wire import ENCODER, WireEvent, dec_hook, decoder, reason_of
 from streamgrp.errors import DecodeError
 
@@ -94,7 +91,6 @@ DECODE_REASONS = frozenset({
     "unknown_kind", "unknown_dtype", "length_mismatch", "wrong_type", "invalid_value",
 })
 
-_WRONG_TYPE_SUFFIXES = ("_type", "_parsing")
 
 
 #: The compiled decoder of each event defined as a msgspec Struct (`streamgrp.core.wire`), by its kind.
@@ -106,26 +102,28 @@ _NOT_PENDING = b',"reward_pending":false}'
 
 def encode(event: Any) -> dict[bytes, bytes]:
     """Fields for XADD: the header and, if the event carries tensors, the raw bytes. An event is checked as it
-    is encoded (a Struct built in Python is not checked before): ``ValueError`` names what it breaks."""
-    if isinstance(event, WireEvent):
+    is encoded, by decoding what was written as a reader will (a Struct built in Python checks only the rules
+    between its fields): ``ValueError`` names what it breaks."""
+    if not TENSOR_FIELDS[type(event)]:
         return {HEADER: struct_header(event)}
     blobs: list[bytes] = []
-    header = to_header(event, blobs, [0])
-    fields = {HEADER: orjson.dumps(header)}
+    fields = {HEADER: orjson.dumps(to_header(event, blobs, [0]))}
     if blobs:
         fields[BLOB] = b"".join(blobs)
+    try:
+        _decode(fields, DEFAULT_MAX_ENTRY_BYTES, upcast=False)
+    except DecodeError as exc:
+        raise ValueError(f"this {event.kind} event cannot be written: {exc}") from None
     return fields
 
 
 def stamped(event: Any, *, producer: str, seq: int) -> Any:
     """``event`` as written by ``producer`` at sequence number ``seq`` (a copy)."""
-    if isinstance(event, WireEvent):
-        return event.replace(producer=producer, seq=seq)
-    return event.model_copy(update={"producer": producer, "seq": seq})
+    return event.replace(producer=producer, seq=seq)
 
 
 def struct_header(event: WireEvent) -> bytes:
-    """The header of a Struct event, checked by decoding it as a reader will."""
+    """The header of an event without tensors, checked by decoding it as a reader will."""
     header = ENCODER.encode(event)
     if event.__class__ is SlotResult and header.endswith(_NOT_PENDING):
         header = header[:-len(_NOT_PENDING)] + b"}"
@@ -149,46 +147,10 @@ def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = ""
 
 def encode_sample(task_id: str, slot: int, sample: Sample, *, producer: str = "", seq: int = 0,
                   reward_pending: bool = False) -> tuple[bytes, bytes, bytes]:
-    """``sample_result`` already encoded: (slot result header, payload header, payload bytes), the very
-    bytes `encode` would write for both. The publisher's hot path: a 1024-token sample's three models
-    and their walk cost about 30 µs, so the headers of a plain sample (the `Sample` validated when it
-    was built; the few other values checked here by hand) are written directly. Anything unusual takes
-    the models, with their errors; a property test holds the two paths to the same bytes."""
-    plain = None if reward_pending else _plain_sample_headers(task_id, slot, sample, producer, seq)
-    if plain is not None:
-        return plain
+    """``sample_result`` already encoded: (slot result header, payload header, payload bytes), what the
+    publisher writes."""
     event, payload = sample_result(task_id, slot, sample, producer=producer, seq=seq, reward_pending=reward_pending)
-    return encode(event)[HEADER], payload[HEADER], payload.get(BLOB, b"")
-
-
-def _plain_sample_headers(task_id: Any, slot: Any, sample: Any, producer: Any,
-                          seq: Any) -> tuple[bytes, bytes, bytes] | None:
-    if not (sample.__class__ is Sample and task_id.__class__ is str and 1 <= len(task_id) <= 256
-            and producer.__class__ is str and slot.__class__ is int and 0 <= slot <= INT64_MAX
-            and seq.__class__ is int and 0 <= seq <= INT64_MAX):
-        return None
-    rows = len(sample.row_lengths)
-    reward = sum(sample.rewards) / rows
-    if not math.isfinite(reward):  # finite rewards can still sum past the largest float
-        return None
-    descriptors = {}
-    offset = 0
-    for name in ("token_ids", "loss_mask", "logprobs"):
-        tensor = getattr(sample, name)
-        descriptors[name] = {RAW_KEY: [tensor.dtype, list(tensor.shape), offset, len(tensor.data)]}
-        offset += len(tensor.data)
-    # Key order is the models' field order, as `encode` writes it.
-    payload_header = orjson.dumps({
-        "schema_version": SCHEMA_VERSION, "producer": producer, "seq": seq, "kind": "sample_payload",
-        "task_id": task_id, "slot": slot,
-        "sample": {**descriptors, "row_lengths": sample.row_lengths, "rewards": sample.rewards,
-                   "version": sample.version, "meta": sample.meta}})
-    blob = b"".join((sample.token_ids.data, sample.loss_mask.data, sample.logprobs.data))
-    summary = SampleSummary(rows=rows, tokens=sample.valid_tokens, version=sample.version, reward=reward,
-                            digest=digest_of(payload_header, blob))
-    slot_header = struct_header(SlotResult(producer=producer, seq=seq, task_id=task_id, slot=slot, outcome="sample",
-                                           sample=summary))
-    return slot_header, payload_header, blob
+    return struct_header(event), payload[HEADER], payload.get(BLOB, b"")
 
 
 def payload_problem(fields: Fields | None, result: SlotResult, *,
@@ -287,27 +249,13 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
                 decoded.schema_version in READABLE_SCHEMAS and decoded.__class__ is not SlotResult)):
             return decoded
     header = _parse_header(raw_header)
-    kind = header["kind"]
-    if blob and kind == "sample_payload":
-        payload = fast_sample_payload(header, blob)  # None: not the plain case, so the full path below judges it
-        if payload is not None:
-            return payload
     legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"
     model = SlotResultV1 if legacy else EVENT_TYPES[header["kind"]]
     state = [0, 0]  # bytes of ``blob`` used so far, descriptors seen
     data = from_header(header, blob, state, 1)
     if state[0] != len(blob):
         raise DecodeError("length_mismatch", f"descriptors cover {state[0]} bytes but the entry carries {len(blob)}")
-    if model.__name__ in _STRUCT_NAMES:
-        return _struct_event(model, data, state[1])
-    try:
-        event = model.model_validate(data)
-    except ValidationError as exc:
-        raise DecodeError(_reason(exc), _first_error(exc)) from None
-    if state[1] and state[1] != tensor_count(event, TENSOR_FIELDS[model]):
-        raise DecodeError("bad_header", f"the header has {state[1]} tensor descriptors but the {header['kind']} event "
-                          f"has {tensor_count(event, TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
-                          "that takes no tensor")
+    event = _struct_event(model, data, state[1])
     if legacy and upcast and isinstance(event, SlotResultV1):  # legacy: the model is SlotResultV1
         # Schema 1's assemblers digested a slot entry with untagged BLAKE2b when they folded it, and the
         # decisions they wrote recorded that: upcast to the same digest.
@@ -315,18 +263,18 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     return event
 
 
-_STRUCT_NAMES = frozenset(model.__name__ for model in EVENT_TYPES.values() if issubclass(model, WireEvent))
-
-
 def _struct_event(model: Any, data: dict[str, Any], descriptors: int) -> Any:
-    """A Struct event from its parsed header, with the reason of the first thing it breaks."""
+    """An event from its parsed header (tensors cut out of the entry's bytes), with the reason of the first
+    thing it breaks; a descriptor must sit where the event holds a tensor."""
     try:
-        event = msgspec.convert(data, model, dec_hook=dec_hook)
+        # bytes only as bytes: a tensor never comes from header text (no base64)
+        event = msgspec.convert(data, model, dec_hook=dec_hook, builtin_types=(bytes,))
     except msgspec.ValidationError as exc:
         raise DecodeError(reason_of(exc, model, data), clip(safe_text(exc), 280)) from None
-    if descriptors:
+    if descriptors and descriptors != tensor_count(event, TENSOR_FIELDS[model]):
         raise DecodeError("bad_header", f"the header has {descriptors} tensor descriptors but the {event.kind} event "
-                          "has no tensors: a descriptor sits in a field that takes no tensor")
+                          f"has {tensor_count(event, TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
+                          "that takes no tensor")
     return event
 
 
@@ -357,19 +305,3 @@ def entry_digest(fields: Fields, like: str | None = None) -> str:
     if like is not None and not like.startswith(DIGEST_PREFIX):
         return blake2b_digest_of(header, blob)
     return digest_of(header, blob)
-
-
-def _reason(exc: ValidationError) -> str:
-    kind = exc.errors()[0]["type"]
-    if kind == "missing":
-        return "missing_field"
-    if kind.endswith(_WRONG_TYPE_SUFFIXES) or kind in ("literal_error", "union_tag_invalid", "model_attributes_type"):
-        return "wrong_type"
-    return "invalid_value"
-
-
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "event"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return clip(f"{clip(where, 100)}: {error['msg']}", 280) + more

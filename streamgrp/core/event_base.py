@@ -1,19 +1,12 @@
-"""The fields and schema version every event shares (`streamgrp.core.events` holds the events themselves)."""
+"""The schema version every event shares (`streamgrp.core.wire.WireEvent` holds the shared fields,
+`streamgrp.core.events` the events themselves)."""
 
 from __future__ import annotations
 
-from streamgrp.core.values import Frozen, Int, NonNegInt
+from streamgrp.core.wire import WIRE_SCHEMA
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = WIRE_SCHEMA
 #: Schema versions this build reads. 1: a slot result carried its whole sample in the slot log (read
 #: through `streamgrp.core.legacy`); 2: the slot log carries a `SampleSummary` and the sample's
 #: tensors are a `SamplePayload` in the payloads stream, at the same entry id.
 READABLE_SCHEMAS = (1, 2)
-
-
-class _Event(Frozen):
-    """Fields every event carries: schema version, and the producer's identity and sequence number."""
-
-    schema_version: Int = SCHEMA_VERSION
-    producer: str = ""
-    seq: NonNegInt = 0

@@ -1,9 +1,13 @@
-"""Event models: every fact streamgrp records is one of these frozen pydantic models.
+"""Events: every fact streamgrp records is one of these frozen msgspec Structs, defined once.
 
-Owns the schema (which events exist, their fields, invariants between fields, the schema version)
-and nothing about bytes: `streamgrp.core.codec` is the only code that turns events into stream
-entries and back. Field value types live in `streamgrp.core.values`, group members and statistics
-in `streamgrp.core.members`. Pure: no I/O.
+Owns the schema (which events exist, their fields with their bounds as msgspec ``Meta``, invariants
+between fields in ``__post_init__``, the schema version): msgspec checks a header against it in compiled
+code as it decodes it, and the codec checks an event built in Python the same way as it encodes it.
+Nothing about bytes: `streamgrp.core.codec` is the only code that turns events into stream entries and
+back. The bases and bounded types live in `streamgrp.core.wire`, tensors and samples in
+`streamgrp.core.values`, group members and statistics in `streamgrp.core.members`; events of training
+progress and of generation in `streamgrp.core.training_events` and `streamgrp.core.generation_events`
+(registered here). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -15,10 +19,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
-from pydantic import Field
 
 from streamgrp.core import wire
-from streamgrp.core.event_base import READABLE_SCHEMAS, SCHEMA_VERSION, _Event
+from streamgrp.core.event_base import READABLE_SCHEMAS, SCHEMA_VERSION
 from streamgrp.core.generation_events import (
     SessionEnded,
     SessionOpened,
@@ -45,12 +48,7 @@ from streamgrp.core.training_events import (
     VersionAdvanced,
     WeightsServed,
 )
-from streamgrp.core.values import (
-    NonNegInt,
-    Outcome,
-    RawArray,
-    Sample,
-)
+from streamgrp.core.values import Outcome, RawArray, Sample
 from streamgrp.core.wire import Record, WireEvent, as_tuples, check_free_form
 
 #: The most rows a reward may name (a sample's rows; more is not a reward streamgrp wrote).
@@ -184,14 +182,14 @@ class SlotRewarded(WireEvent, frozen=True, kw_only=True):
         return "sample" if self.rewards is not None else "rejected" if self.reason is not None else "failed"
 
 
-class SamplePayload(_Event):
+class SamplePayload(WireEvent, frozen=True, kw_only=True):
     """A sample's tensors and per-row values, in the payloads stream at the entry id of its slot result.
 
     Written once, with its slot result, by the publish script; read by trainer ranks and replay only."""
 
     kind: Literal["sample_payload"] = "sample_payload"
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
+    task_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    slot: wire.NonNegInt
     sample: Sample
 
 

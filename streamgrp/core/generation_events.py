@@ -4,13 +4,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+import msgspec
+from msgspec import Meta
 
-from streamgrp.core.event_base import _Event
+from streamgrp.core import wire
 from streamgrp.core.value_checks import logprob_problem, token_id_problem
-from streamgrp.core.values import Float, FreeForm, Int, NonNegInt, RawArray
+from streamgrp.core.values import RawArray
+from streamgrp.core.wire import WireEvent, check_free_form
 
 _IDS = ("int32", "int64")
 
@@ -40,10 +42,11 @@ def check_token_arrays(event: object, *names: str) -> None:
 # -- agent sessions (streamgrp.services.gateway): the events of the sessions stream ----------------------
 
 #: Session ids are made by `streamgrp.store.sessions` (``p<partition>-<16 hex digits>``).
-SessionId = Annotated[str, Field(min_length=1, max_length=64)]
+SessionId = Annotated[str, Meta(min_length=1, max_length=64)]
+TaskId = Annotated[str, Meta(min_length=1, max_length=256)]
 
 
-class SessionOpened(_Event):
+class SessionOpened(WireEvent, frozen=True, kw_only=True):
     """An agent session was opened: one slot of a task, whose turns the gateway records.
 
     ``deadline`` is the task's group deadline in the server's clock (None when the run has none): a
@@ -52,13 +55,13 @@ class SessionOpened(_Event):
 
     kind: Literal["session_opened"] = "session_opened"
     session: SessionId
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
-    deadline: Float | None = None
-    version: NonNegInt = 0
+    task_id: TaskId
+    slot: wire.NonNegInt
+    deadline: wire.Float | None = None
+    version: wire.NonNegInt = 0
 
 
-class TurnRecorded(_Event):
+class TurnRecorded(WireEvent, frozen=True, kw_only=True):
     """One turn of a session, token-exact: the prompt ids the inference server was given, the ids it
     generated and its log-probability of each, and the policy version that generated them. Recorded
     before the turn is answered; ``meta`` holds what the answer was built from (the completion's text,
@@ -66,42 +69,41 @@ class TurnRecorded(_Event):
 
     kind: Literal["session_turn"] = "session_turn"
     session: SessionId
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
-    turn: Annotated[Int, Field(ge=1)]
+    task_id: TaskId
+    slot: wire.NonNegInt
+    turn: wire.PosInt
     prompt_ids: RawArray
     completion_ids: RawArray
     logprobs: RawArray
-    version: NonNegInt
+    version: wire.NonNegInt
     finish: Literal["stop", "length"]
-    meta: FreeForm = Field(default_factory=dict)
+    meta: dict[str, Any] = msgspec.field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _check_tokens(self) -> TurnRecorded:
+    def __post_init__(self) -> None:
         check_token_arrays(self, "prompt_ids", "completion_ids", "logprobs")
-        return self
+        check_free_form(self.meta, "meta")
 
 
-class SessionEnded(_Event):
+class SessionEnded(WireEvent, frozen=True, kw_only=True):
     """A session ended: with the slot result it published (``sample``, ``rejected``, ``failed``), or
     with none (``timeout``: its group's deadline passed first). ``turns`` is how many turns the result
     was built from, ``rows`` the sample's rows (turns that extend each other share one)."""
 
     kind: Literal["session_ended"] = "session_ended"
     session: SessionId
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
+    task_id: TaskId
+    slot: wire.NonNegInt
     outcome: Literal["sample", "rejected", "failed", "timeout"]
-    turns: NonNegInt
-    rows: NonNegInt = 0
-    reward: Float | None = None
+    turns: wire.NonNegInt
+    rows: wire.NonNegInt = 0
+    reward: wire.Float | None = None
     error: str | None = None
 
 
 # -- partial rollouts: the events of the segments stream -------------------------------------------------------
 
 
-class SlotSegment(_Event):
+class SlotSegment(WireEvent, frozen=True, kw_only=True):
     """Part of one slot's generation, durable before the slot's result: ``token_ids`` generated after the
     slot's first ``start`` generated tokens (the prompt not included), the log-probability of each, and the
     policy version that generated them. Written by the worker that holds the task (`streamgrp.store.segments`)
@@ -113,19 +115,17 @@ class SlotSegment(_Event):
     ``length`` (the generation's end: no segment of the slot follows it)."""
 
     kind: Literal["slot_segment"] = "slot_segment"
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
-    index: NonNegInt
-    start: NonNegInt
+    task_id: TaskId
+    slot: wire.NonNegInt
+    index: wire.NonNegInt
+    start: wire.NonNegInt
     token_ids: RawArray
     logprobs: RawArray
-    version: NonNegInt
+    version: wire.NonNegInt
     cause: Literal["chunk", "abort", "stop", "length"]
 
-    @model_validator(mode="after")
-    def _check_tokens(self) -> SlotSegment:
+    def __post_init__(self) -> None:
         check_token_arrays(self, "token_ids", "logprobs")
-        return self
 
     @property
     def tokens(self) -> int:

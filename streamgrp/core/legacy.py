@@ -9,33 +9,33 @@ trainer or replay the tensors of such an entry. Pure: no I/O.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from msgspec import Meta
 
+from streamgrp.core import wire
 from streamgrp.core.events import SampleSummary, SlotResult, check_outcome
-from streamgrp.core.values import Frozen, Int, NonNegInt, Outcome, Sample
+from streamgrp.core.values import Outcome, Sample
+from streamgrp.core.wire import Record
 
 LEGACY_SCHEMA = 1
 
 
-class SlotResultV1(Frozen):
+class SlotResultV1(Record, frozen=True, kw_only=True):
     """A slot result as schema 1 recorded it: the sample inline."""
 
-    schema_version: Int = LEGACY_SCHEMA
+    schema_version: wire.Int = LEGACY_SCHEMA
     producer: str = ""
-    seq: NonNegInt = 0
+    seq: wire.NonNegInt = 0
     kind: Literal["slot_result"] = "slot_result"
-    task_id: str = Field(min_length=1, max_length=256)
-    slot: NonNegInt
+    task_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    slot: wire.NonNegInt
     outcome: Outcome
     sample: Sample | None = None
     error: str | None = None
 
-    @model_validator(mode="after")
-    def _check_outcome(self) -> SlotResultV1:
+    def __post_init__(self) -> None:
         check_outcome(self.outcome, self.sample, self.error)
-        return self
 
     def upcast(self, entry_digest: str) -> SlotResult:
         """The schema-2 event this entry stands for; ``entry_digest`` is the digest of its own entry."""

@@ -12,7 +12,7 @@ import math
 import types
 from typing import Any, Union, get_args, get_origin
 
-from pydantic import BaseModel
+import msgspec
 
 from streamgrp.core.events import EVENT_TYPES, RawArray
 from streamgrp.core.legacy import SlotResultV1
@@ -49,16 +49,30 @@ def to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
             if item.__class__ not in _SCALARS:
                 return [item if item.__class__ in _SCALARS else to_header(item, blobs, offset) for item in value]
         return value if kind is list else list(value)  # orjson writes a list of plain values as it is
-    if isinstance(value, BaseModel):
-        fields = value.__dict__
-        return {name: item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
-                for name, item in fields.items()}
+    if isinstance(value, msgspec.Struct):
+        header = {}
+        for name, key in _wire_names(kind):
+            item = getattr(value, name)
+            if item is not msgspec.UNSET:
+                header[key] = item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
+        return header
     if isinstance(value, (list, tuple)):
         return [item if item.__class__ in _SCALARS else to_header(item, blobs, offset) for item in value]
     if isinstance(value, dict):
         return {key: item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
                 for key, item in value.items()}
     return value
+
+
+_WIRE_NAMES: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def _wire_names(kind: type) -> tuple[tuple[str, str], ...]:
+    """(attribute, header key) of each field of a Struct, in order."""
+    names = _WIRE_NAMES.get(kind)
+    if names is None:
+        names = _WIRE_NAMES[kind] = tuple((info.name, info.encode_name) for info in msgspec.structs.fields(kind))
+    return names
 
 
 def from_header(value: dict[str, Any] | list[Any], blob: bytes, state: list[int], depth: int) -> Any:
@@ -107,32 +121,32 @@ def raw_array(descriptor: Any, blob: bytes, state: list[int]) -> dict[str, Any]:
         )
     state[0] = start + nbytes
     state[1] += 1
-    # A plain dict: pydantic builds the RawArray once (its own size check included) in the model's
-    # validation pass; constructing it here first doubled the work on the assembler's hot path.
+    # A plain dict: msgspec builds the RawArray once (its own size check included) as it converts the event.
     return {"dtype": dtype, "shape": shape, "data": blob[start : start + nbytes]}
 
 
-def tensor_fields(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
-    """Where ``model`` holds tensors: ``(field, None)`` for a RawArray, ``(field, nested)`` for a model."""
+def tensor_fields(model: type) -> tuple[tuple[str, Any], ...]:
+    """Where ``model`` holds tensors: ``(field, None)`` for a RawArray, ``(field, nested)`` for a record."""
     found: list[tuple[str, Any]] = []
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
+    for info in msgspec.structs.fields(model):
+        annotation = info.type
         parts = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
         for part in parts:
             if part is RawArray:
-                found.append((name, None))
-            elif isinstance(part, type) and issubclass(part, BaseModel):
+                found.append((info.name, None))
+            elif isinstance(part, type) and issubclass(part, msgspec.Struct):
                 if nested := tensor_fields(part):
-                    found.append((name, nested))
-            elif _holds_tensors(part):  # e.g. tuple[RawArray, ...]: _tensor_count would not see them
-                raise TypeError(f"{model.__name__}.{name}: the codec counts tensors only in fields and nested models")
+                    found.append((info.name, nested))
+            elif _holds_tensors(part):  # e.g. tuple[RawArray, ...]: tensor_count would not see them
+                raise TypeError(f"{model.__name__}.{info.name}: the codec counts tensors only in fields and nested "
+                                "records")
     return tuple(found)
 
 
 def _holds_tensors(annotation: Any) -> bool:
     if annotation is RawArray:
         return True
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
         return bool(tensor_fields(annotation))
     return any(_holds_tensors(arg) for arg in get_args(annotation))
 
@@ -146,6 +160,5 @@ def tensor_count(value: Any, where: tuple[tuple[str, Any], ...]) -> int:
     return count
 
 
-_CODEC_MODELS: tuple[type[BaseModel], ...] = (
-    *(model for model in EVENT_TYPES.values() if issubclass(model, BaseModel)), SlotResultV1)
-TENSOR_FIELDS = {model: tensor_fields(model) for model in _CODEC_MODELS}
+_CODEC_TYPES: tuple[type, ...] = (*EVENT_TYPES.values(), SlotResultV1)
+TENSOR_FIELDS = {model: tensor_fields(model) for model in _CODEC_TYPES}

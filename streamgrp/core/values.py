@@ -17,19 +17,11 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+import msgspec
 
+from streamgrp.core import wire
 from streamgrp.core.value_checks import (
     LOGPROB_TOLERANCE,
     logprob_problem,
@@ -37,37 +29,18 @@ from streamgrp.core.value_checks import (
     reward_problem,
     token_id_problem,
 )
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-#: An integer field: an int (not a bool, not a float, not a string) within the signed 64-bit range.
-Int = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]
-#: A count, index, step or version: a non-negative `Int`.
-NonNegInt = Annotated[Int, Field(ge=0)]
-#: A float field: a finite int or float (not a bool, not a string); ints become floats.
-Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-#: How deep a free-form dict may nest, the dict itself being level 1. The deepest free-form field
-#: (``SlotResult.sample.meta``) sits at level 3 of a header, so headers stay within 3 + 24 - 1 = 26
-#: levels, inside the codec's bound of 32.
-FREE_FORM_DEPTH = 24
-
-
-def check_free_form_depth(value: dict[str, Any]) -> dict[str, Any]:
-    if not value:
-        return value  # the common case (an empty meta) costs nothing
-    # An explicit stack, not recursion: a hostile value must not reach Python's recursion limit.
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > FREE_FORM_DEPTH:
-            raise ValueError(f"nested deeper than {FREE_FORM_DEPTH} levels; flatten it")
-        for child in (item.values() if isinstance(item, dict) else item):
-            if isinstance(child, (dict, list, tuple)):
-                stack.append((child, depth + 1))
-    return value
-
-
-#: A free-form JSON object (prompt, meta, settings), at most `FREE_FORM_DEPTH` levels deep.
-FreeForm = Annotated[dict[str, Any], AfterValidator(check_free_form_depth)]
+from streamgrp.core.wire import (  # noqa: F401 - the value types' names, importable from here as before
+    FREE_FORM_DEPTH,
+    INT64_MAX,
+    INT64_MIN,
+    Float,
+    Int,
+    NonNegInt,
+    Record,
+    as_tuples,
+    check_free_form,
+    check_free_form_depth,
+)
 
 #: The one dtype table. name (also torch's attribute name) -> (item size in bytes, `array` typecode
 #: for building from Python values or None, safetensors code). `streamgrp.train.dtypes` derives the
@@ -86,42 +59,18 @@ DTYPES: dict[str, tuple[int, str | None, str]] = {
 Outcome = Literal["sample", "rejected", "failed"]
 
 
-class Frozen(BaseModel):
-    """Immutable, and refuses fields it does not define."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def built(model: type[BaseModel], values: dict[str, Any], unset: frozenset[str] = frozenset()) -> Any:
-    """An instance of ``model`` holding ``values`` (every field, in declaration order) without
-    validating them, as pydantic's ``model_construct`` makes one but without its per-field bookkeeping
-    (several µs a call). Only for values already checked: the hand-written fast paths, and records
-    copied from validated ones. ``unset``: fields that hold their default because the input did not
-    name them (left out of ``model_fields_set``, as validation would leave them)."""
-    instance = model.__new__(model)
-    object.__setattr__(instance, "__dict__", values)
-    _set_fields_set(instance, set(values) - unset if unset else set(values))
-    _set_extra(instance, None)
-    _set_private(instance, None)
-    return instance
-
-
-# BaseModel's own slots, written through their descriptors: a third faster than object.__setattr__
-# by name, and the fast decoders build hundreds of records per manifest.
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-
-
-class RawArray(Frozen):
-    """A tensor as raw little-endian bytes with its dtype and shape."""
+class RawArray(Record, frozen=True, kw_only=True):
+    """A tensor as raw little-endian bytes with its dtype and shape (on the wire: a descriptor in the header
+    and the bytes beside it, `streamgrp.core.tensor_header`)."""
 
     dtype: str
-    shape: tuple[NonNegInt, ...]
-    data: Annotated[bytes, Strict()]  # bytes only: a tensor never comes from header text
+    shape: tuple[wire.NonNegInt, ...]
+    data: bytes
 
-    @model_validator(mode="after")
-    def _check_size(self) -> RawArray:
+    def __post_init__(self) -> None:
+        as_tuples(self, "shape")
+        if self.data.__class__ is not bytes:  # bytes only: a tensor never comes from header text
+            raise ValueError(f"a tensor's data is bytes, not {type(self.data).__name__}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {sorted(DTYPES)}")
         if any(dim < 0 for dim in self.shape):
@@ -131,7 +80,6 @@ class RawArray(Frozen):
             raise ValueError(
                 f"{self.dtype} array of shape {list(self.shape)} needs {expected} bytes, got {len(self.data)}"
             )
-        return self
 
     @property
     def numel(self) -> int:
@@ -159,7 +107,7 @@ class RawArray(Frozen):
         return unpacked.tolist()
 
 
-class Sample(Frozen):
+class Sample(Record, frozen=True, kw_only=True):
     """One slot's trajectory: one or more rows, stored flat with the length of each row.
 
     ``token_ids``, ``loss_mask`` and ``logprobs`` are 1-D and span all rows back to back;
@@ -171,13 +119,14 @@ class Sample(Frozen):
     token_ids: RawArray
     loss_mask: RawArray
     logprobs: RawArray
-    row_lengths: tuple[Int, ...]
-    rewards: tuple[Float, ...]
-    version: NonNegInt
-    meta: FreeForm = Field(default_factory=dict)
+    row_lengths: tuple[wire.Int, ...]
+    rewards: tuple[wire.Float, ...]
+    version: wire.NonNegInt
+    meta: dict[str, Any] = msgspec.field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _check_rows(self) -> Sample:
+    def __post_init__(self) -> None:
+        as_tuples(self, "row_lengths", "rewards")
+        check_free_form(self.meta, "meta")
         if not self.row_lengths:
             raise ValueError("a sample needs at least one row")
         if any(length < 1 for length in self.row_lengths):
@@ -195,7 +144,6 @@ class Sample(Frozen):
         problem = self.value_problem()
         if problem is not None:
             raise ValueError(problem)
-        return self
 
     def value_problem(self, vocab_size: int | None = None, tolerance: float = LOGPROB_TOLERANCE) -> str | None:
         """None when every value can train (`streamgrp.core.value_checks`), else what is wrong: building a
@@ -250,38 +198,3 @@ class RewardLater:
     values replace them in decisions, steps and replay."""
 
     sample: Sample
-
-
-def check_strict_numbers(model: type[BaseModel], data: dict[Any, Any], where: str) -> None:
-    """Reject what lax validation would coerce in ``model``'s scalar fields: bools as numbers,
-    numbers as bools, floats and strings as ints. Nested models given as dicts are checked too."""
-    for name, value in data.items():
-        field = model.model_fields.get(name) if isinstance(name, str) else None
-        if field is None:
-            continue  # an unknown name: the model's own validation reports it
-        args = _annotation_args(field.annotation)
-        nested = [arg for arg in args if isinstance(arg, type) and issubclass(arg, BaseModel)]
-        if nested and isinstance(value, dict):
-            check_strict_numbers(nested[0], value, f"{where}{name}.")
-            continue
-        if not args <= {int, float, bool, type(None)} or not args & {int, float, bool}:
-            continue  # not a numeric scalar field
-        kind = type(value)
-        if kind is bool:
-            ok = bool in args
-        elif kind is int:
-            ok = int in args or float in args
-        elif kind is float:
-            ok = float in args
-        else:
-            ok = value is None and type(None) in args
-        if not ok:
-            expected = " or ".join(sorted(arg.__name__ for arg in args if arg is not type(None)))
-            raise PydanticCustomError("strict_type", "{where} must be {expected}, not {got}",
-                                      {"where": f"{where}{name}", "expected": expected, "got": kind.__name__})
-
-
-def _annotation_args(annotation: Any) -> set[Any]:
-    if get_origin(annotation) in (Union, UnionType):
-        return {arg for part in get_args(annotation) for arg in _annotation_args(part)}
-    return {annotation}

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import TYPE_CHECKING, Annotated, Any, get_args
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Union, get_args, get_origin
 
 import msgspec
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
 from streamgrp.core.policy import GroupPolicy
-from streamgrp.core.values import INT64_MAX, INT64_MIN, check_free_form_depth, check_strict_numbers
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: Schema version written today (also `streamgrp.core.event_base.SCHEMA_VERSION`).
 WIRE_SCHEMA = 2
 _FLOAT_MAX = 1.7976931348623157e308
@@ -40,12 +41,35 @@ PosInt = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 Float = Annotated[float, msgspec.Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
 
 
+#: How deep a free-form dict may nest, the dict itself being level 1. The deepest free-form field
+#: (``SlotResult.sample.meta``) sits at level 3 of a header, so headers stay within 3 + 24 - 1 = 26
+#: levels, inside the codec's bound of 32.
+FREE_FORM_DEPTH = 24
+
+
+def check_free_form_depth(value: dict[str, Any]) -> dict[str, Any]:
+    if not value:
+        return value  # the common case (an empty meta) costs nothing
+    # An explicit stack, not recursion: a hostile value must not reach Python's recursion limit.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > FREE_FORM_DEPTH:
+            raise ValueError(f"nested deeper than {FREE_FORM_DEPTH} levels; flatten it")
+        for child in (item.values() if isinstance(item, dict) else item):
+            if isinstance(child, (dict, list, tuple)):
+                stack.append((child, depth + 1))
+    return value
+
+
+
+
 class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A frozen wire record that refuses fields it does not define."""
 
     def replace(self, **changes: Any) -> Any:
-        """A copy with ``changes`` (``model_copy(update=...)`` of the pydantic models before; unchecked
-        until encoded, as that was)."""
+        """A copy with ``changes``; its rules between fields are checked again, its values' types and bounds
+        when it is encoded."""
         return msgspec.structs.replace(self, **changes)
 
     def wire_fields(self) -> dict[str, Any]:
@@ -54,7 +78,7 @@ class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
                 if (value := getattr(self, info.name)) is not msgspec.UNSET}
 
     def to_builtins(self) -> Any:
-        """Plain JSON values (``model_dump(mode="json")`` of the pydantic models before)."""
+        """Plain JSON values (tensors' bytes as base64: the codec writes them beside the header instead)."""
         return msgspec.to_builtins(self, enc_hook=_enc_hook)
 
 
@@ -90,10 +114,8 @@ class WireEvent(Record, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
 
 def jsonable(event: Any) -> Any:
-    """An event as plain JSON values, whichever schema library defines it."""
-    if isinstance(event, msgspec.Struct):
-        return msgspec.to_builtins(event, enc_hook=_enc_hook)
-    return event.model_dump(mode="json")
+    """An event as plain JSON values."""
+    return msgspec.to_builtins(event, enc_hook=_enc_hook)
 
 
 def _policy(value: Any) -> GroupPolicy:
@@ -191,3 +213,38 @@ def _struct_in(kind: Any) -> Any:
         if isinstance(arg, type) and issubclass(arg, msgspec.Struct):
             return arg
     return None
+
+
+def check_strict_numbers(model: type[BaseModel], data: dict[Any, Any], where: str) -> None:
+    """Reject what lax validation would coerce in ``model``'s scalar fields: bools as numbers,
+    numbers as bools, floats and strings as ints. Nested models given as dicts are checked too."""
+    for name, value in data.items():
+        field = model.model_fields.get(name) if isinstance(name, str) else None
+        if field is None:
+            continue  # an unknown name: the model's own validation reports it
+        args = _annotation_args(field.annotation)
+        nested = [arg for arg in args if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        if nested and isinstance(value, dict):
+            check_strict_numbers(nested[0], value, f"{where}{name}.")
+            continue
+        if not args <= {int, float, bool, type(None)} or not args & {int, float, bool}:
+            continue  # not a numeric scalar field
+        kind = type(value)
+        if kind is bool:
+            ok = bool in args
+        elif kind is int:
+            ok = int in args or float in args
+        elif kind is float:
+            ok = float in args
+        else:
+            ok = value is None and type(None) in args
+        if not ok:
+            expected = " or ".join(sorted(arg.__name__ for arg in args if arg is not type(None)))
+            raise PydanticCustomError("strict_type", "{where} must be {expected}, not {got}",
+                                      {"where": f"{where}{name}", "expected": expected, "got": kind.__name__})
+
+
+def _annotation_args(annotation: Any) -> set[Any]:
+    if get_origin(annotation) in (Union, UnionType):
+        return {arg for part in get_args(annotation) for arg in _annotation_args(part)}
+    return {annotation}

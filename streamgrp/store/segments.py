@@ -138,7 +138,7 @@ class SegmentStore:
         does not hold the task (any more)."""
         with self._lock:
             self._seq += 1
-            segment = segment.model_copy(update={"producer": self.name, "seq": self._seq})
+            segment = segment.replace(producer=self.name, seq=self._seq)
         fields = codec.encode(segment)
         part = self.partitions[partition]
         try:

@@ -183,6 +183,7 @@ class SessionStore:
                          "shorten the session (fewer or shorter turns) or raise --max-entry-bytes on the gateway, "
                          "the assembler and the trainers")
                 slot_header = payload_header = blob = b""
+        outcome: Literal["sample", "rejected", "failed", "timeout"]
         if timeout:
             outcome = "timeout"
         elif payload_header:

@@ -93,8 +93,7 @@ def test_a_worker_generating_in_chunks_records_each_and_its_sample_is_their_conc
             # the continuation is what the server generates after prompt + tokens so far
             assert ids[2:10] == next_tokens([5, 6], 8) and ids[10:18] == next_tokens(ids[:10], 8)
             assert payload.sample.logprobs.to_list()[2:4] == [logprob_of(ids[2]), logprob_of(ids[3])]
-            broken = payload.sample.model_copy(update={"meta": {**payload.sample.meta,
-                                                                 "segments": {"count": 2, "tokens": 16}}})
+            broken = payload.sample.replace(meta={**payload.sample.meta, "segments": {"count": 2, "tokens": 16}})
             assert "generated 20 tokens, its segments hold 16" in check_sample(broken, chain)
     finally:
         stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import struct
 
+import msgspec
 import pytest
 import torch
 from cluster import client_for
@@ -18,10 +19,10 @@ from streamgrp.cli.metrics import Metrics
 from streamgrp.config import AssemblerConfig, BatcherConfig, WorkerConfig
 from streamgrp.core import codec
 from streamgrp.core.events import GroupDecided, RawArray, Sample, SlotResult
+from streamgrp.replay.verifier import format_report, verify
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
 from streamgrp.services.worker import WorkerClient, WorkerProcess
-from streamgrp.replay.verifier import format_report, verify
 from streamgrp.store import scripts
 from streamgrp.store.keys import ASSEMBLER_GROUP
 from streamgrp.train.trainer import TrainerClient
@@ -41,7 +42,9 @@ def nan_on_slot_one(request):
     if request.slot != 1:
         return sample
     nan = RawArray(dtype="float32", shape=(4,), data=struct.pack("<4f", 0.0, math.nan, -1.0, math.nan))
-    return Sample.model_construct(**{**dict(sample), "logprobs": nan})
+    unchecked = sample.replace()
+    msgspec.structs.force_setattr(unchecked, "logprobs", nan)  # built without its checks
+    return unchecked
 
 
 def train(client, redis_url, run, *, steps: int) -> torch.Tensor:
@@ -145,7 +148,7 @@ def with_blob(result: SlotResult, payload: dict[bytes, bytes], blob: bytes):
     """The payload with other bytes, and a slot result whose digest matches them (what a forger computes)."""
     forged = {codec.HEADER: payload[codec.HEADER], codec.BLOB: blob}
     digest = codec.entry_digest(forged)
-    return result.replace(**{"sample": result.sample.replace(**{"digest": digest})}), forged
+    return result.replace(sample=result.sample.replace(digest=digest)), forged
 
 
 def nan_logprob(result, payload):
@@ -158,11 +161,11 @@ def beyond_vocabulary(result, payload):
 
 def tokens_disagree(result, payload):
     # "tokens of 10^12 trains the step silently at loss 0" (issue 31)
-    return result.replace(**{"sample": result.sample.replace(**{"tokens": 10**12})}), payload
+    return result.replace(sample=result.sample.replace(tokens=10**12)), payload
 
 
 def rows_disagree(result, payload):
-    return result.replace(**{"sample": result.sample.replace(**{"rows": 3})}), payload
+    return result.replace(sample=result.sample.replace(rows=3)), payload
 
 
 FORGERIES = {"nan_logprob": (nan_logprob, "logprobs[3] is nan"),

@@ -1,5 +1,5 @@
-"""`codec.encode_sample`, the publisher's hand-written headers, writes exactly the bytes of the models' path
-(`sample_result` then `encode`), or leaves the sample to that path and its errors."""
+"""`codec.encode_sample`, what a publisher writes, reads back as the very sample and a summary that agrees with
+it, or refuses what it cannot write with a ValueError."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _samples(draw) -> Sample:
     ids = draw(st.sampled_from([("int32", "i", 2**31 - 1), ("int64", "q", 2**63 - 1)]))
     mask = tensor(draw(st.sampled_from(_MASK_DTYPES)), "B", st.integers(0, 1))
     at = draw(st.integers(0, total - 1))
-    mask = mask.model_copy(update={"data": mask.data[:at] + b"\x01" + mask.data[at + 1:]})
+    mask = mask.replace(data=mask.data[:at] + b"\x01" + mask.data[at + 1:])
     logprobs = draw(st.sampled_from(_LOGPROB_DTYPES))
     width = {"float32": 32, "float16": 16, "bfloat16": 32, "float64": 64}[logprobs]
     fmt = {"float32": "f", "float16": "e", "bfloat16": "f", "float64": "d"}[logprobs]
@@ -52,14 +52,6 @@ def _samples(draw) -> Sample:
     )
 
 
-def _by_the_models(task_id, slot, sample, producer, seq):
-    try:
-        event, payload = codec.sample_result(task_id, slot, sample, producer=producer, seq=seq)
-    except ValueError as exc:  # pydantic's ValidationError is one
-        return exc
-    return codec.encode(event)[codec.HEADER], payload[codec.HEADER], payload.get(codec.BLOB, b"")
-
-
 _ODD_INTS = st.one_of(st.integers(-2, 3), st.sampled_from([INT64_MAX, INT64_MAX + 1]), st.booleans(), st.just(1.0))
 
 
@@ -67,21 +59,23 @@ _ODD_INTS = st.one_of(st.integers(-2, 3), st.sampled_from([INT64_MAX, INT64_MAX 
 @given(sample=_samples(), task_id=st.one_of(st.text(min_size=1, max_size=8), st.sampled_from(["", "t" * 256, "t" * 257]),
                                             st.integers(0, 3)),
        slot=_ODD_INTS, producer=st.one_of(st.text(max_size=6), st.none()), seq=_ODD_INTS)
-def test_the_hand_written_headers_are_the_models_bytes(sample, task_id, slot, producer, seq):
-    expected = _by_the_models(task_id, slot, sample, producer, seq)
-    if isinstance(expected, Exception):
-        with pytest.raises(ValueError):
-            codec.encode_sample(task_id, slot, sample, producer=producer, seq=seq)
+def test_an_encoded_sample_reads_back_as_itself_or_is_refused(sample, task_id, slot, producer, seq):
+    try:
+        slot_header, payload_header, blob = codec.encode_sample(task_id, slot, sample, producer=producer, seq=seq)
+    except ValueError:
+        assert not (isinstance(task_id, str) and 1 <= len(task_id) <= 256 and isinstance(producer, str)
+                    and all(type(n) is int and 0 <= n <= INT64_MAX for n in (slot, seq))), "a valid sample was refused"
         return
-    assert codec.encode_sample(task_id, slot, sample, producer=producer, seq=seq) == expected
+    result = codec.decode({codec.HEADER: slot_header})
+    payload = codec.decode({codec.HEADER: payload_header, codec.BLOB: blob})
+    assert payload.sample == sample and (payload.task_id, payload.slot) == (result.task_id, result.slot) == (task_id, slot)
+    assert codec.payload_problem({codec.HEADER: payload_header, codec.BLOB: blob}, result) is None
 
 
-def test_a_plain_sample_takes_the_hand_written_path_and_an_overflowing_reward_the_models():
+def test_a_sample_whose_mean_reward_overflows_is_refused_naming_it():
     sample = Sample(token_ids=RawArray.from_values([1, 2], "int32"), loss_mask=RawArray.from_values([0, 1], "uint8"),
                     logprobs=RawArray.from_values([-0.5, -0.25], "float32"), row_lengths=(1, 1),
                     rewards=(1.5e308, 1.5e308), version=0)
-    assert codec._plain_sample_headers("t", 0, sample.model_copy(update={"rewards": (1.0, 2.0)}), "w", 1) is not None
-    # The mean of two finite rewards overflows: the summary model refuses it, with its message.
-    assert codec._plain_sample_headers("t", 0, sample, "w", 1) is None
+    # The mean of two finite rewards overflows: the summary refuses it, with its message.
     with pytest.raises(ValueError, match="finite"):
         codec.encode_sample("t", 0, sample, producer="w", seq=1)

@@ -258,10 +258,10 @@ def test_samples_of_other_dtypes_are_widened_to_the_batch_dtypes():
     victim = next(m for m in manifest.shards[0].groups[0].members)
     task = manifest.shards[0].groups[0].task_id
     sample = _samples()[(int(task[1:]), victim.slot)]
-    wide = sample.model_copy(update={
-        "token_ids": RawArray.from_values(sample.token_ids.to_list(), "int64"),
-        "loss_mask": RawArray.from_values([bool(v) for v in sample.loss_mask.to_list()], "bool"),
-        "logprobs": RawArray.from_values(sample.logprobs.to_list(), "float64")})
+    wide = sample.replace(
+        token_ids=RawArray.from_values(sample.token_ids.to_list(), "int64"),
+        loss_mask=RawArray.from_values([bool(v) for v in sample.loss_mask.to_list()], "bool"),
+        logprobs=RawArray.from_values(sample.logprobs.to_list(), "float64"))
     _, log["payloads"][victim.entry] = codec.sample_result(task, victim.slot, wide)
     mixed, plain = build_batch(manifest, 0, 2, _fetch(log), check_digests=False), _batch()
     for name in ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions"):

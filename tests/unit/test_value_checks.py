@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import struct
 
+import msgspec
 import pytest
 
 from streamgrp.config import RunConfig
@@ -102,7 +103,8 @@ def test_a_non_finite_reward_is_refused():
     # the field type refuses it too; value_problem says the same of a sample built without validation
     with pytest.raises(ValueError, match="finite"):
         sample(rewards=(math.nan,))
-    unchecked = Sample.model_construct(**{**dict(sample()), "rewards": (math.inf,)})
+    unchecked = sample()
+    msgspec.structs.force_setattr(unchecked, "rewards", (math.inf,))  # built without its checks
     assert unchecked.value_problem() == "rewards[0] is inf: rewards must be finite; check the reward function"
 
 
@@ -127,8 +129,8 @@ def forged(blob_edit):
     """A payload whose bytes were written by hand (a foreign writer), with a slot result whose digest matches."""
     result, payload = published(sample())
     fields = {codec.HEADER: payload[codec.HEADER], codec.BLOB: blob_edit(payload[codec.BLOB])}
-    summary = result.sample.replace(**{"digest": codec.entry_digest(fields)})
-    return result.replace(**{"sample": summary}), fields
+    summary = result.sample.replace(digest=codec.entry_digest(fields))
+    return result.replace(sample=summary), fields
 
 
 def test_a_payload_as_the_worker_writes_it_can_train():
@@ -151,15 +153,15 @@ def test_a_foreign_payload_with_a_token_id_beyond_the_vocabulary_is_refused():
 
 def test_a_payload_that_disagrees_with_its_slot_result_is_refused():
     result, payload = published(sample())
-    more_tokens = result.replace(**{"sample": result.sample.replace(**{"tokens": 10**12})})
+    more_tokens = result.replace(sample=result.sample.replace(tokens=10**12))
     assert "says rows, tokens, version [1, 1000000000000, 0] but its payload holds [1, 2, 0]" in \
         codec.payload_problem(payload, more_tokens)
-    other_reward = result.replace(**{"sample": result.sample.replace(**{"reward": 5.0})})
+    other_reward = result.replace(sample=result.sample.replace(reward=5.0))
     assert "reward 5.0" in codec.payload_problem(payload, other_reward)
-    other_digest = result.replace(**{"sample": result.sample.replace(**{"digest": "sha256:00"})})
+    other_digest = result.replace(sample=result.sample.replace(digest="sha256:00"))
     assert codec.payload_problem(payload, other_digest) == \
         "its payload does not hash to the digest its slot result recorded"
-    other_slot = result.replace(**{"slot": 2})
+    other_slot = result.replace(slot=2)
     assert codec.payload_problem(payload, other_slot).startswith("the payloads entry at its id is slot 1 of task")
     assert codec.payload_problem(None, result).startswith("its payload entry is not in the payloads stream")
     assert codec.payload_problem(codec.encode(result), result).startswith(
