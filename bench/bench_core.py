@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
+import msgspec  # noqa: E402
 import orjson  # noqa: E402
 
 from streamgrp.core import codec  # noqa: E402
