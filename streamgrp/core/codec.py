@@ -106,14 +106,20 @@ def encode(event: Any) -> dict[bytes, bytes]:
     between its fields): ``ValueError`` names what it breaks."""
     if not TENSOR_FIELDS[type(event)]:
         return {HEADER: struct_header(event)}
-    blobs: list[bytes] = []
-    fields = {HEADER: orjson.dumps(to_header(event, blobs, [0]))}
-    if blobs:
-        fields[BLOB] = b"".join(blobs)
+    fields = _tensor_entry(event)
     try:
         _decode(fields, DEFAULT_MAX_ENTRY_BYTES, upcast=False)
     except DecodeError as exc:
         raise ValueError(f"this {event.kind} event cannot be written: {exc}") from None
+    return fields
+
+
+def _tensor_entry(event: Any) -> dict[bytes, bytes]:
+    """The fields of an event with tensors: descriptors in the header, the bytes beside it (unchecked)."""
+    blobs: list[bytes] = []
+    fields = {HEADER: orjson.dumps(to_header(event, blobs, [0]))}
+    if blobs:
+        fields[BLOB] = b"".join(blobs)
     return fields
 
 
@@ -139,18 +145,37 @@ def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = ""
     """A sample's slot result and its payload entry's fields: the result's summary carries the payload's
     digest, computed here, once (what a publisher writes; `streamgrp.services.worker` is one).
     ``reward_pending``: the sample's rewards are placeholders that a `SlotRewarded` replaces."""
-    payload = encode(SamplePayload(task_id=task_id, slot=slot, sample=sample, producer=producer, seq=seq))
-    summary = SampleSummary.of(sample, entry_digest(payload))
-    return SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=summary, producer=producer,
-                      seq=seq, reward_pending=reward_pending), payload
+    event, payload, _ = _sample_entries(task_id, slot, sample, producer, seq, reward_pending)
+    return event, payload
 
 
 def encode_sample(task_id: str, slot: int, sample: Sample, *, producer: str = "", seq: int = 0,
                   reward_pending: bool = False) -> tuple[bytes, bytes, bytes]:
     """``sample_result`` already encoded: (slot result header, payload header, payload bytes), what the
     publisher writes."""
-    event, payload = sample_result(task_id, slot, sample, producer=producer, seq=seq, reward_pending=reward_pending)
-    return struct_header(event), payload[HEADER], payload.get(BLOB, b"")
+    _, payload, slot_header = _sample_entries(task_id, slot, sample, producer, seq, reward_pending)
+    return slot_header, payload[HEADER], payload.get(BLOB, b"")
+
+
+def _sample_entries(task_id: str, slot: int, sample: Sample, producer: str, seq: int,
+                    reward_pending: bool) -> tuple[SlotResult, dict[bytes, bytes], bytes]:
+    """The slot result, the payload's fields and the result's header. The publisher's hot path, so the payload
+    is not decoded again to check it: the `Sample` checked its tensors and values when it was built, and what
+    the payload shares with the result (task, slot, producer, sequence, version) is checked with the result's
+    header; only the types of its rewards and row lengths are left, checked here."""
+    if sample.__class__ is not Sample:
+        raise ValueError(f"a sample is a streamgrp Sample, not a {type(sample).__name__}")
+    for reward in sample.rewards:
+        if reward.__class__ is not float and reward.__class__ is not int:
+            raise ValueError(f"a sample's rewards are numbers, not {type(reward).__name__}")
+    for length in sample.row_lengths:
+        if length.__class__ is not int:
+            raise ValueError(f"a sample's row lengths are integers, not {type(length).__name__}")
+    payload = _tensor_entry(SamplePayload(task_id=task_id, slot=slot, sample=sample, producer=producer, seq=seq))
+    summary = SampleSummary.of(sample, entry_digest(payload))
+    event = SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=summary, producer=producer,
+                       seq=seq, reward_pending=reward_pending)
+    return event, payload, struct_header(event)
 
 
 def payload_problem(fields: Fields | None, result: SlotResult, *,
