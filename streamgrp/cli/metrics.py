@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import platform
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -124,6 +124,19 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
                                             registry=r),
     "staleness": lambda r: Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when "
                                      "batched", buckets=STALENESS_BUCKETS, registry=r),
+    # The bias monitor (streamgrp.services.outcomes): what became of generations, by length.
+    "generations": lambda r: Counter("streamgrp_generations", "Generations (decided slots) by what became of them "
+                                     "(trained, stale, filtered, leftover, dropped, timeout) and loss-token length "
+                                     "bucket (256, 1k, 4k, 16k, more; none: timed out)", ["outcome", "length"],
+                                     registry=r),
+    # Per-token versions, as a trainer rank loads them (streamgrp.train.step_metrics.observe_versions).
+    "version_span": lambda r: Histogram("streamgrp_sample_version_span", "Newest minus oldest policy version among a "
+                                        "trained row's tokens", buckets=STALENESS_BUCKETS, registry=r),
+    "token_staleness": lambda r: Histogram("streamgrp_token_staleness_versions", "Policy versions a trained loss "
+                                           "token was behind its step's version", buckets=STALENESS_BUCKETS,
+                                           registry=r),
+    "stale_masked_tokens": lambda r: Counter("streamgrp_stale_masked_tokens", "Loss tokens the staleness mask "
+                                             "cleared (--staleness mask)", registry=r),
     # Followers (streamgrp.store.follower): named consumers beside the run, by name and stream.
     "follow_entries": lambda r: Counter("streamgrp_follow_entries", "Entries a follower read", ["consumer", "stream"],
                                         registry=r),
@@ -163,8 +176,9 @@ OWNED: dict[str, tuple[str, ...]] = {
                   "dead_letters", "open_groups", "group_assembly"),
     "batcher": ("steps_written", "groups_discarded", "dead_letters", "stall_seconds", "empty_rounds",
                 "trainer_wait_rounds", "policy_version", "batch_imbalance", "staleness", "served_version",
-                "served_behind"),
-    "trainer": ("steps_committed", "trainer_step", "step_failures", "steps_retrained", "batch_wait", "policy_version"),
+                "served_behind", "generations"),
+    "trainer": ("steps_committed", "trainer_step", "step_failures", "steps_retrained", "batch_wait", "policy_version",
+                "version_span", "token_staleness", "stale_masked_tokens"),
     "weight-sync": (),
     "rewarder": ("rewards", "reward_latency", "rewards_in_flight", "reward_failures"),
     "follower": ("follow_entries", "follow_skipped", "follow_lag"),
@@ -268,6 +282,18 @@ class Metrics:
             self.steps_retrained.inc()
         if version is not None:
             self.policy_version.set(version)
+
+    @staticmethod
+    def observe_many(histogram: Histogram, value: float, count: int) -> None:
+        """``count`` observations of ``value`` at once (prometheus_client observes one at a time; a step's
+        tokens are counted per value, not per token)."""
+        if count <= 0:
+            return
+        histogram._sum.inc(value * count)  # what observe() does, count times over
+        for bound, bucket in zip(histogram._upper_bounds, histogram._buckets):
+            if value <= bound:
+                bucket.inc(count)
+                break
 
     def rollout_raised(self, exc: BaseException) -> None:
         """Count a rollout's exception by its type's name (the first `MAX_EXCEPTION_TYPES` names, then ``other``)."""

@@ -87,7 +87,7 @@ def load_batch(path: str | os.PathLike[str]) -> Batch:
     where = f"{path} is not a streamgrp batch file"
     header, data = _split(blob, where)
     meta = _identity(header.pop("__metadata__", None), where)
-    tensors = {name: _tensor(name, header.get(name), data, where) for name in TENSOR_FIELDS}
+    tensors: dict[str, Any] = {name: _tensor(name, header.get(name), data, where) for name in TENSOR_FIELDS}
     if "token_versions" in header:
         tensors["_token_versions"] = _tensor("token_versions", header["token_versions"], data, where)
     if "version_spans" in header:
