@@ -4,7 +4,7 @@ Long generations are the ones that go stale or time out; a run that trains mostl
 biased toward easy prompts. The batcher counts every generation (a decided slot) once, by what
 became of it (``trained``: in a step; ``stale``, ``filtered``, ``leftover``: its group discarded by the
 batcher; ``dropped``: its group dropped by the assembler; ``timeout``: the slot never returned) and by
-the length bucket of its loss tokens (`length_bucket`; a timed-out slot has no length: ``none``). A
+the length bucket of its loss tokens (`streamgrp.core.lengths`; a timed-out slot has no length: ``none``). A
 group's members share its outcome. Rejected and failed slots are not generations that could train,
 and are left to ``streamgrp_slots_total``. Pure but for the metrics object it is handed.
 """
@@ -15,20 +15,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from streamgrp.core.events import GroupDecided
+from streamgrp.core.lengths import length_bucket
 
-#: Upper bounds of the length buckets (loss tokens of a generation), and their labels; above the last: "more".
-LENGTH_BOUNDS = (256, 1024, 4096, 16384)
-LENGTH_LABELS = ("256", "1k", "4k", "16k", "more")
 OUTCOMES = ("trained", "stale", "filtered", "leftover", "dropped", "timeout")
 NO_LENGTH = "none"
-
-
-def length_bucket(tokens: int) -> str:
-    """The label of the bucket a generation of ``tokens`` loss tokens falls in."""
-    for bound, label in zip(LENGTH_BOUNDS, LENGTH_LABELS):
-        if tokens <= bound:
-            return label
-    return LENGTH_LABELS[-1]
 
 
 def _members(metrics: Any, decision: GroupDecided, outcome: str) -> None:

@@ -163,6 +163,7 @@ def test_a_follower_exports_entries_skips_and_lag_by_name_and_stream():
 
 def test_the_bias_monitor_counts_each_generation_once_by_outcome_and_length():
     from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats
+    from streamgrp.core.lengths import length_bucket
     from streamgrp.services import outcomes
 
     def group(task, tokens, outcomes_=None, decision="complete"):
@@ -180,7 +181,7 @@ def test_the_bias_monitor_counts_each_generation_once_by_outcome_and_length():
     counted = {tuple(sample.labels.values()): sample.value for sample in metrics.generations.collect()[0].samples}
     assert counted == {("timeout", "none"): 1, ("dropped", "1k"): 1, ("trained", "256"): 1, ("trained", "16k"): 1,
                        ("stale", "more"): 1}
-    assert [outcomes.length_bucket(n) for n in (1, 256, 257, 4096, 16385)] == ["256", "256", "1k", "4k", "more"]
+    assert [length_bucket(n) for n in (1, 256, 257, 4096, 16385)] == ["256", "256", "1k", "4k", "more"]
 
 
 def test_many_observations_at_once_are_what_as_many_observe_calls_give():
