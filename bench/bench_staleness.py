@@ -85,7 +85,7 @@ def one_run(url: str, staleness: str, dataset: Path, args, tmp: Path) -> dict:
     procs = []
     started = time.monotonic()
     for i, command in enumerate(commands):
-        log = open(tmp / f"{staleness}-{i}-{command[0]}.log", "wb")  # noqa: SIM115 - closed below
+        log = open(tmp / f"{staleness}-{i}-{command[0]}.log", "wb")  # closed below
         logs.append(log)
         procs.append(subprocess.Popen([sys.executable, "-m", "streamgrp", command[0], *command[1:]], stdout=log,
                                       stderr=subprocess.STDOUT, env=env))

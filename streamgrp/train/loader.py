@@ -336,13 +336,16 @@ def row_runs(samples: Sequence[SampleRows]) -> tuple[RowRuns | None, ...] | None
 def token_versions(versions: torch.Tensor, attention: torch.Tensor,
                    runs: tuple[RowRuns | None, ...] | None) -> torch.Tensor:
     """[rows, T] int64: each token's version, 0 in the padding (``runs``: `row_runs`)."""
-    out = torch.where(attention, versions.unsqueeze(1), 0)
-    if runs is not None:
-        for row, cut in enumerate(runs):
-            if cut is not None:
-                length = sum(count for _, count in cut)
-                out[row, :length] = torch.repeat_interleave(torch.tensor([v for v, _ in cut], dtype=torch.int64),
-                                                            torch.tensor([n for _, n in cut], dtype=torch.int64))
+    with _one_thread():
+        out = versions.unsqueeze(1) * attention  # int64 times bool: the version, or 0 in the padding
+        if runs is not None:
+            # A row's runs cover all its tokens: every run of every such row in one repeat, scattered in
+            # row-major order into those rows' tokens.
+            cuts = [cut for cut in runs if cut is not None]
+            flat = torch.repeat_interleave(torch.tensor([v for cut in cuts for v, _ in cut], dtype=torch.int64),
+                                           torch.tensor([n for cut in cuts for _, n in cut], dtype=torch.int64))
+            has_runs = torch.tensor([cut is not None for cut in runs])
+            out.masked_scatter_(attention & has_runs.unsqueeze(1), flat)
     return out
 
 
