@@ -141,6 +141,13 @@ class Batcher:
             self._inactive_since = None
         self.state = BatchState(self.rules, self.group_filter, next_step=int(state.get("next_step", 0)), stall=stall)
         self._active = True
+        # The feeder first: under wait, the decisions replayed below are held by the tasks it knows in flight.
+        if self._feeder is not None:
+            self._feeder.resume()  # the same dataset iterator: continue it, never re-open or re-skip it
+        elif self.dataset is not None:
+            self._feeder = Feeder(self.client, self.keys, self.dataset, batch_size=self.settings.batch_size,
+                                  max_staleness=self.settings.max_staleness, producer=self.name,
+                                  partitions=self.partitions, track_in_flight=self.rules.staleness == "wait")
         for part in self.partitions:
             last = "0"
             while True:
@@ -150,12 +157,6 @@ class Batcher:
                     break
                 last = entry_id_str(entries[-1][0])
                 self._take([(part, entries)], replaying=True)
-        if self._feeder is not None:
-            self._feeder.resume()  # the same dataset iterator: continue it, never re-open or re-skip it
-        elif self.dataset is not None:
-            self._feeder = Feeder(self.client, self.keys, self.dataset, batch_size=self.settings.batch_size,
-                                  max_staleness=self.settings.max_staleness, producer=self.name,
-                                  partitions=self.partitions, track_in_flight=self.rules.staleness == "wait")
         log.info("batcher %s active at step %d with %d buffered groups", self.name, self.state.next_step,
                  len(self.state.buffer))
         heap.settle()  # imports and the replayed buffer: out of the collector's way while steps are made
@@ -271,8 +272,7 @@ class Batcher:
         if self._feeder is not None and self._feeder.track_in_flight:
             self._feeder.settle([decision.task_id for _, _, decision in decided if decision is not None])
             self._set_window()
-        if self.metrics is not None and not replaying:
-            outcomes.decided(self.metrics, [decision for _, _, decision in decided if decision is not None])
+        outcomes.decided(None if replaying else self.metrics, [d for _, _, d in decided if d is not None])
         if not replaying and self.outcome == "running" and self._dataset_done():
             self._fold(batch_fold.VersionSet(self._current_version()))
             self._fold(batch_fold.DatasetEnded())
@@ -280,8 +280,10 @@ class Batcher:
     def _set_window(self) -> None:
         """Under ``staleness="wait"``: tell the fold the oldest in-flight task and the trainers' commits
         (`streamgrp.core.batch_fold.window_allows`); the steps that lets through are written."""
-        if self._feeder is not None and self._feeder.track_in_flight:
-            self._fold(batch_fold.WindowSet(self._feeder.oldest_in_flight(), self._lowest_committed()))
+        if self.rules.staleness == "wait":  # without a feeder no task is known in flight: only groups left behind
+            feeder = self._feeder
+            self._fold(batch_fold.WindowSet(feeder.oldest_in_flight() if feeder is not None else None,
+                                            self._lowest_committed()))
 
     def _end_round(self, started: float, *, away: bool) -> None:
         self._fold(batch_fold.VersionSet(self._current_version()))
@@ -325,8 +327,7 @@ class Batcher:
             elif isinstance(output, batch_fold.Discarded):
                 if output.reason == batch_fold.FILTERED and "raised" in output.detail:
                     log.warning("task %s: %s", output.decision.task_id, output.detail)
-                if self.metrics is not None:
-                    outcomes.discarded(self.metrics, output.decision, output.reason)
+                outcomes.discarded(self.metrics, output.decision, output.reason)
                 self._pending_ops += ["G", output.reason, self._discard_header(output), output.entry_id]
                 if len(self.partitions) > 1:
                     self._pending_ops += ["K", 1, output.decision.task_id]
@@ -441,7 +442,8 @@ class Batcher:
         if feeder is None or not feeder.exhausted:
             return False
         decided = sum(self.client.hlen(part.decided) for part in self.partitions)
-        return decided >= feeder.cursor and all(batcher_store.read_every_decision(self.client, part) for part in self.partitions)
+        return decided >= feeder.cursor and all(batcher_store.read_every_decision(self.client, part)
+                                                for part in self.partitions)
 
-    def _lowest_committed(self) -> int:
+    def _lowest_committed(self) -> int:  # the last step every rank committed (-1: some rank none)
         return batcher_store.lowest_committed(self.client, self.keys, self.settings.dp_size)

@@ -27,7 +27,10 @@ def _members(metrics: Any, decision: GroupDecided, outcome: str) -> None:
 
 
 def decided(metrics: Any, decisions: Iterable[GroupDecided]) -> None:
-    """Decisions read: their timed-out slots, and the members of the groups the assembler dropped."""
+    """Decisions read: their timed-out slots, and the members of the groups the assembler dropped
+    (``metrics`` None: nothing to count, as for each function here)."""
+    if metrics is None:
+        return
     for decision in decisions:
         timeouts = sum(1 for outcome in decision.slot_outcomes.values() if outcome == "timeout")
         if timeouts:
@@ -38,6 +41,8 @@ def decided(metrics: Any, decisions: Iterable[GroupDecided]) -> None:
 
 def discarded(metrics: Any, decision: GroupDecided, reason: str) -> None:
     """A trainable group the batcher discarded (``reason``: stale, filtered, leftover)."""
+    if metrics is None:
+        return
     _members(metrics, decision, reason if reason in OUTCOMES else "filtered")
 
 
