@@ -18,7 +18,9 @@ mode: exactly ``batch_size`` except the final step); no group in a step is more 
 such groups (the loader masks their old tokens); steps are numbered 0, 1, 2, ... without gaps.
 
 The staleness policy (`BatchRules.staleness`, the run's recorded setting): ``drop`` discards a stale
-group; ``mask`` keeps it; ``wait`` holds steps so that no pending work can turn stale (`window_allows`):
+group; ``mask`` keeps it; ``wait`` holds tasks and steps so that no pending work can turn stale. The
+feeder issues only while at most ``max_staleness`` written steps are uncommitted (`may_issue`), and
+a step is held (`window_allows`) while it could make pending work stale:
 writing steps lets the trainers raise the version, one per step, to at most ``version + (steps written
 and not committed by every rank)``; a step is written only while that bound, counted with the step,
 stays within ``max_staleness`` of every pending item, an in-flight task (by the version it was issued
@@ -272,6 +274,16 @@ def _fixed_steps(state: BatchState) -> list[Output]:
     return outputs
 
 
+def may_issue(state: BatchState) -> bool:
+    """Whether ``staleness="wait"`` lets the feeder issue a task now: only while the steps written and not
+    committed by every rank are at most ``max_staleness`` (once they are trained, a task issued now is
+    that many versions behind already; `window_allows` then holds every further step while it is in
+    flight). Other policies: the feeder's count window alone (`feeder_capacity`)."""
+    if state.rules.staleness != "wait":
+        return True
+    return state.next_step - (state.lowest_committed + 1) <= state.rules.max_staleness
+
+
 def window_allows(state: BatchState, steps: int, left: list[Buffered]) -> bool:
     """Whether ``staleness="wait"`` lets ``steps`` more steps be written now, ``left`` staying buffered:
     the version those steps and the uncommitted ones before them may raise the run to must stay within
@@ -359,8 +371,17 @@ def _waiting_for_trainers(state: BatchState, event: RoundEnded) -> bool:
 
 def _on_dataset_end(state: BatchState) -> list[Output]:
     outputs: list[Output] = []
-    if state.buffer and not state.max_steps_reached:
-        outputs += _emit(state, list(state.buffer), final=True)  # the last, possibly smaller, step
+    size = state.rules.batch_size if state.rules.batch_mode == "fixed" else state.rules.max_batch_size
+    # Nothing is in flight any more: every step the buffer holds (``wait`` may have held several), the
+    # last one possibly smaller, all formed now, at the version now.
+    while state.buffer and not state.max_steps_reached:
+        before = len(state.buffer)
+        if state.rules.batch_mode == "fixed" and before > size:
+            outputs += _emit(state, state.buffer[:size])
+        else:
+            outputs += _emit(state, list(state.buffer), final=True)
+        if len(state.buffer) == before:
+            break  # fewer than dp_size fresh groups: no step
     for entry_id, decision in state.buffer:  # fewer than dp_size groups remain: nothing can train them
         outputs.append(Discarded(entry_id, decision, LEFTOVER, "dataset ended"))
     state.buffer = []

@@ -41,9 +41,9 @@ from streamgrp.core.events import (
 from streamgrp.core.manifest import decision_ref, make_manifest, ref_order
 from streamgrp.core.served import ServedTracker
 from streamgrp.core.stall import StallTracker, stall_message
-from streamgrp.errors import ConfigError, DecodeError, LeaseLost
+from streamgrp.errors import DecodeError, LeaseLost
 from streamgrp.services import batcher_store, heap, outcomes
-from streamgrp.services.feeder import DatasetIdentity, Feeder
+from streamgrp.services.feeder import DatasetIdentity, Feeder, check_feed
 from streamgrp.store import scripts
 from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
 from streamgrp.store.deadletter import DeadLetters
@@ -157,6 +157,7 @@ class Batcher:
                     break
                 last = entry_id_str(entries[-1][0])
                 self._take([(part, entries)], replaying=True)
+        self._set_window()
         log.info("batcher %s active at step %d with %d buffered groups", self.name, self.state.next_step,
                  len(self.state.buffer))
         heap.settle()  # imports and the replayed buffer: out of the collector's way while steps are made
@@ -165,21 +166,7 @@ class Batcher:
         return {k.decode(): v.decode(errors="replace") for k, v in self.client.hgetall(self.keys.batcher_state).items()}
 
     def _check_feed(self, state: dict[str, str]) -> None:
-        """`ConfigError` when the run records another dataset (one this batcher's does not continue:
-        `DatasetIdentity.continues`) or ``--max-steps`` than this batcher's: taking over with them would feed
-        other prompts after the recorded ones, or end the run at another step."""
-        if "terminal" in state or "finished" in state:
-            return  # nothing more is fed to an ended run (its next batcher only settles what was owed)
-        differs = []
-        recorded = state.get("feed:dataset")
-        if recorded is not None and not self.feed.continues(DatasetIdentity.from_record(recorded)):
-            differs.append(("dataset", DatasetIdentity.from_record(recorded), self.feed))
-        if state.get("feed:max_steps", self.max_steps) != self.max_steps:
-            differs.append(("max_steps", state["feed:max_steps"], self.max_steps))
-        if differs:
-            said = "; ".join(f"{name} {recorded}, this batcher's {mine}" for name, recorded, mine in differs)
-            raise ConfigError(f"run {self.keys.run} was started with another feed: {said}. A batcher of the run "
-                              "(a standby taking over, or a restart) must be given the same --dataset and --max-steps")
+        check_feed(self.keys.run, state, self.feed, self.max_steps)
 
     def round(self, stop: threading.Event | None = None) -> int:
         """One collection round: feed, read decisions until the round ends, emit due steps, check the stall."""
@@ -429,6 +416,9 @@ class Batcher:
 
     def _feed(self) -> None:
         if self._feeder is None or self.outcome != "running":
+            return
+        if not batch_fold.may_issue(self.state):  # wait: a task issued now would be stale once trained
+            self._feeder.window_full = True
             return
         try:
             self._feeder.feed(self._current_version(), self.lease.token)

@@ -105,6 +105,24 @@ class DatasetIdentity:
         return f"{Path(self.spec).name} ({self.size} bytes, sha256 {self.sha256[:16]})"
 
 
+def check_feed(run: str, state: dict[str, str], feed: DatasetIdentity, max_steps: str) -> None:
+    """`ConfigError` when the run (its batcher state hash, ``state``) records another dataset (one ``feed``
+    does not continue: `DatasetIdentity.continues`) or ``--max-steps`` than a batcher's: taking over with
+    them would feed other prompts after the recorded ones, or end the run at another step."""
+    if "terminal" in state or "finished" in state:
+        return  # nothing more is fed to an ended run (its next batcher only settles what was owed)
+    differs: list[tuple[str, object, object]] = []
+    recorded = state.get("feed:dataset")
+    if recorded is not None and not feed.continues(DatasetIdentity.from_record(recorded)):
+        differs.append(("dataset", DatasetIdentity.from_record(recorded), feed))
+    if state.get("feed:max_steps", max_steps) != max_steps:
+        differs.append(("max_steps", state["feed:max_steps"], max_steps))
+    if differs:
+        said = "; ".join(f"{name} {recorded}, this batcher's {mine}" for name, recorded, mine in differs)
+        raise ConfigError(f"run {run} was started with another feed: {said}. A batcher of the run (a standby "
+                          "taking over, or a restart) must be given the same --dataset and --max-steps")
+
+
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
     with path.open("rb") as handle:
         for number, line in enumerate(handle, 1):

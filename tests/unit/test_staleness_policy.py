@@ -6,12 +6,14 @@ from __future__ import annotations
 from test_batch_fold import decided, group, state, steps, tasks
 
 from streamgrp.core.batch_fold import (
+    DatasetEnded,
     Decided,
     Discarded,
     RoundEnded,
     VersionSet,
     WindowSet,
     fold,
+    may_issue,
     run_batch_fold,
     window_allows,
 )
@@ -88,3 +90,21 @@ def test_the_same_decisions_give_the_same_steps_with_or_without_the_hold():
     assert len(steps(first)) == 1  # step 1 waits for the task issued at 0
     held, rest = fold(held, WindowSet(None))
     assert [tasks(st) for st in steps(free)] == [tasks(st) for st in steps(first + rest)] and len(steps(free)) == 2
+
+
+def test_wait_issues_tasks_only_while_at_most_max_staleness_steps_are_uncommitted():
+    s = state(staleness="wait", max_staleness=1, batch_size=2, dp_size=1)
+    s, _ = run_batch_fold(s, [WindowSet(None), *decided(4)])
+    assert s.next_step == 2 and not may_issue(s)  # a task issued now is 2 behind once both are trained
+    s, _ = fold(s, WindowSet(None, lowest_committed=0))
+    assert may_issue(s)
+    assert may_issue(state(staleness="drop"))
+
+
+def test_at_the_dataset_end_every_held_step_is_written_none_left_over():
+    s = state(staleness="wait", max_staleness=0, batch_size=2, dp_size=1)
+    s, out = run_batch_fold(s, [WindowSet(0), *decided(5)])
+    assert steps(out) == [] and len(s.buffer) == 5
+    s, out = fold(s, DatasetEnded())
+    assert [tasks(st) for st in steps(out)] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert not [o for o in out if isinstance(o, Discarded)]
