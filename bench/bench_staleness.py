@@ -10,7 +10,7 @@ Reported per policy: groups decided, trained and discarded as stale, by length b
 tokens, medium < 1,024, long); the share of the trained groups that are long against the share of the
 decided ones; the run's wall time; and the trainer's busy share (steps x step time / wall time).
 
-    python bench/bench_staleness.py [--prompts 160] [--step-s 0.5] [--ms-per-token 0.6] [--seed 0]
+    python bench/bench_staleness.py [--prompts 160] [--step-s 0.5] [--ms-per-token 1.5] [--seed 0]
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=160)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--step-s", type=float, default=0.5, help="the trainer's time per step")
-    parser.add_argument("--ms-per-token", type=float, default=0.6, help="a slot's time per generated token")
+    parser.add_argument("--ms-per-token", type=float, default=1.5, help="a slot's time per generated token")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
