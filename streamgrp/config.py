@@ -156,11 +156,12 @@ class RunConfig(_Settings):
                                                     "dynamic: the trainable groups of a round, at least dp_size")
     max_batch_size: int = Field(4096, ge=1, description="most groups one step may hold (dynamic mode takes at most "
                                 "this many per step; fixed mode's batch_size may not exceed it)")
-    max_staleness: int = Field(1, ge=0, description="drop groups more than this many policy versions old")
+    max_staleness: int = Field(1, ge=0, description="the staleness window: groups more than this many policy versions "
+                               "old are dropped (or, per --staleness, waited for or masked)")
     staleness: Literal["drop", "wait", "mask"] = Field(
         "drop", description="what happens to work older than max_staleness: drop (the whole group, reason stale); "
-        "wait (the batcher holds a step while an in-flight task would turn stale, so none is dropped); mask "
-        "(groups are kept; tokens older than the window get loss mask 0)")
+        "wait (the feeder and the batcher hold tasks and steps that would let pending work turn stale, so none "
+        "is dropped); mask (groups are kept; tokens older than the window get loss mask 0)")
     mask_min_tokens: int = Field(1, ge=1, description="staleness mask: a row keeps its loss only while at least this "
                                  "many of its generated tokens are inside the window (else its whole row is masked)")
     max_empty_rounds: int = Field(8, ge=1, description="stall bound: consecutive rounds without a trainable group")
