@@ -286,3 +286,14 @@ def test_a_shard_is_built_on_one_thread_and_the_callers_thread_count_is_restored
     finally:
         torch.set_num_threads(before)
     assert seen == [1] and batch.rows == 2 * len(batch.task_ids)
+
+
+def test_a_run_that_masks_stale_tokens_gets_the_same_masked_shard_every_time_it_is_built():
+    from streamgrp.config import RunConfig
+
+    masking = RunConfig(n_samples=2, dp_size=2, max_staleness=1, staleness="mask")  # the step is at version 3
+    plain, masked, again = _batch(), _batch(run_config=masking), _batch(run_config=masking)
+    assert masked.stale_masked_tokens == int(plain.loss_mask.sum()) > 0  # every sample is of version 0 < 3 - 1
+    assert not masked.loss_mask.any() and torch.equal(masked.loss_mask, again.loss_mask)
+    assert torch.equal(_batch(run_config=RunConfig(n_samples=2, dp_size=2, max_staleness=3,
+                                                   staleness="mask")).loss_mask, plain.loss_mask)
