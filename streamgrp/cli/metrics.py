@@ -41,6 +41,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from streamgrp._version import __version__
 from streamgrp.core import counters
+from streamgrp.core.lengths import LENGTH_LABELS
 from streamgrp.errors import ConfigError
 
 # `_created` series double every counter's output and no dashboard reads them.
@@ -199,6 +200,12 @@ PRESET_LABELS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+#: The bias monitor's series made up front (two labels, so not in `PRESET_LABELS`): what its dashboard
+#: panel divides, trained and stale by length and the timeouts (which have no length).
+GENERATION_PRESETS = (*((outcome, length) for outcome in ("trained", "stale") for length in LENGTH_LABELS),
+                      ("timeout", "none"))
+
+
 def _every_preset() -> dict[str, tuple[str, ...]]:
     """Every role's preset label values, merged: a process that runs several services has them all."""
     merged: dict[str, dict[str, None]] = {}
@@ -244,6 +251,9 @@ class Metrics:
         for name, values in presets.items():
             for value in values:
                 getattr(self, name).labels(value)
+        if "generations" in owned:
+            for outcome, length in GENERATION_PRESETS:
+                self.generations.labels(outcome, length)
         # The batcher's drop counts are its discards (stale, filtered); the assembler's, its dropped groups.
         dropped = "groups_dropped" if "groups_dropped" in owned else "groups_discarded"
         families = {counters.SLOTS: "slots", counters.DECISIONS: "groups", counters.DROPPED: dropped,

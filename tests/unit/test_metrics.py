@@ -20,8 +20,8 @@ ONLY = {
     "batcher": {"streamgrp_steps_written_total", "streamgrp_groups_discarded_total", "streamgrp_stall_seconds",
                 "streamgrp_empty_rounds",
                 "streamgrp_trainer_wait_rounds_total", "streamgrp_policy_version", "streamgrp_batch_imbalance_ratio",
-                "streamgrp_staleness_versions", "streamgrp_served_version", "streamgrp_served_behind_seconds"},
-    # streamgrp_generations_total{outcome, length} appears with the first decision it counts
+                "streamgrp_staleness_versions", "streamgrp_served_version", "streamgrp_served_behind_seconds",
+                "streamgrp_generations_total"},
     "trainer": {"streamgrp_steps_total", "streamgrp_trainer_step", "streamgrp_step_failures_total",
                 "streamgrp_batch_wait_seconds", "streamgrp_policy_version", "streamgrp_steps_retrained_total",
                 "streamgrp_sample_version_span", "streamgrp_token_staleness_versions",
@@ -178,7 +178,8 @@ def test_the_bias_monitor_counts_each_generation_once_by_outcome_and_length():
     outcomes.decided(metrics, [short_and_long, group("b", [300], decision="dropped")])
     outcomes.batched(metrics, 3, [short_and_long])
     outcomes.discarded(metrics, group("c", [20000]), "stale")
-    counted = {tuple(sample.labels.values()): sample.value for sample in metrics.generations.collect()[0].samples}
+    counted = {tuple(sample.labels.values()): sample.value for sample in metrics.generations.collect()[0].samples
+               if sample.value}
     assert counted == {("timeout", "none"): 1, ("dropped", "1k"): 1, ("trained", "256"): 1, ("trained", "16k"): 1,
                        ("stale", "more"): 1}
     assert [length_bucket(n) for n in (1, 256, 257, 4096, 16385)] == ["256", "256", "1k", "4k", "more"]
