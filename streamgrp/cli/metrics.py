@@ -95,6 +95,8 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
     "trainer_wait_rounds": lambda r: Counter("streamgrp_trainer_wait_rounds", "Batcher rounds spent waiting for "
                                              "trainers to commit (staleness window full); never empty rounds",
                                              registry=r),
+    "held_rounds": lambda r: Counter("streamgrp_held_rounds", "Batcher rounds spent holding a step for a generation "
+                                     "still in flight (--staleness wait); never empty rounds", registry=r),
     "open_groups": lambda r: Gauge("streamgrp_open_groups", "Groups the assembler holds open", registry=r),
     "policy_version": lambda r: Gauge("streamgrp_policy_version", "Current policy version", registry=r),
     "served_version": lambda r: Gauge("streamgrp_served_version", "Newest policy version among the samples of "
@@ -177,7 +179,7 @@ OWNED: dict[str, tuple[str, ...]] = {
                   "dead_letters", "open_groups", "group_assembly"),
     "batcher": ("steps_written", "groups_discarded", "dead_letters", "stall_seconds", "empty_rounds",
                 "trainer_wait_rounds", "policy_version", "batch_imbalance", "staleness", "served_version",
-                "served_behind", "generations"),
+                "served_behind", "generations", "held_rounds"),
     "trainer": ("steps_committed", "trainer_step", "step_failures", "steps_retrained", "batch_wait", "policy_version",
                 "version_span", "token_staleness", "stale_masked_tokens"),
     "weight-sync": (),

@@ -356,7 +356,7 @@ def _on_round_end(state: BatchState, event: RoundEnded) -> list[Output]:
         state.stall.shift(event.duration)
         return outputs
     waiting = _waiting_for_trainers(state, event)
-    if state.stall.round(added, event.now, waiting_for_trainers=waiting):
+    if state.stall.round(added, event.now, waiting_for_trainers=waiting, held=_holding(state)):
         return [*outputs, _fail(state, "stall", "")]
     if state.stall.should_warn(event.now):
         outputs.append(Stalling(state.stall.empty_rounds, state.stall.stall_seconds(event.now)))
@@ -367,6 +367,18 @@ def _waiting_for_trainers(state: BatchState, event: RoundEnded) -> bool:
     """The feeder's window is full and a written step is not committed by every rank yet: the round
     waits for trainers, not for rollouts. Without a feeder there is no window to fill."""
     return event.window_full and state.next_step > 0 and event.lowest_committed < state.next_step - 1
+
+
+def _holding(state: BatchState) -> bool:
+    """``staleness="wait"`` holds a step that could be formed now, for work still in flight."""
+    if state.rules.staleness != "wait" or state.oldest_in_flight is None:
+        return False
+    buffer = state.buffer
+    if state.rules.batch_mode == "fixed":
+        steps = len(buffer) // state.rules.batch_size
+        return steps > 0 and not window_allows(state, steps, buffer[steps * state.rules.batch_size:])
+    steps = -(-len(buffer) // state.rules.max_batch_size)
+    return len(buffer) >= state.rules.dp_size and not window_allows(state, steps, [])
 
 
 def _on_dataset_end(state: BatchState) -> list[Output]:

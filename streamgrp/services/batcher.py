@@ -279,7 +279,7 @@ class Batcher:
             self._fold(batch_fold.DatasetEnded())
             return
         window_full = self._feeder is not None and self._feeder.window_full
-        waits_before = self.state.stall.trainer_wait_rounds
+        waits_before, holds_before = self.state.stall.trainer_wait_rounds, self.state.stall.held_rounds
         now = self.clock()
         self._fold(batch_fold.RoundEnded(now, window_full=window_full,
                                          lowest_committed=self._lowest_committed() if window_full else -1,
@@ -289,6 +289,8 @@ class Batcher:
             self.metrics.empty_rounds.set(self.state.stall.empty_rounds)
             if self.state.stall.trainer_wait_rounds > waits_before:
                 self.metrics.trainer_wait_rounds.inc()
+            if self.state.stall.held_rounds > holds_before:
+                self.metrics.held_rounds.inc()
         if not away:
             self._check_served(now)
 

@@ -21,7 +21,7 @@ ONLY = {
                 "streamgrp_empty_rounds",
                 "streamgrp_trainer_wait_rounds_total", "streamgrp_policy_version", "streamgrp_batch_imbalance_ratio",
                 "streamgrp_staleness_versions", "streamgrp_served_version", "streamgrp_served_behind_seconds",
-                "streamgrp_generations_total"},
+                "streamgrp_generations_total", "streamgrp_held_rounds_total"},
     "trainer": {"streamgrp_steps_total", "streamgrp_trainer_step", "streamgrp_step_failures_total",
                 "streamgrp_batch_wait_seconds", "streamgrp_policy_version", "streamgrp_steps_retrained_total",
                 "streamgrp_sample_version_span", "streamgrp_token_staleness_versions",

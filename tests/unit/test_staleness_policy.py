@@ -108,3 +108,17 @@ def test_at_the_dataset_end_every_held_step_is_written_none_left_over():
     s, out = fold(s, DatasetEnded())
     assert [tasks(st) for st in steps(out)] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
     assert not [o for o in out if isinstance(o, Discarded)]
+
+
+def test_a_round_that_holds_a_step_for_a_generation_in_flight_is_not_an_empty_round():
+    s = state(staleness="wait", max_staleness=1, batch_size=2, dp_size=1, max_empty_rounds=2, stall_timeout_s=0)
+    s, _ = run_batch_fold(s, [VersionSet(1), WindowSet(0), *decided(2, version=1)])
+    assert s.next_step == 0  # held for the task issued at 0
+    for now in range(1, 6):  # a long generation: rounds without a new group, the run does not fail
+        s, out = fold(s, RoundEnded(float(now)))
+        assert s.outcome == "running", out
+    assert s.stall.held_rounds == 4 and s.stall.empty_rounds == 0  # the first round added the two groups
+    s, out = fold(s, WindowSet(None))
+    assert len(steps(out)) == 1
+    s, _ = run_batch_fold(s, [RoundEnded(6.0), RoundEnded(7.0)])  # nothing held, nothing added: empty rounds
+    assert s.outcome == "failed"
