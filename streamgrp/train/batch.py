@@ -55,12 +55,32 @@ class Batch:
     next_version: int = 0
     #: Whether some rank committed this step in an earlier attempt whose weights were lost.
     retrained: bool = False
+    #: Per row: the newest minus the oldest version among its sample's tokens, [rows] int64.
+    version_spans: torch.Tensor | None = None
+    #: Per row, its tokens' ``(version, count)`` runs (None: the row's version throughout); None when no
+    #: sample has per-token versions. What `token_versions` is made from (`streamgrp.train.loader.row_runs`).
+    version_runs: tuple[tuple[tuple[int, int], ...] | None, ...] | None = field(default=None, repr=False)
+    #: Loss tokens the run's ``staleness="mask"`` cleared from this shard (their version was older than
+    #: ``version - max_staleness``); ``step_loss_tokens`` counts the tokens as published, before it.
+    stale_masked_tokens: int = 0
     _client: BatchOwner | None = field(repr=False, default=None)
     settled: bool = field(default=False, repr=False)
+    _token_versions: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def rows(self) -> int:
         return int(self.token_ids.shape[0])
+
+    @property
+    def token_versions(self) -> torch.Tensor:
+        """Each token's policy version, [rows, T] int64 (0 in the padding): the sample's per-token
+        versions (``meta["token_versions"]``) where it has them, else its version. ``versions`` stays
+        the per-row one (the sample's oldest). Made on first use: a loop that never asks pays nothing."""
+        if self._token_versions is None:
+            from streamgrp.train.loader import token_versions  # the loader imports this module
+
+            self._token_versions = token_versions(self.versions, self.attention_mask, self.version_runs)
+        return self._token_versions
 
     def commit(self) -> None:
         """Record this rank's step as done (idempotent)."""

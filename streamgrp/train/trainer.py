@@ -222,7 +222,8 @@ class TrainerClient:
                                 lambda stream, ids: stream_entries(self.client, self.run_.stream_key(stream), list(ids),
                                                                    retry=partial(ride, self.client)),
                                 run=self.keys.run, client=self, check_digests=self.check_digests,
-                                missing_hint="a step is never trimmed before every rank committed it, so it was deleted")
+                                missing_hint="a step is never trimmed before every rank committed it, so it was deleted",
+                                run_config=self.run_.config)
         except DigestMismatch as exc:
             raise RunFailed(f"run {self.keys.run}: step {manifest.step} cannot be trained as it was recorded: {exc}. "
                             "Only streamgrp's functions should write or delete entries: check who else may; "

@@ -372,8 +372,12 @@ class StreamgrpRollouts:
             sample.enqueued_at = time.time()
             self.rollout_buffer.put(sample)
         staleness = int(batch.version - batch.versions.min()) if batch.rows else 0
+        spans = batch.version_spans
         try:
             self.metrics_queue.put_nowait({"streamgrp/step": float(batch.step), "streamgrp/staleness_max": staleness,
+                                           "streamgrp/version_span_max": float(spans.max()) if spans is not None
+                                           and batch.rows else 0.0,
+                                           "streamgrp/stale_masked_tokens": float(batch.stale_masked_tokens),
                                            "streamgrp/rows_per_step": float(batch.rows),
                                            "streamgrp/groups_per_step": float(len(batch.task_ids))})
         except queue.Full:
@@ -399,6 +403,10 @@ class StreamgrpRollouts:
         lengths = batch.attention_mask.sum(dim=1).tolist()
         group_of_row = torch.repeat_interleave(torch.arange(len(batch.task_ids)), batch.group_sizes).tolist()
         rewards = batch.rewards.tolist()
+        # TRL's RolloutSample has no per-token versions: each row's oldest and newest ride in its metrics,
+        # and the staleness mask is already in the loss mask it takes as ``completion_mask``.
+        oldest = batch.versions.tolist()
+        spans = batch.version_spans.tolist() if batch.version_spans is not None else [0] * len(oldest)
         for row, (length, group) in enumerate(zip(lengths, group_of_row)):
             ids = batch.token_ids[row, :length].numpy().astype(np.int64)
             mask = batch.loss_mask[row, :length].numpy().astype(np.int64)
@@ -407,7 +415,8 @@ class StreamgrpRollouts:
                 prompt=prompt, completion=completion, input_ids=ids, completion_mask=mask,
                 old_log_probs=batch.logprobs[row, :length].numpy().astype(np.float32), advantage=advantages[row],
                 model_version=self.rollout_buffer.version, group_id=batch.step * self._group_stride + group,
-                metrics={"reward": rewards[row]})
+                metrics={"reward": rewards[row], "version_oldest": float(oldest[row]),
+                         "version_newest": float(oldest[row] + spans[row])})
 
     def _messages(self, ids: np.ndarray, mask: np.ndarray, task_id: str) -> tuple[list[dict], list[dict]]:
         """What TRL shows in its traces: the decoded prompt and completion, or the task id."""
