@@ -74,7 +74,8 @@ def test_a_worker_generating_in_chunks_records_each_and_its_sample_is_their_conc
     fake, stop = start("llamacpp")
     try:
         issuer(run).issue([{"prompt_ids": [5, 6]}])
-        config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01)
+        config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01,
+                                 segment_stream=False)
         worker = WorkerClient(client, run.keys)
         assert WorkerProcess(worker, build_rollout("llamacpp", config), WorkerConfig(burst=True, concurrency=2),
                              n_samples=2).run() == 1
@@ -96,6 +97,30 @@ def test_a_worker_generating_in_chunks_records_each_and_its_sample_is_their_conc
             broken = payload.sample.model_copy(update={"meta": {**payload.sample.meta,
                                                                  "segments": {"count": 2, "tokens": 16}}})
             assert "generated 20 tokens, its segments hold 16" in check_sample(broken, chain)
+    finally:
+        stop()
+
+
+@pytest.mark.parametrize("dialect", ["llamacpp", "vllm", "sglang"])
+def test_a_streamed_generation_is_one_request_cut_into_segments_as_it_arrives(client, make_run, issuer, dialect):
+    run = make_run(n_samples=2)
+    fake, stop = start(dialect)
+    try:
+        issuer(run).issue([{"prompt_ids": [5, 6]}])
+        config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01)
+        assert WorkerProcess(WorkerClient(client, run.keys), build_rollout(dialect, config),
+                             WorkerConfig(burst=True, concurrency=2), n_samples=2).run() == 1
+        generations = fake.generations()
+        assert len(generations) == 2 and all(body["stream"] for body in generations)  # one stream per slot
+        assert len(fake.generated) == 40  # nothing generated twice: no chunk prefilled the context again
+        found = task_segments(client, run.keys.segments, _task_id(client, run))
+        for payload in (codec.decode(f) for _, f in client.xrange(run.keys.payloads)):
+            chain = chain_of(found[payload.slot])
+            assert [(s.index, s.start, s.tokens, s.cause) for s in chain] == [
+                (0, 0, 8, "chunk"), (1, 8, 8, "chunk"), (2, 16, 4, "length")]
+            assert check_sample(payload.sample, chain) is None
+            assert payload.sample.token_ids.to_list() == [5, 6] + next_tokens([5, 6], 20)
+            assert payload.sample.meta["streams"] == 1
     finally:
         stop()
 
