@@ -76,6 +76,7 @@ class Action:
     token_delay: float = 0.0  # streamed: seconds between tokens
     cut_after: int | None = None  # streamed: drop the connection after this many tokens (a restart: ``seconds``)
     error_after: int | None = None  # streamed: an error event after this many tokens
+    model_after: str | None = None  # llamacpp: the alias /v1/models names once the restart of ``cut_after`` is over
 
 
 def validate_utf8(text: bytes) -> int:
@@ -398,6 +399,7 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
                         fake.generated += tokens[:action.cut_after - sent]  # generated, never sent: a crash
                         if action.seconds:
                             fake.loading_until = time.monotonic() + action.seconds
+                        fake.model = action.model_after or fake.model
                         self.close_connection = True
                         self.connection.shutdown(2)
                         return
