@@ -197,6 +197,8 @@ class InferenceRollout:
 
             slot = SlotSegments(self.segments, request)
         completion = self.complete(prompt_ids, slot=slot)
+        if slot is not None:
+            slot.settle()  # its segments durable before its result is published
         reward = self.reward(request.prompt, list(completion.token_ids), completion.text)
         if reward is None:
             return None
