@@ -6,7 +6,7 @@ process, answering at once, so the worker's CPU is all the worker's work), on a 
 
 - *off*: ``segment_tokens`` 0, one request per slot, not streamed;
 - *streamed, no writes*: one streamed request per slot (an event per token, as llama-server sends them),
-  cut into a segment every 64 tokens, but the segment writes made no-ops (what streaming alone costs);
+  but no segment made or written (`SlotSegments.record` a no-op: what streaming alone costs);
 - *streamed segments*: the same, every segment recorded as a `SlotSegment` (``segment.lua``);
 - *chunks only* and *chunked segments* (``segment_stream`` off): the generation asked for in requests of 64
   tokens, without and with the writes (the way before streaming, for comparison).
@@ -46,8 +46,11 @@ def _worker(url: str, run_name: str, server_url: str, max_tokens: int, segment_t
     from streamgrp.store import segments
     from streamgrp.store.runs import connect, open_run
 
-    if not write:
-        segments.SegmentStore.record = lambda self, partition, task_entry, segment: ""  # chunks, no writes
+    if not write:  # streamed or in chunks, but no segment made or written
+        from streamgrp.services.inference.segments import SlotSegments
+
+        segments.SegmentStore.record = lambda self, partition, task_entry, segment: ""
+        SlotSegments.record = lambda self, token_ids, logprobs, version, cause: None
     client = connect(url)
     run = open_run(client, run_name)
     config = InferenceConfig(server_url=server_url, max_tokens=max_tokens, segment_tokens=segment_tokens,

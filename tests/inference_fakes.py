@@ -181,7 +181,7 @@ def _stream_vllm(request: dict, prompt: list[int], tokens: list[int], finish: st
         body = _vllm(request, prompt, [], finish, action, dialect)
         body.pop("usage")
         events.append(([], _sse(body)))
-    return events + [([], b"data: [DONE]\n\n")]
+    return [*events, ([], b"data: [DONE]\n\n")]
 
 
 def _stream_sglang(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str,
@@ -202,7 +202,7 @@ def _stream_sglang(request: dict, prompt: list[int], tokens: list[int], finish: 
         events.append(([token], _sse(body)))
     if not tokens:
         events.append(([], _sse(_sglang(request, prompt, [], finish, action, dialect))))
-    return events + [([], b"data: [DONE]\n\n")]
+    return [*events, ([], b"data: [DONE]\n\n")]
 
 
 def _stream_llamacpp(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str,
@@ -222,7 +222,7 @@ def _stream_llamacpp(request: dict, prompt: list[int], tokens: list[int], finish
     final = _llamacpp(request, prompt, tokens, finish, action, dialect)
     final.update(content="", tokens=[])
     final.pop("completion_probabilities", None)
-    return events + [(held, _sse(final))]
+    return [*events, (held, _sse(final))]
 
 
 STREAMS: dict[str, Callable[..., list[tuple[list[int], bytes]]]] = {

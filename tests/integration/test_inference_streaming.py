@@ -26,9 +26,8 @@ PROMPT = [11, 12, 13]
 class Recorder:
     """The adapter's side of `SlotSegments`: no durable prefix, every segment recorded in order."""
 
-    chain: list = []
-
     def __init__(self) -> None:
+        self.chain: list = []
         self.segments: list[tuple[list[int], list[float], int | None, str]] = []
 
     def record(self, ids: list[int], logprobs: list[float], version: int | None, cause: str) -> None:
@@ -141,7 +140,7 @@ def test_more_streamed_tokens_than_asked_fail_the_slot(fake):
 
 def test_an_unfinite_streamed_logprob_fails_the_slot(fake):
     fake.then(Action(logprob=1e308))
-    with pytest.raises(ProtocolError, match="completion token 0 is .*not a finite float32"):
+    with pytest.raises(ProtocolError, match=r"completion token 0 is .*not a finite float32"):
         rollout(fake).complete(PROMPT, slot=Recorder())
 
 

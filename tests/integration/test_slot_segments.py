@@ -119,7 +119,7 @@ def test_a_streamed_generation_is_one_request_cut_into_segments_as_it_arrives(cl
             assert [(s.index, s.start, s.tokens, s.cause) for s in chain] == [
                 (0, 0, 8, "chunk"), (1, 8, 8, "chunk"), (2, 16, 4, "length")]
             assert check_sample(payload.sample, chain) is None
-            assert payload.sample.token_ids.to_list() == [5, 6] + next_tokens([5, 6], 20)
+            assert payload.sample.token_ids.to_list() == [5, 6, *next_tokens([5, 6], 20)]
             assert payload.sample.meta["streams"] == 1
     finally:
         stop()
@@ -240,7 +240,7 @@ def test_retention_keeps_the_segments_of_tasks_the_workers_hold(client, make_run
     WorkerClient(client, run.keys)
     entry = _held_task(client, run, issuer, "w1")
     segment_id = SegmentStore(client, run.partitions, name="w1").record(0, entry, _segment(0, 0, [7, 8]))
-    archived = {name: "9999999999999-0" for name in run.keys.all_streams()}  # everything archived
+    archived = dict.fromkeys(run.keys.all_streams(), "9999999999999-0")  # everything archived
     floor, why = floors(client, run.keys, archived)["segments"]
     assert floor <= id_key(segment_id) and why == "segments of tasks the workers hold"
     client.xack(run.keys.tasks, WORKERS_GROUP, entry)  # its results published: its segments are the archive's,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import http.client
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -97,7 +97,7 @@ def request_json(method: str, url: str, body: Any = None, *, timeout_s: float,
     return _classify(method, url, response.status, raw)
 
 
-def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX_REPLY_BYTES) -> Iterator[Any]:
+def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX_REPLY_BYTES) -> Generator[Any, None, None]:
     """``POST url`` with ``body`` as JSON, asking for a stream: each server-sent event's decoded JSON, in order.
 
     A reply that is not an event stream (an error status, or a server that answered with one JSON body) is
@@ -119,7 +119,7 @@ def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX
                 return
         except (OSError, http.client.HTTPException) as exc:
             raise TransportError(f"{what}: {_describe(exc)}", server_away=_away(exc)) from None
-        size, data = 0, []
+        size, data = 0, list[bytes]()
         while True:
             try:
                 _set_timeout(connection, deadline)
@@ -167,7 +167,7 @@ def _away(exc: BaseException) -> bool:
 def _set_timeout(connection: http.client.HTTPConnection, deadline: float) -> None:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise socket.timeout("deadline passed")
+        raise TimeoutError("deadline passed")
     if connection.sock is not None:
         connection.sock.settimeout(left)
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamgrp.services.inference.dialect import (
     Dialect,
+    Finish,
     Generation,
     ProtocolError,
     StreamError,
@@ -123,7 +124,7 @@ def read_stream(dialect: Dialect, url: str, context: list[int], body: dict[str, 
     if slot is not None and cutter.ids:
         slot.record(*cutter.take(clock()), version, str(cause))
         segments += 1
-    kept_finish = "abort" if broke is not None or lost or finish is None else finish
-    generation = Generation(ids, logprobs, "".join(text), kept_finish,  # type: ignore[arg-type]
+    kept_finish: Finish = "abort" if broke is not None or lost or finish is None else finish
+    generation = Generation(ids, logprobs, "".join(text), kept_finish,
                             reason=reason if broke is None else str(broke), weight_version=version, model=model)
     return StreamedPart(generation, broke=broke, lost=lost, segments=segments)

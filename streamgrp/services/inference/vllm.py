@@ -32,19 +32,20 @@ from typing import Any
 from streamgrp.services.inference.dialect import (
     Delta,
     Dialect,
+    Finish,
     Generation,
     ProtocolError,
     Sampling,
     StreamParser,
     check_lengths,
-    stream_error,
     float_list,
+    stream_error,
     token_list,
     version_from,
 )
 from streamgrp.services.inference.http import request_json
 
-FINISH = {"stop": "stop", "length": "length", "abort": "abort", None: "stop"}
+FINISH: dict[str | None, Finish] = {"stop": "stop", "length": "length", "abort": "abort", None: "stop"}
 
 
 class VLLM(Dialect):
