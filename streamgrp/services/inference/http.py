@@ -119,26 +119,31 @@ def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX
                 return
         except (OSError, http.client.HTTPException) as exc:
             raise TransportError(f"{what}: {_describe(exc)}", server_away=_away(exc)) from None
-        size, data = 0, list[bytes]()
+        size, pending = 0, b""
         while True:
             try:
                 _set_timeout(connection, deadline)
-                line = response.readline(max_bytes - size + 1)
+                chunk = response.read1(READ_CHUNK)
             except (OSError, http.client.HTTPException) as exc:  # a broken stream: a restart, a crash, the deadline
                 raise TransportError(f"{what}: broke after {size} bytes: {_describe(exc)}",
                                      server_away=_away(exc) or isinstance(exc, http.client.IncompleteRead)) from None
-            size += len(line)
+            size += len(chunk)
             if size > max_bytes:
                 raise ReplyTooLarge(f"{what}: the stream is over the {max_bytes} bytes allowed; stopped reading it")
-            if not line:
-                if data:
+            if not chunk:
+                if pending.strip():
                     raise TransportError(f"{what}: the stream ended inside an event", server_away=True)
                 return
-            line = line.rstrip(b"\r\n")
-            if line.startswith(b"data:"):
-                data.append(line[6:] if line[5:6] == b" " else line[5:])
-            elif not line and data:  # a blank line ends an event
-                payload, data = b"\n".join(data), []
+            pending += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
+            while (end := pending.find(b"\n\n")) >= 0:  # a blank line ends an event
+                block, pending = pending[:end], pending[end + 2:]
+                if block.startswith(b"data: ") and b"\n" not in block:  # the usual event: one data line
+                    payload = block[6:]
+                else:  # several data lines are one payload; ":" comments (pings), event:, id: carry none
+                    payload = b"\n".join(line[6:] if line[5:6] == b" " else line[5:]
+                                         for line in block.split(b"\n") if line.startswith(b"data:"))
+                    if not payload:
+                        continue
                 if payload.strip() == b"[DONE]":
                     return
                 try:
@@ -146,7 +151,6 @@ def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX
                 except orjson.JSONDecodeError as exc:
                     raise TransportError(f"{what}: an event that is not JSON ({exc}): {_text(payload)!r}") from None
                 yield event
-            # anything else (":" comments: keep-alive pings; event:, id:, retry: fields) carries no data
     finally:
         connection.close()
 
