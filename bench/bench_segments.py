@@ -17,7 +17,7 @@ run, per sample and per 1,000 generated tokens, and the share of the worker's CP
 fake, so the worker's CPU per token (parsing) is what it is here; the share is an upper bound as far as the
 fake's speed goes.
 
-    python bench/bench_segments.py [--tasks 64] [--max-tokens 512] [--repeat 3] [--no-chunks]
+    python bench/bench_segments.py [--tasks 64] [--max-tokens 512] [--repeat 3] [--no-chunks] [--token-delay 0.002]
 """
 
 from __future__ import annotations
@@ -90,18 +90,22 @@ def main() -> None:
     parser.add_argument("--segment-tokens", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-chunks", action="store_true", help="leave out the two chunked ways")
+    parser.add_argument("--token-delay", type=float, default=0.0,
+                        help="seconds the fake takes per streamed token (0: at once; the worker is then CPU-bound, "
+                             "its threads contend for the GIL, the worst case; a delay paces it like a real server)")
     args = parser.parse_args()
-    from inference_fakes import start
+    from inference_fakes import Action, start
 
     from streamgrp.store.runs import connect
 
     server = start_server()
     fake, stop_fake = start("llamacpp")
+    fake.default = Action(token_delay=args.token_delay)
     try:
         client = connect(server.url)
         print(f"{platform.machine()}, CPython {platform.python_version()}, {server_name(client)}; "
               f"{args.tasks} tasks x {N_SAMPLES} slots x {args.max_tokens} tokens, a segment per "
-              f"{args.segment_tokens} tokens")
+              f"{args.segment_tokens} tokens; streamed tokens {args.token_delay * 1000:g} ms apart")
         ways = {"off": (0, True, False), "streamed, no writes": (args.segment_tokens, False, True),
                 "streamed segments": (args.segment_tokens, True, True)}
         if not args.no_chunks:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +43,10 @@ _PAGE = 512
 _CACHED_TASKS = 64
 #: Most segments the writer thread sends in one pipeline.
 _BATCH = 64
+#: How long the writer thread lets segments gather before it sends them: one pipeline for several slots'
+#: segments costs the worker a fraction of a call each; durable a few milliseconds later is no loss for a
+#: segment of a generation that takes seconds.
+LINGER_S = 0.005
 
 
 class SegmentTaken(Exception):
@@ -135,8 +140,10 @@ def task_segments(client: redis.Redis, stream: str, task_id: str, since: str = "
 class SegmentStore:
     """A worker's writes and reads of segments; thread-safe (a worker's slots run on a thread pool)."""
 
-    def __init__(self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, name: str) -> None:
+    def __init__(self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, name: str,
+                 linger_s: float = LINGER_S) -> None:
         self.client = client
+        self.linger_s = linger_s
         self.partitions = tuple(partitions)
         self.name = name
         self._write = scripts.register(client, "segment.lua")
@@ -157,11 +164,18 @@ class SegmentStore:
             raise _refusal(exc) from None
         return entry_id_str(written)
 
+    def stamp(self) -> dict[str, Any]:
+        """The producer and next sequence number for a segment built to be `submit`-ted (``stamped``)."""
+        with self._lock:
+            self._seq += 1
+            return {"producer": self.name, "seq": self._seq}
+
     def submit(self, partition: int, task_entry: str, segment: SlotSegment,
-               done: Callable[[str | BaseException], None]) -> None:
+               done: Callable[[str | BaseException], None], *, stamped: bool = False) -> None:
         """Queue ``segment`` for the writer thread; it calls ``done`` with the entry id, `SegmentTaken` or the
-        error the write met. What one slot submits is written in that order."""
-        keys, args = self._call(partition, task_entry, segment)
+        error the write met. What one slot submits is written in that order. ``stamped``: built with `stamp`
+        (saves a copy)."""
+        keys, args = self._call(partition, task_entry, segment, stamped=stamped)
         with self._lock:
             self._queue.append((keys, args, done))
             if self._writer is None:
@@ -169,11 +183,9 @@ class SegmentStore:
                 self._writer.start()
             self._wake.notify()
 
-    def _call(self, partition: int, task_entry: str, segment: SlotSegment) -> tuple[list[Any], list[Any]]:
-        with self._lock:
-            self._seq += 1
-            seq = self._seq
-        fields = codec.encode(segment.model_copy(update={"producer": self.name, "seq": seq}))
+    def _call(self, partition: int, task_entry: str, segment: SlotSegment, *,
+              stamped: bool = False) -> tuple[list[Any], list[Any]]:
+        fields = codec.encode(segment if stamped else segment.model_copy(update=self.stamp()))
         part = self.partitions[partition]
         return ([part.tasks, part.segments],
                 [WORKERS_GROUP, task_entry, self.name, fields[codec.HEADER], fields[codec.BLOB]])
@@ -184,6 +196,8 @@ class SegmentStore:
             with self._lock:
                 while not self._queue:
                     self._wake.wait()
+            time.sleep(self.linger_s)
+            with self._lock:
                 batch, self._queue = self._queue[:_BATCH], self._queue[_BATCH:]
             results: list[Any]
             try:

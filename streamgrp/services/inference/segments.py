@@ -70,10 +70,11 @@ class SlotSegments:
             self._pending += 1
         segment = SlotSegment(task_id=self.request.task_id, slot=self.request.slot, index=self.count,
                               start=self.tokens, token_ids=RawArray.from_values(token_ids, "int32"),
-                              logprobs=RawArray.from_values(logprobs, "float32"), version=version, cause=cause)
+                              logprobs=RawArray.from_values(logprobs, "float32"), version=version, cause=cause,
+                              **self.store.stamp())
         self.count += 1
         self.tokens += len(token_ids)
-        self.store.submit(self.request.partition, self.request.task_entry, segment, self._written)
+        self.store.submit(self.request.partition, self.request.task_entry, segment, self._written, stamped=True)
 
     def _written(self, outcome: str | BaseException) -> None:
         with self._settled:
