@@ -8,10 +8,9 @@ indexes 0, 1, 2, ... and each one starting where the one before ended; a repeat 
 sent again after a lost reply) is skipped, and the chain ends at the first gap or after a segment that
 ends the generation (``stop``/``length``).
 
-A worker streaming several slots at once writes through `SegmentStore.submit` while the writer thread is
-busy: it sends what gathered in one pipeline, in the order submitted (a slot's segments stay in index
-order), and tells each slot how its write went; `record` is the same write, synchronous, what a slot does
-when the writer is idle (a call of its own then costs less than waking the thread).
+A worker streaming several slots at once writes through `SegmentStore.submit`: one writer thread sends
+what is queued in one pipeline, in the order submitted (a slot's segments stay in index order), and tells
+each slot how its write went; `record` is the same write, synchronous.
 
 Segments are never folded as results: the slot's result (`streamgrp.services.worker`) is published as
 always, and a sample built on segments says so in its meta (``segments``: how many, and the tokens they
@@ -154,22 +153,16 @@ class SegmentStore:
         self._queue: list[tuple[list[Any], list[Any], Callable[[str | BaseException], None]]] = []
         self._wake = threading.Condition(self._lock)
         self._writer: threading.Thread | None = None
-        self._sending = False
 
-    def record(self, partition: int, task_entry: str, segment: SlotSegment, *, stamped: bool = False) -> str:
+    def record(self, partition: int, task_entry: str, segment: SlotSegment) -> str:
         """Append ``segment`` of the task at ``task_entry``; its entry id. `SegmentTaken` when this worker
-        does not hold the task (any more). ``stamped``: built with `stamp`."""
-        keys, args = self._call(partition, task_entry, segment, stamped=stamped)
+        does not hold the task (any more)."""
+        keys, args = self._call(partition, task_entry, segment)
         try:
             written = self._write(keys=keys, args=args)
         except redis.ResponseError as exc:
             raise _refusal(exc) from None
         return entry_id_str(written)
-
-    def busy(self) -> bool:
-        """The writer thread has segments queued or in flight: a write now is cheaper joining them than alone."""
-        with self._lock:
-            return bool(self._queue) or self._sending
 
     def stamp(self) -> dict[str, Any]:
         """The producer and next sequence number for a segment built to be `submit`-ted (``stamped``)."""
@@ -203,7 +196,6 @@ class SegmentStore:
             with self._lock:
                 while not self._queue:
                     self._wake.wait()
-                self._sending = True
             time.sleep(self.linger_s)
             with self._lock:
                 batch, self._queue = self._queue[:_BATCH], self._queue[_BATCH:]
@@ -227,8 +219,6 @@ class SegmentStore:
                     done(outcome)
                 except Exception:  # a slot's hook failing must not stop the others' writes
                     log.exception("a segment write's hook failed")
-            with self._lock:
-                self._sending = bool(self._queue)
 
     def chain(self, partition: int, task_entry: str, task_id: str, slot: int, slots: int = 1) -> list[SlotSegment]:
         """The chain of ``slot`` of the task at ``task_entry``, read once for its ``slots`` slots (the first to

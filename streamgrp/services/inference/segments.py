@@ -5,12 +5,12 @@ segment goes (`streamgrp.store.segments` owns the stream and its function).
 above 0): `resumed` is the slot's durable prefix (read only for a task taken over from a worker that stopped:
 a task delivered for the first time has none) as a `Completion` to continue, `record` the hook the adapter
 calls with every segment it cuts (from a stream, or a chunk asked for on its own, or an aborted part), and
-`meta` what the sample records of them. A write is a call of its own when the store's writer thread is
-idle and joins its batch when it is busy (`SegmentStore.submit`: many streams at once); `meta`, called once
-the generation is done, waits for the slot's writes, so its segments are durable before its result is
-published, and raises the error a write met (the slot fails, as on a synchronous write). When the task was
-taken over from this worker (``TAKEN``), the slot goes on without segments: its result is published as any
-slot's (the first result of a slot wins), only it no longer says it is built on segments.
+`meta` what the sample records of them. Writes go through the store's writer thread (`SegmentStore.submit`,
+batched with other slots'), so a stream is not held up by them; `meta`, called once the generation is
+done, waits for the slot's writes, so its segments are durable before its result is published, and raises
+the error a write met (the slot fails, as it would have writing synchronously). When the task was taken over from this worker (``TAKEN``), the
+slot goes on without segments: its result is published as any slot's (the first result of a slot wins), only
+it no longer says it is built on segments.
 """
 
 from __future__ import annotations
@@ -67,24 +67,14 @@ class SlotSegments:
                 raise self._failed
             if self.taken:
                 return
-            queued = self._pending > 0  # then this one queues behind them: a slot's segments stay in order
+            self._pending += 1
         segment = SlotSegment(task_id=self.request.task_id, slot=self.request.slot, index=self.count,
                               start=self.tokens, token_ids=RawArray.from_values(token_ids, "int32"),
                               logprobs=RawArray.from_values(logprobs, "float32"), version=version, cause=cause,
                               **self.store.stamp())
         self.count += 1
         self.tokens += len(token_ids)
-        if queued or self.store.busy():
-            with self._settled:
-                self._pending += 1
-            self.store.submit(self.request.partition, self.request.task_entry, segment, self._written, stamped=True)
-            return
-        try:
-            self.store.record(self.request.partition, self.request.task_entry, segment, stamped=True)
-        except SegmentTaken as exc:
-            with self._settled:
-                self._pending += 1  # settled at once, as a queued write's refusal would be
-            self._written(exc)
+        self.store.submit(self.request.partition, self.request.task_entry, segment, self._written, stamped=True)
 
     def _written(self, outcome: str | BaseException) -> None:
         with self._settled:
