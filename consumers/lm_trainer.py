@@ -108,32 +108,32 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
                          "(--world-size 1, no torchrun); use dp_size 1 for the run")
     if config.model_gguf is None:
         raise ValueError("streamgrp.consumers.lm_trainer needs --model-gguf: the GGUF file the inference server serves")
+    model_gguf, weights_dir = config.model_gguf, config.weights_dir  # weights_dir set: each step publishes
     torch.manual_seed(0)
     trainer = TrainerClient(client, run)
-    publishing = config.weights_dir is not None
     checkpoints = Checkpoints(trainer, config.checkpoint_dir, every=config.checkpoint_every,
                               keep=config.keep_checkpoints) if config.checkpoint_dir is not None else None
     resume_after = None
     if checkpoints is not None:
-        model = load_policy(config.model_gguf)
+        model = load_policy(model_gguf)
         optimizer = torch.optim.Adam(model.parameters(), lr=config.lm_lr) if config.lm_lr > 0 else None
         resume_after = checkpoints.restore(model, optimizer)
-        newest = newest_version_on_disk(config.weights_dir) if publishing else None
+        newest = newest_version_on_disk(weights_dir) if weights_dir is not None else None
         if newest is not None and reserve_versions(client, run.keys, newest):
             log.info("versions up to %d are on disk: the steps trained from here publish above them", newest)
     else:
         current = int(client.get(run.keys.version) or 0)  # the version of the last committed step
-        model = _resume(config, current) if publishing else load_policy(config.model_gguf)
+        model = _resume(weights_dir, model_gguf, current) if weights_dir is not None else load_policy(model_gguf)
         optimizer = torch.optim.Adam(model.parameters(), lr=config.lm_lr) if config.lm_lr > 0 else None
     start = trainer.next_step(ranks.rank)
     model.train(optimizer is not None)
     template = None
-    if publishing:
+    if weights_dir is not None:
         from streamgrp.train.gguf_export import GgufTemplate
 
-        template = GgufTemplate.read(config.model_gguf)
-        if start == 0 and not version_dir(config.weights_dir, 0).exists():
-            _publish(template, config, 0, model)  # even version 0 is served from the tensors trained here
+        template = GgufTemplate.read(model_gguf)
+        if start == 0 and not version_dir(weights_dir, 0).exists():
+            _publish(template, config, weights_dir, 0, model)  # even version 0 is served from the tensors trained here
     spec = run.config.adv_norm or run.config.reward_norm or NormSpec("group", "group")
     crash_at = crash_point(config.crash_at)
     steps = 0
@@ -141,8 +141,8 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
     with trainer.batches(rank=ranks.rank, world_size=1, resume_after=resume_after) as batches:
         for batch in batches:
             started = time.monotonic()
-            written = version_dir(config.weights_dir, batch.next_version) / "model.gguf" if publishing else None
-            if checkpoints is None and written is not None and written.is_file():
+            written = version_dir(weights_dir, batch.next_version) / "model.gguf" if weights_dir is not None else None
+            if checkpoints is None and written is not None and template is not None and written.is_file():
                 # Trained and written before a crash took the commit: that version is this step's result, and
                 # samples may already come from it, so it is loaded, not trained again. (With checkpoints the
                 # step is trained again from the checkpoint, under a version above every one on disk.)
@@ -151,8 +151,8 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
                 step_metrics["resumed_from_published"] = 1
             else:
                 step_metrics = _step(model, optimizer, batch, spec)
-                if template is not None:
-                    step_metrics["export_seconds"] = _publish(template, config, batch.next_version, model)
+                if template is not None and weights_dir is not None:
+                    step_metrics["export_seconds"] = _publish(template, config, weights_dir, batch.next_version, model)
             if crash_at == ("train", batch.step) and not batch.retrained:
                 crash(f"after training step {batch.step}, before committing it")
             step_metrics["seconds"] = round(time.monotonic() - started, 3)
@@ -172,31 +172,31 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
     return steps
 
 
-def _publish(template, config: TrainerConfig, version: int, model) -> float:
+def _publish(template, config: TrainerConfig, weights_dir: Path, version: int, model) -> float:
     """Write ``version`` as ``model.gguf`` (atomically, before the step commits); returns the seconds it took."""
     started = time.monotonic()
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    save_version(config.weights_dir, version, state, safetensors=False,
+    save_version(weights_dir, version, state, safetensors=False,
                  writers={"model.gguf": lambda path: template.write(path, state, outtype=config.gguf_outtype)})
-    prune_versions(config.weights_dir, below=version - KEEP_VERSIONS + 1)
+    prune_versions(weights_dir, below=version - KEEP_VERSIONS + 1)
     seconds = round(time.monotonic() - started, 3)
-    log.info("version %d written to %s as %s GGUF in %.2fs", version, version_dir(config.weights_dir, version),
+    log.info("version %d written to %s as %s GGUF in %.2fs", version, version_dir(weights_dir, version),
              config.gguf_outtype, seconds)
     return seconds
 
 
-def _resume(config: TrainerConfig, version: int):
+def _resume(weights_dir: Path, model_gguf: Path, version: int):
     """The model at the run's ``version``: the newest version on disk at or below it, else the source GGUF."""
     for candidate in range(version, -1, -1):
-        gguf = version_dir(config.weights_dir, candidate) / "model.gguf"
+        gguf = version_dir(weights_dir, candidate) / "model.gguf"
         if gguf.is_file():
             if candidate > 0:
                 log.info("resuming from the weights of version %d (%s)", candidate, gguf)
             return load_policy(gguf)
     if version > 0:
         log.warning("the run is at version %d but %s holds no version at or below it: training goes on from %s",
-                    version, config.weights_dir, config.model_gguf)
-    return load_policy(config.model_gguf)
+                    version, weights_dir, model_gguf)
+    return load_policy(model_gguf)
 
 
 def _step(model, optimizer, batch, spec: NormSpec) -> dict:

@@ -26,7 +26,6 @@ from streamgrp.core.policy import GroupPolicy, NormSpec
 from streamgrp.core.values import RewardLater
 from streamgrp.errors import (
     ConfigError,
-    ContractViolation,
     DecodeError,
     RunFailed,
     ServerError,
@@ -41,7 +40,6 @@ _LAZY = {
 
 __all__ = [
     "ConfigError",
-    "ContractViolation",
     "Decision",
     "DecodeError",
     "GroupDecided",

@@ -3,8 +3,8 @@
     StreamgrpError
     ├── ConfigError (also ValueError)       a setting is invalid or disagrees with the run's record
     ├── DecodeError (also ValueError)       an entry's bytes do not decode or validate; carries .reason
-    ├── ContractViolation                   a slot broke the one-sample-per-slot contract (terminal)
-    ├── RunFailed                           the run reached a terminal event (stall bound, contract)
+    ├── RunFailed                           the run reached a terminal event (stall bound, a slot that broke
+    │                                       the one-sample-per-slot contract)
     ├── RunEnded                            the run finished and every step was consumed; a consumer wants more
     ├── TrainerGroupError                   a trainer group's ranks disagree on the step, or a peer never joined
     ├── LeaseLost                           another process holds the role's lease: stop committing, stand by
@@ -44,10 +44,6 @@ class DecodeError(StreamgrpError, ValueError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-class ContractViolation(StreamgrpError):
-    """A usable slot carried more than one row while group statistics treat rows as members."""
 
 
 class RunFailed(StreamgrpError):

@@ -1,7 +1,7 @@
 """The import rules of the package layout, checked on source text (AST; nothing is imported).
 
 A module's *layer* is its first component below the package (``streamgrp.core.codec`` is in
-``core``; ``streamgrp.config`` is its own layer ``config``). `RULES` says which layers each layer may
+``core``; ``streamgrp.config`` and its modules are the layer ``config``). `RULES` says which layers each layer may
 import at module level; `LAZY` which ones it may import only inside a function (so importing the
 module stays light); `BANNED` which outside packages a layer may not import at all. The examples
 (``consumers/``, installed as ``streamgrp.consumers`` through the link ``streamgrp/consumers``) are a
@@ -22,7 +22,7 @@ RULES: dict[str, set[str]] = {
     "errors": set(),
     "_version": set(),
     "core": {"core", "errors"},
-    "config": {"core", "errors"},
+    "config": {"core", "errors", "config"},
     "store": {"core", "store", "errors", "config"},
     "services": {"core", "store", "services", "errors", "config"},
     "train": {"core", "store", "train", "errors", "config"},

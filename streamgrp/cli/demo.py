@@ -66,6 +66,13 @@ class Child:
     def label(self) -> str:
         return f"{self.role} {self.index}"
 
+    @property
+    def process(self) -> subprocess.Popen:
+        """The child's process, once `start` ran."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.label} has not been started")
+        return self.proc
+
     def start(self) -> None:
         # Same session as the demo: a Ctrl-C stops the roles too, each shutting down cleanly.
         self.proc = children.spawn([sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role, *self.args],
@@ -217,17 +224,17 @@ def _watch(client, keys, children: list[Child], demo: DemoConfig, started: float
         if stop.is_set():
             raise KeyboardInterrupt
         for child in children:
-            code = child.proc.poll()
+            code = child.process.poll()
             # Workers and the assembler exit by themselves (0) once the batcher has ended the run.
             if code is None or (code == 0 and (child.role in ("trainer", "batcher") or _batcher_done(children))):
                 continue
-            if child.role in OPTIONAL_ROLES and any(c.proc.poll() is None for c in children if c.role == child.role):
+            if child.role in OPTIONAL_ROLES and any(c.process.poll() is None for c in children if c.role == child.role):
                 if not getattr(child, "_reported", False):
                     print(f"\nstreamgrp demo: {child.label} exited ({code}); the others take over its tasks", file=err)
                     child._reported = True  # type: ignore[attr-defined]
                 continue
             raise RoleFailed(f"{child.label} failed with exit code {code}; last lines of {child.log_path}:\n{child.tail()}")
-        if all(c.proc.poll() == 0 for c in trainers):
+        if all(c.process.poll() == 0 for c in trainers):
             progress.update(client, keys, final=True)
             return
         if time.monotonic() - started > demo.timeout_s:
@@ -237,7 +244,7 @@ def _watch(client, keys, children: list[Child], demo: DemoConfig, started: float
 
 
 def _batcher_done(children: list[Child]) -> bool:
-    return any(c.role == "batcher" and c.proc.poll() == 0 for c in children)
+    return any(c.role == "batcher" and c.process.poll() == 0 for c in children)
 
 
 class _Progress:

@@ -39,6 +39,8 @@ def run_model_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: 
                    err=sys.stderr, stop: threading.Event | None = None) -> dict[str, Any]:
     """Run the model demo to the end and return its summary (also printed); raises `RoleFailed`."""
     stop_event = stop or threading.Event()
+    if demo.model is None:
+        raise ConfigError("the model demo needs --model: the GGUF file to serve and train")
     model = Path(demo.model).resolve()
     if not model.is_file():
         raise ConfigError(f"--model {demo.model}: no such GGUF file (ops/llama-server.sh unpacks SmolLM2-135M's)")
@@ -89,8 +91,8 @@ def _await_llama(url: str, serving: list[Child], stop: threading.Event, started:
 
     while True:
         for child in serving:
-            if child.proc.poll() is not None:
-                raise RoleFailed(f"{child.label} exited with code {child.proc.returncode} before llama-server served; "
+            if child.process.poll() is not None:
+                raise RoleFailed(f"{child.label} exited with code {child.process.returncode} before llama-server served; "
                                  f"last lines of {child.log_path}:\n{child.tail()}")
         if stop.is_set():
             raise KeyboardInterrupt

@@ -65,8 +65,8 @@ def _from_environment(parser: argparse.ArgumentParser, action: argparse.Action, 
         text = raw.strip().lower()
         if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             parser.error(f"{name}={raw!r}: expected true or false")
-        value = text in ("1", "true", "yes", "on")
-        return value if isinstance(action, argparse._StoreTrueAction) else not value
+        flag = text in ("1", "true", "yes", "on")
+        return flag if isinstance(action, argparse._StoreTrueAction) else not flag
     try:
         value = action.type(raw) if callable(action.type) else raw
     except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:

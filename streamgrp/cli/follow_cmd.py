@@ -47,8 +47,8 @@ def _print(item: Any) -> None:
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
-    from streamgrp.store.follower import FOLLOWABLE, Follower
     from streamgrp.store.follow import FollowPositions, positions, unread_age
+    from streamgrp.store.follower import FOLLOWABLE, Follower
     from streamgrp.store.runs import await_run, resolve_run_name, server_time
 
     stop = stop_event()

@@ -36,8 +36,8 @@ class EscapingFormatter(logging.Formatter):
             record = logging.makeLogRecord(record.__dict__)  # a copy: other handlers see the record unchanged
             if isinstance(record.args, dict):
                 record.args = {k: _printable_arg(v) for k, v in record.args.items()}
-            else:
-                record.args = tuple(_printable_arg(a) for a in record.args)
+            else:  # the copy's args are the original's, which were not empty
+                record.args = tuple(_printable_arg(a) for a in record.args or ())
         return super().format(record)
 
 

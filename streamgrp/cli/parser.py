@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pydantic import BaseModel
+
 from streamgrp._version import __version__
 from streamgrp.cli import housekeeping, inspection, roles
 from streamgrp.cli.flag_env import add_flag_environment, apply_flag_environment
@@ -36,11 +38,11 @@ from streamgrp.config import (
     ExportConfig,
     GatewayConfig,
     InferenceConfig,
+    RewarderConfig,
     RunConfig,
     RunsConfig,
     TrainerConfig,
     WeightSyncConfig,
-    RewarderConfig,
     WorkerConfig,
     env_name,
     flag_name,
@@ -122,7 +124,8 @@ def build_parser() -> Parser:
          roles.cmd_demo),
     ):
         role = commands.add_parser(name, help=help_text)
-        sections = [(ConnectionConfig, "connection"), (RunConfig, "run"), (model, name)]
+        sections: list[tuple[type[BaseModel], str]] = [(ConnectionConfig, "connection"), (RunConfig, "run"),
+                                                       (model, name)]
         if name == "worker":  # --rollout vllm|sglang|llamacpp reads these
             sections.append((InferenceConfig, "inference (--rollout vllm, sglang or llamacpp)"))
         for section, title in sections:
@@ -148,8 +151,8 @@ def build_parser() -> Parser:
 
     archiver = commands.add_parser("archiver", help="copy the run's streams to segment files on disk; with "
                                    "--retention, trim the server behind the archive and every reader")
-    for model, title in ((ConnectionConfig, "connection"), (ArchiverConfig, "archiver")):
-        _add_model_flags(archiver, model, title)
+    for settings, title in ((ConnectionConfig, "connection"), (ArchiverConfig, "archiver")):
+        _add_model_flags(archiver, settings, title)
     archiver.set_defaults(handler=roles.cmd_archiver)
     _add_replay_commands(commands)
     add_follow_command(commands, _add_model_flags, ConnectionConfig)
@@ -207,8 +210,8 @@ def _add_agent_sessions(commands: Any) -> None:
     gateway.set_defaults(handler=gateway_roles.cmd_gateway)
     agent = commands.add_parser("agent", help="take tasks like a worker and run an agent function once per slot, "
                                 "each in its own gateway session")
-    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (AgentConfig, "agent")):
-        _add_model_flags(agent, model, title)
+    for agent_model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (AgentConfig, "agent")):
+        _add_model_flags(agent, agent_model, title)
     agent.set_defaults(handler=gateway_roles.cmd_agent)
 
 
@@ -234,13 +237,13 @@ def _add_replay_commands(commands: Any) -> None:
     _add_archive_flag(replay)
     replay.set_defaults(handler=inspection.cmd_replay)
 
-    verify = commands.add_parser("verify", help="re-fold the slot log and re-partition the steps; exit 1 on any "
+    verify = commands.add_parser("verify", help="re-fold the slot log and re-shard the steps; exit 1 on any "
                                  "difference from the record")
     _add_model_flags(verify, ConnectionConfig, "connection")
     verify.add_argument("--from", dest="from_step", type=int, default=None, metavar="STEP",
-                        help="first step to re-partition [default: 0]")
+                        help="first step to re-shard [default: 0]")
     verify.add_argument("--to", dest="to_step", type=int, default=None, metavar="STEP",
-                        help="last step to re-partition [default: the last]")
+                        help="last step to re-shard [default: the last]")
     _add_archive_flag(verify)
     verify.set_defaults(handler=inspection.cmd_verify)
 
@@ -270,7 +273,7 @@ def _add_archive_flag(parser: argparse.ArgumentParser, what: str = "read entries
 # -- flags from the settings models ------------------------------------------------------------------------
 
 
-def _add_model_flags(parser: argparse.ArgumentParser, model: type, title: str,
+def _add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], title: str,
                      defaults: Mapping[str, Any] | None = None) -> None:
     """One flag per field of ``model``; unset flags stay None so TOML and environment fill them. A field whose
     ``flag`` is None (a secret) has no flag: only its environment variable and the TOML file set it.

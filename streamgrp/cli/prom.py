@@ -75,7 +75,10 @@ def render_rules(text: str, *, max_empty_rounds: int, stall_timeout_s: float) ->
     """The alert rules with the recorded stall bounds replaced by a run's own bounds."""
     for name, value in (("max_empty_rounds", max_empty_rounds), ("stall_timeout_s", stall_timeout_s)):
         pattern = re.compile(rf"(record:\s*{re.escape(BOUND_RECORDS[name])}\s*\n\s*expr:\s*)vector\([^)]*\)")
-        text, count = pattern.subn(lambda m, v=value: f"{m.group(1)}vector({float(v):.15g})", text)
+        def bound(m: re.Match[str], v: float = value) -> str:
+            return f"{m.group(1)}vector({float(v):.15g})"
+
+        text, count = pattern.subn(bound, text)
         if count != 1:
             raise ConfigError(f"the alert rules do not record {BOUND_RECORDS[name]} as 'expr: vector(N)' exactly "
                               "once; restore that rule in ops/alerts.yml")

@@ -35,25 +35,27 @@ Round trips are bit-exact. No pickle. The work per tensor is a constant number o
 
 from __future__ import annotations
 
-import hashlib
 import math
-import types
 from collections.abc import Iterable, Mapping
-from typing import Any, Union, get_args, get_origin
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from streamgrp.core.digests import (  # noqa: F401 - the digests' names, importable from here as before
+    DIGEST_PREFIX,
+    UNTAGGED,
+    blake2b_digest_of,
+    combine_digests,
+    digest_of,
+)
 from streamgrp.core.events import (
     EVENT_TYPES,
     READABLE_SCHEMAS,
     SCHEMA_VERSION,
-    GroupDecided,
-    RawArray,
     Sample,
     SamplePayload,
     SampleSummary,
-    ShardGroup,
     SlotResult,
 )
 from streamgrp.core.fast_decode import (
@@ -71,26 +73,27 @@ from streamgrp.core.shown import (
     show,
     show_names,
 )
+from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, importable from here as before
+    MAX_HEADER_DEPTH,
+    MAX_NDIM,
+    RAW_KEY,
+    TENSOR_FIELDS,
+    from_header,
+    tensor_count,
+    to_header,
+)
 from streamgrp.core.value_checks import token_id_problem
-from streamgrp.core.values import DTYPES, INT64_MAX
+from streamgrp.core.values import INT64_MAX
 from streamgrp.errors import DecodeError
 
 HEADER = b"h"
 BLOB = b"b"
-RAW_KEY = "__raw__"
-#: Models written in their `wire_fields` form rather than field by field.
-_WIRE_FORM = (GroupDecided, ShardGroup, SlotResult)
 #: Entry fields as a stream read returns them: bytes names and values, or str from a client that decodes
 #: replies. Any of these mappings is accepted (the codec checks every name and value itself: ``bad_fields``);
 #: `decode` takes None too (an entry deleted before it was read) and refuses it the same way.
 Fields = Mapping[bytes, bytes | str] | Mapping[str, bytes | str] | Mapping[bytes | str, bytes | str]
 #: Default ceiling for one entry (header plus bytes); larger entries are dead-lettered as oversized.
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
-#: The deepest a header's JSON objects and arrays may nest (the header itself is level 1; a
-#: tensor descriptor counts as one level). Encoded events reach about 6 (a step manifest).
-MAX_HEADER_DEPTH = 32
-#: The most dimensions a tensor descriptor may give (bounds the work of checking its size).
-MAX_NDIM = 32
 #: Every `DecodeError.reason` that `decode` can raise.
 DECODE_REASONS = frozenset({
     "bad_fields", "oversized", "repeated_field", "missing_field", "bad_header", "unsupported_schema",
@@ -103,7 +106,7 @@ _WRONG_TYPE_SUFFIXES = ("_type", "_parsing")
 def encode(event: BaseModel) -> dict[bytes, bytes]:
     """Fields for XADD: the orjson header and, if the event carries tensors, the raw bytes."""
     blobs: list[bytes] = []
-    header = _to_header(event, blobs, [0])
+    header = to_header(event, blobs, [0])
     fields = {HEADER: orjson.dumps(header)}
     if blobs:
         fields[BLOB] = b"".join(blobs)
@@ -159,7 +162,7 @@ def _plain_sample_headers(task_id: Any, slot: Any, sample: Any, producer: Any,
                    "version": sample.version, "meta": sample.meta}})
     blob = b"".join((sample.token_ids.data, sample.loss_mask.data, sample.logprobs.data))
     summary = {"rows": rows, "tokens": sample.valid_tokens, "version": sample.version, "reward": reward,
-               "digest": _digest_of(payload_header, blob)}
+               "digest": digest_of(payload_header, blob)}
     slot_header = orjson.dumps({
         "schema_version": SCHEMA_VERSION, "producer": producer, "seq": seq, "kind": "slot_result",
         "task_id": task_id, "slot": slot, "outcome": "sample", "sample": summary, "error": None})
@@ -259,16 +262,16 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"
     model = SlotResultV1 if legacy else EVENT_TYPES[header["kind"]]
     state = [0, 0]  # bytes of ``blob`` used so far, descriptors seen
-    data = _from_header(header, blob, state, 1)
+    data = from_header(header, blob, state, 1)
     if state[0] != len(blob):
         raise DecodeError("length_mismatch", f"descriptors cover {state[0]} bytes but the entry carries {len(blob)}")
     try:
         event = model.model_validate(data)
     except ValidationError as exc:
         raise DecodeError(_reason(exc), _first_error(exc)) from None
-    if state[1] and state[1] != _tensor_count(event, _TENSOR_FIELDS[model]):
+    if state[1] and state[1] != tensor_count(event, TENSOR_FIELDS[model]):
         raise DecodeError("bad_header", f"the header has {state[1]} tensor descriptors but the {header['kind']} event "
-                          f"has {_tensor_count(event, _TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
+                          f"has {tensor_count(event, TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
                           "that takes no tensor")
     if legacy and upcast and isinstance(event, SlotResultV1):  # legacy: the model is SlotResultV1
         # Schema 1's assemblers digested a slot entry with untagged BLAKE2b when they folded it, and the
@@ -344,15 +347,6 @@ def _parse_header(raw_header: bytes) -> dict[str, Any]:
     return header
 
 
-#: A payload digest today: this prefix and 32 hex digits, the first 16 bytes of SHA-256 over the entry's
-#: header, a NUL, its bytes and a NUL. Where the CPU has SHA extensions (most x86 and ARM servers) that
-#: is 5.5 µs for a 1024-token payload against 9.9 for the untagged BLAKE2b digests of logs written
-#: before; those are still checked the way they were made (`entry_digest`'s ``like``).
-DIGEST_PREFIX = "sha256:"
-#: Any digest without the prefix, as ``like``: BLAKE2b, as logs written before the prefix were digested.
-UNTAGGED = ""
-
-
 def entry_digest(fields: Fields, like: str | None = None) -> str:
     """A digest of an entry's header and bytes: what replay checks the rebuilt tensors against. Made
     the way ``like`` (a digest the log recorded for this entry) was made; by default, today's way."""
@@ -360,158 +354,8 @@ def entry_digest(fields: Fields, like: str | None = None) -> str:
     header = header.encode() if isinstance(header, str) else header
     blob = blob.encode() if isinstance(blob, str) else blob
     if like is not None and not like.startswith(DIGEST_PREFIX):
-        return _blake2b_digest_of(header, blob)
-    return _digest_of(header, blob)
-
-
-def _digest_of(header: bytes, blob: bytes) -> str:
-    digest = hashlib.sha256(header)
-    digest.update(b"\0")
-    digest.update(blob)
-    digest.update(b"\0")
-    return DIGEST_PREFIX + digest.digest()[:16].hex()
-
-
-def _blake2b_digest_of(header: bytes, blob: bytes) -> str:
-    """Logs written before digests were tagged (schema 1, and schema 2 until the change to SHA-256)."""
-    digest = hashlib.blake2b(header, digest_size=16)
-    digest.update(b"\0")
-    digest.update(blob)
-    digest.update(b"\0")
-    return digest.hexdigest()
-
-
-def combine_digests(digests: Iterable[str]) -> str:
-    """One digest for an ordered list of entry digests (a group's members, a shard's groups)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for item in digests:
-        digest.update(item.encode())
-    return digest.hexdigest()
-
-
-#: Values orjson writes as they are: the encoder copies them without a call (the hot path of publishing).
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def _to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
-    kind = value.__class__
-    if kind in _SCALARS:
-        return value
-    if kind is RawArray:
-        start = offset[0]
-        blobs.append(value.data)
-        offset[0] += len(value.data)
-        return {RAW_KEY: [value.dtype, list(value.shape), start, len(value.data)]}
-    if kind is dict:  # before the model check, which costs more than the walk of a small dict
-        return {key: item if item.__class__ in _SCALARS else _to_header(item, blobs, offset)
-                for key, item in value.items()}
-    if kind is list or kind is tuple:  # before the model check: most containers of a header are lists
-        for item in value:  # a loop, not all(...): a generator costs more than the check
-            if item.__class__ not in _SCALARS:
-                return [item if item.__class__ in _SCALARS else _to_header(item, blobs, offset) for item in value]
-        return value if kind is list else list(value)  # orjson writes a list of plain values as it is
-    if isinstance(value, BaseModel):
-        # A model whose wire form differs from its fields (members as columns, a flag written only when
-        # set) says so by `wire_fields`.
-        # (the isinstance only tells the type checker what the exact-class test already established)
-        fields = value.wire_fields() if kind in _WIRE_FORM and isinstance(value, _WIRE_FORM) else value.__dict__
-        return {name: item if item.__class__ in _SCALARS else _to_header(item, blobs, offset)
-                for name, item in fields.items()}
-    if isinstance(value, (list, tuple)):
-        return [item if item.__class__ in _SCALARS else _to_header(item, blobs, offset) for item in value]
-    if isinstance(value, dict):
-        return {key: item if item.__class__ in _SCALARS else _to_header(item, blobs, offset)
-                for key, item in value.items()}
-    return value
-
-
-def _from_header(value: dict[str, Any] | list[Any], blob: bytes, state: list[int], depth: int) -> Any:
-    # Only containers come here (scalars are copied by the caller), and never deeper than
-    # MAX_HEADER_DEPTH: the bound is explicit, not Python's recursion limit.
-    if depth > MAX_HEADER_DEPTH:
-        raise DecodeError("bad_header", f"header nests deeper than {MAX_HEADER_DEPTH} levels")
-    if value.__class__ is dict:
-        if len(value) == 1:
-            descriptor = value.get(RAW_KEY)
-            if descriptor is not None:
-                return _raw_array(descriptor, blob, state)
-        out = {}
-        for key, item in value.items():
-            kind = item.__class__
-            out[key] = _from_header(item, blob, state, depth + 1) if kind is dict or kind is list else item
-        return out
-    return [_from_header(item, blob, state, depth + 1) if item.__class__ is dict or item.__class__ is list else item
-            for item in value]
-
-
-def _raw_array(descriptor: Any, blob: bytes, state: list[int]) -> dict[str, Any]:
-    if descriptor.__class__ is not list or len(descriptor) != 4:
-        raise DecodeError("bad_header", f"tensor descriptor {show(descriptor)} is not [dtype, shape, offset, nbytes]")
-    dtype, shape, start, nbytes = descriptor
-    if dtype.__class__ is not str or dtype not in DTYPES:
-        raise DecodeError("unknown_dtype", f"dtype {show(dtype)} is not one of {sorted(DTYPES)}")
-    if shape.__class__ is not list or len(shape) > MAX_NDIM:
-        raise DecodeError("bad_header", f"shape {show(shape)} is not a list of at most {MAX_NDIM} dimensions")
-    for dim in shape:  # a loop, not all(...): a third of the cost per tensor
-        if dim.__class__ is not int or dim < 0:
-            raise DecodeError("bad_header", f"shape {show(shape)} has a dimension {show(dim)}; dimensions are "
-                              "non-negative integers")
-    if start.__class__ is not int or nbytes.__class__ is not int or start < 0 or nbytes < 0:
-        raise DecodeError("bad_header",
-                          f"offset {show(start)} and nbytes {show(nbytes)} must be non-negative integers")
-    expected = math.prod(shape) * DTYPES[dtype][0]
-    if nbytes != expected:
-        raise DecodeError("length_mismatch",
-                          f"{dtype} {clip(str(shape), 80)} needs {show(expected)} bytes, header says {nbytes}")
-    used = state[0]
-    if start != used or start + nbytes > len(blob):
-        raise DecodeError(
-            "length_mismatch",
-            f"tensor at offset {start} of {nbytes} bytes does not follow the previous one inside a {len(blob)}-byte blob",
-        )
-    state[0] = start + nbytes
-    state[1] += 1
-    # A plain dict: pydantic builds the RawArray once (its own size check included) in the model's
-    # validation pass; constructing it here first doubled the work on the assembler's hot path.
-    return {"dtype": dtype, "shape": shape, "data": blob[start : start + nbytes]}
-
-
-def _tensor_fields(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
-    """Where ``model`` holds tensors: ``(field, None)`` for a RawArray, ``(field, nested)`` for a model."""
-    found: list[tuple[str, Any]] = []
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        parts = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
-        for part in parts:
-            if part is RawArray:
-                found.append((name, None))
-            elif isinstance(part, type) and issubclass(part, BaseModel):
-                if nested := _tensor_fields(part):
-                    found.append((name, nested))
-            elif _holds_tensors(part):  # e.g. tuple[RawArray, ...]: _tensor_count would not see them
-                raise TypeError(f"{model.__name__}.{name}: the codec counts tensors only in fields and nested models")
-    return tuple(found)
-
-
-def _holds_tensors(annotation: Any) -> bool:
-    if annotation is RawArray:
-        return True
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return bool(_tensor_fields(annotation))
-    return any(_holds_tensors(arg) for arg in get_args(annotation))
-
-
-def _tensor_count(value: Any, where: tuple[tuple[str, Any], ...]) -> int:
-    count = 0
-    for name, nested in where:
-        item = getattr(value, name)
-        if item is not None:
-            count += 1 if nested is None else _tensor_count(item, nested)
-    return count
-
-
-_CODEC_MODELS: tuple[type[BaseModel], ...] = (*EVENT_TYPES.values(), SlotResultV1)
-_TENSOR_FIELDS = {model: _tensor_fields(model) for model in _CODEC_MODELS}
+        return blake2b_digest_of(header, blob)
+    return digest_of(header, blob)
 
 
 def _check_field_types(key: Any, value: Any) -> None:

@@ -27,7 +27,6 @@ from streamgrp.core.members import (
     member_columns,
 )
 from streamgrp.core.policy import GroupPolicy
-from streamgrp.core.value_checks import logprob_problem, token_id_problem
 from streamgrp.core.values import (
     Float,
     FreeForm,

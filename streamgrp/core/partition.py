@@ -95,7 +95,7 @@ def _validated(weights: Sequence[Weight], k: int) -> tuple[list[Weight], bool]:
     return ws, all_int
 
 
-def _coerce_slow(ws: list[object]) -> tuple[list[Weight], bool]:
+def _coerce_slow(ws: Sequence[object]) -> tuple[list[Weight], bool]:
     """Accept other integral types (numpy ints, bools) and real numbers; reject everything else."""
     out: list[Weight] = []
     all_int = True

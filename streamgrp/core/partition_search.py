@@ -57,6 +57,7 @@ def refine(ws: list[Weight], shards: Shards, q: int, all_int: bool) -> Shards:
         else:
             loads[h], loads[s] = math.fsum(wts[h]), math.fsum(wts[s])
             if not (loads[h] < top and loads[s] < top):  # rounding fooled the estimate: undo, stop
+                assert old is not None  # kept whenever the weights are not all ints
                 idx[h], wts[h], idx[s], wts[s], loads[h], loads[s] = old
                 break
     return idx

@@ -92,7 +92,7 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def built(model: type[Any], values: dict[str, Any], unset: frozenset[str] = frozenset()) -> Any:
+def built(model: type[BaseModel], values: dict[str, Any], unset: frozenset[str] = frozenset()) -> Any:
     """An instance of ``model`` holding ``values`` (every field, in declaration order) without
     validating them, as pydantic's ``model_construct`` makes one but without its per-field bookkeeping
     (several µs a call). Only for values already checked: the hand-written fast paths, and records

@@ -104,7 +104,7 @@ def line_chart(*, chart_id: str, title: str, steps: Sequence[int], series: Seque
     _check_lengths(steps, series)
     styles = [line_style(index, one) for index, one in enumerate(series)]
     notes = coincidences(series)
-    legend = [(one, color, dash, marker, f"{one.name} ({note})" if note else one.name)
+    legend: list[_LegendItem] = [(one, color, dash, marker, f"{one.name} ({note})" if note else one.name)
               for one, (color, dash, marker), note in zip(series, styles, notes)]
     frame = _Frame(chart_id, title, steps, [label for *_, label in legend], x_label, y_label,
                    _y_range(series, y_min, y_max, stacked=False), width, height)

@@ -38,7 +38,7 @@ from streamgrp.core.manifest import decision_ref
 from streamgrp.errors import ConfigError
 from streamgrp.replay.steps import list_steps, recorded_text
 from streamgrp.store.keys import RunKeys
-from streamgrp.store.sources import RedisSource, decode_all, partition_streams, recorded_config
+from streamgrp.store.sources import RedisSource, decode_all, partition_streams, recorded_config, server_source
 from streamgrp.store.streams import entry_time
 
 __all__ = ["INSTALL_HINT", "TABLES", "columns", "export_run", "require_pyarrow"]
@@ -49,12 +49,12 @@ INSTALL_HINT = "pip install 'streamgrp[export]'"
 TABLES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
     "decisions": ("one group decision (one per decided task)", (
         ("run", "string", "the run's name"),
-        ("entry_id", "string", "the decision's entry id in the decisions stream (ID@P in partition P of a "
-                               "partitioned run, as every entry id here)"),
+        ("entry_id", "string", ("the decision's entry id in the decisions stream (ID@P in partition P of a "
+                                "partitioned run, as every entry id here)")),
         ("task_id", "string", "the task (prompt) the group sampled"),
         ("decision", "string", "complete, partial or dropped"),
-        ("reason", "string", "why it was dropped (all_unusable, incomplete, below_minimum, contract_violation); "
-                             "null when kept"),
+        ("reason", "string", ("why it was dropped (all_unusable, incomplete, below_minimum, contract_violation); "
+                              "null when kept")),
         ("closed_by", "string", "all_slots (every slot had a result) or deadline"),
         ("issued_at", "float64", "server time the task was issued (seconds since the epoch)"),
         ("decided_at", "float64", "server time of the decision"),
@@ -94,8 +94,8 @@ TABLES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
         ("issued_at", "float64", "server time its task was issued; null when the log no longer holds the issue"),
         ("published_at", "float64", "server time the result was appended to the slot log (from its entry id)"),
         ("member", "bool", "its group's decision lists this entry among its members (a sample that was folded)"),
-        ("text", "string", "the completion's text as the worker recorded it (an inference rollout with keep_text, "
-                           "the default); null when it recorded none or the payload is gone"),
+        ("text", "string", ("the completion's text as the worker recorded it (an inference rollout with keep_text, "
+                            "the default); null when it recorded none or the payload is gone")),
     )),
     "steps": ("one optimizer step", (
         ("run", "string", "the run's name"),
@@ -156,7 +156,7 @@ def export_run(client: redis.Redis | None, keys: RunKeys, out_dir: str | os.Path
     Each file is written beside its final name and renamed into place, so a reader never sees half a
     file. ``source`` defaults to the server; pass an archive-backed one for a trimmed run."""
     parquet = require_pyarrow()
-    source = source or RedisSource(client, keys)
+    source = source or server_source(client, keys)
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -212,7 +212,8 @@ def export_run(client: redis.Redis | None, keys: RunKeys, out_dir: str | os.Path
             # Rows wait for the next batch of payload reads (their samples' text), in log order.
             pending: list[tuple[tuple[Any, ...], str | None]] = []
 
-            def flush() -> None:
+            # Bound as defaults: each round of the loop has its own list and stream name.
+            def flush(pending: list[tuple[tuple[Any, ...], str | None]] = pending, name: str = name) -> None:
                 ids = [entry for _, entry in pending if entry is not None]
                 texts = iter([recorded_text(fields) for fields in source(name.replace("slots", "payloads"), ids)]
                              if ids else [])

@@ -71,7 +71,7 @@ def follow_export(client: Any, run: Run, out_dir: str | os.PathLike[str], *, nam
         for item in held:
             by_stream.setdefault(item.stream, []).append(item)
         for stream, items in by_stream.items():
-            partition = int(stream.partition("@")[2] or 0) if partitioned else None
+            partition = int(stream.partition("@")[2] or 0) if partitioned else 0
             table = [_decision_row(run.name, decision_ref(partition, i.entry_id), i.event, None, None, None)
                      for i in items if isinstance(i.event, GroupDecided)]
             if table:

@@ -46,7 +46,7 @@ from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError, DecodeError, DigestMismatch
 from streamgrp.replay.session_lines import session_lines
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id, task_partition
-from streamgrp.store.sources import EntrySource, RedisSource, decode_all, partition_streams
+from streamgrp.store.sources import EntrySource, RedisSource, decode_all, partition_streams, server_source
 from streamgrp.store.streams import entry_time
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class StepStatus:
 
 def list_steps(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource | None = None) -> list[StepStatus]:
     """Every recorded step, in order, with each rank's status and the step's group statistics."""
-    source = source or RedisSource(client, keys)
+    source = source or server_source(client, keys)
     kinds = {decision_ref(partition, entry_id): event.decision for partition, name in partition_streams(source, "decisions")
              for entry_id, event in decode_all(source, name) if isinstance(event, GroupDecided)}
     ranks = _rank_events(source)
@@ -164,7 +164,7 @@ def replay_step(client: redis.Redis | None, keys: RunKeys, step: int, rank: int,
         build_batch,  # torch: only when a batch is rebuilt
     )
 
-    source = source or RedisSource(client, keys)
+    source = source or server_source(client, keys)
     manifest = read_manifest(source, step)
     if manifest is None:
         raise ConfigError(f"step {step} is not recorded in run {keys.run!r} (or no longer retained: pass the run's "
@@ -198,7 +198,7 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
                  source: RedisSource | None = None) -> list[TimelineEvent]:
     """The task's timeline in server-clock order: issued, each slot result (with its worker, outcome and
     error), the decision, then the step and rank it trained in, or its discard."""
-    source = source or RedisSource(client, keys)
+    source = source or server_source(client, keys)
     # In a partitioned run only the task's own partition's streams hold it.
     slots, decisions = (partition_streams(source, name) for name in ("slots", "decisions"))
     mine = task_partition(task_id, len(slots))
@@ -248,6 +248,7 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
     if decision is None:
         timeline.append(TimelineEvent(None, "open", "no decision yet: the group is still open (or never folded)"))
         return sorted(timeline, key=lambda event: (event.at is None, event.at or 0.0))
+    assert decision_entry is not None  # found together with the decision
     members = ", ".join(str(m.slot) for m in decision.members) or "none"
     text = (f"{decision.decision}" + (f" ({decision.reason})" if decision.reason else "")
             + f", members [{members}], closed by {decision.closed_by}, usable {decision.stats.usable_slot_count}"

@@ -17,7 +17,7 @@ from streamgrp.core import codec, counters
 from streamgrp.core.events import GroupDecided, GroupDiscarded, StepManifest
 from streamgrp.replay.report_series import step_reward, trainer_metrics
 from streamgrp.store.keys import RunKeys, id_key
-from streamgrp.store.sources import RedisSource, folded_through, partition_streams
+from streamgrp.store.sources import RedisSource, folded_through, partition_streams, server_source
 
 SLOT_OUTCOMES = ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid")
 
@@ -25,13 +25,13 @@ SLOT_OUTCOMES = ("sample", "rejected", "failed", "timeout", "duplicate", "late",
 def run_summary(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource | None = None) -> dict[str, Any]:
     """The run's accounting; ``source`` (default: the server) may be an archive-backed one
     (`streamgrp.store.sources`), so the figures stay whole after retention trimmed the streams."""
-    source = source or RedisSource(client, keys)
+    source = source or server_source(client, keys)
     counts = {k: int(float(v)) for k, v in source.hash("counts").items()}
     tasks = slots_published = unread = 0
-    for _, slots in partition_streams(source, "slots"):  # each log, against how far its own assembler read
-        through = folded_through(source, slots)
+    for _, slot_log in partition_streams(source, "slots"):  # each log, against how far its own assembler read
+        through = folded_through(source, slot_log)
         horizon = id_key(through) if through else (-1, -1)
-        for entry_id, fields in source.scan(slots):
+        for entry_id, fields in source.scan(slot_log):
             kind = _kind(fields)
             tasks += kind == "task_issued"
             if kind == "slot_result":

@@ -38,7 +38,7 @@ from streamgrp.store.archive_layout import default_archive_dir
 from streamgrp.store.archive_writer import ArchiveWriter
 from streamgrp.store.keys import RunKeys, run_streams
 from streamgrp.store.sources import RedisSource
-from streamgrp.store.streams import entry_id_str
+from streamgrp.store.streams import entry_id_str, hash_reply
 
 __all__ = ["ARCHIVE_ID_FIELD", "SNAPSHOT_HASHES", "Archiver", "default_archive_dir"]
 
@@ -87,7 +87,7 @@ class Archiver:
         """The run's recorded progress, after checking it belongs to this archive (claiming it if new)."""
         mine = self.writer.archive_id
         self.client.hsetnx(self.keys.archive, ARCHIVE_ID_FIELD, mine)
-        recorded = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.archive).items()}
+        recorded = {k.decode(): v.decode() for k, v in hash_reply(self.client.hgetall(self.keys.archive)).items()}
         owner = recorded.pop(ARCHIVE_ID_FIELD, mine)
         if owner != mine:
             raise ConfigError(
@@ -151,7 +151,8 @@ class Archiver:
         return count
 
     def _record(self, advanced: dict[str, str]) -> None:
-        self.client.hset(self.keys.archive, mapping=advanced)
+        # redis-py's hint is a Mapping keyed by every encodable type, and a Mapping's key type is invariant.
+        self.client.hset(self.keys.archive, mapping=advanced)  # type: ignore[arg-type]
         self.progress.update(advanced)
 
     def catch_up(self) -> int:

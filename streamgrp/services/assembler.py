@@ -41,7 +41,6 @@ touches is in the partition's hash slot, so the guarantees above hold per partit
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -74,12 +73,14 @@ from streamgrp.core.group_fold import (
     next_deadline,
     written_tick,
 )
-from streamgrp.core.refusal import INVALID_SAMPLE, TASK_NOT_ISSUED, TICK_FROM_FUTURE, refused
+from streamgrp.core.refusal import INVALID_SAMPLE, TICK_FROM_FUTURE
 from streamgrp.core.shown import show
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
+from streamgrp.services.slot_screen import dead_letter as _dead_letter
+from streamgrp.services.slot_screen import refuse_unissued, refuse_untrainable
 from streamgrp.store import scripts
-from streamgrp.store.connection import replicate
+from streamgrp.store.connection import wait_for_replicas
 from streamgrp.store.deadletter import MAX_DETAIL_CHARS, op_fields
 from streamgrp.store.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
 from streamgrp.store.lease import Lease, run_while_leased
@@ -91,22 +92,17 @@ from streamgrp.store.streams import (
     entry_size,
     first_entries,
     producer_name,
-    read_entries,
 )
 
 log = logging.getLogger(__name__)
 
 #: How far a tick may be ahead of the clock the assembler reads it by: a cluster's nodes' clocks differ a little.
 TICK_SLACK_S = 1.0
-#: A stream entry id as XADD returns it.
-QUEUE_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 _IGNORED_COUNTER = {DUPLICATE: counters.slots("duplicate"), LATE: counters.slots("late"),
                     DUPLICATE_TASK: counters.TASKS_DUPLICATE, REWARD_DUPLICATE: counters.rewards("duplicate"),
                     REWARD_LATE: counters.rewards("late")}
 _FOLDED_KINDS = (TaskIssued, SlotResult, SlotRewarded, Tick)
-#: Payloads read and checked at once: bounds the memory of a round of long samples.
-PAYLOAD_READ_CHUNK = 64
 
 
 class Assembler:
@@ -118,7 +114,8 @@ class Assembler:
             raise ConfigError(f"partition {partition}: run {run.name} has partitions 0 to {run.config.partitions - 1}; "
                               "fix --partition")
         self.client = client
-        self.run_ = run
+        #: The run this assembler folds a partition of (``run`` is the loop).
+        self.joined_run = run
         #: The keys of the partition this assembler folds (the run's own layout when it has one).
         self.keys = run.partitions[partition]
         self.config = config
@@ -146,7 +143,7 @@ class Assembler:
 
         Groups still open at a burst exit stay pending on the server; the next assembler rebuilds them.
         """
-        run_end = RunEndWatch(self.client, self.run_.keys)
+        run_end = RunEndWatch(self.client, self.joined_run.keys)
         said: list[str] = []
         last_read = [1]
 
@@ -162,7 +159,7 @@ class Assembler:
             outcome = run_end.ended()
             if outcome is not None and not said:
                 said.append(outcome)
-                log.info("run %s %s: no slot result will be needed; assembler %s exits", self.run_.keys.run, outcome,
+                log.info("run %s %s: no slot result will be needed; assembler %s exits", self.joined_run.keys.run, outcome,
                          self.name)
             return outcome is None
 
@@ -189,7 +186,7 @@ class Assembler:
 
     def _rebuild(self) -> None:
         """Start a fresh fold from this group's pending entries, oldest first."""
-        self.state = FoldState(self.run_.config.policy(), self.run_.config.group_timeout_s,
+        self.state = FoldState(self.joined_run.config.policy(), self.joined_run.config.group_timeout_s,
                                max_open=self.config.max_open_groups)
         self._refused.clear()
         self._claim_orphans()
@@ -324,53 +321,19 @@ class Assembler:
         return True
 
     def _refuse_unissued(self, decoded: list[tuple[str, Any, Any]], args: list[Any]) -> list[tuple[str, Any, Any]]:
-        """``decoded`` without the task entries no issue wrote (dead-lettered into ``args``): one pipelined
-        XRANGE of the task queue per task that would open a group."""
-        checked = [(at, _queue_entry(fields)) for at, (_, fields, event) in enumerate(decoded)
-                   if isinstance(event, TaskIssued) and event.task_id not in self._fold.open
-                   and event.task_id not in self._fold.decided]
-        if not checked:
-            return decoded
-        pipe = self.client.pipeline(transaction=False)
-        for _, queued in checked:
-            if queued is not None:
-                pipe.xrange(self.keys.tasks, queued, queued, count=1)
-        found = iter(pipe.execute(raise_on_error=False))
-        refused_at = set()
-        for at, queued in checked:
-            entry_id, fields, event = decoded[at]
-            reply = next(found) if queued is not None else None
-            if queued is None:
-                why = "it names no task-queue entry (field q): no issue wrote it"
-            elif isinstance(reply, Exception) or not reply:
-                why = f"its task-queue entry {queued} does not exist: no issue wrote it"
-            elif (reply[0][1] or {}).get(codec.HEADER) != fields.get(codec.HEADER):
-                why = f"its task-queue entry {queued} holds another task: no issue wrote it"
-            else:
-                continue
-            refused_at.add(at)
-            log.warning("task entry %s (task %s) refused: %s", entry_id, show(event.task_id), why)
-            _dead_letter(args, TASK_NOT_ISSUED, entry_id, why, fields)
-        return [item for at, item in enumerate(decoded) if at not in refused_at]
+        """``decoded`` without the task entries no issue wrote (dead-lettered into ``args``)."""
+        opening = [at for at, (_, _, event) in enumerate(decoded) if isinstance(event, TaskIssued)
+                   and event.task_id not in self._fold.open and event.task_id not in self._fold.decided]
+        return refuse_unissued(self.client, self.keys.tasks, decoded, opening, args)
 
     def _refuse_untrainable(self, decoded: list[tuple[str, Any, Any]]) -> None:
         """Check the payload of every sample this round may fold; a refused one's slot result is replaced in
         ``decoded`` by a failed one saying why, and its entry noted for the dead letter."""
         samples = [at for at, (_, _, event) in enumerate(decoded) if isinstance(event, SlotResult)
                    and event.sample is not None and event.task_id not in self._fold.decided]
-        vocab_size = self.run_.config.vocab_size
-        for start in range(0, len(samples), PAYLOAD_READ_CHUNK):
-            chunk = samples[start:start + PAYLOAD_READ_CHUNK]
-            payloads = read_entries(self.client, self.keys.payloads, [decoded[at][0] for at in chunk])
-            for at, payload in zip(chunk, payloads):
-                entry_id, fields, event = decoded[at]
-                if payload is None and codec.is_inline_sample(fields):
-                    continue  # a schema-1 entry: its sample was inline, and checked when it decoded
-                problem = codec.payload_problem(payload, event, vocab_size=vocab_size,
-                                                max_entry_bytes=self.config.max_entry_bytes)
-                if problem is not None:
-                    decoded[at] = (entry_id, fields, refused(event, problem))
-                    self._refused[entry_id] = (problem, fields)
+        self._refused.update(refuse_untrainable(self.client, self.keys.payloads, decoded, samples,
+                                                vocab_size=self.joined_run.config.vocab_size,
+                                                max_entry_bytes=self.config.max_entry_bytes))
 
     def _dead_letter_refused(self, args: list[Any], entries: tuple[str, ...]) -> None:
         """Dead-letter the refused slot entries among a decided group's ``entries`` (in the decision's commit)."""
@@ -414,7 +377,7 @@ class Assembler:
         keys = [self.keys.slots, self.keys.decisions, self.keys.deadletter, self.keys.decided, self.keys.counts,
                 self.keys.assembler_lease]
         written, redundant, *applied = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
-        replicate(self.client)
+        wait_for_replicas(self.client)
         self.decisions_written += written
         if self.metrics is not None:
             self.metrics.apply_counts(pairs_to_counts(applied))
@@ -441,16 +404,3 @@ class Assembler:
             # redis-py types the fields as an invariant Dict of its widest key and value types, so no narrower dict fits
             tick = codec.encode(Tick(now=now, producer=self.name, seq=self._seq))
             self.client.xadd(self.keys.slots, tick)  # type: ignore[arg-type]
-
-
-def _queue_entry(fields: Any) -> str | None:
-    """The task-queue entry id a group-log task entry names, if it is one."""
-    raw = fields.get(b"q", fields.get("q"))
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-    if not isinstance(text, str) or not QUEUE_ID.fullmatch(text):
-        return None
-    return text
-
-
-def _dead_letter(args: list[Any], reason: str, entry_id: str, detail: str, fields: dict[Any, Any]) -> None:
-    args += ["X", reason, entry_id, detail[:MAX_DETAIL_CHARS], *op_fields(fields)]

@@ -65,10 +65,12 @@ from typing import Any
 
 import redis
 
+from streamgrp.config import RunConfig
 from streamgrp.core import codec
-from streamgrp.core.shown import show_names
 from streamgrp.core.events import GroupDecided, StepManifest
+from streamgrp.core.shown import show_names
 from streamgrp.errors import DecodeError
+from streamgrp.store.follow import Position, follower_bounds, record_skips
 from streamgrp.store.keys import (
     ASSEMBLER_GROUP,
     BATCHER_GROUP,
@@ -80,10 +82,8 @@ from streamgrp.store.keys import (
     run_streams,
     step_entry_id,
 )
-from streamgrp.config import RunConfig
-from streamgrp.store.follow import Position, follower_bounds, record_skips
 from streamgrp.store.runs import read_record, server_time
-from streamgrp.store.streams import entry_id_str, read_entries
+from streamgrp.store.streams import entry_id_str, hash_reply, range_reply, read_entries
 
 __all__ = ["NEVER_TRIMMED", "StreamTrim", "TrimReport", "archive_progress", "floors", "trim"]
 
@@ -129,7 +129,7 @@ def archive_progress(client: redis.Redis, keys: RunKeys,
     """The archiver's durable progress: stream name -> last archived entry id (a partitioned run's
     streams by `streamgrp.store.keys.run_streams` names, given its ``partitions``)."""
     streams = run_streams(keys, tuple(partitions) if partitions else keys.partitions(1))
-    return {k.decode(): v.decode() for k, v in client.hgetall(keys.archive).items() if k.decode() in streams}
+    return {k.decode(): v.decode() for k, v in hash_reply(client.hgetall(keys.archive)).items() if k.decode() in streams}
 
 
 def _next(key: IdKey) -> IdKey:
@@ -190,7 +190,7 @@ def _consumer_bounds(floors: _Floors, stream: str, infos, summary, group: str) -
 
 
 def _recorded_config(client: redis.Redis, keys: RunKeys) -> RunConfig | None:
-    first = client.xrange(keys.control, "-", "+", count=1)
+    first = range_reply(client.xrange(keys.control, "-", "+", count=1))
     return read_record(keys.run, first[0][1], "the control stream's first entry")[1] if first else None
 
 
@@ -212,7 +212,7 @@ def _open_session_bounds(floors_: _Floors, client: redis.Redis, part: PartitionK
 def _scan(client: redis.Redis, key: str, start: str) -> Iterable[tuple[str, dict[bytes, bytes]]]:
     """Entries of ``key`` from ``start`` (an XRANGE start, ``(`` for exclusive) to the end, in pages."""
     while True:
-        page = client.xrange(key, start, "+", count=_PAGE)
+        page = range_reply(client.xrange(key, start, "+", count=_PAGE))
         for raw_id, fields in page:
             yield entry_id_str(raw_id), fields
         if len(page) < _PAGE:
@@ -359,11 +359,13 @@ def _unbatched_bounds(floors_: _Floors, client: redis.Redis, keys: PartitionKeys
     if not batcher:
         floors_.keep("slots" + suffix, None, "no batcher group yet")
         return
-    delivered = entry_id_str(_group(state.decision_groups, BATCHER_GROUP)["last-delivered-id"])
+    group = _group(state.decision_groups, BATCHER_GROUP)
+    assert group is not None, "batcher=True: the batcher's group exists"
+    delivered = entry_id_str(group["last-delivered-id"])
     pending_decisions = state.pending_decisions
     if not isinstance(pending_decisions, Exception) and len(pending_decisions) < PENDING_PAGE:
         ids = [entry_id_str(p["message_id"]) for p in pending_decisions]
-        unbatched = [*zip(ids, read_entries(client, keys.decisions, ids)), *_scan(client, keys.decisions,
+        unbatched: Iterable[tuple[str, dict[bytes, bytes] | None]] = [*zip(ids, read_entries(client, keys.decisions, ids)), *_scan(client, keys.decisions,
                                                                                    "(" + delivered)]
     else:  # too many to list: every decision from the oldest pending one on (a superset)
         low = _pending_min(state.decision_pending)

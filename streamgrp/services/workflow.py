@@ -77,6 +77,7 @@ class WorkflowRollout:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._engine is None:
+                assert self._factory is not None  # no engine given: a factory was
                 made = self._factory()
                 self._engine = await made if inspect.isawaitable(made) else made
         return self._engine

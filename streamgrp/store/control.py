@@ -19,10 +19,11 @@ from streamgrp.core import codec, counters
 from streamgrp.core.events import RunFinished, RunTerminated
 from streamgrp.errors import DecodeError
 from streamgrp.store.deadletter import DeadLetters
-from streamgrp.store.streams import entry_id_str
+from streamgrp.store.keys import RunKeys
+from streamgrp.store.streams import entry_id_str, range_reply
 
 #: The batcher-state field that names each trusted event's control entry.
-MARKERS = {RunTerminated: "terminal", RunFinished: "finished"}
+MARKERS: dict[type, str] = {RunTerminated: "terminal", RunFinished: "finished"}
 _LEGACY_MARKER = b"1"
 
 
@@ -30,9 +31,12 @@ class ControlCursor:
     """This reader's position in the control stream; `read` returns the events past it."""
 
     def __init__(self, dead_letters: DeadLetters, *, chunk: int = 100) -> None:
+        keys = dead_letters.keys
+        if not isinstance(keys, RunKeys):
+            raise TypeError("the control stream is the run's: give the run's DeadLetters, not a partition's")
         self.client = dead_letters.client
-        self.stream = dead_letters.keys.control
-        self.state = dead_letters.keys.batcher_state
+        self.stream = keys.control
+        self.state = keys.batcher_state
         self.dead_letters = dead_letters
         self.chunk = chunk
         self.last = "0-0"
@@ -41,7 +45,7 @@ class ControlCursor:
         """Every decodable, trusted event written after the cursor, in order; the cursor moves past them all."""
         events: list[object] = []
         while True:
-            entries = self.client.xrange(self.stream, f"({self.last}", "+", count=self.chunk)
+            entries = range_reply(self.client.xrange(self.stream, f"({self.last}", "+", count=self.chunk))
             for raw_id, fields in entries:
                 self.last = entry_id_str(raw_id)
                 try:

@@ -28,7 +28,7 @@ from streamgrp.core.events import StepManifest
 from streamgrp.errors import DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.keys import IdKey, RunKeys, check_consumer_name, id_key
-from streamgrp.store.streams import entry_id_str, entry_time
+from streamgrp.store.streams import entry_id_str, entry_time, range_reply
 
 __all__ = ["FollowPositions", "Position", "Skip", "follower_bounds", "positions", "previous_id", "record_skips"]
 
@@ -137,7 +137,7 @@ class FollowPositions:
 def unread_age(client: redis.Redis, stream: str, key: str, position: str, now: float) -> float:
     """Seconds since the oldest entry past ``position`` was written (0 when there is none): ids tell the
     server time of their entry, a step's (explicit ids) is in its manifest."""
-    first = client.xrange(key, f"({position}", "+", count=1)
+    first = range_reply(client.xrange(key, f"({position}", "+", count=1))
     if not first:
         return 0.0
     entry_id, fields = entry_id_str(first[0][0]), first[0][1]
@@ -175,7 +175,7 @@ def _count_between(client: redis.Redis, key: str, after: str, before: IdKey) -> 
     count, start = 0, f"({after}"
     end = f"({before[0]}-{before[1]}"
     while True:
-        page = client.xrange(key, start, end, count=_COUNT_PAGE)
+        page = range_reply(client.xrange(key, start, end, count=_COUNT_PAGE))
         count += len(page)
         if len(page) < _COUNT_PAGE:
             return count

@@ -40,7 +40,7 @@ from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store.follow import START, FollowPositions, previous_id
 from streamgrp.store.keys import id_key
 from streamgrp.store.runs import Run, server_time
-from streamgrp.store.streams import entry_id_str, entry_time
+from streamgrp.store.streams import entry_id_str, entry_time, range_reply
 
 __all__ = ["FOLLOWABLE", "Followed", "Follower", "Skipped"]
 
@@ -104,7 +104,7 @@ class Follower:
     def _start(self, key: str, start: str) -> str:
         if start == "first":
             return START
-        last = self.client.xrevrange(key, "+", "-", count=1)
+        last = range_reply(self.client.xrevrange(key, "+", "-", count=1))
         return entry_id_str(last[0][0]) if last else START
 
     def entries(self, stop: threading.Event | None = None, *, until_finished: bool = False,
@@ -147,7 +147,7 @@ class Follower:
                 if self.metrics is not None:
                     self.metrics.follow_skipped.labels(self.name, name).inc(skip.count)
                 items.append(Skipped(name, f"{here[0]}-{here[1]}", skip.before, skip.count))
-            page = self.client.xrange(key, f"({self.cursor[name]}", "+", count=self.batch)
+            page = range_reply(self.client.xrange(key, f"({self.cursor[name]}", "+", count=self.batch))
             for raw_id, fields in page:
                 entry_id = entry_id_str(raw_id)
                 self.cursor[name] = entry_id

@@ -31,7 +31,15 @@ from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.keys import PartitionKeys, RunKeys, task_partition
 from streamgrp.store.runs import recorded_partitions
-from streamgrp.store.streams import ensure_group, entry_id_str, producer_name, read_entries, read_in_turn, read_reply
+from streamgrp.store.streams import (
+    ensure_group,
+    entry_id_str,
+    producer_name,
+    range_reply,
+    read_entries,
+    read_in_turn,
+    read_reply,
+)
 
 __all__ = ["REWARDERS_GROUP", "PendingResult", "RewardClient", "post_reward"]
 
@@ -127,7 +135,9 @@ class RewardClient:
         for result in results:
             by_partition.setdefault(result.partition, []).append(result.entry_id)
         for index, ids in by_partition.items():
-            self.client.xclaim(self.partitions[index].slots, REWARDERS_GROUP, self.name, 0, ids, justid=True)
+            # redis-py's hint takes a list of every id type (a list's item type is invariant) or a 1-tuple.
+            self.client.xclaim(self.partitions[index].slots, REWARDERS_GROUP, self.name, 0, ids,  # type: ignore[arg-type]
+                               justid=True)
 
     def _pending(self, part: PartitionKeys, entries: list[Any]) -> list[PendingResult]:
         """The results among ``entries`` that wait for a reward; the rest is acknowledged here."""
@@ -180,7 +190,7 @@ class RewardClient:
         needle = b'"task_id":' + orjson.dumps(task_id)
         end, read = before, 0
         while read < LOOKBACK_ENTRIES:
-            entries = self.client.xrevrange(part.slots, max=end, min="-", count=_LOOKBACK_CHUNK)
+            entries = range_reply(self.client.xrevrange(part.slots, max=end, min="-", count=_LOOKBACK_CHUNK))
             for _entry_id, fields in entries:
                 header = fields.get(codec.HEADER) or b""
                 if b'"task_issued"' in header and needle in header:

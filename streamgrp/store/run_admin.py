@@ -36,7 +36,7 @@ from streamgrp.store.control import MARKERS
 from streamgrp.store.keys import PARTITION_STREAMS, PREFIX, RUNS, RunKeys, check_run_name, id_key, run_streams
 from streamgrp.store.runs import read_record
 from streamgrp.store.sources import RedisSource
-from streamgrp.store.streams import entry_id_str
+from streamgrp.store.streams import entry_id_str, range_reply
 
 __all__ = ["DEFAULT_IDLE_S", "Activity", "Deleted", "RunUsage", "activity", "compact_aof", "delete_run",
            "human_bytes", "live_reason", "privileged", "rewrites_done", "run_key_names", "run_usage", "usage_by_run"]
@@ -213,9 +213,9 @@ def _ended(client: redis.Redis, keys: RunKeys) -> str | None:
     if finished is None:
         return None
     try:
-        first = client.xrange(keys.control, "-", "+", count=1)
+        first = range_reply(client.xrange(keys.control, "-", "+", count=1))
         _, config = read_record(keys.run, first[0][1] if first else None, "the control stream's first entry")
-        steps = _finished_steps(client, keys, finished.decode())
+        steps = _finished_steps(client, keys, entry_id_str(finished))
     except (ConfigError, DecodeError):
         return None  # a damaged record: nothing proves the run is over
     if steps is None:
@@ -229,9 +229,9 @@ def _ended(client: redis.Redis, keys: RunKeys) -> str | None:
 def _finished_steps(client: redis.Redis, keys: RunKeys, marker: str) -> int | None:
     """The step count of the run's trusted `RunFinished` event (the entry the marker names)."""
     if marker != "1":
-        entries = client.xrange(keys.control, marker, marker)
+        entries = range_reply(client.xrange(keys.control, marker, marker))
     else:  # runs recorded before markers named their entry: the newest RunFinished on control
-        entries = client.xrevrange(keys.control, "+", "-", count=1000)
+        entries = range_reply(client.xrevrange(keys.control, "+", "-", count=1000))
     for _, fields in entries:
         event = codec.decode(fields)
         if isinstance(event, RunFinished):

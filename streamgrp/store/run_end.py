@@ -17,7 +17,7 @@ from streamgrp.core import codec
 from streamgrp.core.events import RunFinished, RunTerminated
 from streamgrp.errors import DecodeError
 from streamgrp.store.keys import RunKeys
-from streamgrp.store.streams import entry_id_str
+from streamgrp.store.streams import entry_id_str, range_reply
 
 #: Control entries read per call; a run's control stream grows by about one entry per step.
 PAGE = 512
@@ -44,7 +44,7 @@ class RunEndWatch:
             return None
         self._read_at = now
         while self._outcome is None:
-            entries = self.client.xrange(self.keys.control, self._after, "+", count=PAGE)
+            entries = range_reply(self.client.xrange(self.keys.control, self._after, "+", count=PAGE))
             for raw_id, fields in entries:
                 self._after = "(" + entry_id_str(raw_id)
                 try:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import cast
 
 import redis
 
@@ -86,12 +87,13 @@ def recorded_partitions(client: redis.Redis, keys: RunKeys) -> tuple[PartitionKe
 
 
 def latest_run(client: redis.Redis) -> str | None:
-    newest = client.zrevrange(RUNS, 0, 0)
+    newest = cast("list[bytes]", client.zrevrange(RUNS, 0, 0))  # streamgrp's clients read bytes
     return newest[0].decode() if newest else None
 
 
 def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
-    return [(name.decode(), score) for name, score in client.zrange(RUNS, 0, -1, withscores=True)]
+    scored = cast("list[tuple[bytes, float]]", client.zrange(RUNS, 0, -1, withscores=True))  # bytes, as above
+    return [(name.decode(), score) for name, score in scored]
 
 
 def resolve_run_name(client: redis.Redis, run: str | None, *, create: bool) -> str:

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import threading
 import weakref
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -142,7 +143,7 @@ class ServerFunction:
         self.name = function_name(name)
         ensure_library(client)
 
-    def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
+    def __call__(self, keys: Sequence[Any], args: Sequence[Any], client: Any = None) -> Any:
         target = client if client is not None else self.client
         try:
             return target.fcall(self.name, len(keys), *keys, *args)
@@ -167,7 +168,7 @@ class FencedScript:
     def __init__(self, client: redis.Redis, name: str) -> None:
         self._function = register(client, name)
 
-    def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
+    def __call__(self, keys: Sequence[Any], args: Sequence[Any], client: Any = None) -> Any:
         try:
             return self._function(keys=keys, args=args, client=client)
         except redis.ResponseError as exc:

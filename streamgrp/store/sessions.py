@@ -257,7 +257,7 @@ class SessionStore:
         return sum(int(self.client.zcard(part.session_deadlines)) for part in self.partitions)
 
     @staticmethod
-    def _call(function: scripts.ServerFunction, keys: list[str], args: list[object]) -> object:
+    def _call(function: scripts.ServerFunction, keys: list[str], args: Sequence[object]) -> object:
         try:
             return function(keys=keys, args=args)
         except redis.ResponseError as exc:

@@ -47,10 +47,10 @@ from streamgrp.store.runs import (
     recorded_partitions,
     resolve_run_name,
 )
-from streamgrp.store.streams import entry_id_str, read_entries
+from streamgrp.store.streams import entry_id_str, hash_reply, range_reply, read_entries
 
 __all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source",
-           "folded_through", "open_run_source", "partition_streams", "recorded_config"]
+           "folded_through", "open_run_source", "partition_streams", "recorded_config", "server_source"]
 
 #: ``source(stream, ids)``: the fields of each entry id of a run's stream (a `RunKeys.all_streams`
 #: name), in order, None where the entry is not retained.
@@ -91,7 +91,7 @@ class RedisSource:
         """Every entry of ``stream`` in order, read in pages."""
         key, start = self._key(stream), "-"
         while True:
-            entries = self.client.xrange(key, start, "+", count=page)
+            entries = range_reply(self.client.xrange(key, start, "+", count=page))
             if not entries:
                 return
             for raw_id, fields in entries:
@@ -102,7 +102,7 @@ class RedisSource:
         """A run hash (``committed``, ``decided``) as text; in a partitioned run ``decided`` joins the
         partitions' and ``counts`` adds theirs to the run's own."""
         def read(key: str) -> dict[str, str]:
-            return {k.decode(): v.decode() for k, v in self.client.hgetall(key).items()}
+            return {k.decode(): v.decode() for k, v in hash_reply(self.client.hgetall(key)).items()}
 
         if name == "counts":  # with the dead letters' counters, kept apart for least privilege
             layouts = (self.keys, *self.partitions) if len(self.partitions) > 1 else (self.keys,)
@@ -216,7 +216,7 @@ class FallbackSource:
     def scan(self, stream: str, page: int = 2000) -> Iterator[tuple[str, dict[bytes, bytes]]]:
         key, start, last = self.server._key(stream), "-", None
         while True:
-            entries = self.server.client.xrange(key, start, "+", count=page)
+            entries = range_reply(self.server.client.xrange(key, start, "+", count=page))
             if not entries:
                 break
             # Whatever the server no longer holds before this page (trimmed) comes from the archive.
@@ -300,6 +300,13 @@ def decode_all(source: RedisSource, stream: str) -> Iterator[tuple[str, Any]]:
             continue
 
 
-def recorded_config(source: RedisSource) -> RunConfig:
+def server_source(client: redis.Redis | None, keys: RunKeys) -> RedisSource:
+    """The server's entries, for a caller given no other source (it must then give a client)."""
+    if client is None:
+        raise TypeError("give a client (the server's entries) or a source")
+    return RedisSource(client, keys)
+
+
+def recorded_config(source: RedisSource | ArchiveSource) -> RunConfig:
     first = next(iter(source.scan("control")), (None, None))[1]
     return read_record(source.keys.run, first, "the control stream's first entry")[1]

@@ -17,6 +17,7 @@ from streamgrp.core.entry_fields import entry_fields
 S = TypeVar("S")
 R = TypeVar("R")
 T = TypeVar("T")
+C = TypeVar("C", bound=redis.Redis | redis.RedisCluster)
 
 #: One stream entry as `STREAM_CALLBACKS` parse it: its id and its fields (None: the entry was deleted while
 #: pending; an `EntryFields` when a field name repeats).
@@ -29,6 +30,23 @@ def read_reply(reply: object) -> list[tuple[bytes, list[Entry]]]:
     redis-py declares every shape the protocols allow (RESP3 maps among them); streamgrp's clients speak
     RESP2 and `_xread` hands RESP2's pairs over in any case, so this is the shape callers get."""
     return cast("list[tuple[bytes, list[Entry]]]", reply or [])
+
+
+#: One entry of an XRANGE or XREVRANGE reply: its id and its fields (never None: a range reads what exists).
+RangeEntry = tuple[bytes, dict[bytes, bytes]]
+
+
+def range_reply(reply: object) -> list[RangeEntry]:
+    """The entries of an XRANGE or XREVRANGE reply, oldest first for XRANGE.
+
+    redis-py declares ids and fields that may be text and a reply that may be None (decoded responses,
+    other protocols); streamgrp's clients read bytes over RESP2 and the server answers a range with a list."""
+    return cast("list[RangeEntry]", reply)
+
+
+def hash_reply(reply: object) -> dict[bytes, bytes]:
+    """An HGETALL reply: streamgrp's clients read field names and values as bytes (redis-py's hints allow text)."""
+    return cast("dict[bytes, bytes]", reply)
 
 
 def first_entries(reply: object) -> list[Entry]:
@@ -269,7 +287,7 @@ STREAM_CALLBACKS = {"XREAD": _xread, "XREADGROUP": _xread, "XRANGE": _entries, "
                     "XAUTOCLAIM": _xautoclaim, "XCLAIM": _xclaim}
 
 
-def keep_every_field(client: redis.Redis) -> redis.Redis:
+def keep_every_field(client: C) -> C:
     """Make ``client`` parse stream replies with `STREAM_CALLBACKS` (RESP2, the default protocol).
 
     A cluster client parses each reply with the client of the node that sent it (its own callbacks

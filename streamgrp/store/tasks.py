@@ -18,7 +18,7 @@ import redis
 from streamgrp.core import codec
 from streamgrp.core.events import TaskIssued
 from streamgrp.store import scripts
-from streamgrp.store.connection import replicate
+from streamgrp.store.connection import wait_for_replicas
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
 from streamgrp.store.runs import recorded_partitions, server_time
 from streamgrp.store.streams import ensure_group, producer_name
@@ -61,7 +61,7 @@ class TaskWriter:
         result = self._script(keys=[self.keys.tasks, self.keys.slots, self.keys.batcher_state,
                                     self.keys.batcher_lease], args=[lease_token, cursor if lease_token else "",
                                                                     *headers])
-        replicate(self.client)
+        wait_for_replicas(self.client)
         return int(result)
 
     def _write_partitioned(self, events: Sequence[TaskIssued], headers: list[bytes], lease_token: str,
@@ -81,7 +81,7 @@ class TaskWriter:
         if lease_token:
             written = int(self._advance(keys=[self.keys.batcher_state, self.keys.batcher_lease],
                                         args=[lease_token, cursor, len(events)]))
-        replicate(self.client)
+        wait_for_replicas(self.client)
         return written
 
 

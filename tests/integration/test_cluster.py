@@ -15,7 +15,7 @@ from streamgrp.cli.main import main
 from streamgrp.cli.server_reuse import ensure_server
 from streamgrp.config import RunConfig
 from streamgrp.errors import ConfigError, OutageBudgetExceeded
-from streamgrp.store.connection import ClusterClient, connect, replicate
+from streamgrp.store.connection import ClusterClient, connect, wait_for_replicas
 from streamgrp.store.keys import RUNS, RunKeys
 from streamgrp.store.run_admin import delete_run, run_key_names, usage_by_run
 from streamgrp.store.runs import join_run, list_runs
@@ -72,7 +72,7 @@ def test_a_replica_wait_on_a_cluster_without_replicas_warns_and_goes_on(redis_ur
     try:
         client.xadd(RunKeys(run_name).control, {"x": "1"})
         with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
-            replicate(client)
+            wait_for_replicas(client)
         assert "only 0 of 1 replicas" in caplog.text
     finally:
         client.close()

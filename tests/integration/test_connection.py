@@ -91,13 +91,13 @@ def test_wait_replicas_waits_for_a_replica_and_warns_when_too_few_confirm(server
     with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         for i in range(20):
             client.set(f"k{i}", i)
-            client.replicate()
-            assert replica_client.get(f"k{i}") == str(i).encode()  # on the replica once replicate returns
+            client.wait_for_replicas()
+            assert replica_client.get(f"k{i}") == str(i).encode()  # on the replica once wait_for_replicas returns
     assert _warnings(caplog) == []
     too_many = connect(primary.url, wait_replicas=2, wait_timeout_ms=2000)  # room for a loaded machine
     with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         too_many.set("k", 1)
-        too_many.replicate()
+        too_many.wait_for_replicas()
     assert "only 1 of 2 replicas confirmed a write within 2000 ms" in _warnings(caplog)
 
 

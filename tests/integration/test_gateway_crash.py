@@ -134,7 +134,7 @@ def test_a_gateway_killed_mid_session_resumes_every_session_and_trains_nothing_t
     # A generation the test's kill cut off was asked for again; at most one per session in flight (8).
     assert 0 <= len(fake.generations) - len(turns) <= 8
     assert "answered again from its record" in gateway.output()
-    # Nothing published or trained twice; the run's own checks; verify re-folds and re-partitions it all.
+    # Nothing published or trained twice; the run's own checks; verify re-folds and re-shards it all.
     results = events(client, run.keys.slots, SlotResult)
     assert Counter((r.task_id, r.slot) for r in results) == Counter(
         {(f"t{i:08d}", slot): 1 for i in range(PROMPTS) for slot in range(N_SAMPLES)})

@@ -115,7 +115,7 @@ def test_a_failed_step_is_listed_replayed_and_verified(failed_demo, client, redi
     assert f"step {FAILED_STEP}" in out  # the step's shard no longer matches its groups' decisions
     code, out, _ = _cli(capsys, "verify", "--redis-url", redis_url, "--run", forged_run,
                         "--from", "0", "--to", str(FAILED_STEP - 1))
-    assert code == 1 and f"step {FAILED_STEP}" not in out  # the decision still differs; step 3 not re-partitioned
+    assert code == 1 and f"step {FAILED_STEP}" not in out  # the decision still differs; step 3 not re-sharded
 
     victim = target.members[0].entry
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_lm import Dims, finish, llama_writer
 
 gguf = pytest.importorskip("gguf")
 
@@ -44,27 +45,13 @@ def _state() -> dict[str, torch.Tensor]:
 def source(tmp_path):
     """A quantized-looking source GGUF of the tiny model: its metadata and shapes are what matter."""
     path = tmp_path / "source.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(64)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"t{i}" for i in range(VOCAB)])
-    writer.add_bos_token_id(1)
+    writer = llama_writer(path, gguf.LlamaFileType.MOSTLY_Q8_0, Dims(HIDDEN, FFN, HEADS, KV_HEADS, LAYERS, VOCAB))
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, LAYERS)
     for name, tensor in _state().items():
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if name != "lm_head.weight":
             writer.add_tensor(mapped, torch.zeros_like(tensor).numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return path
 
 

@@ -123,7 +123,8 @@ class Gateway:
         self.worker = WorkerClient(client, run.keys, name=self.name, claim_idle_s=claim_idle_s,
                                    partitions=run.partitions,
                                    vocab_size=vocab_size if vocab_size is not None else "recorded")
-        self.vocab_size = self.worker.vocab_size
+        # The worker client resolved its "recorded" marker to the run's number: no text remains.
+        self.vocab_size = None if isinstance(self.worker.vocab_size, str) else self.worker.vocab_size
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix="gateway")
         self.table = SessionTable(lambda sid: self.blocking(self._load, sid), tool_parser)
         self._versions = VersionReader(run.keys)

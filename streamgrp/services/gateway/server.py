@@ -94,7 +94,7 @@ class GatewayServer:
             return self._error(exc)
         if not report.stream:
             reply = chat_reply(answer, report) if endpoint == "chat" else completion_reply(answer, report)
-            response = web.Response(body=orjson.dumps(reply), content_type=JSON)
+            response: web.StreamResponse = web.Response(body=orjson.dumps(reply), content_type=JSON)
             await response.prepare(request)
             await response.write_eof()
         else:
@@ -220,7 +220,7 @@ def _classify(exc: BaseException) -> tuple[int, str, bool, str | None, str | Non
         return 502, "upstream_error", True, "upstream_unavailable", None
     if is_outage(exc):
         return 503, "store_unavailable", True, None, None
-    log.exception("the gateway failed a request", exc_info=exc)
+    log.error("the gateway failed a request", exc_info=exc)
     return 500, "server_error", True, None, None
 
 

@@ -39,8 +39,10 @@ from streamgrp.services.inference.adapter import (
     REPLY_BYTES_PER_TOKEN,
     Completion,
     GenerationFailed,
-    finished_or_resubmit,
     Retry,
+    WeightsChanged,
+    finished_or_resubmit,
+    regenerate,
 )
 from streamgrp.services.inference.dialect import Dialect, Generation, ProtocolError, Sampling, checked_logprobs
 from streamgrp.services.inference.http import ClientError, ReplyTooLarge, TransportError
@@ -199,14 +201,19 @@ class Upstream:
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
         """The completion of ``prompt_ids``: generated until the server stops by itself or the token budget is
-        spent, aborts resubmitted with the tokens so far, every log-probability there and checked."""
+        spent, aborts resubmitted with the tokens so far, every log-probability there and checked; a part whose
+        tokens the server could not score on the weights that generated them is generated again (bounded)."""
         completion = Completion()
         while True:
             budget = sampling.max_tokens - len(completion.token_ids)
             context = prompt_ids + completion.token_ids
             path, body = self.dialect.generate(context, replace(sampling, max_tokens=budget))
             reply, server = await self.requests.post(path, body, max_bytes=_reply_limit(body, len(context) + budget))
-            generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server, sampling)
+            try:
+                generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server, sampling)
+            except WeightsChanged as changed:  # a weight sync between generating and scoring: the worker's rule
+                regenerate(completion, changed, 1)
+                continue
             completion.add(generation, server, 1)
             if finished_or_resubmit(completion, generation, server, self.dialect.name, sampling.max_tokens,
                                     self.on_abort, self.max_resubmits):
@@ -238,8 +245,7 @@ class Upstream:
                                                 server=server)
             value, scored_by = self.dialect.parse_score(reply, token)
             if scored_by != model:
-                raise GenerationFailed(f"{where}: the server changed models between generating ({model!r}) and scoring "
-                                       f"the token again ({scored_by!r}); the turn fails rather than mix two policies")
+                raise WeightsChanged(where, model, scored_by)
             if value is not None:
                 return value
         raise ProtocolError(f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
@@ -271,7 +277,7 @@ class ChatTemplate(ABC):
         """The exact text of a completion's ids (its reply's text lacks the stop token's)."""
         return await self.detokenize(completion.token_ids)
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - an optional hook: a template that holds nothing keeps it
         """Release what the template holds (connections)."""
 
 
@@ -339,14 +345,18 @@ class TokenizerTemplate(ChatTemplate):
 
     async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any,
                      extra: dict[str, Any]) -> str:
-        return await asyncio.to_thread(self.tokenizer.apply_chat_template, messages, tools=tools, tokenize=False,
-                                       add_generation_prompt=True, **extra)
+        # transformers' hints: ``tools`` is a list of one item type (a list's item type is invariant) and the
+        # overloads keyed by ``tokenize`` do not pass through to_thread's ParamSpec.
+        return await asyncio.to_thread(self.tokenizer.apply_chat_template,  # type: ignore[arg-type]
+                                       messages, tools=tools,  # type: ignore[arg-type]
+                                       tokenize=False, add_generation_prompt=True, **extra)
 
     async def tokenize(self, text: str, *, special: bool) -> list[int]:
         return list(await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=special))
 
     async def detokenize(self, ids: list[int]) -> str:
-        return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False,
+        # transformers' hint for decode's ``**kwargs`` does not pass through to_thread's ParamSpec.
+        return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False,  # type: ignore[arg-type]
                                        clean_up_tokenization_spaces=False)
 
 

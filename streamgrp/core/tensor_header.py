@@ -1,0 +1,155 @@
+"""The header's tensor descriptors: events' tensors replaced by ``{"__raw__": [dtype, shape, offset, nbytes]}``
+on the way out (`to_header`) and checked and cut back out of the entry's bytes on the way in (`from_header`).
+
+Owns the descriptor's form and its checks (`MAX_NDIM`, `MAX_HEADER_DEPTH`, sizes and order against the bytes;
+errors are `DecodeError` with the codec's reasons) and where each event model holds tensors (`TENSOR_FIELDS`).
+The entry's fields, sizes and validation are the codec's (`streamgrp.core.codec`).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel
+
+from streamgrp.core.events import EVENT_TYPES, GroupDecided, RawArray, ShardGroup, SlotResult
+from streamgrp.core.legacy import SlotResultV1
+from streamgrp.core.shown import clip, show
+from streamgrp.core.values import DTYPES
+from streamgrp.errors import DecodeError
+
+RAW_KEY = "__raw__"
+#: Models written in their `wire_fields` form rather than field by field.
+_WIRE_FORM = (GroupDecided, ShardGroup, SlotResult)
+#: The deepest a header's JSON objects and arrays may nest (the header itself is level 1; a
+#: tensor descriptor counts as one level). Encoded events reach about 6 (a step manifest).
+MAX_HEADER_DEPTH = 32
+#: The most dimensions a tensor descriptor may give (bounds the work of checking its size).
+MAX_NDIM = 32
+
+
+#: Values orjson writes as they are: the encoder copies them without a call (the hot path of publishing).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
+    kind = value.__class__
+    if kind in _SCALARS:
+        return value
+    if kind is RawArray:
+        start = offset[0]
+        blobs.append(value.data)
+        offset[0] += len(value.data)
+        return {RAW_KEY: [value.dtype, list(value.shape), start, len(value.data)]}
+    if kind is dict:  # before the model check, which costs more than the walk of a small dict
+        return {key: item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
+                for key, item in value.items()}
+    if kind is list or kind is tuple:  # before the model check: most containers of a header are lists
+        for item in value:  # a loop, not all(...): a generator costs more than the check
+            if item.__class__ not in _SCALARS:
+                return [item if item.__class__ in _SCALARS else to_header(item, blobs, offset) for item in value]
+        return value if kind is list else list(value)  # orjson writes a list of plain values as it is
+    if isinstance(value, BaseModel):
+        # A model whose wire form differs from its fields (members as columns, a flag written only when
+        # set) says so by `wire_fields`.
+        # (the isinstance only tells the type checker what the exact-class test already established)
+        fields = value.wire_fields() if kind in _WIRE_FORM and isinstance(value, _WIRE_FORM) else value.__dict__
+        return {name: item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
+                for name, item in fields.items()}
+    if isinstance(value, (list, tuple)):
+        return [item if item.__class__ in _SCALARS else to_header(item, blobs, offset) for item in value]
+    if isinstance(value, dict):
+        return {key: item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
+                for key, item in value.items()}
+    return value
+
+
+def from_header(value: dict[str, Any] | list[Any], blob: bytes, state: list[int], depth: int) -> Any:
+    # Only containers come here (scalars are copied by the caller), and never deeper than
+    # MAX_HEADER_DEPTH: the bound is explicit, not Python's recursion limit.
+    if depth > MAX_HEADER_DEPTH:
+        raise DecodeError("bad_header", f"header nests deeper than {MAX_HEADER_DEPTH} levels")
+    if value.__class__ is dict:
+        if len(value) == 1:
+            descriptor = value.get(RAW_KEY)
+            if descriptor is not None:
+                return raw_array(descriptor, blob, state)
+        out = {}
+        for key, item in value.items():
+            kind = item.__class__
+            out[key] = from_header(item, blob, state, depth + 1) if kind is dict or kind is list else item
+        return out
+    return [from_header(item, blob, state, depth + 1) if item.__class__ is dict or item.__class__ is list else item
+            for item in value]
+
+
+def raw_array(descriptor: Any, blob: bytes, state: list[int]) -> dict[str, Any]:
+    if descriptor.__class__ is not list or len(descriptor) != 4:
+        raise DecodeError("bad_header", f"tensor descriptor {show(descriptor)} is not [dtype, shape, offset, nbytes]")
+    dtype, shape, start, nbytes = descriptor
+    if dtype.__class__ is not str or dtype not in DTYPES:
+        raise DecodeError("unknown_dtype", f"dtype {show(dtype)} is not one of {sorted(DTYPES)}")
+    if shape.__class__ is not list or len(shape) > MAX_NDIM:
+        raise DecodeError("bad_header", f"shape {show(shape)} is not a list of at most {MAX_NDIM} dimensions")
+    for dim in shape:  # a loop, not all(...): a third of the cost per tensor
+        if dim.__class__ is not int or dim < 0:
+            raise DecodeError("bad_header", f"shape {show(shape)} has a dimension {show(dim)}; dimensions are "
+                              "non-negative integers")
+    if start.__class__ is not int or nbytes.__class__ is not int or start < 0 or nbytes < 0:
+        raise DecodeError("bad_header",
+                          f"offset {show(start)} and nbytes {show(nbytes)} must be non-negative integers")
+    expected = math.prod(shape) * DTYPES[dtype][0]
+    if nbytes != expected:
+        raise DecodeError("length_mismatch",
+                          f"{dtype} {clip(str(shape), 80)} needs {show(expected)} bytes, header says {nbytes}")
+    used = state[0]
+    if start != used or start + nbytes > len(blob):
+        raise DecodeError(
+            "length_mismatch",
+            f"tensor at offset {start} of {nbytes} bytes does not follow the previous one inside a {len(blob)}-byte blob",
+        )
+    state[0] = start + nbytes
+    state[1] += 1
+    # A plain dict: pydantic builds the RawArray once (its own size check included) in the model's
+    # validation pass; constructing it here first doubled the work on the assembler's hot path.
+    return {"dtype": dtype, "shape": shape, "data": blob[start : start + nbytes]}
+
+
+def tensor_fields(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
+    """Where ``model`` holds tensors: ``(field, None)`` for a RawArray, ``(field, nested)`` for a model."""
+    found: list[tuple[str, Any]] = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        parts = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+        for part in parts:
+            if part is RawArray:
+                found.append((name, None))
+            elif isinstance(part, type) and issubclass(part, BaseModel):
+                if nested := tensor_fields(part):
+                    found.append((name, nested))
+            elif _holds_tensors(part):  # e.g. tuple[RawArray, ...]: _tensor_count would not see them
+                raise TypeError(f"{model.__name__}.{name}: the codec counts tensors only in fields and nested models")
+    return tuple(found)
+
+
+def _holds_tensors(annotation: Any) -> bool:
+    if annotation is RawArray:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return bool(tensor_fields(annotation))
+    return any(_holds_tensors(arg) for arg in get_args(annotation))
+
+
+def tensor_count(value: Any, where: tuple[tuple[str, Any], ...]) -> int:
+    count = 0
+    for name, nested in where:
+        item = getattr(value, name)
+        if item is not None:
+            count += 1 if nested is None else tensor_count(item, nested)
+    return count
+
+
+_CODEC_MODELS: tuple[type[BaseModel], ...] = (*EVENT_TYPES.values(), SlotResultV1)
+TENSOR_FIELDS = {model: tensor_fields(model) for model in _CODEC_MODELS}
