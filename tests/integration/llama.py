@@ -70,7 +70,8 @@ def start_llama(binary: str, model: Path, log_path: Path, *, version: int = 0,
     except Exception:
         proc.kill()
         proc.wait()
-        raise AssertionError(f"llama-server did not start; its log:\n{log_path.read_text(errors='replace')[-3000:]}")
+        raise AssertionError(f"llama-server did not start; its log:\n{log_path.read_text(errors='replace')[-3000:]}"
+                             ) from None
     return LlamaServer(binary, model, url, proc)
 
 
