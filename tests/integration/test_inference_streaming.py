@@ -45,12 +45,12 @@ def fake(request):
     stop()
 
 
-def rollout(fake, *, max_tokens=20, segment_tokens=8, **kwargs) -> InferenceRollout:
+def rollout(fake, *, max_tokens=20, segment_tokens=8, request_timeout_s=5.0, **kwargs) -> InferenceRollout:
     dialect = {"vllm": VLLM(version_pattern=PATTERN),
                "vllm-old": VLLM(token_ids="tokens_as_token_ids", version_pattern=PATTERN),
                "sglang": SGLang(version_pattern=PATTERN), "llamacpp": LlamaCpp(version_pattern=PATTERN)}[fake.dialect]
     return InferenceRollout(dialect, ServerPool([fake.url]), Sampling(max_tokens=max_tokens, model="policy"),
-                            lambda prompt, ids, text: 1.0, retry=Retry(3, 0.01, 0.05), request_timeout_s=5.0,
+                            lambda prompt, ids, text: 1.0, retry=Retry(3, 0.01, 0.05), request_timeout_s=request_timeout_s,
                             segment_tokens=segment_tokens, **kwargs)
 
 
@@ -121,6 +121,16 @@ def test_an_error_event_mid_stream_keeps_the_tokens_before_it(fake):
     first = next_tokens(PROMPT, 3)
     assert completion.token_ids == first + next_tokens(PROMPT + first, 7)
     assert segments.shape() == [(3, None, "abort"), (7, None, "length")] and completion.interrupted == 1
+
+
+def test_a_stream_longer_than_the_request_deadline_keeps_its_tokens_and_goes_on_in_a_new_one(fake):
+    fake.then(Action(token_delay=0.3))
+    segments = Recorder()
+    completion = rollout(fake, max_tokens=10, request_timeout_s=1.0).complete(PROMPT, slot=segments)
+    kept = segments.shape()[0][0]
+    assert 1 <= kept <= 4 and segments.shape()[0][2] == "abort" and completion.interrupted == 1
+    first = next_tokens(PROMPT, kept)
+    assert completion.token_ids == first + next_tokens(PROMPT + first, 10 - kept)
 
 
 def test_a_stream_that_breaks_before_its_first_token_is_retried_like_any_request(fake):
