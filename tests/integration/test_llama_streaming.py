@@ -34,9 +34,9 @@ pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 MAX_TOKENS, SEGMENT = 40, 8
 #: The SIGKILL test: its generation, and how long its task idles before the second worker takes it over:
-#: longer than the rest of the generation takes even on a busy machine, since a worker does not keep its own
-#: tasks from turning idle while it generates (it would take its own task again).
-KILL_MAX_TOKENS, CLAIM_IDLE_S = 32, 20
+#: longer than a segment (8 tokens) takes even on a busy machine; each segment keeps the task of the worker
+#: writing it from turning idle (else a worker would take its own task again while it generates).
+KILL_MAX_TOKENS, CLAIM_IDLE_S = 32, 8
 PROMPT = "<|im_start|>user\nWrite a short story about a dog.<|im_end|>\n<|im_start|>assistant\n"
 
 

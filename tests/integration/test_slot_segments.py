@@ -61,6 +61,22 @@ def test_the_segment_function_refuses_bad_input_and_other_holders_writing_nothin
         SegmentStore(client, run.partitions, name="w2").record(0, entry, _segment(1, 2, [9]))
 
 
+def test_a_segment_is_its_holders_sign_of_life_the_task_does_not_turn_idle(client, make_run, issuer):
+    import time
+
+    run = make_run(n_samples=1)
+    WorkerClient(client, run.keys)
+    entry = _held_task(client, run, issuer, "w1")
+    time.sleep(0.3)
+    [before] = client.xpending_range(run.keys.tasks, WORKERS_GROUP, entry, entry, 1)
+    SegmentStore(client, run.partitions, name="w1").record(0, entry, _segment(0, 0, [7, 8]))
+    [after] = client.xpending_range(run.keys.tasks, WORKERS_GROUP, entry, entry, 1)
+    assert before["time_since_delivered"] >= 300 > after["time_since_delivered"]
+    assert (after["consumer"], after["times_delivered"]) == (b"w1", before["times_delivered"])  # still w1's, once
+    # so a worker reclaiming tasks idle 0.2 s finds none: the holder is alive
+    assert WorkerClient(client, run.keys, name="w2", claim_idle_s=0.2).take(1, block_ms=None) == []
+
+
 def test_a_chain_is_indexed_contiguous_and_ends_with_its_generation():
     first, second, third = _segment(0, 0, [1, 2]), _segment(1, 2, [3]), _segment(2, 3, [4], cause="stop")
     assert chain_of([first, second, first, second, third, _segment(3, 4, [5])]) == [first, second, third]
