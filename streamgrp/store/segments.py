@@ -3,8 +3,9 @@
 Owns writing a segment (``segment.lua``: only the worker that holds the slot's task, pending under its
 name in the workers group, may append; a worker whose task was taken over is refused with ``TAKEN``,
 raised as `SegmentTaken`; a write also claims the task again for its holder, so a task whose generation
-keeps making segments does not turn idle and is not taken over as a stopped worker's) and reading a task's segments back as one chain per slot (`chains`), which a
-worker that takes the task over continues from. A slot's chain is its segments in stream order with
+keeps making segments does not turn idle and is not taken over as a stopped worker's) and reading a
+task's segments back as one chain per slot (`chains`), which a worker that takes the task over continues
+from. A slot's chain is its segments in stream order with
 indexes 0, 1, 2, ... and each one starting where the one before ended; a repeat of an index (a write
 sent again after a lost reply) is skipped, and the chain ends at the first gap or after a segment that
 ends the generation (``stop``/``length``).
