@@ -26,7 +26,7 @@ from __future__ import annotations
 import http.client
 import socket
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -97,6 +97,42 @@ def request_json(method: str, url: str, body: Any = None, *, timeout_s: float,
     return _classify(method, url, response.status, raw)
 
 
+class EventSplitter:
+    """The JSON payload of each server-sent event in a byte stream, fed as its chunks arrive (the one parser of
+    the workers' streams, `stream_events`, and the gateway's). `done` once the stream sent ``[DONE]``."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.done = False
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> Iterator[Any]:
+        """The events ``chunk`` completes, each as it is parsed; `TransportError` at an event that is not JSON."""
+        self._pending += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
+        while not self.done and (end := self._pending.find(b"\n\n")) >= 0:  # a blank line ends an event
+            block, self._pending = self._pending[:end], self._pending[end + 2:]
+            if block.startswith(b"data: ") and b"\n" not in block:  # the usual event: one data line
+                payload = block[6:]
+            else:  # several data lines are one payload; ":" comments (pings), event:, id: carry none
+                payload = b"\n".join(line[6:] if line[5:6] == b" " else line[5:]
+                                     for line in block.split(b"\n") if line.startswith(b"data:"))
+                if not payload:
+                    continue
+            if payload.strip() == b"[DONE]":
+                self.done = True
+                break
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError as exc:
+                raise TransportError(f"{self.what}: an event that is not JSON ({exc}): {_text(payload)!r}") from None
+            yield event
+
+    def check_ended(self) -> None:
+        """At the stream's end: `TransportError` when it ended inside an event."""
+        if self._pending.strip():
+            raise TransportError(f"{self.what}: the stream ended inside an event", server_away=True)
+
+
 def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX_REPLY_BYTES) -> Generator[Any, None, None]:
     """``POST url`` with ``body`` as JSON, asking for a stream: each server-sent event's decoded JSON, in order.
 
@@ -119,7 +155,7 @@ def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX
                 return
         except (OSError, http.client.HTTPException) as exc:
             raise TransportError(f"{what}: {_describe(exc)}", server_away=_away(exc)) from None
-        size, pending = 0, b""
+        size, events = 0, EventSplitter(what)
         while True:
             try:
                 _set_timeout(connection, deadline)
@@ -131,26 +167,11 @@ def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX
             if size > max_bytes:
                 raise ReplyTooLarge(f"{what}: the stream is over the {max_bytes} bytes allowed; stopped reading it")
             if not chunk:
-                if pending.strip():
-                    raise TransportError(f"{what}: the stream ended inside an event", server_away=True)
+                events.check_ended()
                 return
-            pending += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
-            while (end := pending.find(b"\n\n")) >= 0:  # a blank line ends an event
-                block, pending = pending[:end], pending[end + 2:]
-                if block.startswith(b"data: ") and b"\n" not in block:  # the usual event: one data line
-                    payload = block[6:]
-                else:  # several data lines are one payload; ":" comments (pings), event:, id: carry none
-                    payload = b"\n".join(line[6:] if line[5:6] == b" " else line[5:]
-                                         for line in block.split(b"\n") if line.startswith(b"data:"))
-                    if not payload:
-                        continue
-                if payload.strip() == b"[DONE]":
-                    return
-                try:
-                    event = orjson.loads(payload)
-                except orjson.JSONDecodeError as exc:
-                    raise TransportError(f"{what}: an event that is not JSON ({exc}): {_text(payload)!r}") from None
-                yield event
+            yield from events.feed(chunk)
+            if events.done:
+                return
     finally:
         connection.close()
 
