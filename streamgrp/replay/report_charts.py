@@ -90,10 +90,14 @@ class ChartSpec:
     omitted: str | None = None
 
 
+#: A chart before its definition: title, kind, y label, series, and its `ChartSpec` y_min and y_max if set.
+_Spec = tuple[str, Literal["line", "bars"], str, list[Series], dict[str, float]]
+
+
 def chart_specs(data: ReportData) -> list[ChartSpec]:
     """Every chart in `CHART_IDS` order, each with its series for ``data``."""
     series = data.series()
-    specs = {
+    specs: dict[str, _Spec] = {
         "yields": ("Slot yields per step", "line", "slots / target slots",
                    [Series("usable", series["usable_yield"], "#0072B2", width=3.6),
                     Series("trainable", series["trainable_yield"], "#E69F00"),

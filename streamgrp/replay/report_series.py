@@ -186,7 +186,7 @@ def step_rows(*, started_at: float | None, manifests: Sequence[StepManifest],
     first_event = min([when for when, _ in [*decisions, *discards]], default=None)
     start = started_at if started_at is not None else first_event
     rows: list[StepRow] = []
-    running = Counter()
+    running: Counter[str] = Counter()
     lengths: dict[str, Counter[str]] = {"decided": Counter(), "trained": Counter(), "stale": Counter()}
     for index, manifest in enumerate(manifests):
         end = ends[index]

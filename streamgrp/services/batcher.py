@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -45,12 +45,12 @@ from streamgrp.errors import DecodeError, LeaseLost
 from streamgrp.services import batcher_store, heap, outcomes
 from streamgrp.services.feeder import DatasetIdentity, Feeder, check_feed
 from streamgrp.store import scripts
-from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
+from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, wait_for_replicas
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP, PartitionKeys
 from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.runs import Run, server_time
-from streamgrp.store.streams import ensure_group, entry_id_str, first_entries, producer_name, read_in_turn
+from streamgrp.store.streams import ensure_group, entry_id_str, first_entries, hash_reply, producer_name, read_in_turn
 from streamgrp.store.version import VersionReader
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class Batcher:
                  group_filter: GroupFilter | None = None, dataset=None, dataset_identity: DatasetIdentity | None = None,
                  metrics: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
-        self.run_ = run
+        self.joined_run = run
         self.keys = run.keys
         self._version = VersionReader(run.keys)
         self.settings = run.config
@@ -163,7 +163,8 @@ class Batcher:
         heap.settle()  # imports and the replayed buffer: out of the collector's way while steps are made
 
     def _state(self) -> dict[str, str]:
-        return {k.decode(): v.decode(errors="replace") for k, v in self.client.hgetall(self.keys.batcher_state).items()}
+        state = hash_reply(self.client.hgetall(self.keys.batcher_state))
+        return {k.decode(): v.decode(errors="replace") for k, v in state.items()}
 
     def _check_feed(self, state: dict[str, str]) -> None:
         check_feed(self.keys.run, state, self.feed, self.max_steps)
@@ -225,17 +226,20 @@ class Batcher:
             dead_letters = self.dead_letters[part.index]
             for raw_id, fields in entries:
                 entry_id = entry_id_str(raw_id)
-                try:
-                    decision = codec.decode(fields) if fields is not None else None
-                except DecodeError as exc:
-                    dead_letters.send(part.decisions, entry_id, exc.reason, exc.detail, fields,
-                                      group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
-                    continue
-                if fields is not None and not isinstance(decision, GroupDecided):
-                    dead_letters.send(part.decisions, entry_id, "unexpected_kind",
-                                      f"a {decision.kind} event does not belong in the decisions stream", fields,
-                                      group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
-                    continue
+                decision: GroupDecided | None = None  # None: a pending entry the server no longer holds
+                if fields is not None:
+                    try:
+                        event = codec.decode(fields)
+                    except DecodeError as exc:
+                        dead_letters.send(part.decisions, entry_id, exc.reason, exc.detail, fields,
+                                          group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
+                        continue
+                    if not isinstance(event, GroupDecided):
+                        dead_letters.send(part.decisions, entry_id, "unexpected_kind",
+                                          f"a {event.kind} event does not belong in the decisions stream", fields,
+                                          group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
+                        continue
+                    decision = event
                 decided.append((part.index, entry_id, decision))
                 if decision is not None and decision.members and not replaying:
                     self.served.decided(max(member.version for member in decision.members), self.clock())
@@ -355,7 +359,7 @@ class Batcher:
                                            current_version=output.current_version, detail=output.detail))
 
     def _step_ops(self, due: batch_fold.StepDue) -> list[Any]:
-        groups = due.groups
+        groups: Sequence[batch_fold.Buffered] = due.groups
         if len(self.partitions) > 1:  # read order across partitions is not recorded; this order is (verify)
             groups = sorted(groups, key=lambda group: ref_order(group[0]))
         # Stamped with the server's clock now, after every discard this pass wrote before it: reports
@@ -401,7 +405,7 @@ class Batcher:
             self._active = False
             self._pending_ops, self._pending_steps = [], []
             raise
-        replicate(self.client)
+        wait_for_replicas(self.client)
         if self.metrics is not None:
             self.metrics.apply_counts(pairs_to_counts(applied))
         if len(self.partitions) > 1:

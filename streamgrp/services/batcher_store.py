@@ -14,13 +14,14 @@ import redis
 from streamgrp.core.events import GroupDecided
 from streamgrp.core.manifest import split_decision_ref
 from streamgrp.store.keys import BATCHER_GROUP, PartitionKeys, RunKeys
+from streamgrp.store.streams import entry_id_str, hash_reply
 
 
 def run_counts(client: redis.Redis, keys: RunKeys, partitions: Sequence[PartitionKeys]) -> dict[str, int]:
     """The run's counters, the batcher's and every assembler's added up."""
     counts: dict[str, int] = {}
     for key in dict.fromkeys([keys.counts, *(part.counts for part in partitions)]):
-        for name, value in client.hgetall(key).items():
+        for name, value in hash_reply(client.hgetall(key)).items():
             counts[name.decode()] = counts.get(name.decode(), 0) + int(float(value))
     return counts
 
@@ -56,7 +57,7 @@ def acknowledge_recorded(client: redis.Redis, keys: RunKeys, partitions: Sequenc
     """Acknowledge, in their partitions, the decisions a partitioned run's commits recorded as used,
     then forget them. Idempotent: an acknowledgement of an acknowledged entry changes nothing, so a
     batcher that dies halfway leaves the rest to the next."""
-    recorded = [ref.decode() for ref in client.hkeys(keys.batcher_unacked)]
+    recorded = [entry_id_str(ref) for ref in client.hkeys(keys.batcher_unacked)]  # decision refs: entry ids
     by_partition: dict[int, list[str]] = {}
     for ref in recorded:
         partition, entry_id = split_decision_ref(ref)

@@ -396,5 +396,5 @@ def wait_for_replicas(client: redis.Redis) -> None:
         client.wait_for_replicas()
 
 
-#: The old name of `wait_for_replicas`, until its last callers (worker, batcher, trainer) move to the new one.
+#: The old name of `wait_for_replicas`, until its last caller (the worker) moves to the new one.
 replicate = wait_for_replicas

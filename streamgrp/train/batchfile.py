@@ -114,8 +114,9 @@ def _split(blob: bytes, where: str) -> tuple[dict[str, Any], bytes]:
 
 
 #: The step's identity in ``__metadata__["streamgrp"]``: key -> (type, lowest value allowed, for ints).
-_IDENTITY = {"step": (int, 0), "rank": (int, 0), "world_size": (int, 1), "version": (int, None),
-             "step_loss_tokens": (int, 0), "digest": (str, None), "run": (str, None), "task_ids": (list, None)}
+_IDENTITY: dict[str, tuple[type, int | None]] = {
+    "step": (int, 0), "rank": (int, 0), "world_size": (int, 1), "version": (int, None), "step_loss_tokens": (int, 0),
+    "digest": (str, None), "run": (str, None), "task_ids": (list, None)}
 
 
 def _identity(metadata: Any, where: str) -> dict[str, Any]:
@@ -136,7 +137,8 @@ def _identity(metadata: Any, where: str) -> dict[str, Any]:
     meta.setdefault("run", "")  # files from before the run was recorded
     for key, (kind, low) in _IDENTITY.items():
         value = meta.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool) or (low is not None and value < low):
+        too_low = low is not None and isinstance(value, int) and value < low  # low: only int fields have one
+        if not isinstance(value, kind) or isinstance(value, bool) or too_low:
             wanted = kind.__name__ if low is None else f"an {kind.__name__} >= {low}"
             raise BatchFileError(f"{where}: metadata {key} is {value!r:.80}, expected {wanted}")
     if not all(isinstance(task_id, str) for task_id in meta["task_ids"]):

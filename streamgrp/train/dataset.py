@@ -132,7 +132,7 @@ def _advantage_spec(trainer: TrainerClient, advantages: NormSpec | str | None) -
     if advantages != "run":
         raise ConfigError(f"advantages={advantages!r}: pass a NormSpec, 'run' (the run's recorded normalization) "
                           "or None")
-    recorded = trainer.run_.config.adv_norm or trainer.run_.config.reward_norm
+    recorded = trainer.joined_run.config.adv_norm or trainer.joined_run.config.reward_norm
     if recorded is None:
         raise ConfigError(f"advantages='run' but run {trainer.keys.run!r} records neither adv_norm nor reward_norm; "
                           "pass a NormSpec, e.g. NormSpec('group', 'group')")

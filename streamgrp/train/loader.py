@@ -28,7 +28,7 @@ from streamgrp.core.events import READABLE_SCHEMAS, GroupDecided, Sample, ShardG
 from streamgrp.core.values import DTYPES
 from streamgrp.errors import DecodeError, DigestMismatch
 from streamgrp.train import dtypes
-from streamgrp.train.batch import Batch, BatchOwner
+from streamgrp.train.batch import Batch, BatchOwner, ShardTensors
 
 #: ``fetch(stream, ids)``: the fields of each entry id of a run stream ("payloads", "slots"), in
 #: order, None where an entry is gone: a sequence, or an iterator that yields them as they arrive (each
@@ -238,7 +238,7 @@ def _payload_rows(header: object, fields: Mapping[bytes, bytes], task_id: str, s
         raise PayloadError("version is not a non-negative integer")
     blob = memoryview(fields.get(codec.BLOB) or b"")
     size = len(blob)
-    data = {}
+    data: dict[str, tuple[memoryview | bytes, str]] = {}
     for name, allowed in _ALLOWED_ITEMS:
         value = sample.get(name)
         descriptor = value.get(codec.RAW_KEY) if value.__class__ is dict and len(value) == 1 else None
@@ -290,12 +290,10 @@ def sample_rows(sample: Sample) -> SampleRows:
     return SampleRows(data, sample.row_lengths, sample.rewards, sample.version, runs)
 
 
-def shard_tensors(samples: Sequence[SampleRows]) -> dict[str, torch.Tensor]:
+def shard_tensors(samples: Sequence[SampleRows]) -> ShardTensors:
     """Padded [rows, T] tensors (and per-row rewards, versions and version spans) from samples, in order."""
     with _one_thread():
-        out = _shard_tensors(samples)
-        out["version_spans"] = torch.tensor([s.version_span for s in samples for _ in s.row_lengths], dtype=torch.int64)
-        return out
+        return _shard_tensors(samples)
 
 
 RowRuns = tuple[tuple[int, int], ...]
@@ -385,16 +383,17 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _shard_tensors(samples: Sequence[SampleRows]) -> dict[str, torch.Tensor]:
+def _shard_tensors(samples: Sequence[SampleRows]) -> ShardTensors:
     row_lengths = [n for s in samples for n in s.row_lengths]
     lengths = torch.tensor(row_lengths, dtype=torch.int64)
     width = max(row_lengths, default=0)
     attention = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    out = {name: _padded(samples, name, row_lengths, width, attention) for name in _ALLOWED}
-    out["attention_mask"] = attention
-    out["rewards"] = torch.tensor([r for s in samples for r in s.rewards], dtype=torch.float32)
-    out["versions"] = torch.tensor([s.version for s in samples for _ in s.row_lengths], dtype=torch.int64)
-    return out
+    padded = {name: _padded(samples, name, row_lengths, width, attention) for name in _ALLOWED}
+    return ShardTensors(
+        token_ids=padded["token_ids"], loss_mask=padded["loss_mask"], logprobs=padded["logprobs"],
+        attention_mask=attention, rewards=torch.tensor([r for s in samples for r in s.rewards], dtype=torch.float32),
+        versions=torch.tensor([s.version for s in samples for _ in s.row_lengths], dtype=torch.int64),
+        version_spans=torch.tensor([s.version_span for s in samples for _ in s.row_lengths], dtype=torch.int64))
 
 
 def _padded(samples: Sequence[SampleRows], name: str, row_lengths: list[int], width: int,

@@ -71,7 +71,7 @@ from streamgrp.core.events import StepRowsTrained
 from streamgrp.core.policy import NormSpec
 from streamgrp.errors import ConfigError, RunEnded, StreamgrpError
 from streamgrp.train.advantages import normalize
-from streamgrp.train.agreement import GroupVote, resolve_reduce
+from streamgrp.train.agreement import GroupVote
 from streamgrp.train.batch import Batch
 from streamgrp.train.trainer import TrainerClient
 from streamgrp.train.trl_progress import Position, record_rows, recorded_rows
@@ -125,13 +125,13 @@ class StreamgrpRollouts:
 
     def __init__(self, trainer: TrainerClient, *, advantages: NormSpec | None = None, ahead_steps: int = 2,
                  decode: Callable[[list[int]], str] | None = None) -> None:
-        if trainer.run_.config.dp_size != 1:
-            raise ConfigError(f"run {trainer.keys.run!r} batches for dp_size={trainer.run_.config.dp_size}, but TRL's "
+        if trainer.joined_run.config.dp_size != 1:
+            raise ConfigError(f"run {trainer.keys.run!r} batches for dp_size={trainer.joined_run.config.dp_size}, but TRL's "
                               "async GRPO trainer reads every sample on its main process and splits micro-batches "
                               "over its own ranks: start the run with --dp-size 1")
         if ahead_steps < 1:
             raise ConfigError(f"ahead_steps={ahead_steps}: at least one step must be in the buffer")
-        config = trainer.run_.config
+        config = trainer.joined_run.config
         self.trainer = trainer
         self.spec = advantages or config.adv_norm or config.reward_norm or GRPO_NORM
         self.ahead_steps = ahead_steps
@@ -183,9 +183,9 @@ class StreamgrpRollouts:
                               "rollouts.callback]) (and TrainingArguments.restore_callback_states_from_checkpoint "
                               "left False, which replaces callbacks with new, unconnected ones)")
         self._sample_type = _rollout_sample_type()
-        self._first = self._begin()
+        self._first = first = self._begin()
         self._beat = time.time()
-        self._thread = threading.Thread(target=self._run, name="streamgrp-rollouts", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(first,), name="streamgrp-rollouts", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -215,7 +215,7 @@ class StreamgrpRollouts:
         if age > stale_after_s:
             raise RuntimeError(f"the streamgrp rollout feed has not moved for {age:.0f}s > {stale_after_s:.0f}s; "
                                "is the server reachable?")
-        window = self.trainer.run_.config.max_staleness + 1
+        window = self.trainer.joined_run.config.max_staleness + 1
         if self._pending or self.rollout_buffer.qsize() or len(self._open) < window:
             self._starved_since = None
             return
@@ -295,7 +295,7 @@ class StreamgrpRollouts:
     def _begin(self) -> Position:
         """Begin this start's attempt: after the TRL checkpoint's position, else at the run's next step."""
         trainer = self.trainer
-        vote = GroupVote(resolve_reduce(None, 1), 0)
+        vote = GroupVote(list, 0)  # one rank: its own values are the group's maximum
         recorded = recorded_rows(trainer.client, trainer.keys, 0)
         if self._checkpoint is not None:
             first = self._checkpoint
@@ -313,9 +313,9 @@ class StreamgrpRollouts:
     def _next_position(self) -> Position:
         return Position(self.trainer.next_step(0))
 
-    def _run(self) -> None:
+    def _run(self, first: Position) -> None:
         try:
-            step = self._first.step
+            step = first.step
             while not self._stop.is_set():
                 self._drop_taken()
                 if self._ended_at is not None and not self._pending:
@@ -331,7 +331,7 @@ class StreamgrpRollouts:
                         self._ended_at = step  # the run finished: feed nothing more
                     continue
                 batch = self.trainer.load(manifest, 0, 1)
-                skip = self._first.rows if step == self._first.step else frozenset()
+                skip = first.rows if step == first.step else frozenset()
                 if batch.retrained:
                     self.retrained_rows += batch.rows - len(skip)
                 self._push(batch, skip)
@@ -389,7 +389,7 @@ class StreamgrpRollouts:
         step.recorded = rows
 
     def _record_position(self, position: Position, total: int | None = None) -> None:
-        attempt = self.trainer.attempt.number
+        attempt = self.trainer.begun_attempt().number
         if total is None:
             manifest = self.trainer.manifest(position.step)
             total = self.trainer.load(manifest, 0, 1).rows if manifest is not None else max(position.rows) + 1
