@@ -21,7 +21,7 @@ from streamgrp.core.events import Sample, SlotResult, TaskIssued
 from streamgrp.core.values import RewardLater
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store import scripts
-from streamgrp.store.connection import replicate
+from streamgrp.store.connection import wait_for_replicas
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
 from streamgrp.store.limits import MAX_RESULTS
@@ -93,7 +93,9 @@ class WorkerClient:
         self.client = client
         self.keys = keys
         #: Token ids at or above it are refused (None: only negative ones); by default the run's record's.
-        self.vocab_size = _recorded_vocab_size(client, keys) if vocab_size == RECORDED else vocab_size
+        if isinstance(vocab_size, str) and vocab_size != RECORDED:
+            raise ConfigError(f"vocab_size {vocab_size!r}: give a number, None, or {RECORDED!r} for the run's own")
+        self.vocab_size = _recorded_vocab_size(client, keys) if isinstance(vocab_size, str) else vocab_size
         self._refusals = RateLimitedWarning("%d sample(s) published as failed slots since the last warning: their "
                                              "values cannot train (the latest: %s)")
         # Not given: the run's record names them (writing to the unpartitioned keys of a partitioned
@@ -238,7 +240,7 @@ class WorkerClient:
                 for at, entry_id in zip(positions[start:start + PUBLISH_CHUNK], written):
                     ids[at] = entry_id_str(entry_id)
         self.done(*(task for tasks in owed.values() for task in tasks))
-        replicate(self.client)
+        wait_for_replicas(self.client)
         return ids
 
     def _encode(self, task_id: str, slot: int, result: SlotOutcome, *,
@@ -249,8 +251,8 @@ class WorkerClient:
         if not checked:
             result = self.check(result)
         later = isinstance(result, RewardLater)
-        if later or isinstance(result, Sample):
-            sample = result.sample if later else result
+        sample = result.sample if isinstance(result, RewardLater) else result
+        if isinstance(sample, Sample):
             slot_header, payload_header, blob = codec.encode_sample(task_id, slot, sample, producer=self.name, seq=seq,
                                                                     reward_pending=later)
             size = entry_size({codec.HEADER: payload_header, codec.BLOB: blob})

@@ -394,7 +394,3 @@ def wait_for_replicas(client: redis.Redis) -> None:
     """`Riding.wait_for_replicas` for any client (a plain one never waits)."""
     if isinstance(client, Riding):
         client.wait_for_replicas()
-
-
-#: The old name of `wait_for_replicas`, until its last caller (the worker) moves to the new one.
-replicate = wait_for_replicas

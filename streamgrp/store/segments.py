@@ -35,7 +35,7 @@ from streamgrp.core.events import Sample, SlotSegment
 from streamgrp.errors import DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys
-from streamgrp.store.streams import entry_id_str
+from streamgrp.store.streams import entry_id_str, range_reply
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def task_segments(client: redis.Redis, stream: str, task_id: str, since: str = "
     found: dict[int, list[SlotSegment]] = {}
     start = since
     while True:
-        page = client.xrange(stream, start, "+", count=_PAGE)
+        page = range_reply(client.xrange(stream, start, "+", count=_PAGE))
         for _, fields in page:
             header = fields.get(codec.HEADER, b"")
             if needle not in header:  # cheap: most entries are other tasks'

@@ -102,7 +102,8 @@ class _StreamedTurn:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.text: list[str] = []
-        self.model, self.version = "", None
+        self.model = ""
+        self.version: int | None = None
         self.finish: Finish | None = None
         self.reason, self.cut = "", False
 

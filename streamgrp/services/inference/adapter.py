@@ -149,7 +149,8 @@ class InferenceRollout:
     def __call__(self, request: Any) -> Sample | None:
         prompt_ids = self.prompt_ids(request.prompt)
         slot = None
-        if self.segments is not None and getattr(request, "task_entry", ""):
+        task_entry: str = getattr(request, "task_entry", "")
+        if self.segments is not None and task_entry:
             from streamgrp.services.inference.segments import SlotSegments
 
             slot = SlotSegments(self.segments, request)

@@ -202,7 +202,8 @@ def _read_body(connection, response: http.client.HTTPResponse, deadline: float, 
     declared = response.getheader("Content-Length")
     if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
         raise ReplyTooLarge(f"{what}: the reply announces {int(declared)} bytes, over the {max_bytes} bytes allowed")
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         _set_timeout(connection, deadline)
         chunk = response.read1(READ_CHUNK) if hasattr(response, "read1") else response.read(READ_CHUNK)

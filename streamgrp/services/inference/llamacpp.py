@@ -47,6 +47,7 @@ from typing import Any
 from streamgrp.services.inference.dialect import (
     Delta,
     Dialect,
+    Finish,
     Generation,
     InferenceError,
     ProtocolError,
@@ -60,7 +61,7 @@ from streamgrp.services.inference.dialect import (
 #: Samplers llama-server enables by default, set to their neutral values (see the module docstring).
 NEUTRAL_SAMPLERS = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                     "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0}
-STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
+STOP_TYPES: dict[str, Finish] = {"eos": "stop", "word": "stop", "limit": "length"}
 #: A logit bias no other token's logit overcomes: the scoring requests' way to force a token.
 FORCE_BIAS = 1000.0
 #: Top log-probs a scoring request asks for first (the sampled token is nearly always among them), then all
@@ -188,7 +189,7 @@ class _Stream(StreamParser):
                 raise ProtocolError(f"llama.cpp stop_type {stop_type!r} is not eos, word or limit")
             model = str(event.get("model", ""))
             reason = str(event.get("stopping_word") or "") + (" (context truncated)" if event.get("truncated") else "")
-            return Delta([], [], "", STOP_TYPES[stop_type], reason=reason.strip(), model=model,  # type: ignore[arg-type]
+            return Delta([], [], "", STOP_TYPES[stop_type], reason=reason.strip(), model=model,
                          weight_version=self.dialect._version(model),
                          lost=type(predicted) is int and predicted > self.seen)
         ids = token_list(event.get("tokens") or [], "llama.cpp stream tokens")
@@ -256,7 +257,7 @@ def _entries(body: dict[str, Any], ids: list[int]) -> list[dict[str, Any]]:
 
 def _logprob(entry: dict[str, Any], where: str) -> float:
     value = entry.get("logprob")
-    if type(value) not in (int, float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         hint = " (post_sampling_probs must stay off)" if "prob" in entry else ""
         raise ProtocolError(f"llama.cpp {where} has no numeric logprob: {str(entry)[:120]}{hint}")
     return float(value)

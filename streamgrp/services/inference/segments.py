@@ -47,7 +47,7 @@ class SlotSegments:
         """The chain holds the whole generation (its last segment ended it): nothing is left to generate."""
         return bool(self.chain) and self.chain[-1].cause in ("stop", "length")
 
-    def resumed_values(self) -> tuple[list[int], list[float], list[int]]:
+    def resumed_values(self) -> tuple[list[int], list[float], list[int | None]]:
         """(token ids, log-probabilities, one version per segment) of the durable prefix."""
         ids, logprobs, _ = chain_values(self.chain)
         return ids, logprobs, [segment.version for segment in self.chain]

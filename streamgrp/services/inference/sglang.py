@@ -29,6 +29,7 @@ from streamgrp.errors import ConfigError
 from streamgrp.services.inference.dialect import (
     Delta,
     Dialect,
+    Finish,
     Generation,
     InferenceError,
     ProtocolError,
@@ -143,7 +144,7 @@ class _Stream(StreamParser):
             text = text[len(self.text):]
         self.seen, self.text = total, self.text + text
         model, version = self.dialect._model(event, meta)
-        return Delta(ids, values, text, kind, reason=reason, model=model, weight_version=version)  # type: ignore[arg-type]
+        return Delta(ids, values, text, kind, reason=reason, model=model, weight_version=version)
 
 
 def _meta(body: Any) -> dict[str, Any]:
@@ -169,11 +170,14 @@ def _triples(meta: dict[str, Any]) -> tuple[list[int], list[float]]:
     return ids, values
 
 
-def _finish(value: Any) -> tuple[str, str]:
+def _finish(value: Any) -> tuple[Finish, str]:
     if value is None:
         return "stop", ""
     kind = value.get("type") if isinstance(value, dict) else value
-    if kind not in ("stop", "length", "abort"):
+    if kind not in _FINISHES:
         raise ProtocolError(f"SGLang finish_reason {str(value)[:100]} is not stop, length or abort")
     reason = str(value.get("message") or value.get("matched") or "") if isinstance(value, dict) else ""
-    return kind, reason
+    return _FINISHES[kind], reason
+
+
+_FINISHES: dict[str, Finish] = {"stop": "stop", "length": "length", "abort": "abort"}

@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import redis
 
@@ -265,4 +266,5 @@ class WeightSync:
         self._seq += 1
         event = WeightsServed(server=url, version=version, dialect=self.dialect.name, ok=ok, detail=detail[:2000],
                               seconds=round(seconds, 3), at=time.time(), producer=self.name, seq=self._seq)
-        self.client.xadd(self.keys.control, codec.encode(event))
+        # redis-py's stubs want a dict of its own (invariant) union type; fields are bytes to bytes
+        self.client.xadd(self.keys.control, cast("dict[Any, Any]", codec.encode(event)))
