@@ -184,8 +184,8 @@ async def _serve_starlette(gateway, port: int, stop: threading.Event, ready) -> 
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from streamgrp.services.gateway.gateway import TurnTimer
     from streamgrp.services.gateway.openai_api import chat_reply
+    from streamgrp.services.gateway.turn_timer import TurnTimer
 
     def reply(value, status: int = 200) -> Response:
         return Response(orjson.dumps(value), status_code=status, media_type="application/json")

@@ -53,6 +53,7 @@ from streamgrp.train.advantages import (
 from streamgrp.train.checkpoint import Checkpoints
 from streamgrp.train.distributed import Collectives, process_group, resolve_config
 from streamgrp.train.faults import crash, crash_point
+from streamgrp.train.step_metrics import observe_versions
 from streamgrp.train.trainer import TrainerClient
 from streamgrp.train.weights import publish, save_version
 
@@ -92,6 +93,7 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
                 wait_s = time.monotonic() - waited_at
                 if metrics is not None:
                     metrics.batch_wait.observe(wait_s)
+                    observe_versions(metrics, batch)
                 if config.fail_at_step is not None and batch.step == config.fail_at_step:
                     raise FloatingPointError(f"injected fault: loss is NaN at step {batch.step} on rank {rank}")
                 step_metrics = _step(policy, optimizer, batch, spec, collectives)

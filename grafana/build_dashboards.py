@@ -34,14 +34,20 @@ JOB = 'job=~"$job"'
 RUN = JOB + ', run=~"$run"'
 
 
-def sel(role: str | None = None) -> str:
-    """The label selector of a query: the chosen jobs and run, and the role that owns the metric."""
-    return "{" + RUN + (f', role="{role}"' if role else "") + "}"
+def sel(role: str | None = None, where: str = "") -> str:
+    """The label selector of a query: the chosen jobs and run, the role that owns the metric, and ``where``
+    (more matchers, e.g. ``outcome="stale"``)."""
+    return "{" + RUN + (f', role="{role}"' if role else "") + (f", {where}" if where else "") + "}"
 
 
-def rate(metric: str, role: str | None = None, by: str = "") -> str:
+def rate(metric: str, role: str | None = None, by: str = "", where: str = "") -> str:
     total = f"sum by ({by}) " if by else "sum"
-    return f"{total}(rate({metric}{sel(role)}[$__rate_interval]))"
+    return f"{total}(rate({metric}{sel(role, where)}[$__rate_interval]))"
+
+
+def share(metric: str, role: str, by: str, where: str) -> str:
+    """The rate of ``metric``'s series matching ``where`` over the rate of all of them, by ``by``."""
+    return f"{rate(metric, role, by, where)} / {rate(metric, role, by)}"
 
 
 def quantiles(metric: str, role: str, qs=(0.5, 0.9, 0.99)) -> list[tuple[str, str]]:
@@ -134,6 +140,31 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
              queries=[*quantiles("streamgrp_staleness_versions", "batcher", qs=(0.5, 0.99)),
                       (f"{rate('streamgrp_staleness_versions_sum', 'batcher')} / "
                        f"{rate('streamgrp_staleness_versions_count', 'batcher')}", "mean")],
+             unit="short", min=0),
+    ]),
+    ("Versions and bias", [
+        dict(title="Long generations: trained, stale, timed out",
+             description="The bias monitor: of the generations decided per length bucket (loss tokens: 256, 1k, "
+                         "4k, 16k, more), the share trained and the share dropped as stale (--staleness drop "
+                         "discards the long ones first: a run whose long buckets train less than its short ones "
+                         "learns from the easy prompts). Timed-out slots have no length (bucket none): their "
+                         "share is of every generation.",
+             queries=[(share("streamgrp_generations_total", "batcher", "length", 'outcome="trained"'),
+                       "trained {{length}}"),
+                      (share("streamgrp_generations_total", "batcher", "length", 'outcome="stale"'),
+                       "stale {{length}}"),
+                      (share("streamgrp_generations_total", "batcher", "", 'outcome="timeout"'),
+                       "timed out (of all)")],
+             unit="percentunit", min=0),
+        dict(title="Version span and token staleness",
+             description="Per trained row, its newest minus its oldest token version (generations that spanned "
+                         "weight updates); per trained loss token, the versions it was behind its step; and the "
+                         "loss tokens --staleness mask cleared per second.",
+             queries=[*[(expr, f"span {legend}") for expr, legend in
+                        quantiles("streamgrp_sample_version_span", "trainer", qs=(0.5, 0.99))],
+                      *[(expr, f"token staleness {legend}") for expr, legend in
+                        quantiles("streamgrp_token_staleness_versions", "trainer", qs=(0.5, 0.99))],
+                      (rate("streamgrp_stale_masked_tokens_total", "trainer"), "masked tokens /s")],
              unit="short", min=0),
     ]),
     ("Rollouts", [

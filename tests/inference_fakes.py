@@ -10,6 +10,18 @@ llama-server restarted by weight-sync answers). Every request is recorded. The g
 prompt, so a test can predict them: token ``k`` of a completion of prompt ``p`` is
 ``(sum(p) + k) % 1000 + 1000``.
 
+A request with ``stream: true`` is answered as each server streams (server-sent events over a chunked
+body, one token per event as the servers send them while decoding): vLLM's ``text_completion`` chunks
+holding only the new tokens, ``finish_reason`` on the last, then ``data: [DONE]``
+(vllm/entrypoints/openai/completion/serving.py, ``completion_stream_generator``); SGLang's ``/generate``
+outputs, cumulative by default or only the new tokens with ``FakeServer.incremental`` (the server's
+``--incremental-streaming-output``), then ``data: [DONE]`` (python/sglang/srt/managers/tokenizer_manager.py
+and entrypoints/http_server.py); llama-server's partial results, one per token that completes a character
+with ``tokens: [id]``, its probability entry and ``tokens_predicted``, then the final result with
+``stop: true`` and ``tokens: []``, no ``[DONE]`` (tools/server ``send_partial_response`` /
+``send_final_response``, checked against llama-server's own output). ``Action.cut_after`` breaks a
+stream after that many tokens (the connection dropped, then 503 for ``seconds``: a restart).
+
 The llama.cpp fake also follows llama-server's rule for multi-byte characters (``Action(text=...)``):
 each generated token is one byte of ``text``, and a token gets a ``completion_probabilities`` entry
 only when the bytes so far end in a whole UTF-8 character (``process_token`` in tools/server). It
@@ -61,6 +73,10 @@ class Action:
     delay: float = 0.0  # complete: seconds spent generating before the tokens exist (a slow server)
     text: str | None = None  # llamacpp complete: generate these UTF-8 bytes, one token each (see the docstring)
     model: str | None = None  # llamacpp: the alias a reply names (scoring replies too)
+    token_delay: float = 0.0  # streamed: seconds between tokens
+    cut_after: int | None = None  # streamed: drop the connection after this many tokens (a restart: ``seconds``)
+    error_after: int | None = None  # streamed: an error event after this many tokens
+    model_after: str | None = None  # llamacpp: the alias /v1/models names once the restart of ``cut_after`` is over
 
 
 def validate_utf8(text: bytes) -> int:
@@ -144,6 +160,75 @@ def _llamacpp(request: dict, prompt: list[int], tokens: list[int], finish: str, 
     return body
 
 
+def _sse(body: dict) -> bytes:
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def _stream_vllm(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str,
+                 fake: FakeServer) -> list[tuple[list[int], bytes]]:
+    """(tokens generated for it, the event) per event."""
+    events = []
+    for index, (token, logprob) in enumerate(zip(tokens, _logprobs(tokens, action))):
+        body = _vllm(request, prompt, [token], finish if index == len(tokens) - 1 and finish != "abort" else None,
+                     action, dialect)
+        body["choices"][0]["logprobs"]["token_logprobs"] = [logprob]
+        body["choices"][0]["logprobs"]["text_offset"] = [index]
+        if index:
+            body["choices"][0].pop("prompt_token_ids", None)
+        body.pop("usage")
+        events.append(([token], _sse(body)))
+    if finish == "abort" or not tokens:  # the abort (or an empty generation) ends in a chunk of its own
+        body = _vllm(request, prompt, [], finish, action, dialect)
+        body.pop("usage")
+        events.append(([], _sse(body)))
+    return [*events, ([], b"data: [DONE]\n\n")]
+
+
+def _stream_sglang(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str,
+                   fake: FakeServer) -> list[tuple[list[int], bytes]]:
+    events = []
+    values = _logprobs(tokens, action)
+    for index, token in enumerate(tokens):
+        last = index == len(tokens) - 1
+        body = _sglang(request, prompt, tokens[:index + 1], finish, action, dialect)
+        body["meta_info"]["output_token_logprobs"][0][0] = values[0]
+        if not last:
+            body["meta_info"]["finish_reason"] = None
+        if fake.incremental:
+            body["text"], body["output_ids"] = text_of([token]), [token]
+            body["meta_info"]["output_token_logprobs"] = body["meta_info"]["output_token_logprobs"][index:]
+        elif not last:
+            body["text"] = None  # newer SGLang defers the cumulative text to the last event
+        events.append(([token], _sse(body)))
+    if not tokens:
+        events.append(([], _sse(_sglang(request, prompt, [], finish, action, dialect))))
+    return [*events, ([], b"data: [DONE]\n\n")]
+
+
+def _stream_llamacpp(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str,
+                     fake: FakeServer) -> list[tuple[list[int], bytes]]:
+    events, text, held = [], b"", []
+    for index, token in enumerate(tokens):
+        text += piece_of(token)
+        held.append(token)
+        if validate_utf8(text) < len(text):
+            continue  # llama-server sends nothing for a token that leaves a character cut
+        logprob = action.logprob if index == 0 and action.logprob is not None else logprob_of(token)
+        entry = _entry(token, logprob, [{"id": token, "logprob": logprob}])
+        events.append((held, _sse({"index": 0, "content": piece_of(token).decode(errors="replace"), "tokens": [token],
+                                   "stop": False, "id_slot": -1, "tokens_predicted": index + 1,
+                                   "tokens_evaluated": len(prompt), "completion_probabilities": [entry]})))
+        held = []
+    final = _llamacpp(request, prompt, tokens, finish, action, dialect)
+    final.update(content="", tokens=[])
+    final.pop("completion_probabilities", None)
+    return [*events, (held, _sse(final))]
+
+
+STREAMS: dict[str, Callable[..., list[tuple[list[int], bytes]]]] = {
+    "vllm": _stream_vllm, "vllm-old": _stream_vllm, "sglang": _stream_sglang, "llamacpp": _stream_llamacpp}
+
+
 def _llamacpp_score(request: dict, known: list[int], action: Action) -> dict:
     """A scoring request (n_predict 1, one token forced by logit_bias): every token the fake generated is a
     candidate, at its logprob_of; the forced token's entry lists the top n_probs of them."""
@@ -178,6 +263,8 @@ class FakeServer:
     url: str = ""
     generated: list[int] = field(default_factory=list)  # every token id the fake generated, in order
     loading_until: float = 0.0  # time.monotonic() until which it answers 503 "Loading model" (a restart)
+    incremental: bool = False  # sglang streams: only the new tokens per event (--incremental-streaming-output)
+    model: str = "smollm2"  # llamacpp: the alias GET /v1/models names
 
     def then(self, *actions: Action) -> FakeServer:
         self.script.extend(actions)
@@ -185,7 +272,8 @@ class FakeServer:
 
     def generations(self) -> list[dict]:
         return [body for path, body in self.requests
-                if "tokenize" not in path and "health" not in path and "logit_bias" not in body]
+                if "tokenize" not in path and "health" not in path and "models" not in path
+                and "logit_bias" not in body]
 
     def scorings(self) -> list[dict]:
         return [body for _, body in self.requests if "logit_bias" in body]
@@ -210,6 +298,8 @@ class FakeServer:
         finish = "abort" if action.kind == "abort" else (action.finish or ("length" if count == budget else "stop"))
         tokens = (next_tokens(prompt, count + action.over) if action.text is None
                   else byte_tokens(action.text)[:count + action.over])
+        if request.get("stream"):
+            return action, STREAMS[self.dialect](request, prompt, tokens, finish, action, self.dialect, self)
         self.generated += tokens
         body = SHAPES[self.dialect](request, prompt, tokens, finish, action, self.dialect)
         return action, orjson.dumps(body)
@@ -225,6 +315,15 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
             pass
 
         def do_GET(self) -> None:
+            if self.path == "/v1/models" and time.monotonic() >= fake.loading_until:
+                fake.requests.append((self.path, {}))
+                body = orjson.dumps({"object": "list", "data": [{"id": fake.model, "object": "model"}]})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             if self.path == "/health":  # a live server is healthy whatever its script says next
                 fake.requests.append((self.path, {}))
                 loading = time.monotonic() < fake.loading_until
@@ -247,6 +346,9 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
                 action, payload = Action("status", status=503, body={"error": {"message": "Loading model"}}), b""
             else:
                 action, payload = fake.reply(self.path, request)
+            if isinstance(payload, list):
+                self._stream(action, payload)
+                return
             if action.kind == "restart":
                 fake.loading_until = time.monotonic() + action.seconds
             if action.kind in ("close", "restart"):
@@ -282,6 +384,38 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
                     return
                 self.wfile.write(payload)
             except OSError:  # the client stopped reading (a deadline, or a reply it refused as too large)
+                self.close_connection = True
+
+        def _stream(self, action: Action, events: list[tuple[list[int], bytes]]) -> None:
+            """Server-sent events in a chunked body; each event's tokens count as generated when it is sent."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            sent = 0
+            try:
+                for tokens, event in events:
+                    if action.cut_after is not None and sent + len(tokens) > action.cut_after:
+                        fake.generated += tokens[:action.cut_after - sent]  # generated, never sent: a crash
+                        if action.seconds:
+                            fake.loading_until = time.monotonic() + action.seconds
+                        fake.model = action.model_after or fake.model
+                        self.close_connection = True
+                        self.connection.shutdown(2)
+                        return
+                    if action.error_after is not None and sent >= action.error_after and tokens:
+                        event = _sse({"error": {"message": "Internal server error", "type": "InternalServerError",
+                                                "code": 500}})
+                        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+                        return
+                    if tokens and action.token_delay:
+                        time.sleep(action.token_delay)
+                    fake.generated += tokens
+                    sent += len(tokens)
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:  # the client closed the stream
                 self.close_connection = True
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -9,47 +9,16 @@ its log for error messages. Nothing here knows what the child is.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
-import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from streamgrp.services.parent_death import pdeathsig_preexec
 from streamgrp.store.private import open_private
-
-_PR_SET_PDEATHSIG = 1
-#: Children create what they write for their owner only (a server's append-only file, a TSDB).
-CHILD_UMASK = 0o077
-
-
-def pdeathsig_preexec() -> Callable[[], None]:
-    """A preexec_fn giving the child the private umask (`CHILD_UMASK`) and, on Linux, asking the kernel to
-    SIGTERM it when its parent dies.
-
-    The kernel sends it when the *thread* that started the child exits, so start long-lived children
-    from a thread that lives as long as they should (normally the main thread)."""
-    prctl = None
-    if sys.platform.startswith("linux"):
-        try:
-            prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
-        except (OSError, AttributeError):
-            prctl = None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        os.umask(CHILD_UMASK)
-        if prctl is None:
-            return
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the owner died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def spawn(command: Sequence[str], log_path: Path, *, stdin: int = subprocess.DEVNULL, cwd: Path | None = None,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import platform
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -41,6 +41,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from streamgrp._version import __version__
 from streamgrp.core import counters
+from streamgrp.core.lengths import LENGTH_LABELS
 from streamgrp.errors import ConfigError
 
 # `_created` series double every counter's output and no dashboard reads them.
@@ -94,6 +95,8 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
     "trainer_wait_rounds": lambda r: Counter("streamgrp_trainer_wait_rounds", "Batcher rounds spent waiting for "
                                              "trainers to commit (staleness window full); never empty rounds",
                                              registry=r),
+    "held_rounds": lambda r: Counter("streamgrp_held_rounds", "Batcher rounds spent holding a step for a generation "
+                                     "still in flight (--staleness wait); never empty rounds", registry=r),
     "open_groups": lambda r: Gauge("streamgrp_open_groups", "Groups the assembler holds open", registry=r),
     "policy_version": lambda r: Gauge("streamgrp_policy_version", "Current policy version", registry=r),
     "served_version": lambda r: Gauge("streamgrp_served_version", "Newest policy version among the samples of "
@@ -124,6 +127,19 @@ DEFINITIONS: dict[str, Callable[[CollectorRegistry], object]] = {
                                             registry=r),
     "staleness": lambda r: Histogram("streamgrp_staleness_versions", "Policy versions a group was behind when "
                                      "batched", buckets=STALENESS_BUCKETS, registry=r),
+    # The bias monitor (streamgrp.services.outcomes): what became of generations, by length.
+    "generations": lambda r: Counter("streamgrp_generations", "Generations (decided slots) by what became of them "
+                                     "(trained, stale, filtered, leftover, dropped, timeout) and loss-token length "
+                                     "bucket (256, 1k, 4k, 16k, more; none: timed out)", ["outcome", "length"],
+                                     registry=r),
+    # Per-token versions, as a trainer rank loads them (streamgrp.train.step_metrics.observe_versions).
+    "version_span": lambda r: Histogram("streamgrp_sample_version_span", "Newest minus oldest policy version among a "
+                                        "trained row's tokens", buckets=STALENESS_BUCKETS, registry=r),
+    "token_staleness": lambda r: Histogram("streamgrp_token_staleness_versions", "Policy versions a trained loss "
+                                           "token was behind its step's version", buckets=STALENESS_BUCKETS,
+                                           registry=r),
+    "stale_masked_tokens": lambda r: Counter("streamgrp_stale_masked_tokens", "Loss tokens the staleness mask "
+                                             "cleared (--staleness mask)", registry=r),
     # Followers (streamgrp.store.follower): named consumers beside the run, by name and stream.
     "follow_entries": lambda r: Counter("streamgrp_follow_entries", "Entries a follower read", ["consumer", "stream"],
                                         registry=r),
@@ -163,8 +179,9 @@ OWNED: dict[str, tuple[str, ...]] = {
                   "dead_letters", "open_groups", "group_assembly"),
     "batcher": ("steps_written", "groups_discarded", "dead_letters", "stall_seconds", "empty_rounds",
                 "trainer_wait_rounds", "policy_version", "batch_imbalance", "staleness", "served_version",
-                "served_behind"),
-    "trainer": ("steps_committed", "trainer_step", "step_failures", "steps_retrained", "batch_wait", "policy_version"),
+                "served_behind", "generations", "held_rounds"),
+    "trainer": ("steps_committed", "trainer_step", "step_failures", "steps_retrained", "batch_wait", "policy_version",
+                "version_span", "token_staleness", "stale_masked_tokens"),
     "weight-sync": (),
     "rewarder": ("rewards", "reward_latency", "rewards_in_flight", "reward_failures"),
     "follower": ("follow_entries", "follow_skipped", "follow_lag"),
@@ -183,6 +200,12 @@ PRESET_LABELS: dict[str, dict[str, tuple[str, ...]]] = {
     "assembler": {"slots": ("sample", "rejected", "failed", "timeout", "duplicate", "late", "invalid"),
                   "groups": ("complete", "partial", "dropped")},
 }
+
+
+#: The bias monitor's series made up front (two labels, so not in `PRESET_LABELS`): what its dashboard
+#: panel divides, trained and stale by length and the timeouts (which have no length).
+GENERATION_PRESETS = (*((outcome, length) for outcome in ("trained", "stale") for length in LENGTH_LABELS),
+                      ("timeout", "none"))
 
 
 def _every_preset() -> dict[str, tuple[str, ...]]:
@@ -230,6 +253,9 @@ class Metrics:
         for name, values in presets.items():
             for value in values:
                 getattr(self, name).labels(value)
+        if "generations" in owned:
+            for outcome, length in GENERATION_PRESETS:
+                self.generations.labels(outcome, length)
         # The batcher's drop counts are its discards (stale, filtered); the assembler's, its dropped groups.
         dropped = "groups_dropped" if "groups_dropped" in owned else "groups_discarded"
         families = {counters.SLOTS: "slots", counters.DECISIONS: "groups", counters.DROPPED: dropped,
@@ -268,6 +294,18 @@ class Metrics:
             self.steps_retrained.inc()
         if version is not None:
             self.policy_version.set(version)
+
+    @staticmethod
+    def observe_many(histogram: Histogram, value: float, count: int) -> None:
+        """``count`` observations of ``value`` at once (prometheus_client observes one at a time; a step's
+        tokens are counted per value, not per token)."""
+        if count <= 0:
+            return
+        histogram._sum.inc(value * count)  # what observe() does, count times over
+        for bound, bucket in zip(histogram._upper_bounds, histogram._buckets):
+            if value <= bound:
+                bucket.inc(count)
+                break
 
     def rollout_raised(self, exc: BaseException) -> None:
         """Count a rollout's exception by its type's name (the first `MAX_EXCEPTION_TYPES` names, then ``other``)."""

@@ -18,7 +18,8 @@ class WorkerConfig(_RoleSettings):
 
     rollout: str = Field("streamgrp.services.synthetic:synthetic_rollout", description="module:function called per slot")
     concurrency: int = Field(4, ge=1, description="slots run at once (async functions) or threads (sync ones)")
-    claim_idle_s: float = Field(30.0, gt=0, description="reclaim a dead worker's task after it sat this long unacknowledged")
+    claim_idle_s: float = Field(30.0, gt=0, description="reclaim a stopped worker's task after it sat this long unacknowledged "
+                                "(a worker claims the tasks it runs again every third of this)")
     max_tasks: int | None = Field(None, ge=1, description="exit after this many tasks (default: run until stopped)")
     max_entry_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="a sample larger than this once encoded is "
                                  "published as a failed slot saying so (the assembler would dead-letter it)")

@@ -26,7 +26,14 @@ class RunConfig(_Settings):
                                                     "dynamic: the trainable groups of a round, at least dp_size")
     max_batch_size: int = Field(4096, ge=1, description="most groups one step may hold (dynamic mode takes at most "
                                 "this many per step; fixed mode's batch_size may not exceed it)")
-    max_staleness: int = Field(1, ge=0, description="drop groups more than this many policy versions old")
+    max_staleness: int = Field(1, ge=0, description="the staleness window: groups more than this many policy versions "
+                               "old are dropped (or, per --staleness, waited for or masked)")
+    staleness: Literal["drop", "wait", "mask"] = Field(
+        "drop", description="what happens to work older than max_staleness: drop (the whole group, reason stale); "
+        "wait (the feeder and the batcher hold tasks and steps that would let pending work turn stale, so none "
+        "is dropped); mask (groups are kept; tokens older than the window get loss mask 0)")
+    mask_min_tokens: int = Field(1, ge=1, description="staleness mask: a row keeps its loss only while at least this "
+                                 "many of its generated tokens are inside the window (else its whole row is masked)")
     max_empty_rounds: int = Field(8, ge=1, description="stall bound: consecutive rounds without a trainable group")
     stall_timeout_s: float = Field(1800.0, ge=0, description="stall bound: seconds without progress (both must hold)")
     partitions: int = Field(1, ge=1, le=64, description="task partitions, each with its own streams (under its own hash "
@@ -55,6 +62,11 @@ class RunConfig(_Settings):
         settings = handler(self)
         if settings.get("vocab_size", 0) is None:
             del settings["vocab_size"]
+        # Likewise the staleness policy at its defaults: runs that drop record what they always recorded.
+        if settings.get("staleness") == "drop":
+            del settings["staleness"]
+        if settings.get("mask_min_tokens") == 1:
+            del settings["mask_min_tokens"]
         return settings
 
     def policy(self) -> GroupPolicy:

@@ -43,10 +43,15 @@ class InferenceConfig(_Settings):
                                                   "(weight update, preemption): resubmit it with the tokens so "
                                                   "far, or record the slot as failed with the reason")
     max_resubmits: int = Field(4, ge=0, description="resubmissions of one aborted generation before the slot fails")
-    segment_tokens: int = Field(0, ge=0, description="partial rollouts: ask for a generation in chunks of at most "
-                                "this many tokens and record each chunk, and each aborted part, as a durable segment "
-                                "of its slot; a worker that takes over the task of one that stopped continues each "
-                                "slot from its segments, not from scratch (0: off)")
+    segment_tokens: int = Field(0, ge=0, description="partial rollouts: stream each generation and record every "
+                                "this many tokens of it, and each aborted or broken part, as a durable segment of its "
+                                "slot; a worker that takes over the task of one that stopped continues each slot from "
+                                "its segments, not from scratch (0: off)")
+    segment_s: float = Field(30.0, ge=0, description="with --segment-tokens: also record a segment once this many "
+                             "seconds passed since the last, for slow generations (0: by tokens only)")
+    segment_stream: bool = Field(True, description="with --segment-tokens: one streamed request per generation, cut "
+                                 "into segments as it arrives; off: a request per segment (each prefills the whole "
+                                 "context again)")
     reward: str = Field("streamgrp.services.inference.rewards:answer_reward",
                         description="module:function(prompt, completion_ids, text) -> float, or None to reject")
     vllm_token_ids: Literal["return_token_ids", "tokens_as_token_ids"] = Field(

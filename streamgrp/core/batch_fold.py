@@ -14,7 +14,18 @@ runs this same fold over the recorded decisions to check the steps.
 Invariants, for any order of the same decisions: every trainable group is in at most one step or
 discarded once, never both; a step holds between ``dp_size`` and ``max_batch_size`` groups (fixed
 mode: exactly ``batch_size`` except the final step); no group in a step is more than
-``max_staleness`` versions behind the step's version; steps are numbered 0, 1, 2, ... without gaps.
+``max_staleness`` versions behind the step's version, except under ``staleness="mask"``, which keeps
+such groups (the loader masks their old tokens); steps are numbered 0, 1, 2, ... without gaps.
+
+The staleness policy (`BatchRules.staleness`, the run's recorded setting): ``drop`` discards a stale
+group; ``mask`` keeps it; ``wait`` holds tasks and steps so that no pending work can turn stale. The
+feeder issues only while at most ``max_staleness`` written steps are uncommitted (`may_issue`), and
+a step is held (`window_allows`) while it could make pending work stale:
+writing steps lets the trainers raise the version, one per step, to at most ``version + (steps written
+and not committed by every rank)``; a step is written only while that bound, counted with the step,
+stays within ``max_staleness`` of every pending item, an in-flight task (by the version it was issued
+at, `WindowSet`) or a group left in the buffer after the step. The steps themselves are the same
+groups in the same order as without the hold, only later, so `verify` batches them again unchanged.
 
 State is mutated in place and returned, like the group fold's.
 """
@@ -39,10 +50,19 @@ FILTERED: DiscardReason = "filtered"
 LEFTOVER: DiscardReason = "leftover"
 
 
+Staleness = Literal["drop", "wait", "mask"]
+
+
 def is_stale(decision: GroupDecided, current_version: int, max_staleness: int) -> bool:
     """A group is stale when its oldest member is more than ``max_staleness`` versions behind."""
     version = decision.version
     return version is not None and current_version - version > max_staleness
+
+
+def discards_stale(staleness: str) -> bool:
+    """Whether a stale group is discarded (``drop``, and ``wait`` for what turned stale anyway: a worker
+    that sampled weights older than the task's issue version) or kept with its old tokens masked."""
+    return staleness != "mask"
 
 
 def feeder_capacity(current_version: int, max_staleness: int, batch_size: int) -> int:
@@ -62,6 +82,7 @@ class BatchRules:
     max_steps: int | None = None
     max_empty_rounds: int = 8
     stall_timeout_s: float = 1800.0
+    staleness: Staleness = "drop"
 
     @classmethod
     def of(cls, run_config, max_steps: int | None = None) -> BatchRules:
@@ -69,7 +90,8 @@ class BatchRules:
         return cls(batch_mode=run_config.batch_mode, batch_size=run_config.batch_size,
                    max_batch_size=run_config.max_batch_size, dp_size=run_config.dp_size,
                    max_staleness=run_config.max_staleness, max_steps=max_steps,
-                   max_empty_rounds=run_config.max_empty_rounds, stall_timeout_s=run_config.stall_timeout_s)
+                   max_empty_rounds=run_config.max_empty_rounds, stall_timeout_s=run_config.stall_timeout_s,
+                   staleness=getattr(run_config, "staleness", "drop"))
 
 
 # -- events ----------------------------------------------------------------------------------------
@@ -111,7 +133,17 @@ class DatasetEnded:
     """The feeder issued the whole dataset and every issued task is decided and read."""
 
 
-Event = Decided | VersionSet | RoundEnded | DatasetEnded
+@dataclass(frozen=True, slots=True)
+class WindowSet:
+    """What ``staleness="wait"`` holds steps by: ``oldest_in_flight``, the oldest version a task still
+    undecided was issued at (None: none is), and ``lowest_committed``, the last step every rank has
+    committed (-1: none). Folding it writes the steps it lets through."""
+
+    oldest_in_flight: int | None
+    lowest_committed: int = -1
+
+
+Event = Decided | VersionSet | RoundEnded | DatasetEnded | WindowSet
 
 
 # -- outputs ---------------------------------------------------------------------------------------
@@ -181,6 +213,9 @@ class BatchState:
     outcome: str = "running"
     #: Trainable groups buffered since the last round ended (what the stall bound counts).
     added: int = 0
+    #: The last `WindowSet` (``staleness="wait"`` only).
+    oldest_in_flight: int | None = None
+    lowest_committed: int = -1
 
     def __post_init__(self) -> None:
         if self.stall.max_empty_rounds != self.rules.max_empty_rounds or \
@@ -205,7 +240,11 @@ def fold(state: BatchState, event: Event) -> tuple[BatchState, list[Output]]:
         return state, _on_round_end(state, event)
     if isinstance(event, DatasetEnded):
         return state, _on_dataset_end(state)
-    raise TypeError(f"the batch fold takes Decided, VersionSet, RoundEnded or DatasetEnded, not {type(event).__name__}")
+    if isinstance(event, WindowSet):
+        state.oldest_in_flight, state.lowest_committed = event.oldest_in_flight, event.lowest_committed
+        return state, (_fixed_steps(state) + _finish_if_done(state) if state.rules.batch_mode == "fixed" else [])
+    raise TypeError("the batch fold takes Decided, VersionSet, RoundEnded, DatasetEnded or WindowSet, not "
+                    f"{type(event).__name__}")
 
 
 def _on_decided(state: BatchState, event: Decided) -> list[Output]:
@@ -221,12 +260,46 @@ def _on_decided(state: BatchState, event: Decided) -> list[Output]:
         return [Discarded(event.entry_id, decision, FILTERED, verdict)]
     state.buffer.append((event.entry_id, decision))
     state.added += 1
-    outputs: list[Output] = []
-    if state.rules.batch_mode == "fixed":
-        size = state.rules.batch_size
-        while len(state.buffer) >= size and not state.max_steps_reached:
-            outputs += _emit(state, state.buffer[:size])
+    outputs = _fixed_steps(state) if state.rules.batch_mode == "fixed" else []
     return outputs + _finish_if_done(state)
+
+
+def _fixed_steps(state: BatchState) -> list[Output]:
+    """Fixed mode: every step of ``batch_size`` buffered groups due now (none while ``wait`` holds)."""
+    size = state.rules.batch_size
+    outputs: list[Output] = []
+    while len(state.buffer) >= size and not state.max_steps_reached:
+        if not window_allows(state, len(state.buffer) // size, state.buffer[len(state.buffer) // size * size:]):
+            break
+        outputs += _emit(state, state.buffer[:size])
+    return outputs
+
+
+def may_issue(state: BatchState) -> bool:
+    """Whether ``staleness="wait"`` lets the feeder issue a task now: only while the steps written and not
+    committed by every rank are at most ``max_staleness`` (once they are trained, a task issued now is
+    that many versions behind already; `window_allows` then holds every further step while it is in
+    flight). Other policies: the feeder's count window alone (`feeder_capacity`)."""
+    if state.rules.staleness != "wait":
+        return True
+    return state.next_step - (state.lowest_committed + 1) <= state.rules.max_staleness
+
+
+def window_allows(state: BatchState, steps: int, left: list[Buffered]) -> bool:
+    """Whether ``staleness="wait"`` lets ``steps`` more steps be written now, ``left`` staying buffered:
+    the version those steps and the uncommitted ones before them may raise the run to must stay within
+    ``max_staleness`` of the oldest in-flight task's issue version and of every group ``left``. Other
+    policies: always."""
+    if state.rules.staleness != "wait":
+        return True
+    pending = [decision.version for _, decision in left if decision.version is not None]
+    if state.oldest_in_flight is not None:
+        pending.append(state.oldest_in_flight)
+    if not pending:
+        return True
+    uncommitted = state.next_step - (state.lowest_committed + 1)
+    reachable = state.version + max(0, uncommitted) + steps
+    return reachable - min(pending) <= state.rules.max_staleness
 
 
 def _filter_verdict(group_filter: GroupFilter | None, decision: GroupDecided) -> str | None:
@@ -251,7 +324,7 @@ def _emit(state: BatchState, candidates: list[Buffered], *, final: bool = False)
     fresh: list[Buffered] = []
     used: set[str] = set()
     for entry_id, decision in candidates:
-        if is_stale(decision, version, rules.max_staleness):
+        if discards_stale(rules.staleness) and is_stale(decision, version, rules.max_staleness):
             detail = f"group version {decision.version}, policy version {version}, max_staleness {rules.max_staleness}"
             outputs.append(Discarded(entry_id, decision, STALE, detail, version))
             used.add(entry_id)
@@ -269,7 +342,8 @@ def _emit(state: BatchState, candidates: list[Buffered], *, final: bool = False)
 
 def _on_round_end(state: BatchState, event: RoundEnded) -> list[Output]:
     outputs: list[Output] = []
-    if state.rules.batch_mode == "dynamic":
+    if state.rules.batch_mode == "dynamic" and window_allows(state, -(-len(state.buffer) // state.rules.max_batch_size),
+                                                             []):
         while state.buffer and not state.max_steps_reached:
             step = _emit(state, list(state.buffer))
             outputs += step
@@ -283,7 +357,7 @@ def _on_round_end(state: BatchState, event: RoundEnded) -> list[Output]:
         state.stall.shift(event.duration)
         return outputs
     waiting = _waiting_for_trainers(state, event)
-    if state.stall.round(added, event.now, waiting_for_trainers=waiting):
+    if state.stall.round(added, event.now, waiting_for_trainers=waiting, held=_holding(state)):
         return [*outputs, _fail(state, "stall", "")]
     if state.stall.should_warn(event.now):
         outputs.append(Stalling(state.stall.empty_rounds, state.stall.stall_seconds(event.now)))
@@ -296,10 +370,31 @@ def _waiting_for_trainers(state: BatchState, event: RoundEnded) -> bool:
     return event.window_full and state.next_step > 0 and event.lowest_committed < state.next_step - 1
 
 
+def _holding(state: BatchState) -> bool:
+    """``staleness="wait"`` holds a step that could be formed now, for work still in flight."""
+    if state.rules.staleness != "wait" or state.oldest_in_flight is None:
+        return False
+    buffer = state.buffer
+    if state.rules.batch_mode == "fixed":
+        steps = len(buffer) // state.rules.batch_size
+        return steps > 0 and not window_allows(state, steps, buffer[steps * state.rules.batch_size:])
+    steps = -(-len(buffer) // state.rules.max_batch_size)
+    return len(buffer) >= state.rules.dp_size and not window_allows(state, steps, [])
+
+
 def _on_dataset_end(state: BatchState) -> list[Output]:
     outputs: list[Output] = []
-    if state.buffer and not state.max_steps_reached:
-        outputs += _emit(state, list(state.buffer), final=True)  # the last, possibly smaller, step
+    size = state.rules.batch_size if state.rules.batch_mode == "fixed" else state.rules.max_batch_size
+    # Nothing is in flight any more: every step the buffer holds (``wait`` may have held several), the
+    # last one possibly smaller, all formed now, at the version now.
+    while state.buffer and not state.max_steps_reached:
+        before = len(state.buffer)
+        if state.rules.batch_mode == "fixed" and before > size:
+            outputs += _emit(state, state.buffer[:size])
+        else:
+            outputs += _emit(state, list(state.buffer), final=True)
+        if len(state.buffer) == before:
+            break  # fewer than dp_size fresh groups: no step
     for entry_id, decision in state.buffer:  # fewer than dp_size groups remain: nothing can train them
         outputs.append(Discarded(entry_id, decision, LEFTOVER, "dataset ended"))
     state.buffer = []

@@ -369,9 +369,7 @@ _EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload
 
 
 def _kind_of(model: Any) -> str:
-    if issubclass(model, WireEvent):
-        return next(info.default for info in msgspec.structs.fields(model) if info.name == "kind")
-    return model.model_fields["kind"].default
+    return next(info.default for info in msgspec.structs.fields(model) if info.name == "kind")
 
 
 EVENT_TYPES: dict[str, type[Any]] = {_kind_of(model): model for model in _EVENT_MODELS}

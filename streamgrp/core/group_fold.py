@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Literal
 
 from msgspec import UNSET
 
@@ -232,7 +233,8 @@ def _on_tick(state: FoldState, now: float) -> list[Output]:
     return outputs
 
 
-def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None) -> Closed:
+def _close(state: FoldState, group: OpenGroup, closed_by: Literal["all_slots", "deadline"], now: float | None
+           ) -> Closed:
     policy = state.policy
     results = group.results
     row_counts = [results[i].rows if i in results and results[i].outcome == "sample" else None
@@ -259,7 +261,7 @@ def _close(state: FoldState, group: OpenGroup, closed_by: str, now: float | None
         slot_outcomes={str(i): results[i].outcome if i in results else "timeout" for i in range(policy.n_samples)},
         stats=decided.stats,
         error=decided.error,
-        closed_by=closed_by,  # type: ignore[arg-type]
+        closed_by=closed_by,
         issued_at=group.issued_at,
         decided_at=now,
     )

@@ -8,8 +8,10 @@ single slow round from failing a run that is merely slow.
 
 A round spent waiting for trainers (the feeder's staleness window is full and a written step is
 not committed yet) is not an empty round: rollouts are not what holds the run up, so it is
-counted apart (``trainer_wait_rounds``) and the stall timer starts again after it. Time the
-batcher spent unable to reach the server is not stall time either (`shift`).
+counted apart (``trainer_wait_rounds``) and the stall timer starts again after it. Nor is a round in
+which ``--staleness wait`` holds a step for a generation still in flight (``held_rounds``): the run
+waits for that generation on purpose (its group's deadline bounds the wait). Time the batcher spent
+unable to reach the server is not stall time either (`shift`).
 """
 
 from __future__ import annotations
@@ -27,15 +29,21 @@ class StallTracker:
     stall_timeout_s: float = 1800.0
     empty_rounds: int = 0
     trainer_wait_rounds: int = 0
+    held_rounds: int = 0
     last_progress: float | None = None
     _last_warning: float | None = field(default=None, repr=False)
 
-    def round(self, trainable_added: int, now: float, *, waiting_for_trainers: bool = False) -> bool:
+    def round(self, trainable_added: int, now: float, *, waiting_for_trainers: bool = False,
+              held: bool = False) -> bool:
         """Record a round; True when the run has stalled for good."""
         if self.last_progress is None:
             self.last_progress = now
         if waiting_for_trainers and trainable_added == 0:
             self.trainer_wait_rounds += 1
+            self.last_progress = now
+            return False
+        if held and trainable_added == 0:
+            self.held_rounds += 1
             self.last_progress = now
             return False
         if trainable_added > 0:

@@ -44,10 +44,10 @@ def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> R
     """Read a run's streams and compute its per-step series and totals; ``source`` (default: the
     server) may be an archive-backed entry source (`streamgrp.store.sources`) for a run retention trimmed."""
     from streamgrp.replay.summary import run_summary
-    from streamgrp.store.sources import RedisSource, partition_streams
+    from streamgrp.store.sources import partition_streams, server_source
     from streamgrp.store.streams import entry_time
 
-    source = source or RedisSource(client, keys)
+    source = source or server_source(client, keys)
 
     def events(stream: str) -> list[tuple[float, Any]]:
         out = []

@@ -21,11 +21,12 @@ from streamgrp.replay.report_series import DECISION_KINDS, ReportData
 __all__ = ["CHART_IDS", "RECORDED_CHARTS", "ChartSpec", "chart_specs"]
 
 #: Stable chart ids, in page order; each chart is ``<svg id="chart-{id}">``.
-CHART_IDS = ("yields", "reward", "loss", "logprob-mismatch", "decisions", "drop-reasons", "stall", "imbalance")
+CHART_IDS = ("yields", "reward", "loss", "logprob-mismatch", "decisions", "drop-reasons", "bias", "stall", "imbalance")
 #: Charts drawn only when some step has a value: chart id -> its `ReportData.series` name.
 RECORDED_CHARTS = {"reward": "reward", "loss": "loss", "logprob-mismatch": "logprob_mismatch"}
 
 _KIND_COLORS = {"complete": "#009E73", "partial": "#56B4E9", "dropped": "#D55E00"}
+_LENGTH_COLORS = {"256": "#56B4E9", "1k": "#009E73", "4k": "#E69F00", "16k": "#D55E00", "more": "#CC79A7"}
 _TRAINER_HASH = "the run's trainer-metrics hash (RunKeys.trainer_metrics: step number -> JSON object)"
 _WHO_LOSS = ("the reference trainers record it: streamgrp.consumers.grpo_trainer every step, "
              "streamgrp.consumers.lm_trainer with --lm-lr above 0")
@@ -54,6 +55,11 @@ _DEFINITIONS = {
     "decisions": "Group decisions written in each step's window, by kind.",
     "drop-reasons": "Why groups were not trained: the assembler's drop reasons and the batcher's discards (stale, "
                     "filtered, leftover) written in each step's window.",
+    "bias": "The bias monitor, by length bucket of a generation's loss tokens (at most 256, 1k, 4k, 16k tokens, or "
+            "more): solid, the share of the generations decided so far (members of trainable groups) that the steps "
+            "so far trained; dashed, the share their groups' stale discards took. Long buckets below short ones: "
+            "the run trains the easy prompts and drops the hard ones as stale (--staleness wait or mask keep them). "
+            "Groups still buffered for a later step count as decided, not yet trained.",
     "stall": "Seconds from the previous manifest (step 0: from the run's start) to this one, and the longest stretch "
              "of that window without a trainable (complete or partial) decision.",
     "imbalance": "The step's largest shard (valid loss tokens) over the mean shard: 1.0 is a perfect split over ranks.",
@@ -84,10 +90,14 @@ class ChartSpec:
     omitted: str | None = None
 
 
+#: A chart before its definition: title, kind, y label, series, and its `ChartSpec` y_min and y_max if set.
+_Spec = tuple[str, Literal["line", "bars"], str, list[Series], dict[str, float]]
+
+
 def chart_specs(data: ReportData) -> list[ChartSpec]:
     """Every chart in `CHART_IDS` order, each with its series for ``data``."""
     series = data.series()
-    specs = {
+    specs: dict[str, _Spec] = {
         "yields": ("Slot yields per step", "line", "slots / target slots",
                    [Series("usable", series["usable_yield"], "#0072B2", width=3.6),
                     Series("trainable", series["trainable_yield"], "#E69F00"),
@@ -104,6 +114,13 @@ def chart_specs(data: ReportData) -> list[ChartSpec]:
         "drop-reasons": ("Drop reasons per step", "bars", "groups",
                          [Series(name.split(":", 1)[1], values) for name, values in series.items()
                           if name.startswith("dropped:")], {}),
+        "bias": ("Generations trained and stale-dropped, by length (cumulative)", "line", "share of decided",
+                 [item for name in series if name.startswith("trained_share:") for item in
+                  (Series(f"trained, {name.split(':', 1)[1]} tokens", series[name],
+                          _LENGTH_COLORS.get(name.split(":", 1)[1]), dash="", width=3.6),
+                   Series(f"stale, {name.split(':', 1)[1]} tokens", series["stale_share:" + name.split(":", 1)[1]],
+                          _LENGTH_COLORS.get(name.split(":", 1)[1]), dash="6 3"))],
+                 {"y_min": 0.0, "y_max": 1.0}),
         "stall": ("Stall seconds per step", "line", "seconds",
                   [Series("since previous step", series["step_seconds"], "#0072B2", width=3.6),
                    Series("longest gap without a trainable decision", series["longest_gap_s"], "#D55E00")], {}),

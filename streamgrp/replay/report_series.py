@@ -26,6 +26,12 @@ Per step, over its window:
   stretch of the window without a trainable (complete or partial) decision.
 - *imbalance*: the manifest's largest shard tokens over the mean (1.0 is perfect).
 
+- *bias by length*: of the generations (members of trainable decisions) decided in all windows up to
+  and including the step, by length bucket (`streamgrp.core.lengths`, of each member's loss tokens):
+  the share trained by the steps so far, and the share in groups the batcher discarded as stale. A
+  bucket with no generation decided yet is None. Long buckets training less than short ones: the
+  run learns from the easy prompts (``--staleness wait`` or ``mask`` keep them).
+
 Per step, of the step itself (not its window):
 
 - *reward*: the mean reward of the samples the step trains, over every shard: each member of each
@@ -60,8 +66,9 @@ from streamgrp.core.events import (
     StepManifest,
     TrainingResumed,
 )
+from streamgrp.core.lengths import LENGTH_LABELS, length_bucket
 
-__all__ = ["DECISION_KINDS", "TRAINER_METRICS", "ReportData", "StepRow", "Tally", "longest_gap", "run_status",
+__all__ = ["DECISION_KINDS", "LENGTH_LABELS", "TRAINER_METRICS", "ReportData", "StepRow", "Tally", "longest_gap", "run_status",
            "step_reward", "step_rows", "trainer_metrics"]
 
 DECISION_KINDS = ("complete", "partial", "dropped")
@@ -106,6 +113,10 @@ class StepRow:
     reward: float | None = None
     loss: float | None = None
     logprob_mismatch: float | None = None
+    #: Cumulative, by length bucket: the share of the generations decided so far that were trained, and
+    #: that were discarded as stale (None: none decided yet in the bucket).
+    trained_share: dict[str, float | None] = field(default_factory=dict)
+    stale_share: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,10 @@ class ReportData:
             out[f"decisions:{kind}"] = [r.tally.decisions.get(kind, 0) for r in self.steps]
         for reason in reasons:
             out[f"dropped:{reason}"] = [r.tally.drop_reasons.get(reason, 0) for r in self.steps]
+        for label in LENGTH_LABELS:
+            if any(r.trained_share.get(label) is not None for r in self.steps):
+                out[f"trained_share:{label}"] = [r.trained_share.get(label) for r in self.steps]
+                out[f"stale_share:{label}"] = [r.stale_share.get(label) for r in self.steps]
         return out
 
 
@@ -171,7 +186,8 @@ def step_rows(*, started_at: float | None, manifests: Sequence[StepManifest],
     first_event = min([when for when, _ in [*decisions, *discards]], default=None)
     start = started_at if started_at is not None else first_event
     rows: list[StepRow] = []
-    running = Counter()
+    running: Counter[str] = Counter()
+    lengths: dict[str, Counter[str]] = {"decided": Counter(), "trained": Counter(), "stale": Counter()}
     for index, manifest in enumerate(manifests):
         end = ends[index]
         window_start = min(start, end) if start is not None else end
@@ -179,6 +195,7 @@ def step_rows(*, started_at: float | None, manifests: Sequence[StepManifest],
         running.update(target=tally.target_slots, usable=tally.usable_slots, trainable=tally.trainable_slots)
         trainable_times = [when for when, event in buckets[index]
                            if isinstance(event, GroupDecided) and event.decision != "dropped"]
+        _count_lengths(lengths, buckets[index], manifest, by_task)
         rows.append(StepRow(
             step=manifest.step,
             version=manifest.version,
@@ -195,10 +212,31 @@ def step_rows(*, started_at: float | None, manifests: Sequence[StepManifest],
             longest_gap_s=longest_gap(window_start, end, trainable_times),
             imbalance=manifest.imbalance,
             reward=step_reward(manifest, by_task),
+            trained_share=_shares(lengths, "trained"),
+            stale_share=_shares(lengths, "stale"),
             **{name: _number(metrics.get(manifest.step, {}).get(key)) for name, key in TRAINER_METRICS.items()},
         ))
         start = end
     return rows, _tally(buckets[-1])
+
+
+def _count_lengths(lengths: dict[str, Counter[str]], window: Sequence[tuple[float, Any]], manifest: StepManifest,
+                   by_task: Mapping[str, GroupDecided]) -> None:
+    """Add a window's decided generations and stale discards, and the step's trained ones, by length bucket."""
+    for _, event in window:
+        if isinstance(event, GroupDecided) and event.decision != "dropped":
+            lengths["decided"].update(length_bucket(member.tokens) for member in event.members)
+        elif isinstance(event, GroupDiscarded) and event.reason == "stale" and event.task_id in by_task:
+            lengths["stale"].update(length_bucket(member.tokens) for member in by_task[event.task_id].members)
+    for shard in manifest.shards:
+        for group in shard.groups:
+            if group.task_id in by_task:
+                lengths["trained"].update(length_bucket(member.tokens) for member in by_task[group.task_id].members)
+
+
+def _shares(lengths: dict[str, Counter[str]], outcome: str) -> dict[str, float | None]:
+    decided = lengths["decided"]
+    return {label: _ratio(lengths[outcome][label], decided[label]) for label in LENGTH_LABELS}
 
 
 def step_reward(manifest: StepManifest, by_task: Mapping[str, GroupDecided]) -> float | None:

@@ -46,7 +46,14 @@ from streamgrp.core.shown import printable
 from streamgrp.errors import ConfigError, DecodeError, DigestMismatch
 from streamgrp.replay.session_lines import session_lines
 from streamgrp.store.keys import RunKeys, id_key, step_entry_id, task_partition
-from streamgrp.store.sources import EntrySource, RedisSource, decode_all, partition_streams, server_source
+from streamgrp.store.sources import (
+    EntrySource,
+    RedisSource,
+    decode_all,
+    partition_streams,
+    recorded_config,
+    server_source,
+)
 from streamgrp.store.streams import entry_time
 
 if TYPE_CHECKING:
@@ -176,8 +183,10 @@ def replay_step(client: redis.Redis | None, keys: RunKeys, step: int, rank: int,
     if codec.combine_digests(g.digest for g in shard.groups) != shard.digest:
         raise DigestMismatch(f"step {step} rank {rank}: the manifest's group digests do not combine to its shard "
                              "digest; the manifest entry was altered")
+    # The run's settings say whether its staleness policy masked old tokens: replay masks the same ones.
+    config = recorded_config(source) if hasattr(source, "scan") else None  # type: ignore[arg-type]
     return build_batch(manifest, rank, world, source, run=keys.run, check_digests=True,
-                       missing_hint="replay it from an archive that still holds it")
+                       missing_hint="replay it from an archive that still holds it", run_config=config)
 
 
 # -- one task's story -------------------------------------------------------------------------------

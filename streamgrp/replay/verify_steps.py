@@ -12,7 +12,7 @@ import math
 
 from streamgrp.config import RunConfig
 from streamgrp.core import batch_fold, codec
-from streamgrp.core.batch_fold import BatchRules, BatchState, is_stale
+from streamgrp.core.batch_fold import BatchRules, BatchState, discards_stale, is_stale
 from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
@@ -117,8 +117,12 @@ def _rebatch(source: RedisSource, config: RunConfig, by_entry: dict[str, GroupDe
     filtered = {event.task_id for _, event in decode_all(source, "discarded")
                 if isinstance(event, GroupDiscarded) and event.reason == batch_fold.FILTERED}
     rules = BatchRules.of(config)
+    # ``wait`` only delays steps (the same groups, in the same order, formed at the versions the manifests
+    # record), so they are batched again without its hold, which depends on trainers' commits the log
+    # does not order against the decisions.
     rules = BatchRules(**{**{f: getattr(rules, f) for f in rules.__slots__}, "max_empty_rounds": 2**62,
-                          "stall_timeout_s": float("inf")})
+                          "stall_timeout_s": float("inf"),
+                          "staleness": "drop" if rules.staleness == "wait" else rules.staleness})
     state = BatchState(rules, group_filter=lambda decision: decision.task_id not in filtered)
     ends_round = {max((g.decision_entry for shard in m.shards for g in shard.groups), key=id_key): m.step
                   for m in manifests.values() if any(shard.groups for shard in m.shards)}
@@ -188,7 +192,7 @@ def _check_step_decisions(manifest: StepManifest, groups, config: RunConfig, rep
         elif decision.decision == "dropped":
             report.differences.append(Difference("dropped_group_batched", subject, f"task {group.task_id}",
                                                  decision.reason, "not trainable"))
-        elif is_stale(decision, manifest.version, config.max_staleness):
+        elif discards_stale(config.staleness) and is_stale(decision, manifest.version, config.max_staleness):
             report.differences.append(Difference("stale_group_batched", subject, f"task {group.task_id}",
                                                  f"group version {decision.version}",
                                                  f"stale at version {manifest.version}"))

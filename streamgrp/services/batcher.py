@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -38,19 +38,19 @@ from streamgrp.core.events import (
     RunFinished,
     RunTerminated,
 )
-from streamgrp.core.manifest import decision_ref, make_manifest, ref_order, split_decision_ref
+from streamgrp.core.manifest import decision_ref, make_manifest, ref_order
 from streamgrp.core.served import ServedTracker
 from streamgrp.core.stall import StallTracker, stall_message
-from streamgrp.errors import ConfigError, DecodeError, LeaseLost
-from streamgrp.services import heap
-from streamgrp.services.feeder import DatasetIdentity, Feeder
+from streamgrp.errors import DecodeError, LeaseLost
+from streamgrp.services import batcher_store, heap, outcomes
+from streamgrp.services.feeder import DatasetIdentity, Feeder, check_feed
 from streamgrp.store import scripts
-from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate
+from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, wait_for_replicas
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP, PartitionKeys
 from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.runs import Run, server_time
-from streamgrp.store.streams import ensure_group, entry_id_str, first_entries, producer_name, read_in_turn
+from streamgrp.store.streams import ensure_group, entry_id_str, first_entries, hash_reply, producer_name, read_in_turn
 from streamgrp.store.version import VersionReader
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class Batcher:
                  group_filter: GroupFilter | None = None, dataset=None, dataset_identity: DatasetIdentity | None = None,
                  metrics: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
-        self.run_ = run
+        self.joined_run = run
         self.keys = run.keys
         self._version = VersionReader(run.keys)
         self.settings = run.config
@@ -141,6 +141,13 @@ class Batcher:
             self._inactive_since = None
         self.state = BatchState(self.rules, self.group_filter, next_step=int(state.get("next_step", 0)), stall=stall)
         self._active = True
+        # The feeder first: under wait, the decisions replayed below are held by the tasks it knows in flight.
+        if self._feeder is not None:
+            self._feeder.resume()  # the same dataset iterator: continue it, never re-open or re-skip it
+        elif self.dataset is not None:
+            self._feeder = Feeder(self.client, self.keys, self.dataset, batch_size=self.settings.batch_size,
+                                  max_staleness=self.settings.max_staleness, producer=self.name,
+                                  partitions=self.partitions, track_in_flight=self.rules.staleness == "wait")
         for part in self.partitions:
             last = "0"
             while True:
@@ -150,35 +157,17 @@ class Batcher:
                     break
                 last = entry_id_str(entries[-1][0])
                 self._take([(part, entries)], replaying=True)
-        if self._feeder is not None:
-            self._feeder.resume()  # the same dataset iterator: continue it, never re-open or re-skip it
-        elif self.dataset is not None:
-            self._feeder = Feeder(self.client, self.keys, self.dataset, batch_size=self.settings.batch_size,
-                                  max_staleness=self.settings.max_staleness, producer=self.name,
-                                  partitions=self.partitions)
+        self._set_window()
         log.info("batcher %s active at step %d with %d buffered groups", self.name, self.state.next_step,
                  len(self.state.buffer))
         heap.settle()  # imports and the replayed buffer: out of the collector's way while steps are made
 
     def _state(self) -> dict[str, str]:
-        return {k.decode(): v.decode(errors="replace") for k, v in self.client.hgetall(self.keys.batcher_state).items()}
+        state = hash_reply(self.client.hgetall(self.keys.batcher_state))
+        return {k.decode(): v.decode(errors="replace") for k, v in state.items()}
 
     def _check_feed(self, state: dict[str, str]) -> None:
-        """`ConfigError` when the run records another dataset (one this batcher's does not continue:
-        `DatasetIdentity.continues`) or ``--max-steps`` than this batcher's: taking over with them would feed
-        other prompts after the recorded ones, or end the run at another step."""
-        if "terminal" in state or "finished" in state:
-            return  # nothing more is fed to an ended run (its next batcher only settles what was owed)
-        differs = []
-        recorded = state.get("feed:dataset")
-        if recorded is not None and not self.feed.continues(DatasetIdentity.from_record(recorded)):
-            differs.append(("dataset", DatasetIdentity.from_record(recorded), self.feed))
-        if state.get("feed:max_steps", self.max_steps) != self.max_steps:
-            differs.append(("max_steps", state["feed:max_steps"], self.max_steps))
-        if differs:
-            said = "; ".join(f"{name} {recorded}, this batcher's {mine}" for name, recorded, mine in differs)
-            raise ConfigError(f"run {self.keys.run} was started with another feed: {said}. A batcher of the run "
-                              "(a standby taking over, or a restart) must be given the same --dataset and --max-steps")
+        check_feed(self.keys.run, state, self.feed, self.max_steps)
 
     def round(self, stop: threading.Event | None = None) -> int:
         """One collection round: feed, read decisions until the round ends, emit due steps, check the stall."""
@@ -231,26 +220,32 @@ class Batcher:
         others'. Dead-letter the entries that are not decisions. ``version``: the policy version read
         with the batches (else read now)."""
         self._fold(batch_fold.VersionSet(self._current_version() if version is None else version))
+        self._set_window()
         decided: list[tuple[int, str, GroupDecided | None]] = []
         for part, entries in batches:
             dead_letters = self.dead_letters[part.index]
             for raw_id, fields in entries:
                 entry_id = entry_id_str(raw_id)
-                try:
-                    decision = codec.decode(fields) if fields is not None else None
-                except DecodeError as exc:
-                    dead_letters.send(part.decisions, entry_id, exc.reason, exc.detail, fields,
-                                      group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
-                    continue
-                if fields is not None and not isinstance(decision, GroupDecided):
-                    dead_letters.send(part.decisions, entry_id, "unexpected_kind",
-                                      f"a {decision.kind} event does not belong in the decisions stream", fields,
-                                      group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
-                    continue
+                decision: GroupDecided | None = None  # None: a pending entry the server no longer holds
+                if fields is not None:
+                    try:
+                        event = codec.decode(fields)
+                    except DecodeError as exc:
+                        dead_letters.send(part.decisions, entry_id, exc.reason, exc.detail, fields,
+                                          group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
+                        continue
+                    if not isinstance(event, GroupDecided):
+                        dead_letters.send(part.decisions, entry_id, "unexpected_kind",
+                                          f"a {event.kind} event does not belong in the decisions stream", fields,
+                                          group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
+                        continue
+                    decision = event
                 decided.append((part.index, entry_id, decision))
                 if decision is not None and decision.members and not replaying:
                     self.served.decided(max(member.version for member in decision.members), self.clock())
-        settled = self._settled_tasks([decision.task_id for _, _, decision in decided if decision is not None])
+        settled = None if len(self.partitions) == 1 else batcher_store.settled_tasks(
+            self.client, self.keys, [decision.task_id for _, _, decision in decided if decision is not None],
+            self.state.buffer)
         for partition, entry_id, decision in decided:
             ref = decision_ref(partition, entry_id)
             if settled is not None and decision is not None:
@@ -265,27 +260,30 @@ class Batcher:
                     self._pending_ops += ["K", 1, decision.task_id]
             self._fold(batch_fold.Decided(ref, decision), defer=True)
         self._flush()
+        if self._feeder is not None and self._feeder.track_in_flight:
+            self._feeder.settle([decision.task_id for _, _, decision in decided if decision is not None])
+            self._set_window()
+        outcomes.decided(None if replaying else self.metrics, [d for _, _, d in decided if d is not None])
         if not replaying and self.outcome == "running" and self._dataset_done():
             self._fold(batch_fold.VersionSet(self._current_version()))
             self._fold(batch_fold.DatasetEnded())
 
-    def _settled_tasks(self, task_ids: list[str]) -> set[str] | None:
-        """Of a partitioned run, the tasks that may not be used again: those of ``task_ids`` its steps
-        and discards used (`RunKeys.batcher_settled`), and the buffered ones. None unpartitioned, where
-        one server's log holds a decision and its marker together and cannot decide a task twice."""
-        if len(self.partitions) == 1:
-            return None
-        used = self.client.hmget(self.keys.batcher_settled, task_ids) if task_ids else []
-        return {task for task, hit in zip(task_ids, used) if hit is not None} | \
-            {decision.task_id for _, decision in self.state.buffer}
+    def _set_window(self) -> None:
+        """Under ``staleness="wait"``: tell the fold the oldest in-flight task and the trainers' commits
+        (`streamgrp.core.batch_fold.window_allows`); the steps that lets through are written."""
+        if self.rules.staleness == "wait":  # without a feeder no task is known in flight: only groups left behind
+            feeder = self._feeder
+            self._fold(batch_fold.WindowSet(feeder.oldest_in_flight() if feeder is not None else None,
+                                            self._lowest_committed()))
 
     def _end_round(self, started: float, *, away: bool) -> None:
         self._fold(batch_fold.VersionSet(self._current_version()))
+        self._set_window()
         if self._dataset_done():
             self._fold(batch_fold.DatasetEnded())
             return
         window_full = self._feeder is not None and self._feeder.window_full
-        waits_before = self.state.stall.trainer_wait_rounds
+        waits_before, holds_before = self.state.stall.trainer_wait_rounds, self.state.stall.held_rounds
         now = self.clock()
         self._fold(batch_fold.RoundEnded(now, window_full=window_full,
                                          lowest_committed=self._lowest_committed() if window_full else -1,
@@ -295,6 +293,8 @@ class Batcher:
             self.metrics.empty_rounds.set(self.state.stall.empty_rounds)
             if self.state.stall.trainer_wait_rounds > waits_before:
                 self.metrics.trainer_wait_rounds.inc()
+            if self.state.stall.held_rounds > holds_before:
+                self.metrics.held_rounds.inc()
         if not away:
             self._check_served(now)
 
@@ -320,6 +320,7 @@ class Batcher:
             elif isinstance(output, batch_fold.Discarded):
                 if output.reason == batch_fold.FILTERED and "raised" in output.detail:
                     log.warning("task %s: %s", output.decision.task_id, output.detail)
+                outcomes.discarded(self.metrics, output.decision, output.reason)
                 self._pending_ops += ["G", output.reason, self._discard_header(output), output.entry_id]
                 if len(self.partitions) > 1:
                     self._pending_ops += ["K", 1, output.decision.task_id]
@@ -358,7 +359,7 @@ class Batcher:
                                            current_version=output.current_version, detail=output.detail))
 
     def _step_ops(self, due: batch_fold.StepDue) -> list[Any]:
-        groups = due.groups
+        groups: Sequence[batch_fold.Buffered] = due.groups
         if len(self.partitions) > 1:  # read order across partitions is not recorded; this order is (verify)
             groups = sorted(groups, key=lambda group: ref_order(group[0]))
         # Stamped with the server's clock now, after every discard this pass wrote before it: reports
@@ -371,8 +372,7 @@ class Batcher:
         if self.metrics is not None:
             self.metrics.batch_imbalance.set(manifest.imbalance)
             self.metrics.policy_version.set(due.version)
-            for _, decision in due.groups:
-                self.metrics.staleness.observe(max(0, due.version - (decision.version or 0)))
+            outcomes.batched(self.metrics, due.version, [decision for _, decision in due.groups])
         self.steps_written += 1
         log.info("step %d: %d groups over %d ranks, imbalance %.3f", manifest.step, len(entries),
                  self.settings.dp_size, manifest.imbalance)
@@ -381,11 +381,9 @@ class Batcher:
     def _write_failure(self, failed: batch_fold.Failed) -> None:
         message = failed.message
         if failed.reason == "stall" and not message:
-            counts: dict[str, int] = {}
-            for key in dict.fromkeys([self.keys.counts, *(part.counts for part in self.partitions)]):
-                for name, value in self.client.hgetall(key).items():
-                    counts[name.decode()] = counts.get(name.decode(), 0) + int(float(value))
-            message = stall_message(self.state.stall, self.clock(), counts, server_note=self._memory_note())
+            counts = batcher_store.run_counts(self.client, self.keys, self.partitions)
+            message = stall_message(self.state.stall, self.clock(), counts,
+                                    server_note=batcher_store.memory_note(self.client))
         event = RunTerminated(reason=failed.reason, message=message, step=failed.step)
         self._apply(["T", self._header(event)])
         log.error("run %s failed at step %d: %s", self.keys.run, failed.step, message)
@@ -407,29 +405,15 @@ class Batcher:
             self._active = False
             self._pending_ops, self._pending_steps = [], []
             raise
-        replicate(self.client)
+        wait_for_replicas(self.client)
         if self.metrics is not None:
             self.metrics.apply_counts(pairs_to_counts(applied))
         if len(self.partitions) > 1:
             self._acknowledge_recorded()
 
     def _acknowledge_recorded(self) -> None:
-        """Acknowledge, in their partitions, the decisions a partitioned run's commits recorded as used,
-        then forget them. Idempotent: an acknowledgement of an acknowledged entry changes nothing, so a
-        batcher that dies halfway leaves the rest to the next."""
-        if len(self.partitions) == 1:
-            return
-        recorded = [ref.decode() for ref in self.client.hkeys(self.keys.batcher_unacked)]
-        by_partition: dict[int, list[str]] = {}
-        for ref in recorded:
-            partition, entry_id = split_decision_ref(ref)
-            by_partition.setdefault(partition, []).append(entry_id)
-        for partition, entry_ids in by_partition.items():
-            if partition < len(self.partitions):
-                for start in range(0, len(entry_ids), 512):
-                    self.client.xack(self.partitions[partition].decisions, BATCHER_GROUP, *entry_ids[start:start + 512])
-        for start in range(0, len(recorded), 512):
-            self.client.hdel(self.keys.batcher_unacked, *recorded[start:start + 512])
+        if len(self.partitions) > 1:
+            batcher_store.acknowledge_recorded(self.client, self.keys, self.partitions)
 
     # -- what the fold is told: version, trainers, dataset, others' terminal events ---------------------
 
@@ -438,6 +422,9 @@ class Batcher:
 
     def _feed(self) -> None:
         if self._feeder is None or self.outcome != "running":
+            return
+        if not batch_fold.may_issue(self.state):  # wait: a task issued now would be stale once trained
+            self._feeder.window_full = True
             return
         try:
             self._feeder.feed(self._current_version(), self.lease.token)
@@ -451,28 +438,8 @@ class Batcher:
         if feeder is None or not feeder.exhausted:
             return False
         decided = sum(self.client.hlen(part.decided) for part in self.partitions)
-        return decided >= feeder.cursor and all(self._read_every_decision(part) for part in self.partitions)
+        return decided >= feeder.cursor and all(batcher_store.read_every_decision(self.client, part)
+                                                for part in self.partitions)
 
-    def _read_every_decision(self, part: PartitionKeys) -> bool:
-        last_written = self.client.xinfo_stream(part.decisions)["last-generated-id"]
-        for group in self.client.xinfo_groups(part.decisions):
-            if group["name"] in (BATCHER_GROUP, BATCHER_GROUP.encode()):
-                return group["last-delivered-id"] == last_written
-        return False
-
-    def _lowest_committed(self) -> int:
-        """The lowest step every rank has committed; -1 while some rank has committed none."""
-        committed = self.client.hvals(self.keys.committed)
-        if len(committed) < self.settings.dp_size:
-            return -1
-        return min(int(v) for v in committed)
-
-    def _memory_note(self) -> str:
-        """A sentence for the stall message when the server is full (writes refused under noeviction)."""
-        memory = self.client.info("memory")
-        maxmemory, used = int(memory.get("maxmemory", 0) or 0), int(memory.get("used_memory", 0) or 0)
-        if maxmemory and used >= 0.95 * maxmemory:
-            return (f"The server is full ({used} of maxmemory {maxmemory} bytes): it refuses writes (OOM) until "
-                    "maxmemory is raised or retention trims the run (streamgrp archiver --retention).")
-        return ""
-
+    def _lowest_committed(self) -> int:  # the last step every rank committed (-1: some rank none)
+        return batcher_store.lowest_committed(self.client, self.keys, self.settings.dp_size)

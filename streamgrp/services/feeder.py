@@ -6,6 +6,10 @@ lease-holding process then owns both "how much work exists" and "what becomes a 
 issues a new task only while ``issued - dropped - discarded < (max_staleness + version + 1) *
 batch_size``. Issuing is one fenced `TaskWriter` call that checks the lease and the dataset cursor, so a restarted
 or zombie batcher can never issue a prompt twice; task ids are the dataset position (``t00000042``).
+
+Under ``staleness="wait"`` the feeder also keeps the version each undecided task was issued at (the
+oldest of them is what the batch fold's hold counts, `streamgrp.core.batch_fold.window_allows`): from its
+own issues, and for the tasks issued before it became active, from the task streams (once, at takeover).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import orjson
 import redis
 
 from streamgrp.config import load_object
-from streamgrp.core import counters
+from streamgrp.core import codec, counters
 from streamgrp.core.batch_fold import feeder_capacity
 from streamgrp.core.events import TaskIssued
 from streamgrp.errors import ConfigError
 from streamgrp.store.keys import PartitionKeys, RunKeys
+from streamgrp.store.streams import entry_id_str
 from streamgrp.store.tasks import MAX_TASKS_PER_CALL, TaskWriter
 
 log = logging.getLogger(__name__)
@@ -100,6 +105,24 @@ class DatasetIdentity:
         return f"{Path(self.spec).name} ({self.size} bytes, sha256 {self.sha256[:16]})"
 
 
+def check_feed(run: str, state: dict[str, str], feed: DatasetIdentity, max_steps: str) -> None:
+    """`ConfigError` when the run (its batcher state hash, ``state``) records another dataset (one ``feed``
+    does not continue: `DatasetIdentity.continues`) or ``--max-steps`` than a batcher's: taking over with
+    them would feed other prompts after the recorded ones, or end the run at another step."""
+    if "terminal" in state or "finished" in state:
+        return  # nothing more is fed to an ended run (its next batcher only settles what was owed)
+    differs: list[tuple[str, object, object]] = []
+    recorded = state.get("feed:dataset")
+    if recorded is not None and not feed.continues(DatasetIdentity.from_record(recorded)):
+        differs.append(("dataset", DatasetIdentity.from_record(recorded), feed))
+    if state.get("feed:max_steps", max_steps) != max_steps:
+        differs.append(("max_steps", state["feed:max_steps"], max_steps))
+    if differs:
+        said = "; ".join(f"{name} {recorded}, this batcher's {mine}" for name, recorded, mine in differs)
+        raise ConfigError(f"run {run} was started with another feed: {said}. A batcher of the run (a standby "
+                          "taking over, or a restart) must be given the same --dataset and --max-steps")
+
+
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
     with path.open("rb") as handle:
         for number, line in enumerate(handle, 1):
@@ -120,12 +143,19 @@ def _as_prompt(item: Any, where: str) -> dict[str, Any]:
     raise ConfigError(f"dataset item at {where} is a {type(item).__name__}; give a JSON object or a string")
 
 
+def task_position(task_id: str) -> int | None:
+    """The dataset position a feeder's task id names (``t00000042``: 42), None for another's id."""
+    if len(task_id) > 1 and task_id[0] == "t" and task_id[1:].isdigit():
+        return int(task_id[1:])
+    return None
+
+
 class Feeder:
     """Issues dataset prompts as tasks while the staleness window has room."""
 
     def __init__(self, client: redis.Redis, keys: RunKeys, dataset: Iterator[dict[str, Any]], *, batch_size: int,
                  max_staleness: int, producer: str, max_chunk: int = MAX_TASKS_PER_CALL,
-                 partitions: Sequence[PartitionKeys] | None = None) -> None:
+                 partitions: Sequence[PartitionKeys] | None = None, track_in_flight: bool = False) -> None:
         self.client = client
         self.keys = keys
         self.partitions = tuple(partitions) if partitions else keys.partitions(1)
@@ -141,6 +171,10 @@ class Feeder:
         self._position = 0  # dataset items read from ``_items`` so far
         self._held: list[dict[str, Any]] = []  # read but not (yet) issued: they end at ``_position``
         self.cursor = 0
+        #: Undecided tasks' dataset positions -> the version each was issued at (``track_in_flight`` only).
+        self.track_in_flight = track_in_flight
+        self._in_flight: dict[int, int] = {}
+        self._oldest = 0  # no undecided task is below this position
         self.resume()
 
     def resume(self) -> None:
@@ -157,6 +191,47 @@ class Feeder:
             self._position += 1
         self.cursor = cursor
         self.exhausted = False
+        if self.track_in_flight:
+            self._load_in_flight()
+
+    def _load_in_flight(self) -> None:
+        """The undecided tasks of the run and the versions they were issued at, from the task streams
+        (a task trimmed from them by retention is not known: it was issued long ago and is decided)."""
+        self._in_flight.clear()
+        self._oldest = 0
+        for part in self.partitions:
+            start = "-"
+            while True:
+                page = self.client.xrange(part.tasks, min=start, count=1000)
+                if not page:
+                    break
+                issued = []
+                for _, fields in page:
+                    try:
+                        event = codec.decode(fields)
+                    except Exception:  # noqa: BLE001 - not a task of ours: nothing to wait for
+                        continue
+                    position = task_position(getattr(event, "task_id", ""))
+                    if isinstance(event, TaskIssued) and position is not None:
+                        issued.append((event.task_id, position, event.version))
+                decided = self.client.hmget(part.decided, [task for task, _, _ in issued]) if issued else []
+                for (_, position, version), hit in zip(issued, decided):
+                    if hit is None:
+                        self._in_flight[position] = version
+                start = "(" + entry_id_str(page[-1][0] or b"")
+
+    def settle(self, task_ids: Sequence[str]) -> None:
+        """These tasks are decided: no longer in flight."""
+        for task_id in task_ids:
+            position = task_position(task_id)
+            if position is not None:
+                self._in_flight.pop(position, None)
+
+    def oldest_in_flight(self) -> int | None:
+        """The oldest version an undecided task was issued at (None: every issued task is decided)."""
+        while self._in_flight and self._oldest not in self._in_flight:
+            self._oldest += 1  # positions only grow: each is passed once
+        return self._in_flight.get(self._oldest)
 
     def _prompts(self, n: int) -> list[dict[str, Any]]:
         """The next ``n`` prompts (fewer at the end of the dataset), without consuming them."""
@@ -200,6 +275,8 @@ class Feeder:
                 self.window_full = True
                 break
             del self._held[:len(prompts)]
+            if self.track_in_flight:
+                self._in_flight.update((event.seq, version) for event in events)
             issued += len(prompts)
             room -= len(prompts)
         if issued:

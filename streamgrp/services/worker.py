@@ -1,10 +1,12 @@
 """Rollout workers: take tasks from the run's queue, run a user function per slot, publish results.
 
-Owns the worker side of delivery: a consumer group over the task stream, reclaiming a dead
-worker's tasks after ``claim_idle_s`` (XAUTOCLAIM), and publishing one `SlotResult` per slot. A
-task is acknowledged only after every slot's publish returned, so a worker killed mid-group leaves
-its task pending; whoever reclaims it republishes every slot and the assembler counts the repeats
-as duplicates (first result wins). Deciding groups is not the worker's business.
+Owns the worker side of delivery (the store side is `streamgrp.services.worker_client.WorkerClient`):
+a consumer group over the task stream, reclaiming a dead worker's tasks after ``claim_idle_s``
+(XAUTOCLAIM), and publishing one `SlotResult` per slot. A task is acknowledged only after every slot's
+publish returned, so a worker killed mid-group leaves its task pending; whoever reclaims it republishes
+every slot and the assembler counts the repeats as duplicates (first result wins). A task that runs
+longer than ``claim_idle_s`` is claimed again by its worker every third of that while it runs, so
+only a worker that stopped loses its tasks. Deciding groups is not the worker's business.
 
 The user function takes a `SlotRequest` and returns a `Sample` (usable), a `RewardLater` (a sample
 whose reward another process posts later: the slot waits for it), None (rejected), or raises
@@ -19,292 +21,39 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from streamgrp.config import WorkerConfig
-from streamgrp.core import codec, counters
-from streamgrp.core.events import (
-    Sample,
-    SlotResult,
-    TaskIssued,
-)
+from streamgrp.core.events import Sample
 from streamgrp.core.values import RewardLater
-from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
-from streamgrp.store import scripts
-from streamgrp.store.connection import is_outage, outage_of, replicate
-from streamgrp.store.deadletter import DeadLetters
-from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
-from streamgrp.store.run_end import RunEndWatch
-from streamgrp.store.runs import read_record, recorded_partitions
-from streamgrp.store.streams import (
-    ensure_group,
-    entry_id_str,
-    entry_size,
-    producer_name,
-    read_in_turn,
-    read_reply,
+from streamgrp.services.worker_client import (
+    InvalidSample,
+    RateLimitedWarning,
+    SlotOutcome,
+    SlotRequest,
+    Task,
+    WorkerClient,
 )
+from streamgrp.store.connection import is_outage, outage_of
+from streamgrp.store.run_end import RunEndWatch
+
+__all__ = ["InvalidSample", "SlotOutcome", "SlotRequest", "Task", "WorkerClient", "WorkerProcess"]
 
 log = logging.getLogger(__name__)
 
 #: What the server answers an append to a stream at the largest id there is; and how long to wait then.
 LOG_FULL = "exhausted the last possible ID"
 LOG_FULL_WAIT_S = 5.0
-
-MAX_ERROR_CHARS = 4000
-#: Slot results per publish script call: bounds the script's input whatever the caller hands over.
-PUBLISH_CHUNK = 64
-#: Task acknowledgements one publish call carries at most (`publish.lua`'s bound on its input).
-MAX_ACKS_PER_PUBLISH = 256
-#: At most one warning about refused samples per this many seconds (a rollout bug refuses every slot).
-REFUSAL_LOG_EVERY_S = 60.0
-#: ``vocab_size`` not given: the run's record says it.
-RECORDED = "recorded"
-
-
-#: What a slot's rollout ended in, as published: a sample, a sample waiting for its reward, a
-#: rejection (None) or a failure.
-SlotOutcome = Sample | RewardLater | BaseException | None
-
-
-class InvalidSample(ValueError):
-    """A rollout returned a sample whose values cannot train; published as a failed slot with this text."""
-
-
-@dataclass(frozen=True, slots=True)
-class SlotRequest:
-    """What a rollout function is asked to do: sample ``slot`` of ``task_id`` for ``prompt``."""
-
-    task_id: str
-    slot: int
-    n_samples: int
-    prompt: dict[str, Any]
-    version: int
-    #: The task's entry in its partition's queue, and whether it was taken over from a worker that stopped
-    #: (its slots may have segments to continue from: `streamgrp.store.segments`).
-    task_entry: str = ""
-    partition: int = 0
-    reclaimed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    entry_id: str
-    event: TaskIssued
-    #: The run partition whose task queue the task came from (0 in an unpartitioned run).
-    partition: int = 0
-    reclaimed: bool = False
-
-    def requests(self, n_samples: int, version: int) -> list[SlotRequest]:
-        return [SlotRequest(self.event.task_id, slot, n_samples, self.event.prompt, version, self.entry_id,
-                            self.partition, self.reclaimed) for slot in range(n_samples)]
-
-
-class WorkerClient:
-    """The Python API of a worker: `take` tasks, `publish` slot results, `done` with a task.
-
-    In a partitioned run (``partitions``: every partition's keys, `streamgrp.store.runs.Run.partitions`)
-    a worker takes tasks from the partitions in ``take_from`` (default all), in turn, and publishes each
-    result to its task's partition, so each partition's writes stay in its own hash slot."""
-
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0,
-                 max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES, metrics: Any = None,
-                 partitions: Sequence[PartitionKeys] | None = None, take_from: Collection[int] | None = None,
-                 vocab_size: int | str | None = RECORDED) -> None:
-        self.client = client
-        self.keys = keys
-        #: Token ids at or above it are refused (None: only negative ones); by default the run's record's.
-        self.vocab_size = _recorded_vocab_size(client, keys) if vocab_size == RECORDED else vocab_size
-        self._refusals = _RateLimitedWarning("%d sample(s) published as failed slots since the last warning: their "
-                                             "values cannot train (the latest: %s)")
-        # Not given: the run's record names them (writing to the unpartitioned keys of a partitioned
-        # run would publish where no assembler reads).
-        self.partitions = tuple(partitions) if partitions else recorded_partitions(client, keys)
-        chosen = sorted(set(take_from)) if take_from is not None else range(len(self.partitions))
-        unknown = [index for index in chosen if not 0 <= index < len(self.partitions)]
-        if unknown or not chosen:
-            raise ConfigError(f"partitions {list(chosen)} to take tasks from: the run has partitions 0 to "
-                              f"{len(self.partitions) - 1}; fix --take-partitions")
-        self.sources = tuple(self.partitions[index] for index in chosen)
-        self.name = name or producer_name("worker")
-        self.max_entry_bytes = max_entry_bytes
-        self.dead_letters = {part.index: DeadLetters(client, part, metrics=metrics) for part in self.partitions}
-        self.claim_idle_ms = int(claim_idle_s * 1000)
-        self._seq = itertools.count()
-        self._seq_lock = threading.Lock()
-        self._claim_cursors = {part.index: "0-0" for part in self.sources}
-        # When each source's last full scan for idle tasks ended finding none (time.monotonic()): a task
-        # turns idle only after claim_idle_s, so scanning again sooner than a tenth of that finds what a
-        # later scan would, a little earlier, at the cost of one round trip per take.
-        self._scanned_clean: dict[int, float] = {}
-        self._scan_every_s = min(1.0, claim_idle_s / 10)
-        self._turn = 0  # which source a take starts at, so no partition's queue waits behind another's
-        self._publish = scripts.register(client, "publish.lua")
-        for part in self.sources:
-            ensure_group(client, part.tasks, WORKERS_GROUP)
-
-    def take(self, count: int = 1, *, block_ms: int | None = 1000) -> list[Task]:
-        """Up to ``count`` tasks: first ones a dead worker left idle too long, then new ones."""
-        sources = self.sources[self._turn:] + self.sources[:self._turn]
-        self._turn = (self._turn + 1) % len(self.sources)
-        for part in sources:
-            claimed = self._reclaim(part, count)
-            if claimed:
-                return claimed
-        found = read_in_turn(sources, lambda part, block: self._read(part, count, block), block_ms, first=True)
-        return found[0][1] if found else []
-
-    def _read(self, part: PartitionKeys, count: int, block_ms: int | None) -> list[Task]:
-        reply = self.client.xreadgroup(WORKERS_GROUP, self.name, {part.tasks: ">"}, count=count, block=block_ms)
-        return self._tasks(part, (entry for _, entries in read_reply(reply) for entry in entries))
-
-    def _reclaim(self, part: PartitionKeys, count: int) -> list[Task]:
-        clean_at = self._scanned_clean.get(part.index)
-        if clean_at is not None and time.monotonic() - clean_at < self._scan_every_s:
-            return []
-        cursor, entries, *_ = self.client.xautoclaim(
-            part.tasks, WORKERS_GROUP, self.name, self.claim_idle_ms, start_id=self._claim_cursors[part.index],
-            count=count)
-        self._claim_cursors[part.index] = cursor = entry_id_str(cursor)
-        if cursor == "0-0" and not entries:  # the whole pending list scanned: nothing idle long enough
-            self._scanned_clean[part.index] = time.monotonic()
-        else:
-            self._scanned_clean.pop(part.index, None)
-        tasks = [replace(task, reclaimed=True) for task in self._tasks(part, entries)]
-        for task in tasks:
-            log.info("reclaimed task %s (entry %s) from a worker that stopped", task.event.task_id, task.entry_id)
-        return tasks
-
-    def _tasks(self, part: PartitionKeys, entries) -> list[Task]:
-        tasks = []
-        dead_letters = self.dead_letters[part.index]
-        for entry_id, fields in entries:
-            entry_id = entry_id_str(entry_id)
-            if fields is None:  # trimmed while pending
-                self.client.xack(part.tasks, WORKERS_GROUP, entry_id)
-                continue
-            try:
-                event = codec.decode(fields, max_entry_bytes=self.max_entry_bytes)
-            except DecodeError as exc:
-                dead_letters.send(part.tasks, entry_id, exc.reason, exc.detail, fields, group=WORKERS_GROUP,
-                                  counter=counters.INVALID_TASKS)
-                continue
-            if not isinstance(event, TaskIssued):
-                dead_letters.send(part.tasks, entry_id, "unexpected_kind",
-                                  f"a {event.kind} event does not belong in the task queue", fields,
-                                  group=WORKERS_GROUP, counter=counters.INVALID_TASKS)
-                continue
-            tasks.append(Task(entry_id, event, part.index))
-        return tasks
-
-    def publish(self, task_id: str, slot: int, result: SlotOutcome) -> str:
-        """Publish one slot result; when this returns, the result is in the server (SPEC section 5)."""
-        return self.publish_many([(task_id, slot, result)])[0]
-
-    def check(self, result: SlotOutcome) -> SlotOutcome:
-        """``result`` as it is published: a sample whose values cannot train becomes an `InvalidSample`."""
-        sample = result.sample if isinstance(result, RewardLater) else result
-        if not isinstance(sample, Sample):
-            return result
-        problem = sample.value_problem(self.vocab_size)
-        if problem is None:
-            return result
-        self._refusals.add(problem)
-        return InvalidSample(problem)
-
-    def publish_many(self, results: Sequence[tuple[str, int, SlotOutcome]], *,
-                     done: Sequence[Task] = (), checked: bool = False) -> list[str]:
-        """Publish slot results (``(task_id, slot, result)``: a `Sample`, a `RewardLater`, None for a
-        rejection, an exception for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot entry ids.
-        Each result is `check`ed first, unless ``checked`` says the caller did.
-
-        When this returns, every result is in the server. A sample's tensors go to the payloads stream
-        and its summary, with the payload's digest, to the group log, both in one script call (per
-        partition, in a partitioned run). ``done``: tasks whose every slot's result is then published
-        (these results among them), acknowledged as `done` would, in the same call as their
-        partition's last results (so never left published but unacknowledged), else after them."""
-        by_partition: dict[int, list[int]] = {}
-        for at, (task_id, _, _) in enumerate(results):
-            by_partition.setdefault(task_partition(task_id, len(self.partitions)), []).append(at)
-        owed: dict[int, list[Task]] = {}
-        for task in done:
-            owed.setdefault(task.partition, []).append(task)
-        ids: list[str] = [""] * len(results)
-        for index, positions in by_partition.items():
-            part = self.partitions[index]
-            triples = [self._encode(*results[at], checked=checked) for at in positions]
-            for start in range(0, len(triples), PUBLISH_CHUNK):
-                chunk = triples[start:start + PUBLISH_CHUNK]
-                acks = owed.pop(index, []) if start + PUBLISH_CHUNK >= len(triples) else []
-                keys = [part.slots, part.payloads, part.tasks] if acks else [part.slots, part.payloads]
-                if len(acks) > MAX_ACKS_PER_PUBLISH:  # the rest after the call, as `done` would
-                    owed[index], acks = acks[MAX_ACKS_PER_PUBLISH:], acks[:MAX_ACKS_PER_PUBLISH]
-                # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate
-                # (and acknowledging again changes nothing).
-                head = [WORKERS_GROUP if acks else "", len(acks), *(task.entry_id for task in acks)]
-                try:
-                    written = self._publish(keys=keys, args=[*head, *(item for triple in chunk for item in triple)])
-                except redis.exceptions.ResponseError as exc:
-                    if not str(exc).startswith("PAYLOAD"):
-                        raise
-                    # The payloads stream holds the largest id there is (a foreign entry): no payload can be
-                    # written after it, ever. The results go out as failed slots saying so, and the worker goes on.
-                    log.error("slot results published as failed: %s", exc)
-                    failed = [self._encode(*results[at][:2], RuntimeError(f"not published: {exc}"), checked=True)
-                              for at in positions[start:start + PUBLISH_CHUNK]]
-                    written = self._publish(keys=keys, args=[*head, *(item for triple in failed for item in triple)])
-                for at, entry_id in zip(positions[start:start + PUBLISH_CHUNK], written):
-                    ids[at] = entry_id_str(entry_id)
-        self.done(*(task for tasks in owed.values() for task in tasks))
-        replicate(self.client)
-        return ids
-
-    def _encode(self, task_id: str, slot: int, result: SlotOutcome, *,
-                checked: bool) -> tuple[bytes, bytes, bytes]:
-        """(slot header, payload header, payload blob) for one result; the payload is empty without a sample."""
-        with self._seq_lock:
-            seq = next(self._seq)
-        if not checked:
-            result = self.check(result)
-        later = isinstance(result, RewardLater)
-        if later or isinstance(result, Sample):
-            sample = result.sample if later else result
-            slot_header, payload_header, blob = codec.encode_sample(task_id, slot, sample, producer=self.name, seq=seq,
-                                                                    reward_pending=later)
-            size = entry_size({codec.HEADER: payload_header, codec.BLOB: blob})
-            if size <= self.max_entry_bytes:
-                return slot_header, payload_header, blob
-            # refused here, where the data enters, not after it is stored
-            result = ValueError(f"the sample is {size} bytes encoded, over max_entry_bytes={self.max_entry_bytes}; "
-                                "return shorter samples, or raise --max-entry-bytes on the workers and trainers")
-        if isinstance(result, BaseException):
-            text = "".join(traceback.format_exception_only(type(result), result)).strip() or type(result).__name__
-            event = SlotResult(task_id=task_id, slot=slot, outcome="failed", error=text[:MAX_ERROR_CHARS],
-                               producer=self.name, seq=seq)
-        elif result is None:
-            event = SlotResult(task_id=task_id, slot=slot, outcome="rejected", producer=self.name, seq=seq)
-        else:
-            raise TypeError(f"a rollout returns a streamgrp.Sample, a RewardLater or None, not {type(result).__name__}")
-        return codec.encode(event)[codec.HEADER], b"", b""
-
-    def done(self, *tasks: Task) -> None:
-        """Acknowledge tasks once every slot's result of each was published: one XACK per partition."""
-        by_partition: dict[int, list[str]] = {}
-        for task in tasks:
-            by_partition.setdefault(task.partition, []).append(task.entry_id)
-        for index, entry_ids in by_partition.items():
-            self.client.xack(self.partitions[index].tasks, WORKERS_GROUP, *entry_ids)
 
 
 @dataclass
@@ -334,7 +83,7 @@ class WorkerProcess:
         self.version = version
         self.metrics = metrics
         self.tasks_done = 0
-        self._raised = _RateLimitedWarning("%d rollout(s) raised since the last warning; their slots are published "
+        self._raised = RateLimitedWarning("%d rollout(s) raised since the last warning; their slots are published "
                                            "as failed with the exception's text (the latest: %s)")
         self._is_async = inspect.iscoroutinefunction(rollout)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -347,14 +96,17 @@ class WorkerProcess:
         heap.settle()  # imports and the rollout's set-up: out of the collector's way while slots run
         in_flight: list[_InFlight] = []
         loop_thread = self._start_loop() if self._is_async else None
+        held_at = time.monotonic()
         with ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="slot") as pool:
             while not stop.is_set():
                 in_flight = self._publish_ready(in_flight)
+                if in_flight and time.monotonic() - held_at >= self.worker.hold_every_s:
+                    held_at = self._hold(in_flight)
                 room = self._room(in_flight)
                 if room is None:
                     break  # max_tasks reached and nothing left in flight
                 if room <= 0:
-                    _wait_any(in_flight)
+                    _wait_any(in_flight, timeout=self.worker.hold_every_s)
                     continue
                 tasks = self._take(room, block=not in_flight)
                 if tasks is None:
@@ -390,6 +142,17 @@ class WorkerProcess:
         thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
         thread.start()
         return thread
+
+    def _hold(self, in_flight: list[_InFlight]) -> float:
+        """Claim the tasks still running again (`WorkerClient.hold`); returns when (time.monotonic())."""
+        try:
+            self.worker.hold([item.task for item in in_flight])
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            # Not ridden out here: the next round tries again, and the publish rides the outage.
+            log.warning("could not claim the running tasks again (%s); trying again next round", exc)
+        return time.monotonic()
 
     def _room(self, in_flight: list[_InFlight]) -> int | None:
         """How many more tasks to take now; None once ``max_tasks`` is reached and nothing is in flight."""
@@ -478,38 +241,6 @@ class WorkerProcess:
             if metrics is not None:
                 metrics.rollout_raised(result)
         return self.worker.check(result)
-
-
-def _recorded_vocab_size(client: redis.Redis, keys: RunKeys) -> int | None:
-    """The vocabulary size the run recorded; None when it recorded none, or has no readable record yet."""
-    first = client.xrange(keys.control, "-", "+", count=1)
-    if not first:
-        return None
-    try:
-        return read_record(keys.run, first[0][1], "the control stream's first entry")[1].vocab_size
-    except (ConfigError, DecodeError):
-        return None
-
-
-class _RateLimitedWarning:
-    """Warns at most once per `REFUSAL_LOG_EVERY_S`, with how many there were since (slot threads add
-    concurrently; a rollout bug fails every slot, and must not flood the log). ``message`` takes the
-    count and the latest case's text."""
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-        self._lock = threading.Lock()
-        self._since = 0
-        self._warned_at: float | None = None
-
-    def add(self, latest: str) -> None:
-        with self._lock:
-            self._since += 1
-            now = time.monotonic()
-            if self._warned_at is not None and now - self._warned_at < REFUSAL_LOG_EVERY_S:
-                return
-            count, self._since, self._warned_at = self._since, 0, now
-        log.warning(self.message, count, latest)
 
 
 def _wait_any(in_flight, timeout: float | None = None) -> None:

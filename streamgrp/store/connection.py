@@ -394,7 +394,3 @@ def wait_for_replicas(client: redis.Redis) -> None:
     """`Riding.wait_for_replicas` for any client (a plain one never waits)."""
     if isinstance(client, Riding):
         client.wait_for_replicas()
-
-
-#: The old name of `wait_for_replicas`, until its last callers (worker, batcher, trainer) move to the new one.
-replicate = wait_for_replicas

@@ -25,12 +25,12 @@ import redis
 
 from streamgrp.store import scripts
 from streamgrp.store.keys import PartitionKeys, RunKeys
+from streamgrp.store.limits import MAX_DEAD_LETTER_FIELDS
 
 log = logging.getLogger(__name__)
 
-#: The commit scripts refuse a dead letter of more field pairs than this (commit.lua, deadletter.lua).
-MAX_DEAD_LETTER_FIELDS = 64
-MAX_COPIED_FIELDS = 48
+#: Fields an entry may have and be copied whole; within the `MAX_DEAD_LETTER_FIELDS` pairs the functions take.
+MAX_COPIED_FIELDS = MAX_DEAD_LETTER_FIELDS - 16
 COPY_LIMIT_BYTES = 64 * 1024
 HEADER_PREFIX_BYTES = 512
 MAX_DETAIL_CHARS = 2000

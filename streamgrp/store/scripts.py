@@ -11,7 +11,8 @@ by a digest of their source, so processes of two streamgrp versions can share a 
 its own functions.
 
 Functions share preludes, prepended here, so that code exists once: `counters.lua` (counter changes
-the caller mirrors in metrics) and `acks.lua` (bounded-chunk acknowledgements and input checks).
+the caller mirrors in metrics) and `acks.lua` (bounded-chunk acknowledgements and input checks). The
+bounds a function enforces come from `streamgrp.store.limits`, declared as locals ahead of its code.
 
 A function refuses with an error reply whose first word is a code. The fencing codes (``LEASE``: the
 caller no longer holds its role's lease; ``STEP``: the step was written already; ``CURSOR``: the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 import weakref
 from collections.abc import Sequence
@@ -33,6 +35,7 @@ from typing import Any
 import redis
 
 from streamgrp.errors import ConfigError, LeaseLost
+from streamgrp.store.limits import LUA_BOUNDS
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +53,14 @@ _loaded_lock = threading.Lock()
 
 
 def source(name: str) -> str:
-    """The Lua of one function: its preludes, then its own file."""
+    """The Lua of one function: the bounds it names (`streamgrp.store.limits`), its preludes, then its own file."""
     package = resources.files("streamgrp.store").joinpath("lua")
     body = package.joinpath(name).read_text()
     preludes = [package.joinpath(prelude).read_text() for prelude in _SHARED.get(name, ())]
-    return "\n".join([*preludes, body])
+    code = "\n".join([*preludes, body])
+    bounds = [f"local {bound} = {value}" for bound, value in LUA_BOUNDS.items()
+              if re.search(rf"\b{bound}\b", code)]
+    return "\n".join([*bounds, code])
 
 
 def _function_names() -> list[str]:

@@ -2,11 +2,17 @@
 
 Owns writing a segment (``segment.lua``: only the worker that holds the slot's task, pending under its
 name in the workers group, may append; a worker whose task was taken over is refused with ``TAKEN``,
-raised as `SegmentTaken`) and reading a task's segments back as one chain per slot (`chains`), which a
-worker that takes the task over continues from. A slot's chain is its segments in stream order with
+raised as `SegmentTaken`; a write also claims the task again for its holder, so a task whose generation
+keeps making segments does not turn idle and is not taken over as a stopped worker's) and reading a
+task's segments back as one chain per slot (`chains`), which a worker that takes the task over continues
+from. A slot's chain is its segments in stream order with
 indexes 0, 1, 2, ... and each one starting where the one before ended; a repeat of an index (a write
 sent again after a lost reply) is skipped, and the chain ends at the first gap or after a segment that
 ends the generation (``stop``/``length``).
+
+A worker streaming several slots at once writes through `SegmentStore.submit`: one writer thread sends
+what is queued in one pipeline, in the order submitted (a slot's segments stay in index order), and tells
+each slot how its write went; `record` is the same write, synchronous.
 
 Segments are never folded as results: the slot's result (`streamgrp.services.worker`) is published as
 always, and a sample built on segments says so in its meta (``segments``: how many, and the tokens they
@@ -17,8 +23,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 
@@ -27,7 +35,7 @@ from streamgrp.core.events import Sample, SlotSegment
 from streamgrp.errors import DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys
-from streamgrp.store.streams import entry_id_str
+from streamgrp.store.streams import entry_id_str, range_reply
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +43,20 @@ log = logging.getLogger(__name__)
 _PAGE = 512
 #: Tasks whose chains a worker keeps read (a task's slots run at once, each asks for its chain).
 _CACHED_TASKS = 64
+#: Most segments the writer thread sends in one pipeline.
+_BATCH = 64
+#: How long the writer thread lets segments gather before it sends them: one pipeline for several slots'
+#: segments costs the worker a fraction of a call each; durable a few milliseconds later is no loss for a
+#: segment of a generation that takes seconds.
+LINGER_S = 0.005
 
 
 class SegmentTaken(Exception):
     """The slot's task is not held by this worker any more: its segments are another worker's to write."""
+
+
+def _refusal(exc: redis.ResponseError) -> BaseException:
+    return SegmentTaken(str(exc)) if scripts.error_code(exc) == "TAKEN" else exc
 
 
 def chain_of(segments: Sequence[SlotSegment]) -> list[SlotSegment]:
@@ -105,7 +123,7 @@ def task_segments(client: redis.Redis, stream: str, task_id: str, since: str = "
     found: dict[int, list[SlotSegment]] = {}
     start = since
     while True:
-        page = client.xrange(stream, start, "+", count=_PAGE)
+        page = range_reply(client.xrange(stream, start, "+", count=_PAGE))
         for _, fields in page:
             header = fields.get(codec.HEADER, b"")
             if needle not in header:  # cheap: most entries are other tasks'
@@ -124,32 +142,85 @@ def task_segments(client: redis.Redis, stream: str, task_id: str, since: str = "
 class SegmentStore:
     """A worker's writes and reads of segments; thread-safe (a worker's slots run on a thread pool)."""
 
-    def __init__(self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, name: str) -> None:
+    def __init__(self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, name: str,
+                 linger_s: float = LINGER_S) -> None:
         self.client = client
+        self.linger_s = linger_s
         self.partitions = tuple(partitions)
         self.name = name
         self._write = scripts.register(client, "segment.lua")
         self._lock = threading.Lock()
         self._chains: OrderedDict[str, tuple[dict[int, list[SlotSegment]], set[int]]] = OrderedDict()
         self._seq = 0
+        self._queue: list[tuple[list[Any], list[Any], Callable[[str | BaseException], None]]] = []
+        self._wake = threading.Condition(self._lock)
+        self._writer: threading.Thread | None = None
 
     def record(self, partition: int, task_entry: str, segment: SlotSegment) -> str:
         """Append ``segment`` of the task at ``task_entry``; its entry id. `SegmentTaken` when this worker
         does not hold the task (any more)."""
+        keys, args = self._call(partition, task_entry, segment)
+        try:
+            written = self._write(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            raise _refusal(exc) from None
+        return entry_id_str(written)
+
+    def stamp(self) -> dict[str, Any]:
+        """The producer and next sequence number for a segment built to be `submit`-ted (``stamped``)."""
         with self._lock:
             self._seq += 1
-            segment = segment.replace(producer=self.name, seq=self._seq)
-        fields = codec.encode(segment)
+            return {"producer": self.name, "seq": self._seq}
+
+    def submit(self, partition: int, task_entry: str, segment: SlotSegment,
+               done: Callable[[str | BaseException], None], *, stamped: bool = False) -> None:
+        """Queue ``segment`` for the writer thread; it calls ``done`` with the entry id, `SegmentTaken` or the
+        error the write met. What one slot submits is written in that order. ``stamped``: built with `stamp`
+        (saves a copy)."""
+        keys, args = self._call(partition, task_entry, segment, stamped=stamped)
+        with self._lock:
+            self._queue.append((keys, args, done))
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_queued, name="segment-writer", daemon=True)
+                self._writer.start()
+            self._wake.notify()
+
+    def _call(self, partition: int, task_entry: str, segment: SlotSegment, *,
+              stamped: bool = False) -> tuple[list[Any], list[Any]]:
+        fields = codec.encode(segment if stamped else segment.replace(**self.stamp()))
         part = self.partitions[partition]
-        try:
-            written = self._write(keys=[part.tasks, part.segments],
-                                  args=[WORKERS_GROUP, task_entry, self.name, fields[codec.HEADER],
-                                        fields[codec.BLOB]])
-        except redis.ResponseError as exc:
-            if scripts.error_code(exc) == "TAKEN":
-                raise SegmentTaken(str(exc)) from None
-            raise
-        return entry_id_str(written)
+        return ([part.tasks, part.segments],
+                [WORKERS_GROUP, task_entry, self.name, fields[codec.HEADER], fields[codec.BLOB]])
+
+    def _write_queued(self) -> None:
+        """The writer thread: what is queued, in one pipeline (what queued while it was out, in the next)."""
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._wake.wait()
+            time.sleep(self.linger_s)
+            with self._lock:
+                batch, self._queue = self._queue[:_BATCH], self._queue[_BATCH:]
+            results: list[Any]
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for keys, args, _ in batch:
+                    self._write(keys=keys, args=args, client=pipe)
+                results = pipe.execute(raise_on_error=False)
+            except Exception as exc:  # the connection: every write of the batch met it
+                results = [exc] * len(batch)
+            for (keys, args, done), result in zip(batch, results):
+                if isinstance(result, redis.ResponseError) and "function not found" in str(result).lower():
+                    try:  # the server lost the library: the synchronous call loads it again
+                        result = self._write(keys=keys, args=args)
+                    except Exception as exc:
+                        result = exc
+                outcome = (_refusal(result) if isinstance(result, redis.ResponseError)
+                           else result if isinstance(result, BaseException) else entry_id_str(result))
+                try:
+                    done(outcome)
+                except Exception:  # a slot's hook failing must not stop the others' writes
+                    log.exception("a segment write's hook failed")
 
     def chain(self, partition: int, task_entry: str, task_id: str, slot: int, slots: int = 1) -> list[SlotSegment]:
         """The chain of ``slot`` of the task at ``task_entry``, read once for its ``slots`` slots (the first to

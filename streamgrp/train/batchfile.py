@@ -32,6 +32,8 @@ __all__ = ["BATCH_FORMAT", "TENSOR_FIELDS", "BatchFileError", "load_batch", "sav
 
 BATCH_FORMAT = "streamgrp.batch/1"
 TENSOR_FIELDS = ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions", "group_sizes")
+#: Written when the batch has them, read when the file does (files written before they existed lack them).
+OPTIONAL_FIELDS = ("token_versions", "version_spans")
 _ST_DTYPES = dtypes.SAFETENSORS_OF
 _TORCH_OF = dtypes.TORCH_OF_SAFETENSORS
 _MAX_HEADER = 100 * 1024 * 1024
@@ -49,7 +51,7 @@ def save_batch(batch: Batch, path: str | os.PathLike[str]) -> Path:
         raise StreamgrpError("saving batches needs a little-endian machine")
     header: dict[str, Any] = {}
     blobs, offset = [], 0
-    for name in TENSOR_FIELDS:
+    for name in (*TENSOR_FIELDS, *(f for f in OPTIONAL_FIELDS if f == "token_versions" or getattr(batch, f) is not None)):
         tensor = getattr(batch, name).detach().cpu().clone(memory_format=torch.contiguous_format)
         if tensor.dtype not in _ST_DTYPES:
             raise StreamgrpError(f"batch tensor {name} has dtype {tensor.dtype}, which the batch format cannot hold")
@@ -61,7 +63,7 @@ def save_batch(batch: Batch, path: str | os.PathLike[str]) -> Path:
     meta = {"run": batch.run, "step": batch.step, "rank": batch.rank, "world_size": batch.world_size,
             "version": batch.version, "digest": batch.digest, "task_ids": list(batch.task_ids),
             "group_sizes": [int(size) for size in batch.group_sizes.tolist()],
-            "step_loss_tokens": batch.step_loss_tokens}
+            "step_loss_tokens": batch.step_loss_tokens, "stale_masked_tokens": batch.stale_masked_tokens}
     header["__metadata__"] = {"format": BATCH_FORMAT, "streamgrp": orjson.dumps(meta).decode()}
     raw = orjson.dumps(header)
     raw += b" " * (-len(raw) % 8)  # safetensors pads the header so tensor data starts 8-byte aligned
@@ -85,10 +87,14 @@ def load_batch(path: str | os.PathLike[str]) -> Batch:
     where = f"{path} is not a streamgrp batch file"
     header, data = _split(blob, where)
     meta = _identity(header.pop("__metadata__", None), where)
-    tensors = {name: _tensor(name, header.get(name), data, where) for name in TENSOR_FIELDS}
+    tensors: dict[str, Any] = {name: _tensor(name, header.get(name), data, where) for name in TENSOR_FIELDS}
+    if "token_versions" in header:
+        tensors["_token_versions"] = _tensor("token_versions", header["token_versions"], data, where)
+    if "version_spans" in header:
+        tensors["version_spans"] = _tensor("version_spans", header["version_spans"], data, where)
     return Batch(step=meta["step"], rank=meta["rank"], world_size=meta["world_size"], version=meta["version"],
                  task_ids=meta["task_ids"], step_loss_tokens=meta["step_loss_tokens"], digest=meta["digest"],
-                 run=meta["run"], **tensors)
+                 run=meta["run"], stale_masked_tokens=meta["stale_masked_tokens"], **tensors)
 
 
 def _split(blob: bytes, where: str) -> tuple[dict[str, Any], bytes]:
@@ -108,8 +114,9 @@ def _split(blob: bytes, where: str) -> tuple[dict[str, Any], bytes]:
 
 
 #: The step's identity in ``__metadata__["streamgrp"]``: key -> (type, lowest value allowed, for ints).
-_IDENTITY = {"step": (int, 0), "rank": (int, 0), "world_size": (int, 1), "version": (int, None),
-             "step_loss_tokens": (int, 0), "digest": (str, None), "run": (str, None), "task_ids": (list, None)}
+_IDENTITY: dict[str, tuple[type, int | None]] = {
+    "step": (int, 0), "rank": (int, 0), "world_size": (int, 1), "version": (int, None), "step_loss_tokens": (int, 0),
+    "digest": (str, None), "run": (str, None), "task_ids": (list, None)}
 
 
 def _identity(metadata: Any, where: str) -> dict[str, Any]:
@@ -130,11 +137,15 @@ def _identity(metadata: Any, where: str) -> dict[str, Any]:
     meta.setdefault("run", "")  # files from before the run was recorded
     for key, (kind, low) in _IDENTITY.items():
         value = meta.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool) or (low is not None and value < low):
+        too_low = low is not None and isinstance(value, int) and value < low  # low: only int fields have one
+        if not isinstance(value, kind) or isinstance(value, bool) or too_low:
             wanted = kind.__name__ if low is None else f"an {kind.__name__} >= {low}"
             raise BatchFileError(f"{where}: metadata {key} is {value!r:.80}, expected {wanted}")
     if not all(isinstance(task_id, str) for task_id in meta["task_ids"]):
         raise BatchFileError(f"{where}: metadata task_ids holds a value that is not a string")
+    masked = meta.setdefault("stale_masked_tokens", 0)  # files from before the staleness mask
+    if not isinstance(masked, int) or isinstance(masked, bool) or masked < 0:
+        raise BatchFileError(f"{where}: metadata stale_masked_tokens is {masked!r:.80}, expected an int >= 0")
     if meta["rank"] >= meta["world_size"]:
         raise BatchFileError(f"{where}: metadata rank {meta['rank']} is not below world_size {meta['world_size']}")
     return meta

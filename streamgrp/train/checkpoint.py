@@ -106,7 +106,7 @@ def load_training_state(saved: CheckpointSaved, model: torch.nn.Module, optimize
     if optimizer is not None and OPTIMIZER_FILE in saved.files:
         with safe_open(path / OPTIMIZER_FILE, framework="pt") as opened:
             metadata = opened.metadata()
-            tensors = {key: opened.get_tensor(key) for key in opened.keys()}  # noqa: SIM118 - not a dict
+            tensors = {key: opened.get_tensor(key) for key in opened.keys()}
         optimizer.load_state_dict(optimizer_state(tensors, metadata))
 
 

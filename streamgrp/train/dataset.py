@@ -27,11 +27,16 @@ logprobs            [R, T] float32     old_per_token_logps              old_log_
 advantages          [R] float32        advantages                       advantages          advantages
 rewards             [R] float32        rewards (functions summed)       token_level_scores  rewards
 versions            [R] int64          (none)                           (none)              (none)
+token_versions      [R, T] int64       (none)                           (none)              (none)
+version_spans       [R] int64          (none)                           (none)              (none)
 group_sizes         [G] int64          (fixed num_generations)          uid (per row)       (fixed n_samples)
 ==================  =================  ===============================  ==================  ===================
 
-Plus ``step``, ``rank``, ``version`` and ``step_loss_tokens`` (ints) and ``task_ids`` (one str per
-group). TRL's, verl's and OpenRLHF's response-side tensors start where the prompt ends; slice a
+Plus ``step``, ``rank``, ``version``, ``step_loss_tokens`` and ``stale_masked_tokens`` (ints) and
+``task_ids`` (one str per group). ``versions`` is each row's version (its sample's oldest),
+``token_versions`` each token's (0 in the padding; AReaL's per-token ``versions``), ``version_spans``
+each row's newest minus oldest; under ``--staleness mask`` the ``loss_mask`` no longer counts the
+tokens older than the window (``stale_masked_tokens`` of them). TRL's, verl's and OpenRLHF's response-side tensors start where the prompt ends; slice a
 row with its ``loss_mask`` to get them. ``advantages`` is present when asked for: one value per row
 (GRPO's), ``streamgrp.normalize`` over the actual group sizes; broadcast it over ``loss_mask`` for
 per-token advantages (verl's token_level_scores put the reward on the last response token). Divide
@@ -58,7 +63,8 @@ from streamgrp.train.trainer import BatchStream, TrainerClient
 __all__ = ["ITEM_TENSORS", "StepDataset", "batch_item"]
 
 #: The tensor keys of every item, in the order of the table above (``advantages`` only when asked for).
-ITEM_TENSORS = ("token_ids", "attention_mask", "loss_mask", "logprobs", "rewards", "versions", "group_sizes")
+ITEM_TENSORS = ("token_ids", "attention_mask", "loss_mask", "logprobs", "rewards", "versions", "token_versions",
+                "version_spans", "group_sizes")
 
 
 class StepDataset(IterableDataset):
@@ -116,7 +122,7 @@ def batch_item(batch: Batch, spec: NormSpec | None = None, batch_reduce: BatchRe
     if spec is not None:
         item["advantages"] = normalize(batch.rewards, batch.group_sizes, spec, batch_reduce=batch_reduce)
     item.update(step=batch.step, rank=batch.rank, version=batch.version, step_loss_tokens=batch.step_loss_tokens,
-                task_ids=list(batch.task_ids))
+                stale_masked_tokens=batch.stale_masked_tokens, task_ids=list(batch.task_ids))
     return item
 
 
@@ -126,7 +132,7 @@ def _advantage_spec(trainer: TrainerClient, advantages: NormSpec | str | None) -
     if advantages != "run":
         raise ConfigError(f"advantages={advantages!r}: pass a NormSpec, 'run' (the run's recorded normalization) "
                           "or None")
-    recorded = trainer.run_.config.adv_norm or trainer.run_.config.reward_norm
+    recorded = trainer.joined_run.config.adv_norm or trainer.joined_run.config.reward_norm
     if recorded is None:
         raise ConfigError(f"advantages='run' but run {trainer.keys.run!r} records neither adv_norm nor reward_norm; "
                           "pass a NormSpec, e.g. NormSpec('group', 'group')")

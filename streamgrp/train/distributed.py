@@ -255,7 +255,7 @@ class Collectives:
             return None
         if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() != world_size:
             return None
-        device = "cpu"
+        device: str | torch.device = "cpu"
         if torch_dist.get_backend() == "nccl":
             import torch
 

@@ -28,7 +28,7 @@ from streamgrp.core.events import READABLE_SCHEMAS, GroupDecided, Sample, ShardG
 from streamgrp.core.values import DTYPES
 from streamgrp.errors import DecodeError, DigestMismatch
 from streamgrp.train import dtypes
-from streamgrp.train.batch import Batch, BatchOwner
+from streamgrp.train.batch import Batch, BatchOwner, ShardTensors
 
 #: ``fetch(stream, ids)``: the fields of each entry id of a run stream ("payloads", "slots"), in
 #: order, None where an entry is gone: a sequence, or an iterator that yields them as they arrive (each
@@ -46,12 +46,41 @@ _READ_AS = {**dtypes.TORCH, "bool": torch.uint8}
 
 @dataclass(frozen=True, slots=True)
 class SampleRows:
-    """One sample as the loader needs it: each tensor field's raw bytes and dtype, and per-row values."""
+    """One sample as the loader needs it: each tensor field's raw bytes and dtype, and per-row values.
+
+    ``token_versions``: the sample's ``meta["token_versions"]`` runs (``(version, tokens)``, in order),
+    which give the versions of its last tokens (the generated ones: an adapter's row is the prompt then
+    the completion); its other tokens have ``version``. None: every token has ``version``."""
 
     data: dict[str, tuple[memoryview | bytes, str]]  # field -> (raw little-endian bytes, dtype name)
     row_lengths: tuple[int, ...]
     rewards: tuple[float, ...]
     version: int
+    token_versions: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def version_span(self) -> int:
+        """Newest minus oldest version among the sample's tokens (0 without per-token versions)."""
+        runs = self.token_versions
+        if not runs:
+            return 0
+        return max(max(v for v, _ in runs), self.version) - min(min(v for v, _ in runs), self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class StaleMask:
+    """The staleness mask (``staleness="mask"``): tokens of versions below ``oldest`` lose their loss;
+    a row left with fewer than ``min_tokens`` loss tokens (that had some) loses all of them."""
+
+    oldest: int
+    min_tokens: int = 1
+
+    @classmethod
+    def of(cls, run_config, version: int) -> StaleMask | None:
+        """The mask a step formed at ``version`` gets under the run's settings (None: not ``mask``)."""
+        if getattr(run_config, "staleness", "drop") != "mask":
+            return None
+        return cls(version - run_config.max_staleness, getattr(run_config, "mask_min_tokens", 1))
 
 
 class PayloadError(ValueError):
@@ -60,11 +89,13 @@ class PayloadError(ValueError):
 
 def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: EntryFetch, *, run: str = "",
                 client: BatchOwner | None = None, check_digests: bool = True,
-                missing_hint: str = "replay it from the archive") -> Batch:
+                missing_hint: str = "replay it from the archive", run_config=None) -> Batch:
     """Rank ``rank``'s shard of ``manifest`` as a `Batch`, its payloads read through ``fetch``.
 
     With ``check_digests`` every group's payloads must hash to the digest the manifest recorded,
     else `DigestMismatch`. Without ``client`` the batch is read-only (`ReadOnlyBatch` on commit).
+    ``run_config``: the run's recorded `RunConfig`, whose staleness policy may mask old tokens
+    (`StaleMask`); the same settings give the same tensors, live or replayed.
     """
     shard = manifest.shards[rank]
     where = f"step {manifest.step} rank {rank}"
@@ -77,10 +108,14 @@ def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: Entry
         samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}", member.rewards)
     task_ids = [group.task_id for group in shard.groups]
     sizes = [group.rows for group in shard.groups]
-    return Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
-                 group_sizes=torch.tensor(sizes, dtype=torch.int64),
-                 step_loss_tokens=sum(s.tokens for s in manifest.shards), digest=shard.digest, run=run,
-                 _client=client, **shard_tensors(samples))
+    batch = Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
+                  group_sizes=torch.tensor(sizes, dtype=torch.int64),
+                  step_loss_tokens=sum(s.tokens for s in manifest.shards), digest=shard.digest, run=run,
+                  _client=client, version_runs=row_runs(samples), **shard_tensors(samples))
+    stale = StaleMask.of(run_config, manifest.version)
+    if stale is not None:
+        batch.stale_masked_tokens = mask_stale(batch, stale)
+    return batch
 
 
 def _fetched(groups: Sequence[ShardGroup], fetch: EntryFetch, where: str,
@@ -169,7 +204,7 @@ def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str,
             return rows
         if len(rewards) != len(rows.row_lengths):
             raise PayloadError(f"the manifest gives {len(rewards)} rewards for a sample of {len(rows.row_lengths)} rows")
-        return SampleRows(rows.data, rows.row_lengths, tuple(rewards), rows.version)
+        return SampleRows(rows.data, rows.row_lengths, tuple(rewards), rows.version, rows.token_versions)
     except (PayloadError, DecodeError) as exc:
         raise DigestMismatch(f"{where} does not hold the sample payload the manifest names ({exc}); the entry "
                              "was altered or is not streamgrp's") from None
@@ -203,7 +238,7 @@ def _payload_rows(header: object, fields: Mapping[bytes, bytes], task_id: str, s
         raise PayloadError("version is not a non-negative integer")
     blob = memoryview(fields.get(codec.BLOB) or b"")
     size = len(blob)
-    data = {}
+    data: dict[str, tuple[memoryview | bytes, str]] = {}
     for name, allowed in _ALLOWED_ITEMS:
         value = sample.get(name)
         descriptor = value.get(codec.RAW_KEY) if value.__class__ is dict and len(value) == 1 else None
@@ -216,7 +251,28 @@ def _payload_rows(header: object, fields: Mapping[bytes, bytes], task_id: str, s
                 and nbytes == total * _ITEMSIZE[dtype]):
             raise PayloadError(f"{name}'s bytes [{start!r:.20}, +{nbytes!r:.20}) do not fit the entry")
         data[name] = (blob[start:start + nbytes], dtype)
-    return SampleRows(data, tuple(lengths), tuple(map(float, rewards)), version)
+    meta = sample.get("meta")
+    runs = version_runs(meta.get("token_versions"), total) if meta.__class__ is dict and meta else None
+    return SampleRows(data, tuple(lengths), tuple(map(float, rewards)), version, runs)
+
+
+def version_runs(value: object, total: int) -> tuple[tuple[int, int], ...] | None:
+    """``meta["token_versions"]`` as ``(version, tokens)`` runs, or None when absent or not runs of at most
+    ``total`` tokens in all (the meta is free-form: a value that is not streamgrp's means no per-token
+    versions, never a failed step)."""
+    if value.__class__ is not list or not value:
+        return None
+    runs = []
+    covered = 0
+    for run in value:
+        if run.__class__ is not list or len(run) != 2:
+            return None
+        version, count = run
+        if version.__class__ is not int or count.__class__ is not int or version < 0 or count < 1:
+            return None
+        covered += count
+        runs.append((version, count))
+    return tuple(runs) if covered <= total else None
 
 
 def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows:
@@ -230,13 +286,83 @@ def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> Samp
 def sample_rows(sample: Sample) -> SampleRows:
     """A validated `Sample` as the loader reads it (tests, and schema-1 entries)."""
     data = {name: (getattr(sample, name).data, getattr(sample, name).dtype) for name in _ALLOWED}
-    return SampleRows(data, sample.row_lengths, sample.rewards, sample.version)
+    runs = version_runs(sample.meta.get("token_versions"), sum(sample.row_lengths)) if sample.meta else None
+    return SampleRows(data, sample.row_lengths, sample.rewards, sample.version, runs)
 
 
-def shard_tensors(samples: Sequence[SampleRows]) -> dict[str, torch.Tensor]:
-    """Padded [rows, T] tensors (and per-row rewards and versions) from samples, in order."""
+def shard_tensors(samples: Sequence[SampleRows]) -> ShardTensors:
+    """Padded [rows, T] tensors (and per-row rewards, versions and version spans) from samples, in order."""
     with _one_thread():
         return _shard_tensors(samples)
+
+
+RowRuns = tuple[tuple[int, int], ...]
+
+
+def row_runs(samples: Sequence[SampleRows]) -> tuple[RowRuns | None, ...] | None:
+    """Each row's ``(version, tokens)`` runs, covering the row (None: the row is its sample's version
+    throughout); None when no sample has per-token versions. A sample's runs give its last tokens;
+    those before have its version. Only per sample and run, never per token: the tensor itself is made
+    when a trainer asks for it (`token_versions`)."""
+    if not any(s.token_versions for s in samples):
+        return None
+    rows: list[RowRuns | None] = []
+    for sample in samples:
+        if not sample.token_versions:
+            rows.extend([None] * len(sample.row_lengths))
+            continue
+        total = sum(sample.row_lengths)
+        covered = sum(count for _, count in sample.token_versions)
+        runs = [(sample.version, total - covered)] if covered < total else []
+        runs.extend(sample.token_versions)
+        at = 0  # the run being cut into rows, and how much of it is used
+        used = 0
+        for n in sample.row_lengths:
+            row: list[tuple[int, int]] = []
+            while n:
+                version, count = runs[at]
+                take = min(n, count - used)
+                row.append((version, take))
+                n -= take
+                used += take
+                if used == count:
+                    at, used = at + 1, 0
+            rows.append(tuple(row))
+    return tuple(rows)
+
+
+def token_versions(versions: torch.Tensor, attention: torch.Tensor,
+                   runs: tuple[RowRuns | None, ...] | None) -> torch.Tensor:
+    """[rows, T] int64: each token's version, 0 in the padding (``runs``: `row_runs`)."""
+    with _one_thread():
+        out = versions.unsqueeze(1) * attention  # int64 times bool: the version, or 0 in the padding
+        if runs is not None:
+            # A row's runs cover all its tokens: every run of every such row in one repeat, scattered in
+            # row-major order into those rows' tokens.
+            cuts = [cut for cut in runs if cut is not None]
+            flat = torch.repeat_interleave(torch.tensor([v for cut in cuts for v, _ in cut], dtype=torch.int64),
+                                           torch.tensor([n for cut in cuts for _, n in cut], dtype=torch.int64))
+            has_runs = torch.tensor([cut is not None for cut in runs])
+            out.masked_scatter_(attention & has_runs.unsqueeze(1), flat)
+    return out
+
+
+def mask_stale(batch: Batch, stale: StaleMask) -> int:
+    """Clear the loss mask of tokens older than ``stale.oldest`` (and of rows left with fewer than
+    ``stale.min_tokens`` loss tokens) in place; returns how many loss tokens it cleared."""
+    mask = batch.loss_mask
+    if not bool((batch.versions < stale.oldest).any()) and not _runs_older(batch.version_runs, stale.oldest):
+        return 0  # every token is inside the window: nothing to look at token by token
+    before = int(mask.sum())
+    old = batch.token_versions < stale.oldest
+    had = mask.any(dim=1)
+    mask &= ~old
+    mask[had & (mask.sum(dim=1) < stale.min_tokens)] = False
+    return before - int(mask.sum())
+
+
+def _runs_older(runs: tuple[RowRuns | None, ...] | None, oldest: int) -> bool:
+    return runs is not None and any(cut is not None and any(v < oldest for v, _ in cut) for cut in runs)
 
 
 @contextlib.contextmanager
@@ -257,16 +383,17 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _shard_tensors(samples: Sequence[SampleRows]) -> dict[str, torch.Tensor]:
+def _shard_tensors(samples: Sequence[SampleRows]) -> ShardTensors:
     row_lengths = [n for s in samples for n in s.row_lengths]
     lengths = torch.tensor(row_lengths, dtype=torch.int64)
     width = max(row_lengths, default=0)
     attention = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    out = {name: _padded(samples, name, row_lengths, width, attention) for name in _ALLOWED}
-    out["attention_mask"] = attention
-    out["rewards"] = torch.tensor([r for s in samples for r in s.rewards], dtype=torch.float32)
-    out["versions"] = torch.tensor([s.version for s in samples for _ in s.row_lengths], dtype=torch.int64)
-    return out
+    padded = {name: _padded(samples, name, row_lengths, width, attention) for name in _ALLOWED}
+    return ShardTensors(
+        token_ids=padded["token_ids"], loss_mask=padded["loss_mask"], logprobs=padded["logprobs"],
+        attention_mask=attention, rewards=torch.tensor([r for s in samples for r in s.rewards], dtype=torch.float32),
+        versions=torch.tensor([s.version for s in samples for _ in s.row_lengths], dtype=torch.int64),
+        version_spans=torch.tensor([s.version_span for s in samples for _ in s.row_lengths], dtype=torch.int64))
 
 
 def _padded(samples: Sequence[SampleRows], name: str, row_lengths: list[int], width: int,

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_KEYS", "MAX_KEY_CHARS", "MAX_TEXT_CHARS", "checked_metrics"]
+__all__ = ["MAX_KEYS", "MAX_KEY_CHARS", "MAX_TEXT_CHARS", "checked_metrics", "observe_versions"]
 
 MAX_KEYS = 64
 MAX_KEY_CHARS = 64
@@ -45,3 +45,19 @@ def checked_metrics(values: Mapping[str, Any]) -> dict[str, float | int | bool |
             raise ValueError(f"metric {key!r} is {type(value).__name__} {value!r:.80}: record a finite number, a "
                              f"boolean or text of at most {MAX_TEXT_CHARS} characters")
     return out
+
+
+def observe_versions(metrics: Any, batch: Any) -> None:
+    """A loaded batch's per-token versions into a trainer's metrics (`streamgrp.cli.metrics`): each row's
+    version span, each loss token's staleness (its step's version minus its own), and the loss tokens
+    the staleness mask cleared. Counted per distinct value, not per token."""
+    import torch  # the trainer's: this module is imported without torch elsewhere
+
+    if batch.version_spans is not None:
+        for span, count in zip(*torch.unique(batch.version_spans, return_counts=True)):
+            metrics.observe_many(metrics.version_span, int(span), int(count))
+    behind = (batch.version - batch.token_versions)[batch.loss_mask]
+    for value, count in zip(*torch.unique(behind.clamp(min=0), return_counts=True)):
+        metrics.observe_many(metrics.token_staleness, int(value), int(count))
+    if batch.stale_masked_tokens:
+        metrics.stale_masked_tokens.inc(batch.stale_masked_tokens)

@@ -68,7 +68,7 @@ from streamgrp.errors import (
     TrainerGroupError,
 )
 from streamgrp.store import scripts
-from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, replicate, ride
+from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, ride, wait_for_replicas
 from streamgrp.store.control import ControlCursor
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import step_entry_id
@@ -103,7 +103,7 @@ class TrainerClient:
         #: default: the publisher computed each digest once, and replay and verify check them; the
         #: payload's structure (task, slot, dtypes, sizes) is checked on every load either way.
         self.check_digests = check_digests
-        self.run_ = run
+        self.joined_run = run
         self.keys = run.keys
         self.poll_ms = min(MAX_BLOCK_MS, max(1, int(poll_s * 1000)))
         self.name = name or producer_name("trainer")
@@ -130,7 +130,7 @@ class TrainerClient:
         ``torch.distributed``'s group when it is initialised. ``resume_after``: the step the weights hold
         (the checkpoint they were loaded from; -1 for the initial weights): the group resumes after it
         and trains every later step again. Without it the group resumes at the lowest rank's next step."""
-        dp_size = self.run_.config.dp_size
+        dp_size = self.joined_run.config.dp_size
         if world_size != dp_size:
             raise ConfigError(f"world_size={world_size} but run {self.keys.run!r} batches for dp_size={dp_size}; "
                               "start as many trainer ranks as the run's dp_size")
@@ -166,6 +166,12 @@ class TrainerClient:
         self._retrain_through = state.high
         return self.attempt.first
 
+    def begun_attempt(self) -> Attempt:
+        """The attempt `begin` began or joined (a bug to ask for before it)."""
+        if self.attempt is None:
+            raise RuntimeError("no attempt has begun: TrainerClient.begin() comes first")
+        return self.attempt
+
     @property
     def stopping(self) -> bool:
         """Whether a stop was requested."""
@@ -193,7 +199,7 @@ class TrainerClient:
         while True:
             self._read_control()
             terminal = self._terminal
-            if terminal is not None and step >= terminal.step:
+            if terminal is not None and terminal.step is not None and step >= terminal.step:  # held only with a step
                 raise RunFailed(f"run {self.keys.run} failed at step {terminal.step} ({terminal.reason}): {terminal.message}")
             manifest = known if known is not None and known.step == step else self.manifest(step)
             if manifest is not None:
@@ -219,10 +225,12 @@ class TrainerClient:
         rank that reads it fails the same way, and a restart would meet it again: it needs a person)."""
         try:
             batch = build_batch(manifest, rank, world_size,
-                                lambda stream, ids: stream_entries(self.client, self.run_.stream_key(stream), list(ids),
-                                                                   retry=partial(ride, self.client)),
+                                lambda stream, ids: stream_entries(
+                                    self.client, self.joined_run.stream_key(stream), list(ids),
+                                    retry=partial(ride, self.client)),
                                 run=self.keys.run, client=self, check_digests=self.check_digests,
-                                missing_hint="a step is never trimmed before every rank committed it, so it was deleted")
+                                missing_hint="a step is never trimmed before every rank committed it, so it was deleted",
+                                run_config=self.joined_run.config)
         except DigestMismatch as exc:
             raise RunFailed(f"run {self.keys.run}: step {manifest.step} cannot be trained as it was recorded: {exc}. "
                             "Only streamgrp's functions should write or delete entries: check who else may; "
@@ -254,7 +262,7 @@ class TrainerClient:
             if scripts.error_code(exc) == "STALE_ATTEMPT":
                 raise TrainerGroupError(str(exc).split(None, 1)[1]) from None
             raise
-        replicate(self.client)
+        wait_for_replicas(self.client)
 
     def record_checkpoint(self, batch: Batch, path: str | os.PathLike, files: dict[str, int], *,
                           ranks: tuple[int, ...] | None = None) -> CheckpointSaved:
@@ -272,7 +280,7 @@ class TrainerClient:
             if scripts.error_code(exc) == "STALE_ATTEMPT":
                 raise TrainerGroupError(str(exc).split(None, 1)[1]) from None
             raise
-        replicate(self.client)
+        wait_for_replicas(self.client)
         log.info("checkpoint of step %d (version %d) recorded at %s", batch.step, batch.next_version, path)
         return event
 
@@ -313,7 +321,7 @@ class BatchStream:
         reduce_max = resolve_reduce(self.agree, self.world_size)
         vote = GroupVote(reduce_max, self.rank) if reduce_max is not None else None
         step = trainer.begin(self.rank, self.world_size, vote, self.resume_after)
-        attempt = trainer.attempt.number
+        attempt = trainer.begun_attempt().number
         ahead: tuple[StepManifest, Future[tuple[Batch, float]]] | None = None
         body_s = load_s = None  # the last loop body's and the last load's seconds
         # Terminal events, commits and the order of steps stay on this thread; the pool only loads.
@@ -341,6 +349,7 @@ class BatchStream:
                     raise ended
                 if manifest is None:
                     return
+                assert loaded is not None, "a step's shard is loaded (or the load's failure ended the loop) above"
                 batch, load_s = loaded
                 # A loop body that returns at once (a rank with nothing else to do) would only wait for
                 # the thread: the handoffs of its reads cost CPU and gain nothing, so it loads in line.

@@ -71,7 +71,7 @@ from streamgrp.core.events import StepRowsTrained
 from streamgrp.core.policy import NormSpec
 from streamgrp.errors import ConfigError, RunEnded, StreamgrpError
 from streamgrp.train.advantages import normalize
-from streamgrp.train.agreement import GroupVote, resolve_reduce
+from streamgrp.train.agreement import GroupVote
 from streamgrp.train.batch import Batch
 from streamgrp.train.trainer import TrainerClient
 from streamgrp.train.trl_progress import Position, record_rows, recorded_rows
@@ -125,13 +125,13 @@ class StreamgrpRollouts:
 
     def __init__(self, trainer: TrainerClient, *, advantages: NormSpec | None = None, ahead_steps: int = 2,
                  decode: Callable[[list[int]], str] | None = None) -> None:
-        if trainer.run_.config.dp_size != 1:
-            raise ConfigError(f"run {trainer.keys.run!r} batches for dp_size={trainer.run_.config.dp_size}, but TRL's "
+        if trainer.joined_run.config.dp_size != 1:
+            raise ConfigError(f"run {trainer.keys.run!r} batches for dp_size={trainer.joined_run.config.dp_size}, but TRL's "
                               "async GRPO trainer reads every sample on its main process and splits micro-batches "
                               "over its own ranks: start the run with --dp-size 1")
         if ahead_steps < 1:
             raise ConfigError(f"ahead_steps={ahead_steps}: at least one step must be in the buffer")
-        config = trainer.run_.config
+        config = trainer.joined_run.config
         self.trainer = trainer
         self.spec = advantages or config.adv_norm or config.reward_norm or GRPO_NORM
         self.ahead_steps = ahead_steps
@@ -183,9 +183,9 @@ class StreamgrpRollouts:
                               "rollouts.callback]) (and TrainingArguments.restore_callback_states_from_checkpoint "
                               "left False, which replaces callbacks with new, unconnected ones)")
         self._sample_type = _rollout_sample_type()
-        self._first = self._begin()
+        self._first = first = self._begin()
         self._beat = time.time()
-        self._thread = threading.Thread(target=self._run, name="streamgrp-rollouts", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(first,), name="streamgrp-rollouts", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -215,7 +215,7 @@ class StreamgrpRollouts:
         if age > stale_after_s:
             raise RuntimeError(f"the streamgrp rollout feed has not moved for {age:.0f}s > {stale_after_s:.0f}s; "
                                "is the server reachable?")
-        window = self.trainer.run_.config.max_staleness + 1
+        window = self.trainer.joined_run.config.max_staleness + 1
         if self._pending or self.rollout_buffer.qsize() or len(self._open) < window:
             self._starved_since = None
             return
@@ -295,7 +295,7 @@ class StreamgrpRollouts:
     def _begin(self) -> Position:
         """Begin this start's attempt: after the TRL checkpoint's position, else at the run's next step."""
         trainer = self.trainer
-        vote = GroupVote(resolve_reduce(None, 1), 0)
+        vote = GroupVote(list, 0)  # one rank: its own values are the group's maximum
         recorded = recorded_rows(trainer.client, trainer.keys, 0)
         if self._checkpoint is not None:
             first = self._checkpoint
@@ -313,9 +313,9 @@ class StreamgrpRollouts:
     def _next_position(self) -> Position:
         return Position(self.trainer.next_step(0))
 
-    def _run(self) -> None:
+    def _run(self, first: Position) -> None:
         try:
-            step = self._first.step
+            step = first.step
             while not self._stop.is_set():
                 self._drop_taken()
                 if self._ended_at is not None and not self._pending:
@@ -331,7 +331,7 @@ class StreamgrpRollouts:
                         self._ended_at = step  # the run finished: feed nothing more
                     continue
                 batch = self.trainer.load(manifest, 0, 1)
-                skip = self._first.rows if step == self._first.step else frozenset()
+                skip = first.rows if step == first.step else frozenset()
                 if batch.retrained:
                     self.retrained_rows += batch.rows - len(skip)
                 self._push(batch, skip)
@@ -372,8 +372,12 @@ class StreamgrpRollouts:
             sample.enqueued_at = time.time()
             self.rollout_buffer.put(sample)
         staleness = int(batch.version - batch.versions.min()) if batch.rows else 0
+        spans = batch.version_spans
         try:
             self.metrics_queue.put_nowait({"streamgrp/step": float(batch.step), "streamgrp/staleness_max": staleness,
+                                           "streamgrp/version_span_max": float(spans.max()) if spans is not None
+                                           and batch.rows else 0.0,
+                                           "streamgrp/stale_masked_tokens": float(batch.stale_masked_tokens),
                                            "streamgrp/rows_per_step": float(batch.rows),
                                            "streamgrp/groups_per_step": float(len(batch.task_ids))})
         except queue.Full:
@@ -385,7 +389,7 @@ class StreamgrpRollouts:
         step.recorded = rows
 
     def _record_position(self, position: Position, total: int | None = None) -> None:
-        attempt = self.trainer.attempt.number
+        attempt = self.trainer.begun_attempt().number
         if total is None:
             manifest = self.trainer.manifest(position.step)
             total = self.trainer.load(manifest, 0, 1).rows if manifest is not None else max(position.rows) + 1
@@ -399,6 +403,10 @@ class StreamgrpRollouts:
         lengths = batch.attention_mask.sum(dim=1).tolist()
         group_of_row = torch.repeat_interleave(torch.arange(len(batch.task_ids)), batch.group_sizes).tolist()
         rewards = batch.rewards.tolist()
+        # TRL's RolloutSample has no per-token versions: each row's oldest and newest ride in its metrics,
+        # and the staleness mask is already in the loss mask it takes as ``completion_mask``.
+        oldest = batch.versions.tolist()
+        spans = batch.version_spans.tolist() if batch.version_spans is not None else [0] * len(oldest)
         for row, (length, group) in enumerate(zip(lengths, group_of_row)):
             ids = batch.token_ids[row, :length].numpy().astype(np.int64)
             mask = batch.loss_mask[row, :length].numpy().astype(np.int64)
@@ -407,7 +415,8 @@ class StreamgrpRollouts:
                 prompt=prompt, completion=completion, input_ids=ids, completion_mask=mask,
                 old_log_probs=batch.logprobs[row, :length].numpy().astype(np.float32), advantage=advantages[row],
                 model_version=self.rollout_buffer.version, group_id=batch.step * self._group_stride + group,
-                metrics={"reward": rewards[row]})
+                metrics={"reward": rewards[row], "version_oldest": float(oldest[row]),
+                         "version_newest": float(oldest[row] + spans[row])})
 
     def _messages(self, ids: np.ndarray, mask: np.ndarray, task_id: str) -> tuple[list[dict], list[dict]]:
         """What TRL shows in its traces: the decoded prompt and completion, or the task id."""

@@ -21,7 +21,7 @@ import orjson
 import redis
 import torch
 
-from streamgrp.errors import WeightsConflict
+from streamgrp.errors import ConfigError, WeightsConflict
 from streamgrp.store.keys import RunKeys
 from streamgrp.train import dtypes
 
@@ -70,8 +70,9 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
         tensor = tensor.detach().cpu().contiguous()
         digest.update(orjson.dumps([name, str(tensor.dtype), list(tensor.shape)]))
         if tensor.numel():
-            digest.update(tensor.view(-1).view(torch.uint8).numpy() if tensor.dtype != torch.bool
-                          else tensor.to(torch.uint8).numpy())
+            # .data: the array's bytes as a memoryview (numpy declares its buffer protocol only from Python 3.12)
+            digest.update(tensor.view(-1).view(torch.uint8).numpy().data if tensor.dtype != torch.bool
+                          else tensor.to(torch.uint8).numpy().data)
     return digest.hexdigest()
 
 
@@ -91,9 +92,9 @@ def publish(client: redis.Redis, keys: RunKeys, version: int, state: dict[str, t
         raise WeightsConflict(f"weights version {version} already names another weight state (the latest published "
                               f"is {int(latest)}); a version is one state: publish these weights under a new version")
     # SET NX GET: written only if the version is new, and the existing state returned if not, in one command.
-    existing = client.set(weights_key(keys, version), payload, nx=True, get=True)
-    if existing is not None:
-        if existing == payload:
+    held = client.set(weights_key(keys, version), payload, nx=True, get=True)
+    if held is not None:
+        if held == payload:
             return False
         raise WeightsConflict(f"weights version {version} already names another weight state; a version is one "
                               "state (samples drawn from it say so): publish these weights under the next version")
@@ -164,6 +165,9 @@ class WeightCache:
             return self.version, self.state
         for candidate in range(wanted, max(-1, wanted - KEEP_VERSIONS), -1):
             payload = self.client.get(weights_key(self.keys, candidate))
+            if isinstance(payload, str):
+                raise ConfigError("weights read back as text: this client decodes responses; give WeightCache "
+                                  "a client that does not (decode_responses=False, as streamgrp's connect makes)")
             if payload is not None:
                 self.version, self.state = candidate, decode_state(payload)
                 return self.version, self.state

@@ -7,6 +7,9 @@
 - ``/completion`` (token ids in): the next scripted reply (`FakeLlama.script`), else ``ok<n>`` where n is
   the prompt's length mod 7, as one token per character and then end-of-generation (2), each with the
   log-probability ``-(id % 7 + 1) / 8``; ``n_predict`` cuts it (``limit``). ``delay_s`` holds the answer.
+  With ``stream``, the same as llama-server's event stream (an event per token, ``token_gap_s`` apart; the
+  last held until ``hold_last`` is set, when it is given);
+  ``GET /v1/models`` names the model (``fake@v<version>``).
 
 Every generation is recorded (`generations`: the prompt ids and the ids answered), so a test can check
 that what the gateway recorded is what the server generated. `Running` serves a `Gateway` from a thread
@@ -73,6 +76,8 @@ class FakeLlama:
     def __init__(self) -> None:
         self.script: deque[str] = deque()
         self.delay_s = 0.0
+        self.token_gap_s = 0.0
+        self.hold_last: threading.Event | None = None
         self.version = 0
         self.generations: list[dict[str, Any]] = []
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -90,21 +95,38 @@ class FakeLlama:
         if path == "/detokenize":
             return 200, {"content": detokenize(body["tokens"])}
         if path == "/completion":
-            if self.delay_s:
-                time.sleep(self.delay_s)
-            prompt = body["prompt"]
-            with self.lock:
-                text = self.script.popleft() if self.script else f"ok{len(prompt) % 7}"
-            ids = [*tokenize(text, special=False), IM_END]
-            limit = body.get("n_predict", len(ids))
-            stop = "eos" if len(ids) <= limit else "limit"
-            ids = ids[:limit]
+            ids, stop = self.generate(body)
             content = detokenize([t for t in ids if t != IM_END])
-            with self.lock:
-                self.generations.append({"prompt": list(prompt), "tokens": list(ids)})
             return 200, {"content": content, "tokens": ids, "stop_type": stop, "model": f"fake@v{self.version}",
                          "completion_probabilities": [{"id": t, "logprob": logprob(t)} for t in ids]}
         return 404, {"error": {"message": f"no {path}"}}
+
+    def generate(self, body: dict[str, Any]) -> tuple[list[int], str]:
+        """(the ids answered, llama-server's stop_type) for a /completion request, recorded."""
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        prompt = body["prompt"]
+        with self.lock:
+            text = self.script.popleft() if self.script else f"ok{len(prompt) % 7}"
+        ids = [*tokenize(text, special=False), IM_END]
+        limit = body.get("n_predict", len(ids))
+        stop = "eos" if len(ids) <= limit else "limit"
+        ids = ids[:limit]
+        with self.lock:
+            self.generations.append({"prompt": list(prompt), "tokens": list(ids)})
+        return ids, stop
+
+    def events(self, body: dict[str, Any]) -> list[bytes]:
+        """llama-server's stream for a /completion request: an event per token (its piece, its id, its entry),
+        then the last (``stop``, the stop type, the model). ``token_gap_s`` passes between tokens."""
+        ids, stop = self.generate(body)
+        events = [{"index": 0, "content": detokenize([t]) if t != IM_END else "", "tokens": [t], "stop": False,
+                   "id_slot": -1, "tokens_predicted": n + 1, "tokens_evaluated": len(body["prompt"]),
+                   "completion_probabilities": [{"id": t, "token": detokenize([t]), "bytes": [], "logprob": logprob(t),
+                                                 "top_logprobs": []}]} for n, t in enumerate(ids)]
+        events.append({"index": 0, "content": "", "tokens": [], "stop": True, "stop_type": stop,
+                       "model": f"fake@v{self.version}", "tokens_predicted": len(ids)})
+        return [b"data: " + orjson.dumps(event) + b"\n\n" for event in events]
 
 
 def start() -> tuple[FakeLlama, ThreadingHTTPServer]:
@@ -125,10 +147,27 @@ def start() -> tuple[FakeLlama, ThreadingHTTPServer]:
             self.wfile.write(raw)
 
         def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": f"fake@v{fake.version}", "object": "model"}]})
+                return
             self._send(200, {"status": "ok"})
 
         def do_POST(self) -> None:
             body = orjson.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            if self.path == "/completion" and body.get("stream"):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                events = fake.events(body)
+                for index, event in enumerate(events):
+                    if index == len(events) - 1 and fake.hold_last is not None:
+                        fake.hold_last.wait(30)  # a test reads the tokens before the generation ends
+                    self.wfile.write(event)
+                    self.wfile.flush()
+                    time.sleep(fake.token_gap_s)
+                self.close_connection = True
+                return
             self._send(*fake.reply(self.path, body))
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

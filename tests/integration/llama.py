@@ -57,10 +57,11 @@ def server_command(binary: str, port: int) -> list[str]:
             "--no-webui"]
 
 
-def start_llama(binary: str, model: Path, log_path: Path, *, version: int = 0) -> LlamaServer:
+def start_llama(binary: str, model: Path, log_path: Path, *, version: int = 0,
+                extra: tuple[str, ...] | list[str] = ()) -> LlamaServer:
     port = free_port("127.0.0.1")
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([*server_command(binary, port), "--model", str(model), "--alias",
+        proc = subprocess.Popen([*server_command(binary, port), *extra, "--model", str(model), "--alias",
                                  f"{ALIAS}@v{version}"], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -69,7 +70,8 @@ def start_llama(binary: str, model: Path, log_path: Path, *, version: int = 0) -
     except Exception:
         proc.kill()
         proc.wait()
-        raise AssertionError(f"llama-server did not start; its log:\n{log_path.read_text(errors='replace')[-3000:]}")
+        raise AssertionError(f"llama-server did not start; its log:\n{log_path.read_text(errors='replace')[-3000:]}"
+                             ) from None
     return LlamaServer(binary, model, url, proc)
 
 

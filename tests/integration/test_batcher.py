@@ -721,3 +721,27 @@ def test_a_batcher_of_the_run_with_another_dataset_or_max_steps_is_refused_at_st
         Batcher(client, run, BatcherConfig(max_steps=5), dataset=load_dataset(str(dataset)),
                 dataset_identity=DatasetIdentity.of(str(dataset)))
 
+
+
+def test_wait_knows_the_in_flight_tasks_issue_versions_also_after_a_takeover(client, make_run):
+    run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=1, staleness="wait")
+    prompts = [{"tokens": 3, "seed": i} for i in range(40)]
+    first = active(client, run, dataset=iter(prompts))
+    first.round()
+    assert first._feeder.oldest_in_flight() == 0  # 4 tasks issued at version 0, none decided
+    worker = WorkerClient(client, run.keys)
+    [task] = worker.take(1, block_ms=None)  # one task's group decided; three still in flight
+    worker.publish_many([(r.task_id, r.slot, rollout(r)) for r in task.requests(2, 0)])
+    worker.done(task)
+    Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)).run(burst=True)
+    first.round()
+    assert first._feeder.oldest_in_flight() == 0 and len(first._feeder._in_flight) == 3
+    first.lease.release()
+
+    second = active(client, run, dataset=iter(prompts))  # another process: knows only what the streams say
+    assert second._feeder._in_flight == first._feeder._in_flight
+    settle(client, run)  # every task decided: nothing in flight, nothing left behind: both steps written
+    second.round()
+    assert second._feeder.oldest_in_flight() is None
+    assert [batched_tasks(m) for m in manifests(client, run)] == [["t00000000", "t00000001"],
+                                                                  ["t00000002", "t00000003"]]

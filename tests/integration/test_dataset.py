@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 import torch
-from made_steps import make_steps
+from made_steps import make_steps, rollout
 from torch.utils.data import DataLoader
 
 from streamgrp.core import codec
@@ -34,10 +34,13 @@ def test_a_dataloader_yields_each_step_once_and_commits_on_advance(client, redis
     for item in DataLoader(dataset, batch_size=None):
         # The previous step was committed when this one was asked for; this one is not yet.
         assert committed(client, run) == (item["step"] - 1 if item["step"] else None)
-        assert set(item) == {*ITEM_TENSORS, "advantages", "step", "rank", "version", "step_loss_tokens", "task_ids"}
+        assert set(item) == {*ITEM_TENSORS, "advantages", "step", "rank", "version", "step_loss_tokens",
+                             "stale_masked_tokens", "task_ids"}
         rows, longest = item["token_ids"].shape
         assert item["attention_mask"].shape == item["loss_mask"].shape == item["logprobs"].shape == (rows, longest)
+        assert item["token_versions"].shape == (rows, longest)
         assert item["rewards"].shape == item["versions"].shape == item["advantages"].shape == (rows,)
+        assert item["version_spans"].shape == (rows,)
         assert int(item["group_sizes"].sum()) == rows and len(item["task_ids"]) == len(item["group_sizes"])
         assert torch.equal(item["advantages"], normalize(item["rewards"], item["group_sizes"], GROUP))
         assert item["step_loss_tokens"] == int(item["loss_mask"].sum())  # one rank: the step is this shard
@@ -87,3 +90,25 @@ def test_what_the_dataset_refuses(client, make_run, issuer):
     # A DataLoader worker process would iterate (and commit) on its own: refused inside the worker.
     with pytest.raises(ConfigError, match="use num_workers=0"):
         next(iter(DataLoader(dataset, batch_size=None, num_workers=1)))
+
+
+def spanning_rollout(request):
+    """A sample whose last two tokens were generated two versions after the rest (a resumed generation)."""
+    sample = rollout(request)
+    if sample is None:
+        return None
+    runs = [[request.version, sum(sample.row_lengths) - 3], [request.version + 2, 2]]
+    return sample.replace(meta={"token_versions": runs})
+
+
+def test_a_dataloader_item_carries_each_tokens_version(client, redis_url, make_run, issuer):
+    run = make_run(n_samples=3, dp_size=1, batch_size=2, max_staleness=5)
+    make_steps(client, run, groups=2, steps=1, rollout=spanning_rollout)
+    dataset = StepDataset(TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1))
+    [item] = list(DataLoader(dataset, batch_size=None))
+    lengths = item["attention_mask"].sum(1).tolist()
+    for row, length in enumerate(lengths):
+        versions = item["token_versions"][row].tolist()
+        # the prompt token and the first generated ones at the sample's version, the last two two versions on
+        assert versions[:length] == [0] * (length - 2) + [2, 2] and versions[length:] == [0] * (len(versions) - length)
+    assert item["versions"].tolist() == [0] * len(lengths) and item["version_spans"].tolist() == [2] * len(lengths)

@@ -5,6 +5,8 @@ keys, retries, timeouts, and `streamgrp agent` running agents per slot.
 
 from __future__ import annotations
 
+import threading
+
 import time
 from pathlib import Path
 
@@ -206,7 +208,7 @@ def test_streamed_chat_and_completions_answer_in_openais_shape(gateway_for, fake
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].usage.completion_tokens == len("Streamed answer.") + 1
     content = [c for c in chunks if c.choices and c.choices[0].logprobs]
-    assert [entry.token for entry in content[0].choices[0].logprobs.content][:2] == \
+    assert [entry.token for c in content for entry in c.choices[0].logprobs.content][:2] == \
         [f"token_id:{ord('S') + 16}", f"token_id:{ord('t') + 16}"]
     # /v1/completions: a text prompt that continues the last turn's prompt and completion, then a prompt of ids.
     text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nStreamed answer.<|im_end|>\nmore"
@@ -222,6 +224,32 @@ def test_streamed_chat_and_completions_answer_in_openais_shape(gateway_for, fake
     assert turns[2].prompt_ids.to_list() == [5, 6, 7] and turns[2].finish == "length"
 
 
+def test_a_streamed_turn_reaches_the_client_as_it_is_generated_and_ends_once_it_is_recorded(gateway_for, fake):
+    """The server's tokens go to the client as they stream: the first part arrives while the generation has
+    not ended; the finish and [DONE] come after the turn's record, and what streamed is what was recorded."""
+    gw = gateway_for()
+    session = gw.open()["sessions"][0]
+    fake.script.append("Tokens as they come.")
+    fake.hold_last = threading.Event()
+    stream = openai_client(session).chat.completions.create(model="policy", stream=True,
+                                                             messages=[{"role": "user", "content": "go"}])
+    parts = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+            if len(parts) == 3:
+                break
+    assert parts == ["T", "o", "k"] and gw.events(TurnRecorded) == []  # still generating, nothing recorded
+    fake.hold_last.set()
+    rest = list(stream)
+    text = "".join(parts) + "".join(c.choices[0].delta.content or "" for c in rest if c.choices)
+    [turn] = gw.events(TurnRecorded)
+    assert text == "Tokens as they come." == turn.meta["text"]
+    assert [c.choices[0].finish_reason for c in rest if c.choices][-1] == "stop"
+    assert turn.completion_ids.to_list() == fake.generations[-1]["tokens"]
+    assert [path for path, _ in fake.requests].count("/completion") == 0  # streamed: never asked plainly
+
+
 @pytest.mark.one_server_kind
 def test_a_session_key_reaches_only_its_own_sessions_openai_endpoints(gateway_for, fake):
     gw = gateway_for()
@@ -230,7 +258,8 @@ def test_a_session_key_reaches_only_its_own_sessions_openai_endpoints(gateway_fo
     assert gw.control("/sessions", {}, token=mine["api_key"]).status_code == 401
     assert httpx2.post(gw.url + "/sessions", json={}).status_code == 401
     forged = mine["api_key"].rsplit("_", 1)[0] + "_" + other["api_key"].rsplit("_", 1)[1]
-    for key in (forged, "sk-nothing", other["api_key"][:-1] + "0"):
+    altered = other["api_key"][:-1] + ("1" if other["api_key"].endswith("0") else "0")  # one hex digit off
+    for key in (forged, "sk-nothing", altered):
         with pytest.raises(openai.AuthenticationError):
             openai_client({**mine, "api_key": key}, max_retries=0).chat.completions.create(
                 model="p", messages=[{"role": "user", "content": "x"}])

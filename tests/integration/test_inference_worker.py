@@ -4,6 +4,7 @@ which version: a fake vLLM/SGLang HTTP server (their documented shapes) stands i
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from inference_fakes import Action, next_tokens, start
@@ -155,3 +156,71 @@ def test_weight_sync_shows_why_llama_server_did_not_start_and_exits_non_zero(cli
     assert "exited with code 1" in done.stderr and "error: invalid argument: --bogus" in done.stderr
     [event] = _events(client, run.keys.control, WeightsServed)
     assert (event.version, event.ok) == (0, False) and "--bogus" in event.detail
+
+
+#: A "llama-server" that serves /health on the --port it is given, notes its pid, and runs until killed.
+_HEALTHY_SERVER = """
+import http.server, os, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+open(os.environ["FAKE_PID_FILE"], "w").write(str(os.getpid()))
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+@pytest.mark.one_server_kind
+def test_the_llama_server_of_a_sigkilled_weight_sync_dies_with_it(client, make_run, redis_url, tmp_path):
+    """weight-sync owns the llama-server it starts: killed by SIGKILL (no chance to stop it), its server goes
+    too, rather than serving an old version and holding its port for whoever starts next."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    from processes import wait_until
+
+    from streamgrp.cli.children import free_port
+
+    run = make_run(n_samples=2)
+    version_dir(tmp_path, 0).mkdir(parents=True)
+    (version_dir(tmp_path, 0) / "model.gguf").write_bytes(b"GGUF")
+    pid_file = tmp_path / "server.pid"
+    port = free_port("127.0.0.1")
+    command = f"{sys.executable} -c {shlex.quote(_HEALTHY_SERVER)} --port {port}"
+    sync = subprocess.Popen([sys.executable, "-m", "streamgrp", "weight-sync", "--redis-url", redis_url, "--run",
+                             run.name, "--weights-dir", str(tmp_path), "--dialect", "llamacpp", "--llama-server-cmd",
+                             command, "--server-url", f"http://127.0.0.1:{port}"],
+                            env={**os.environ, "FAKE_PID_FILE": str(pid_file)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _events(client, run.keys.control, WeightsServed), timeout=60, message="version 0 served")
+        [event] = _events(client, run.keys.control, WeightsServed)
+        assert event.ok, event.detail
+        server = int(pid_file.read_text())
+        os.kill(server, 0)  # alive
+        sync.send_signal(signal.SIGKILL)
+        sync.wait()
+
+        def gone() -> bool:
+            try:
+                os.kill(server, 0)
+            except ProcessLookupError:
+                return True
+            # a zombie until its new parent (init) reaps it: as dead as it gets
+            return "Z" in Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+        wait_until(gone, timeout=10, message="the llama-server to end with its weight-sync")
+    finally:
+        if sync.poll() is None:
+            sync.kill()
+            sync.wait()
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

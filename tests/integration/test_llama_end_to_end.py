@@ -188,7 +188,7 @@ MULTI_BYTE_PROMPTS = ["请用中文写一句话。", "Write one short sentence i
                       "Reply with three emoji.", "写一首关于月亮的短诗。", "What is 'cat' in Chinese characters?",
                       "Describe the sea with emoji only 🌊🐟", "把“good morning”翻译成中文。",
                       "Send a heart and a smiley emoji.", "中国的首都是哪里？请用中文回答。"]
-MULTI_BYTE_SAMPLES, MULTI_BYTE_MAX_TOKENS = 10, 12
+MULTI_BYTE_SAMPLES, MULTI_BYTE_MAX_TOKENS = 4, 12  # 40 replies: about half hold multi-byte text
 #: How far a recorded log-probability may be from llama-server's teacher-forced one, in nats.
 MULTI_BYTE_TOLERANCE = 1e-3
 

@@ -61,6 +61,22 @@ def test_the_segment_function_refuses_bad_input_and_other_holders_writing_nothin
         SegmentStore(client, run.partitions, name="w2").record(0, entry, _segment(1, 2, [9]))
 
 
+def test_a_segment_is_its_holders_sign_of_life_the_task_does_not_turn_idle(client, make_run, issuer):
+    import time
+
+    run = make_run(n_samples=1)
+    WorkerClient(client, run.keys)
+    entry = _held_task(client, run, issuer, "w1")
+    time.sleep(0.3)
+    [before] = client.xpending_range(run.keys.tasks, WORKERS_GROUP, entry, entry, 1)
+    SegmentStore(client, run.partitions, name="w1").record(0, entry, _segment(0, 0, [7, 8]))
+    [after] = client.xpending_range(run.keys.tasks, WORKERS_GROUP, entry, entry, 1)
+    assert before["time_since_delivered"] >= 300 > after["time_since_delivered"]
+    assert (after["consumer"], after["times_delivered"]) == (b"w1", before["times_delivered"])  # still w1's, once
+    # so a worker reclaiming tasks idle 0.2 s finds none: the holder is alive
+    assert WorkerClient(client, run.keys, name="w2", claim_idle_s=0.2).take(1, block_ms=None) == []
+
+
 def test_a_chain_is_indexed_contiguous_and_ends_with_its_generation():
     first, second, third = _segment(0, 0, [1, 2]), _segment(1, 2, [3]), _segment(2, 3, [4], cause="stop")
     assert chain_of([first, second, first, second, third, _segment(3, 4, [5])]) == [first, second, third]
@@ -74,7 +90,8 @@ def test_a_worker_generating_in_chunks_records_each_and_its_sample_is_their_conc
     fake, stop = start("llamacpp")
     try:
         issuer(run).issue([{"prompt_ids": [5, 6]}])
-        config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01)
+        config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01,
+                                 segment_stream=False)
         worker = WorkerClient(client, run.keys)
         assert WorkerProcess(worker, build_rollout("llamacpp", config), WorkerConfig(burst=True, concurrency=2),
                              n_samples=2).run() == 1
@@ -95,6 +112,30 @@ def test_a_worker_generating_in_chunks_records_each_and_its_sample_is_their_conc
             assert payload.sample.logprobs.to_list()[2:4] == [logprob_of(ids[2]), logprob_of(ids[3])]
             broken = payload.sample.replace(meta={**payload.sample.meta, "segments": {"count": 2, "tokens": 16}})
             assert "generated 20 tokens, its segments hold 16" in check_sample(broken, chain)
+    finally:
+        stop()
+
+
+@pytest.mark.parametrize("dialect", ["llamacpp", "vllm", "sglang"])
+def test_a_streamed_generation_is_one_request_cut_into_segments_as_it_arrives(client, make_run, issuer, dialect):
+    run = make_run(n_samples=2)
+    fake, stop = start(dialect)
+    try:
+        issuer(run).issue([{"prompt_ids": [5, 6]}])
+        config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01)
+        assert WorkerProcess(WorkerClient(client, run.keys), build_rollout(dialect, config),
+                             WorkerConfig(burst=True, concurrency=2), n_samples=2).run() == 1
+        generations = fake.generations()
+        assert len(generations) == 2 and all(body["stream"] for body in generations)  # one stream per slot
+        assert len(fake.generated) == 40  # nothing generated twice: no chunk prefilled the context again
+        found = task_segments(client, run.keys.segments, _task_id(client, run))
+        for payload in (codec.decode(f) for _, f in client.xrange(run.keys.payloads)):
+            chain = chain_of(found[payload.slot])
+            assert [(s.index, s.start, s.tokens, s.cause) for s in chain] == [
+                (0, 0, 8, "chunk"), (1, 8, 8, "chunk"), (2, 16, 4, "length")]
+            assert check_sample(payload.sample, chain) is None
+            assert payload.sample.token_ids.to_list() == [5, 6, *next_tokens([5, 6], 20)]
+            assert payload.sample.meta["streams"] == 1
     finally:
         stop()
 
@@ -214,7 +255,7 @@ def test_retention_keeps_the_segments_of_tasks_the_workers_hold(client, make_run
     WorkerClient(client, run.keys)
     entry = _held_task(client, run, issuer, "w1")
     segment_id = SegmentStore(client, run.partitions, name="w1").record(0, entry, _segment(0, 0, [7, 8]))
-    archived = {name: "9999999999999-0" for name in run.keys.all_streams()}  # everything archived
+    archived = dict.fromkeys(run.keys.all_streams(), "9999999999999-0")  # everything archived
     floor, why = floors(client, run.keys, archived)["segments"]
     assert floor <= id_key(segment_id) and why == "segments of tasks the workers hold"
     client.xack(run.keys.tasks, WORKERS_GROUP, entry)  # its results published: its segments are the archive's,

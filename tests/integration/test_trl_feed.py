@@ -104,7 +104,9 @@ def test_samples_are_the_step_rows_and_a_step_commits_once_every_row_was_trained
                 assert sample.advantage == pytest.approx(advantages[row])
                 # Stamped with TRL's version as taken: TRL's own staleness check never drops a row.
                 assert (sample.model_version, sample.group_id) == (7, step * 16 + group_of_row[row])
-                assert sample.metrics == {"reward": batch.rewards[row].item()}
+                assert sample.metrics == {"reward": batch.rewards[row].item(),
+                                          "version_oldest": float(batch.versions[row]),
+                                          "version_newest": float(batch.versions[row] + batch.version_spans[row])}
         # The run wrote its two steps and TRL took everything: asking for more is an error that says so.
         wait_until(lambda: not feed._thread.is_alive(), timeout=5, message="the feed to finish")
         with pytest.raises(RunEnded, match="finished after 2 steps .* lower AsyncGRPOConfig.max_steps"):

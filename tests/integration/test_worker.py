@@ -1,4 +1,5 @@
 import asyncio
+import threading
 import time
 
 import pytest
@@ -75,6 +76,34 @@ def test_a_dead_workers_task_is_reclaimed_after_the_idle_timeout(client, make_ru
     [reclaimed] = alive.take(1, block_ms=None)
     assert reclaimed.event == task_event and reclaimed.entry_id == task.entry_id
     alive.done(reclaimed)
+    assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
+
+
+def test_a_task_running_longer_than_the_claim_time_stays_with_its_worker(client, make_run, issuer):
+    """A rollout three times longer than ``claim_idle_s``: its worker claims the task again while it runs, so
+    another worker scanning for idle tasks never takes it over, and each slot is published once. Without
+    that, the other worker would reclaim it after ``claim_idle_s`` and run the group a second time."""
+    run = make_run(n_samples=2)
+    issuer(run).issue([{}])
+    claim_idle_s = 0.6
+
+    def slow(request):
+        time.sleep(3 * claim_idle_s)
+        return make_sample(tokens=3)
+
+    running = WorkerClient(client, run.keys, name="running", claim_idle_s=claim_idle_s)
+    worker = threading.Thread(target=WorkerProcess(running, slow, WorkerConfig(burst=True), n_samples=2).run)
+    worker.start()
+    while client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0:  # the task is running's first
+        time.sleep(0.01)
+    other = WorkerClient(client, run.keys, name="other", claim_idle_s=claim_idle_s)
+    taken = []
+    while worker.is_alive():
+        taken += other.take(1, block_ms=None)
+        time.sleep(0.05)
+    worker.join()
+    assert taken == []
+    assert sorted((r.slot, r.producer) for r in slot_results(client, run)) == [(0, "running"), (1, "running")]
     assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
 
 

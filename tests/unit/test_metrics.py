@@ -20,9 +20,12 @@ ONLY = {
     "batcher": {"streamgrp_steps_written_total", "streamgrp_groups_discarded_total", "streamgrp_stall_seconds",
                 "streamgrp_empty_rounds",
                 "streamgrp_trainer_wait_rounds_total", "streamgrp_policy_version", "streamgrp_batch_imbalance_ratio",
-                "streamgrp_staleness_versions", "streamgrp_served_version", "streamgrp_served_behind_seconds"},
+                "streamgrp_staleness_versions", "streamgrp_served_version", "streamgrp_served_behind_seconds",
+                "streamgrp_generations_total", "streamgrp_held_rounds_total"},
     "trainer": {"streamgrp_steps_total", "streamgrp_trainer_step", "streamgrp_step_failures_total",
-                "streamgrp_batch_wait_seconds", "streamgrp_policy_version", "streamgrp_steps_retrained_total"},
+                "streamgrp_batch_wait_seconds", "streamgrp_policy_version", "streamgrp_steps_retrained_total",
+                "streamgrp_sample_version_span", "streamgrp_token_staleness_versions",
+                "streamgrp_stale_masked_tokens_total"},
     "weight-sync": set(),
     "rewarder": {"streamgrp_rewards_total", "streamgrp_reward_latency_seconds", "streamgrp_rewards_in_flight",
                  "streamgrp_reward_failures_total"},
@@ -156,3 +159,37 @@ def test_a_follower_exports_entries_skips_and_lag_by_name_and_stream():
     [entries] = exported["streamgrp_follow_entries_total"]
     assert (entries.labels["consumer"], entries.labels["stream"], entries.value) == ("eval", "decisions", 3)
     assert exported["streamgrp_follow_lag_seconds"][0].value == 1.5
+
+
+def test_the_bias_monitor_counts_each_generation_once_by_outcome_and_length():
+    from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats
+    from streamgrp.core.lengths import length_bucket
+    from streamgrp.services import outcomes
+
+    def group(task, tokens, outcomes_=None, decision="complete"):
+        members = tuple(DecidedMember(slot=i, entry=f"{i}-0", rows=1, tokens=n, version=0, reward=0.0)
+                        for i, n in enumerate(tokens))
+        return GroupDecided.of(task_id=task, decision=decision, reason="all_unusable" if decision == "dropped" else None,
+                            members=members, slot_outcomes=outcomes_ or {},
+                            stats=GroupStats.of(3, len(members), len(members)), closed_by="deadline")
+
+    metrics = Metrics(role="batcher")
+    short_and_long = group("a", [100, 5000], {"0": "sample", "1": "sample", "2": "timeout"})
+    outcomes.decided(metrics, [short_and_long, group("b", [300], decision="dropped")])
+    outcomes.batched(metrics, 3, [short_and_long])
+    outcomes.discarded(metrics, group("c", [20000]), "stale")
+    counted = {tuple(sample.labels.values()): sample.value for sample in metrics.generations.collect()[0].samples
+               if sample.value}
+    assert counted == {("timeout", "none"): 1, ("dropped", "1k"): 1, ("trained", "256"): 1, ("trained", "16k"): 1,
+                       ("stale", "more"): 1}
+    assert [length_bucket(n) for n in (1, 256, 257, 4096, 16385)] == ["256", "256", "1k", "4k", "more"]
+
+
+def test_many_observations_at_once_are_what_as_many_observe_calls_give():
+    one, many = Metrics(role="trainer"), Metrics(role="trainer")
+    for value, count in ((0, 5), (2, 3), (40, 1)):
+        for _ in range(count):
+            one.token_staleness.observe(value)
+        many.observe_many(many.token_staleness, value, count)
+    assert [s.value for s in one.token_staleness.collect()[0].samples] == \
+        [s.value for s in many.token_staleness.collect()[0].samples]

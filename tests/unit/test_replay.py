@@ -27,6 +27,7 @@ from streamgrp.replay import (
     save_batch,
 )
 from streamgrp.services.synthetic import make_sample
+from streamgrp.train.batchfile import OPTIONAL_FIELDS
 from streamgrp.train.loader import build_batch
 
 POLICY = GroupPolicy(n_samples=2, reward_norm=NormSpec("group", "group"))
@@ -187,10 +188,11 @@ def test_batch_files_round_trip_bit_for_bit(tmp_path):
     batch = _batch(rank=1)
     path = save_batch(batch, tmp_path / "b.safetensors")
     loaded = load_batch(path)
-    for name in TENSOR_FIELDS:
+    for name in (*TENSOR_FIELDS, *OPTIONAL_FIELDS):
         mine, theirs = getattr(batch, name), getattr(loaded, name)
         assert mine.dtype == theirs.dtype and mine.equal(theirs), name
-    for name in ("run", "step", "rank", "world_size", "version", "task_ids", "digest", "step_loss_tokens"):
+    for name in ("run", "step", "rank", "world_size", "version", "task_ids", "digest", "step_loss_tokens",
+                 "stale_masked_tokens"):
         assert getattr(loaded, name) == getattr(batch, name), name
     with pytest.raises(ReadOnlyBatch):
         loaded.commit()
@@ -215,8 +217,8 @@ def test_the_safetensors_library_reads_batch_files(tmp_path):
     safetensors_torch = pytest.importorskip("safetensors.torch")
     batch = _batch()
     tensors = safetensors_torch.load_file(str(save_batch(batch, tmp_path / "b.safetensors")))
-    assert set(tensors) == set(TENSOR_FIELDS)
-    assert all(tensors[name].equal(getattr(batch, name)) for name in TENSOR_FIELDS)
+    assert set(tensors) == {*TENSOR_FIELDS, *OPTIONAL_FIELDS}
+    assert all(tensors[name].equal(getattr(batch, name)) for name in (*TENSOR_FIELDS, *OPTIONAL_FIELDS))
 
 
 def test_empty_tensors_and_other_dtypes_round_trip(tmp_path):
@@ -283,3 +285,14 @@ def test_a_shard_is_built_on_one_thread_and_the_callers_thread_count_is_restored
     finally:
         torch.set_num_threads(before)
     assert seen == [1] and batch.rows == 2 * len(batch.task_ids)
+
+
+def test_a_run_that_masks_stale_tokens_gets_the_same_masked_shard_every_time_it_is_built():
+    from streamgrp.config import RunConfig
+
+    masking = RunConfig(n_samples=2, dp_size=2, max_staleness=1, staleness="mask")  # the step is at version 3
+    plain, masked, again = _batch(), _batch(run_config=masking), _batch(run_config=masking)
+    assert masked.stale_masked_tokens == int(plain.loss_mask.sum()) > 0  # every sample is of version 0 < 3 - 1
+    assert not masked.loss_mask.any() and torch.equal(masked.loss_mask, again.loss_mask)
+    assert torch.equal(_batch(run_config=RunConfig(n_samples=2, dp_size=2, max_staleness=3,
+                                                   staleness="mask")).loss_mask, plain.loss_mask)

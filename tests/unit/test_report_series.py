@@ -281,3 +281,18 @@ def test_a_chart_is_omitted_with_a_note_only_when_no_step_has_its_value():
     assert 'id="chart-loss"' not in html
     assert 'id="omitted-loss"' in html and "No loss chart: no step has a &quot;loss&quot;" in html
     assert "streamgrp.consumers.grpo_trainer" in html
+
+
+def test_the_bias_series_say_what_share_of_each_length_was_trained_and_dropped_as_stale():
+    def sized(task: str, tokens: int) -> GroupDecided:
+        return decided(task).with_members(tuple(m.replace(tokens=tokens) for m in decided(task).members))
+
+    decisions = [(1.0, sized("short1", 100)), (2.0, sized("short2", 100)), (3.0, sized("long1", 5000)),
+                 (6.0, sized("long2", 5000))]
+    manifests = [manifest(0, 5.0, tasks=("short1", "short2")), manifest(1, 9.0, tasks=("long2",))]
+    rows, _ = step_rows(started_at=0.0, manifests=manifests, decisions=decisions,
+                        discards=[(5.001, discarded("long1", "stale"))])
+    series = ReportData("r", 0.0, tuple(rows), Tally(), {}, "running").series()
+    assert series["trained_share:256"] == [1.0, 1.0]
+    assert series["trained_share:16k"] == [0.0, 0.5] and series["stale_share:16k"] == [0.0, 0.5]
+    assert "trained_share:1k" not in series  # no generation of that length: no line

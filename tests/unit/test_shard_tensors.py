@@ -38,6 +38,7 @@ def reference(samples: list[tuple[SampleRows, dict]]) -> dict[str, torch.Tensor]
         out["attention_mask"][i, :n] = True
     out["rewards"] = torch.tensor([r for rows, _ in samples for r in rows.rewards], dtype=torch.float32)
     out["versions"] = torch.tensor([rows.version for rows, _ in samples for _ in rows.row_lengths])
+    out["version_spans"] = torch.zeros(len(rows), dtype=torch.int64)
     return out
 
 

@@ -35,7 +35,6 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -49,6 +48,7 @@ from streamgrp.services.gateway.live import (
     SessionTable,
     text_digest,
 )
+from streamgrp.services.gateway.live_reply import LiveReply
 from streamgrp.services.gateway.openai_api import (
     Answer,
     ChatRequest,
@@ -57,6 +57,8 @@ from streamgrp.services.gateway.openai_api import (
     parse_chat,
     parse_completion,
 )
+from streamgrp.services.gateway.streamed import OnDelta
+from streamgrp.services.gateway.turn_timer import TurnTimer
 from streamgrp.services.gateway.upstream import ChatTemplate, Upstream
 from streamgrp.services.inference.adapter import Completion
 from streamgrp.services.inference.dialect import ProtocolError
@@ -82,23 +84,6 @@ MAX_TAKE_WAIT_S = 30.0
 #: count their retries in the first).
 RETRY_HEADER = "x-stainless-retry-count"
 IDEMPOTENCY_HEADER = "idempotency-key"
-
-
-@dataclass
-class TurnTimer:
-    """A turn's clock: when it started and how long it waited for inference servers (template, tokenizer,
-    generation) since."""
-
-    started: float
-    upstream: float = 0.0
-
-    @classmethod
-    def start(cls) -> TurnTimer:
-        return cls(time.perf_counter())
-
-    def own(self) -> float:
-        """The turn's time so far apart from the inference servers': the gateway's overhead."""
-        return max(0.0, time.perf_counter() - self.started - self.upstream)
 
 
 class Gateway:
@@ -294,8 +279,9 @@ class Gateway:
 
     # -- turns ----------------------------------------------------------------------------------------------
 
-    async def chat(self, key: str, body: Any, headers: Mapping[str, str], timer: TurnTimer) -> tuple[Answer, Report]:
-        """One turn of ``/v1/chat/completions``."""
+    async def chat(self, key: str, body: Any, headers: Mapping[str, str], timer: TurnTimer,
+                   live: LiveReply | None = None) -> tuple[Answer, Report]:
+        """One turn of ``/v1/chat/completions``; with ``live``, streamed to it as generated (without tools)."""
         request = parse_chat(body)
         session = await self.table.authenticate(key)
         async with session.lock:
@@ -304,10 +290,12 @@ class Gateway:
             text = await self._waited(timer, self.template.render(messages, request.tools, request.tool_choice,
                                                                   request.extra_template))
             prompt_ids = await self._prompt_ids(session, text, timer)
-            return await self._turn(session, request, prompt_ids, text, "chat", headers, timer), request.report
+            live = None if request.tools else live  # a tool call is parsed from the whole text: sent at the end
+            return (await self._turn(session, request, prompt_ids, text, "chat", headers, timer, live),
+                    request.report)
 
-    async def complete(self, key: str, body: Any, headers: Mapping[str, str],
-                       timer: TurnTimer) -> tuple[Answer, Report]:
+    async def complete(self, key: str, body: Any, headers: Mapping[str, str], timer: TurnTimer,
+                       live: LiveReply | None = None) -> tuple[Answer, Report]:
         """One turn of ``/v1/completions``: a text prompt is tokenized (continuing earlier turns where it
         does), a prompt of token ids is taken as it is."""
         request = parse_completion(body)
@@ -319,7 +307,8 @@ class Gateway:
                 prompt_ids = await self._prompt_ids(session, request.prompt, timer)
             else:
                 text, prompt_ids = None, list(request.prompt)
-            return await self._turn(session, request, prompt_ids, text, "completions", headers, timer), request.report
+            return (await self._turn(session, request, prompt_ids, text, "completions", headers, timer, live),
+                    request.report)
 
     async def _prompt_ids(self, session: LiveSession, text: str, timer: TurnTimer) -> list[int]:
         base = session.continued(text)
@@ -330,7 +319,8 @@ class Gateway:
         return [*base.prompt_ids, *base.completion_ids, *tail]
 
     async def _turn(self, session: LiveSession, request: ChatRequest | CompletionRequest, prompt_ids: list[int],
-                    text: str | None, endpoint: str, headers: Mapping[str, str], timer: TurnTimer) -> Answer:
+                    text: str | None, endpoint: str, headers: Mapping[str, str], timer: TurnTimer,
+                    live: LiveReply | None = None) -> Answer:
         idempotency = headers.get(IDEMPOTENCY_HEADER, "")[:200]
         retried = headers.get(RETRY_HEADER, "0").strip() not in ("", "0")
         turn = session.replayable(prompt_ids, retried=retried, idempotency=idempotency)
@@ -339,17 +329,22 @@ class Gateway:
                      session.session_id, turn.number)
             if self.metrics is not None:
                 self.metrics.gateway_replayed_turns.inc()
-        else:
-            turn = await self._generate(session, request, prompt_ids, text, endpoint, idempotency, timer)
-        return Answer(reply_id=f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{session.session_id}-{turn.number}",
-                      created=int(time.time()), model=request.report.model or turn.model, text=turn.text,
-                      content=turn.content, tool_calls=turn.tool_calls, finish=turn.finish, prompt_ids=turn.prompt_ids,
-                      completion_ids=turn.completion_ids, logprobs=turn.logprobs)
+        reply_id, created = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{session.session_id}-", int(time.time())
+        if turn is None:
+            live = live if request.report.stream else None
+            if live is not None:
+                live.begin(f"{reply_id}{len(session.turns) + 1}", created, request.report)
+            turn = await self._generate(session, request, prompt_ids, text, endpoint, idempotency, timer,
+                                        live.delta if live is not None else None)
+        return Answer(reply_id=f"{reply_id}{turn.number}", created=created, model=request.report.model or turn.model,
+                      text=turn.text, content=turn.content, tool_calls=turn.tool_calls, finish=turn.finish,
+                      prompt_ids=turn.prompt_ids, completion_ids=turn.completion_ids, logprobs=turn.logprobs)
 
     async def _generate(self, session: LiveSession, request: ChatRequest | CompletionRequest, prompt_ids: list[int],
-                        text: str | None, endpoint: str, idempotency: str, timer: TurnTimer) -> LiveTurn:
+                        text: str | None, endpoint: str, idempotency: str, timer: TurnTimer,
+                        on_delta: OnDelta | None = None) -> LiveTurn:
         completion: Completion = await self._waited(timer, self.upstream.generate(
-            prompt_ids, self.upstream.sampling(request.sampled)))
+            prompt_ids, self.upstream.sampling(request.sampled), on_delta))
         if not completion.token_ids:
             raise ProtocolError(f"the {self.upstream.dialect.name} server generated no token for session "
                                 f"{session.session_id}'s turn (is the prompt as long as its context?)")
@@ -376,7 +371,8 @@ class Gateway:
                              prompt_ids=RawArray.from_values(prompt_ids, "int32"),
                              completion_ids=RawArray.from_values(turn.completion_ids, "int32"),
                              logprobs=RawArray.from_values(turn.logprobs, "float32"), version=turn.version,
-                             finish=turn.finish, meta=meta, producer=self.name, seq=self.store.next_seq())
+                             finish=turn.finish,  # type: ignore[arg-type]  # a literal, checked as it is encoded
+                             meta=meta, producer=self.name, seq=self.store.next_seq())
         try:
             await self._record(event)
         except SessionRefused as refused:

@@ -201,16 +201,13 @@ class Answer:
                 "total_tokens": len(self.prompt_ids) + len(self.completion_ids)}
 
 
-def _token_names(answer: Answer) -> list[str]:
-    return [f"token_id:{t}" for t in answer.completion_ids]
-
-
 def chat_reply(answer: Answer, report: Report) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": answer.content}
     if answer.tool_calls:
         message["tool_calls"] = answer.tool_calls
     choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": answer.finish_reason,
-                              "logprobs": _chat_logprobs(answer) if report.logprobs else None}
+                              "logprobs": (_chat_logprobs(answer.completion_ids, answer.logprobs)
+                                           if report.logprobs else None)}
     reply = {"id": answer.reply_id, "object": "chat.completion", "created": answer.created, "model": answer.model,
              "choices": [choice], "usage": answer.usage()}
     return _with_ids(reply, answer, report)
@@ -219,20 +216,50 @@ def chat_reply(answer: Answer, report: Report) -> dict[str, Any]:
 def chat_chunks(answer: Answer, report: Report) -> list[dict[str, Any]]:
     """The answer as ``chat.completion.chunk`` objects: the role, the content, the tool calls, the finish
     (and the usage, when ``stream_options.include_usage`` asked for it)."""
-    base = {"id": answer.reply_id, "object": "chat.completion.chunk", "created": answer.created,
-            "model": answer.model}
-    chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                    "finish_reason": None}]}]
-    if answer.content:
-        chunks.append({**base, "choices": [{"index": 0, "delta": {"content": answer.content},
-                                            "logprobs": _chat_logprobs(answer) if report.logprobs else None,
-                                            "finish_reason": None}]})
-    if answer.tool_calls:
-        calls = [{"index": i, **call} for i, call in enumerate(answer.tool_calls)]
-        chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
-                                            "finish_reason": None}]})
-    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                        "finish_reason": answer.finish_reason}]})
+    base = chunk_base("chat", answer.reply_id, answer.created, answer.model)
+    content = ([delta_chunk("chat", base, answer.content, answer.completion_ids, answer.logprobs, report)]
+               if answer.content else [])
+    return [*opening_chunks("chat", base), *content, *closing_chunks("chat", base, answer, report)]
+
+
+def chunk_base(endpoint: str, reply_id: str, created: int, model: str) -> dict[str, Any]:
+    """What every chunk of one streamed answer carries."""
+    kind = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+    return {"id": reply_id, "object": kind, "created": created, "model": model}
+
+
+def opening_chunks(endpoint: str, base: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat stream opens with the role; a completion stream with its text."""
+    if endpoint != "chat":
+        return []
+    return [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}]}]
+
+
+def delta_chunk(endpoint: str, base: dict[str, Any], text: str, token_ids: Sequence[int], logprobs: Sequence[float],
+                report: Report) -> dict[str, Any]:
+    """One part of the generated text (with its tokens' log-probabilities when the request asked for them)."""
+    if endpoint == "chat":
+        values = _chat_logprobs(token_ids, logprobs) if report.logprobs else None
+        return {**base, "choices": [{"index": 0, "delta": {"content": text}, "logprobs": values,
+                                     "finish_reason": None}]}
+    values = _completion_logprobs(token_ids, logprobs) if report.logprobs else None
+    return {**base, "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": values}]}
+
+
+def closing_chunks(endpoint: str, base: dict[str, Any], answer: Answer, report: Report) -> list[dict[str, Any]]:
+    """What follows the text: the tool calls (chat), the finish, the usage when asked for."""
+    chunks = []
+    if endpoint == "chat":
+        if answer.tool_calls:
+            calls = [{"index": i, **call} for i, call in enumerate(answer.tool_calls)]
+            chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
+                                                "finish_reason": None}]})
+        chunks.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                            "finish_reason": answer.finish_reason}]})
+    else:
+        chunks.append({**base, "choices": [{"index": 0, "text": "", "finish_reason": answer.finish,
+                                            "logprobs": None}]})
     if report.include_usage:
         chunks.append({**base, "choices": [], "usage": answer.usage()})
     return chunks
@@ -240,29 +267,26 @@ def chat_chunks(answer: Answer, report: Report) -> list[dict[str, Any]]:
 
 def completion_reply(answer: Answer, report: Report) -> dict[str, Any]:
     choice = {"index": 0, "text": answer.text, "finish_reason": answer.finish,
-              "logprobs": _completion_logprobs(answer) if report.logprobs else None}
+              "logprobs": (_completion_logprobs(answer.completion_ids, answer.logprobs)
+                           if report.logprobs else None)}
     reply = {"id": answer.reply_id, "object": "text_completion", "created": answer.created, "model": answer.model,
              "choices": [choice], "usage": answer.usage()}
     return _with_ids(reply, answer, report)
 
 
 def completion_chunks(answer: Answer, report: Report) -> list[dict[str, Any]]:
-    base = {"id": answer.reply_id, "object": "text_completion", "created": answer.created, "model": answer.model}
-    chunks = [{**base, "choices": [{"index": 0, "text": answer.text, "finish_reason": None,
-                                    "logprobs": _completion_logprobs(answer) if report.logprobs else None}]},
-              {**base, "choices": [{"index": 0, "text": "", "finish_reason": answer.finish, "logprobs": None}]}]
-    if report.include_usage:
-        chunks.append({**base, "choices": [], "usage": answer.usage()})
-    return chunks
+    base = chunk_base("completions", answer.reply_id, answer.created, answer.model)
+    return [delta_chunk("completions", base, answer.text, answer.completion_ids, answer.logprobs, report),
+            *closing_chunks("completions", base, answer, report)]
 
 
-def _chat_logprobs(answer: Answer) -> dict[str, Any]:
-    return {"content": [{"token": name, "logprob": value, "bytes": None, "top_logprobs": []}
-                        for name, value in zip(_token_names(answer), answer.logprobs)]}
+def _chat_logprobs(token_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:
+    return {"content": [{"token": f"token_id:{t}", "logprob": value, "bytes": None, "top_logprobs": []}
+                        for t, value in zip(token_ids, logprobs)]}
 
 
-def _completion_logprobs(answer: Answer) -> dict[str, Any]:
-    return {"tokens": _token_names(answer), "token_logprobs": list(answer.logprobs), "top_logprobs": None,
+def _completion_logprobs(token_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:
+    return {"tokens": [f"token_id:{t}" for t in token_ids], "token_logprobs": list(logprobs), "top_logprobs": None,
             "text_offset": None}
 
 

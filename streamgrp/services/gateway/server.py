@@ -29,7 +29,8 @@ from aiohttp import web
 
 from streamgrp.errors import ConfigError, SessionRefused, StreamgrpError
 from streamgrp.services import heap
-from streamgrp.services.gateway.gateway import Gateway, TurnTimer
+from streamgrp.services.gateway.gateway import Gateway
+from streamgrp.services.gateway.live_reply import SSE_HEADERS, LiveReply, sse
 from streamgrp.services.gateway.openai_api import (
     Answer,
     Report,
@@ -40,6 +41,7 @@ from streamgrp.services.gateway.openai_api import (
     completion_reply,
     error_body,
 )
+from streamgrp.services.gateway.turn_timer import TurnTimer
 from streamgrp.services.inference.adapter import GenerationFailed
 from streamgrp.services.inference.dialect import ProtocolError
 from streamgrp.services.inference.http import ClientError, InferenceError, ReplyTooLarge
@@ -87,22 +89,27 @@ class GatewayServer:
     async def _turn(self, request: web.Request, endpoint: str,
                     handler: Callable[..., Awaitable[tuple[Answer, Report]]]) -> web.StreamResponse:
         timer = TurnTimer.start()
+        live = LiveReply(request, endpoint)
         try:
             body = _json(await request.read())
-            answer, report = await handler(_bearer(request), body, request.headers, timer)
+            answer, report = await handler(_bearer(request), body, request.headers, timer, live)
         except Exception as exc:  # noqa: BLE001 - every failure is answered as OpenAI's error object
+            if live.started:  # the stream began: the error ends it
+                return await live.fail(self._error_body(exc)[1])
             return self._error(exc)
-        if not report.stream:
+        response: web.StreamResponse
+        if live.started:
+            response = await live.finish(answer, report)
+        elif not report.stream:
             reply = chat_reply(answer, report) if endpoint == "chat" else completion_reply(answer, report)
-            response: web.StreamResponse = web.Response(body=orjson.dumps(reply), content_type=JSON)
+            response = web.Response(body=orjson.dumps(reply), content_type=JSON)
             await response.prepare(request)
             await response.write_eof()
-        else:
+        else:  # not streamed as generated (a retry answered from its record, a request with tools): at once
             chunks = chat_chunks(answer, report) if endpoint == "chat" else completion_chunks(answer, report)
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            response = web.StreamResponse(headers=SSE_HEADERS)
             await response.prepare(request)
-            await response.write(b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks)
-                                 + b"data: [DONE]\n\n")
+            await response.write(sse(chunks) + b"data: [DONE]\n\n")
             await response.write_eof()
         metrics = self.gateway.metrics
         if metrics is not None:
@@ -187,14 +194,19 @@ class GatewayServer:
     # -- errors ------------------------------------------------------------------------------------------------
 
     def _error(self, exc: BaseException) -> web.Response:
+        (status, retry), body = self._error_body(exc)
+        return web.Response(status=status, body=orjson.dumps(body), content_type=JSON,
+                            headers={"x-should-retry": "true" if retry else "false"})
+
+    def _error_body(self, exc: BaseException) -> tuple[tuple[int, bool], dict[str, Any]]:
+        """((status, whether a retry can help), OpenAI's error object) for a failure, logged and counted."""
         status, kind, retry, code, param = _classify(exc)
         if status >= 500:
             log.warning("%d answered: %s: %s", status, type(exc).__name__, exc)
         metrics = self.gateway.metrics
         if metrics is not None:
             metrics.gateway_errors.labels(str(status)).inc()
-        return web.Response(status=status, body=orjson.dumps(error_body(str(exc), kind, code=code, param=param)),
-                            content_type=JSON, headers={"x-should-retry": "true" if retry else "false"})
+        return (status, retry), error_body(str(exc), kind, code=code, param=param)
 
 
 class _Unauthorized(StreamgrpError):

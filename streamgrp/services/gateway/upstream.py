@@ -31,6 +31,7 @@ import orjson
 
 from streamgrp.config import InferenceConfig
 from streamgrp.errors import ConfigError
+from streamgrp.services.gateway.streamed import OnDelta, stream_turn
 from streamgrp.services.inference import make_dialect, server_urls
 from streamgrp.services.inference.adapter import (
     HEALTH_POLL_S,
@@ -61,7 +62,8 @@ class AsyncRequests:
         self._session: Any = None
         self._rng = random.Random()
 
-    def _http(self) -> Any:
+    def http(self) -> Any:
+        """The keep-alive client session (made on first use, on the loop)."""
         import aiohttp
 
         if self._session is None:
@@ -104,7 +106,7 @@ class AsyncRequests:
         import aiohttp
 
         try:
-            async with self._http().post(url + path, data=payload,
+            async with self.http().post(url + path, data=payload,
                                          headers={"Content-Type": "application/json"}) as response:
                 raw = await response.content.read(max_bytes + 1)
                 status = response.status
@@ -126,6 +128,13 @@ class AsyncRequests:
             raise TransportError(f"POST {url}{path}: HTTP {status}: {text}", server_away=status == 503)
         raise ClientError(f"POST {url}{path}: HTTP {status}: {text}", status)
 
+    async def get(self, url: str, path: str) -> Any:
+        """The JSON reply to ``GET url + path`` (no retries: the caller falls back when it fails)."""
+        async with self.http().get(url + path) as response:
+            if not 200 <= response.status < 300:
+                raise TransportError(f"GET {url}{path}: HTTP {response.status}")
+            return orjson.loads(await response.content.read(REPLY_BASE_BYTES))
+
     async def _await_restart(self, url: str, budget_s: float) -> tuple[bool, float]:
         """(whether ``url`` answers ``GET /health`` again within ``budget_s``, seconds waited)."""
         import aiohttp
@@ -133,7 +142,7 @@ class AsyncRequests:
         spent = 0.0
         while spent <= budget_s:
             try:
-                async with self._http().get(url + "/health", timeout=aiohttp.ClientTimeout(total=1.0)) as response:
+                async with self.http().get(url + "/health", timeout=aiohttp.ClientTimeout(total=1.0)) as response:
                     if response.status == 200:
                         return spent > 0, spent
             except (TimeoutError, aiohttp.ClientError, OSError):
@@ -199,22 +208,41 @@ class Upstream:
         self.dialect.check_extra(sampling.extra)
         return sampling
 
-    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
+    async def generate(self, prompt_ids: list[int], sampling: Sampling, on_delta: OnDelta | None = None) -> Completion:
         """The completion of ``prompt_ids``: generated until the server stops by itself or the token budget is
         spent, aborts resubmitted with the tokens so far, every log-probability there and checked; a part whose
-        tokens the server could not score on the weights that generated them is generated again (bounded)."""
+        tokens the server could not score on the weights that generated them is generated again (bounded).
+        With ``on_delta``, the first request is streamed and every part is handed to it as it arrives
+        (`streamgrp.services.gateway.streamed`)."""
         completion = Completion()
+        stream = on_delta is not None
         while True:
             budget = sampling.max_tokens - len(completion.token_ids)
             context = prompt_ids + completion.token_ids
-            path, body = self.dialect.generate(context, replace(sampling, max_tokens=budget))
-            reply, server = await self.requests.post(path, body, max_bytes=_reply_limit(body, len(context) + budget))
-            try:
-                generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server, sampling)
-            except WeightsChanged as changed:  # a weight sync between generating and scoring: the worker's rule
-                regenerate(completion, changed, 1)
-                continue
+            asked = replace(sampling, max_tokens=budget)
+            path, body = self.dialect.generate(context, asked)
+            limit = _reply_limit(body, len(context) + budget)
+            streamed = None
+            if stream and on_delta is not None:
+                stream = False
+                streamed = await stream_turn(self.requests, self.dialect, context, asked,
+                                             max_bytes=STREAM_BYTES_FACTOR * limit, on_delta=on_delta)
+            cut = False
+            if streamed is not None:
+                generation, server, cut = streamed
+            else:
+                reply, server = await self.requests.post(path, body, max_bytes=limit)
+                try:
+                    generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server,
+                                                           sampling)
+                except WeightsChanged as changed:  # a weight sync between generating and scoring: the worker's rule
+                    regenerate(completion, changed, 1)
+                    continue
+                if on_delta is not None:
+                    await on_delta(generation.token_ids, generation.logprobs, generation.text, generation.model)
             completion.add(generation, server, 1)
+            if cut and len(completion.token_ids) < sampling.max_tokens:
+                continue  # the stream broke or lost tokens (not an abort the server chose): the rest, plainly
             if finished_or_resubmit(completion, generation, server, self.dialect.name, sampling.max_tokens,
                                     self.on_abort, self.max_resubmits):
                 return completion
@@ -250,6 +278,10 @@ class Upstream:
                 return value
         raise ProtocolError(f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
                             f"gave none either; check the {self.dialect.name} server's version and flags")
+
+
+#: A stream carries each token in an event of its own (ids, log-probabilities, text, framing): room for that.
+STREAM_BYTES_FACTOR = 4
 
 
 def _reply_limit(body: dict[str, Any], tokens: int) -> int:

@@ -67,4 +67,5 @@ def build_rollout(name: str, config: InferenceConfig) -> InferenceRollout:
                             retry=Retry(config.max_attempts, config.backoff_s, config.backoff_max_s),
                             request_timeout_s=config.request_timeout_s, on_abort=config.on_abort,
                             max_resubmits=config.max_resubmits, keep_text=config.keep_text,
-                            restart_wait_s=config.restart_wait_s, segment_tokens=config.segment_tokens)
+                            restart_wait_s=config.restart_wait_s, segment_tokens=config.segment_tokens,
+                            segment_s=config.segment_s, segment_stream=config.segment_stream)

@@ -29,10 +29,15 @@ Owns what users get bitten by when they write this themselves:
   served now, at most `MAX_REGENERATIONS` times per slot (a sync is waited through, not a failure;
   a log-probability of one version is never recorded beside tokens of another);
 - with ``segment_tokens`` (and a worker that binds a segment store: `bind_segments`), a generation is
-  asked for in chunks of at most that many tokens, each continued from prompt + tokens so far, and every
-  chunk and every aborted part is a durable `SlotSegment` before the next is asked for; a slot of a task
-  taken over from a worker that stopped continues from its segments instead of from scratch, and its
-  sample is exactly their concatenation (`streamgrp.services.inference.segments`);
+  streamed, one request for all of it, and cut into durable `SlotSegment` events as it arrives: every
+  ``segment_tokens`` tokens or ``segment_s`` seconds, and at its end, an abort or a broken stream
+  (`streamgrp.services.inference.streaming`); a stream broken by a restart (a weight sync) keeps what it
+  streamed and goes on from it under the new weights, waited through like a restart before a request.
+  With ``segment_stream`` off (or a dialect that cannot stream), it is asked for in chunks of at most
+  ``segment_tokens`` tokens instead, each continued from prompt + tokens so far (each prefills the whole
+  context again). A slot of a task taken over from a worker that stopped continues from its segments
+  instead of from scratch, and its sample is exactly their concatenation
+  (`streamgrp.services.inference.segments`);
 - the reply is bounded by what was asked: never more tokens than ``max_tokens``, and a body is read
   only up to what that many tokens (and the prompt echoed back) could take, so a runaway server fails
   the slot at once instead of costing the worker its memory.
@@ -48,12 +53,20 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from streamgrp.core.events import Sample
+from streamgrp.services.inference.completion import (  # noqa: F401  (the gateway's and tests' names, from here)
+    MAX_REGENERATIONS,
+    Completion,
+    GenerationFailed,
+    WeightsChanged,
+    finished_or_resubmit,
+    regenerate,
+)
 from streamgrp.services.inference.dialect import Dialect, Generation, ProtocolError, Sampling, checked_logprobs
 from streamgrp.services.inference.http import (
     InferenceError,
@@ -62,6 +75,7 @@ from streamgrp.services.inference.http import (
     request_json,
 )
 from streamgrp.services.inference.pool import ServerPool
+from streamgrp.services.inference.streaming import SegmentCutter, StreamedPart, read_stream
 
 if TYPE_CHECKING:
     from streamgrp.services.inference.segments import SlotSegments
@@ -81,23 +95,6 @@ HEALTH_POLL_S = 0.05
 #: Restarts one request waits through without counting them as attempts (a bound, so a server that
 #: keeps dropping requests while its /health says it is fine still ends the slot).
 MAX_RESTARTS_WAITED = 4
-#: Segments of one slot generated again because the server's weights changed before every token of
-#: the segment was scored (a bound, so a server whose model name keeps changing still ends the slot).
-MAX_REGENERATIONS = 4
-
-
-class GenerationFailed(InferenceError):
-    """Every attempt at a request failed in transport, or an aborted generation could not be finished."""
-
-
-class WeightsChanged(InferenceError):
-    """The server that generated a segment answered its scoring with another model (a weight sync in
-    between): the segment's tokens and the scores cannot be of one policy, so it is generated again."""
-
-    def __init__(self, where: str, generated_by: str, scored_by: str) -> None:
-        super().__init__(f"{where}: the server changed models between generating ({generated_by!r}) and scoring "
-                         f"the token again ({scored_by!r})")
-        self.generated_by, self.scored_by = generated_by, scored_by
 
 
 @dataclass(frozen=True)
@@ -112,42 +109,15 @@ class Retry:
         return min(self.cap_s, self.base_s * 2 ** (retry - 1)) * rng.uniform(0.5, 1.0)
 
 
-@dataclass
-class Completion:
-    """The whole completion of one slot, over every segment it took."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    text: str = ""
-    versions: list[int | None] = field(default_factory=list)
-    servers: list[str] = field(default_factory=list)
-    finish: str = "stop"
-    reason: str = ""
-    resubmits: int = 0
-    attempts: int = 0
-    rescored: int = 0
-    #: Segments generated again because a weight sync came between generating and scoring them.
-    regenerated: int = 0
-    model: str = ""
-
-    def add(self, generation: Generation, server: str, attempts: int) -> None:
-        self.token_ids += generation.token_ids
-        self.logprobs += generation.logprobs
-        self.text += generation.text
-        self.versions.append(generation.weight_version)
-        self.servers.append(server)
-        self.finish, self.reason, self.model = generation.finish, generation.reason, generation.model
-        self.attempts += attempts
-        self.rescored += len(generation.unscored)
-
-
 class InferenceRollout:
     """A rollout function (``SlotRequest -> Sample | None``) backed by inference servers of one dialect."""
 
     def __init__(self, dialect: Dialect, pool: ServerPool, sampling: Sampling, reward: RewardFn, *,
                  retry: Retry = Retry(), request_timeout_s: float = 120.0, on_abort: str = "resubmit",
                  max_resubmits: int = 4, keep_text: bool = True, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None, restart_wait_s: float = 60.0, segment_tokens: int = 0) -> None:
+                 rng: random.Random | None = None, restart_wait_s: float = 60.0, segment_tokens: int = 0,
+                 segment_s: float = 30.0, segment_stream: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         dialect.check_extra(sampling.extra)
         self.dialect = dialect
         self.pool = pool
@@ -162,6 +132,9 @@ class InferenceRollout:
         self.rng = rng or random.Random()
         self.restart_wait_s = restart_wait_s
         self.segment_tokens = segment_tokens
+        self.segment_s = segment_s
+        self.segment_stream = segment_stream
+        self.clock = clock
         self.segments: SegmentStore | None = None
         self._tokenized: dict[bytes, list[int]] = {}
         self._lock = threading.Lock()
@@ -176,11 +149,14 @@ class InferenceRollout:
     def __call__(self, request: Any) -> Sample | None:
         prompt_ids = self.prompt_ids(request.prompt)
         slot = None
-        if self.segments is not None and getattr(request, "task_entry", ""):
+        task_entry: str = getattr(request, "task_entry", "")
+        if self.segments is not None and task_entry:
             from streamgrp.services.inference.segments import SlotSegments
 
             slot = SlotSegments(self.segments, request)
         completion = self.complete(prompt_ids, slot=slot)
+        if slot is not None:
+            slot.settle()  # its segments durable before its result is published
         reward = self.reward(request.prompt, list(completion.token_ids), completion.text)
         if reward is None:
             return None
@@ -196,6 +172,11 @@ class InferenceRollout:
             meta["rescored"] = completion.rescored  # log-probabilities the reply lacked, scored again
         if completion.regenerated:
             meta["regenerated"] = completion.regenerated  # segments generated again after a weight sync
+        if completion.streams:
+            meta["streams"] = completion.streams
+        for name in ("interrupted", "unstreamed"):  # streams broken (their tokens kept); parts asked unstreamed
+            if getattr(completion, name):
+                meta[name] = getattr(completion, name)
         if self.keep_text:
             meta["text"] = completion.text  # of what this worker generated: not of a prefix it continued from
         if slot is not None:
@@ -238,18 +219,34 @@ class InferenceRollout:
 
     def complete(self, prompt_ids: list[int], slot: SlotSegments | None = None) -> Completion:
         """Generate until the server stops by itself or the token budget is spent, resubmitting aborts; with
-        ``slot``, from its durable prefix on, and in chunks of ``segment_tokens``, each recorded there."""
+        ``slot``, from its durable prefix on, streamed and cut into segments recorded there (or in chunks of
+        ``segment_tokens``, each one segment)."""
         completion = Completion()
         if slot is not None and slot.chain:
             completion.token_ids, completion.logprobs, completion.versions = slot.resumed_values()
             if slot.ended:
                 completion.finish = slot.chain[-1].cause
                 return completion
+        streaming = (slot is not None and self.segment_stream
+                     and self.dialect.stream_generate(prompt_ids, self.sampling) is not None)
+        unstreamed = False  # the next part is asked for without streaming: a stream lost tokens it cannot carry
         while True:
             left = self.sampling.max_tokens - len(completion.token_ids)
             if left <= 0:
                 completion.finish = "length"
                 return completion
+            if streaming and not unstreamed:
+                part = self._stream_part(prompt_ids, completion, left, slot)
+                unstreamed = part.lost
+                if part.lost or part.broke is not None:
+                    continue  # from the tokens kept: unstreamed, or streamed again (after a restart)
+                if finished_or_resubmit(completion, part.generation, completion.servers[-1], self.dialect.name,
+                                        self.sampling.max_tokens, self.on_abort, self.max_resubmits):
+                    return completion
+                continue
+            if unstreamed:
+                completion.unstreamed += 1
+                unstreamed = False
             budget = min(left, self.segment_tokens) if slot is not None else left
             context = prompt_ids + completion.token_ids
             path, body = self.dialect.generate(context, replace(self.sampling, max_tokens=budget))
@@ -271,6 +268,34 @@ class InferenceRollout:
             if finished_or_resubmit(completion, generation, server, self.dialect.name, self.sampling.max_tokens,
                                     self.on_abort, self.max_resubmits):
                 return completion
+
+    def _stream_part(self, prompt_ids: list[int], completion: Completion, left: int,
+                     slot: SlotSegments | None) -> StreamedPart:
+        """One stream of the rest of the generation (from prompt + tokens so far), added to ``completion``; a
+        stream broken by a lone server going away waits for it to come back, as a request would."""
+        context = prompt_ids + completion.token_ids
+        request = self.dialect.stream_generate(context, replace(self.sampling, max_tokens=left))
+        assert request is not None
+        path, body = request
+        cutter = SegmentCutter(self.segment_tokens, self.segment_s, self.clock())
+        limit = self._reply_limit(body, len(context) + left)
+
+        def send(url: str) -> StreamedPart:
+            return read_stream(self.dialect, url, context, body, path, budget=left, timeout_s=self.request_timeout_s,
+                               max_bytes=limit, slot=slot, cutter=cutter, clock=self.clock)
+
+        part, server, attempts = self._with_retries(path, body, None, reply_tokens=len(context) + left, send=send)
+        completion.add(part.generation, server, attempts)
+        completion.streams += 1
+        if part.broke is not None:
+            completion.interrupted += 1
+            if part.broke.server_away and len(self.pool.urls) == 1:
+                self._await_restart(server, self.restart_wait_s)
+        return part
+
+    @staticmethod
+    def _reply_limit(body: dict[str, Any], reply_tokens: int) -> int:
+        return REPLY_BASE_BYTES + len(orjson.dumps(body)) + REPLY_BYTES_PER_TOKEN * reply_tokens
 
     def _every_logprob(self, generation: Generation, context: list[int], budget: int, server: str) -> Generation:
         """``generation`` within its budget, with the log-probabilities its reply lacked scored again, all checked."""
@@ -313,18 +338,24 @@ class InferenceRollout:
                     self.sleep(HEALTH_POLL_S)
         return False, polls * HEALTH_POLL_S
 
-    def _with_retries(self, path: str, body: dict[str, Any], parse: Callable[[Any], Any], *, reply_tokens: int,
-                      server: str | None = None) -> tuple[Any, str, int]:
+    def _with_retries(self, path: str, body: dict[str, Any], parse: Callable[[Any], Any] | None, *,
+                      reply_tokens: int, server: str | None = None,
+                      send: Callable[[str], Any] | None = None) -> tuple[Any, str, int]:
         """(parsed reply, server, attempts) of one request, to ``server`` or one from the pool; transport errors
-        retried with backoff. The reply may hold ``reply_tokens`` tokens' worth of bytes, no more."""
-        limit = REPLY_BASE_BYTES + len(orjson.dumps(body)) + REPLY_BYTES_PER_TOKEN * reply_tokens
+        retried with backoff. The reply may hold ``reply_tokens`` tokens' worth of bytes, no more. ``send``
+        (a server URL -> its result) replaces the request and ``parse``: a stream."""
+        limit = self._reply_limit(body, reply_tokens)
         avoid, last = None, None
         restart_budget, waited_through = self.restart_wait_s, 0
         for attempt in range(1, self.retry.attempts + 1 + MAX_RESTARTS_WAITED):
             restarting = False
             with self.pool.lease(avoid=avoid) if server is None else nullcontext(server) as url:
                 try:
-                    reply = request_json("POST", url + path, body, timeout_s=self.request_timeout_s, max_bytes=limit)
+                    if send is not None:
+                        result = send(url)
+                    else:
+                        reply = request_json("POST", url + path, body, timeout_s=self.request_timeout_s,
+                                             max_bytes=limit)
                 except TransportError as exc:
                     if server is None:
                         self.pool.failed(url)
@@ -337,7 +368,7 @@ class InferenceRollout:
                 else:
                     if server is None:
                         self.pool.succeeded(url)
-                    return parse(reply.body), url, attempt
+                    return (result if send is not None else parse(reply.body)), url, attempt  # type: ignore[misc]
             if restarting and restart_budget > 0 and waited_through < MAX_RESTARTS_WAITED:
                 back, waited = self._await_restart(url, restart_budget)
                 restart_budget -= waited
@@ -349,37 +380,3 @@ class InferenceRollout:
             self.sleep(self.retry.pause(attempt - waited_through, self.rng))
         raise GenerationFailed(f"{self.retry.attempts} attempts failed, the last with: {last}; check the servers "
                                "(--server-url), or raise --max-attempts / --request-timeout-s")
-
-
-def regenerate(completion: Completion, changed: WeightsChanged, attempts: int) -> None:
-    """After ``changed``: count one more generation of the segment, or `GenerationFailed` once
-    `MAX_REGENERATIONS` are spent. The segment's tokens were never added to ``completion``, so none of
-    its values, of either model, is recorded."""
-    if completion.regenerated >= MAX_REGENERATIONS:
-        raise GenerationFailed(f"{changed}, after {completion.regenerated} generations again already for the same "
-                               "reason; the slot fails rather than mix two policies' log-probabilities. Is the "
-                               "server's model name changing without a weight sync?") from None
-    completion.regenerated += 1
-    completion.attempts += attempts
-
-
-def finished_or_resubmit(completion: Completion, generation: Generation, server: str, dialect: str, max_tokens: int,
-                         on_abort: str, max_resubmits: int) -> bool:
-    """After ``generation`` was added to ``completion``: True when the completion is done (the server stopped
-    by itself, or aborted exactly at the token budget), False to resubmit an abort with the tokens so far
-    (counted); `GenerationFailed` when ``on_abort`` is ``fail`` or ``max_resubmits`` are spent. The one rule
-    of the worker's adapter and the gateway's."""
-    if generation.finish != "abort":
-        return True
-    if len(completion.token_ids) >= max_tokens:
-        completion.finish = "length"  # aborted exactly at the budget: nothing left to resubmit
-        return True
-    where = (f"the {dialect} server at {server} aborted the generation after "
-             f"{len(completion.token_ids)} tokens ({generation.reason or 'no reason given'})")
-    if on_abort == "fail":
-        raise GenerationFailed(f"{where}; --on-abort resubmit would continue it")
-    if completion.resubmits >= max_resubmits:
-        raise GenerationFailed(f"{where}, after {completion.resubmits} resubmissions already; raise "
-                               "--max-resubmits or find what keeps aborting it")
-    completion.resubmits += 1
-    return False

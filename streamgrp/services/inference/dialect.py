@@ -11,6 +11,13 @@ multi-byte character): the `Generation` names those positions in ``unscored``, a
 to score each again (`score_requests`, `parse_score`); the adapter sends those requests. Every
 log-probability then passes `checked_logprobs`: finite (as the float32 it is stored as) and not above 0
 beyond float noise.
+
+Streaming: `stream_generate` is the same request asking for a server-sent event stream, and a
+`StreamParser` (one per stream: servers differ in whether an event holds the new tokens or all so
+far) turns each event into a `Delta`: the tokens the event adds with their log-probabilities, and, on
+the last, why the generation ended. A stream that cannot carry every token id (llama-server holds back
+the tokens of a character split over several) says so with `Delta.lost`: the adapter keeps what came
+before and asks for the rest without streaming.
 """
 
 from __future__ import annotations
@@ -64,6 +71,43 @@ class Generation:
     unscored: tuple[int, ...] = ()
 
 
+class StreamError(InferenceError):
+    """An event in a stream that reports an error instead of tokens (the server gave up mid-generation);
+    the tokens before it are kept and the rest is asked for again."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one stream event adds: token ids with one log-probability each; ``finish`` set on the last.
+    ``lost``: the server generated tokens this stream does not carry, from here on nothing is trusted."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str = ""
+    finish: Finish | None = None
+    reason: str = ""
+    model: str = ""
+    weight_version: int | None = None
+    lost: bool = False
+
+
+class StreamParser(ABC):
+    """One stream's events, in order, into `Delta` values (holds what the stream has given so far)."""
+
+    @abstractmethod
+    def feed(self, event: Any) -> Delta:
+        """The `Delta` of ``event``; `StreamError` for an error event, `ProtocolError` for a malformed one."""
+
+
+def stream_error(event: Any, server: str) -> None:
+    """`StreamError` when ``event`` is an error object (``{"error": ...}``: vLLM, SGLang and llama-server
+    alike; vLLM's older ``{"object": "error", "message": ...}``)."""
+    if isinstance(event, dict) and ("error" in event or event.get("object") == "error"):
+        error = event.get("error", event)
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise StreamError(f"the {server} stream reported an error: {str(message)[:300]}")
+
+
 class Dialect(ABC):
     """One server kind's request and reply shapes."""
 
@@ -86,6 +130,21 @@ class Dialect(ABC):
     @abstractmethod
     def parse(self, body: Any) -> Generation:
         """The `Generation` in a 2xx reply; `ProtocolError` when it is not there."""
+
+    def stream_generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]] | None:
+        """(path, JSON body) asking for the completion as a stream of events; None: the dialect cannot stream."""
+        return None
+
+    def stream_parser(self) -> StreamParser:
+        raise NotImplementedError(f"the {self.name} adapter does not stream")
+
+    #: GET path whose reply names the served model, for a dialect whose stream events do not (llama.cpp's
+    #: name it only in the last): asked before each stream, so a segment cut mid-stream knows its version.
+    model_path: str | None = None
+
+    def parse_model(self, body: Any) -> tuple[str, int | None]:
+        """(model name, weight version) in the reply to `model_path`."""
+        return "", None
 
     def tokenize(self, prompt: dict[str, Any], model: str | None) -> tuple[str, dict[str, Any]] | None:
         """(path, body) asking the server to tokenize a text or chat prompt once; None if it cannot."""

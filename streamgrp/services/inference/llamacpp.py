@@ -22,7 +22,16 @@ pre-sampling log-probability). A token whose piece ends inside a character is ne
 then, so the request forces a plain ASCII token instead and reads the token from the top log-probs.
 A scoring reply that names another model than the generation's (weight-sync restarted the server on a
 new version in between) makes the adapter generate the segment again on the new weights.
-Streaming replies leave those tokens out of ``tokens`` as well, so ``stream`` stays off.
+
+Streaming (``stream: true``; tools/server ``send_partial_response`` and the ``to_json_non_oaicompat``
+of its partial and final results): one ``data:`` event per token that completes a character, with
+``tokens: [id]``, its ``completion_probabilities`` entry and ``tokens_predicted`` (every token
+generated so far, held back ones too); the last event has ``stop: true``, ``stop_type``, ``model`` and
+``tokens: []`` (no ``[DONE]``). A token held back is never streamed at all, so a jump in
+``tokens_predicted`` (or a last count above the tokens streamed) means ids this stream cannot give:
+`Delta.lost`, and the adapter asks for the rest without streaming, where ``tokens`` has them all. The
+events name no model before the last, so the adapter reads it first from ``GET /v1/models``
+(``data[0].id``, the alias).
 
 The weight version comes from the model alias the reply names (``--alias smollm2@v3`` with the
 adapter's ``--version-pattern``). llama.cpp cannot load new weights over HTTP: ``streamgrp
@@ -36,11 +45,15 @@ import math
 from typing import Any
 
 from streamgrp.services.inference.dialect import (
+    Delta,
     Dialect,
+    Finish,
     Generation,
     InferenceError,
     ProtocolError,
     Sampling,
+    StreamParser,
+    stream_error,
     token_list,
     version_from,
 )
@@ -48,7 +61,7 @@ from streamgrp.services.inference.dialect import (
 #: Samplers llama-server enables by default, set to their neutral values (see the module docstring).
 NEUTRAL_SAMPLERS = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                     "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0}
-STOP_TYPES = {"eos": "stop", "word": "stop", "limit": "length"}
+STOP_TYPES: dict[str, Finish] = {"eos": "stop", "word": "stop", "limit": "length"}
 #: A logit bias no other token's logit overcomes: the scoring requests' way to force a token.
 FORCE_BIAS = 1000.0
 #: Top log-probs a scoring request asks for first (the sampled token is nearly always among them), then all
@@ -95,6 +108,24 @@ class LlamaCpp(Dialect):
                           weight_version=version_from(model, self.version_pattern) if self.version_pattern else None,
                           model=model, unscored=tuple(i for i, owner in enumerate(owners) if owner is None))
 
+    def stream_generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]] | None:
+        path, body = self.generate(prompt_ids, sampling)
+        return path, {**body, "stream": True}
+
+    def stream_parser(self) -> StreamParser:
+        return _Stream(self)
+
+    model_path = "/v1/models"
+
+    def parse_model(self, body: Any) -> tuple[str, int | None]:
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "id" not in data[0]:
+            raise ProtocolError(f"llama.cpp /v1/models reply names no model: {str(body)[:200]}")
+        return str(data[0]["id"]), self._version(str(data[0]["id"]))
+
+    def _version(self, model: str) -> int | None:
+        return version_from(model, self.version_pattern) if self.version_pattern else None
+
     def tokenize(self, prompt: dict[str, Any], model: str | None) -> tuple[str, dict[str, Any]] | None:
         if isinstance(prompt.get("text"), str):
             # parse_special: a prompt written with the chat template's special tokens keeps them as tokens.
@@ -132,6 +163,46 @@ class LlamaCpp(Dialect):
     def load_weights(self, url: str, path: str, version: int, *, timeout_s: float) -> str:
         raise InferenceError("llama.cpp cannot load weights over HTTP: run `streamgrp weight-sync --dialect llamacpp "
                              "--llama-server-cmd ...`, which restarts the server on each version's model.gguf")
+
+
+class _Stream(StreamParser):
+    """llama-server's /completion events (see the module docstring); ``seen``: tokens streamed so far."""
+
+    def __init__(self, dialect: LlamaCpp) -> None:
+        self.dialect = dialect
+        self.seen = 0
+
+    def feed(self, event: Any) -> Delta:
+        stream_error(event, "llama.cpp")
+        if not isinstance(event, dict):
+            raise ProtocolError(f"llama.cpp stream event is not an object: {str(event)[:200]}")
+        predicted = event.get("tokens_predicted")
+        if event.get("stop") is True:
+            if event.get("tokens"):  # a whole reply (the server did not stream): its ids up to the first unscored
+                generation = self.dialect.parse(event)
+                kept = generation.unscored[0] if generation.unscored else len(generation.token_ids)
+                return Delta(generation.token_ids[:kept], generation.logprobs[:kept], "", generation.finish,
+                             reason=generation.reason, model=generation.model,
+                             weight_version=generation.weight_version, lost=kept < len(generation.token_ids))
+            stop_type = event.get("stop_type")
+            if stop_type not in STOP_TYPES:
+                raise ProtocolError(f"llama.cpp stop_type {stop_type!r} is not eos, word or limit")
+            model = str(event.get("model", ""))
+            reason = str(event.get("stopping_word") or "") + (" (context truncated)" if event.get("truncated") else "")
+            return Delta([], [], "", STOP_TYPES[stop_type], reason=reason.strip(), model=model,
+                         weight_version=self.dialect._version(model),
+                         lost=type(predicted) is int and predicted > self.seen)
+        ids = token_list(event.get("tokens") or [], "llama.cpp stream tokens")
+        if not ids:
+            return Delta([], [])  # progress, or a begin marker
+        if type(predicted) is int and predicted > self.seen + len(ids):
+            return Delta([], [], lost=True)  # tokens of a split character came before these, never streamed
+        entries = _entries(event, ids)
+        if [entry["id"] for entry in entries] != ids:
+            raise ProtocolError(f"llama.cpp stream event's completion_probabilities {str(entries)[:200]} are not "
+                                f"one per token of {ids}: is n_probs set?")
+        self.seen += len(ids)
+        return Delta(ids, [entry["logprob"] for entry in entries], str(event.get("content") or ""))
 
 
 def align(ids: list[int], entry_ids: list[int]) -> list[int | None] | None:
@@ -186,7 +257,7 @@ def _entries(body: dict[str, Any], ids: list[int]) -> list[dict[str, Any]]:
 
 def _logprob(entry: dict[str, Any], where: str) -> float:
     value = entry.get("logprob")
-    if type(value) not in (int, float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         hint = " (post_sampling_probs must stay off)" if "prob" in entry else ""
         raise ProtocolError(f"llama.cpp {where} has no numeric logprob: {str(entry)[:120]}{hint}")
     return float(value)

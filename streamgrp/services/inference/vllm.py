@@ -8,6 +8,14 @@ choice carries ``token_ids``) or ``return_tokens_as_token_ids: true`` (older: ea
 clamps -inf to -9999.0) and ``finish_reason`` (``stop``, ``length``, or ``abort`` when the
 server aborted the request, e.g. ``POST /pause?mode=abort`` before a weight update).
 
+Streaming (``stream: true``; vllm/entrypoints/openai/completion/serving.py,
+``completion_stream_generator``): each ``data:`` event is a ``text_completion`` chunk whose
+``choices[0]`` holds only what is new: ``text``, ``logprobs.token_logprobs`` and ``token_ids`` (or
+``logprobs.tokens`` as ``"token_id:N"``) of the tokens generated since the last event, and
+``finish_reason`` (null until the last; ``abort`` on an abort, its tokens so far streamed already);
+every event names the ``model``; a usage chunk has no choices; ``data: [DONE]`` ends the stream and an
+error mid-stream comes as ``data: {"error": {...}}``.
+
 vLLM reports no weight version with a completion, so the version comes from the served model name
 (``--served-model-name policy@v12`` with the adapter's ``--version-pattern``) or, failing that, is
 the run's version when the request started.
@@ -22,18 +30,22 @@ from __future__ import annotations
 from typing import Any
 
 from streamgrp.services.inference.dialect import (
+    Delta,
     Dialect,
+    Finish,
     Generation,
     ProtocolError,
     Sampling,
+    StreamParser,
     check_lengths,
     float_list,
+    stream_error,
     token_list,
     version_from,
 )
 from streamgrp.services.inference.http import request_json
 
-FINISH = {"stop": "stop", "length": "length", "abort": "abort", None: "stop"}
+FINISH: dict[str | None, Finish] = {"stop": "stop", "length": "length", "abort": "abort", None: "stop"}
 
 
 class VLLM(Dialect):
@@ -56,10 +68,33 @@ class VLLM(Dialect):
         return "/v1/completions", {**body, **(sampling.extra or {})}
 
     def parse(self, body: Any) -> Generation:
+        choice = self._choice(body)
+        ids, values = self._values(choice)
+        finish = choice.get("finish_reason")
+        if finish not in FINISH:
+            raise ProtocolError(f"vLLM finish_reason {finish!r} is not one of stop, length, abort")
+        model = str(body.get("model", ""))
+        return Generation(ids, values, str(choice.get("text", "")), FINISH[finish],
+                          reason=str(choice.get("stop_reason") or ""), model=model, weight_version=self._version(model))
+
+    def stream_generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]] | None:
+        path, body = self.generate(prompt_ids, sampling)
+        return path, {**body, "stream": True}
+
+    def stream_parser(self) -> StreamParser:
+        return _Stream(self)
+
+    def _version(self, model: str) -> int | None:
+        return version_from(model, self.version_pattern) if self.version_pattern else None
+
+    @staticmethod
+    def _choice(body: Any) -> dict[str, Any]:
         choices = body.get("choices") if isinstance(body, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise ProtocolError(f"vLLM reply has no choices: {str(body)[:200]}")
-        choice = choices[0]
+        return choices[0]
+
+    def _values(self, choice: dict[str, Any]) -> tuple[list[int], list[float]]:
         logprobs = choice.get("logprobs")
         if not isinstance(logprobs, dict):
             raise ProtocolError("vLLM reply has no logprobs; the request asks for logprobs: 0, so this server "
@@ -73,13 +108,7 @@ class VLLM(Dialect):
         else:
             ids = [_token_id(token) for token in logprobs.get("tokens") or []]
         check_lengths(ids, values, "vLLM reply")
-        finish = choice.get("finish_reason")
-        if finish not in FINISH:
-            raise ProtocolError(f"vLLM finish_reason {finish!r} is not one of stop, length, abort")
-        model = str(body.get("model", ""))
-        return Generation(ids, values, str(choice.get("text", "")), FINISH[finish],
-                          reason=str(choice.get("stop_reason") or ""), model=model,
-                          weight_version=version_from(model, self.version_pattern) if self.version_pattern else None)
+        return ids, values
 
     def tokenize(self, prompt: dict[str, Any], model: str | None) -> tuple[str, dict[str, Any]] | None:
         body: dict[str, Any] = {"model": model} if model else {}
@@ -98,6 +127,29 @@ class VLLM(Dialect):
         finally:
             request_json("POST", f"{url}/resume", {}, timeout_s=timeout_s)
         return f"reloaded {path} as weight version {version}"
+
+
+class _Stream(StreamParser):
+    """vLLM's completion chunks: each holds only the tokens new since the last (see the module docstring)."""
+
+    def __init__(self, dialect: VLLM) -> None:
+        self.dialect = dialect
+
+    def feed(self, event: Any) -> Delta:
+        stream_error(event, "vLLM")
+        if isinstance(event, dict) and event.get("choices") == []:
+            return Delta([], [])  # the usage chunk
+        choice = self.dialect._choice(event)
+        finish = choice.get("finish_reason")
+        if finish is not None and finish not in FINISH:
+            raise ProtocolError(f"vLLM finish_reason {finish!r} is not one of stop, length, abort")
+        # a chunk without tokens (the finish alone) may come without logprobs; one with tokens or text may not
+        empty = choice.get("logprobs") is None and not choice.get("token_ids") and not choice.get("text")
+        ids, values = ([], []) if empty else self.dialect._values(choice)
+        model = str(event.get("model", ""))
+        return Delta(ids, values, str(choice.get("text") or ""), None if finish is None else FINISH[finish],
+                     reason=str(choice.get("stop_reason") or ""), model=model,
+                     weight_version=self.dialect._version(model))
 
 
 def _token_id(token: Any) -> int:

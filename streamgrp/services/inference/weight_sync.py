@@ -35,11 +35,13 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import redis
 
@@ -47,6 +49,7 @@ from streamgrp.core import codec
 from streamgrp.core.events import WeightsServed
 from streamgrp.services.inference.dialect import Dialect
 from streamgrp.services.inference.http import InferenceError, request_json
+from streamgrp.services.parent_death import pdeathsig_preexec
 from streamgrp.store.control import MARKERS
 from streamgrp.store.keys import RunKeys
 from streamgrp.store.streams import producer_name
@@ -91,8 +94,11 @@ class LlamaServerProcess:
         started_at = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as out:
             try:
+                # SIGKILLed when weight-sync dies, however it dies: an orphan would go on serving an old version
+                # (and holding its port); it keeps no state, and on SIGTERM it would wait for in-flight requests.
                 proc = subprocess.Popen([*self.command, *reuse, "--model", str(model), "--alias", alias],
-                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        preexec_fn=pdeathsig_preexec(signal.SIGKILL))
             except OSError as exc:
                 raise InferenceError(f"cannot run {self.command[0]!r} ({exc}); fix --llama-server-cmd (eval "
                                      "\"$(ops/llama-server.sh)\" builds llama-server and sets LLAMA_SERVER)") from None
@@ -260,4 +266,5 @@ class WeightSync:
         self._seq += 1
         event = WeightsServed(server=url, version=version, dialect=self.dialect.name, ok=ok, detail=detail[:2000],
                               seconds=round(seconds, 3), at=time.time(), producer=self.name, seq=self._seq)
-        self.client.xadd(self.keys.control, codec.encode(event))
+        # redis-py's stubs want a dict of its own (invariant) union type; fields are bytes to bytes
+        self.client.xadd(self.keys.control, cast("dict[Any, Any]", codec.encode(event)))

@@ -2,7 +2,6 @@
 -- ever unpacking a list whose length comes from the caller. Lua's unpack fails past about 8,000
 -- values, and a script that fails after it has written leaves half a commit behind, so every
 -- acknowledgement goes in chunks of at most ACK_CHUNK ids.
-local ACK_CHUNK = 256
 
 -- XACK ARGV[first .. first + n - 1] on stream under group; returns how many were acknowledged.
 local function ack_range(stream, group, first, n)

@@ -13,7 +13,6 @@
 -- chunks (acks.lua): an error never leaves half a round behind.
 -- Returns {decisions written, redundant decisions, then counter field, amount pairs applied}, or an
 -- error when the lease is not ours.
-local MAX_DEAD_LETTER_FIELDS = 64
 if redis.call('GET', KEYS[6]) ~= ARGV[1] then
   return redis.error_reply('LEASE lost: another assembler holds the lease')
 end

@@ -6,7 +6,6 @@
 -- With a group, the entry is acknowledged and only a real acknowledgement dead-letters it; without
 -- one, a marker does the same, so readers that meet the same bad entry count it once.
 -- Returns 1 when this call dead-lettered the entry, 0 when it was already done.
-local MAX_DEAD_LETTER_FIELDS = 64
 local n_fields = count_at(6, 2, 'dead-letter fields')
 if n_fields > MAX_DEAD_LETTER_FIELDS then
   error('BAD_INPUT a dead letter of ' .. n_fields .. ' fields; streamgrp.store.deadletter sends at most '

@@ -8,7 +8,6 @@
 -- payload (a rejection or a failure). The caller bounds the triples per call (streamgrp.services.worker).
 -- Returns the slot entry ids, in order.
 -- The whole input is checked before the first write.
-local MAX_RESULTS = 256
 local n_done = tonumber(ARGV[2])
 if n_done == nil or n_done < 0 or n_done ~= math.floor(n_done) or n_done > MAX_RESULTS
     or (n_done > 0 and (KEYS[3] == nil or ARGV[1] == '')) then

@@ -7,10 +7,9 @@
 -- and a second reward for a slot is counted by the assembler as a duplicate.
 -- Returns the reward's entry id, or false when the result was acknowledged already.
 -- The whole input is checked before the first write.
-local MAX_HEADER = 65536
-if #ARGV ~= 3 or ARGV[3] == '' or string.len(ARGV[3]) > MAX_HEADER then
+if #ARGV ~= 3 or ARGV[3] == '' or string.len(ARGV[3]) > MAX_REWARD_HEADER then
   return redis.error_reply('BAD_INPUT reward_post takes a consumer group, a result entry id and one reward header '
-                           .. 'of at most ' .. MAX_HEADER .. ' bytes')
+                           .. 'of at most ' .. MAX_REWARD_HEADER .. ' bytes')
 end
 if ARGV[1] ~= '' then
   if not string.match(ARGV[2], '^%d+%-%d+$') then

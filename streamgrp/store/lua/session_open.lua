@@ -8,7 +8,6 @@
 -- Returns 'OPENED', or 'REPEAT' when this very call ran before (sent again after a lost reply).
 -- Refuses with TAKEN, before any write, a task entry no longer pending: its sessions were opened by
 -- another call, or a worker published it. The whole input is checked before the first write.
-local MAX_SESSIONS = 256
 local n = tonumber(ARGV[6])
 if n == nil or n < 1 or n > MAX_SESSIONS or n ~= math.floor(n) or #ARGV ~= 6 + 4 * n or #KEYS ~= 3 + n then
   return redis.error_reply('BAD_INPUT session_open takes 6 arguments and 1 to ' .. MAX_SESSIONS .. ' (id, slot, '

@@ -6,7 +6,6 @@
 -- Returns the turn's entry id; the same turn sent again (after a lost reply) returns the first one's.
 -- Refuses, before any write: an unknown session (UNKNOWN), one no longer open (ENDED), one whose
 -- group deadline passed (EXPIRED, by the server's clock), a turn out of order (TURN).
-local MAX_TURNS = 4096
 local turn = tonumber(ARGV[1])
 if #ARGV ~= 4 or turn == nil or turn < 1 or turn > MAX_TURNS or turn ~= math.floor(turn) or ARGV[2] == ''
     or ARGV[3] == '' then
