@@ -3,6 +3,7 @@ it, or refuses what it cannot write with a ValueError."""
 
 from __future__ import annotations
 
+import math
 import struct
 
 import pytest
@@ -64,7 +65,8 @@ def test_an_encoded_sample_reads_back_as_itself_or_is_refused(sample, task_id, s
         slot_header, payload_header, blob = codec.encode_sample(task_id, slot, sample, producer=producer, seq=seq)
     except ValueError:
         assert not (isinstance(task_id, str) and 1 <= len(task_id) <= 256 and isinstance(producer, str)
-                    and all(type(n) is int and 0 <= n <= INT64_MAX for n in (slot, seq))), "a valid sample was refused"
+                    and all(type(n) is int and 0 <= n <= INT64_MAX for n in (slot, seq))
+                    and math.isfinite(sum(sample.rewards) / sample.rows)), "a valid sample was refused"
         return
     result = codec.decode({codec.HEADER: slot_header})
     payload = codec.decode({codec.HEADER: payload_header, codec.BLOB: blob})
