@@ -1,6 +1,6 @@
 """The only code that turns events into stream-entry fields and back.
 
-An entry has two fields: ``h``, an orjson header holding the event's fields with every tensor
+An entry has two fields: ``h``, a JSON header holding the event's fields with every tensor
 replaced by a descriptor ``{"__raw__": [dtype, shape, offset, nbytes]}``, and ``b``, the tensors'
 raw little-endian bytes back to back (absent when the event has no tensors). Other fields are
 ignored (but counted in the size).
@@ -73,7 +73,7 @@ from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, i
     TENSOR_FIELDS,
     from_header,
     tensor_count,
-    to_header,
+    with_descriptors,
 )
 from streamgrp.core.value_checks import token_id_problem
 from streamgrp.core.wire import ENCODER, WireEvent, dec_hook, decoder, reason_of
@@ -117,7 +117,7 @@ def encode(event: Any) -> dict[bytes, bytes]:
 def _tensor_entry(event: Any) -> dict[bytes, bytes]:
     """The fields of an event with tensors: descriptors in the header, the bytes beside it (unchecked)."""
     blobs: list[bytes] = []
-    fields = {HEADER: orjson.dumps(to_header(event, blobs, [0]))}
+    fields = {HEADER: ENCODER.encode(with_descriptors(event, TENSOR_FIELDS[type(event)], blobs, [0]))}
     if blobs:
         fields[BLOB] = b"".join(blobs)
     return fields

@@ -1,5 +1,6 @@
 """The header's tensor descriptors: events' tensors replaced by ``{"__raw__": [dtype, shape, offset, nbytes]}``
-on the way out (`to_header`) and checked and cut back out of the entry's bytes on the way in (`from_header`).
+on the way out (`with_descriptors`, then msgspec's encoder) and checked and cut back out of the entry's bytes
+on the way in (`from_header`).
 
 Owns the descriptor's form and its checks (`MAX_NDIM`, `MAX_HEADER_DEPTH`, sizes and order against the bytes;
 errors are `DecodeError` with the codec's reasons) and where each event model holds tensors (`TENSOR_FIELDS`).
@@ -8,6 +9,7 @@ The entry's fields, sizes and validation are the codec's (`streamgrp.core.codec`
 
 from __future__ import annotations
 
+import copy
 import math
 import types
 from typing import Any, Union, get_args, get_origin
@@ -28,51 +30,29 @@ MAX_HEADER_DEPTH = 32
 MAX_NDIM = 32
 
 
-#: Values orjson writes as they are: the encoder copies them without a call (the hot path of publishing).
-_SCALARS = frozenset({str, int, float, bool, type(None)})
+class _Descriptor(msgspec.Struct, frozen=True):
+    """A tensor as the header writes it: ``{"__raw__": [dtype, shape, offset, nbytes]}``."""
+
+    raw: list[Any] = msgspec.field(name=RAW_KEY)
 
 
-def to_header(value: Any, blobs: list[bytes], offset: list[int]) -> Any:
-    kind = value.__class__
-    if kind in _SCALARS:
-        return value
-    if kind is RawArray:
-        start = offset[0]
-        blobs.append(value.data)
-        offset[0] += len(value.data)
-        return {RAW_KEY: [value.dtype, list(value.shape), start, len(value.data)]}
-    if kind is dict:  # before the model check, which costs more than the walk of a small dict
-        return {key: item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
-                for key, item in value.items()}
-    if kind is list or kind is tuple:  # before the model check: most containers of a header are lists
-        for item in value:  # a loop, not all(...): a generator costs more than the check
-            if item.__class__ not in _SCALARS:
-                return [item if item.__class__ in _SCALARS else to_header(item, blobs, offset) for item in value]
-        return value if kind is list else list(value)  # orjson writes a list of plain values as it is
-    if isinstance(value, msgspec.Struct):
-        header = {}
-        for name, key in _wire_names(kind):
-            item = getattr(value, name)
-            if item is not msgspec.UNSET:
-                header[key] = item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
-        return header
-    if isinstance(value, (list, tuple)):
-        return [item if item.__class__ in _SCALARS else to_header(item, blobs, offset) for item in value]
-    if isinstance(value, dict):
-        return {key: item if item.__class__ in _SCALARS else to_header(item, blobs, offset)
-                for key, item in value.items()}
-    return value
-
-
-_WIRE_NAMES: dict[type, tuple[tuple[str, str], ...]] = {}
-
-
-def _wire_names(kind: type) -> tuple[tuple[str, str], ...]:
-    """(attribute, header key) of each field of a Struct, in order."""
-    names = _WIRE_NAMES.get(kind)
-    if names is None:
-        names = _WIRE_NAMES[kind] = tuple((info.name, info.encode_name) for info in msgspec.structs.fields(kind))
-    return names
+def with_descriptors(value: Any, where: tuple[tuple[str, Any], ...], blobs: list[bytes], offset: list[int]) -> Any:
+    """A copy of the record ``value`` whose tensors (at ``where``: `TENSOR_FIELDS`) are descriptors, their bytes
+    appended to ``blobs`` in header order: what msgspec's encoder writes as the header. The copy skips the
+    record's checks (it holds descriptors where tensors go) and lives only until it is encoded."""
+    out = copy.copy(value)
+    for name, nested in where:
+        item = getattr(value, name)
+        if item is None:
+            continue
+        if nested is None:
+            start = offset[0]
+            blobs.append(item.data)
+            offset[0] += len(item.data)
+            msgspec.structs.force_setattr(out, name, _Descriptor([item.dtype, list(item.shape), start, len(item.data)]))
+        else:
+            msgspec.structs.force_setattr(out, name, with_descriptors(item, nested, blobs, offset))
+    return out
 
 
 def from_header(value: dict[str, Any] | list[Any], blob: bytes, state: list[int], depth: int) -> Any:
