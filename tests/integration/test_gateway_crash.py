@@ -32,6 +32,8 @@ from streamgrp.store.runs import open_run
 pytestmark = [pytest.mark.slow, pytest.mark.one_server_kind]
 
 PROMPTS, N_SAMPLES, TURNS = 8, 4, 3
+#: Sessions the agent runner drives at once.
+AGENTS = 8
 RUN_FLAGS = ["--n-samples", str(N_SAMPLES), "--batch-size", "2", "--dp-size", "1", "--group-timeout-s", "120",
              "--max-staleness", "100"]
 
@@ -77,7 +79,7 @@ def test_a_gateway_killed_mid_session_resumes_every_session_and_trains_nothing_t
                                  tmp_path / "assembler", env=env),
         "agent": RoleProcess("agent", [*common, "--agent", "crash_agents:three_turns", "--gateway-url",
                                        f"http://127.0.0.1:{port}", "--gateway-token-file", str(token),
-                                       "--concurrency", "8", "--agent-retries", "10", "--burst", "false"],
+                                       "--concurrency", str(AGENTS), "--agent-retries", "10", "--burst", "false"],
                              tmp_path / "agent", env=env),
     }
     gateway_args = [*common, "--server-url", fake.url, "--gateway-port", str(port), "--gateway-token-file",
@@ -131,8 +133,9 @@ def test_a_gateway_killed_mid_session_resumes_every_session_and_trains_nothing_t
     received = [orjson.loads(line) for line in answers.read_bytes().splitlines()]
     assert len(received) == PROMPTS * N_SAMPLES * TURNS
     assert all(recorded[answer["id"]] == answer["content"] for answer in received)
-    # A generation the test's kill cut off was asked for again; at most one per session in flight (8).
-    assert 0 <= len(fake.generations) - len(turns) <= 8
+    # A generation either kill cut off (generated, never recorded) was asked for again: at most one per session
+    # in flight (AGENTS) at each of the two kills; the gateway's own kill comes while other sessions generate too.
+    assert 0 <= len(fake.generations) - len(turns) <= 2 * AGENTS
     assert "answered again from its record" in gateway.output()
     # Nothing published or trained twice; the run's own checks; verify re-folds and re-shards it all.
     results = events(client, run.keys.slots, SlotResult)
