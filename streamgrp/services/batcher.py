@@ -41,7 +41,7 @@ from streamgrp.core.events import (
 from streamgrp.core.manifest import decision_ref, make_manifest, ref_order
 from streamgrp.core.served import ServedTracker
 from streamgrp.core.stall import StallTracker, stall_message
-from streamgrp.errors import DecodeError, LeaseLost
+from streamgrp.errors import LeaseLost
 from streamgrp.services import batcher_store, heap, outcomes
 from streamgrp.services.feeder import DatasetIdentity, Feeder, check_feed
 from streamgrp.store import scripts
@@ -228,18 +228,11 @@ class Batcher:
                 entry_id = entry_id_str(raw_id)
                 decision: GroupDecided | None = None  # None: a pending entry the server no longer holds
                 if fields is not None:
-                    try:
-                        event = codec.decode(fields)
-                    except DecodeError as exc:
-                        dead_letters.send(part.decisions, entry_id, exc.reason, exc.detail, fields,
-                                          group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
+                    decision = dead_letters.decoded(part.decisions, entry_id, fields, GroupDecided,
+                                                    "the decisions stream", group=BATCHER_GROUP,
+                                                    counter=counters.INVALID_DECISIONS)
+                    if decision is None:
                         continue
-                    if not isinstance(event, GroupDecided):
-                        dead_letters.send(part.decisions, entry_id, "unexpected_kind",
-                                          f"a {event.kind} event does not belong in the decisions stream", fields,
-                                          group=BATCHER_GROUP, counter=counters.INVALID_DECISIONS)
-                        continue
-                    decision = event
                 decided.append((part.index, entry_id, decision))
                 if decision is not None and decision.members and not replaying:
                     self.served.decided(max(member.version for member in decision.members), self.clock())

@@ -167,18 +167,11 @@ class WorkerClient:
             if fields is None:  # trimmed while pending
                 self.client.xack(part.tasks, WORKERS_GROUP, entry_id)
                 continue
-            try:
-                event = codec.decode(fields, max_entry_bytes=self.max_entry_bytes)
-            except DecodeError as exc:
-                dead_letters.send(part.tasks, entry_id, exc.reason, exc.detail, fields, group=WORKERS_GROUP,
-                                  counter=counters.INVALID_TASKS)
-                continue
-            if not isinstance(event, TaskIssued):
-                dead_letters.send(part.tasks, entry_id, "unexpected_kind",
-                                  f"a {event.kind} event does not belong in the task queue", fields,
-                                  group=WORKERS_GROUP, counter=counters.INVALID_TASKS)
-                continue
-            tasks.append(Task(entry_id, event, part.index))
+            event = dead_letters.decoded(part.tasks, entry_id, fields, TaskIssued, "the task queue",
+                                         group=WORKERS_GROUP, counter=counters.INVALID_TASKS,
+                                         max_entry_bytes=self.max_entry_bytes)
+            if event is not None:
+                tasks.append(Task(entry_id, event, part.index))
         return tasks
 
     def publish(self, task_id: str, slot: int, result: SlotOutcome) -> str:

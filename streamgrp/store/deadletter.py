@@ -18,16 +18,20 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import redis
 
+from streamgrp.core import codec
+from streamgrp.errors import DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.keys import PartitionKeys, RunKeys
 from streamgrp.store.limits import MAX_DEAD_LETTER_FIELDS
 
 log = logging.getLogger(__name__)
+
+E = TypeVar("E")
 
 #: Fields an entry may have and be copied whole; within the `MAX_DEAD_LETTER_FIELDS` pairs the functions take.
 MAX_COPIED_FIELDS = MAX_DEAD_LETTER_FIELDS - 16
@@ -100,3 +104,18 @@ class DeadLetters:
             log.warning("dead-lettered %s entry %s (%s): %s", stream.rsplit(":", 1)[-1], entry_id, reason,
                         detail[:200])
         return bool(done)
+
+    def decoded(self, stream: str, entry_id: str, fields: Mapping[Any, Any], kind: type[E], where: str, *,
+                group: str = "", counter: str, max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES) -> E | None:
+        """``fields`` decoded as a ``kind`` event; None after dead-lettering the entry (one that does not decode,
+        with the codec's reason; one of another kind, ``unexpected_kind``, ``where`` naming the stream)."""
+        try:
+            event = codec.decode(fields, max_entry_bytes=max_entry_bytes)
+        except DecodeError as exc:
+            self.send(stream, entry_id, exc.reason, exc.detail, fields, group=group, counter=counter)
+            return None
+        if not isinstance(event, kind):
+            self.send(stream, entry_id, "unexpected_kind", f"a {event.kind} event does not belong in {where}", fields,
+                      group=group, counter=counter)
+            return None
+        return event
