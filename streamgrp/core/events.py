@@ -100,7 +100,7 @@ def check_outcome(outcome: str, sample: object, error: str | None) -> None:
 
 
 class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """What the group log keeps of a sample: what folding, filtering and partitioning need.
+    """What the group log keeps of a sample: what folding, filtering and the rank split need.
 
     ``tokens`` are the valid loss tokens (the partition weight), ``reward`` the mean over rows, and
     ``digest`` the digest of the sample's payload entry (`streamgrp.core.codec.entry_digest`),
