@@ -72,6 +72,9 @@ from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, i
     RAW_KEY,
     TENSOR_FIELDS,
     from_header,
+    from_view,
+    header_view,
+    span,
     tensor_count,
     with_descriptors,
 )
@@ -93,9 +96,18 @@ DECODE_REASONS = frozenset({
 
 
 
-#: The compiled decoder of each event defined as a msgspec Struct (`streamgrp.core.wire`), by its kind.
-_STRUCT_DECODERS = {kind: decoder(model) for kind, model in EVENT_TYPES.items() if issubclass(model, WireEvent)}
 _KIND_KEY = b'"kind":"'
+#: The compiled decoder of each event's header, by its kind: the event's own Struct, or for an event with tensors
+#: its header view (`streamgrp.core.tensor_header.header_view`: a `TensorRef` where a tensor goes).
+_TENSOR_EVENTS: list[Any] = [model for model in EVENT_TYPES.values() if TENSOR_FIELDS[model]]
+_STRUCT_DECODERS = {kind: decoder(header_view(model) if model in _TENSOR_EVENTS else model)
+                    for kind, model in EVENT_TYPES.items() if issubclass(model, WireEvent)}
+_MODEL_OF_VIEW: dict[Any, Any] = {header_view(model): model for model in _TENSOR_EVENTS}
+_PAYLOAD_VIEW = decoder(header_view(SamplePayload))
+_PAYLOAD_TENSORS = ("token_ids", "loss_mask", "logprobs")
+_PAYLOAD_KIND = _KIND_KEY + b'sample_payload"'
+#: A descriptor's key as the header holds it (inside a JSON string it is escaped: ``\"__raw__\"``, never this).
+_RAW_NAME = f'"{RAW_KEY}"'.encode()
 #: How a result leaves out ``reward_pending`` when it is not set (its last field).
 _NOT_PENDING = b',"reward_pending":false}'
 
@@ -256,22 +268,21 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     items = field_items(fields)
     text = check_size(items, max_entry_bytes)
     raw_header, blob = header_and_blob(fields, text)
-    if not blob:
-        # One compiled pass for a valid header of a Struct event; anything else (an error, an older schema's
-        # slot result) takes the checks below, which give the reason.
-        # Which decoder: the kind as the encoder writes it (a header that only looks so fails the decoder's own
-        # check of its kind, and takes the checks below).
-        start = raw_header.find(_KIND_KEY) + len(_KIND_KEY)
-        struct_decoder = _STRUCT_DECODERS.get(raw_header[start:raw_header.find(b'"', start)].decode(errors="replace")) \
-            if start >= len(_KIND_KEY) else None
-        decoded = None
-        if struct_decoder is not None:
+    # One compiled pass for a valid header (an event with tensors: its header view, the bytes cut out after);
+    # anything else (an error, an older schema's slot result) takes the checks below, which give the reason.
+    decoded = _compiled(raw_header)
+    if decoded is not None and (decoded.schema_version == SCHEMA_VERSION or (
+            decoded.schema_version in READABLE_SCHEMAS and decoded.__class__ is not SlotResult)):
+        if decoded.__class__ in _MODEL_OF_VIEW:
+            used = [0, 0]  # bytes, tensors
             try:
-                decoded = struct_decoder.decode(raw_header)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                pass
-        if decoded is not None and (decoded.schema_version == SCHEMA_VERSION or (
-                decoded.schema_version in READABLE_SCHEMAS and decoded.__class__ is not SlotResult)):
+                event = from_view(_MODEL_OF_VIEW[decoded.__class__], decoded, blob, used)
+            except (DecodeError, ValueError, TypeError):
+                event = None
+            # Every descriptor in the header is one of its tensors (one in a free-form dict is refused below).
+            if event is not None and used[0] == len(blob) and raw_header.count(_RAW_NAME) == used[1]:
+                return event
+        elif not blob:
             return decoded
     header = _parse_header(raw_header)
     legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"
@@ -286,6 +297,53 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
         # decisions they wrote recorded that: upcast to the same digest.
         return event.upcast(entry_digest(fields, like=UNTAGGED))
     return event
+
+
+def _compiled(raw_header: bytes) -> Any:
+    """The header decoded by its kind's compiled decoder, or None when that refuses it (or names no kind)."""
+    # Which decoder: the kind as the encoder writes it (a header that only looks so fails the decoder's own
+    # check of its kind, and takes the checks that give the reason).
+    start = raw_header.find(_KIND_KEY) + len(_KIND_KEY)
+    if start < len(_KIND_KEY):
+        return None
+    struct_decoder = _STRUCT_DECODERS.get(raw_header[start:raw_header.find(b'"', start)].decode(errors="replace"))
+    if struct_decoder is None:
+        return None
+    try:
+        return struct_decoder.decode(raw_header)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def payload_view(header: bytes, blob: Any) -> Any:
+    """The header of a sample payload entry as its compiled view (`header_view` of `SamplePayload`: tensors as
+    descriptors), each descriptor checked against ``blob`` (any buffer: its bytes are not cut, copied or
+    looked at) as `decode` checks them. What a trainer rank reads a payload with: the manifest's checks
+    were made where the sample entered, so it neither rebuilds the `Sample` nor checks its values again.
+    Raises `DecodeError` with the reason `decode` gives the entry, and ``unknown_kind`` for another event."""
+    try:
+        view = _PAYLOAD_VIEW.decode(header)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        view = None
+    if view is not None and view.schema_version in READABLE_SCHEMAS:
+        size = len(blob)
+        used = 0
+        sample = view.sample
+        try:
+            for name in _PAYLOAD_TENSORS:
+                used = span(getattr(sample, name).raw, size, used)
+        except DecodeError:
+            used = -1
+        if used == size and header.count(_RAW_NAME) == len(_PAYLOAD_TENSORS):
+            return view
+    try:
+        event = decode({HEADER: bytes(header), BLOB: bytes(blob)})  # the refused entry: what is wrong with it
+    except DecodeError as exc:
+        if _PAYLOAD_KIND not in header:
+            raise DecodeError("unknown_kind", f"not a sample_payload event ({exc.reason}: {exc.detail})") from None
+        raise
+    raise DecodeError("unknown_kind" if event.__class__ is not SamplePayload else "invalid_value",
+                      f"a {event.kind} event (schema {event.schema_version}), not a sample payload this build reads")
 
 
 def _struct_event(model: Any, data: dict[str, Any], descriptors: int) -> Any:
