@@ -54,10 +54,14 @@ from streamgrp.core.events import (
     EVENT_TYPES,
     READABLE_SCHEMAS,
     SCHEMA_VERSION,
+    GroupDecided,
+    GroupDiscarded,
     Sample,
     SamplePayload,
     SampleSummary,
     SlotResult,
+    SlotSegment,
+    StepManifest,
 )
 from streamgrp.core.legacy import LEGACY_SCHEMA, SlotResultV1
 from streamgrp.core.shown import (
@@ -96,6 +100,17 @@ DECODE_REASONS = frozenset({
 
 
 
+#: Events encoded without decoding them again: their values are made by streamgrp's services from events they
+#: decoded (and so checked: msgspec validates as it decodes) and from their own counters, never taken from outside.
+#: A decision is the assembler's fold over the slot log; a step manifest and a discarded group are the batcher's,
+#: from decisions; a segment's only outside values, the inference engine's tokens and logprobs, are checked when
+#: it is built (`streamgrp.core.generation_events.check_token_arrays`). These are the hot writes (a decision per
+#: group, a manifest per step, a segment every few dozen tokens); decoding each again cost as much as writing it
+#: (a manifest of 8 groups: 27 µs) and could only find a bug of streamgrp's own, which the fold, golden and
+#: round-trip tests look for. A reader still decodes and checks every entry. Every other kind (tasks, results,
+#: rewards, payloads, session turns, run settings, training progress) can carry a user's values, and keeps the
+#: check.
+DERIVED: frozenset[type] = frozenset({GroupDecided, StepManifest, GroupDiscarded, SlotSegment})
 _KIND_KEY = b'"kind":"'
 #: The compiled decoder of each event's header, by its kind: the event's own Struct, or for an event with tensors
 #: its header view (`streamgrp.core.tensor_header.header_view`: a `TensorRef` where a tensor goes).
@@ -113,10 +128,14 @@ _NOT_PENDING = b',"reward_pending":false}'
 
 
 def encode(event: Any) -> dict[bytes, bytes]:
-    """Fields for XADD: the header and, if the event carries tensors, the raw bytes. An event is checked as it
-    is encoded, by decoding what was written as a reader will (a Struct built in Python checks only the rules
-    between its fields): ``ValueError`` names what it breaks."""
-    if not TENSOR_FIELDS[type(event)]:
+    """Fields for XADD: the header and, if the event carries tensors, the raw bytes. An event that can carry
+    values from outside streamgrp is checked as it is encoded, by decoding what was written as a reader will
+    (a Struct built in Python checks only the rules between its fields): ``ValueError`` names what it breaks.
+    The kinds of `DERIVED` are written as they are, not decoded again."""
+    kind = type(event)
+    if kind in DERIVED:
+        return _tensor_entry(event) if TENSOR_FIELDS[kind] else {HEADER: ENCODER.encode(event)}
+    if not TENSOR_FIELDS[kind]:
         return {HEADER: struct_header(event)}
     fields = _tensor_entry(event)
     try:

@@ -41,6 +41,7 @@ _ALLOWED_ITEMS = tuple(_ALLOWED.items())
 _OUT = {"token_ids": torch.int64, "loss_mask": torch.bool, "logprobs": torch.float32}
 #: Where a float32's high 16 bits sit, as two uint16 (a bfloat16 value is exactly those bits).
 _HIGH_HALF = 1 if sys.byteorder == "little" else 0
+_NUMPY = {name: np.dtype(code) for name, code in dtypes.NUMPY.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,18 +393,17 @@ def _column(samples: Sequence[SampleRows], name: str, rows: int, width: int, pad
     the tensor at its place, widened in the same pass (a numpy assignment from a view of the entry's bytes:
     int32 to int64, a 0/1 byte to bool, float16 to float32). Joining the rows first, or widening after,
     walked every byte twice. Zeroed first only where something is not written: the padding."""
-    if any(s.data[name][1] == "bfloat16" for s in samples):
-        padded = True  # a bfloat16 value is the high half of its float32: the low half stays zero
-    out = (torch.zeros if padded else torch.empty)((rows, width), dtype=_OUT[name])
+    parts = [sample.data[name] for sample in samples]
+    bfloat16 = any(dtype == "bfloat16" for _, dtype in parts)
+    # A bfloat16 value is the high half of its float32: the low half is left as it was, zero.
+    out = (torch.zeros if padded or bfloat16 else torch.empty)((rows, width), dtype=_OUT[name])
     into = out.numpy()
+    halves = into.view(np.uint16).reshape(rows, width, 2)[..., _HIGH_HALF] if bfloat16 else into
     row = 0
-    for sample in samples:
-        data, dtype = sample.data[name]
+    for sample, (data, dtype) in zip(samples, parts):
+        source = np.frombuffer(data, _NUMPY[dtype])
+        target = halves if dtype == "bfloat16" else into
         lengths = sample.row_lengths
-        target = into
-        if dtype == "bfloat16":
-            target = into.view(np.uint16).reshape(rows, width, 2)[..., _HIGH_HALF]
-        source = np.frombuffer(data, dtype=dtypes.NUMPY[dtype])
         count = len(lengths)
         if count == 1:
             target[row, :lengths[0]] = source
