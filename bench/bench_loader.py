@@ -19,6 +19,7 @@ logprobs (plus attention mask, rewards, versions):
   each step's tensors, so they are new every step), and one ``np.copyto`` per row and field (widening
   int32 to int64 and uint8 to bool in the same pass). Nothing is checked, no header is read.
 
+Times are CPU time of this process (one thread), so a busy machine disturbs them less than wall time.
 GB/s counts the payloads' tensor bytes (what the entries carry); µs per row is the shard's time over
 its rows. Median over ``--repeats`` runs.
 """
@@ -93,14 +94,15 @@ def baseline(entries: Entries, lengths: list[int]) -> Callable[[], object]:
 
 
 def measure(function: Callable[[], object], seconds: float = 0.3) -> float:
-    """Seconds per call: enough calls to fill about ``seconds``."""
+    """CPU seconds per call (this process's: a busy neighbour on a shared machine stretches wall time, not this),
+    over enough calls to fill about ``seconds``."""
     function()
     count = 1
     while True:
-        started = time.perf_counter()
+        started = time.process_time()
         for _ in range(count):
             function()
-        took = time.perf_counter() - started
+        took = time.process_time() - started
         if took >= seconds:
             return took / count
         count *= 2

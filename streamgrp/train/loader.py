@@ -376,11 +376,16 @@ def _one_thread() -> Iterator[None]:
 
 def _shard_tensors(samples: Sequence[SampleRows]) -> ShardTensors:
     row_lengths = [n for s in samples for n in s.row_lengths]
-    lengths = torch.tensor(row_lengths, dtype=torch.int64)
     width = max(row_lengths, default=0)
-    attention = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
     padded = len(row_lengths) * width != sum(row_lengths)
     columns = {name: _column(samples, name, len(row_lengths), width, padded) for name in _ALLOWED}
+    if padded:  # each row's run of True written in place: a broadcast compare made [rows, T] int64 indices first
+        attention = torch.zeros((len(row_lengths), width), dtype=torch.bool)
+        mask = attention.numpy()
+        for row, n in enumerate(row_lengths):
+            mask[row, :n] = True
+    else:
+        attention = torch.ones((len(row_lengths), width), dtype=torch.bool)
     return ShardTensors(
         token_ids=columns["token_ids"], loss_mask=columns["loss_mask"], logprobs=columns["logprobs"],
         attention_mask=attention, rewards=torch.tensor([r for s in samples for r in s.rewards], dtype=torch.float32),
