@@ -42,6 +42,9 @@ _OUT = {"token_ids": torch.int64, "loss_mask": torch.bool, "logprobs": torch.flo
 #: Where a float32's high 16 bits sit, as two uint16 (a bfloat16 value is exactly those bits).
 _HIGH_HALF = 1 if sys.byteorder == "little" else 0
 _NUMPY = {name: np.dtype(code) for name, code in dtypes.NUMPY.items()}
+#: From how many tokens a shard's rows are wide enough that zeroing only their padding, a row at a time,
+#: costs less than zeroing the whole tensor before writing them (measured: bench/bench_loader.py).
+_WIDE_ROWS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,11 +400,14 @@ def _column(samples: Sequence[SampleRows], name: str, rows: int, width: int, pad
     """One field of the shard, [rows, width] in its batch dtype: each row's bytes copied once, straight into
     the tensor at its place, widened in the same pass (a numpy assignment from a view of the entry's bytes:
     int32 to int64, a 0/1 byte to bool, float16 to float32). Joining the rows first, or widening after,
-    walked every byte twice. Zeroed first only where something is not written: the padding."""
+    walked every byte twice. Only the padding is zeroed: after the rows when they are wide (a row's bytes
+    are then written once), the whole tensor first when they are narrow (one memset costs less than a
+    Python step per row)."""
     parts = [sample.data[name] for sample in samples]
     bfloat16 = any(dtype == "bfloat16" for _, dtype in parts)
+    tails = padded and not bfloat16 and width >= _WIDE_ROWS
     # A bfloat16 value is the high half of its float32: the low half is left as it was, zero.
-    out = (torch.zeros if padded or bfloat16 else torch.empty)((rows, width), dtype=_OUT[name])
+    out = (torch.zeros if (padded and not tails) or bfloat16 else torch.empty)((rows, width), dtype=_OUT[name])
     into = out.numpy()
     halves = into.view(np.uint16).reshape(rows, width, 2)[..., _HIGH_HALF] if bfloat16 else into
     row = 0
@@ -420,4 +426,11 @@ def _column(samples: Sequence[SampleRows], name: str, rows: int, width: int, pad
                 target[at, :n] = source[start:start + n]
                 start += n
         row += count
+    if tails:
+        at = 0
+        for sample in samples:
+            for n in sample.row_lengths:
+                if n < width:
+                    into[at, n:] = 0
+                at += 1
     return out

@@ -64,6 +64,9 @@ CASES = {
                                                 {"row_lengths": [4], "logprobs": "float64"}, {"row_lengths": [4]}],
     "bfloat16, padded": [{"row_lengths": [3, 5], "logprobs": "bfloat16"}, {"row_lengths": [2], "logprobs": "bfloat16"}],
     "mask bytes above 1": [{"row_lengths": [3, 6], "mask_bytes": True}, {"row_lengths": [6]}],
+    # wide enough that only each row's padding is zeroed, after its bytes are written (loader._WIDE_ROWS)
+    "wide ragged rows": [{"row_lengths": [5000]}, {"row_lengths": [4097, 6000]}, {"row_lengths": [6000]},
+                         {"row_lengths": [1], "tokens": "int64", "logprobs": "float16"}],
 }
 
 
