@@ -334,16 +334,20 @@ def _compiled(raw_header: bytes) -> Any:
         return None
 
 
-def payload_view(header: bytes, blob: Any) -> Any:
+def payload_view(header: Any, blob: Any) -> Any:
     """The header of a sample payload entry as its compiled view (`header_view` of `SamplePayload`: tensors as
     descriptors), each descriptor checked against ``blob`` (any buffer: its bytes are not cut, copied or
     looked at) as `decode` checks them. What a trainer rank reads a payload with: the manifest's checks
     were made where the sample entered, so it neither rebuilds the `Sample` nor checks its values again.
-    Raises `DecodeError` with the reason `decode` gives the entry, and ``unknown_kind`` for another event."""
-    try:
-        view = _PAYLOAD_VIEW.decode(header)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        view = None
+    Raises `DecodeError` with the reason `decode` gives the entry, and ``unknown_kind`` for another event; reads
+    every payload `decode` reads."""
+    header = _as_read(header)
+    view = None
+    if header.__class__ is bytes:
+        try:
+            view = _PAYLOAD_VIEW.decode(header)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
     if view is not None and view.schema_version in READABLE_SCHEMAS:
         size = len(blob)
         used = 0
@@ -356,13 +360,28 @@ def payload_view(header: bytes, blob: Any) -> Any:
         if used == size and header.count(_RAW_NAME) == len(_PAYLOAD_TENSORS):
             return view
     try:
-        event = decode({HEADER: bytes(header), BLOB: bytes(blob)})  # the refused entry: what is wrong with it
+        # The refused entry, as a stream read gives it: what is wrong with it.
+        event = decode({HEADER: _as_read(header), BLOB: _as_read(blob)})
     except DecodeError as exc:
-        if _PAYLOAD_KIND not in header:
+        if header.__class__ is not bytes or _PAYLOAD_KIND not in header:
             raise DecodeError("unknown_kind", f"not a sample_payload event ({exc.reason}: {exc.detail})") from None
         raise
-    raise DecodeError("unknown_kind" if event.__class__ is not SamplePayload else "invalid_value",
-                      f"a {event.kind} event (schema {event.schema_version}), not a sample payload this build reads")
+    if event.__class__ is not SamplePayload:
+        raise DecodeError("unknown_kind", f"a {event.kind} event, not a sample_payload")
+    # A payload the compiled pass refuses but `decode` reads (a key given twice: JSON's last one counts): the
+    # trainer reads what the assembler's check read, as descriptors in the same places.
+    return with_descriptors(event, TENSOR_FIELDS[SamplePayload], [], [0])
+
+
+def _as_read(value: Any) -> Any:
+    """A field's value as bytes, as a stream read gives it: a str (a decode_responses client) as its UTF-8
+    bytes, another buffer as its bytes; anything else as it is (`decode` refuses it: bad_fields)."""
+    if value.__class__ is bytes:
+        return value
+    try:
+        return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else memoryview(value).tobytes()
+    except (TypeError, ValueError):
+        return value
 
 
 def _struct_event(model: Any, data: dict[str, Any], descriptors: int) -> Any:
