@@ -1,6 +1,8 @@
 """The header's tensor descriptors: events' tensors replaced by ``{"__raw__": [dtype, shape, offset, nbytes]}``
 on the way out (`with_descriptors`, then msgspec's encoder) and checked and cut back out of the entry's bytes
-on the way in (`from_header`).
+on the way in: in one compiled pass through the event's header view (`header_view`, derived from its Struct:
+a `TensorRef` where a tensor goes; `span` checks each against the bytes, `from_view` builds the event), and
+for a header that pass refuses, from the parsed JSON (`from_header`), which gives the reason.
 
 Owns the descriptor's form and its checks (`MAX_NDIM`, `MAX_HEADER_DEPTH`, sizes and order against the bytes;
 errors are `DecodeError` with the codec's reasons) and where each event model holds tensors (`TENSOR_FIELDS`).
