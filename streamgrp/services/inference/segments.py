@@ -6,9 +6,11 @@ above 0): `resumed` is the slot's durable prefix (read only for a task taken ove
 a task delivered for the first time has none) as a `Completion` to continue, `record` the hook the adapter
 calls with every segment it cuts (from a stream, or a chunk asked for on its own, or an aborted part), and
 `meta` what the sample records of them. Writes go through the store's writer thread (`SegmentStore.submit`,
-batched with other slots'), so a stream is not held up by them; `meta`, called once the generation is
-done, waits for the slot's writes, so its segments are durable before its result is published, and raises
-the error a write met (the slot fails, as it would have writing synchronously). When the task was taken over from this worker (``TAKEN``), the
+batched with other slots'), so a stream is not held up by them; a segment cut while the slot's previous one
+is still unwritten ends the writer's window, so the slot never has two unwritten. `settle` (and `meta`),
+called once the generation is done, sends what is queued from the slot's own thread and waits for the
+slot's writes, so its segments are durable before its result is published, and raises the error a write
+met (the slot fails, as it would have writing synchronously). When the task was taken over from this worker (``TAKEN``), the
 slot goes on without segments: its result is published as any slot's (the first result of a slot wins), only
 it no longer says it is built on segments.
 """
@@ -67,6 +69,7 @@ class SlotSegments:
                 raise self._failed
             if self.taken:
                 return
+            unwritten = self._pending
             self._pending += 1
         segment = SlotSegment(task_id=self.request.task_id, slot=self.request.slot, index=self.count,
                               start=self.tokens, token_ids=RawArray.from_values(token_ids, "int32"),
@@ -74,7 +77,10 @@ class SlotSegments:
                               **self.store.stamp())
         self.count += 1
         self.tokens += len(token_ids)
-        self.store.submit(self.request.partition, self.request.task_entry, segment, self._written, stamped=True)
+        # the slot's last segment is still unwritten: the writer sends now, not at its window's end, so a slot never
+        # has two unwritten (a killed worker loses at most one segment's tokens, besides those not cut yet)
+        self.store.submit(self.request.partition, self.request.task_entry, segment, self._written, stamped=True,
+                          now=unwritten > 0)
 
     def _written(self, outcome: str | BaseException) -> None:
         with self._settled:
@@ -90,6 +96,8 @@ class SlotSegments:
 
     def settle(self) -> None:
         """Wait for the slot's queued writes; the error one met, raised."""
+        if self._pending:
+            self.store.write_now()  # the slot is done and its result waits for them: sent now, from here
         with self._settled:
             while self._pending:
                 self._settled.wait()
