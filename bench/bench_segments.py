@@ -13,11 +13,14 @@ process, answering at once, so the worker's CPU is all the worker's work), on a 
 
 Reported: the worker's CPU seconds (process time, all threads, over its run: not its start and imports) per
 run, per sample and per 1,000 generated tokens, and the share of the worker's CPU the segment writes take
-(segments less no writes, over segments). A real server's generation is orders of magnitude slower than this
-fake, so the worker's CPU per token (parsing) is what it is here; the share is an upper bound as far as the
-fake's speed goes.
+(segments less no writes, over segments); for the streamed segments also that share counted where it is
+spent (the CPU time of every `SlotSegments.record` and `SegmentStore.write_now` call, on whichever thread:
+no second run to subtract, so less moved by a busy machine) and the segments per pipeline. A real server's
+generation is orders of magnitude slower than this fake, so the worker's CPU per token (parsing) is what it
+is here; the share is an upper bound as far as the fake's speed goes.
 
     python bench/bench_segments.py [--tasks 64] [--max-tokens 512] [--repeat 3] [--no-chunks] [--token-delay 0.002]
+                                   [--concurrency 8]
 """
 
 from __future__ import annotations
