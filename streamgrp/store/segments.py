@@ -14,9 +14,9 @@ A worker streaming several slots at once writes through `SegmentStore.submit`: o
 everything queued in one pipeline, in the order submitted (a slot's segments stay in index order: one batch
 is on the wire at a time), and tells each slot how its write went; `record` is the same write, synchronous.
 The writer wakes when a segment is queued and lets others gather for up to `LINGER_S`, a window that ends
-early when a slot queues a segment while its previous one is still unwritten (so a slot never has two
-unwritten: a worker killed loses at most one segment of each slot, besides the tokens not cut yet) or the
-queue holds `_BATCH`; a slot whose generation ended sends what is queued itself (`write_now`), so its
+early when a slot queues a segment while its previous one is still queued (so a slot never has two waiting:
+a worker killed loses at most one segment of each slot, besides the tokens not cut yet and a batch already
+on the wire) or the queue holds `_BATCH`; a slot whose generation ended sends what is queued itself (`write_now`), so its
 result waits for no window. A pipeline costs the worker about what a few segments cost (a send and a
 receive, and the thread switches around them): gathering is what keeps the writes a small share of its CPU.
 
@@ -53,7 +53,7 @@ _CACHED_TASKS = 64
 _BATCH = 64
 #: The writer's window: the longest a segment waits in the queue for others to join its pipeline. Long,
 #: since it is not what bounds the loss when a worker is killed: a slot's next segment ends the window (one
-#: segment of each slot at most is ever unwritten), and a slot that ends sends at once.
+#: segment of each slot at most ever waits in the queue), and a slot that ends sends at once.
 LINGER_S = 0.5
 
 
@@ -164,6 +164,7 @@ class SegmentStore:
         self._queue: deque[tuple[int, str, SlotSegment, Callable[[str | BaseException], None]]] = deque()
         self._queued = threading.Event()
         self._due = threading.Event()
+        self._waiting: set[int] = set()  # the seq of every segment queued and not yet taken into a batch
         self._writer: threading.Thread | None = None
         self._sending = threading.Lock()  # one batch on the wire at a time: a slot's segments stay in order
         #: Pipelines sent and segments written through them (what the batching achieves: see bench/README.md).
@@ -188,9 +189,10 @@ class SegmentStore:
                done: Callable[[str | BaseException], None], *, stamped: bool = False, now: bool = False) -> None:
         """Queue ``segment`` for the writer thread; it calls ``done`` with the entry id, `SegmentTaken` or the
         error the write met. What one slot submits is written in that order. ``stamped``: built with `stamp`.
-        ``now``: end the writer's window at once (the slot has a segment still unwritten: see `LINGER_S`)."""
+        ``now``: end the writer's window at once (the slot has a segment still queued: see `LINGER_S`)."""
         if not stamped:
             segment = segment.replace(**self.stamp())
+        self._waiting.add(segment.seq)
         self._queue.append((partition, task_entry, segment, done))
         if self._writer is None:
             with self._lock:
@@ -207,13 +209,23 @@ class SegmentStore:
         writer and back); returns once those writes, and any the writer had on the wire, are answered."""
         with self._sending:
             batch = self._take()
+            # after the take, not before: a slot that asked for a send now had its previous segment queued, so
+            # the batch just taken holds it, and what was asked is done (cleared before, a request between the
+            # two would stay set and cut the next window short for nothing)
+            self._due.clear()
             if batch:
                 self._send(batch)
+
+    def waiting(self, seq: int) -> bool:
+        """Whether the segment stamped ``seq`` is still queued (not yet in a batch on the wire)."""
+        return seq in self._waiting
 
     def _take(self) -> list[tuple[int, str, SlotSegment, Callable[[str | BaseException], None]]]:
         batch = []
         while self._queue:
-            batch.append(self._queue.popleft())
+            item = self._queue.popleft()
+            self._waiting.discard(item[2].seq)
+            batch.append(item)
         return batch
 
     def _call(self, partition: int, task_entry: str, segment: SlotSegment) -> tuple[list[Any], list[Any]]:
@@ -229,7 +241,6 @@ class SegmentStore:
             self._queued.wait()
             self._due.wait(self.linger_s)
             self._queued.clear()  # before taking the batch: a submit after this sets it again for the next one
-            self._due.clear()
             self.write_now()
 
     def _send(self, batch: list[tuple[int, str, SlotSegment, Callable[[str | BaseException], None]]]) -> None:
