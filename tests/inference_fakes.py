@@ -32,6 +32,7 @@ answers the scoring requests the adapter sends for the others the same way: the 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from collections import deque
@@ -252,6 +253,15 @@ def max_tokens_of(request: dict) -> int:
                or request.get("sampling_params", {}).get("max_new_tokens") or 16)
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A threading HTTP server that says nothing when a client hangs up between requests (a worker that exits
+    closes its kept-alive connections); any other error in a handler is printed as usual."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @dataclass
 class FakeServer:
     """One fake inference server of ``dialect`` on 127.0.0.1; script replies with `then`."""
@@ -418,7 +428,7 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
             except OSError:  # the client closed the stream
                 self.close_connection = True
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = _QuietServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
