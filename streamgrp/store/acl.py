@@ -152,7 +152,7 @@ def _worker(k: RunKeys, keyed: bool) -> RoleAccess:
         "dead-letters bad tasks; reads the run's record, the policy version and the published weights",
         read=(k.control, k.version, k.weights("*"), RUNS),
         write=(k.tasks, k.slots, *written, k.segments, k.deadletter, k.deadlettered, k.deadletter_counts),
-        commands=(*_RUN_LOOKUP, "get"),
+        commands=(*_RUN_LOOKUP, "get", "exists"),  # EXISTS: publish_staged.lua checks its staged keys
         # the task queue only: the slot log's entries are the assembler's; XPENDING: segment.lua checks the
         # caller still holds the task
         confined=(((*_TAKE, "xpending"), (k.tasks,)),
@@ -244,7 +244,7 @@ def _gateway(k: RunKeys, keyed: bool) -> RoleAccess:
         read=(k.control, k.version, RUNS),
         write=(k.tasks, k.slots, *written, k.sessions, k.session_pattern, k.session_deadlines, k.deadletter,
                k.deadlettered, k.deadletter_counts),
-        commands=(*_RUN_LOOKUP, "get", "hset", "hget", "hmget", "hgetall", "hsetnx", "hincrby", "zadd", "zrem",
+        commands=(*_RUN_LOOKUP, "get", "exists", "hset", "hget", "hmget", "hgetall", "hsetnx", "hincrby", "zadd", "zrem",
                   "zrangebyscore", "zcard"),
         confined=(((*_TAKE, "xpending"), (k.tasks,)),  # the task queue only, as a worker
                   (("xadd",), (k.slots, k.sessions, k.deadletter)),
