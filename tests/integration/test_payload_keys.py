@@ -31,8 +31,9 @@ from streamgrp.train.trainer import TrainerClient
 TOKENS = 32768
 
 
-def _payload_keys(client, keys) -> list[str]:
-    return sorted(k.decode() for k in client.scan_iter(match=payloads.pattern(keys.payloads), count=1000))
+def _payload_keys(client, keys, *, staged: bool = True) -> list[str]:
+    found = (k.decode() for k in client.scan_iter(match=payloads.pattern(keys.payloads), count=1000))
+    return sorted(k for k in found if staged or ":staged:" not in k)
 
 
 def test_a_new_run_records_the_keys_layout_and_an_older_record_is_a_stream_run(client, make_run, run_name):
@@ -165,7 +166,7 @@ def _each_payload_key_has_its_slot_entry(client, keys) -> int:
     """Every payload key left names a slot entry there is, and every sample slot entry has its key; returns how many."""
     slot_ids = {e.decode() for e, f in client.xrange(keys.slots)}
     samples = {e.decode() for e, f in client.xrange(keys.slots) if b'"sample"' in f[b"h"]}
-    left = {k.rsplit(":", 1)[1] for k in _payload_keys(client, keys)}
+    left = {k.rsplit(":", 1)[1] for k in _payload_keys(client, keys, staged=False)}
     assert left <= slot_ids and samples <= left, (left - slot_ids, samples - left)
     return len(left)
 
@@ -176,14 +177,15 @@ def test_after_a_run_with_retention_and_archive_no_payload_key_outlives_its_slot
     run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=100)
     keys = run.keys
     # A writer killed between its two commands leaves a staged payload, which expires by itself.
-    client.set(payloads.staged_key(keys.payloads), payloads.frame(b"{}", b"x"), nx=True, px=300)
+    client.set(payloads.staged_key(keys.payloads), payloads.frame(b"{}", b"x"), nx=True, px=1000)
+    started = time.monotonic()
     steps = _full_run(client, run, issuer, 8)
     assert steps == 4 and verify(client, keys).ok
     assert _each_payload_key_has_its_slot_entry(client, keys) == 16
     archiver = Archiver(client, keys, tmp_path / "archive", ArchiverConfig(retention=True))
     archiver.run(burst=True)
     assert archiver.last_trim is not None and archiver.last_trim.streams["payloads"].removed > 0
-    time.sleep(0.4)  # past the staged key's TTL
+    time.sleep(max(0.0, started + 1.1 - time.monotonic()))  # past the staged key's TTL
     assert _each_payload_key_has_its_slot_entry(client, keys) < 16  # what retention trimmed took its payloads
     assert not list(client.scan_iter(match=payloads.staged_pattern(keys.payloads)))  # the staged one expired
     archived = ArchiveSource(tmp_path / "archive")
