@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import redis
 
+from streamgrp.store.resp import Pieces, RespPacker
 from streamgrp.store.streams import Retry, stream_entries
 
 __all__ = ["KEYS", "STAGED_TTL_MS", "STREAM", "Layout", "entry_fetch", "frame", "key", "pattern", "read", "stage",
@@ -93,9 +94,14 @@ def unframe(value: bytes | memoryview, *, views: bool = False) -> dict[bytes, An
 
 
 def stage(pipe: Any, payloads: str, header: bytes, blob: bytes, *, ttl_ms: int = STAGED_TTL_MS) -> str:
-    """Queue on ``pipe`` the staging write of one payload; returns its staging key (for the function's KEYS)."""
+    """Queue on ``pipe`` the staging write of one payload; returns its staging key (for the function's KEYS).
+    Through streamgrp's own packer (a single server) the frame is joined only into the command: a long
+    sample's bytes are copied once in the writer, as when they were a function's argument."""
     staged = staged_key(payloads)
-    pipe.set(staged, frame(header, blob), nx=True, px=ttl_ms)
+    pool = getattr(pipe, "connection_pool", None)
+    spliced = isinstance(getattr(pool, "connection_kwargs", {}).get("command_packer"), RespPacker)
+    value = Pieces((_LENGTH.pack(len(header)), header, blob)) if spliced else frame(header, blob)
+    pipe.set(staged, value, nx=True, px=ttl_ms)
     return staged
 
 

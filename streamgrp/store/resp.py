@@ -17,6 +17,13 @@ from typing import Any
 from redis._parsers.encoders import Encoder
 
 
+class Pieces(tuple):
+    """An argument that is the concatenation of these byte strings, joined only into the packed command:
+    a payload's frame (`streamgrp.store.payloads`) is sent without a copy of its own first."""
+
+    __slots__ = ()
+
+
 class RespPacker:
     """A redis-py ``command_packer``: ``pack(*args)`` returns the command as a one-item list."""
 
@@ -36,6 +43,9 @@ class RespPacker:
         encode = self._encode
         for arg in args:
             kind = arg.__class__
+            if kind is Pieces:
+                parts += (b"$%d\r\n" % sum(map(len, arg)), *arg, b"\r\n")
+                continue
             if kind is str:  # text and counts are most of a commit's arguments: encoded here, as redis-py would
                 arg = arg.encode()
             elif kind is int:
