@@ -29,7 +29,7 @@ from __future__ import annotations
 import secrets
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import redis
 
@@ -117,7 +117,7 @@ def stream(client: redis.Redis, payloads: str, ids: Sequence[str], *,
     """`read`, chunk by chunk (one MGET each), so a caller may start on the first payloads early."""
     for start in range(0, len(ids), READ_CHUNK):
         chunk = [key(payloads, entry_id) for entry_id in ids[start:start + READ_CHUNK]]
-        for value in client.mget(chunk):
+        for value in cast("list[bytes | None]", client.mget(chunk)):  # streamgrp's clients read bytes
             yield unframe(value, views=views) if value is not None else None
 
 
@@ -153,7 +153,7 @@ def trim_below(client: redis.Redis, slots: str, payloads: str, floor: str, *, pa
     slot log to that floor; a key outlives its slot entry never). Returns how many keys were there."""
     removed, start = 0, "-"
     while True:
-        entries = client.xrange(slots, start, f"({floor}", count=page)
+        entries = cast("list[tuple[bytes, Any]]", client.xrange(slots, start, f"({floor}", count=page))
         if not entries:
             return removed
         ids = [_canonical(raw_id) for raw_id, _ in entries]

@@ -209,7 +209,7 @@ class SessionStore:
             return outcome, _text(self._end_staged(part, keys, args))
         return outcome, _text(self._call(self._end, keys, args))
 
-    def _end_staged(self, part: PartitionKeys, keys: list[str], args: list[object]) -> object:
+    def _end_staged(self, part: PartitionKeys, keys: list[str], args: Sequence[object]) -> object:
         """session_end.lua with the payload staged in the same pipeline (`streamgrp.store.payloads`): the
         function's arguments carry no payload byte."""
         header, blob = args[5], args[6]
