@@ -34,8 +34,8 @@ from streamgrp.config import (  # noqa: E402
     WorkerConfig,
 )
 from streamgrp.core import codec  # noqa: E402
-from streamgrp.core.partition import balanced_partition, greedy_partition, max_load  # noqa: E402
 from streamgrp.core.policy import NormSpec  # noqa: E402
+from streamgrp.core.rank_split import balanced_partition, greedy_split, max_load  # noqa: E402
 from streamgrp.services.assembler import Assembler  # noqa: E402
 from streamgrp.services.synthetic import synthetic_rollout  # noqa: E402
 from streamgrp.services.worker import WorkerClient, WorkerProcess  # noqa: E402
@@ -80,7 +80,7 @@ def balance_table(weights: list[int], batch_size: int) -> None:
     print(f"   {'ranks':>5} {'method':<12} {'mean':>8} {'worst':>8}   {'vs round-robin':>14} {'vs greedy':>10}")
     for ranks in (2, 4, 8):
         results = {}
-        for name, method in (("balanced", balanced_partition), ("round-robin", round_robin), ("greedy", greedy_partition)):
+        for name, method in (("balanced", balanced_partition), ("round-robin", round_robin), ("greedy", greedy_split)):
             values = [imbalance(batch, method(batch, ranks)) for batch in batches]
             results[name] = (statistics.fmean(values), max(values))
         for name, (mean, worst) in results.items():

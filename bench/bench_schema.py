@@ -19,7 +19,7 @@ Decode paths, each from the entry's fields to a checked event:
 - ``orjson.loads``: parsing the header into plain objects, nothing checked (what a reader that trusts
   its input would pay).
 
-Encode paths: ``codec.encode`` of the decision (checked by decoding what it wrote) and
+Encode paths: ``codec.encode`` of the decision (written without decoding it again: `codec.DERIVED`) and
 ``codec.encode_sample`` of the 1024-token sample (the publisher's call: slot result and payload).
 Each figure is the median over ``--repeats`` runs of µs per entry. The same script before this change
 (pydantic models and hand-written fast paths) gave the figures bench/README.md lists beside these.

@@ -13,16 +13,20 @@ process, answering at once, so the worker's CPU is all the worker's work), on a 
 
 Reported: the worker's CPU seconds (process time, all threads, over its run: not its start and imports) per
 run, per sample and per 1,000 generated tokens, and the share of the worker's CPU the segment writes take
-(segments less no writes, over segments). A real server's generation is orders of magnitude slower than this
-fake, so the worker's CPU per token (parsing) is what it is here; the share is an upper bound as far as the
-fake's speed goes.
+(segments less no writes, over segments); for the streamed segments also that share counted where it is
+spent (the CPU time of every `SlotSegments.record` and `SegmentStore.write_now` call, on whichever thread:
+no second run to subtract, so less moved by a busy machine) and the segments per pipeline. A real server's
+generation is orders of magnitude slower than this fake, so the worker's CPU per token (parsing) is what it
+is here; the share is an upper bound as far as the fake's speed goes.
 
     python bench/bench_segments.py [--tasks 64] [--max-tokens 512] [--repeat 3] [--no-chunks] [--token-delay 0.002]
+                                   [--concurrency 8]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -39,7 +43,7 @@ N_SAMPLES = 4
 
 
 def _worker(url: str, run_name: str, server_url: str, max_tokens: int, segment_tokens: int, write: bool,
-            stream: bool, results) -> None:
+            stream: bool, concurrency: int, results) -> None:
     from streamgrp.config import InferenceConfig, WorkerConfig
     from streamgrp.services.inference import build_rollout
     from streamgrp.services.worker import WorkerClient, WorkerProcess
@@ -51,19 +55,39 @@ def _worker(url: str, run_name: str, server_url: str, max_tokens: int, segment_t
 
         segments.SegmentStore.record = lambda self, partition, task_entry, segment: ""
         SlotSegments.record = lambda self, token_ids, logprobs, version, cause: None
+    spent = [0.0]
+    if write and stream:  # the writes' own CPU, on whichever thread: a segment built and queued, a batch sent
+        from streamgrp.services.inference.segments import SlotSegments
+
+        SlotSegments.record = _timed(SlotSegments.record, spent)
+        if hasattr(segments.SegmentStore, "write_now"):  # where the batches are sent (whichever thread sends)
+            segments.SegmentStore.write_now = _timed(segments.SegmentStore.write_now, spent)
     client = connect(url)
     run = open_run(client, run_name)
     config = InferenceConfig(server_url=server_url, max_tokens=max_tokens, segment_tokens=segment_tokens,
                              segment_stream=stream)
     process = WorkerProcess(WorkerClient(client, run.keys), build_rollout("llamacpp", config),
-                            WorkerConfig(burst=True, concurrency=8), n_samples=N_SAMPLES)
+                            WorkerConfig(burst=True, concurrency=concurrency), n_samples=N_SAMPLES)
     started, cpu = time.monotonic(), time.process_time()  # the run only: not the interpreter's start and imports
     done = process.run()
-    results.put((done, time.monotonic() - started, time.process_time() - cpu))
+    store = getattr(process.rollout, "segments", None)
+    batches = getattr(store, "batches", 0) if write else 0
+    results.put((done, time.monotonic() - started, time.process_time() - cpu, batches, spent[0]))
+
+
+def _timed(method, spent: list[float]):
+    """``method``, adding the CPU time its calls take on their thread to ``spent[0]`` (under the GIL: no lock)."""
+    def timed(*args, **kwargs):
+        started = time.thread_time()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            spent[0] += time.thread_time() - started
+    return timed
 
 
 def measure(server, client, fake, tasks: int, max_tokens: int, segment_tokens: int, write: bool,
-            stream: bool) -> dict:
+            stream: bool, concurrency: int = 8) -> dict:
     from streamgrp.config import RunConfig
     from streamgrp.store.runs import join_run
     from streamgrp.store.tasks import TaskIssuer
@@ -73,12 +97,13 @@ def measure(server, client, fake, tasks: int, max_tokens: int, segment_tokens: i
         TaskIssuer(client, run.keys).issue([{"prompt_ids": [5, 6, 7, 8]}] * tasks)
         generated = len(fake.generated)
         results = CTX.Queue()
-        proc = spawn(_worker, server.url, run.name, fake.url, max_tokens, segment_tokens, write, stream, results)
-        done, seconds, cpu = get(results, [proc], 600)
+        proc = spawn(_worker, server.url, run.name, fake.url, max_tokens, segment_tokens, write, stream, concurrency,
+                     results)
+        done, seconds, cpu, batches, spent = get(results, [proc], 600)
         join([proc])
         tokens = len(fake.generated) - generated
         return {"done": done, "seconds": seconds, "cpu": cpu, "tokens": tokens,
-                "segments": client.xlen(run.keys.segments)}
+                "segments": client.xlen(run.keys.segments), "batches": batches, "spent": spent}
     finally:
         drop_run(client, run)
 
@@ -89,6 +114,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--segment-tokens", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=8, help="the worker's slots at once")
     parser.add_argument("--no-chunks", action="store_true", help="leave out the two chunked ways")
     parser.add_argument("--token-delay", type=float, default=0.0,
                         help="seconds the fake takes per streamed token (0: at once; the worker is then CPU-bound, "
@@ -112,14 +138,19 @@ def main() -> None:
             ways.update({"chunks only": (args.segment_tokens, False, False),
                          "chunked segments": (args.segment_tokens, True, False)})
         cpu: dict[str, list[float]] = {name: [] for name in ways}
+        own: list[tuple[float, float, int]] = []  # streamed segments: (the writes' own CPU, the worker's, pipelines)
         for _ in range(args.repeat):
             for name, (segment_tokens, write, stream) in ways.items():  # interleaved: drift hits every way alike
-                row = measure(server, client, fake, args.tasks, args.max_tokens, segment_tokens, write, stream)
+                row = measure(server, client, fake, args.tasks, args.max_tokens, segment_tokens, write, stream,
+                              args.concurrency)
                 assert row["done"] == args.tasks, row
                 cpu[name].append(row["cpu"])
+                if row["spent"]:
+                    own.append((row["spent"], row["cpu"], row["batches"]))
                 print(f"  {name:20s} cpu {row['cpu']:.2f} s  wall {row['seconds']:.2f} s  tokens {row['tokens']}  "
-                      f"segments {row['segments']}")
+                      f"segments {row['segments']}" + (f" in {row['batches']} pipelines" if row["batches"] else ""))
         tokens = args.tasks * N_SAMPLES * args.max_tokens
+        print(f"load average at the end: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
         samples = args.tasks * N_SAMPLES
         print("\n| way | worker CPU (s, median) | per sample (ms) | per 1,000 tokens (ms) |\n|---|---|---|---|")
         medians = {name: statistics.median(values) for name, values in cpu.items()}
@@ -132,6 +163,14 @@ def main() -> None:
                 print(f"\n{way}: the writes are {100 * writes / medians[way]:.1f}% of the worker's CPU "
                       f"({1e6 * per_segment:.0f} us per segment); against no segments at all (off): "
                       f"+{100 * (medians[way] - medians['off']) / medians['off']:.0f}%")
+        if own and all(batches for _, _, batches in own):  # the writes' own CPU, counted on the threads that spent it: no baseline run to subtract
+            segments = tokens / args.segment_tokens
+            share = statistics.median(spent / total for spent, total, _ in own)
+            per_segment = statistics.median(spent for spent, _, _ in own) / segments
+            pipelines = statistics.median(batches for _, _, batches in own)
+            print(f"streamed segments, counted where they run (building, queueing, encoding, sending, the replies): "
+                  f"{100 * share:.1f}% of the worker's CPU ({1e6 * per_segment:.0f} us per segment), "
+                  f"{segments / pipelines:.1f} segments per pipeline")
     finally:
         stop_fake()
         stop_server(server)

@@ -1,7 +1,7 @@
 """streamgrp: an event-sourced rollout queue for asynchronous RL post-training.
 
 The public surface is curated here. Torch-backed helpers (`normalize`, the policy loss and group
-metrics) load on first use, so importing the fold, the partitioner or the codec stays free of
+metrics) load on first use, so importing the fold, the rank split or the codec stays free of
 torch, redis and prometheus_client.
 """
 
@@ -21,8 +21,8 @@ from streamgrp.core.events import (
     TaskIssued,
     Tick,
 )
-from streamgrp.core.partition import balanced_partition
 from streamgrp.core.policy import GroupPolicy, NormSpec
+from streamgrp.core.rank_split import balanced_partition
 from streamgrp.core.values import RewardLater
 from streamgrp.errors import (
     ConfigError,

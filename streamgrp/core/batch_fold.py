@@ -15,11 +15,13 @@ Invariants, for any order of the same decisions: every trainable group is in at 
 discarded once, never both; a step holds between ``dp_size`` and ``max_batch_size`` groups (fixed
 mode: exactly ``batch_size`` except the final step); no group in a step is more than
 ``max_staleness`` versions behind the step's version, except under ``staleness="mask"``, which keeps
-such groups (the loader masks their old tokens); steps are numbered 0, 1, 2, ... without gaps.
+such groups (the loader masks their old tokens) unless every token is (`wholly_stale`: the group would
+train nothing, so it is discarded as stale instead of taking a step's place); steps are numbered 0, 1, 2,
+... without gaps.
 
 The staleness policy (`BatchRules.staleness`, the run's recorded setting): ``drop`` discards a stale
-group; ``mask`` keeps it; ``wait`` holds tasks and steps so that no pending work can turn stale. The
-feeder issues only while at most ``max_staleness`` written steps are uncommitted (`may_issue`), and
+group; ``mask`` keeps it while some of its tokens are inside the window; ``wait`` holds tasks and
+steps so that no pending work can turn stale. The feeder issues only while at most ``max_staleness`` written steps are uncommitted (`may_issue`), and
 a step is held (`window_allows`) while it could make pending work stale:
 writing steps lets the trainers raise the version, one per step, to at most ``version + (steps written
 and not committed by every rank)``; a step is written only while that bound, counted with the step,
@@ -57,6 +59,13 @@ def is_stale(decision: GroupDecided, current_version: int, max_staleness: int) -
     """A group is stale when its oldest member is more than ``max_staleness`` versions behind."""
     version = decision.version
     return version is not None and current_version - version > max_staleness
+
+
+def wholly_stale(decision: GroupDecided, current_version: int, max_staleness: int) -> bool:
+    """Every token of the group is more than ``max_staleness`` versions behind (its newest token is): under
+    ``mask`` the loader would clear all of its loss, so the group would take a step's place and train nothing."""
+    newest = decision.newest_version
+    return newest is not None and current_version - newest > max_staleness
 
 
 def discards_stale(staleness: str) -> bool:
@@ -326,6 +335,11 @@ def _emit(state: BatchState, candidates: list[Buffered], *, final: bool = False)
     for entry_id, decision in candidates:
         if discards_stale(rules.staleness) and is_stale(decision, version, rules.max_staleness):
             detail = f"group version {decision.version}, policy version {version}, max_staleness {rules.max_staleness}"
+            outputs.append(Discarded(entry_id, decision, STALE, detail, version))
+            used.add(entry_id)
+        elif rules.staleness == "mask" and wholly_stale(decision, version, rules.max_staleness):
+            detail = (f"every token is stale under mask: newest token version {decision.newest_version}, policy "
+                      f"version {version}, max_staleness {rules.max_staleness}")
             outputs.append(Discarded(entry_id, decision, STALE, detail, version))
             used.add(entry_id)
         else:

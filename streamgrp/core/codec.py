@@ -54,10 +54,14 @@ from streamgrp.core.events import (
     EVENT_TYPES,
     READABLE_SCHEMAS,
     SCHEMA_VERSION,
+    GroupDecided,
+    GroupDiscarded,
     Sample,
     SamplePayload,
     SampleSummary,
     SlotResult,
+    SlotSegment,
+    StepManifest,
 )
 from streamgrp.core.legacy import LEGACY_SCHEMA, SlotResultV1
 from streamgrp.core.shown import (
@@ -72,6 +76,9 @@ from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, i
     RAW_KEY,
     TENSOR_FIELDS,
     from_header,
+    from_view,
+    header_view,
+    span,
     tensor_count,
     with_descriptors,
 )
@@ -93,18 +100,42 @@ DECODE_REASONS = frozenset({
 
 
 
-#: The compiled decoder of each event defined as a msgspec Struct (`streamgrp.core.wire`), by its kind.
-_STRUCT_DECODERS = {kind: decoder(model) for kind, model in EVENT_TYPES.items() if issubclass(model, WireEvent)}
+#: Events encoded without decoding them again: their values are made by streamgrp's services from events they
+#: decoded (and so checked: msgspec validates as it decodes) and from their own counters, never taken from outside.
+#: A decision is the assembler's fold over the slot log; a step manifest and a discarded group are the batcher's,
+#: from decisions; a segment's only outside values, the inference engine's tokens and logprobs, are checked when
+#: it is built (`streamgrp.core.generation_events.check_token_arrays`). These are the hot writes (a decision per
+#: group, a manifest per step, a segment every few dozen tokens); decoding each again cost as much as writing it
+#: (a manifest of 8 groups: 27 µs) and could only find a bug of streamgrp's own, which the fold, golden and
+#: round-trip tests look for. A reader still decodes and checks every entry. Every other kind (tasks, results,
+#: rewards, payloads, session turns, run settings, training progress) can carry a user's values, and keeps the
+#: check.
+DERIVED: frozenset[type] = frozenset({GroupDecided, StepManifest, GroupDiscarded, SlotSegment})
 _KIND_KEY = b'"kind":"'
+#: The compiled decoder of each event's header, by its kind: the event's own Struct, or for an event with tensors
+#: its header view (`streamgrp.core.tensor_header.header_view`: a `TensorRef` where a tensor goes).
+_TENSOR_EVENTS: list[Any] = [model for model in EVENT_TYPES.values() if TENSOR_FIELDS[model]]
+_STRUCT_DECODERS = {kind: decoder(header_view(model) if model in _TENSOR_EVENTS else model)
+                    for kind, model in EVENT_TYPES.items() if issubclass(model, WireEvent)}
+_MODEL_OF_VIEW: dict[Any, Any] = {header_view(model): model for model in _TENSOR_EVENTS}
+_PAYLOAD_VIEW = decoder(header_view(SamplePayload))
+_PAYLOAD_TENSORS = ("token_ids", "loss_mask", "logprobs")
+_PAYLOAD_KIND = _KIND_KEY + b'sample_payload"'
+#: A descriptor's key as the header holds it (inside a JSON string it is escaped: ``\"__raw__\"``, never this).
+_RAW_NAME = f'"{RAW_KEY}"'.encode()
 #: How a result leaves out ``reward_pending`` when it is not set (its last field).
 _NOT_PENDING = b',"reward_pending":false}'
 
 
 def encode(event: Any) -> dict[bytes, bytes]:
-    """Fields for XADD: the header and, if the event carries tensors, the raw bytes. An event is checked as it
-    is encoded, by decoding what was written as a reader will (a Struct built in Python checks only the rules
-    between its fields): ``ValueError`` names what it breaks."""
-    if not TENSOR_FIELDS[type(event)]:
+    """Fields for XADD: the header and, if the event carries tensors, the raw bytes. An event that can carry
+    values from outside streamgrp is checked as it is encoded, by decoding what was written as a reader will
+    (a Struct built in Python checks only the rules between its fields): ``ValueError`` names what it breaks.
+    The kinds of `DERIVED` are written as they are, not decoded again."""
+    kind = type(event)
+    if kind in DERIVED:
+        return _tensor_entry(event) if TENSOR_FIELDS[kind] else {HEADER: ENCODER.encode(event)}
+    if not TENSOR_FIELDS[kind]:
         return {HEADER: struct_header(event)}
     fields = _tensor_entry(event)
     try:
@@ -256,22 +287,21 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     items = field_items(fields)
     text = check_size(items, max_entry_bytes)
     raw_header, blob = header_and_blob(fields, text)
-    if not blob:
-        # One compiled pass for a valid header of a Struct event; anything else (an error, an older schema's
-        # slot result) takes the checks below, which give the reason.
-        # Which decoder: the kind as the encoder writes it (a header that only looks so fails the decoder's own
-        # check of its kind, and takes the checks below).
-        start = raw_header.find(_KIND_KEY) + len(_KIND_KEY)
-        struct_decoder = _STRUCT_DECODERS.get(raw_header[start:raw_header.find(b'"', start)].decode(errors="replace")) \
-            if start >= len(_KIND_KEY) else None
-        decoded = None
-        if struct_decoder is not None:
+    # One compiled pass for a valid header (an event with tensors: its header view, the bytes cut out after);
+    # anything else (an error, an older schema's slot result) takes the checks below, which give the reason.
+    decoded = _compiled(raw_header)
+    if decoded is not None and (decoded.schema_version == SCHEMA_VERSION or (
+            decoded.schema_version in READABLE_SCHEMAS and decoded.__class__ is not SlotResult)):
+        if decoded.__class__ in _MODEL_OF_VIEW:
+            used = [0, 0]  # bytes, tensors
             try:
-                decoded = struct_decoder.decode(raw_header)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                pass
-        if decoded is not None and (decoded.schema_version == SCHEMA_VERSION or (
-                decoded.schema_version in READABLE_SCHEMAS and decoded.__class__ is not SlotResult)):
+                event = from_view(_MODEL_OF_VIEW[decoded.__class__], decoded, blob, used)
+            except (DecodeError, ValueError, TypeError):
+                event = None
+            # Every descriptor in the header is one of its tensors (one in a free-form dict is refused below).
+            if event is not None and used[0] == len(blob) and raw_header.count(_RAW_NAME) == used[1]:
+                return event
+        elif not blob:
             return decoded
     header = _parse_header(raw_header)
     legacy = header.get("schema_version") == LEGACY_SCHEMA and header["kind"] == "slot_result"
@@ -286,6 +316,72 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
         # decisions they wrote recorded that: upcast to the same digest.
         return event.upcast(entry_digest(fields, like=UNTAGGED))
     return event
+
+
+def _compiled(raw_header: bytes) -> Any:
+    """The header decoded by its kind's compiled decoder, or None when that refuses it (or names no kind)."""
+    # Which decoder: the kind as the encoder writes it (a header that only looks so fails the decoder's own
+    # check of its kind, and takes the checks that give the reason).
+    start = raw_header.find(_KIND_KEY) + len(_KIND_KEY)
+    if start < len(_KIND_KEY):
+        return None
+    struct_decoder = _STRUCT_DECODERS.get(raw_header[start:raw_header.find(b'"', start)].decode(errors="replace"))
+    if struct_decoder is None:
+        return None
+    try:
+        return struct_decoder.decode(raw_header)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def payload_view(header: Any, blob: Any) -> Any:
+    """The header of a sample payload entry as its compiled view (`header_view` of `SamplePayload`: tensors as
+    descriptors), each descriptor checked against ``blob`` (any buffer: its bytes are not cut, copied or
+    looked at) as `decode` checks them. What a trainer rank reads a payload with: the manifest's checks
+    were made where the sample entered, so it neither rebuilds the `Sample` nor checks its values again.
+    Raises `DecodeError` with the reason `decode` gives the entry, and ``unknown_kind`` for another event; reads
+    every payload `decode` reads."""
+    header = _as_read(header)
+    view = None
+    if header.__class__ is bytes:
+        try:
+            view = _PAYLOAD_VIEW.decode(header)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+    if view is not None and view.schema_version in READABLE_SCHEMAS:
+        size = len(blob)
+        used = 0
+        sample = view.sample
+        try:
+            for name in _PAYLOAD_TENSORS:
+                used = span(getattr(sample, name).raw, size, used)
+        except DecodeError:
+            used = -1
+        if used == size and header.count(_RAW_NAME) == len(_PAYLOAD_TENSORS):
+            return view
+    try:
+        # The refused entry, as a stream read gives it: what is wrong with it.
+        event = decode({HEADER: _as_read(header), BLOB: _as_read(blob)})
+    except DecodeError as exc:
+        if header.__class__ is not bytes or _PAYLOAD_KIND not in header:
+            raise DecodeError("unknown_kind", f"not a sample_payload event ({exc.reason}: {exc.detail})") from None
+        raise
+    if event.__class__ is not SamplePayload:
+        raise DecodeError("unknown_kind", f"a {event.kind} event, not a sample_payload")
+    # A payload the compiled pass refuses but `decode` reads (a key given twice: JSON's last one counts): the
+    # trainer reads what the assembler's check read, as descriptors in the same places.
+    return with_descriptors(event, TENSOR_FIELDS[SamplePayload], [], [0])
+
+
+def _as_read(value: Any) -> Any:
+    """A field's value as bytes, as a stream read gives it: a str (a decode_responses client) as its UTF-8
+    bytes, another buffer as its bytes; anything else as it is (`decode` refuses it: bad_fields)."""
+    if value.__class__ is bytes:
+        return value
+    try:
+        return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else memoryview(value).tobytes()
+    except (TypeError, ValueError):
+        return value
 
 
 def _struct_event(model: Any, data: dict[str, Any], descriptors: int) -> Any:

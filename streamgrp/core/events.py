@@ -100,7 +100,7 @@ def check_outcome(outcome: str, sample: object, error: str | None) -> None:
 
 
 class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """What the group log keeps of a sample: what folding, filtering and partitioning need.
+    """What the group log keeps of a sample: what folding, filtering and the rank split need.
 
     ``tokens`` are the valid loss tokens (the partition weight), ``reward`` the mean over rows, and
     ``digest`` the digest of the sample's payload entry (`streamgrp.core.codec.entry_digest`),
@@ -112,15 +112,36 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     version: wire.NonNegInt
     reward: wire.Float
     digest: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    #: The newest policy version among the sample's tokens, when its per-token versions (``meta.token_versions``,
+    #: a generation continued across weight updates) reach past ``version`` (the oldest); left out otherwise,
+    #: so such a result is written as before. What ``staleness="mask"`` needs to tell a group that would train
+    #: nothing (every token older than the window) from one with tokens to train.
+    newest: wire.NonNegInt | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.reward):  # the mean of finite rewards can still overflow
             raise ValueError(f"reward {self.reward!r} is not a finite number; rewards must be finite")
+        if self.newest is not UNSET and self.newest <= self.version:
+            raise ValueError(f"newest version {self.newest} is not past the sample's version {self.version}; leave "
+                             "it out")
 
     @classmethod
     def of(cls, sample: Sample, digest: str) -> SampleSummary:
+        newest = newest_token_version(sample)
         return cls(rows=sample.rows, tokens=sample.valid_tokens, version=sample.version,
-                   reward=sum(sample.rewards) / sample.rows, digest=digest)
+                   reward=sum(sample.rewards) / sample.rows, digest=digest,
+                   newest=newest if newest is not None and newest > sample.version else UNSET)
+
+
+def newest_token_version(sample: Sample) -> int | None:
+    """The newest version in ``meta.token_versions`` (``[[version, tokens], ...]`` runs), None without such runs;
+    a malformed entry is not a version (the meta is the rollout's free-form record)."""
+    runs = sample.meta.get("token_versions") if isinstance(sample.meta, dict) else None
+    if not isinstance(runs, list):
+        return None
+    versions = [run[0] for run in runs if isinstance(run, (list, tuple)) and len(run) == 2
+                and type(run[0]) is int and run[0] >= 0 and type(run[1]) is int and run[1] > 0]
+    return max(versions) if versions else None
 
 
 class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -232,6 +253,9 @@ class GroupDecided(WireEvent, frozen=True, kw_only=True, dict=True):
     closed_by: Literal["all_slots", "deadline"]
     issued_at: wire.Float | None = None
     decided_at: wire.Float | None = None
+    #: The newest policy version among the members' tokens, when a member's per-token versions reach past
+    #: every member's version (`SampleSummary.newest`); left out otherwise. See `newest_version`.
+    newest_token_version: wire.NonNegInt | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         check_columns(self)
@@ -253,6 +277,15 @@ class GroupDecided(WireEvent, frozen=True, kw_only=True, dict=True):
     def version(self) -> int | None:
         """The group's policy version: the oldest among its members (SPEC section 4)."""
         return min(self.member_versions) if self.slots else None
+
+    @property
+    def newest_version(self) -> int | None:
+        """The newest policy version among its members' tokens (their versions, or the recorded
+        ``newest_token_version`` past them): no token of the group is newer."""
+        if not self.slots:
+            return None
+        newest = max(self.member_versions)
+        return newest if self.newest_token_version is UNSET else max(newest, self.newest_token_version)
 
     @property
     def valid_tokens(self) -> int:

@@ -57,6 +57,8 @@ class SlotRecord:
     #: with ``reward_pending`` (a rejection by its scorer keeps just the entry).
     rewards: tuple[float, ...] | None = None
     reward_entry: str = ""
+    #: The newest version among the sample's tokens, past ``version`` (`SampleSummary.newest`), else None.
+    newest: int | None = None
 
 
 @dataclass(slots=True)
@@ -162,11 +164,12 @@ def _on_slot(state: FoldState, event: SlotResult, entry_id: str) -> list[Output]
     if sample is None:
         group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, entry_id)
     elif event.reward_pending:
-        group.pending[slot] = SlotRecord("sample", sample.rows, sample.tokens, sample.version, entry_id, sample.digest)
+        group.pending[slot] = SlotRecord("sample", sample.rows, sample.tokens, sample.version, entry_id, sample.digest,
+                                         newest=None if sample.newest is UNSET else sample.newest)
         return []
     else:
         group.results[slot] = SlotRecord("sample", sample.rows, sample.tokens, sample.version, entry_id, sample.digest,
-                                         sample.reward)
+                                         sample.reward, newest=None if sample.newest is UNSET else sample.newest)
     if len(group.results) == n_samples:
         return [_close(state, group, "all_slots", None)]
     return []
@@ -198,7 +201,8 @@ def _on_reward(state: FoldState, event: SlotRewarded, entry_id: str) -> list[Out
         if len(rewards) != waiting.rows:
             rewards = rewards * waiting.rows  # one reward for every row
         group.results[slot] = SlotRecord("sample", waiting.rows, waiting.tokens, waiting.version, waiting.entry_id,
-                                         waiting.digest, sum(rewards) / len(rewards), tuple(rewards), entry_id)
+                                         waiting.digest, sum(rewards) / len(rewards), tuple(rewards), entry_id,
+                                         waiting.newest)
     del group.pending[slot]
     if len(group.results) == state.policy.n_samples:
         return [_close(state, group, "all_slots", None)]
@@ -244,6 +248,7 @@ def _close(state: FoldState, group: OpenGroup, closed_by: Literal["all_slots", "
     digests = tuple(result.digest for result in usable)
     rewards = tuple(result.reward for result in usable)
     row_rewards = tuple(result.rewards for result in usable)
+    newest = max((result.newest for result in usable if result.newest is not None), default=None)
     # The member columns straight from the slot results, validated when they were decoded (an optional column
     # no member recorded is empty, as `streamgrp.core.members.columns_of` writes it).
     decision = GroupDecided(
@@ -264,6 +269,7 @@ def _close(state: FoldState, group: OpenGroup, closed_by: Literal["all_slots", "
         closed_by=closed_by,
         issued_at=group.issued_at,
         decided_at=now,
+        newest_token_version=newest if newest is not None and newest > max(r.version for r in usable) else UNSET,
     )
     del state.open[group.task_id]
     state.decided.add(group.task_id)

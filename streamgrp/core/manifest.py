@@ -1,6 +1,6 @@
 """Turning decided groups into one step's manifest: shards per rank, digests, imbalance. Pure.
 
-Owns which rank trains which group (`balanced_partition` over valid tokens) and what each shard's
+Owns which rank trains which group (the rank split, `balanced_partition`, over valid tokens) and what each shard's
 digest is; ignores staleness, filtering and when a batch is due (the batcher decides those).
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from streamgrp.core.codec import combine_digests
 from streamgrp.core.events import GroupDecided, Shard, ShardGroup, StepManifest
-from streamgrp.core.partition import balanced_partition
+from streamgrp.core.rank_split import balanced_partition
 
 
 def decision_ref(partition: int, entry_id: str) -> str:

@@ -1,6 +1,8 @@
 """The header's tensor descriptors: events' tensors replaced by ``{"__raw__": [dtype, shape, offset, nbytes]}``
 on the way out (`with_descriptors`, then msgspec's encoder) and checked and cut back out of the entry's bytes
-on the way in (`from_header`).
+on the way in: in one compiled pass through the event's header view (`header_view`, derived from its Struct:
+a `TensorRef` where a tensor goes; `span` checks each against the bytes, `from_view` builds the event), and
+for a header that pass refuses, from the parsed JSON (`from_header`), which gives the reason.
 
 Owns the descriptor's form and its checks (`MAX_NDIM`, `MAX_HEADER_DEPTH`, sizes and order against the bytes;
 errors are `DecodeError` with the codec's reasons) and where each event model holds tensors (`TENSOR_FIELDS`).
@@ -9,10 +11,10 @@ The entry's fields, sizes and validation are the codec's (`streamgrp.core.codec`
 
 from __future__ import annotations
 
-import copy
+import functools
 import math
 import types
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import msgspec
 
@@ -20,6 +22,7 @@ from streamgrp.core.events import EVENT_TYPES, RawArray
 from streamgrp.core.legacy import SlotResultV1
 from streamgrp.core.shown import clip, show
 from streamgrp.core.values import DTYPES
+from streamgrp.core.wire import NonNegInt
 from streamgrp.errors import DecodeError
 
 RAW_KEY = "__raw__"
@@ -30,17 +33,26 @@ MAX_HEADER_DEPTH = 32
 MAX_NDIM = 32
 
 
-class _Descriptor(msgspec.Struct, frozen=True):
+class Descriptor(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """Where a tensor's bytes are: ``[dtype, shape, offset, nbytes]`` (what `span` checks against the bytes)."""
+
+    dtype: str
+    shape: Annotated[tuple[NonNegInt, ...], msgspec.Meta(max_length=MAX_NDIM)]
+    offset: NonNegInt
+    nbytes: NonNegInt
+
+
+class TensorRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A tensor as the header writes it: ``{"__raw__": [dtype, shape, offset, nbytes]}``."""
 
-    raw: list[Any] = msgspec.field(name=RAW_KEY)
+    raw: Descriptor = msgspec.field(name=RAW_KEY)
 
 
 def with_descriptors(value: Any, where: tuple[tuple[str, Any], ...], blobs: list[bytes], offset: list[int]) -> Any:
     """A copy of the record ``value`` whose tensors (at ``where``: `TENSOR_FIELDS`) are descriptors, their bytes
     appended to ``blobs`` in header order: what msgspec's encoder writes as the header. The copy skips the
     record's checks (it holds descriptors where tensors go) and lives only until it is encoded."""
-    out = copy.copy(value)
+    out = value.__copy__()  # a Struct's own shallow copy, in C
     for name, nested in where:
         item = getattr(value, name)
         if item is None:
@@ -49,7 +61,7 @@ def with_descriptors(value: Any, where: tuple[tuple[str, Any], ...], blobs: list
             start = offset[0]
             blobs.append(item.data)
             offset[0] += len(item.data)
-            msgspec.structs.force_setattr(out, name, _Descriptor([item.dtype, list(item.shape), start, len(item.data)]))
+            msgspec.structs.force_setattr(out, name, TensorRef(Descriptor(item.dtype, item.shape, start, len(item.data))))
         else:
             msgspec.structs.force_setattr(out, name, with_descriptors(item, nested, blobs, offset))
     return out
@@ -140,5 +152,86 @@ def tensor_count(value: Any, where: tuple[tuple[str, Any], ...]) -> int:
     return count
 
 
+def span(descriptor: Descriptor, size: int, used: int) -> int:
+    """Where the bytes of the tensor ``descriptor`` (of a header view) end in an entry's ``size`` bytes, the bytes
+    before ``used`` taken by the tensors before it; `DecodeError` when it names no dtype of `DTYPES`, its size
+    is not its shape's, or it does not follow the tensor before it inside the bytes (the checks `raw_array`
+    makes of a parsed header)."""
+    dtype, start, nbytes = descriptor.dtype, descriptor.offset, descriptor.nbytes
+    item = DTYPES.get(dtype)
+    if item is None:
+        raise DecodeError("unknown_dtype", f"dtype {show(dtype)} is not one of {sorted(DTYPES)}")
+    if nbytes != math.prod(descriptor.shape) * item[0]:
+        raise DecodeError("length_mismatch", f"{dtype} {clip(str(list(descriptor.shape)), 80)} needs "
+                          f"{math.prod(descriptor.shape) * item[0]} bytes, header says {nbytes}")
+    if start != used or start + nbytes > size:
+        raise DecodeError("length_mismatch", f"tensor at offset {start} of {nbytes} bytes does not follow the previous "
+                          f"one inside a {size}-byte blob")
+    return start + nbytes
+
+
+@functools.cache
+def header_view(model: Any) -> Any:
+    """The Struct that decodes the header of ``model`` (an event or record holding tensors) in one compiled pass:
+    ``model``'s fields with their names, bounds and defaults, a `TensorRef` where a tensor goes and the view of
+    a nested record that holds tensors. Derived from ``model``, never written out: the schema stays defined once.
+    The rules between fields (``__post_init__``) are ``model``'s own: `from_view` builds the event, which
+    runs them."""
+    fields = []
+    for info in msgspec.structs.fields(model):
+        given: dict[str, Any] = {"default": info.default, "default_factory": info.default_factory}
+        default = msgspec.field(name=info.encode_name, **given)
+        fields.append((info.name, _view_type(info.type), default))
+    config = model.__struct_config__
+    return msgspec.defstruct(f"{model.__name__}Header", fields, kw_only=True, frozen=True,
+                             forbid_unknown_fields=config.forbid_unknown_fields, module=__name__)
+
+
+def _view_type(annotation: Any) -> Any:
+    if annotation is RawArray:
+        return TensorRef
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct) and tensor_fields(annotation):
+        return header_view(annotation)
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = tuple(_view_type(arg) for arg in get_args(annotation))
+        return Union[args]  # noqa: UP007 - built from a tuple of types
+    return annotation
+
+
+def from_view(model: Any, view: Any, blob: bytes, used: list[int]) -> Any:
+    """``model``'s event from its header view (`header_view`) and the entry's bytes: each tensor's bytes cut out
+    in header order (``used``: the bytes taken so far, and how many tensors) and checked (`span`), then the
+    event built, which runs its own rules (``ValueError`` when it breaks one)."""
+    values = {name: getattr(view, name) for name in _FIELD_NAMES[model]}
+    for name, nested in _NESTED[model]:
+        item = values[name]
+        if item is None:
+            continue
+        if nested is None:
+            start = used[0]
+            used[0] = span(item.raw, len(blob), start)
+            used[1] += 1
+            values[name] = RawArray(dtype=item.raw.dtype, shape=item.raw.shape, data=blob[start:used[0]])
+        else:
+            values[name] = from_view(nested, item, blob, used)
+    return model(**values)
+
+
+def _nested(model: Any) -> tuple[tuple[str, Any], ...]:
+    """Where ``model`` holds tensors: ``(field, None)`` for a tensor, ``(field, record class)`` for a record."""
+    found: list[tuple[str, Any]] = []
+    for info in msgspec.structs.fields(model):
+        parts = get_args(info.type) if get_origin(info.type) in (Union, types.UnionType) else (info.type,)
+        for part in parts:
+            if part is RawArray:
+                found.append((info.name, None))
+            elif isinstance(part, type) and issubclass(part, msgspec.Struct) and tensor_fields(part):
+                found.append((info.name, part))
+    return tuple(found)
+
+
 _CODEC_TYPES: tuple[type, ...] = (*EVENT_TYPES.values(), SlotResultV1)
 TENSOR_FIELDS = {model: tensor_fields(model) for model in _CODEC_TYPES}
+_RECORDS = {*_CODEC_TYPES, *(nested for model in _CODEC_TYPES for _, nested in _nested(model) if nested is not None)}
+_FIELD_NAMES = {model: tuple(info.name for info in msgspec.structs.fields(model)) for model in _RECORDS}
+_NESTED = {model: _nested(model) for model in _RECORDS}

@@ -6,7 +6,7 @@ Owns the rules for values (SPEC section 5: values that cannot train are refused 
                 most 0; the tolerance lets an engine's rounding through)
     token_ids   at least 0, and below the run's vocabulary size when it recorded one
     loss_mask   every value 0 or 1, and at least one 1 (a sample no token of which trains would
-                put a zero into the loss's divisor, and weighs nothing in partitioning)
+                put a zero into the loss's divisor, and weighs nothing in the rank split)
     rewards     finite
 
 Each check returns None when the values are fine, else a sentence naming the first offending

@@ -159,7 +159,7 @@ class Sample(Record, frozen=True, kw_only=True):
 
     @property
     def valid_tokens(self) -> int:
-        """Tokens whose loss mask is set: the group's weight in partitioning and in the loss."""
+        """Tokens whose loss mask is set: the group's weight in the rank split and in the loss."""
         return len(self.loss_mask.data) - self.loss_mask.data.count(0)
 
     @classmethod

@@ -8,8 +8,9 @@ validation error maps onto the codec's stable reasons (`reason_of`). Which event
 `streamgrp.core.events`'; bytes, sizes and the order of checks are `streamgrp.core.codec`'s.
 
 msgspec checks types and constraints when it decodes, not when Python builds a Struct: an event built in
-Python is checked when the codec encodes it (it decodes what it wrote), and its cross-field rules run in
-``__post_init__``, on both paths. Pure: no I/O.
+Python is checked when the codec encodes it (it decodes what it wrote), except the kinds streamgrp derives
+from checked values (`streamgrp.core.codec.DERIVED`), and its cross-field rules run in ``__post_init__``,
+on both paths. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -22,12 +22,14 @@ from streamgrp.core.events import (
     RunStarted,
     StepFailed,
     StepManifest,
+    TaskIssued,
     TrainingResumed,
 )
 from streamgrp.errors import DecodeError
 from streamgrp.replay.charts import format_number, line_chart, stacked_bar_chart
 from streamgrp.replay.report_charts import CHART_IDS, ChartSpec, chart_specs
 from streamgrp.replay.report_png import png_available, render_png, require_png
+from streamgrp.replay.report_prompts import prompt_rows, share_counts
 from streamgrp.replay.report_series import ReportData, run_status, step_rows, trainer_metrics
 from streamgrp.store.keys import RunKeys
 
@@ -69,9 +71,13 @@ def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> R
     resumes = tuple(e for e in commits if isinstance(e, TrainingResumed) and e.reason != "start")
     rows, tail = step_rows(started_at=started, manifests=manifests, decisions=decisions, discards=discards,
                            metrics=trainer_metrics(source.hash("trainer_metrics")))
+    prompts = {e.task_id: e.prompt for _, name in partition_streams(source, "tasks") for _, e in events(name)
+               if isinstance(e, TaskIssued)}
+    by_prompt = prompt_rows(prompts=prompts, decisions=[e for _, e in decisions], discards=[e for _, e in discards],
+                            manifests=manifests)
     return ReportData(run=keys.run, started_at=started, steps=tuple(rows), after_last_step=tail,
                       totals=run_summary(client, keys, source=source), status=run_status(control, len(rows)),
-                      failures=failures, resumes=resumes)
+                      failures=failures, resumes=resumes, prompts=tuple(by_prompt))
 
 
 # -- HTML ----------------------------------------------------------------------------------------------------
@@ -125,6 +131,7 @@ def render_html(data: ReportData) -> str:
                   f"<td>{f'{r.step}..{r.retrain_through}' if r.retrain_through >= r.step else '-'}</td>"
                   f"<td>{r.base_version + 1}</td></tr>" for r in data.resumes]
         parts.append("</table></section>")
+    parts.append(_prompts_section(data))
     parts.append(_steps_table(data))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
@@ -177,6 +184,35 @@ def _steps_table(data: ReportData) -> str:
         rows.append(f'<tr data-step="{r.step}">' + "".join(f"<td>{escape(_cell(c))}</td>" for c in cells) + "</tr>")
     rows.append("</table></details>")
     return "".join(rows)
+
+
+#: Prompts the page lists (the ones trained least); the share counts cover every prompt.
+PROMPTS_SHOWN = 20
+
+
+def _prompts_section(data: ReportData) -> str:
+    """The bias monitor by prompt (`streamgrp.replay.report_prompts`): the prompts trained least, and how many
+    prompts trained each share of their generations."""
+    head = '<section id="prompts"><h2>Prompts trained least</h2>'
+    if not data.prompts:
+        return head + '<p class="definition" id="no-prompts">No group was decided: no prompt to show.</p></section>'
+    counts = ", ".join(f"{label} {count}" for label, count in share_counts(data.prompts).items())
+    rows = [('<table id="prompts-table"><tr><th>prompt</th><th>text</th><th>tasks</th><th>generated</th>'
+            '<th>trained</th><th>stale</th><th>timed out</th><th>trained share</th><th>mean tokens</th></tr>')]
+    for row in data.prompts[:PROMPTS_SHOWN]:
+        cells = (row.tasks, row.generated, row.trained, row.stale, row.timed_out, row.trained_share, row.mean_tokens)
+        rows.append(f'<tr data-prompt="{escape(row.key)}"><th>{escape(row.key)}</th>'
+                    f'<td style="text-align: left">{escape(row.preview)}</td>'
+                    + "".join(f"<td>{escape(_cell(c))}</td>" for c in cells) + "</tr>")
+    rows.append("</table>")
+    return (head + f'<p class="definition" id="prompt-shares">{len(data.prompts)} prompts by the share of their '
+            f'generations trained: {escape(counts)}.</p>' + "".join(rows)
+            + '<p class="definition">Per prompt (its id, else the digest of its JSON), over the whole run: the '
+            'generations decided for it (members of complete and partial groups), those trained, those in groups '
+            'dropped as stale, its slots that timed out, and the mean loss tokens of its generations; the '
+            f'{min(PROMPTS_SHOWN, len(data.prompts))} trained least first. Hard prompts (long generations that go '
+            'stale or time out) at the top with shares far below the rest: the run learns from the easy ones '
+            '(--staleness wait or mask keep them).</p></section>')
 
 
 def _time_span(data: ReportData) -> str:

@@ -132,6 +132,8 @@ class ReportData:
     failures: tuple[StepFailed, ...] = ()
     #: Each start of the trainer group after the first (`TrainingResumed`): where it resumed, what it trained again.
     resumes: tuple[TrainingResumed, ...] = ()
+    #: The bias monitor by prompt (`streamgrp.replay.report_prompts.PromptRow`), trained least first.
+    prompts: tuple[Any, ...] = ()
 
     @property
     def steps_trained_again(self) -> int:

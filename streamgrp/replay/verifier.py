@@ -77,9 +77,11 @@ from streamgrp.store.sources import (
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
 
 #: GroupDecided fields the fold determines, by their recorded (wire) names so that a difference names
-#: what the header holds; ``decided_at`` too when the fold sets it (deadline closes).
+#: what the header holds; ``decided_at`` too when the fold sets it (deadline closes). ``newest_token_version``
+#: is written only when set: absent on both sides is equal.
 DECISION_FIELDS = ("decision", "reason", "members", "member_entries", "member_digests", "member_rows", "member_tokens",
-                   "member_versions", "member_rewards", "slot_outcomes", "stats", "error", "closed_by", "issued_at")
+                   "member_versions", "member_rewards", "slot_outcomes", "stats", "error", "closed_by", "issued_at",
+                   "newest_token_version")
 
 
 def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = None, to_step: int | None = None, *,
@@ -240,8 +242,9 @@ def _compare_decisions(recorded: list[tuple[str, GroupDecided]], refolded: dict[
         names = DECISION_FIELDS + (("decided_at",) if mine.decided_at is not None else ())
         theirs, ours = decision.wire_fields(), mine.wire_fields()
         for name in names:
-            if theirs[name] != ours[name]:
-                report.differences.append(Difference("decision_differs", subject, name, theirs[name], ours[name]))
+            if theirs.get(name) != ours.get(name):
+                report.differences.append(Difference("decision_differs", subject, name, theirs.get(name),
+                                                     ours.get(name)))
     for task, mine in refolded.items():
         if task not in seen:
             report.differences.append(Difference("decision_missing", f"task {task}", "decision", None, mine.decision))

@@ -1,10 +1,11 @@
 """The group assembler: folds the run's slot log and emits each group decision exactly once.
 
 Owns delivery on the assembler side: reading the slot log through the `assembler` consumer group,
-turning fold outputs into one atomic commit per read round (`commit.lua`: the decision, the
+turning fold outputs into the typed records of one atomic commit per read round (the decision, the
 "already decided" marker, the counters and the acknowledgement of every entry the round accounts
-for, fenced by a lease), ticking deadlines, dead-lettering what does not decode, and rebuilding
-open groups from pending entries after a restart or a takeover. Decisions themselves come from
+for, fenced by a lease; `streamgrp.store.assembler_store` makes the call), ticking deadlines,
+dead-lettering what does not decode, and rebuilding open groups from pending entries after a
+restart or a takeover. Decisions themselves come from
 the pure fold (`streamgrp.core.group_fold`).
 
 Why a Lua script and not MULTI/EXEC: the write must be conditional (write the decision only if the
@@ -43,17 +44,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import redis
 
 from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec, counters
-from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.decision import CONTRACT_VIOLATION
 from streamgrp.core.events import (
-    GroupDecided,
     SlotResult,
     SlotRewarded,
     TaskIssued,
@@ -79,9 +77,7 @@ from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.services import heap
 from streamgrp.services.slot_screen import dead_letter as _dead_letter
 from streamgrp.services.slot_screen import refuse_unissued, refuse_untrainable
-from streamgrp.store import scripts
-from streamgrp.store.connection import wait_for_replicas
-from streamgrp.store.deadletter import MAX_DETAIL_CHARS, op_fields
+from streamgrp.store.assembler_store import Acknowledge, AssemblerStore, LateOrUnknown, Record
 from streamgrp.store.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
 from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.run_end import RunEndWatch
@@ -125,7 +121,7 @@ class Assembler:
         #: The fold while this assembler holds the lease; None while it stands by.
         self.state: FoldState | None = None
         self.decisions_written = 0
-        self._commit = scripts.register_fenced(client, "commit.lua")
+        self.store = AssemblerStore(client, self.keys)
         self._last_tick_check = 0.0
         self._seq = 0
         self._round_now: float | None = None
@@ -244,49 +240,48 @@ class Assembler:
     def _process(self, entries: list[tuple[Any, Any]], read_at: float | None = None) -> None:
         """Fold a round's entries and commit what they decide; ``read_at``: the server's clock when they
         were read (None: read once for the round's first decision)."""
-        args: list[Any] = []
-        decisions: list[GroupDecided] = []
+        records: list[Record] = []
+        decisions: list[Closed] = []
         acks: dict[str, list[str]] = {}
-        decoded = self._decode_round(entries, args, acks)
+        decoded = self._decode_round(entries, records, acks)
         self._load_decided(decoded)
-        decoded = self._refuse_unissued(decoded, args)
+        decoded = self._refuse_unissued(decoded, records)
         self._refuse_untrainable(decoded)
         self._round_now = read_at
         for entry_id, fields, event in decoded:
             # A sample's digest arrives in its summary, computed once by the publisher.
             if isinstance(event, Tick):  # a tick is never later than the server wrote it, nor than now
                 event = written_tick(event, entry_id)
-                if self._from_future(event, args, entry_id, fields):
+                if self._from_future(event, records, entry_id, fields):
                     continue
             self.state, outputs = fold(self._fold, event, entry_id)
             if isinstance(event, Tick):
                 acks.setdefault("ticks", []).append(entry_id)
             for output in outputs:
                 if isinstance(output, Closed):
-                    decisions.append(self._decision_op(args, output))
-                    self._dead_letter_refused(args, output.entries)
+                    decisions.append(self._stamped(output))
+                    records.append(decisions[-1])
+                    self._dead_letter_refused(records, output.entries)
                     continue
                 # Ignored (a duplicate, a late result, ...): accounted as such, refused or not.
                 self._refused.pop(output.entry_id, None)
                 if output.reason in _IGNORED_COUNTER:
                     acks.setdefault(_IGNORED_COUNTER[output.reason], []).append(output.entry_id)
                 elif output.reason == UNKNOWN_TASK:
-                    args += ["L", output.task_id, output.entry_id, output.detail[:MAX_DETAIL_CHARS],
-                             *op_fields(fields)]
+                    records.append(LateOrUnknown(output.task_id, output.entry_id, output.detail, fields))
                 else:
                     if output.reason == OPEN_GROUPS_FULL:
                         log.warning("task %s refused: %s", show(output.task_id), output.detail)
-                    _dead_letter(args, output.reason, output.entry_id, output.detail, fields)
+                    _dead_letter(records, output.reason, output.entry_id, output.detail, fields)
         self._fold.decided.clear()  # the server's decided hash is the record; keep only open groups
-        for field, ids in acks.items():
-            args += ["A", field, len(ids), *ids]
-        if args:
-            self._commit_ops(args, decisions)
+        records += [Acknowledge(field, tuple(ids)) for field, ids in acks.items()]
+        if records:
+            self._commit(records, decisions)
         if self.metrics is not None:
             self.metrics.open_groups.set(len(self._fold.open))
 
-    def _decode_round(self, entries, args: list[Any], acks: dict[str, list[str]]) -> list[tuple[str, Any, Any]]:
-        """The round's foldable events; what does not decode or belong is dead-lettered into ``args``."""
+    def _decode_round(self, entries, records: list[Record], acks: dict[str, list[str]]) -> list[tuple[str, Any, Any]]:
+        """The round's foldable events; what does not decode or belong is dead-lettered into ``records``."""
         decoded = []
         largest = 0
         for raw_id, fields in entries:
@@ -298,17 +293,17 @@ class Assembler:
             try:
                 event = codec.decode(fields, max_entry_bytes=self.config.max_entry_bytes)
             except DecodeError as exc:
-                _dead_letter(args, exc.reason, entry_id, exc.detail, fields)
+                _dead_letter(records, exc.reason, entry_id, exc.detail, fields)
                 continue
             if not isinstance(event, _FOLDED_KINDS):
-                _dead_letter(args, "unexpected_kind", entry_id, f"a {event.kind} event does not belong in the slot log",
+                _dead_letter(records, "unexpected_kind", entry_id, f"a {event.kind} event does not belong in the slot log",
                              fields)
                 continue
             decoded.append((entry_id, fields, event))
         self._largest_entry = largest
         return decoded
 
-    def _from_future(self, tick: Tick, args: list[Any], entry_id: str, fields: Any) -> bool:
+    def _from_future(self, tick: Tick, records: list[Record], entry_id: str, fields: Any) -> bool:
         """Dead-letter ``tick`` if it says a time after the server's clock now (where its entry id is in the
         future too, as any writer of the log may choose); the assembler's own ticks never do."""
         if self._round_now is None:
@@ -317,14 +312,15 @@ class Assembler:
             return False
         why = f"the tick says {tick.now:.3f}, after the server's clock when it was read ({self._round_now:.3f})"
         log.warning("tick entry %s refused: %s", entry_id, why)
-        _dead_letter(args, TICK_FROM_FUTURE, entry_id, why, fields)
+        _dead_letter(records, TICK_FROM_FUTURE, entry_id, why, fields)
         return True
 
-    def _refuse_unissued(self, decoded: list[tuple[str, Any, Any]], args: list[Any]) -> list[tuple[str, Any, Any]]:
-        """``decoded`` without the task entries no issue wrote (dead-lettered into ``args``)."""
+    def _refuse_unissued(self, decoded: list[tuple[str, Any, Any]], records: list[Record]
+                         ) -> list[tuple[str, Any, Any]]:
+        """``decoded`` without the task entries no issue wrote (dead-lettered into ``records``)."""
         opening = [at for at, (_, _, event) in enumerate(decoded) if isinstance(event, TaskIssued)
                    and event.task_id not in self._fold.open and event.task_id not in self._fold.decided]
-        return refuse_unissued(self.client, self.keys.tasks, decoded, opening, args)
+        return refuse_unissued(self.client, self.keys.tasks, decoded, opening, records)
 
     def _refuse_untrainable(self, decoded: list[tuple[str, Any, Any]]) -> None:
         """Check the payload of every sample this round may fold; a refused one's slot result is replaced in
@@ -336,14 +332,14 @@ class Assembler:
                                                 max_entry_bytes=self.config.max_entry_bytes,
                                                 layout=self.joined_run.config.payload_layout))
 
-    def _dead_letter_refused(self, args: list[Any], entries: tuple[str, ...]) -> None:
+    def _dead_letter_refused(self, records: list[Record], entries: tuple[str, ...]) -> None:
         """Dead-letter the refused slot entries among a decided group's ``entries`` (in the decision's commit)."""
         for entry_id in entries:
             found = self._refused.pop(entry_id, None)
             if found is not None:
                 problem, fields = found
                 log.warning("refused a sample (slot entry %s): %s", entry_id, problem[:200])
-                _dead_letter(args, INVALID_SAMPLE, entry_id, problem, fields)
+                _dead_letter(records, INVALID_SAMPLE, entry_id, problem, fields)
 
     def _load_decided(self, decoded: list[tuple[str, Any, Any]]) -> None:
         """Tell the fold which tasks named in this round but not open are already decided (one HMGET)."""
@@ -353,7 +349,8 @@ class Assembler:
             found = self.client.hmget(self.keys.decided, names)
             self._fold.decided.update(name for name, entry in zip(names, found) if entry is not None)
 
-    def _decision_op(self, args: list[Any], closed: Closed) -> GroupDecided:
+    def _stamped(self, closed: Closed) -> Closed:
+        """``closed`` with its decision stamped: this assembler's producer name and sequence, and when it was decided."""
         decision = closed.decision
         self._seq += 1
         update: dict[str, Any] = {"producer": self.name, "seq": self._seq}
@@ -364,29 +361,23 @@ class Assembler:
                 self._round_now = server_time(self.client)
             update["decided_at"] = self._round_now
         decision = decision.replace(**update)
-        header = codec.encode(decision)[codec.HEADER]
-        increments = counters.decision_increments(decision)
-        args += ["D", decision.task_id, header, len(closed.entries), *closed.entries, len(increments)]
-        for field, amount in increments.items():
-            args += [field, amount]
         if decision.reason == CONTRACT_VIOLATION:
             # Recorded as a dropped decision; the batcher reads it and writes the run's terminal event.
             log.error("run %s fails at the next step: %s", self.keys.run, decision.error)
-        return decision
+        return Closed(decision, closed.entries)
 
-    def _commit_ops(self, args: list[Any], decisions: Sequence[GroupDecided] = ()) -> None:
-        keys = [self.keys.slots, self.keys.decisions, self.keys.deadletter, self.keys.decided, self.keys.counts,
-                self.keys.assembler_lease]
-        written, redundant, *applied = self._commit(keys=keys, args=[self.lease.token, ASSEMBLER_GROUP, *args])
-        wait_for_replicas(self.client)
-        self.decisions_written += written
+    def _commit(self, records: list[Record], decisions: list[Closed]) -> None:
+        committed = self.store.commit(self.lease.token, records)
+        self.decisions_written += committed.written
         if self.metrics is not None:
-            self.metrics.apply_counts(pairs_to_counts(applied))
-            for decision in decisions:
+            self.metrics.apply_counts(committed.counts)
+            for closed in decisions:
+                decision = closed.decision
                 if decision.issued_at is not None and decision.decided_at is not None:
                     self.metrics.group_assembly.observe(max(0.0, decision.decided_at - decision.issued_at))
-        if redundant:
-            log.warning("%d decisions were already recorded by another assembler and were not written again", redundant)
+        if committed.redundant:
+            log.warning("%d decisions were already recorded by another assembler and were not written again",
+                        committed.redundant)
 
     # -- deadlines ---------------------------------------------------------------------------------
 

@@ -2,13 +2,14 @@
 
 Owns, for one run: reading decisions through the `batcher` consumer group, discarding stale and
 filtered groups, forming batches (fixed: ``batch_size`` groups; dynamic: the trainable groups a
-round produced, at least ``dp_size``), partitioning them over ranks, the stall bound, the end of the
+round produced, at least ``dp_size``), splitting them over ranks, the stall bound, the end of the
 run, and (through `streamgrp.services.feeder`) issuing tasks within the staleness window.
 
 Exactly once: a step's manifest, the next-step counter and the acknowledgement of the decision
-entries it uses are one Lua call (`batch_commit.lua`), fenced by the batcher lease; manifests are
-written at explicit entry ids (``{step}-1``), so a step number can neither be skipped nor written
-twice. Groups buffered for a later step stay pending in the consumer group, so a restarted batcher
+entries it uses are one function call (`batch_commit.lua`), fenced by the batcher lease; the fold's
+outputs reach it as typed records through the store adapter (`streamgrp.store.batcher_store`).
+Manifests are written at explicit entry ids (``{step}-1``), so a step number can neither be skipped
+nor written twice. Groups buffered for a later step stay pending in the consumer group, so a restarted batcher
 rebuilds its buffer from its pending entries, in order.
 
 A partitioned run's decisions are in each partition's own hash slot, which one script call cannot
@@ -31,7 +32,6 @@ import redis
 from streamgrp.config import BatcherConfig
 from streamgrp.core import batch_fold, codec, counters
 from streamgrp.core.batch_fold import BatchRules, BatchState, GroupFilter
-from streamgrp.core.counters import pairs_to_counts
 from streamgrp.core.events import (
     GroupDecided,
     GroupDiscarded,
@@ -42,10 +42,11 @@ from streamgrp.core.manifest import decision_ref, make_manifest, ref_order
 from streamgrp.core.served import ServedTracker
 from streamgrp.core.stall import StallTracker, stall_message
 from streamgrp.errors import LeaseLost
-from streamgrp.services import batcher_store, heap, outcomes
+from streamgrp.services import heap, outcomes
 from streamgrp.services.feeder import DatasetIdentity, Feeder, check_feed
-from streamgrp.store import scripts
-from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, wait_for_replicas
+from streamgrp.store import batcher_store
+from streamgrp.store.batcher_store import BatcherStore, Settle, Step
+from streamgrp.store.connection import MAX_BLOCK_MS, outage_of
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP, PartitionKeys
 from streamgrp.store.lease import Lease, run_while_leased
@@ -85,15 +86,15 @@ class Batcher:
         self.served = ServedTracker(self.settings.max_staleness)  # is the served policy keeping up?
         self.steps_written = 0
         self._finished_outcome: str | None = None  # found already finished or failed at activation
-        self._commit = scripts.register_fenced(client, "batch_commit.lua")
         self._active = False
         self._feeder: Feeder | None = None
         self._seq = 0
-        self._pending_ops: list[Any] = []  # acks and discards of the read batch being folded
+        self._pending: list[batcher_store.Record] = []  # acks and discards of the read batch being folded
         self._pending_steps: list[batch_fold.StepDue] = []
         self._inactive_since: float | None = None
         self.outage = outage_of(client)
         self.partitions = run.partitions
+        self.store = BatcherStore(client, run.keys, run.partitions)
         # One server, one partition: the policy version rides with each read (one round trip, not two).
         self._reads_with_version = len(self.partitions) == 1 and not isinstance(client, redis.RedisCluster)
         self.dead_letters = {part.index: DeadLetters(client, part, metrics=metrics) for part in self.partitions}
@@ -126,7 +127,7 @@ class Batcher:
 
     def _activate(self) -> None:
         """Take over: the next step from the server, the buffer from pending decisions."""
-        self._acknowledge_recorded()  # owed by the batcher before this one, finished run or not
+        self.store.acknowledge_recorded()  # owed by the batcher before this one, finished run or not
         state = self._state()
         if "terminal" in state or "finished" in state:
             self._finished_outcome = "failed" if "terminal" in state else "finished"
@@ -246,11 +247,11 @@ class Batcher:
                     log.warning("task %s was decided again in partition %d (entry %s) after a step or discard used "
                                 "it (did that partition's server lose writes?); the repeat is dropped",
                                 decision.task_id, partition, entry_id)
-                    self._pending_ops += ["A", 1, ref]
+                    self._pending.append(batch_fold.Acked((ref,)))
                     continue
                 settled.add(decision.task_id)
                 if decision.decision == "dropped":  # acknowledged now (the fold's Acked): used, so settled
-                    self._pending_ops += ["K", 1, decision.task_id]
+                    self._pending.append(Settle((decision.task_id,)))
             self._fold(batch_fold.Decided(ref, decision), defer=True)
         self._flush()
         if self._feeder is not None and self._feeder.track_in_flight:
@@ -309,19 +310,17 @@ class Batcher:
         self.state, outputs = batch_fold.fold(self.state, event)
         for output in outputs:
             if isinstance(output, batch_fold.Acked):
-                self._pending_ops += ["A", len(output.entry_ids), *output.entry_ids]
+                self._pending.append(output)
             elif isinstance(output, batch_fold.Discarded):
                 if output.reason == batch_fold.FILTERED and "raised" in output.detail:
                     log.warning("task %s: %s", output.decision.task_id, output.detail)
                 outcomes.discarded(self.metrics, output.decision, output.reason)
-                self._pending_ops += ["G", output.reason, self._discard_header(output), output.entry_id]
-                if len(self.partitions) > 1:
-                    self._pending_ops += ["K", 1, output.decision.task_id]
+                self._pending.append(self._discard(output))
             elif isinstance(output, batch_fold.StepDue):
                 self._pending_steps.append(output)
             elif isinstance(output, batch_fold.Finished):
                 self._flush()
-                self._apply(["F", self._header(RunFinished(steps=output.steps))])
+                self._apply([self._stamped(RunFinished(steps=output.steps))])
                 log.info("run %s finished after %d steps", self.keys.run, output.steps)
             elif isinstance(output, batch_fold.Failed):
                 self._flush()
@@ -335,33 +334,32 @@ class Batcher:
             self._flush()
 
     def _flush(self) -> None:
-        ops, self._pending_ops = self._pending_ops, []
-        self._apply(ops)
+        records, self._pending = self._pending, []
+        self._apply(records)
         steps, self._pending_steps = self._pending_steps, []
         for due in steps:
-            self._apply(self._step_ops(due))
+            self._apply([self._step(due)])
 
-    def _header(self, event) -> bytes:
+    def _stamped(self, event: Any) -> Any:
+        """``event`` as this batcher writes it: its producer name and next sequence number."""
         self._seq += 1
-        return codec.encode(codec.stamped(event, producer=self.name, seq=self._seq))[codec.HEADER]
+        return codec.stamped(event, producer=self.name, seq=self._seq)
 
-    def _discard_header(self, output: batch_fold.Discarded) -> bytes:
+    def _discard(self, output: batch_fold.Discarded) -> GroupDiscarded:
         decision = output.decision
-        return self._header(GroupDiscarded(task_id=decision.task_id, reason=output.reason,
-                                           decision_entry=output.entry_id, group_version=decision.version,
-                                           current_version=output.current_version, detail=output.detail))
+        return self._stamped(GroupDiscarded(task_id=decision.task_id, reason=output.reason,
+                                            decision_entry=output.entry_id, group_version=decision.version,
+                                            current_version=output.current_version, detail=output.detail))
 
-    def _step_ops(self, due: batch_fold.StepDue) -> list[Any]:
+    def _step(self, due: batch_fold.StepDue) -> Step:
         groups: Sequence[batch_fold.Buffered] = due.groups
         if len(self.partitions) > 1:  # read order across partitions is not recorded; this order is (verify)
             groups = sorted(groups, key=lambda group: ref_order(group[0]))
         # Stamped with the server's clock now, after every discard this pass wrote before it: reports
         # count a run's events into the windows between steps' created_at.
         manifest = make_manifest(due.step, due.version, groups, self.settings.dp_size, server_time(self.client))
-        entries = [entry for entry, _ in due.groups]
-        ops = ["S", due.step, self._header(manifest), len(entries), len(entries), *entries]
-        if len(self.partitions) > 1:
-            ops += ["K", len(due.groups), *(decision.task_id for _, decision in due.groups)]
+        entries = tuple(entry for entry, _ in due.groups)
+        step = Step(self._stamped(manifest), entries, tuple(decision.task_id for _, decision in due.groups))
         if self.metrics is not None:
             self.metrics.batch_imbalance.set(manifest.imbalance)
             self.metrics.policy_version.set(due.version)
@@ -369,7 +367,7 @@ class Batcher:
         self.steps_written += 1
         log.info("step %d: %d groups over %d ranks, imbalance %.3f", manifest.step, len(entries),
                  self.settings.dp_size, manifest.imbalance)
-        return ops
+        return step
 
     def _write_failure(self, failed: batch_fold.Failed) -> None:
         message = failed.message
@@ -378,35 +376,23 @@ class Batcher:
             message = stall_message(self.state.stall, self.clock(), counts,
                                     server_note=batcher_store.memory_note(self.client))
         event = RunTerminated(reason=failed.reason, message=message, step=failed.step)
-        self._apply(["T", self._header(event)])
+        self._apply([self._stamped(event)])
         log.error("run %s failed at step %d: %s", self.keys.run, failed.step, message)
 
-    def _apply(self, ops: list[Any]) -> None:
-        """Run the commit script on ``ops``; a lost lease (or a step already written) drops what is pending."""
-        if not ops:
+    def _apply(self, records: list[batcher_store.Record]) -> None:
+        """Commit ``records``; a lost lease (or a step already written) drops what is pending."""
+        if not records:
             return
-        keys = [self.keys.decisions, self.keys.steps, self.keys.discarded, self.keys.counts, self.keys.batcher_lease,
-                self.keys.batcher_state, self.keys.control]
-        if len(self.partitions) > 1:  # acknowledgements recorded in the run's slot, applied below
-            keys[0:1] = [self.keys.batcher_unacked]
-            keys += [self.keys.batcher_unacked, self.keys.batcher_settled]
         try:
-            _, *applied = self._commit(keys=keys, args=[self.lease.token, BATCHER_GROUP, *ops])
+            committed = self.store.commit(self.lease.token, records)
         except LeaseLost:
             # Also raised when the step was written already (by a batcher that took over, or by this
             # call's first attempt, whose reply an outage lost): rebuild from the server's record either way.
             self._active = False
-            self._pending_ops, self._pending_steps = [], []
+            self._pending, self._pending_steps = [], []
             raise
-        wait_for_replicas(self.client)
         if self.metrics is not None:
-            self.metrics.apply_counts(pairs_to_counts(applied))
-        if len(self.partitions) > 1:
-            self._acknowledge_recorded()
-
-    def _acknowledge_recorded(self) -> None:
-        if len(self.partitions) > 1:
-            batcher_store.acknowledge_recorded(self.client, self.keys, self.partitions)
+            self.metrics.apply_counts(committed.counts)
 
     # -- what the fold is told: version, trainers, dataset, others' terminal events ---------------------
 

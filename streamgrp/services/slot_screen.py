@@ -2,7 +2,7 @@
 cannot train.
 
 Owns the two checks against the run's other streams (the task queue, the payloads) and the dead-letter
-operation they add to a round's commit (`dead_letter`). Why each exists is told in
+record they add to a round's commit (`dead_letter`). Why each exists is told in
 `streamgrp.services.assembler`'s docstring; which entries a round checks (those that would open a group,
 those of groups not yet decided) is the assembler's.
 """
@@ -20,7 +20,7 @@ from streamgrp.core import codec
 from streamgrp.core.refusal import TASK_NOT_ISSUED, refused
 from streamgrp.core.shown import show
 from streamgrp.store import payloads as payload_store
-from streamgrp.store.deadletter import MAX_DETAIL_CHARS, op_fields
+from streamgrp.store.assembler_store import DeadLetter, Record
 from streamgrp.store.streams import read_entries
 
 # The assembler's logger: these lines are its refusals, found by its name (log filters, caplog).
@@ -36,9 +36,9 @@ Decoded = tuple[str, Any, Any]
 
 
 def refuse_unissued(client: redis.Redis, tasks: str, decoded: list[Decoded], opening: Sequence[int],
-                    args: list[Any]) -> list[Decoded]:
+                    records: list[Record]) -> list[Decoded]:
     """``decoded`` without the task entries (at the indexes ``opening``, those that would open a group) that
-    no issue wrote, which are dead-lettered into ``args``: one pipelined XRANGE of the task queue ``tasks``
+    no issue wrote, which are dead-lettered into ``records``: one pipelined XRANGE of the task queue ``tasks``
     per entry."""
     checked = [(at, _queue_entry(decoded[at][1])) for at in opening]
     if not checked:
@@ -62,7 +62,7 @@ def refuse_unissued(client: redis.Redis, tasks: str, decoded: list[Decoded], ope
             continue
         refused_at.add(at)
         log.warning("task entry %s (task %s) refused: %s", entry_id, show(event.task_id), why)
-        dead_letter(args, TASK_NOT_ISSUED, entry_id, why, fields)
+        dead_letter(records, TASK_NOT_ISSUED, entry_id, why, fields)
     return [item for at, item in enumerate(decoded) if at not in refused_at]
 
 
@@ -99,6 +99,6 @@ def _queue_entry(fields: Any) -> str | None:
     return text
 
 
-def dead_letter(args: list[Any], reason: str, entry_id: str, detail: str, fields: dict[Any, Any]) -> None:
-    """Add the dead letter of ``entry_id`` (``reason``, ``detail``, its fields) to a round's commit ``args``."""
-    args += ["X", reason, entry_id, detail[:MAX_DETAIL_CHARS], *op_fields(fields)]
+def dead_letter(records: list[Record], reason: str, entry_id: str, detail: str, fields: dict[Any, Any]) -> None:
+    """Add the dead letter of ``entry_id`` (``reason``, ``detail``, its fields) to a round's commit ``records``."""
+    records.append(DeadLetter(reason, entry_id, detail, fields))

@@ -11,8 +11,14 @@ sent again after a lost reply) is skipped, and the chain ends at the first gap o
 ends the generation (``stop``/``length``).
 
 A worker streaming several slots at once writes through `SegmentStore.submit`: one writer thread sends
-what is queued in one pipeline, in the order submitted (a slot's segments stay in index order), and tells
-each slot how its write went; `record` is the same write, synchronous.
+everything queued in one pipeline, in the order submitted (a slot's segments stay in index order: one batch
+is on the wire at a time), and tells each slot how its write went; `record` is the same write, synchronous.
+The writer wakes when a segment is queued and lets others gather for up to `LINGER_S`, a window that ends
+early when a slot queues a segment while its previous one is still queued (so a slot never has two waiting:
+a worker killed loses at most one segment of each slot, besides the tokens not cut yet and a batch already
+on the wire) or the queue holds `_BATCH`; a slot whose generation ended sends what is queued itself (`write_now`), so its
+result waits for no window. A pipeline costs the worker about what a few segments cost (a send and a
+receive, and the thread switches around them): gathering is what keeps the writes a small share of its CPU.
 
 Segments are never folded as results: the slot's result (`streamgrp.services.worker`) is published as
 always, and a sample built on segments says so in its meta (``segments``: how many, and the tokens they
@@ -21,10 +27,10 @@ hold), which `check_sample` (and ``streamgrp verify``) compares against the chai
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
-import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,12 +49,12 @@ log = logging.getLogger(__name__)
 _PAGE = 512
 #: Tasks whose chains a worker keeps read (a task's slots run at once, each asks for its chain).
 _CACHED_TASKS = 64
-#: Most segments the writer thread sends in one pipeline.
+#: Queued segments that end the writer's window at once (a pipeline holds everything queued).
 _BATCH = 64
-#: How long the writer thread lets segments gather before it sends them: one pipeline for several slots'
-#: segments costs the worker a fraction of a call each; durable a few milliseconds later is no loss for a
-#: segment of a generation that takes seconds.
-LINGER_S = 0.005
+#: The writer's window: the longest a segment waits in the queue for others to join its pipeline. Long,
+#: since it is not what bounds the loss when a worker is killed: a slot's next segment ends the window (one
+#: segment of each slot at most ever waits in the queue), and a slot that ends sends at once.
+LINGER_S = 0.5
 
 
 class SegmentTaken(Exception):
@@ -151,15 +157,24 @@ class SegmentStore:
         self._write = scripts.register(client, "segment.lua")
         self._lock = threading.Lock()
         self._chains: OrderedDict[str, tuple[dict[int, list[SlotSegment]], set[int]]] = OrderedDict()
-        self._seq = 0
-        self._queue: list[tuple[list[Any], list[Any], Callable[[str | BaseException], None]]] = []
-        self._wake = threading.Condition(self._lock)
+        self._seq = itertools.count(1)
+        # The hand-off to the writer thread: a deque (appends and pops need no lock), one Event that something
+        # is queued (set by the first submit after the writer took its batch, not by every one) and one that
+        # the window should end now.
+        self._queue: deque[tuple[int, str, SlotSegment, Callable[[str | BaseException], None]]] = deque()
+        self._queued = threading.Event()
+        self._due = threading.Event()
+        self._waiting: set[int] = set()  # the seq of every segment queued and not yet taken into a batch
         self._writer: threading.Thread | None = None
+        self._sending = threading.Lock()  # one batch on the wire at a time: a slot's segments stay in order
+        #: Pipelines sent and segments written through them (what the batching achieves: see bench/README.md).
+        self.batches = 0
+        self.written = 0
 
     def record(self, partition: int, task_entry: str, segment: SlotSegment) -> str:
         """Append ``segment`` of the task at ``task_entry``; its entry id. `SegmentTaken` when this worker
         does not hold the task (any more)."""
-        keys, args = self._call(partition, task_entry, segment)
+        keys, args = self._call(partition, task_entry, segment.replace(**self.stamp()))
         try:
             written = self._write(keys=keys, args=args)
         except redis.ResponseError as exc:
@@ -168,59 +183,97 @@ class SegmentStore:
 
     def stamp(self) -> dict[str, Any]:
         """The producer and next sequence number for a segment built to be `submit`-ted (``stamped``)."""
-        with self._lock:
-            self._seq += 1
-            return {"producer": self.name, "seq": self._seq}
+        return {"producer": self.name, "seq": next(self._seq)}  # one C call: atomic under the GIL
 
     def submit(self, partition: int, task_entry: str, segment: SlotSegment,
-               done: Callable[[str | BaseException], None], *, stamped: bool = False) -> None:
+               done: Callable[[str | BaseException], None], *, stamped: bool = False, now: bool = False) -> None:
         """Queue ``segment`` for the writer thread; it calls ``done`` with the entry id, `SegmentTaken` or the
-        error the write met. What one slot submits is written in that order. ``stamped``: built with `stamp`
-        (saves a copy)."""
-        keys, args = self._call(partition, task_entry, segment, stamped=stamped)
-        with self._lock:
-            self._queue.append((keys, args, done))
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_queued, name="segment-writer", daemon=True)
-                self._writer.start()
-            self._wake.notify()
+        error the write met. What one slot submits is written in that order. ``stamped``: built with `stamp`.
+        ``now``: end the writer's window at once (the slot has a segment still queued: see `LINGER_S`)."""
+        if not stamped:
+            segment = segment.replace(**self.stamp())
+        self._waiting.add(segment.seq)
+        self._queue.append((partition, task_entry, segment, done))
+        if self._writer is None:
+            with self._lock:
+                if self._writer is None:
+                    self._writer = threading.Thread(target=self._write_queued, name="segment-writer", daemon=True)
+                    self._writer.start()
+        if now or len(self._queue) >= _BATCH:
+            self._due.set()
+        if not self._queued.is_set():
+            self._queued.set()
 
-    def _call(self, partition: int, task_entry: str, segment: SlotSegment, *,
-              stamped: bool = False) -> tuple[list[Any], list[Any]]:
-        fields = codec.encode(segment if stamped else segment.replace(**self.stamp()))
+    def write_now(self) -> None:
+        """Send everything queued, on the caller's thread (a slot that waits for its writes: no hand-off to the
+        writer and back); returns once those writes, and any the writer had on the wire, are answered."""
+        with self._sending:
+            batch = self._take()
+            # after the take, not before: a slot that asked for a send now had its previous segment queued, so
+            # the batch just taken holds it, and what was asked is done (cleared before, a request between the
+            # two would stay set and cut the next window short for nothing)
+            self._due.clear()
+            if batch:
+                self._send(batch)
+
+    def waiting(self, seq: int) -> bool:
+        """Whether the segment stamped ``seq`` is still queued (not yet in a batch on the wire)."""
+        return seq in self._waiting
+
+    def _take(self) -> list[tuple[int, str, SlotSegment, Callable[[str | BaseException], None]]]:
+        batch = []
+        while self._queue:
+            item = self._queue.popleft()
+            self._waiting.discard(item[2].seq)
+            batch.append(item)
+        return batch
+
+    def _call(self, partition: int, task_entry: str, segment: SlotSegment) -> tuple[list[Any], list[Any]]:
+        fields = codec.encode(segment)
         part = self.partitions[partition]
         return ([part.tasks, part.segments],
                 [WORKERS_GROUP, task_entry, self.name, fields[codec.HEADER], fields[codec.BLOB]])
 
     def _write_queued(self) -> None:
-        """The writer thread: what is queued, in one pipeline (what queued while it was out, in the next)."""
+        """The writer thread: sleeps until something is queued, lets the window (``linger_s``) pass unless it is
+        ended early, then sends everything queued in one pipeline, encoded here in one go."""
         while True:
-            with self._lock:
-                while not self._queue:
-                    self._wake.wait()
-            time.sleep(self.linger_s)
-            with self._lock:
-                batch, self._queue = self._queue[:_BATCH], self._queue[_BATCH:]
-            results: list[Any]
+            self._queued.wait()
+            self._due.wait(self.linger_s)
+            self._queued.clear()  # before taking the batch: a submit after this sets it again for the next one
+            self.write_now()
+
+    def _send(self, batch: list[tuple[int, str, SlotSegment, Callable[[str | BaseException], None]]]) -> None:
+        calls: list[tuple[list[Any], list[Any]] | BaseException] = []
+        for partition, task_entry, segment, _ in batch:
             try:
-                pipe = self.client.pipeline(transaction=False)
-                for keys, args, _ in batch:
-                    self._write(keys=keys, args=args, client=pipe)
-                results = pipe.execute(raise_on_error=False)
-            except Exception as exc:  # the connection: every write of the batch met it
-                results = [exc] * len(batch)
-            for (keys, args, done), result in zip(batch, results):
-                if isinstance(result, redis.ResponseError) and "function not found" in str(result).lower():
-                    try:  # the server lost the library: the synchronous call loads it again
-                        result = self._write(keys=keys, args=args)
-                    except Exception as exc:
-                        result = exc
-                outcome = (_refusal(result) if isinstance(result, redis.ResponseError)
-                           else result if isinstance(result, BaseException) else entry_id_str(result))
-                try:
-                    done(outcome)
-                except Exception:  # a slot's hook failing must not stop the others' writes
-                    log.exception("a segment write's hook failed")
+                calls.append(self._call(partition, task_entry, segment))
+            except Exception as exc:  # a segment that does not encode fails its slot, not the batch
+                calls.append(exc)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for call in calls:
+                if not isinstance(call, BaseException):
+                    self._write(keys=call[0], args=call[1], client=pipe)
+            replies = iter(pipe.execute(raise_on_error=False))
+        except Exception as exc:  # the connection: every write of the batch met it
+            replies = iter([exc] * len(calls))
+        self.batches += 1
+        self.written += len(batch)
+        for (_, _, _, done), call in zip(batch, calls):
+            result = call if isinstance(call, BaseException) else next(replies)
+            if isinstance(result, redis.ResponseError) and "function not found" in str(result).lower():
+                try:  # the server lost the library: the synchronous call loads it again
+                    assert not isinstance(call, BaseException)
+                    result = self._write(keys=call[0], args=call[1])
+                except Exception as exc:
+                    result = exc
+            outcome = (_refusal(result) if isinstance(result, redis.ResponseError)
+                       else result if isinstance(result, BaseException) else entry_id_str(result))
+            try:
+                done(outcome)
+            except Exception:  # a slot's hook failing must not stop the others' writes
+                log.exception("a segment write's hook failed")
 
     def chain(self, partition: int, task_entry: str, task_id: str, slot: int, slots: int = 1) -> list[SlotSegment]:
         """The chain of ``slot`` of the task at ``task_entry``, read once for its ``slots`` slots (the first to

@@ -5,27 +5,27 @@ reads every member's payload (schema 2: the payloads stream, at the member's slo
 schema-1 log: the slot entry itself, which carried the sample) through one fetch call per partition,
 checks each against the manifest (the digest, when asked, and always that it is a well-formed
 payload of that task and slot; without digests each as it arrives, while a streaming fetch brings
-the rest), then fills each field of the shard from one buffer: the raw bytes of every row, joined,
-viewed as one tensor and scattered into the padded [rows, longest row] tensor at once.
+the rest), then fills each field of the padded [rows, longest row] tensors: each row's bytes copied
+once, from the entry's own bytes into its place, widened to the batch dtype in the same pass.
 
-Payloads were validated where they entered (the worker's publish), so they are read here from the
-orjson header and the raw bytes, without rebuilding a pydantic model; a payload that does not fit
-its description raises `DigestMismatch` naming the entry, never another error.
+Payloads were validated where they entered (the worker's publish, the assembler's check), so a header
+is read here by the codec's compiled payload reader (`codec.payload_view`), without rebuilding the
+`Sample` or checking its values again; a payload that does not fit its description raises
+`DigestMismatch` naming the entry, never another error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from math import isfinite
 
-import orjson
+import numpy as np
 import torch
 
 from streamgrp.core import codec
-from streamgrp.core.events import READABLE_SCHEMAS, GroupDecided, Sample, ShardGroup, StepManifest
-from streamgrp.core.values import DTYPES
+from streamgrp.core.events import GroupDecided, Sample, ShardGroup, StepManifest
 from streamgrp.errors import DecodeError, DigestMismatch
 from streamgrp.train import dtypes
 from streamgrp.train.batch import Batch, BatchOwner, ShardTensors
@@ -38,10 +38,13 @@ EntryFetch = Callable[[str, Sequence[str]], Iterable[Mapping[bytes, bytes] | Non
 _ALLOWED = {"token_ids": ("int32", "int64"), "loss_mask": ("bool", "uint8"),
             "logprobs": ("float32", "float16", "bfloat16", "float64")}
 _ALLOWED_ITEMS = tuple(_ALLOWED.items())
-_ITEMSIZE = {name: size for name, (size, _, _) in DTYPES.items()}
 _OUT = {"token_ids": torch.int64, "loss_mask": torch.bool, "logprobs": torch.float32}
-#: A bool mask is read as its bytes (0 or 1) and compared, never reinterpreted as torch.bool.
-_READ_AS = {**dtypes.TORCH, "bool": torch.uint8}
+#: Where a float32's high 16 bits sit, as two uint16 (a bfloat16 value is exactly those bits).
+_HIGH_HALF = 1 if sys.byteorder == "little" else 0
+_NUMPY = {name: np.dtype(code) for name, code in dtypes.NUMPY.items()}
+#: From how many tokens a shard's rows are wide enough that zeroing only their padding, a row at a time,
+#: costs less than zeroing the whole tensor before writing them (measured: bench/bench_loader.py).
+_WIDE_ROWS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,14 +195,7 @@ def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str,
     """The sample in a payload entry (or a schema-1 slot entry), checked against its task and slot;
     ``rewards``: the values a `SlotRewarded` brought after the result, replacing the payload's."""
     try:
-        try:
-            header = orjson.loads(fields.get(codec.HEADER) or b"")
-        except orjson.JSONDecodeError as exc:
-            raise PayloadError(f"header is not JSON: {exc}") from None
-        if isinstance(header, dict) and header.get("kind") == "slot_result" and header.get("schema_version") == 1:
-            rows = _legacy_rows(fields, task_id, slot)
-        else:
-            rows = _payload_rows(header, fields, task_id, slot)
+        rows = _payload_rows(fields, task_id, slot)
         if rewards is None:
             return rows
         if len(rewards) != len(rows.row_lengths):
@@ -210,50 +206,44 @@ def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str,
                              "was altered or is not streamgrp's") from None
 
 
-def _payload_rows(header: object, fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows:
-    """The checks of a payload header, written out flat: this runs once per row of every shard, and
-    a function call or generator per value cost more than the checks themselves."""
-    if header.__class__ is not dict or header.get("kind") != "sample_payload" \
-            or header.get("schema_version") not in READABLE_SCHEMAS:
-        raise PayloadError("not a sample_payload event")
-    if header.get("task_id") != task_id or header.get("slot") != slot:
-        raise PayloadError(f"it is the payload of task {header.get('task_id')!r} slot {header.get('slot')!r}")
-    sample = header.get("sample")
-    if sample.__class__ is not dict:
-        raise PayloadError("no sample")
-    lengths, rewards, version = sample.get("row_lengths"), sample.get("rewards"), sample.get("version")
-    if lengths.__class__ is not list or not lengths:
-        raise PayloadError("row_lengths is not a list of positive integers")
+def _payload_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows:
+    """A payload's header read by the codec's compiled payload reader (`codec.payload_view`: types, bounds and
+    where each tensor's bytes are, checked as `codec.decode` checks them), then what the `Sample` would check
+    of its shape, written out flat: this runs once per row of every shard. The tensors are views of the
+    entry's bytes (any buffer), never copies; their values were checked where the sample entered."""
+    header = fields.get(codec.HEADER) or b""
+    blob = memoryview(fields.get(codec.BLOB) or b"")
+    try:
+        view = codec.payload_view(header, blob)
+    except DecodeError:
+        legacy = _legacy_rows(fields, task_id, slot)  # a schema-1 slot entry carries its sample itself
+        if legacy is None:
+            raise
+        return legacy
+    if view.task_id != task_id or view.slot != slot:
+        raise PayloadError(f"it is the payload of task {view.task_id!r} slot {view.slot!r}")
+    sample = view.sample
+    lengths = sample.row_lengths
     total = 0
     for n in lengths:
-        if n.__class__ is not int or n < 1:
+        if n < 1:
             raise PayloadError("row_lengths is not a list of positive integers")
         total += n
-    if rewards.__class__ is not list or len(rewards) != len(lengths):
+    if not lengths:
+        raise PayloadError("row_lengths is not a list of positive integers")
+    if len(sample.rewards) != len(lengths):
         raise PayloadError("rewards are not one finite number per row")
-    for r in rewards:
-        if (r.__class__ is not float and r.__class__ is not int) or not isfinite(r):
-            raise PayloadError("rewards are not one finite number per row")
-    if version.__class__ is not int or version < 0:
-        raise PayloadError("version is not a non-negative integer")
-    blob = memoryview(fields.get(codec.BLOB) or b"")
-    size = len(blob)
     data: dict[str, tuple[memoryview | bytes, str]] = {}
     for name, allowed in _ALLOWED_ITEMS:
-        value = sample.get(name)
-        descriptor = value.get(codec.RAW_KEY) if value.__class__ is dict and len(value) == 1 else None
-        if descriptor.__class__ is not list or len(descriptor) != 4:
-            raise PayloadError(f"{name} is not a tensor descriptor")
-        dtype, shape, start, nbytes = descriptor
-        if dtype not in allowed or shape != [total]:
-            raise PayloadError(f"{name} is {dtype!r:.20} {shape!r:.40}, not one of {allowed} of [{total}]")
-        if not (start.__class__ is int and nbytes.__class__ is int and 0 <= start and start + nbytes <= size
-                and nbytes == total * _ITEMSIZE[dtype]):
-            raise PayloadError(f"{name}'s bytes [{start!r:.20}, +{nbytes!r:.20}) do not fit the entry")
-        data[name] = (blob[start:start + nbytes], dtype)
-    meta = sample.get("meta")
-    runs = version_runs(meta.get("token_versions"), total) if meta.__class__ is dict and meta else None
-    return SampleRows(data, tuple(lengths), tuple(map(float, rewards)), version, runs)
+        descriptor = getattr(sample, name).raw
+        dtype = descriptor.dtype
+        if dtype not in allowed or descriptor.shape != (total,):
+            raise PayloadError(f"{name} is {dtype!r:.20} {list(descriptor.shape)!r:.40}, not one of {allowed} of "
+                               f"[{total}]")
+        data[name] = (blob[descriptor.offset:descriptor.offset + descriptor.nbytes], dtype)
+    meta = sample.meta
+    runs = version_runs(meta.get("token_versions"), total) if meta else None
+    return SampleRows(data, lengths, sample.rewards, sample.version, runs)
 
 
 def version_runs(value: object, total: int) -> tuple[tuple[int, int], ...] | None:
@@ -275,9 +265,13 @@ def version_runs(value: object, total: int) -> tuple[tuple[int, int], ...] | Non
     return tuple(runs) if covered <= total else None
 
 
-def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows:
-    """A schema-1 slot entry, which carried its sample inline: fully decoded (old logs only)."""
-    event = codec.decode_v1_slot_result(fields)
+def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows | None:
+    """A schema-1 slot entry, which carried its sample inline: fully decoded (old logs only); None when the
+    entry is no schema-1 slot result."""
+    try:
+        event = codec.decode_v1_slot_result(fields)
+    except DecodeError:
+        return None
     if event.sample is None or (event.task_id, event.slot) != (task_id, slot):
         raise PayloadError(f"it is slot {event.slot} of task {event.task_id!r}, {event.outcome}")
     return sample_rows(event.sample)
@@ -385,53 +379,58 @@ def _one_thread() -> Iterator[None]:
 
 def _shard_tensors(samples: Sequence[SampleRows]) -> ShardTensors:
     row_lengths = [n for s in samples for n in s.row_lengths]
-    lengths = torch.tensor(row_lengths, dtype=torch.int64)
     width = max(row_lengths, default=0)
-    attention = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    padded = {name: _padded(samples, name, row_lengths, width, attention) for name in _ALLOWED}
+    padded = len(row_lengths) * width != sum(row_lengths)
+    columns = {name: _column(samples, name, len(row_lengths), width, padded) for name in _ALLOWED}
+    if padded:  # each row's run of True written in place: a broadcast compare made [rows, T] int64 indices first
+        attention = torch.zeros((len(row_lengths), width), dtype=torch.bool)
+        mask = attention.numpy()
+        for row, n in enumerate(row_lengths):
+            mask[row, :n] = True
+    else:
+        attention = torch.ones((len(row_lengths), width), dtype=torch.bool)
     return ShardTensors(
-        token_ids=padded["token_ids"], loss_mask=padded["loss_mask"], logprobs=padded["logprobs"],
+        token_ids=columns["token_ids"], loss_mask=columns["loss_mask"], logprobs=columns["logprobs"],
         attention_mask=attention, rewards=torch.tensor([r for s in samples for r in s.rewards], dtype=torch.float32),
         versions=torch.tensor([s.version for s in samples for _ in s.row_lengths], dtype=torch.int64),
         version_spans=torch.tensor([s.version_span for s in samples for _ in s.row_lengths], dtype=torch.int64))
 
 
-def _padded(samples: Sequence[SampleRows], name: str, row_lengths: list[int], width: int,
-            attention: torch.Tensor) -> torch.Tensor:
-    """One field of the shard, [rows, width]: each row's bytes copied once into a zeroed buffer at
-    its place (a slice assignment is a memcpy; joining and then scattering into the padding walked
-    every byte twice and cost three times as much), then widened once to the output dtype."""
-    out_dtype = _OUT[name]
-    parts = [s.data[name] for s in samples]
-    kinds = {dtype for _, dtype in parts}
-    if not kinds:
-        return torch.zeros(attention.shape, dtype=out_dtype)
-    if len(kinds) > 1:  # samples of mixed dtypes (rare: a worker writes one dtype per field)
-        return _padded_mixed(parts, out_dtype, attention)
-    dtype = kinds.pop()
-    if len(row_lengths) * width == sum(row_lengths):  # no padding: the rows end to end are the shard
-        buffer = bytearray().join(data for data, _ in parts)
-    else:
-        size = _ITEMSIZE[dtype]
-        stride = width * size
-        buffer = bytearray(len(row_lengths) * stride)
-        into = memoryview(buffer)
-        at = 0
-        for sample, (data, _) in zip(samples, parts):
+def _column(samples: Sequence[SampleRows], name: str, rows: int, width: int, padded: bool) -> torch.Tensor:
+    """One field of the shard, [rows, width] in its batch dtype: each row's bytes copied once, straight into
+    the tensor at its place, widened in the same pass (a numpy assignment from a view of the entry's bytes:
+    int32 to int64, a 0/1 byte to bool, float16 to float32). Joining the rows first, or widening after,
+    walked every byte twice. Only the padding is zeroed: after the rows when they are wide (a row's bytes
+    are then written once), the whole tensor first when they are narrow (one memset costs less than a
+    Python step per row)."""
+    parts = [sample.data[name] for sample in samples]
+    bfloat16 = any(dtype == "bfloat16" for _, dtype in parts)
+    tails = padded and not bfloat16 and width >= _WIDE_ROWS
+    # A bfloat16 value is the high half of its float32: the low half is left as it was, zero.
+    out = (torch.zeros if (padded and not tails) or bfloat16 else torch.empty)((rows, width), dtype=_OUT[name])
+    into = out.numpy()
+    halves = into.view(np.uint16).reshape(rows, width, 2)[..., _HIGH_HALF] if bfloat16 else into
+    row = 0
+    for sample, (data, dtype) in zip(samples, parts):
+        source = np.frombuffer(data, _NUMPY[dtype])
+        target = halves if dtype == "bfloat16" else into
+        lengths = sample.row_lengths
+        count = len(lengths)
+        if count == 1:
+            target[row, :lengths[0]] = source
+        elif sum(lengths) == count * width:  # rows as wide as the shard: one block
+            target[row:row + count] = source.reshape(count, width)
+        else:
             start = 0
+            for at, n in enumerate(lengths, row):
+                target[at, :n] = source[start:start + n]
+                start += n
+        row += count
+    if tails:
+        at = 0
+        for sample in samples:
             for n in sample.row_lengths:
-                end = start + n * size
-                into[at:at + end - start] = data[start:end]
-                start = end
-                at += stride
-    out = torch.frombuffer(buffer, dtype=_READ_AS[dtype]).view(len(row_lengths), width)
-    return out if out.dtype == out_dtype else out.to(out_dtype)
-
-
-def _padded_mixed(parts: list[tuple[memoryview | bytes, str]], out_dtype: torch.dtype,
-                  attention: torch.Tensor) -> torch.Tensor:
-    """One field from samples of different dtypes: each converted, then scattered into the padding."""
-    flat = torch.cat([torch.frombuffer(bytearray(data), dtype=_READ_AS[dtype]).to(out_dtype) for data, dtype in parts])
-    out = torch.zeros(attention.shape, dtype=out_dtype)
-    out.masked_scatter_(attention, flat)
+                if n < width:
+                    into[at, n:] = 0
+                at += 1
     return out

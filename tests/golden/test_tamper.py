@@ -99,7 +99,7 @@ def test_a_group_batched_twice_is_reported(source):
     assert ("group_in_two_steps", f"task {task}", "step") in _kinds(verify(None, source.keys, source=source))
 
 
-def test_the_step_range_limits_repartitioning_but_not_decisions(source):
+def test_the_step_range_limits_the_rank_split_check_but_not_decisions(source):
     manifest = _manifest(source, 2)
     source.streams["steps"][step_entry_id(2)] = codec.encode(manifest.replace(imbalance=9.0))
     assert _kinds(verify(None, source.keys, source=source)) == {("step_imbalance", "step 2", "imbalance")}

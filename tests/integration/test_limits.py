@@ -151,12 +151,13 @@ def test_a_commit_with_malformed_input_writes_nothing(client, run_name):
     header = codec.encode(decision(1))[codec.HEADER]
     script_keys = [keys.slots, keys.decisions, keys.deadletter, keys.decided, keys.counts, keys.assembler_lease]
     # a good decision first, then an acknowledgement list that claims more ids than it carries
-    args = ["me", ASSEMBLER_GROUP, "D", "t000001", header, 0, 1, "decisions:complete", 1, "A", "", 50, "1-0"]
+    args = ["me", ASSEMBLER_GROUP, "decide", "t000001", header, 0, 1, "decisions:complete", 1, "ack_count", "", 50,
+            "1-0"]
     with pytest.raises(redis.ResponseError, match="BAD_INPUT"):
         commit(keys=script_keys, args=args)
     assert client.xlen(keys.decisions) == 0 and not client.exists(keys.decided) and not client.exists(keys.counts)
     # a dead letter of more fields than the scripts allow is refused before anything happens
-    too_many = ["X", "bad_header", "1-0", "detail", 65, *(["k", "v"] * 65)]
+    too_many = ["dead_letter", "bad_header", "1-0", "detail", 65, *(["k", "v"] * 65)]
     with pytest.raises(redis.ResponseError, match="BAD_INPUT"):
         commit(keys=script_keys, args=["me", ASSEMBLER_GROUP, *too_many])
     assert client.xlen(keys.deadletter) == 0
@@ -169,7 +170,7 @@ def test_the_batch_commit_refuses_a_wrong_step_before_writing(client, run_name):
     commit = scripts.register_fenced(client, "batch_commit.lua")
     script_keys = [keys.decisions, keys.steps, keys.discarded, keys.counts, keys.batcher_lease, keys.batcher_state,
                    keys.control]
-    ops = ["S", 0, b"{}", 1, 1, "1-0", "S", 2, b"{}", 1, 1, "2-0"]  # step 2 does not follow step 0
+    ops = ["step", 0, b"{}", 1, 1, "1-0", "step", 2, b"{}", 1, 1, "2-0"]  # step 2 does not follow step 0
     # a step already written means another batcher owns the run now: the typed error, not a text match
     with pytest.raises(LeaseLost, match="STEP 2 is not the next step 1"):
         commit(keys=script_keys, args=["me", BATCHER_GROUP, *ops])

@@ -19,6 +19,7 @@ from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
 from streamgrp.services.synthetic import make_sample
 from streamgrp.services.worker import WorkerClient
+from streamgrp.store.batcher_store import BatcherStore
 from streamgrp.store.keys import BATCHER_GROUP, tag_slot, task_partition
 from streamgrp.store.runs import join_run
 from streamgrp.store.tasks import TaskWriter
@@ -130,7 +131,7 @@ def test_a_batcher_that_dies_before_its_acknowledgements_leaves_no_group_to_trai
     early = sum(Assembler(client, run, config, partition=p).run(burst=True) for p in (0, 1))
 
     # The first batcher writes steps from partitions 0 and 1, then dies before acknowledging what they used.
-    monkeypatch.setattr(Batcher, "_acknowledge_recorded", lambda self: None)
+    monkeypatch.setattr(BatcherStore, "acknowledge_recorded", lambda self: None)
     batcher.round()
     written = _manifests(client, run)
     assert len(written) == early // 4 and client.hlen(run.keys.batcher_unacked) == 4 * len(written)
@@ -204,7 +205,7 @@ def test_a_finished_runs_next_batcher_still_acknowledges_what_the_last_one_owed(
     run, batcher = _fed_run(client, run_name)
     _work(client, run)
     _assemble(client, run)
-    monkeypatch.setattr(Batcher, "_acknowledge_recorded", lambda self: None)
+    monkeypatch.setattr(BatcherStore, "acknowledge_recorded", lambda self: None)
     while batcher.outcome == "running":
         batcher.round()
     assert sum(client.xpending(p.decisions, BATCHER_GROUP)["pending"] for p in run.partitions) == TASKS

@@ -249,3 +249,18 @@ def test_a_demo_run_renders_one_point_per_step(redis_url, tmp_path):
     assert page.bars("decisions") == [0, 1, 2, 3]
     assert page.totals["steps"] == "4" and page.totals["committed_steps.0"] == "4"
     assert "Status: finished after 4 steps" in html
+
+
+def test_the_bias_monitor_by_prompt_counts_each_prompts_tasks_together(client, built_run):
+    from streamgrp.replay.report_prompts import prompt_key
+
+    data = build_report(client, built_run.keys)
+    rows = {row.key: row for row in data.prompts}
+    plain = rows[prompt_key({})]  # "ok" and "filtered" tasks of every round, and the two late ones
+    assert (plain.tasks, plain.generated, plain.trained, plain.stale) == (14, 42, 24, 6)
+    partial = rows[prompt_key({"reject": [0]})]
+    assert (partial.tasks, partial.generated, partial.trained, partial.trained_share) == (4, 8, 8, 1.0)
+    assert [row.key for row in data.prompts][:2] == [plain.key, partial.key]  # trained least first
+    assert rows[prompt_key({"reject": [0, 1, 2]})].trained_share is None  # nothing generated: dropped
+    html = render_html(data)
+    assert f'data-prompt="{plain.key}"' in html and 'id="prompt-shares"' in html

@@ -317,3 +317,34 @@ def test_a_tasks_chains_are_read_once_for_its_slots_and_afresh_when_it_is_taken_
     store.record(0, entry, _segment(1, 2, [9], task=task_id))
     assert len(store.chain(0, entry, task_id, 1, 2)) == 0  # slot 1 has none; read with slot 0's
     assert len(store.chain(0, entry, task_id, 0, 2)) == 2  # both slots asked: the task is read afresh
+
+
+def test_queued_segments_gather_in_one_pipeline_until_a_slot_cuts_a_second_or_waits_for_its_writes(
+        client, make_run, issuer):
+    import time
+
+    from streamgrp.services.inference.segments import SlotSegments
+    from streamgrp.services.worker_client import SlotRequest
+
+    run = make_run(n_samples=2)
+    WorkerClient(client, run.keys)
+    entry = _held_task(client, run, issuer, "w1")
+    task_id = _task_id(client, run)
+    store = SegmentStore(client, run.partitions, name="w1", linger_s=30.0)  # a window no test waits out
+    slots = [SlotSegments(store, SlotRequest(task_id, slot, 2, {}, 1, entry, 0, False)) for slot in range(2)]
+    slots[0].record([7, 8], [-0.5, -0.5], None, "chunk")
+    slots[1].record([9], [-0.5], None, "chunk")
+    time.sleep(0.3)
+    assert client.xlen(run.keys.segments) == 0 and store.batches == 0  # queued: the window is open
+    slots[0].record([10], [-0.5], None, "chunk")  # slot 0's first is unwritten still: all three go now
+    deadline = time.monotonic() + 10
+    while client.xlen(run.keys.segments) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.xlen(run.keys.segments) == 3 and store.batches == 1
+    slots[1].record([11], [-0.5], None, "stop")
+    slots[1].settle()  # the slot's generation ended: what is queued is sent from here, not at the window's end
+    assert client.xlen(run.keys.segments) == 4 and store.batches == 2
+    chains = {slot: chain_of(segments) for slot, segments in task_segments(client, run.keys.segments, task_id).items()}
+    assert [s.token_ids.to_list() for s in chains[0]] == [[7, 8], [10]]
+    assert [(s.token_ids.to_list(), s.cause) for s in chains[1]] == [([9], "chunk"), ([11], "stop")]
+    assert slots[1].meta()["segments"] == {"count": 2, "tokens": 2}

@@ -1,5 +1,5 @@
 """Any interleaving of the same decisions with version changes and round ends gives steps that hold
-the batch fold's invariants and partition cleanly over the ranks."""
+the batch fold's invariants and split cleanly over the ranks."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,7 +19,7 @@ from streamgrp.core.batch_fold import (
 )
 from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats
 from streamgrp.core.manifest import make_manifest
-from streamgrp.core.partition import check_partition_invariants
+from streamgrp.core.rank_split import check_split_invariants
 
 
 def _group(task: str, version: int, tokens: int, dropped: bool) -> GroupDecided:
@@ -80,6 +80,6 @@ def test_any_interleaving_gives_valid_steps(rules, groups, data):
         weights = [d.valid_tokens for _, d in step.groups]
         by_task = {d.task_id: i for i, (_, d) in enumerate(step.groups)}
         shards = [[by_task[g.task_id] for g in shard.groups] for shard in manifest.shards]
-        check_partition_invariants(weights, rules.dp_size, shards)
+        check_split_invariants(weights, rules.dp_size, shards)
     for stale in (d for d in discarded if d.reason == "stale"):
         assert stale.current_version - stale.decision.version > rules.max_staleness

@@ -12,7 +12,7 @@ from streamgrp.core.batch_fold import feeder_capacity, is_stale
 from streamgrp.core.codec import combine_digests
 from streamgrp.core.events import GroupDecided, GroupStats, Shard
 from streamgrp.core.manifest import imbalance, make_manifest
-from streamgrp.core.partition import greedy_partition, max_load
+from streamgrp.core.rank_split import greedy_split, max_load
 
 
 def _digest(text: str) -> str:
@@ -75,9 +75,9 @@ def test_manifest_invariants_on_random_inputs(n_groups, dp_size):
         assert_manifest_invariants(manifest, groups, dp_size)
         sizes = sorted(len(s.groups) for s in manifest.shards)
         assert sizes == sorted([n_groups // dp_size + (1 if r < n_groups % dp_size else 0) for r in range(dp_size)])
-        # the partition is over valid tokens and no worse than greedy longest-first
+        # the split is over valid tokens and no worse than greedy longest-first
         weights = [d.valid_tokens for _, d in groups]
-        assert max(s.tokens for s in manifest.shards) <= max_load(weights, greedy_partition(weights, dp_size))
+        assert max(s.tokens for s in manifest.shards) <= max_load(weights, greedy_split(weights, dp_size))
 
 
 def test_fewer_groups_than_ranks_is_an_error():

@@ -10,17 +10,20 @@ from streamgrp.core.entry_fields import EntryFields, entry_fields
 from streamgrp.core.events import (
     DecidedMember,
     GroupDecided,
+    GroupDiscarded,
     GroupStats,
     RawArray,
     Sample,
     SamplePayload,
     SampleSummary,
     SlotResult,
+    SlotSegment,
     StepCommitted,
     TaskIssued,
     Tick,
 )
 from streamgrp.core.legacy import SlotResultV1
+from streamgrp.core.manifest import make_manifest
 from streamgrp.errors import DecodeError
 from streamgrp.services.synthetic import make_sample
 
@@ -283,3 +286,38 @@ def test_a_newer_schema_is_refused_naming_what_this_build_reads():
     header = orjson.loads(codec.encode(Tick(now=1.0))[codec.HEADER])
     with pytest.raises(DecodeError, match="this build reads the integers 1, 2"):
         codec.decode({codec.HEADER: orjson.dumps({**header, "schema_version": 3})})
+
+
+def _derived_events():
+    members = [DecidedMember(slot=i, entry=f"1-{i}", rows=1, tokens=5, version=3, digest=f"d{i}", reward=0.5)
+               for i in range(2)]
+    decision = GroupDecided.of(task_id="t", decision="complete", members=members, slot_outcomes={"0": "sample",
+                               "1": "sample"}, stats=GroupStats.of(2, 2, 2), closed_by="all_slots")
+    segment = SlotSegment(task_id="t", slot=1, index=0, start=0, token_ids=RawArray.from_values([5, 6, 7], "int32"),
+                          logprobs=RawArray.from_values([-0.5, -1.0, -0.25], "float32"), version=2, cause="chunk")
+    return [decision, make_manifest(4, 3, [("9-0", decision)], 1, 12.5), segment,
+            GroupDiscarded(task_id="t", reason="stale", decision_entry="9-0", group_version=1, current_version=4)]
+
+
+def test_events_streamgrp_derives_are_written_without_being_decoded_again(monkeypatch):
+    """A decision, a step manifest, a discarded group and a segment are made from checked values: encoding one
+    decodes nothing (it did, at the cost of writing it twice); a reader still checks each, and gets it back."""
+    decoded = []
+    for name in ("_decode", "decoder"):
+        real = getattr(codec, name)
+        monkeypatch.setattr(codec, name, lambda *args, real=real, **options: decoded.append(args) or real(*args,
+                                                                                                       **options))
+    written = [codec.encode(event) for event in _derived_events()]
+    assert decoded == []
+    assert [codec.decode(fields) for fields in written] == _derived_events()
+    codec.encode(TaskIssued(task_id="t", issued_at=0.0))  # a task carries a user's values: still checked
+    assert decoded
+
+
+def test_a_derived_event_built_wrong_is_refused_by_its_reader():
+    """Not checked as it is written, a decision holding a value no reader takes is dead-lettered where it is read."""
+    [decision, *_] = _derived_events()
+    fields = codec.encode(decision.replace(task_id=7))
+    with pytest.raises(DecodeError) as caught:
+        codec.decode(fields)
+    assert caught.value.reason == "wrong_type"

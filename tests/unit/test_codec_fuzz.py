@@ -137,3 +137,37 @@ def test_jsonish_values_grafted_onto_valid_headers_decode_or_raise(base, data):
     fields = {codec.HEADER: orjson.dumps(h), **({codec.BLOB: base[codec.BLOB]} if codec.BLOB in base else {})}
     # The net may catch GroupPolicy's UserWarning (an error under this suite's warning filter).
     check_total(fields, net=True)
+
+
+# ------------------------------------------------------------------------ the trainer's payload reader
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_payload_reader_agrees_with_decode_on_mutated_payloads(seed):
+    """`codec.payload_view` (the trainer's reader: no values checked, no bytes cut) raises only `DecodeError`,
+    and reads every payload `decode` reads to the same tensors' bytes."""
+    rng = random.Random(seed)
+    payloads = [fields for fields in VALID if b'"kind":"sample_payload"' in fields[codec.HEADER]]
+    read = 0
+    for _ in range(MUTATIONS_PER_SEED):
+        fields = mutate_entry(rng, rng.choice(payloads))
+        header, blob = fields.get(codec.HEADER), fields.get(codec.BLOB, b"")
+        try:
+            event = codec.decode(fields)
+        except DecodeError:
+            event = None
+        try:
+            view = codec.payload_view(header, blob)
+        except DecodeError:
+            assert not isinstance(event, codec.SamplePayload), fields
+            continue
+        except Exception as exc:
+            raise AssertionError(f"seed {seed}: payload_view({fields!r}) raised {exc!r}") from exc
+        if isinstance(event, codec.SamplePayload):
+            read += 1
+            for name in ("token_ids", "loss_mask", "logprobs"):
+                raw = getattr(view.sample, name).raw
+                tensor = getattr(event.sample, name)
+                assert (raw.dtype, raw.shape) == (tensor.dtype, tensor.shape)
+                assert bytes(memoryview(blob)[raw.offset:raw.offset + raw.nbytes]) == tensor.data
+    assert read > 0

@@ -91,7 +91,7 @@ def test_light_entry_points_load_nothing_heavy_at_run_time():
     and the curated package import none of redis' heavy neighbours: torch, prometheus_client."""
     code = (
         "import sys\n"
-        "import streamgrp, streamgrp.core.group_fold, streamgrp.core.partition, streamgrp.core.codec\n"
+        "import streamgrp, streamgrp.core.group_fold, streamgrp.core.rank_split, streamgrp.core.codec\n"
         "import streamgrp.core.manifest, streamgrp.core.stall, streamgrp.replay.charts\n"
         "import streamgrp.store.archive_reader, streamgrp.store.archive_writer\n"
         "pure = sorted(m for m in ('redis', 'torch', 'prometheus_client', 'numpy', 'matplotlib') if m in sys.modules)\n"

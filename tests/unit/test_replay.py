@@ -296,3 +296,26 @@ def test_a_run_that_masks_stale_tokens_gets_the_same_masked_shard_every_time_it_
     assert not masked.loss_mask.any() and torch.equal(masked.loss_mask, again.loss_mask)
     assert torch.equal(_batch(run_config=RunConfig(n_samples=2, dp_size=2, max_staleness=3,
                                                    staleness="mask")).loss_mask, plain.loss_mask)
+
+
+@pytest.mark.parametrize("check_digests", [False, True])
+def test_payload_bytes_in_any_buffer_give_the_same_shard(check_digests):
+    """A fetch may hand each payload's bytes as a slice of a larger buffer (a memoryview) or a bytearray, not
+    bytes: the loader reads any buffer, and builds the same tensors from it."""
+    log = _log()
+    manifest = _step(log)
+    arena = bytearray()
+    spans = {}
+    for entry, fields in log["payloads"].items():
+        arena += b"\xee" * 3  # bytes between them: a slice must not read past its own
+        spans[entry] = slice(len(arena), len(arena) + len(fields[codec.BLOB]))
+        arena += fields[codec.BLOB]
+    view = memoryview(bytes(arena))
+    sliced = {"payloads": {entry: {codec.HEADER: fields[codec.HEADER],
+                                   codec.BLOB: view[spans[entry]] if i % 2 else bytearray(fields[codec.BLOB])}
+                           for i, (entry, fields) in enumerate(log["payloads"].items())}}
+    for rank in (0, 1):
+        plain = build_batch(manifest, rank, 2, _fetch(log), check_digests=check_digests)
+        other = build_batch(manifest, rank, 2, _fetch(sliced), check_digests=check_digests)
+        for name in ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions"):
+            assert getattr(other, name).equal(getattr(plain, name)), name

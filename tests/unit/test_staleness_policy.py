@@ -19,14 +19,31 @@ from streamgrp.core.batch_fold import (
 )
 
 
-def test_drop_discards_a_stale_group_and_mask_keeps_it():
-    events = [VersionSet(3), *decided(1, version=1), *decided(3, start=1, version=3)]
+def _spanning(task: str, oldest: int, newest: int) -> Decided:
+    """A group whose samples were generated across versions ``oldest`` .. ``newest`` (continued generations)."""
+    return Decided(f"{task}-0", group(task, version=oldest).replace(newest_token_version=newest))
+
+
+def test_drop_discards_a_stale_group_and_mask_keeps_it_while_some_of_its_tokens_are_inside_the_window():
+    events = [VersionSet(3), _spanning("t0", 1, 3), *decided(3, start=1, version=3)]
     _, dropped = run_batch_fold(state(staleness="drop", max_staleness=1), events)
     assert [(o.decision.task_id, o.reason) for o in dropped if isinstance(o, Discarded)] == [("t0", "stale")]
     assert steps(dropped) == []  # three fresh groups: not a step of four
     _, masked = run_batch_fold(state(staleness="mask", max_staleness=1), events)
     assert not [o for o in masked if isinstance(o, Discarded)]
     assert [tasks(s) for s in steps(masked)] == [["t0", "t1", "t2", "t3"]]
+
+
+def test_mask_discards_a_group_whose_every_token_is_stale_instead_of_giving_it_a_steps_place():
+    # t0: one version, 1 (all its tokens 2 behind); t1: continued from 0 to 1 (its newest token 2 behind): under
+    # mask the loader would clear every loss token of both, so they are discarded as stale, as drop would
+    events = [VersionSet(3), *decided(1, version=1), _spanning("t1", 0, 1), _spanning("t2", 1, 2),
+              *decided(4, start=3, version=3)]
+    _, masked = run_batch_fold(state(staleness="mask", max_staleness=1), events)
+    discarded = [o for o in masked if isinstance(o, Discarded)]
+    assert [(o.decision.task_id, o.reason) for o in discarded] == [("t0", "stale"), ("t1", "stale")]
+    assert "every token is stale under mask: newest token version 1" in discarded[1].detail
+    assert [tasks(s) for s in steps(masked)] == [["t2", "t3", "t4", "t5"]]  # t2's version-2 tokens train
 
 
 def test_wait_holds_a_step_while_an_in_flight_task_would_turn_stale():
@@ -122,3 +139,30 @@ def test_a_round_that_holds_a_step_for_a_generation_in_flight_is_not_an_empty_ro
     assert len(steps(out)) == 1
     s, _ = run_batch_fold(s, [RoundEnded(6.0), RoundEnded(7.0)])  # nothing held, nothing added: empty rounds
     assert s.outcome == "failed"
+
+
+def test_a_samples_newest_token_version_travels_from_its_result_to_its_decision_only_when_it_spans_versions():
+    from streamgrp import GroupPolicy
+    from streamgrp.core import codec
+    from streamgrp.core.events import SlotResult, TaskIssued
+    from streamgrp.core.group_fold import run_fold
+    from streamgrp.services.synthetic import make_sample
+
+    def result(slot: int, runs: list[list[int]] | None) -> SlotResult:
+        sample = make_sample(tokens=4, rows=1, version=1)
+        if runs is not None:
+            sample = sample.replace(meta={"token_versions": runs})
+        header = codec.decode(codec.encode(codec.sample_result("t1", slot, sample)[0]))
+        assert isinstance(header, SlotResult) and header.sample is not None
+        return header
+
+    assert "newest" not in codec.encode(result(0, [[1, 4]]))[codec.HEADER].decode()  # one version: as before
+    spanning = result(1, [[1, 2], [3, 2]])
+    assert spanning.sample is not None and spanning.sample.newest == 3
+    _, [closed] = run_fold(GroupPolicy(n_samples=2), [("1-0", TaskIssued(task_id="t1", issued_at=1.0)),
+                                                      ("2-0", result(0, [[1, 4]])), ("3-0", spanning)])
+    decision = codec.decode(codec.encode(closed.decision))
+    assert (decision.version, decision.newest_version, decision.newest_token_version) == (1, 3, 3)
+    _, [plain] = run_fold(GroupPolicy(n_samples=2), [("1-0", TaskIssued(task_id="t1", issued_at=1.0)),
+                                                     ("2-0", result(0, None)), ("3-0", result(1, [[1, 4]]))])
+    assert "newest" not in codec.encode(plain.decision)[codec.HEADER].decode()

@@ -6,9 +6,11 @@ above 0): `resumed` is the slot's durable prefix (read only for a task taken ove
 a task delivered for the first time has none) as a `Completion` to continue, `record` the hook the adapter
 calls with every segment it cuts (from a stream, or a chunk asked for on its own, or an aborted part), and
 `meta` what the sample records of them. Writes go through the store's writer thread (`SegmentStore.submit`,
-batched with other slots'), so a stream is not held up by them; `meta`, called once the generation is
-done, waits for the slot's writes, so its segments are durable before its result is published, and raises
-the error a write met (the slot fails, as it would have writing synchronously). When the task was taken over from this worker (``TAKEN``), the
+batched with other slots'), so a stream is not held up by them; a segment cut while the slot's previous one
+is still queued ends the writer's window, so the slot never has two waiting. `settle` (and `meta`),
+called once the generation is done, sends what is queued from the slot's own thread and waits for the
+slot's writes, so its segments are durable before its result is published, and raises the error a write
+met (the slot fails, as it would have writing synchronously). When the task was taken over from this worker (``TAKEN``), the
 slot goes on without segments: its result is published as any slot's (the first result of a slot wins), only
 it no longer says it is built on segments.
 """
@@ -38,6 +40,7 @@ class SlotSegments:
         self.count = len(self.chain)
         self.runs: list[tuple[int, int]] = chain_values(self.chain)[2]
         self.taken = False
+        self._last_seq: int | None = None  # the seq of the slot's last segment submitted
         self._pending = 0
         self._failed: BaseException | None = None
         self._settled = threading.Condition()
@@ -74,7 +77,12 @@ class SlotSegments:
                               **self.store.stamp())
         self.count += 1
         self.tokens += len(token_ids)
-        self.store.submit(self.request.partition, self.request.task_entry, segment, self._written, stamped=True)
+        # the slot's last segment still waits in the queue: the writer sends now, not at its window's end, so a
+        # slot never has two waiting (a killed worker loses at most one segment's tokens, besides those not cut)
+        now = self._last_seq is not None and self.store.waiting(self._last_seq)
+        self._last_seq = segment.seq
+        self.store.submit(self.request.partition, self.request.task_entry, segment, self._written, stamped=True,
+                          now=now)
 
     def _written(self, outcome: str | BaseException) -> None:
         with self._settled:
@@ -90,6 +98,8 @@ class SlotSegments:
 
     def settle(self) -> None:
         """Wait for the slot's queued writes; the error one met, raised."""
+        if self._pending:
+            self.store.write_now()  # the slot is done and its result waits for them: sent now, from here
         with self._settled:
             while self._pending:
                 self._settled.wait()

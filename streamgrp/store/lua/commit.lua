@@ -2,11 +2,12 @@
 -- acknowledgements of the slot-log entries it accounts for, and fenced by the assembler lease.
 --
 -- KEYS: 1 slots, 2 decisions, 3 deadletter, 4 decided, 5 counts, 6 lease
--- ARGV: 1 lease token, 2 consumer group, then a flat list of operations:
---   D task_id header n_ack ids... n_incr (field amount)...   decide once (HSETNX marker), ack, count
---   A count_field n_ack ids...                               ack; count what was really acknowledged
---   L task_id entry_id detail n_fields (k v)...              late if decided, else dead-letter unknown_task
---   X reason entry_id detail n_fields (k v)...               dead-letter with the given fields, ack
+-- ARGV: 1 lease token, 2 consumer group, then a flat list of operations (encoded by
+-- streamgrp.store.assembler_store, the only caller; the names are private to the two):
+--   decide task_id header n_ack ids... n_incr (field amount)...      decide once (HSETNX marker), ack, count
+--   ack_count count_field n_ack ids...                               ack; count what was really acknowledged
+--   late_or_unknown task_id entry_id detail n_fields (k v)...        late if decided, else dead-letter unknown_task
+--   dead_letter reason entry_id detail n_fields (k v)...             dead-letter with the given fields, ack
 -- Dead-letter fields are built by streamgrp.store.deadletter: at most MAX_DEAD_LETTER_FIELDS pairs (a
 -- stub stands in for a large or many-field entry), so the XADD of a dead letter is bounded.
 -- The whole input is checked before anything is written, and acknowledgements go in bounded
@@ -24,14 +25,14 @@ local i = 3
 while i <= #ARGV do
   local op = ARGV[i]
   ops[#ops + 1] = {op, i}
-  if op == 'D' then
+  if op == 'decide' then
     local n_ack = count_at(i + 3, 1, 'decision acknowledgements')
     local n_incr = count_at(i + 4 + n_ack, 2, 'decision counters')
     i = i + 5 + n_ack + 2 * n_incr
-  elseif op == 'A' then
+  elseif op == 'ack_count' then
     local n_ack = count_at(i + 2, 1, 'acknowledgements')
     i = i + 3 + n_ack
-  elseif op == 'L' or op == 'X' then
+  elseif op == 'late_or_unknown' or op == 'dead_letter' then
     local n_fields = count_at(i + 4, 2, 'dead-letter fields')
     if n_fields > MAX_DEAD_LETTER_FIELDS then
       error('BAD_INPUT a dead letter of ' .. n_fields .. ' fields; streamgrp.store.deadletter sends at most '
@@ -63,7 +64,7 @@ end
 
 for _, parsed in ipairs(ops) do
   local op, at = parsed[1], parsed[2]
-  if op == 'D' then
+  if op == 'decide' then
     local task_id, header, n_ack = ARGV[at + 1], ARGV[at + 2], tonumber(ARGV[at + 3])
     local n_incr = tonumber(ARGV[at + 4 + n_ack])
     local counters = at + 5 + n_ack
@@ -79,11 +80,11 @@ for _, parsed in ipairs(ops) do
       incr(KEYS[5], 'redundant_decisions', 1)
     end
     for a = at + 4, at + 3 + n_ack do decided_acks[#decided_acks + 1] = ARGV[a] end
-  elseif op == 'A' then
+  elseif op == 'ack_count' then
     local field, n_ack = ARGV[at + 1], tonumber(ARGV[at + 2])
     local acked = ack_range(KEYS[1], group, at + 3, n_ack)
     if field ~= '' and acked > 0 then incr(KEYS[5], field, acked) end
-  elseif op == 'L' then
+  elseif op == 'late_or_unknown' then
     local task_id, entry_id, detail, n_fields = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], tonumber(ARGV[at + 4])
     if redis.call('HEXISTS', KEYS[4], task_id) == 1 then
       if redis.call('XACK', KEYS[1], group, entry_id) == 1 then
@@ -92,7 +93,7 @@ for _, parsed in ipairs(ops) do
     else
       dead_letter('unknown_task', entry_id, detail, at + 5, n_fields)
     end
-  else  -- 'X'
+  else  -- 'dead_letter'
     local reason, entry_id, detail, n_fields = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], tonumber(ARGV[at + 4])
     dead_letter(reason, entry_id, detail, at + 5, n_fields)
   end

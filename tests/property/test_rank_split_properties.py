@@ -1,4 +1,4 @@
-"""Hypothesis properties of streamgrp.core.partition: the module docstring's invariants on random inputs."""
+"""Hypothesis properties of streamgrp.core.rank_split: the module docstring's invariants on random inputs."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiers import examples
 
-from streamgrp.core.partition import (
+from streamgrp.core.rank_split import (
     balanced_partition,
-    check_partition_invariants,
-    greedy_partition,
+    check_split_invariants,
+    greedy_split,
     max_load,
 )
 
@@ -32,21 +32,21 @@ def instances(draw, weights=int_weights):
 @given(instances())
 def test_invariants_hold_for_int_weights(case):
     weights, k = case
-    check_partition_invariants(weights, k, balanced_partition(weights, k))
+    check_split_invariants(weights, k, balanced_partition(weights, k))
 
 
 @SETTINGS
 @given(instances(float_weights))
 def test_invariants_hold_for_float_weights(case):
     weights, k = case
-    check_partition_invariants(weights, k, balanced_partition(weights, k))
+    check_split_invariants(weights, k, balanced_partition(weights, k))
 
 
 @SETTINGS
 @given(instances(tie_weights))
 def test_invariants_hold_with_ties_and_zeros(case):
     weights, k = case
-    check_partition_invariants(weights, k, balanced_partition(weights, k))
+    check_split_invariants(weights, k, balanced_partition(weights, k))
 
 
 @SETTINGS
@@ -54,7 +54,7 @@ def test_invariants_hold_with_ties_and_zeros(case):
 def test_never_worse_than_greedy_and_a_permutation(case):
     weights, k = case
     shards = balanced_partition(weights, k)
-    assert max_load(weights, shards) <= max_load(weights, greedy_partition(weights, k))
+    assert max_load(weights, shards) <= max_load(weights, greedy_split(weights, k))
     assert sorted(i for s in shards for i in s) == list(range(len(weights)))
     q, r = divmod(len(weights), k)
     assert sorted(len(s) for s in shards) == [q] * (k - r) + [q + 1] * r
@@ -64,12 +64,12 @@ def test_never_worse_than_greedy_and_a_permutation(case):
 @given(instances())
 def test_greedy_reference_keeps_the_cardinality_rule(case):
     weights, k = case
-    check_partition_invariants(weights, k, greedy_partition(weights, k), produced_by=greedy_partition)
+    check_split_invariants(weights, k, greedy_split(weights, k), produced_by=greedy_split)
 
 
 @SETTINGS
 @given(instances())
 def test_max_load_is_at_least_the_average(case):
     weights, k = case
-    # the bound holds for any partition; a failure means loads are miscounted or indices dropped
+    # the bound holds for any split; a failure means loads are miscounted or indices dropped
     assert max_load(weights, balanced_partition(weights, k)) * k >= sum(weights)

@@ -1,4 +1,4 @@
-"""Unit tests of streamgrp.core.partition: hand examples, errors, the invariant checker, purity."""
+"""Unit tests of streamgrp.core.rank_split: hand examples, errors, the invariant checker, purity."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from streamgrp.core.partition import (
+from streamgrp.core.rank_split import (
     balanced_partition,
-    check_partition_invariants,
-    greedy_partition,
+    check_split_invariants,
+    greedy_split,
     max_load,
 )
 
@@ -45,12 +45,12 @@ def _fixed_extras_greedy(weights, k):
 def test_five_items_two_ranks_beats_greedy():
     w = [5, 4, 3, 3, 3]
     # greedy: 5 -> A, 4 -> B, 3 -> B (7), 3 -> A (8), 3 -> B (10): loads 8 and 10
-    assert greedy_partition(w, 2) == [[0, 3], [1, 2, 4]]
-    assert max_load(w, greedy_partition(w, 2)) == 10
+    assert greedy_split(w, 2) == [[0, 3], [1, 2, 4]]
+    assert max_load(w, greedy_split(w, 2)) == 10
     shards = balanced_partition(w, 2)
     assert shards == [[0, 1], [2, 3, 4]]
     assert _loads(w, shards) == [9, 9]
-    check_partition_invariants(w, 2, shards)
+    check_split_invariants(w, 2, shards)
 
 
 def test_ragged_flexible_extras_beat_fixed_extras():
@@ -62,34 +62,34 @@ def test_ragged_flexible_extras_beat_fixed_extras():
     heavy = next(s for s in shards if 0 in s)
     assert len(heavy) == 2, "the heavy group should sit in a floor-size shard"
     assert sorted(len(s) for s in shards) == [2, 3]
-    assert max_load(w, greedy_partition(w, 2)) == 11
+    assert max_load(w, greedy_split(w, 2)) == 11
 
 
 def test_ragged_case_strictly_better_than_greedy():
     w = [10, 9, 3, 6, 10, 8, 11]  # n=7, k=3, sum 57: 19 is a perfect split
-    g = greedy_partition(w, 3)
+    g = greedy_split(w, 3)
     assert max_load(w, g) == 20
     shards = balanced_partition(w, 3)
     assert max_load(w, shards) == 19
     assert sorted(_loads(w, shards)) == [19, 19, 19]
     assert sorted(len(s) for s in shards) == [2, 2, 3]
-    check_partition_invariants(w, 3, shards)
+    check_split_invariants(w, 3, shards)
 
 
 def test_large_input_strictly_better_than_greedy():
     rng = random.Random(7)
     w = [rng.randint(50, 8000) for _ in range(1000)]
     k = 8
-    ours, greedy = max_load(w, balanced_partition(w, k)), max_load(w, greedy_partition(w, k))
+    ours, greedy = max_load(w, balanced_partition(w, k)), max_load(w, greedy_split(w, k))
     assert ours < greedy
     assert ours == math.ceil(sum(w) / k)  # perfectly balanced: nothing can do better
-    check_partition_invariants(w, k, balanced_partition(w, k))
+    check_split_invariants(w, k, balanced_partition(w, k))
 
 
 def test_n_equals_k_gives_one_group_per_rank():
     w = [7, 1, 3, 9]
     assert balanced_partition(w, 4) == [[0], [1], [2], [3]]
-    assert greedy_partition(w, 4) == [[0], [1], [2], [3]]
+    assert greedy_split(w, 4) == [[0], [1], [2], [3]]
 
 
 def test_k_one_takes_everything():
@@ -101,7 +101,7 @@ def test_k_one_takes_everything():
 def test_all_zero_weights():
     shards = balanced_partition([0] * 7, 3)
     assert sorted(len(s) for s in shards) == [2, 2, 3]
-    check_partition_invariants([0] * 7, 3, shards)
+    check_split_invariants([0] * 7, 3, shards)
 
 
 def test_output_is_canonical_and_deterministic():
@@ -135,19 +135,19 @@ def test_float_weights():
     rng = random.Random(3)
     w = [rng.lognormvariate(6.8, 1.0) for _ in range(200)]
     shards = balanced_partition(w, 7)
-    check_partition_invariants(w, 7, shards)
-    assert max_load(w, shards) < max_load(w, greedy_partition(w, 7))
+    check_split_invariants(w, 7, shards)
+    assert max_load(w, shards) < max_load(w, greedy_split(w, 7))
 
 
 def test_mixed_int_and_float_weights():
     w = [3, 2.5, 1, 4.0, 2]
-    check_partition_invariants(w, 2, balanced_partition(w, 2))
+    check_split_invariants(w, 2, balanced_partition(w, 2))
 
 
 # ------------------------------------------------------------------------------------------ errors
 
 
-@pytest.mark.parametrize("fn", [balanced_partition, greedy_partition])
+@pytest.mark.parametrize("fn", [balanced_partition, greedy_split])
 def test_fewer_groups_than_ranks_says_what_to_change(fn):
     with pytest.raises(ValueError, match=r"need at least k=4 groups.*got 3.*wait for more groups or lower dp_size"):
         fn([1, 2, 3], 4)
@@ -180,7 +180,7 @@ def test_non_number_weight():
 
 def test_checker_accepts_greedy_without_determinism_source():
     w = [5, 4, 3, 3, 3]
-    check_partition_invariants(w, 2, greedy_partition(w, 2), produced_by=greedy_partition)
+    check_split_invariants(w, 2, greedy_split(w, 2), produced_by=greedy_split)
 
 
 @pytest.mark.parametrize(
@@ -198,32 +198,32 @@ def test_checker_accepts_greedy_without_determinism_source():
 )
 def test_checker_names_the_broken_invariant(shards, message):
     with pytest.raises(AssertionError, match=message):
-        check_partition_invariants([5, 4, 3, 3, 3], 2, shards, produced_by=None)
+        check_split_invariants([5, 4, 3, 3, 3], 2, shards, produced_by=None)
 
 
 def test_checker_counts_extra_shards():
     # 6 items on 4 ranks: exactly 2 shards of 2; sizes [1, 1, 2, 2] are fine, [2, 2, 1, 1] too
     with pytest.raises(AssertionError, match="invariant 3"):
-        check_partition_invariants([1] * 6, 4, [[0], [1], [2], [3, 4, 5]], produced_by=None)
+        check_split_invariants([1] * 6, 4, [[0], [1], [2], [3, 4, 5]], produced_by=None)
 
 
 def test_checker_detects_nondeterminism():
     calls = iter(range(100))
 
     def flaky(weights, k):
-        return greedy_partition(weights, k) if next(calls) % 2 else balanced_partition(weights, k)
+        return greedy_split(weights, k) if next(calls) % 2 else balanced_partition(weights, k)
 
     w = [5, 4, 3, 3, 3]
-    with pytest.raises(AssertionError, match="invariant 5: flaky returned a different partition"):
-        check_partition_invariants(w, 2, balanced_partition(w, 2), produced_by=flaky)
+    with pytest.raises(AssertionError, match="invariant 5: flaky returned a different split"):
+        check_split_invariants(w, 2, balanced_partition(w, 2), produced_by=flaky)
 
 
 # ------------------------------------------------------------------------------------------ purity
 
 
-def test_the_partition_modules_import_only_the_standard_library_and_each_other():
-    own = {"streamgrp.core.partition_search"}
-    for name in ("partition.py", "partition_search.py"):
+def test_the_rank_split_modules_import_only_the_standard_library_and_each_other():
+    own = {"streamgrp.core.rank_split_search"}
+    for name in ("rank_split.py", "rank_split_search.py"):
         source = (ROOT / "streamgrp" / "core" / name).read_text()
         imported = set()
         for node in ast.walk(ast.parse(source)):
@@ -237,7 +237,7 @@ def test_the_partition_modules_import_only_the_standard_library_and_each_other()
 
 def test_importing_it_loads_no_heavy_dependency():
     code = (
-        "import sys, streamgrp.core.partition\n"
+        "import sys, streamgrp.core.rank_split\n"
         "heavy = {'redis', 'torch', 'numpy', 'prometheus_client'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )

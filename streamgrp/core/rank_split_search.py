@@ -1,4 +1,4 @@
-"""Local search that lowers a partition's heaviest shard (the refinement step of `streamgrp.core.partition`).
+"""Local search that lowers a rank split's heaviest shard (the refinement step of `streamgrp.core.rank_split`).
 
 Single-item swaps with any other shard (cardinalities kept), moves of one item from a ``ceil``
 shard to a ``floor`` shard, and one-for-two exchanges that turn a heavy ``floor`` shard into a

@@ -6,7 +6,7 @@ shard load is lower, higher (must be never) or equal to greedy's, broken down by
 ragged/divisible, plus the mean ratio max_load / (sum / k) for both.
 Speed: mean and p99 milliseconds per call at 1024 groups on 8 ranks, for both, per distribution.
 
-    python bench/bench_partition.py [--seed 0] [--cases 800] [--reps 100]
+    python bench/bench_rank_split.py [--seed 0] [--cases 800] [--reps 100]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from streamgrp.core.partition import balanced_partition, greedy_partition, max_load  # noqa: E402
+from streamgrp.core.rank_split import balanced_partition, greedy_split, max_load  # noqa: E402
 
 MAX_TOKENS = 32768
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         ours = max_load(ws, balanced_partition(ws, k))
         worst_slow = max(worst_slow, (time.perf_counter() - t0) * 1000.0)
-        theirs = max_load(ws, greedy_partition(ws, k))
+        theirs = max_load(ws, greedy_split(ws, k))
         slot = 0 if ours < theirs else 1 if ours > theirs else 2
         for key in ("all", dist, "ragged" if ragged else "divisible"):
             outcome[key][slot] += 1
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for dist, make in DISTRIBUTIONS.items():
         ws = make(rng, 1024)
         mean_b, p99_b = _timings(balanced_partition, ws, 8, args.reps)
-        mean_g, p99_g = _timings(greedy_partition, ws, 8, args.reps)
+        mean_g, p99_g = _timings(greedy_split, ws, 8, args.reps)
         print(f"{dist:<12}{mean_b:>15.2f}{p99_b:>9.2f}{mean_g:>13.2f}{p99_g:>9.2f}")
     print(f"\ntotal {time.perf_counter() - started:.1f} s")
     return 1 if outcome["all"][1] else 0

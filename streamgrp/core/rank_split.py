@@ -1,17 +1,22 @@
-"""Ragged, load-balanced partition of a batch's groups over data-parallel ranks (SPEC section 4).
+"""Ragged, load-balanced split of a batch's groups over data-parallel ranks (SPEC section 4).
+
+Vocabulary: in streamgrp a *partition* is a run shard (`streamgrp.store.keys`, ``--partitions``); what this
+module makes is a *split* of one step's groups into per-rank *shards*, and its names say so
+(`greedy_split`, `check_split_invariants`). The one exception is `balanced_partition`, which keeps the
+old word because SPEC section 4 names it as public API (``streamgrp.balanced_partition``).
 
 Owns: given one weight per group (its valid-token count) and ``k`` DP ranks, which rank trains which
 group. Deliberately ignores what a group is, staleness, and how shards reach the ranks: that is the
 batcher's job. Pure: standard library only, no I/O, no clock, no randomness.
 
-Invariants of ``balanced_partition`` (``check_partition_invariants`` checks exactly this list):
+Invariants of ``balanced_partition`` (``check_split_invariants`` checks exactly this list):
 
 1. There are exactly ``k`` shards.
 2. Every index ``0..n-1`` appears in exactly one shard; indices ascend within a shard and shards are
    ordered by their smallest index.
 3. Shard cardinalities differ by at most one: each shard holds ``n // k`` or ``n // k + 1`` indices
    (any shards may hold the ``n % k`` extra ones).
-4. The largest shard load (sum of its weights) is never above that of ``greedy_partition`` on the same
+4. The largest shard load (sum of its weights) is never above that of ``greedy_split`` on the same
    input.
 5. Deterministic: the same input always gives the same output.
 
@@ -19,9 +24,9 @@ How (objective: minimize the largest shard load under the cardinality rule of 3)
 
 - candidate A: balanced Karmarkar-Karp largest differencing. Items sorted by decreasing weight are cut
   into chunks of ``k`` (one item per shard); the ``k - n % k`` padding zeros all sit in the last chunk,
-  so no shard gets two and the cardinality rule holds by construction. The two partial partitions
+  so no shard gets two and the cardinality rule holds by construction. The two partial splits
   with the largest spread are merged repeatedly, heaviest part of one with lightest of the other.
-- candidate B: ``greedy_partition`` (longest first, each item to the lightest shard with room).
+- candidate B: ``greedy_split`` (longest first, each item to the lightest shard with room).
 - both are refined by local search on the heaviest shard: single-item swaps with any other shard
   (cardinalities kept), moves of one item from a ``ceil`` shard to a ``floor`` shard, and
   one-for-two exchanges that turn a heavy ``floor`` shard into a ``ceil`` one. A step is taken only
@@ -39,12 +44,12 @@ import operator
 from collections.abc import Callable, Sequence
 from heapq import heapify, heappop, heappush, heapreplace
 
-from streamgrp.core.partition_search import Shards, Weight, refine, total
+from streamgrp.core.rank_split_search import Shards, Weight, refine, total
 
 __all__ = [
     "balanced_partition",
-    "check_partition_invariants",
-    "greedy_partition",
+    "check_split_invariants",
+    "greedy_split",
     "max_load",
 ]
 
@@ -132,7 +137,7 @@ def _max(ws: Sequence[Weight], shards: Shards, all_int: bool) -> Weight:
 
 
 def _lower_bound(ws: list[Weight], order: list[int], k: int, all_int: bool) -> Weight:
-    """No partition obeying the cardinality rule has a smaller largest load than this."""
+    """No split obeying the cardinality rule has a smaller largest load than this."""
     n = len(ws)
     q, r = divmod(n, k)
     whole = total(ws, all_int)
@@ -159,7 +164,7 @@ def max_load(weights: Sequence[Weight], shards: Sequence[Sequence[int]]) -> Weig
     return max((total([weights[i] for i in s], all_int) for s in shards), default=0)
 
 
-def greedy_partition(weights: Sequence[Weight], k: int) -> Shards:
+def greedy_split(weights: Sequence[Weight], k: int) -> Shards:
     """Reference greedy longest-first under the ragged cardinality rule.
 
     Items in decreasing weight (ties: lower index first) each go to the currently lightest shard
@@ -188,7 +193,7 @@ def balanced_partition(weights: Sequence[Weight], k: int) -> Shards:
     order = sorted(range(n), key=lambda i: (-ws[i], i))
     greedy = _greedy(ws, k, order)
     kk = _kk(ws, k, order)
-    # Refine the better start first; if it reaches a lower bound no partition can beat, refining the
+    # Refine the better start first; if it reaches a lower bound no split can beat, refining the
     # other start cannot lower the maximum (heavy tails can make one start slow to refine).
     starts = {"kk": kk, "greedy": greedy}
     first, second = ("kk", "greedy") if _max(ws, kk, all_int) <= _max(ws, greedy, all_int) else ("greedy", "kk")
@@ -201,7 +206,7 @@ def balanced_partition(weights: Sequence[Weight], k: int) -> Shards:
     return _canonical(candidates[best])
 
 
-def check_partition_invariants(
+def check_split_invariants(
     weights: Sequence[Weight],
     k: int,
     shards: Sequence[Sequence[int]],
@@ -211,7 +216,7 @@ def check_partition_invariants(
     """Assert the invariants listed in the module docstring; AssertionError names the broken one.
 
     Invariant 5 (determinism) is checked by calling ``produced_by`` twice more and comparing both
-    results with ``shards``; pass ``produced_by=None`` to check a partition made some other way.
+    results with ``shards``; pass ``produced_by=None`` to check a split made some other way.
     """
     n = len(weights)
     q, r = divmod(n, k)
@@ -233,13 +238,13 @@ def check_partition_invariants(
     assert all(z in (q, q + 1) for z in sizes), f"invariant 3: sizes {sizes} are not all {q} or {q + 1}"
     assert sizes.count(q + 1) == r, f"invariant 3: {sizes.count(q + 1)} shards hold {q + 1}, expected {r}"
     # 4. never worse than greedy longest-first
-    ours, greedys = max_load(weights, shards), max_load(weights, greedy_partition(weights, k))
+    ours, greedys = max_load(weights, shards), max_load(weights, greedy_split(weights, k))
     assert ours <= greedys, f"invariant 4: max load {ours} is above greedy longest-first's {greedys}"
     # 5. deterministic
     if produced_by is not None:
         again = [produced_by(weights, k), produced_by(list(weights), k)]
         assert all(a == [list(s) for s in shards] for a in again), (
-            f"invariant 5: {getattr(produced_by, '__name__', produced_by)} returned a different partition "
+            f"invariant 5: {getattr(produced_by, '__name__', produced_by)} returned a different split "
             "for the same input"
         )
 
