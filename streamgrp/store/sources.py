@@ -232,6 +232,15 @@ class FallbackSource:
         return found
 
     def scan(self, stream: str, page: int = 2000) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+        if self.server._keyed(stream):  # a keys run's payloads: the server's follow the archive's trimmed prefix
+            last = None
+            for entry_id, fields in self.server.scan(stream, page):
+                if last is None:
+                    yield from self.archive.scan(stream, before=entry_id)
+                last = entry_id
+                yield entry_id, fields
+            yield from self.archive.scan(stream, after=last)
+            return
         key, start, last = self.server._key(stream), "-", None
         while True:
             entries = range_reply(self.server.client.xrange(key, start, "+", count=page))

@@ -190,6 +190,9 @@ def test_after_a_run_with_retention_and_archive_no_payload_key_outlives_its_slot
     assert not list(client.scan_iter(match=payloads.staged_pattern(keys.payloads)))  # the staged one expired
     archived = ArchiveSource(tmp_path / "archive")
     assert len(list(archived.scan("payloads"))) == 16  # the archive holds each payload at its slot entry's id
+    behind = FallbackSource(RedisSource(client, keys), ArchiveSource(tmp_path / "archive"))
+    scanned = [entry_id for entry_id, _ in behind.scan("payloads")]  # the server's, after what it trimmed
+    assert scanned == [entry_id for entry_id, _ in archived.scan("payloads")]
     for source in (archived, FallbackSource(RedisSource(client, keys), ArchiveSource(tmp_path / "archive"))):
         for step in range(steps):
             recorded = codec.decode(source("steps", [step_entry_id(step)])[0])
