@@ -29,12 +29,12 @@ from __future__ import annotations
 import secrets
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-import redis
+if TYPE_CHECKING:  # the names module (streamgrp.store.keys) imports this one, and must stay free of redis
+    import redis
 
-from streamgrp.store.resp import Pieces, RespPacker
-from streamgrp.store.streams import Retry, stream_entries
+    from streamgrp.store.streams import Retry
 
 __all__ = ["KEYS", "STAGED_TTL_MS", "STREAM", "Layout", "entry_fetch", "frame", "key", "pattern", "read", "stage",
            "staged_key", "staged_pattern", "stream", "unframe", "unlink"]
@@ -97,6 +97,8 @@ def stage(pipe: Any, payloads: str, header: bytes, blob: bytes, *, ttl_ms: int =
     """Queue on ``pipe`` the staging write of one payload; returns its staging key (for the function's KEYS).
     Through streamgrp's own packer (a single server) the frame is joined only into the command: a long
     sample's bytes are copied once in the writer, as when they were a function's argument."""
+    from streamgrp.store.resp import Pieces, RespPacker
+
     staged = staged_key(payloads)
     pool = getattr(pipe, "connection_pool", None)
     spliced = isinstance(getattr(pool, "connection_kwargs", {}).get("command_packer"), RespPacker)
@@ -126,6 +128,8 @@ def entry_fetch(client: redis.Redis, stream_key: Callable[[str], str], layout: s
     """A loader's ``fetch(stream, ids)`` over the server (`streamgrp.train.loader`): a ``keys``-layout run's
     payloads from their keys (blobs as views of the reply, no copy), every other stream's entries with
     `streamgrp.store.streams.stream_entries`; ``stream_key`` names a stream's key (``payloads@1``...)."""
+    from streamgrp.store.streams import stream_entries
+
     def fetch(name: str, ids: Sequence[str]) -> Iterable[dict[bytes, Any] | None]:
         key = stream_key(name)
         if layout == KEYS and name.partition("@")[0] == "payloads":
