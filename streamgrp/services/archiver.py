@@ -17,6 +17,9 @@ One archive belongs to one run and one archiver at a time: the directory is lock
 archiver writes to it, and the run's hash records the archive's id, so a second archive of the
 same run (which would make the recorded progress a lie for one of them) is refused.
 
+A run whose payloads live in keys (`streamgrp.store.payloads`) has them archived as the payloads stream's
+entries at their slot entries' ids, read with each page of the slot log: the archive's format is one.
+
 Deliberately ignores what the entries mean: it copies bytes and never decodes an event.
 """
 
@@ -34,6 +37,7 @@ import redis
 from streamgrp.config import ArchiverConfig
 from streamgrp.errors import ConfigError
 from streamgrp.services.retention import TrimReport, trim
+from streamgrp.store import payloads
 from streamgrp.store.archive_layout import default_archive_dir
 from streamgrp.store.archive_writer import ArchiveWriter
 from streamgrp.store.keys import RunKeys, run_streams
@@ -128,7 +132,8 @@ class Archiver:
         """Copy up to ``archive_read_count`` new entries of every stream, fsync, then record progress; returns
         how many."""
         pipe = self.client.pipeline(transaction=False)
-        names = list(self.streams)
+        # A keys-layout run's payloads are archived with their slot log (`_append_payloads`), as stream entries.
+        names = [name for name in self.streams if not self._keyed(name)]
         for name in names:
             after = self.progress.get(name)
             pipe.xrange(self.streams[name], f"({after}" if after else "-", "+", count=self.config.archive_read_count)
@@ -140,6 +145,9 @@ class Archiver:
                 entry_id = entry_id_str(raw_id)
                 self.writer.append(name, entry_id, fields)
                 advanced[name] = entry_id
+            if entries and self._keyed(name.replace("slots", "payloads")):
+                self._append_payloads(name.replace("slots", "payloads"), [entry_id_str(e[0]) for e in entries])
+                advanced[name.replace("slots", "payloads")] = advanced[name]
             if len(entries) >= self.config.archive_read_count:
                 self._caught_up = False
         if not advanced:
@@ -149,6 +157,19 @@ class Archiver:
         count = sum(len(entries) for entries in pages)
         self.archived += count
         return count
+
+    def _keyed(self, name: str) -> bool:
+        """Whether ``name`` is a payloads stream of a keys-layout run (its payloads in keys, the stream empty)."""
+        return name.partition("@")[0] == "payloads" and name in self.streams and self._server.layout == payloads.KEYS
+
+    def _append_payloads(self, name: str, slot_ids: list[str]) -> None:
+        """Archive the payloads of these slot entries (those that have one) as entries of the payloads stream
+        ``name`` at the same ids, as a stream-layout run's archive holds them. A slot entry and its payload
+        key are written in one call, and retention deletes the key only behind this archive's progress, so
+        every sample's payload is there to read."""
+        for entry_id, fields in zip(slot_ids, payloads.read(self.client, self.streams[name], slot_ids)):
+            if fields is not None:
+                self.writer.append(name, entry_id, fields)
 
     def _record(self, advanced: dict[str, str]) -> None:
         # redis-py's hint is a Mapping keyed by every encodable type, and a Mapping's key type is invariant.

@@ -329,7 +329,8 @@ class Assembler:
                    and event.sample is not None and event.task_id not in self._fold.decided]
         self._refused.update(refuse_untrainable(self.client, self.keys.payloads, decoded, samples,
                                                 vocab_size=self.joined_run.config.vocab_size,
-                                                max_entry_bytes=self.config.max_entry_bytes))
+                                                max_entry_bytes=self.config.max_entry_bytes,
+                                                layout=self.joined_run.config.payload_layout))
 
     def _dead_letter_refused(self, records: list[Record], entries: tuple[str, ...]) -> None:
         """Dead-letter the refused slot entries among a decided group's ``entries`` (in the decision's commit)."""

@@ -10,7 +10,8 @@ below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothi
     slots       the assembler group's pending entries and everything it was not delivered yet;
                 the members of decisions the batcher has not batched (pending or undelivered);
                 the members of every step some rank has not committed (after min over ranks)
-    payloads    the slot log's floor (a sample's payload sits at its slot result's id), and its own archive
+    payloads    the slot log's floor (a sample's payload sits at its slot result's id), and its own archive;
+                keys layout: one floor for both, each trimmed slot entry's payload key UNLINKed before it
     decisions   the batcher group's pending and undelivered entries; the decisions of uncommitted steps
     steps       every step after the lowest step all ranks committed (a rank that restarts reads its
                 next step's manifest) and after the newest recorded checkpoint (`CheckpointSaved`: a
@@ -70,6 +71,7 @@ from streamgrp.core import codec
 from streamgrp.core.events import GroupDecided, StepManifest
 from streamgrp.core.shown import show_names
 from streamgrp.errors import DecodeError
+from streamgrp.store import payloads
 from streamgrp.store.follow import Position, follower_bounds, record_skips
 from streamgrp.store.keys import (
     ASSEMBLER_GROUP,
@@ -82,7 +84,7 @@ from streamgrp.store.keys import (
     run_streams,
     step_entry_id,
 )
-from streamgrp.store.runs import read_record, server_time
+from streamgrp.store.runs import read_record, recorded_layout, server_time
 from streamgrp.store.streams import entry_id_str, hash_reply, range_reply, read_entries
 
 __all__ = ["NEVER_TRIMMED", "StreamTrim", "TrimReport", "archive_progress", "floors", "trim"]
@@ -402,6 +404,20 @@ def _uncommitted_step_bounds(floors_: _Floors, client: redis.Redis, keys: RunKey
                     floors_.keep("slots" + suffix, min(id_key(m.entry) for m in group.members), "uncommitted steps")
 
 
+def _same_floor_payload_keys(client: redis.Redis, keys: RunKeys, streams: Mapping[str, str],
+                             result: dict[str, tuple[IdKey, str]], *, dry_run: bool) -> dict[str, int]:
+    """Keys layout: slot log and payloads share the lower floor; the going slot entries' payload keys go first."""
+    if recorded_layout(client, keys) != payloads.KEYS:
+        return {}
+    unlinked: dict[str, int] = {}
+    for name in [name for name in result if name.partition("@")[0] == "slots"]:
+        twin = name.replace("slots", "payloads")
+        result[name] = result[twin] = (floor, _) = min(result[name], result[twin])
+        if floor != KEEP_ALL and not dry_run:
+            unlinked[twin] = payloads.trim_below(client, streams[name], streams[twin], _text(floor))
+    return unlinked
+
+
 def trim(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *, dp_size: int | None = None,
          dry_run: bool = False, partitions: Sequence[PartitionKeys] | None = None,
          max_follow_lag_s: float = 0.0) -> TrimReport:
@@ -422,12 +438,13 @@ def trim(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str]
     if over and not dry_run:
         report.skips = record_skips(client, keys, streams, over, {name: floor for name, (floor, _) in result.items()
                                                                    if floor != KEEP_ALL})
+    unlinked = _same_floor_payload_keys(client, keys, streams, result, dry_run=dry_run)
     for name, (floor, why) in result.items():
         if floor == KEEP_ALL:
             report.streams[name] = StreamTrim(name, None, why)
             continue
         removed = 0 if dry_run else int(client.xtrim(streams[name], minid=_text(floor), approximate=False))
-        report.streams[name] = StreamTrim(name, _text(floor), why, removed)
+        report.streams[name] = StreamTrim(name, _text(floor), why, removed + unlinked.get(name, 0))
     if report.removed:
         log.info("retention on run %s: %s", keys.run, report)
     return report

@@ -19,6 +19,7 @@ import redis
 from streamgrp.core import codec
 from streamgrp.core.refusal import TASK_NOT_ISSUED, refused
 from streamgrp.core.shown import show
+from streamgrp.store import payloads as payload_store
 from streamgrp.store.assembler_store import DeadLetter, Record
 from streamgrp.store.streams import read_entries
 
@@ -66,14 +67,18 @@ def refuse_unissued(client: redis.Redis, tasks: str, decoded: list[Decoded], ope
 
 
 def refuse_untrainable(client: redis.Redis, payloads: str, decoded: list[Decoded], samples: Sequence[int], *,
-                       vocab_size: int | None, max_entry_bytes: int) -> dict[str, tuple[str, Any]]:
-    """Check the payload (in the stream ``payloads``) of each sample at the indexes ``samples``; a refused
-    one's slot result is replaced in ``decoded`` by a failed one saying why. Returns the refused entries:
-    entry id -> (what is wrong, its fields), for the dead letter of its group's commit."""
+                       vocab_size: int | None, max_entry_bytes: int,
+                       layout: str = payload_store.KEYS) -> dict[str, tuple[str, Any]]:
+    """Check the payload (of the payloads stream ``payloads``, kept in ``layout``: `streamgrp.store.payloads`)
+    of each sample at the indexes ``samples``; a refused one's slot result is replaced in ``decoded`` by a
+    failed one saying why. Returns the refused entries: entry id -> (what is wrong, its fields), for the
+    dead letter of its group's commit."""
     found: dict[str, tuple[str, Any]] = {}
     for start in range(0, len(samples), PAYLOAD_READ_CHUNK):
         chunk = samples[start:start + PAYLOAD_READ_CHUNK]
-        read = read_entries(client, payloads, [decoded[at][0] for at in chunk])
+        ids = [decoded[at][0] for at in chunk]
+        read = payload_store.read(client, payloads, ids) if layout == payload_store.KEYS \
+            else read_entries(client, payloads, ids)
         for at, payload in zip(chunk, read):
             entry_id, fields, event = decoded[at]
             if payload is None and codec.is_inline_sample(fields):

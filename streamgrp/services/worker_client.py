@@ -20,12 +20,12 @@ from streamgrp.core import codec, counters
 from streamgrp.core.events import Sample, SlotResult, TaskIssued
 from streamgrp.core.values import RewardLater
 from streamgrp.errors import ConfigError, DecodeError
-from streamgrp.store import scripts
+from streamgrp.store import payloads, scripts
 from streamgrp.store.connection import wait_for_replicas
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
 from streamgrp.store.limits import MAX_RESULTS
-from streamgrp.store.runs import read_record, recorded_partitions
+from streamgrp.store.runs import read_record, recorded_layout, recorded_partitions
 from streamgrp.store.streams import ensure_group, entry_id_str, entry_size, producer_name, read_in_turn, read_reply
 
 # The worker's logger: its warnings read as the worker's, wherever in it they come from.
@@ -122,7 +122,10 @@ class WorkerClient:
         self._scanned_clean: dict[int, float] = {}
         self._scan_every_s = min(1.0, claim_idle_s / 10)
         self._turn = 0  # which source a take starts at, so no partition's queue waits behind another's
+        #: Where the run keeps payloads (`streamgrp.store.payloads`): this version's runs, ``keys``.
+        self.layout = recorded_layout(client, keys)
         self._publish = scripts.register(client, "publish.lua")
+        self._publish_keys = scripts.register(client, "publish_staged.lua")
         self._hold = scripts.register(client, "tasks_held.lua")
         for part in self.sources:
             ensure_group(client, part.tasks, WORKERS_GROUP)
@@ -195,9 +198,9 @@ class WorkerClient:
         rejection, an exception for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot entry ids.
         Each result is `check`ed first, unless ``checked`` says the caller did.
 
-        When this returns, every result is in the server. A sample's tensors go to the payloads stream
-        and its summary, with the payload's digest, to the group log, both in one script call (per
-        partition, in a partitioned run). ``done``: tasks whose every slot's result is then published
+        When this returns, every result is in the server. A sample's tensors go to its payload key (staged,
+        then taken by the function; `streamgrp.store.payloads`) and its summary, with the payload's digest,
+        to the group log, both in one function call (per partition, in a partitioned run). ``done``: tasks whose every slot's result is then published
         (these results among them), acknowledged as `done` would, in the same call as their
         partition's last results (so never left published but unacknowledged), else after them."""
         by_partition: dict[int, list[int]] = {}
@@ -213,28 +216,60 @@ class WorkerClient:
             for start in range(0, len(triples), PUBLISH_CHUNK):
                 chunk = triples[start:start + PUBLISH_CHUNK]
                 acks = owed.pop(index, []) if start + PUBLISH_CHUNK >= len(triples) else []
-                keys = [part.slots, part.payloads, part.tasks] if acks else [part.slots, part.payloads]
                 if len(acks) > MAX_RESULTS:  # the rest after the call, as `done` would
                     owed[index], acks = acks[MAX_RESULTS:], acks[:MAX_RESULTS]
                 # Sent again through an outage: a copy whose first reply was lost is folded as a duplicate
                 # (and acknowledging again changes nothing).
                 head = [WORKERS_GROUP if acks else "", len(acks), *(task.entry_id for task in acks)]
-                try:
-                    written = self._publish(keys=keys, args=[*head, *(item for triple in chunk for item in triple)])
-                except redis.exceptions.ResponseError as exc:
-                    if not str(exc).startswith("PAYLOAD"):
-                        raise
-                    # The payloads stream holds the largest id there is (a foreign entry): no payload can be
-                    # written after it, ever. The results go out as failed slots saying so, and the worker goes on.
-                    log.error("slot results published as failed: %s", exc)
-                    failed = [self._encode(*results[at][:2], RuntimeError(f"not published: {exc}"), checked=True)
-                              for at in positions[start:start + PUBLISH_CHUNK]]
-                    written = self._publish(keys=keys, args=[*head, *(item for triple in failed for item in triple)])
+                if self.layout == payloads.KEYS:
+                    written = self._publish_staged(part, head, chunk)
+                else:
+                    written = self._publish_stream(part, head, chunk, bool(acks),
+                                                   [results[at] for at in positions[start:start + PUBLISH_CHUNK]])
                 for at, entry_id in zip(positions[start:start + PUBLISH_CHUNK], written):
                     ids[at] = entry_id_str(entry_id)
         self.done(*(task for tasks in owed.values() for task in tasks))
         wait_for_replicas(self.client)
         return ids
+
+    def _publish_staged(self, part: PartitionKeys, head: list[Any], chunk: list[tuple[bytes, bytes, bytes]]) -> list[Any]:
+        """One publish of a keys-layout run: each payload staged with SET NX PX and the function that takes
+        them, in one pipeline (`streamgrp.store.payloads`); the function's arguments hold no payload byte."""
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            staged = [payloads.stage(pipe, part.payloads, payload_header, blob)
+                      for _, payload_header, blob in chunk if payload_header]
+            args = [*head, *(item for header, payload_header, _ in chunk for item in (header, b"1" if payload_header
+                                                                                       else b""))]
+            self._publish_keys(keys=[part.slots, part.payloads, part.tasks, *staged], args=args,
+                               client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+            reply = replies[-1]
+            if isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower() and not attempt:
+                scripts.forget_loaded()  # the server lost the library (restarted empty): load it, stage again
+                scripts.ensure_library(self.client)
+                continue
+            for outcome in replies:
+                if isinstance(outcome, Exception):
+                    raise outcome
+            return reply
+        raise AssertionError("unreachable")
+
+    def _publish_stream(self, part: PartitionKeys, head: list[Any], chunk: list[tuple[bytes, bytes, bytes]],
+                        acks: bool, results: Sequence[tuple[str, int, SlotOutcome]]) -> list[Any]:
+        """One publish of a stream-layout run (recorded by an older version): the payloads as arguments."""
+        keys = [part.slots, part.payloads, part.tasks] if acks else [part.slots, part.payloads]
+        try:
+            return self._publish(keys=keys, args=[*head, *(item for triple in chunk for item in triple)])
+        except redis.exceptions.ResponseError as exc:
+            if not str(exc).startswith("PAYLOAD"):
+                raise
+            # The payloads stream holds the largest id there is (a foreign entry): no payload can be
+            # written after it, ever. The results go out as failed slots saying so, and the worker goes on.
+            log.error("slot results published as failed: %s", exc)
+            failed = [self._encode(*result[:2], RuntimeError(f"not published: {exc}"), checked=True)
+                      for result in results]
+            return self._publish(keys=keys, args=[*head, *(item for triple in failed for item in triple)])
 
     def _encode(self, task_id: str, slot: int, result: SlotOutcome, *,
                 checked: bool) -> tuple[bytes, bytes, bytes]:

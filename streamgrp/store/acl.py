@@ -38,6 +38,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from streamgrp.store import payloads
 from streamgrp.store.keys import RUNS, RunKeys
 
 __all__ = ["ROLES", "RoleAccess", "access", "password_hash", "render", "render_run", "rules", "template_for", "user_name"]
@@ -83,9 +84,10 @@ def user_name(run: str, role: str) -> str:
     return f"sg-{run}-{role}"
 
 
-def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
-    """``role``'s rights in the run of ``keys`` with ``partitions`` partitions; `ValueError` naming the
-    roles for an unknown one.
+def access(keys: RunKeys, role: str, partitions: int = 1, layout: str = payloads.KEYS) -> RoleAccess:
+    """``role``'s rights in the run of ``keys`` with ``partitions`` partitions whose payloads are kept in
+    ``layout`` (`streamgrp.store.payloads`: ``keys`` for the runs this version creates, ``stream`` for
+    older ones); `ValueError` naming the roles for an unknown one.
 
     A partitioned run's keys of each partition are the same kinds as an unpartitioned run's under
     another hash tag: each role gets, in every partition, the rights it has on those kinds (the
@@ -94,7 +96,9 @@ def access(keys: RunKeys, role: str, partitions: int = 1) -> RoleAccess:
         build = _BUILDERS[role]
     except KeyError:
         raise ValueError(f"unknown role {role!r}; the roles are {', '.join(ROLES)}") from None
-    rights = build(keys)
+    if layout not in (payloads.KEYS, payloads.STREAM):
+        raise ValueError(f"unknown payload layout {layout!r}; the layouts are {payloads.KEYS}, {payloads.STREAM}")
+    rights = build(keys, layout == payloads.KEYS)
     if partitions == 1:
         return rights
     kinds = {getattr(keys, name): name for name in _PARTITION_KINDS}  # the run's own fold keys, by kind
@@ -127,38 +131,55 @@ _RUN_WIDE_TOO = ("deadletter", "deadlettered", "counts", "deadletter_counts")
 #: `PartitionKeys` attributes: the keys every partition has its own of.
 _PARTITION_KINDS = ("tasks", "slots", "payloads", "decisions", "deadletter", "deadlettered", "decided", "counts",
                     "deadletter_counts", "assembler_lease", "sessions", "session_pattern", "session_deadlines",
-                    "segments")
+                    "segments", "payload_keys", "payload_staging")
 
 
-def _worker(k: RunKeys) -> RoleAccess:
+def _publishing(k: RunKeys, keyed: bool) -> tuple[tuple[str, ...], tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]]:
+    """The keys a role that publishes slot results writes for their payloads, and the selectors that confine
+    those writes. ``keyed`` (a ``keys``-layout run): SET only on staging keys, RENAME and PERSIST only on
+    payload keys (publish_staged.lua, session_end.lua), no XADD on the payloads stream. Otherwise the old
+    layout's: XADD on the payloads stream, and XDEL on the slot log (publish.lua takes back a slot header
+    whose payload it could not write)."""
+    if keyed:
+        return (k.payloads, k.payload_keys), ((("set",), (k.payload_staging,)), (("rename", "persist"), (k.payload_keys,)))
+    return (k.payloads,), ((("xadd",), (k.payloads,)), (("xdel",), (k.slots,)))
+
+
+def _worker(k: RunKeys, keyed: bool) -> RoleAccess:
+    written, payload_writes = _publishing(k, keyed)
     return RoleAccess(
         "worker", "takes tasks, records their slots' segments, publishes slot results and their payloads, "
         "dead-letters bad tasks; reads the run's record, the policy version and the published weights",
         read=(k.control, k.version, k.weights("*"), RUNS),
-        write=(k.tasks, k.slots, k.payloads, k.segments, k.deadletter, k.deadlettered, k.deadletter_counts),
-        commands=(*_RUN_LOOKUP, "get"),
+        write=(k.tasks, k.slots, *written, k.segments, k.deadletter, k.deadlettered, k.deadletter_counts),
+        commands=(*_RUN_LOOKUP, "get", "exists"),  # EXISTS: publish_staged.lua checks its staged keys
         # the task queue only: the slot log's entries are the assembler's; XPENDING: segment.lua checks the
         # caller still holds the task
         confined=(((*_TAKE, "xpending"), (k.tasks,)),
-                  (("xadd",), (k.slots, k.payloads, k.segments, k.deadletter)),
-                  (("xdel",), (k.slots,)),  # publish.lua takes back a slot header whose payload it could not write
+                  (("xadd",), (k.slots, k.segments, k.deadletter)),
+                  *payload_writes,
                   (("hsetnx", "hincrby"), (k.deadlettered, k.deadletter_counts))))
 
 
-def _assembler(k: RunKeys) -> RoleAccess:
+def _assembler(k: RunKeys, keyed: bool) -> RoleAccess:
     written = (k.slots, k.decisions, k.deadletter, k.decided, k.counts, k.assembler_lease)
     return RoleAccess(
         "assembler", "folds the slot log into group decisions, writes each once, dead-letters bad slot entries",
-        read=(*_others(k, written), RUNS),
+        read=(*_others(k, written), *_payload_reads(k, keyed), RUNS),
         write=written,
-        commands=(*_RUN_LOOKUP, "get", "xinfo|groups", "hexists", "hmget", "hget"),
+        commands=(*_RUN_LOOKUP, "get", "mget", "xinfo|groups", "hexists", "hmget", "hget"),
         confined=((_LEASE_WRITES, (k.assembler_lease,)),
                   (("xreadgroup", "xautoclaim", "xack", "xgroup|create"), (k.slots,)),
                   (("xadd",), (k.slots, k.decisions, k.deadletter)),
                   (("hsetnx", "hset", "hincrby"), (k.decided, k.counts))))
 
 
-def _batcher(k: RunKeys) -> RoleAccess:
+def _payload_reads(k: RunKeys, keyed: bool) -> tuple[str, ...]:
+    """What a role that reads payloads reads beside the payloads stream in a ``keys``-layout run (with MGET)."""
+    return (k.payload_keys,) if keyed else ()
+
+
+def _batcher(k: RunKeys, keyed: bool) -> RoleAccess:
     written = (k.control, k.decisions, k.steps, k.discarded, k.counts, k.batcher_lease, k.batcher_state, k.tasks,
                k.slots, k.deadletter, k.deadlettered, k.deadletter_counts)
     return RoleAccess(
@@ -175,42 +196,45 @@ def _batcher(k: RunKeys) -> RoleAccess:
                   (("xdel",), (k.tasks,))))  # issue_tasks.lua takes back a task the group log cannot take
 
 
-def _trainer(k: RunKeys) -> RoleAccess:
+def _trainer(k: RunKeys, keyed: bool) -> RoleAccess:
     written = (k.control, k.committed, k.commits, k.version, k.trainer_metrics, k.weights("*"), k.deadletter,
                k.deadlettered, k.deadletter_counts, k.attempt, k.checkpoint)
     return RoleAccess(
         "trainer", "reads steps and their payloads, commits or fails them, advances the policy version, "
         "publishes weights and per-step metrics",
-        read=(k.steps, k.payloads, k.slots, k.batcher_state, RUNS),
+        read=(k.steps, k.payloads, *_payload_reads(k, keyed), k.slots, k.batcher_state, RUNS),
         write=written,
-        commands=(*_RUN_LOOKUP, "xread", "xadd", "get", "multi", "exec", "hget", "hset", "hsetnx",
+        commands=(*_RUN_LOOKUP, "xread", "xadd", "get", "mget", "multi", "exec", "hget", "hset", "hsetnx",
                   "hincrby", "hgetall", "hdel"),
         # SET: the policy version (trainer_commit.lua) and the published weights; DEL: weights it retires.
         confined=((("set",), (k.version, k.weights("*"))), (("del",), (k.weights("*"),))))
 
 
-def _archiver(k: RunKeys) -> RoleAccess:
+def _archiver(k: RunKeys, keyed: bool) -> RoleAccess:
     trimmed = tuple(stream for name, stream in k.all_streams().items() if name != "control")
     return RoleAccess(
         "archiver", "copies every stream and hash to disk and records its progress; with --retention trims "
         "the streams behind the archive",
         read=(k.control, k.decided, k.counts, k.deadletter_counts, k.committed, k.batcher_state, k.trainer_metrics,
               k.version, k.checkpoint, k.attempt, k.session_deadlines, RUNS),
-        write=(k.archive, k.follow, *trimmed),  # follow: reads followers' positions, records their skips
-        commands=(*_RUN_LOOKUP, "get", "hget", "xinfo|groups", "xinfo|stream", "xpending", "xtrim", "hgetall", "hset",
-                  "hsetnx", "multi", "exec"))
+        write=(k.archive, k.follow, *trimmed, *_payload_reads(k, keyed)),  # follow: reads followers' positions,
+        # records their skips; payload keys: read into the archive, unlinked by retention behind it
+        commands=(*_RUN_LOOKUP, "get", "mget", "hget", "xinfo|groups", "xinfo|stream", "xpending", "xtrim", "hgetall",
+                  "hset", "hsetnx", "multi", "exec"),
+        confined=((("unlink",), _payload_reads(k, keyed)),) if keyed else ())
 
 
-def _inspector(k: RunKeys) -> RoleAccess:
+def _inspector(k: RunKeys, keyed: bool) -> RoleAccess:
     return RoleAccess(
         "inspector", "reads everything of the run (runs, steps, verify, inspect, replay, report); writes nothing",
         read=(k.pattern, RUNS),
         write=(),
         commands=(*_RUN_LOOKUP, "xrevrange", "xlen", "xread", "xinfo|groups", "xinfo|stream", "xpending", "get",
-                  "hget", "hmget", "hgetall", "hlen", "hvals", "hexists"))
+                  "mget", "hget", "hmget", "hgetall", "hlen", "hvals", "hexists"))
 
 
-def _gateway(k: RunKeys) -> RoleAccess:
+def _gateway(k: RunKeys, keyed: bool) -> RoleAccess:
+    written, payload_writes = _publishing(k, keyed)
     # Its functions (session_open/turn/end.lua) take the task queue (to acknowledge a task whose sessions
     # they open), the sessions' keys, and the group log and payloads (a session's end publishes its result);
     # online mode takes tasks itself, as a worker does, and dead-letters a task that does not decode.
@@ -218,25 +242,25 @@ def _gateway(k: RunKeys) -> RoleAccess:
         "gateway", "opens agent sessions for tasks (acknowledging each), records their turns, ends them publishing "
         "their slot results, takes tasks for online apps; reads the run's record and the policy version",
         read=(k.control, k.version, RUNS),
-        write=(k.tasks, k.slots, k.payloads, k.sessions, k.session_pattern, k.session_deadlines, k.deadletter,
+        write=(k.tasks, k.slots, *written, k.sessions, k.session_pattern, k.session_deadlines, k.deadletter,
                k.deadlettered, k.deadletter_counts),
-        commands=(*_RUN_LOOKUP, "get", "hset", "hget", "hmget", "hgetall", "hsetnx", "hincrby", "zadd", "zrem",
+        commands=(*_RUN_LOOKUP, "get", "exists", "hset", "hget", "hmget", "hgetall", "hsetnx", "hincrby", "zadd", "zrem",
                   "zrangebyscore", "zcard"),
         confined=(((*_TAKE, "xpending"), (k.tasks,)),  # the task queue only, as a worker
-                  (("xadd",), (k.slots, k.payloads, k.sessions, k.deadletter)),
-                  (("xdel",), (k.slots,))))
+                  (("xadd",), (k.slots, k.sessions, k.deadletter)),
+                  *payload_writes))
 
 
-def _rewarder(k: RunKeys) -> RoleAccess:
+def _rewarder(k: RunKeys, keyed: bool) -> RoleAccess:
     return RoleAccess(
         "rewarder", "takes the slot results that wait for their reward (its consumer group on the group log), reads "
         "their payloads, posts their rewards",
-        read=(k.payloads, k.control, k.version, RUNS),
+        read=(k.payloads, *_payload_reads(k, keyed), k.control, k.version, RUNS),
         write=(k.slots,),
-        commands=(*_RUN_LOOKUP, "xrevrange", "xreadgroup", "xack", "xautoclaim", "xclaim", "xgroup|create", "xadd"))
+        commands=(*_RUN_LOOKUP, "mget", "xrevrange", "xreadgroup", "xack", "xautoclaim", "xclaim", "xgroup|create", "xadd"))
 
 
-def _follower(k: RunKeys) -> RoleAccess:
+def _follower(k: RunKeys, keyed: bool) -> RoleAccess:
     # Reads like the inspector; writes only the followers' positions, through follow_position.lua (whose
     # commands are checked against this user too, hence hset and hdel on that one hash).
     return RoleAccess(
@@ -244,7 +268,7 @@ def _follower(k: RunKeys) -> RoleAccess:
         "its position",
         read=(k.pattern, RUNS),
         write=(k.follow,),
-        commands=(*_RUN_LOOKUP, "xrevrange", "xlen", "xinfo|groups", "xinfo|stream", "get", "hget", "hmget", "hgetall",
+        commands=(*_RUN_LOOKUP, "xrevrange", "xlen", "xinfo|groups", "xinfo|stream", "get", "mget", "hget", "hmget", "hgetall",
                   "hlen", "hvals", "hexists", "hset", "hdel"))
 
 
@@ -280,14 +304,14 @@ def rules(rights: RoleAccess, *, password_hashes: Sequence[str] = ()) -> list[st
 
 
 def render_run(run: str, roles: Iterable[str] = ROLES, *, passwords: dict[str, str] | None = None,
-               partitions: int = 1) -> list[str]:
-    """The ACL lines of ``roles`` in ``run`` (of ``partitions`` partitions), each with its password's hash
-    when ``passwords`` has one."""
+               partitions: int = 1, layout: str = payloads.KEYS) -> list[str]:
+    """The ACL lines of ``roles`` in ``run`` (of ``partitions`` partitions, its payloads in ``layout``), each
+    with its password's hash when ``passwords`` has one."""
     keys = RunKeys(run)
     lines = []
     for role in roles:
         hashes = [password_hash(passwords[role])] if passwords and role in passwords else []
-        lines.append(render(access(keys, role, partitions), run, password_hashes=hashes))
+        lines.append(render(access(keys, role, partitions, layout), run, password_hashes=hashes))
     return lines
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamgrp.errors import ConfigError
+from streamgrp.store import payloads
 
 PREFIX = "sg"
 RUNS = f"{PREFIX}:runs"  # sorted set: run name -> start time (server clock)
@@ -95,8 +96,20 @@ class _FoldLayout:
     @property
     def payloads(self) -> str:
         """`SamplePayload` entries: each sample's tensors, at the entry id of its slot result in ``slots``
-        (written by the same script call), read only by trainer ranks and replay."""
+        (written by the same script call), read only by trainer ranks and replay. In a ``keys``-layout run
+        the stream stays empty and its name prefixes the payload keys (`streamgrp.store.payloads`)."""
         return self._key("payloads")
+
+    @property
+    def payload_keys(self) -> str:
+        """Every payload key (``payloads:<slot entry id>``) and staging key of a ``keys``-layout run, as an
+        ACL key pattern (`streamgrp.store.payloads`; never the payloads stream itself)."""
+        return payloads.pattern(self.payloads)
+
+    @property
+    def payload_staging(self) -> str:
+        """The staging keys of payloads not published yet, as an ACL key pattern (`streamgrp.store.payloads`)."""
+        return payloads.staged_pattern(self.payloads)
 
     @property
     def decisions(self) -> str:

@@ -17,8 +17,22 @@ from typing import Any
 from redis._parsers.encoders import Encoder
 
 
+class Pieces(tuple):
+    """An argument that is the concatenation of these byte strings, never joined: a piece of at least
+    `SEPARATE_BYTES` is its own chunk of the packed command, which redis-py writes to the socket as it is,
+    so a payload's bytes (`streamgrp.store.payloads`) are sent without a copy in the writer."""
+
+    __slots__ = ()
+
+
+#: A `Pieces` piece this long is sent as a chunk of its own (redis-py sends chunks over its 6000-byte
+#: buffer cutoff without joining them).
+SEPARATE_BYTES = 65536
+
+
 class RespPacker:
-    """A redis-py ``command_packer``: ``pack(*args)`` returns the command as a one-item list."""
+    """A redis-py ``command_packer``: ``pack(*args)`` returns the command as a one-item list (several items
+    when a `Pieces` argument holds a long piece, which stays a chunk of its own)."""
 
     def __init__(self) -> None:
         # streamgrp's clients never decode replies and send text as UTF-8: the Encoder of such a client.
@@ -33,9 +47,20 @@ class RespPacker:
         elif b" " in name:
             args = (*name.split(), *args[1:])
         parts = [b"*%d\r\n" % len(args)]
+        chunks: list[bytes] = []
         encode = self._encode
         for arg in args:
             kind = arg.__class__
+            if kind is Pieces:
+                parts.append(b"$%d\r\n" % sum(map(len, arg)))
+                for piece in arg:
+                    if len(piece) >= SEPARATE_BYTES:  # the join before it, then the piece itself: no copy
+                        chunks += (b"".join(parts), piece)
+                        parts = []
+                    else:
+                        parts.append(piece)
+                parts.append(b"\r\n")
+                continue
             if kind is str:  # text and counts are most of a commit's arguments: encoded here, as redis-py would
                 arg = arg.encode()
             elif kind is int:
@@ -45,4 +70,6 @@ class RespPacker:
                 if arg.__class__ is not bytes:  # a memoryview or bytearray passes encode unchanged
                     arg = bytes(arg)
             parts += (b"$%d\r\n" % len(arg), arg, b"\r\n")
+        if chunks:
+            return [*chunks, b"".join(parts)]
         return [b"".join(parts)]

@@ -28,9 +28,9 @@ import redis
 from streamgrp.core import codec
 from streamgrp.core.events import Sample, SamplePayload, SlotResult, SlotRewarded, TaskIssued
 from streamgrp.errors import ConfigError, DecodeError
-from streamgrp.store import scripts
+from streamgrp.store import payloads, scripts
 from streamgrp.store.keys import PartitionKeys, RunKeys, task_partition
-from streamgrp.store.runs import recorded_partitions
+from streamgrp.store.runs import recorded_layout, recorded_partitions
 from streamgrp.store.streams import (
     ensure_group,
     entry_id_str,
@@ -87,6 +87,8 @@ class RewardClient:
         self.keys = keys
         self.name = name or producer_name("rewarder")
         self.partitions = tuple(partitions) if partitions else recorded_partitions(client, keys)
+        #: Where the run keeps payloads (`streamgrp.store.payloads`), from its record.
+        self.layout = recorded_layout(client, keys)
         self.claim_idle_ms = int(claim_idle_s * 1000)
         self._prompts: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._post = scripts.register(client, "reward_post.lua")
@@ -161,9 +163,11 @@ class RewardClient:
             self.client.xack(part.slots, REWARDERS_GROUP, *done)
         if not waiting:
             return []
-        payloads = read_entries(self.client, part.payloads, [entry_id for entry_id, _ in waiting])
+        ids = [entry_id for entry_id, _ in waiting]
+        found = payloads.read(self.client, part.payloads, ids) if self.layout == payloads.KEYS \
+            else read_entries(self.client, part.payloads, ids)
         out = []
-        for (entry_id, result), fields in zip(waiting, payloads):
+        for (entry_id, result), fields in zip(waiting, found):
             sample = _sample_of(fields, result)
             if sample is None:
                 # No payload to score (trimmed, or not streamgrp's): the slot times out at its deadline.

@@ -86,6 +86,19 @@ def recorded_partitions(client: redis.Redis, keys: RunKeys) -> tuple[PartitionKe
     return keys.partitions(count)
 
 
+def recorded_layout(client: redis.Redis, keys: RunKeys) -> str:
+    """The run's payload layout (`streamgrp.store.payloads`): ``keys`` as this version records it, ``stream``
+    for a run recorded before the layout existed; a run without a readable record yet is a ``keys`` run
+    (the one this version would create)."""
+    first = client.xrange(keys.control, "-", "+", count=1)
+    if first:
+        try:
+            return read_record(keys.run, first[0][1], "the control stream's first entry")[1].payload_layout
+        except (ConfigError, DecodeError):
+            pass
+    return "keys"
+
+
 def latest_run(client: redis.Redis) -> str | None:
     newest = cast("list[bytes]", client.zrevrange(RUNS, 0, 0))  # streamgrp's clients read bytes
     return newest[0].decode() if newest else None
@@ -186,8 +199,10 @@ def read_record(run: str, fields, where: str) -> tuple[RunStarted, RunConfig]:
         raise ConfigError(f"run {run!r}: {where} does not decode ({exc}); the run's record is damaged") from None
     if not isinstance(record, RunStarted):
         raise ConfigError(f"run {run!r}: {where} is not a run_started record; list runs with `streamgrp runs`")
+    # A record written before runs recorded their payload layout is a stream run (streamgrp.store.payloads).
+    settings = {"payload_layout": "stream", **record.settings}
     try:
-        return record, RunConfig(**record.settings)
+        return record, RunConfig(**settings)
     except ValueError as exc:
         raise ConfigError(f"run {run!r}: the recorded configuration does not validate with this streamgrp "
                           f"version: {exc}") from None

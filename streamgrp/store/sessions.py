@@ -45,8 +45,9 @@ from streamgrp.core.events import (
     TurnRecorded,
 )
 from streamgrp.errors import DecodeError, SessionRefused
-from streamgrp.store import loop_client, scripts
-from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, session_partition
+from streamgrp.store import loop_client, payloads, scripts
+from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, session_partition
+from streamgrp.store.runs import recorded_layout
 from streamgrp.store.streams import entry_id_str, entry_size, read_entries
 
 #: A failed slot's error text is cut to this many characters (as a worker cuts it).
@@ -101,10 +102,13 @@ class StoredSession:
 class SessionStore:
     """The gateway's reads and writes of sessions; thread-safe (the gateway calls it from a thread pool)."""
 
-    def __init__(self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, producer: str) -> None:
+    def __init__(self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, producer: str,
+                 layout: str | None = None) -> None:
         self.client = client
         self.partitions = tuple(partitions)
         self.producer = producer
+        #: Where the run keeps payloads (`streamgrp.store.payloads`); by default what its record says.
+        self.layout = layout or recorded_layout(client, RunKeys(self.partitions[0].run))
         self._seq = itertools.count()
         self._seq_lock = threading.Lock()
         self._open = scripts.register(client, "session_open.lua")
@@ -201,7 +205,32 @@ class SessionStore:
         keys = [part.session(session.session_id), part.sessions, part.session_deadlines, part.slots, part.payloads]
         args = [session.session_id, outcome, "" if timeout else turns, codec.encode(ended)[codec.HEADER], slot_header,
                 payload_header, blob, "1" if reward_pending and outcome == "sample" else ""]
+        if payload_header and self.layout == payloads.KEYS:
+            return outcome, _text(self._end_staged(part, keys, args))
         return outcome, _text(self._call(self._end, keys, args))
+
+    def _end_staged(self, part: PartitionKeys, keys: list[str], args: Sequence[object]) -> object:
+        """session_end.lua with the payload staged in the same pipeline (`streamgrp.store.payloads`): the
+        function's arguments carry no payload byte."""
+        header, blob = args[5], args[6]
+        assert isinstance(header, bytes) and isinstance(blob, bytes)
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            staged = payloads.stage(pipe, part.payloads, header, blob)
+            self._end(keys=[*keys, staged], args=[*args[:5], b"", b"", args[7]], client=pipe)
+            staging, reply = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower() and not attempt:
+                scripts.forget_loaded()  # the server lost the library: load it again, stage again
+                scripts.ensure_library(self.client)
+                continue
+            if isinstance(staging, Exception):
+                raise staging
+            if isinstance(reply, redis.ResponseError):
+                raise self._refusal(reply)
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        raise AssertionError("unreachable")
 
     # -- reads ------------------------------------------------------------------------------------------------
 
@@ -270,7 +299,7 @@ class SessionStore:
     def _refusal(exc: redis.ResponseError) -> Exception:
         """A function's refusal as `SessionRefused` with its code; any other error as it is."""
         code = scripts.error_code(exc)
-        if code in ("UNKNOWN", "ENDED", "EXPIRED", "TURN", "TAKEN", "EXISTS", "EARLY", "PAYLOAD", "BAD_INPUT"):
+        if code in ("UNKNOWN", "ENDED", "EXPIRED", "TURN", "TAKEN", "EXISTS", "EARLY", "PAYLOAD", "STAGED", "BAD_INPUT"):
             return SessionRefused(code, str(exc).split(None, 1)[-1])
         return exc
 

@@ -30,6 +30,7 @@ import redis
 from streamgrp.config import RunConfig
 from streamgrp.core import codec
 from streamgrp.errors import ConfigError, DecodeError
+from streamgrp.store import payloads
 from streamgrp.store.archive_layout import default_archive_dir
 from streamgrp.store.archive_reader import ArchiveReader
 from streamgrp.store.keys import (
@@ -44,6 +45,7 @@ from streamgrp.store.runs import (
     Run,
     open_run,
     read_record,
+    recorded_layout,
     recorded_partitions,
     resolve_run_name,
 )
@@ -79,24 +81,40 @@ class RedisSource:
         """The run's partitions, from its record (one when it has none, or no record)."""
         return recorded_partitions(self.client, self.keys)
 
+    @cached_property
+    def layout(self) -> str:
+        """Where the run keeps payloads (`streamgrp.store.payloads`), from its record."""
+        return recorded_layout(self.client, self.keys)
+
+    def _keyed(self, stream: str) -> bool:
+        """Whether ``stream`` is a payloads stream whose entries live in payload keys."""
+        return stream.partition("@")[0] == "payloads" and self.layout == payloads.KEYS
+
     def _key(self, stream: str) -> str:
         if stream == "control":  # read before the partitions are known
             return self.keys.control
         return stream_key(self.keys, self.partitions, stream)
 
     def __call__(self, stream: str, ids: Sequence[str]) -> list[dict[bytes, bytes] | None]:
+        if self._keyed(stream):
+            return payloads.read(self.client, self._key(stream), list(ids))
         return read_entries(self.client, self._key(stream), list(ids))
 
     def scan(self, stream: str, page: int = 2000) -> Iterator[tuple[str, dict[bytes, bytes]]]:
-        """Every entry of ``stream`` in order, read in pages."""
-        key, start = self._key(stream), "-"
+        """Every entry of ``stream`` in order, read in pages (a keys-layout run's payloads: those of its
+        slot log's entries, in the slot log's order)."""
+        keyed = self._keyed(stream)
+        key, start = self._key(stream.replace("payloads", "slots") if keyed else stream), "-"
         while True:
             entries = range_reply(self.client.xrange(key, start, "+", count=page))
             if not entries:
                 return
-            for raw_id, fields in entries:
-                yield entry_id_str(raw_id), fields
-            start = "(" + entry_id_str(entries[-1][0])
+            ids = [entry_id_str(raw_id) for raw_id, _ in entries]
+            found = payloads.read(self.client, self._key(stream), ids) if keyed else [f for _, f in entries]
+            for entry_id, fields in zip(ids, found):
+                if fields is not None:
+                    yield entry_id, fields
+            start = "(" + ids[-1]
 
     def hash(self, name: str) -> dict[str, str]:
         """A run hash (``committed``, ``decided``) as text; in a partitioned run ``decided`` joins the
@@ -214,6 +232,15 @@ class FallbackSource:
         return found
 
     def scan(self, stream: str, page: int = 2000) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+        if self.server._keyed(stream):  # a keys run's payloads: the server's follow the archive's trimmed prefix
+            last = None
+            for entry_id, fields in self.server.scan(stream, page):
+                if last is None:
+                    yield from self.archive.scan(stream, before=entry_id)
+                last = entry_id
+                yield entry_id, fields
+            yield from self.archive.scan(stream, after=last)
+            return
         key, start, last = self.server._key(stream), "-", None
         while True:
             entries = range_reply(self.server.client.xrange(key, start, "+", count=page))

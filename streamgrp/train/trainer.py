@@ -67,13 +67,13 @@ from streamgrp.errors import (
     RunFailed,
     TrainerGroupError,
 )
-from streamgrp.store import scripts
+from streamgrp.store import payloads, scripts
 from streamgrp.store.connection import MAX_BLOCK_MS, outage_of, ride, wait_for_replicas
 from streamgrp.store.control import ControlCursor
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import step_entry_id
 from streamgrp.store.runs import Run
-from streamgrp.store.streams import producer_name, stream_entries
+from streamgrp.store.streams import producer_name
 from streamgrp.train import attempt as attempts
 from streamgrp.train.agreement import GroupVote, manifest_digest, resolve_reduce
 from streamgrp.train.attempt import Attempt
@@ -225,9 +225,9 @@ class TrainerClient:
         rank that reads it fails the same way, and a restart would meet it again: it needs a person)."""
         try:
             batch = build_batch(manifest, rank, world_size,
-                                lambda stream, ids: stream_entries(
-                                    self.client, self.joined_run.stream_key(stream), list(ids),
-                                    retry=partial(ride, self.client)),
+                                payloads.entry_fetch(self.client, self.joined_run.stream_key,
+                                                     self.joined_run.config.payload_layout,
+                                                     retry=partial(ride, self.client)),
                                 run=self.keys.run, client=self, check_digests=self.check_digests,
                                 missing_hint="a step is never trimmed before every rank committed it, so it was deleted",
                                 run_config=self.joined_run.config)

@@ -22,7 +22,9 @@ from pathlib import Path
 
 from streamgrp.core import codec
 from streamgrp.core.events import RunStarted
+from streamgrp.store import payloads
 from streamgrp.store.keys import ASSEMBLER_GROUP, BATCHER_GROUP, RunKeys
+from streamgrp.store.sources import RedisSource
 
 FORMAT = "streamgrp-runlog/1"
 HASHES = ("committed", "decided", "counts")
@@ -43,10 +45,11 @@ def _raw(kind: str, value: str) -> bytes:
 def dump_run(client, keys: RunKeys, path: Path) -> int:
     """Write every stream entry, hash and group position of the run; returns the number of lines."""
     lines = [{"format": FORMAT, "run": keys.run}]
-    for name, key in keys.all_streams().items():
-        for raw_id, fields in client.xrange(key, "-", "+"):
-            lines.append({"stream": name, "id": raw_id.decode(),
-                          "fields": [[k.decode(), *_value(v)] for k, v in fields.items()]})
+    server = RedisSource(client, keys)  # a keys run's payloads as the payloads stream's entries, at their ids
+    for name in keys.all_streams():
+        for entry_id, fields in server.scan(name):
+            lines.append({"stream": name, "id": entry_id,
+                          "fields": [[k.decode(), *_value(bytes(v))] for k, v in fields.items()]})
     for name in HASHES:
         values = client.hgetall(getattr(keys, name))
         if values:
@@ -83,12 +86,19 @@ def load_run(client, path: Path, run: str, *, edit: Edit | None = None, groups: 
     keys = RunKeys(run)
     streams = keys.all_streams()
     pipe = client.pipeline(transaction=False)
+    layout = payloads.STREAM
     for line in read_lines(path)[1:]:
         if "stream" in line and "id" in line:
             fields = entry_fields(line)
             fields = _renamed(fields, run) if line["stream"] == "control" else fields
             if edit is not None:
                 fields = edit(line["stream"], line["id"], fields)
+            if line["stream"] == "control" and layout == payloads.STREAM:  # the record comes first
+                layout = _layout(fields) or layout
+            if line["stream"] == "payloads" and layout == payloads.KEYS:
+                pipe.set(payloads.key(keys.payloads, line["id"]),
+                         payloads.frame(fields[codec.HEADER], fields.get(codec.BLOB, b"")))
+                continue
             pipe.xadd(streams[line["stream"]], fields, id=line["id"])
         elif "hash" in line:
             pipe.hset(getattr(keys, line["hash"]), mapping=line["fields"])
@@ -96,6 +106,15 @@ def load_run(client, path: Path, run: str, *, edit: Edit | None = None, groups: 
             pipe.xgroup_create(streams[line["stream"]], line["group"], id=line["last_delivered"], mkstream=True)
     pipe.execute()
     return keys
+
+
+def _layout(fields: dict[bytes, bytes]) -> str | None:
+    """The payload layout a run record names (None for another control entry, or a record without one)."""
+    try:
+        event = codec.decode(fields)
+    except Exception:
+        return None
+    return event.settings.get("payload_layout") if isinstance(event, RunStarted) else None
 
 
 def _renamed(fields: dict[bytes, bytes], run: str) -> dict[bytes, bytes]:

@@ -14,6 +14,7 @@ import redis
 
 from streamgrp.store.acl import access, password_hash, rules, user_name
 from streamgrp.store.keys import RunKeys
+from streamgrp.store.runs import recorded_layout
 
 
 class RoleUsers:
@@ -27,7 +28,8 @@ class RoleUsers:
     def client(self, role: str) -> redis.Redis:
         password = secrets.token_urlsafe(12)
         name = user_name(self.run, role)
-        self.admin.execute_command("ACL", "SETUSER", name, *rules(access(RunKeys(self.run), role, self.partitions),
+        layout = recorded_layout(self.admin, RunKeys(self.run))  # the run's own: a stream run's users are older ones
+        self.admin.execute_command("ACL", "SETUSER", name, *rules(access(RunKeys(self.run), role, self.partitions, layout),
                                                                  password_hashes=[password_hash(password)]))
         self._users.append(name)
         kwargs = self.admin.connection_pool.connection_kwargs

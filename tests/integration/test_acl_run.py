@@ -26,6 +26,7 @@ from streamgrp.cli.server import EmbeddedServer
 from streamgrp.core.events import GroupDecided, SlotResult
 from streamgrp.store.acl import ROLES, password_hash, template_for, user_name
 from streamgrp.errors import ConfigError
+from streamgrp.store import payloads
 from streamgrp.services.worker import WorkerClient
 from streamgrp.store.connection import connect
 from streamgrp.store.keys import RunKeys
@@ -170,7 +171,11 @@ def _attack_as_worker(secured: Secured) -> None:
     for i in range(FORGED_TASKS):
         worker.xadd(keys.slots, codec.encode(TaskIssued(task_id=f"forged-{i}", prompt={"a": 1}, version=0,
                                                         issued_at=4e9, producer="forger", seq=i)))
-    worker.xadd(keys.payloads, {"h": b"{}"}, id="99999999999999-0")
+    # its payloads are keys: one staged, then moved to a future slot entry's payload key (a later publish
+    # there replaces it); it may not append to the payloads stream (the dry runs below)
+    staged = payloads.staged_key(keys.payloads)
+    worker.set(staged, payloads.frame(b"{}", b""), px=60_000)
+    worker.rename(staged, payloads.key(keys.payloads, "99999999999999-0"))
     worker.xadd(keys.slots, codec.encode(Tick(now=4e12, producer="forger", seq=0)), id="99999999999998-0")
     worker.xgroup_create(keys.tasks, "forged", id="0", mkstream=True)
     worker.close()
@@ -275,6 +280,17 @@ def _dry_runs(admin: redis.Redis, keys: RunKeys) -> None:
     assert not allowed("worker", "XADD", keys.control, "*", "h", "x")
     assert not allowed("worker", "FCALL", batch_commit, "1", keys.decisions)  # a function's keys need permission
     assert allowed("worker", "FCALL", publish, "2", keys.slots, keys.payloads)
+    staged = payloads.staged_key(keys.payloads)
+    assert allowed("worker", "FCALL", function_name("publish_staged.lua"), "4", keys.slots, keys.payloads, keys.tasks,
+                   staged)
+    assert allowed("worker", "SET", staged, "x", "NX", "PX", "1000")
+    assert not allowed("worker", "SET", payloads.key(keys.payloads, "1-1"), "x")  # only staging keys
+    assert not allowed("worker", "XADD", keys.payloads, "*", "h", "x")  # a keys run's payloads stream is idle
+    assert not allowed("worker", "RENAME", staged, keys.slots)  # nor overwrite the slot log with a staged key
+    assert allowed("trainer", "MGET", payloads.key(keys.payloads, "1-1"))
+    assert not allowed("trainer", "SET", payloads.key(keys.payloads, "1-1"), "x")
+    assert allowed("archiver", "UNLINK", payloads.key(keys.payloads, "1-1"))
+    assert not allowed("archiver", "UNLINK", keys.slots)
     segment = function_name("segment.lua")
     assert allowed("worker", "FCALL", segment, "2", keys.tasks, keys.segments)
     assert allowed("worker", "XPENDING", keys.tasks, "workers", "-", "+", "1")  # what segment.lua checks with

@@ -17,6 +17,7 @@ import pytest
 import torch
 from cluster import client_for
 from processes import wait_until
+from stored_payloads import delete_payload, payload_entries
 
 from streamgrp.config import AssemblerConfig, BatcherConfig, WorkerConfig
 from streamgrp.core import codec
@@ -426,7 +427,7 @@ def test_group_filter_drops_as_filtered_and_a_raising_filter_does_not_stop_the_b
 
 def _check_manifest_against_the_log(client, run, manifest: StepManifest, decided) -> None:
     slot_log = {eid.decode(): fields for eid, fields in client.xrange(run.keys.slots)}
-    payloads = {eid.decode(): fields for eid, fields in client.xrange(run.keys.payloads)}
+    payloads = {eid.decode(): fields for eid, fields in payload_entries(client, run.keys)}
     sizes = [len(s.groups) for s in manifest.shards]
     assert len(manifest.shards) == run.config.dp_size and max(sizes) - min(sizes) <= 1
     for shard in manifest.shards:
@@ -511,7 +512,7 @@ def test_each_rank_gets_padded_tensors_and_the_step_wide_loss_token_count(client
     settle(client, run, rows_rollout)
     active(client, run, BatcherConfig(round_s=0.05, max_steps=2)).round()
     decided = decisions_by_task(client, run)
-    slot_log = {eid.decode(): codec.decode(fields) for eid, fields in client.xrange(run.keys.payloads)}
+    slot_log = {eid.decode(): codec.decode(fields) for eid, fields in payload_entries(client, run.keys)}
 
     trainer = TrainerClient(client_for(redis_url), run, poll_s=0.1)
     per_step: dict[int, list] = {}
@@ -622,7 +623,7 @@ def test_a_loop_body_that_returns_at_once_gets_its_batches_loaded_in_line(client
 def test_a_step_loaded_ahead_that_cannot_be_loaded_fails_only_when_the_loop_reaches_it(client, redis_url, make_run,
                                                                                       issuer):
     run, trainer = _two_written_steps(client, redis_url, make_run, issuer)
-    client.xdel(run.keys.payloads, trainer.manifest(1).shards[0].groups[0].members[0].entry)
+    delete_payload(client, run.keys, trainer.manifest(1).shards[0].groups[0].members[0].entry)
     steps = []
     with pytest.raises(RunFailed, match="step 1 cannot be trained as it was recorded: step 1 rank 0"):
         for batch in trainer.batches(rank=0, world_size=1):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from processes import RoleProcess, wait_until
+from stored_payloads import payload_entries
 
 from streamgrp.config import RunConfig
 from streamgrp.core import codec
@@ -103,7 +104,7 @@ def _check_log(client, run, issued, half_done):
     by_entry = {eid: event for eid, event in log}
     member_entries = [m.entry for d in decisions for m in d.members]
     assert len(member_entries) == len(set(member_entries))
-    payloads = {eid.decode(): fields for eid, fields in client.xrange(run.keys.payloads)}
+    payloads = {eid.decode(): fields for eid, fields in payload_entries(client, run.keys)}
     for decision in decisions:
         for member in decision.members:
             event = by_entry[member.entry]

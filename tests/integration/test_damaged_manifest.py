@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from made_steps import make_steps
+from stored_payloads import delete_payload
 
 from streamgrp.errors import RunFailed
 from streamgrp.replay.verifier import verify
@@ -40,7 +41,7 @@ def test_a_step_whose_sample_was_deleted_fails_every_rank_with_one_message(clien
     make_steps(client, run, groups=4, steps=2)
     manifest = codec.decode(client.xrange(run.keys.steps, step_entry_id(1), step_entry_id(1))[0][1])
     victim = manifest.shards[1].groups[0].members[0].entry
-    client.xdel(run.keys.payloads, victim)
+    delete_payload(client, run.keys, victim)
 
     barrier = threading.Barrier(2)
     votes: list[list[int]] = [[], []]

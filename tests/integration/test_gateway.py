@@ -6,7 +6,6 @@ keys, retries, timeouts, and `streamgrp agent` running agents per slot.
 from __future__ import annotations
 
 import threading
-
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from gateway_fakes import IM_END, TOKEN, Running, logprob
 from gateway_fakes import start as start_fake
 from processes import wait_until
 from prometheus_client import CollectorRegistry
+from stored_payloads import payload_at
 
 from streamgrp.cli.metrics import Metrics
 from streamgrp.config import AssemblerConfig, GatewayConfig, RunConfig
@@ -85,7 +85,7 @@ def _decide(client, run) -> list[GroupDecided]:
 
 
 def _payload(client, run, entry: str):
-    [(_, fields)] = client.xrange(run.keys.payloads, entry, entry)
+    fields = payload_at(client, run.keys, entry)
     event = codec.decode(fields)
     assert isinstance(event, SamplePayload)
     return event.sample

@@ -28,6 +28,7 @@ from gateway_fakes import TOKEN, Running, start_proxy
 from llama import binary_and_model, start_llama, stop_llama
 from pipeline import CHILD_ENV, Pipeline, check_run, events
 from processes import RoleProcess, wait_until
+from stored_payloads import payload_at
 
 from streamgrp.cli.children import free_port
 from streamgrp.config import AssemblerConfig, RunConfig
@@ -173,7 +174,7 @@ def _check_trained_rows(client, run, steps: int) -> None:
     assert len(trained) == GROUPS * N_SAMPLES and len({(t, m.slot) for t, m in trained}) == len(trained)
     assert len(events(client, run.keys.steps, StepManifest)) == steps
     for task_id, member in trained:
-        [(_, fields)] = client.xrange(run.keys.payloads, member.entry, member.entry)
+        fields = payload_at(client, run.keys, member.entry)
         payload = codec.decode(fields)
         assert isinstance(payload, SamplePayload)
         one, two = turns[(task_id, member.slot)][1], turns[(task_id, member.slot)][2]

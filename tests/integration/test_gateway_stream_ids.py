@@ -4,7 +4,8 @@ for workers' publishes).
 A session's sample is published with its payload at its slot result's id, so an entry a gateway's credential
 appends to the payloads stream at a later id (an explicit id in the future, deleted or not) would make the
 session's end fail: the payload and its header move after it instead. At the largest id there is no payload
-can ever be written: the session ends as a failed slot saying why, and its group is decided.
+can ever be written: the session ends as a failed slot saying why, and its group is decided. Only a run
+recorded with ``payload_layout = "stream"`` keeps payloads in a stream, so these runs are such runs.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def fake():
 
 
 def _sessions_of_one_task(client, make_run, issuer, role_users, fake) -> tuple[Running, list[dict]]:
-    run = make_run(n_samples=2, group_timeout_s=60.0)
+    run = make_run(n_samples=2, group_timeout_s=60.0, payload_layout="stream")
     issuer(run).issue([{"q": 1}])
     gateway = Running(role_users.client("gateway"), run, fake)
     sessions = gateway.open()["sessions"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from inference_fakes import Action, next_tokens, start
+from stored_payloads import payload_entries
 
 from streamgrp.config import InferenceConfig, WorkerConfig
 from streamgrp.core import codec
@@ -43,7 +44,8 @@ def test_a_worker_with_the_sglang_adapter_publishes_samples_and_failures(client,
     assert sorted(r.outcome for r in results) == ["failed", "sample", "sample", "sample"]
     [failed] = [r for r in results if r.outcome == "failed"]
     assert "HTTP 400: input too long" in failed.error
-    payloads = _events(client, run.keys.payloads, SamplePayload)
+    payloads = [e for e in (codec.decode(f) for _, f in payload_entries(client, run.keys))
+                if isinstance(e, SamplePayload)]
     assert {p.sample.version for p in payloads} == {2}  # SGLang's weight_version, not the run's 0
     assert sorted(p.sample.token_ids.to_list() for p in payloads)[0] == [5, 6, *next_tokens([5, 6], 3)]
 

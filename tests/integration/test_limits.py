@@ -273,7 +273,7 @@ def test_a_100_mb_entry_costs_the_assembler_one_copy_and_the_dead_letter_a_stub(
 
 
 def test_the_publish_script_checks_its_whole_input_before_writing(client, run_name):
-    keys = join_run(client, run_name, RunConfig(n_samples=2)).keys
+    keys = join_run(client, run_name, RunConfig(n_samples=2, payload_layout="stream")).keys
     publish = scripts.register(client, "publish.lua")
     header = codec.encode(SlotResult(task_id="t", slot=0, outcome="rejected"))[codec.HEADER]
     plain = [keys.slots, keys.payloads]

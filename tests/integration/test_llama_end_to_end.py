@@ -29,6 +29,7 @@ import orjson
 import pytest
 from llama import anchor_token, binary_and_model, start_llama, stop_llama, teacher_forced
 from pipeline import events
+from stored_payloads import payload_at, payload_entries
 
 from streamgrp.core import codec
 from streamgrp.core.events import SamplePayload, SlotResult, StepManifest
@@ -74,7 +75,7 @@ def test_the_model_demo_feeds_smollm2s_own_tokens_and_logprobs_to_a_torch_traine
     failed = [e.error for e in events(client, keys.slots, SlotResult) if e.outcome != "sample"]
     complete = [group for group in groups if len(group.members) == N_SAMPLES]
     assert len(complete) >= 13, ([len(g.members) for g in groups], failed)
-    samples = [_payload(client, keys.payloads, member.entry) for group in complete for member in group.members]
+    samples = [_payload(client, keys, member.entry) for group in complete for member in group.members]
     assert len(samples) >= 52
     _check_trainer_mismatch(client, keys.trainer_metrics)
 
@@ -115,9 +116,8 @@ def _check_text(server, sample, completion) -> None:
         assert server.post("/detokenize", {"tokens": completion[-1:]})["content"] == "<|im_end|>"
 
 
-def _payload(client, stream, entry_id):
-    [(_, fields)] = client.xrange(stream, entry_id, entry_id)
-    event = codec.decode(fields)
+def _payload(client, keys, entry_id):
+    event = codec.decode(payload_at(client, keys, entry_id))
     assert isinstance(event, SamplePayload)
     return event.sample
 
@@ -215,7 +215,7 @@ def test_replies_with_multi_byte_characters_are_samples_with_every_tokens_own_lo
         results = events(client, run.keys.slots, SlotResult)
         assert len(results) == len(MULTI_BYTE_PROMPTS) * MULTI_BYTE_SAMPLES
         assert [r.error for r in results if r.outcome != "sample"] == []
-        samples = [event.sample for event in events(client, run.keys.payloads, SamplePayload)]
+        samples = [codec.decode(fields).sample for _, fields in payload_entries(client, run.keys)]
         assert len(samples) == len(results)
 
         anchor = anchor_token(server)

@@ -20,6 +20,7 @@ import time
 import pytest
 from llama import binary_and_model, server_command, start_llama, stop_llama
 from processes import RoleProcess, wait_until
+from stored_payloads import payload_entries
 
 from streamgrp.cli.children import free_port
 from streamgrp.config import InferenceConfig, WorkerConfig
@@ -93,7 +94,7 @@ def test_a_stream_interrupted_by_weight_sync_resumes_from_its_prefix_on_the_new_
         assert sync.sync(1) == 1  # kills llama-server mid-stream and starts it on version 1
         thread.join(120)
         assert done == [1]
-        [payload] = [codec.decode(f) for _, f in client.xrange(run.keys.payloads)]
+        [payload] = [codec.decode(f) for _, f in payload_entries(client, run.keys)]
         assert isinstance(payload, SamplePayload)
         sample = payload.sample
         [(first, before), (second, after)] = sample.meta["token_versions"]
@@ -149,7 +150,7 @@ def test_a_streaming_worker_sigkilled_mid_generation_is_continued_from_its_last_
         wait_until(lambda: client.xpending_range(run.keys.tasks, WORKERS_GROUP, "-", "+", 1)[0][
             "time_since_delivered"] > CLAIM_IDLE_S * 1000 + 100, timeout=30, message="the task idle")
         assert second.start().proc.wait(timeout=120) == 0, second.output()
-        payloads = [codec.decode(f) for _, f in client.xrange(run.keys.payloads)]
+        payloads = [codec.decode(f) for _, f in payload_entries(client, run.keys)]
         assert len(payloads) == 1, [(p.producer, p.seq, p.slot, p.sample.meta.get("resumed_tokens"),
                                      p.sample.meta.get("segments"), p.sample.meta.get("streams")) for p in payloads]
         sample = payloads[0].sample

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
+from stored_payloads import payload_at
 
 from streamgrp.config import AssemblerConfig, BatcherConfig, RunConfig
 from streamgrp.core import codec
@@ -406,7 +407,7 @@ def test_the_archiver_and_retention_cover_every_partition_and_every_step_still_r
             part = run.partitions[group.partition]
             assert client.xrange(part.decisions, group.decision_entry, group.decision_entry)
             for member in group.members:
-                assert client.xrange(part.payloads, member.entry, member.entry)
+                assert payload_at(client, part, member.entry)
     trainer.load(last, 0, 2), trainer.load(last, 1, 2)
 
     source = FallbackSource(RedisSource(client, run.keys), ArchiveSource(tmp_path / "archive"))

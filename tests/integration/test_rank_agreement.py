@@ -13,6 +13,7 @@ import orjson
 import pytest
 from made_steps import make_steps
 from pipeline import CHILD_ENV
+from stored_payloads import delete_payload
 
 from streamgrp.cli.children import free_port
 from streamgrp.core import codec
@@ -97,6 +98,6 @@ def test_after_a_rank_dies_between_training_and_commit_the_restarted_ranks_train
         ("step_ranks_apart", f"step {STEPS - 1}", {0: 2, 1: 1})]
     # verify reports a trained sample's payload that was deleted (a credential that may XDEL payloads)
     member = codec.decode(client.xrange(run.keys.steps)[-1][1]).shards[0].groups[0].members[0]
-    client.xdel(run.keys.payloads, member.entry)
+    delete_payload(client, run.keys, member.entry)
     assert [(d.kind, d.field) for d in verify(client, run.keys).differences] == [
         ("payload_missing", f"payload {member.entry}"), ("step_ranks_apart", "attempt")]

@@ -10,6 +10,7 @@ import time
 import pytest
 from inference_fakes import Action, next_tokens, start
 from processes import RoleProcess, wait_until
+from stored_payloads import payload_entries
 
 from streamgrp.config import AssemblerConfig, RunConfig
 from streamgrp.core import codec
@@ -69,7 +70,7 @@ def test_a_worker_killed_mid_generation_is_continued_from_its_segments(client, r
             ids, _, _ = chain_values(chains[slot])
             prefix = PROMPT + ids[:durable[slot]]
             assert any(body["prompt"] == prefix for body in resumed), f"slot {slot} did not continue from its prefix"
-        payloads = [codec.decode(f) for _, f in client.xrange(run.keys.payloads)]
+        payloads = [codec.decode(f) for _, f in payload_entries(client, run.keys)]
         assert sorted(p.slot for p in payloads) == list(range(N_SAMPLES))
         for payload in payloads:
             assert isinstance(payload, SamplePayload)

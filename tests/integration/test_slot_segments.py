@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import redis
 from inference_fakes import Action, logprob_of, next_tokens, start
+from stored_payloads import payload_entries
 
 from streamgrp.config import InferenceConfig, WorkerConfig
 from streamgrp.core import codec
@@ -98,7 +99,7 @@ def test_a_worker_generating_in_chunks_records_each_and_its_sample_is_their_conc
         # 20 tokens in chunks of at most 8, each asked for from prompt + the tokens so far
         assert sorted(body["n_predict"] for body in fake.generations()) == [4, 4, 8, 8, 8, 8]
         found = task_segments(client, run.keys.segments, _task_id(client, run))
-        payloads = [codec.decode(f) for _, f in client.xrange(run.keys.payloads)]
+        payloads = [codec.decode(f) for _, f in payload_entries(client, run.keys)]
         assert len(payloads) == 2 and all(isinstance(p, SamplePayload) for p in payloads)
         for payload in payloads:
             chain = chain_of(found[payload.slot])
@@ -129,7 +130,7 @@ def test_a_streamed_generation_is_one_request_cut_into_segments_as_it_arrives(cl
         assert len(generations) == 2 and all(body["stream"] for body in generations)  # one stream per slot
         assert len(fake.generated) == 40  # nothing generated twice: no chunk prefilled the context again
         found = task_segments(client, run.keys.segments, _task_id(client, run))
-        for payload in (codec.decode(f) for _, f in client.xrange(run.keys.payloads)):
+        for payload in (codec.decode(f) for _, f in payload_entries(client, run.keys)):
             chain = chain_of(found[payload.slot])
             assert [(s.index, s.start, s.tokens, s.cause) for s in chain] == [
                 (0, 0, 8, "chunk"), (1, 8, 8, "chunk"), (2, 16, 4, "length")]
@@ -188,7 +189,7 @@ def test_a_worker_taking_a_task_over_continues_from_its_segments_and_verify_chec
         assert len(fake.generated) == 4  # only the 4 tokens no segment held
         [body] = fake.generations()
         assert body["prompt"] == prompt + one + two and body["n_predict"] == 4
-        [payload] = [codec.decode(f) for _, f in client.xrange(run.keys.payloads)]
+        [payload] = [codec.decode(f) for _, f in payload_entries(client, run.keys)]
         sample = payload.sample
         assert sample.token_ids.to_list() == prompt + one + two + next_tokens(prompt + one + two, 4)
         assert sample.meta["segments"] == {"count": 3, "tokens": 20} and sample.meta["resumed_tokens"] == 16
@@ -239,7 +240,7 @@ def test_a_worker_records_segments_under_its_own_acl_user(kind_binary, tmp_path,
         config = InferenceConfig(server_url=fake.url, max_tokens=12, segment_tokens=8, max_attempts=2, backoff_s=0.01)
         assert WorkerProcess(WorkerClient(client, run.keys), build_rollout("llamacpp", config),
                              WorkerConfig(burst=True, concurrency=1), n_samples=1).run() == 1
-        assert admin.xlen(run.keys.segments) == 2 and admin.xlen(run.keys.payloads) == 1
+        assert admin.xlen(run.keys.segments) == 2 and len(payload_entries(admin, run.keys)) == 1
         with pytest.raises(redis.exceptions.NoPermissionError):  # its selectors name no other stream for XADD
             client.xadd(run.keys.decisions, {"h": b"x"})
     finally:
@@ -293,7 +294,7 @@ def test_aborted_parts_are_segments_and_a_partitioned_run_keeps_each_tasks_segme
                        for t in tasks]
         assert [(5, "abort", 1), (7, "length", 2)] in causes  # aborted at 5, then 7 more (under 8: the end)
         assert causes.count([(8, "chunk", 2), (4, "length", 2)]) == 2
-        samples = [codec.decode(f).sample for part in run.partitions for _, f in client.xrange(part.payloads)]
+        samples = [codec.decode(f).sample for part in run.partitions for _, f in payload_entries(client, part)]
         [spanning] = [s for s in samples if s.meta["token_versions"] == [[1, 5], [2, 7]]]  # per-token versions, as runs
         assert spanning.version == 1  # the oldest
         for partition in range(2):

@@ -5,6 +5,10 @@ later id (a plain ``XADD *`` in the same millisecond as a publish, or an explici
 or not) would make that publish fail: the payload and its header move after it instead. At the largest id
 there is no payload can ever be written: the worker publishes those results as failed slots saying why and
 goes on. Only the batcher may append to the task queue, so no other role can exhaust its ids.
+
+Runs keep payloads in a stream only when recorded so (``payload_layout = "stream"``, what older versions
+wrote), so the payload tests here make such runs; a keys run's payload ids cannot collide (its payload
+keys are named by their slot entry's id, test_payload_keys.py).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def _run_through(client, run, role_users, n_tasks: int, issuer) -> list[GroupDec
 
 
 def test_a_future_payload_id_written_and_deleted_fails_no_publish(client, make_run, issuer, role_users):
-    run = make_run(n_samples=2)
+    run = make_run(n_samples=2, payload_layout="stream")
     worker = role_users.client("worker")
     future = worker.xadd(run.keys.payloads, {"h": b"{}"}, id="99999999999999-0")
     refused(lambda: worker.xdel(run.keys.payloads, future))  # it may not delete payloads...
@@ -58,7 +62,7 @@ def test_a_future_payload_id_written_and_deleted_fails_no_publish(client, make_r
 
 
 def test_plain_payload_appends_in_the_same_millisecond_fail_no_publish(client, make_run, issuer, role_users):
-    run = make_run(n_samples=2)
+    run = make_run(n_samples=2, payload_layout="stream")
     flooder = role_users.client("worker")
     stop = threading.Event()
 
@@ -83,7 +87,7 @@ def test_plain_payload_appends_in_the_same_millisecond_fail_no_publish(client, m
 
 
 def test_at_the_largest_payload_id_results_fail_saying_why_and_the_run_goes_on(client, make_run, issuer, role_users):
-    run = make_run(n_samples=2)
+    run = make_run(n_samples=2, payload_layout="stream")
     role_users.client("worker").xadd(run.keys.payloads, {"h": b"{}"}, id=LARGEST_ID)
     decisions = _run_through(client, run, role_users, 3, issuer)
     assert len(decisions) == 3 and all(d.decision == "dropped" for d in decisions)

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 import torch
 from cluster import client_for
+from stored_payloads import delete_payload
 
 from streamgrp.cli.metrics import Metrics
 from streamgrp.config import AssemblerConfig, BatcherConfig, WorkerConfig
@@ -23,7 +24,7 @@ from streamgrp.replay.verifier import format_report, verify
 from streamgrp.services.assembler import Assembler
 from streamgrp.services.batcher import Batcher
 from streamgrp.services.worker import WorkerClient, WorkerProcess
-from streamgrp.store import scripts
+from streamgrp.store import payloads, scripts
 from streamgrp.store.keys import ASSEMBLER_GROUP
 from streamgrp.train.trainer import TrainerClient
 
@@ -137,10 +138,12 @@ def test_a_run_without_a_vocabulary_checks_only_the_sign(client, make_run):
 
 
 def foreign_publish(client, run, result: SlotResult, payload: dict[bytes, bytes]) -> str:
-    """Publish a slot result and its payload as they are, through the publish script (no worker checks)."""
-    publish = scripts.register(client, "publish.lua")
-    [entry] = publish(keys=[run.keys.slots, run.keys.payloads],
-                      args=["", 0, codec.encode(result)[codec.HEADER], payload[codec.HEADER], payload[codec.BLOB]])
+    """Publish a slot result and its payload as they are, through the publish function (no worker checks)."""
+    pipe = client.pipeline(transaction=False)
+    staged = payloads.stage(pipe, run.keys.payloads, payload[codec.HEADER], payload[codec.BLOB])
+    scripts.register(client, "publish_staged.lua")(keys=[run.keys.slots, run.keys.payloads, run.keys.tasks, staged],
+                                                   args=["", 0, codec.encode(result)[codec.HEADER], "1"], client=pipe)
+    [entry] = pipe.execute()[-1]
     return entry.decode() if isinstance(entry, bytes) else entry
 
 
@@ -188,7 +191,7 @@ def test_a_foreign_sample_that_cannot_train_is_dead_lettered_folded_as_failed_an
         result, payload = forge(result, payload)
     entry = foreign_publish(client, run, result, payload)
     if forge is None:
-        client.xdel(run.keys.payloads, entry)
+        delete_payload(client, run.keys, entry)
     worker.publish(bad_task, 0, good_sample(0))
     for slot in (0, 1):
         worker.publish(good_task, slot, good_sample(slot))

@@ -125,7 +125,7 @@ def test_a_worker_scans_for_idle_tasks_once_a_tenth_of_claim_idle_s_while_none_a
 
 
 def test_publish_many_acknowledges_the_done_tasks_in_the_same_call_and_none_when_it_fails(client, make_run, issuer):
-    run = make_run(n_samples=2)
+    run = make_run(n_samples=2, payload_layout="stream")  # a run an older version made: payloads in a stream
     issuer(run).issue([{}] * 3)
     worker = WorkerClient(client, run.keys)
     first, second, third = worker.take(3, block_ms=None)

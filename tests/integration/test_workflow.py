@@ -12,6 +12,7 @@ import inspect
 from collections import Counter
 
 import areal_like
+from stored_payloads import payload_entries
 
 from streamgrp.config import load_callable
 from streamgrp.core import codec
@@ -39,7 +40,7 @@ def test_episodes_become_samples_rejections_and_failures_and_groups_fold(client,
     assert all(e.startswith("ConnectionError: inference server dropped request") for e in failures)
 
     # Each sample's version is the oldest version among its generated tokens (the engine's first token).
-    payloads = [codec.decode(f) for _, f in client.xrange(run.keys.payloads)]
+    payloads = [codec.decode(f) for _, f in payload_entries(client, run.keys)]
     samples = {(p.task_id, p.slot): p.sample for p in payloads if isinstance(p, SamplePayload)}
     prompt_len = len(workflow.tokenizer.apply_chat_template(PROMPT["messages"]))
     for result in results:

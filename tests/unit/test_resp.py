@@ -7,7 +7,7 @@ from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 from redis.exceptions import DataError
 
-from streamgrp.store.resp import RespPacker
+from streamgrp.store.resp import Pieces, RespPacker
 
 REDIS_PY = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
 
@@ -34,3 +34,11 @@ def test_what_redis_py_refuses_is_refused(bad):
         REDIS_PY.pack("SET", "k", bad)
     with pytest.raises(DataError):
         RespPacker().pack("SET", "k", bad)
+
+
+def test_pieces_are_sent_as_the_one_argument_they_join_into_a_long_piece_unjoined():
+    long = bytes(range(256)) * 1000
+    for pieces in ((b"\x05\x00\x00\x00", b"hello", bytes(range(256)) * 100), (b"\x05\x00\x00\x00", b"hello", long)):
+        packed = RespPacker().pack("SET", "k", Pieces(pieces), "NX")
+        assert b"".join(packed) == b"".join(REDIS_PY.pack("SET", "k", b"".join(pieces), "NX"))
+    assert len(packed) == 3 and packed[1] is long  # the long piece is sent as it is, never copied

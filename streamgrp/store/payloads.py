@@ -1,0 +1,173 @@
+"""Where a sample's payload lives on the server, and the one way to write and read it.
+
+Owns the payload layout of a run: the key names, the framing of a stored payload, the staging write
+and every read of live payloads. A run records its layout when it is created (``payload_layout`` in
+its record, `streamgrp.config.RunConfig`):
+
+``keys`` (runs this version creates)
+    The payload of slot entry id ``I`` of a partition is the string key ``<payloads>:<I>`` (``<payloads>``:
+    the partition's payloads stream's name, so the same hash tag and cluster slot as its slot log), whose
+    value is `frame` d: a 4-byte little-endian header length, the header, the blob. A writer stages each
+    payload with ``SET <payloads>:staged:<128-bit hex> value NX PX ttl`` and, in the same pipeline, calls
+    the publishing function with the staged keys; the function checks every staged key exists before its
+    first write, appends the slot headers and RENAMEs each staged key to its slot entry's payload key (and
+    PERSISTs it). So payload bytes never pass through Lua, and a refused call or a writer killed between
+    the two commands leaves only a staged key that expires by itself.
+``stream`` (runs recorded without the field: older versions, golden logs, archives)
+    The payload is an entry of the payloads stream at its slot entry's id (``h``, ``b``), written by
+    ``publish.lua`` and read with XRANGE, exactly as those versions did.
+
+Either way a reader gets each payload as the fields a payloads-stream entry has (``{b"h": header,
+b"b": blob}``), so replay, verify, the loader and the archive do not know which layout a run has. A payload
+key can be written by a role directly (a worker may RENAME under ``<payloads>:*``), like a stream entry
+could: it is checked where it is read, against the digest its slot result and the step's manifest carry.
+Deliberately ignores what a payload means: it frames and moves bytes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+if TYPE_CHECKING:  # the names module (streamgrp.store.keys) imports this one, and must stay free of redis
+    import redis
+
+    from streamgrp.store.streams import Retry
+
+__all__ = ["KEYS", "STAGED_TTL_MS", "STREAM", "Layout", "entry_fetch", "frame", "key", "pattern", "read", "stage",
+           "staged_key", "staged_pattern", "stream", "unframe", "unlink"]
+
+#: The run stores each payload in a key of its own (this version's runs).
+KEYS = "keys"
+#: The run stores payloads as entries of its payloads stream (runs recorded before the layout existed).
+STREAM = "stream"
+Layout = Literal["keys", "stream"]
+
+#: How long a staged payload lives unless a publish takes it: far beyond any pipeline's round trip,
+#: short enough that what a killed writer staged does not pile up.
+STAGED_TTL_MS = 600_000
+#: Payload keys per GET round trip (bounds one reply's memory as `streamgrp.store.streams.READ_CHUNK` does).
+READ_CHUNK = 64
+
+_LENGTH = struct.Struct("<I")
+
+
+def key(payloads: str, entry_id: str) -> str:
+    """The key of the payload of slot entry ``entry_id`` of the partition whose payloads stream is ``payloads``."""
+    return f"{payloads}:{_canonical(entry_id)}"
+
+
+def staged_key(payloads: str) -> str:
+    """A fresh staging key (128 random bits: no two writers ever pick the same)."""
+    return f"{payloads}:staged:{secrets.token_hex(16)}"
+
+
+def staged_pattern(payloads: str) -> str:
+    """Every staging key of a partition, as an ACL key pattern."""
+    return f"{payloads}:staged:*"
+
+
+def pattern(payloads: str) -> str:
+    """Every payload key (and staging key) of a partition, as an ACL or SCAN pattern; never the stream itself."""
+    return f"{payloads}:*"
+
+
+def frame(header: bytes, blob: bytes) -> bytes:
+    """The stored value of a payload: header length (4 bytes, little-endian), header, blob."""
+    return b"".join((_LENGTH.pack(len(header)), header, blob))
+
+
+def unframe(value: bytes | memoryview, *, views: bool = False) -> dict[bytes, Any] | None:
+    """A stored value as a payload entry's fields (``h``, ``b``); None when it is not a framed payload.
+    ``views``: the blob as a memoryview of ``value`` (no copy), for a reader that only reads it."""
+    if len(value) < _LENGTH.size:
+        return None
+    (length,) = _LENGTH.unpack_from(value)
+    if _LENGTH.size + length > len(value):
+        return None
+    view = memoryview(value)
+    header = bytes(view[_LENGTH.size:_LENGTH.size + length])
+    blob = view[_LENGTH.size + length:]
+    return {b"h": header, b"b": blob if views else bytes(blob)}
+
+
+def stage(pipe: Any, payloads: str, header: bytes, blob: bytes, *, ttl_ms: int = STAGED_TTL_MS) -> str:
+    """Queue on ``pipe`` the staging write of one payload; returns its staging key (for the function's KEYS).
+    Through streamgrp's own packer (a single server) the frame is joined only into the command: a long
+    sample's bytes are copied once in the writer, as when they were a function's argument."""
+    from streamgrp.store.resp import Pieces, RespPacker
+
+    staged = staged_key(payloads)
+    pool = getattr(pipe, "connection_pool", None)
+    spliced = isinstance(getattr(pool, "connection_kwargs", {}).get("command_packer"), RespPacker)
+    value = Pieces((_LENGTH.pack(len(header)), header, blob)) if spliced else frame(header, blob)
+    pipe.set(staged, value, nx=True, px=ttl_ms)
+    return staged
+
+
+def read(client: redis.Redis, payloads: str, ids: Sequence[str], *,
+         views: bool = False) -> list[dict[bytes, Any] | None]:
+    """The payload of each slot entry id (``payloads``: the partition's payloads stream's name), in order,
+    None where there is none (never written, deleted by retention, or not a framed payload)."""
+    return list(stream(client, payloads, ids, views=views))
+
+
+def stream(client: redis.Redis, payloads: str, ids: Sequence[str], *,
+           views: bool = False) -> Iterator[dict[bytes, Any] | None]:
+    """`read`, chunk by chunk (one MGET each), so a caller may start on the first payloads early."""
+    for start in range(0, len(ids), READ_CHUNK):
+        chunk = [key(payloads, entry_id) for entry_id in ids[start:start + READ_CHUNK]]
+        for value in cast("list[bytes | None]", client.mget(chunk)):  # streamgrp's clients read bytes
+            yield unframe(value, views=views) if value is not None else None
+
+
+def entry_fetch(client: redis.Redis, stream_key: Callable[[str], str], layout: str, *,
+                retry: Retry | None = None) -> Callable[[str, Sequence[str]], Iterable[dict[bytes, Any] | None]]:
+    """A loader's ``fetch(stream, ids)`` over the server (`streamgrp.train.loader`): a ``keys``-layout run's
+    payloads from their keys (blobs as views of the reply, no copy), every other stream's entries with
+    `streamgrp.store.streams.stream_entries`; ``stream_key`` names a stream's key (``payloads@1``...)."""
+    from streamgrp.store.streams import stream_entries
+
+    def fetch(name: str, ids: Sequence[str]) -> Iterable[dict[bytes, Any] | None]:
+        key = stream_key(name)
+        if layout == KEYS and name.partition("@")[0] == "payloads":
+            return stream(client, key, list(ids), views=True)
+        return stream_entries(client, key, list(ids), **({"retry": retry} if retry is not None else {}))
+    return fetch
+
+
+def unlink(client: redis.Redis, payloads: str, ids: Iterable[str]) -> int:
+    """Delete the payload keys of these slot entry ids (retention, behind the archive); returns how many were there."""
+    removed = 0
+    chunk: list[str] = []
+    for entry_id in ids:
+        chunk.append(key(payloads, entry_id))
+        if len(chunk) == 512:
+            removed += int(client.unlink(*chunk))
+            chunk = []
+    if chunk:
+        removed += int(client.unlink(*chunk))
+    return removed
+
+
+def trim_below(client: redis.Redis, slots: str, payloads: str, floor: str, *, page: int = 1000) -> int:
+    """Delete the payload keys of the slot log's entries before ``floor`` (retention, just before it trims the
+    slot log to that floor; a key outlives its slot entry never). Returns how many keys were there."""
+    removed, start = 0, "-"
+    while True:
+        entries = cast("list[tuple[bytes, Any]]", client.xrange(slots, start, f"({floor}", count=page))
+        if not entries:
+            return removed
+        ids = [_canonical(raw_id) for raw_id, _ in entries]
+        removed += unlink(client, payloads, ids)
+        if len(entries) < page:
+            return removed
+        start = f"({ids[-1]}"
+
+
+def _canonical(entry_id: str | bytes) -> str:
+    """An entry id as XADD returns it (``ms-seq``): ``5`` is ``5-0``."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return text if "-" in text else f"{text}-0"
