@@ -110,8 +110,13 @@ def check_size(items: Iterable[tuple[Any, Any]], max_entry_bytes: int) -> bool:
     text = False
     for key, value in items:
         if key.__class__ is not bytes or value.__class__ is not bytes:
-            _check_field_types(key, value)
-            text = True
+            if value.__class__ is memoryview and key == BLOB:
+                # the tensors' bytes as a view of a reply (a payload key's, `streamgrp.store.payloads`): read in
+                # place; a header is parsed as text, so it stays bytes
+                value = _byte_view(value)
+            else:
+                _check_field_types(key, value)
+                text = True
         size += len(key) + len(value)
     if size <= max_entry_bytes and text:
         # A str counted its characters, a lower bound; count the UTF-8 bytes the server holds.
@@ -136,6 +141,14 @@ def header_and_blob(fields: Any, text: bool) -> tuple[bytes, bytes]:
     if raw_header is None:
         raise DecodeError("missing_field", f"entry has no {HEADER.decode()!r} header field (fields: {field_names(fields)})")
     return raw_header, b"" if blob is None else blob
+
+
+def _byte_view(value: memoryview) -> memoryview:
+    """``value`` if it is a flat view of bytes (what `len` counts as bytes); refuses any other view."""
+    if value.ndim != 1 or value.itemsize != 1 or not value.c_contiguous:
+        raise DecodeError("bad_fields", f"a field value is a {value.ndim}-dimensional memoryview of {value.format!r} "
+                          "items, expected bytes")
+    return value
 
 
 def _check_field_types(key: Any, value: Any) -> None:

@@ -77,7 +77,7 @@ def refuse_untrainable(client: redis.Redis, payloads: str, decoded: list[Decoded
     for start in range(0, len(samples), PAYLOAD_READ_CHUNK):
         chunk = samples[start:start + PAYLOAD_READ_CHUNK]
         ids = [decoded[at][0] for at in chunk]
-        read = payload_store.read(client, payloads, ids) if layout == payload_store.KEYS \
+        read = payload_store.read(client, payloads, ids, views=True) if layout == payload_store.KEYS \
             else read_entries(client, payloads, ids)
         for at, payload in zip(chunk, read):
             entry_id, fields, event = decoded[at]

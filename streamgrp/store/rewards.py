@@ -164,7 +164,7 @@ class RewardClient:
         if not waiting:
             return []
         ids = [entry_id for entry_id, _ in waiting]
-        found = payloads.read(self.client, part.payloads, ids) if self.layout == payloads.KEYS \
+        found = payloads.read(self.client, part.payloads, ids, views=True) if self.layout == payloads.KEYS \
             else read_entries(self.client, part.payloads, ids)
         out = []
         for (entry_id, result), fields in zip(waiting, found):

@@ -321,3 +321,20 @@ def test_a_derived_event_built_wrong_is_refused_by_its_reader():
     with pytest.raises(DecodeError) as caught:
         codec.decode(fields)
     assert caught.value.reason == "wrong_type"
+
+
+def test_a_payload_blob_read_in_place_decodes_as_its_bytes_do():
+    """A payload key's blob reaches the assembler's check as a view of the reply (no copy): it decodes to the
+    same event as the bytes, and a view that is not flat bytes is refused, not read."""
+    fields = codec.encode(slot_event())
+    arena = b"xx" + fields[codec.BLOB] + b"yy"
+    viewed = {codec.HEADER: fields[codec.HEADER], codec.BLOB: memoryview(arena)[2:-2]}
+    assert codec.decode(viewed) == codec.decode(fields)
+    short = {codec.HEADER: fields[codec.HEADER], codec.BLOB: memoryview(arena)[2:-3]}
+    with pytest.raises(DecodeError) as refused:
+        codec.decode(short)
+    assert refused.value.reason == "length_mismatch"
+    wide = {codec.HEADER: fields[codec.HEADER], codec.BLOB: memoryview(fields[codec.BLOB]).cast("I")}
+    with pytest.raises(DecodeError) as refused:
+        codec.decode(wide)
+    assert refused.value.reason == "bad_fields"
