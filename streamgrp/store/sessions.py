@@ -46,6 +46,7 @@ from streamgrp.core.events import (
 )
 from streamgrp.errors import DecodeError, SessionRefused
 from streamgrp.store import loop_client, payloads, scripts
+from streamgrp.store.connection import ride
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, session_partition
 from streamgrp.store.runs import recorded_layout
 from streamgrp.store.streams import entry_id_str, entry_size, read_entries
@@ -211,7 +212,11 @@ class SessionStore:
 
     def _end_staged(self, part: PartitionKeys, keys: list[str], args: Sequence[object]) -> object:
         """session_end.lua with the payload staged in the same pipeline (`streamgrp.store.payloads`): the
-        function's arguments carry no payload byte."""
+        function's arguments carry no payload byte. Sent again through an outage, staged afresh (a pipeline's
+        replies hold its connection errors, which the client's own riding never sees)."""
+        return ride(self.client, lambda: self._end_staged_once(part, keys, args))
+
+    def _end_staged_once(self, part: PartitionKeys, keys: list[str], args: Sequence[object]) -> object:
         header, blob = args[5], args[6]
         assert isinstance(header, bytes) and isinstance(blob, bytes)
         for attempt in range(2):

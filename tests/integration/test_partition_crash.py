@@ -18,7 +18,7 @@ from processes import RoleProcess, wait_until
 
 from streamgrp.config import RunConfig
 from streamgrp.core import codec
-from streamgrp.core.events import GroupDecided
+from streamgrp.core.events import GroupDecided, SlotResult
 from streamgrp.store.connection import connect
 from streamgrp.store.keys import ASSEMBLER_GROUP, task_partition
 from streamgrp.store.runs import join_run
@@ -101,3 +101,34 @@ def test_sigkill_a_partitions_assembler_and_another_partitions_node_loses_and_do
         every.update(tasks)
     assert every == Counter({event.task_id: 1 for event in issued})
     assert assemblers[1].starts == 2 and own_cluster.processes[own_cluster.ports.index(victim_node)].poll() is None
+
+
+def test_a_publish_whose_node_is_down_rides_the_outage_and_lands_once(own_cluster, run_name):
+    """A keys-layout publish is one pipeline (the staged payloads and the function); a cluster pipeline hands
+    back a dead node's connection error as a reply instead of raising it, so the worker rides the outage
+    itself: it neither dies nor loses the results, and they land once the node is back."""
+    import threading
+
+    from streamgrp.services.synthetic import make_sample
+    from streamgrp.services.worker_client import WorkerClient
+
+    client = connect(own_cluster.url, cluster=True)
+    run = join_run(client, run_name, RunConfig(n_samples=2))
+    [task] = TaskIssuer(client, run.keys).issue([{}])
+    worker = WorkerClient(client, run.keys)
+    [taken] = worker.take(1, block_ms=None)
+    port = client.get_node_from_key(run.keys.slots).port
+    outages = client.outage.count
+    own_cluster.kill(port)
+    restart = threading.Timer(1.0, own_cluster.restart, [port])
+    restart.start()
+    try:
+        ids = worker.publish_many([(task.task_id, slot, make_sample(tokens=32)) for slot in range(2)], done=[taken])
+    finally:
+        restart.join()
+    assert client.outage.count > outages
+    # The group log holds the task's own entry too: only its slot results count.
+    results = {entry_id.decode(): event for entry_id, fields in client.xrange(run.keys.slots)
+               if isinstance(event := codec.decode(fields), SlotResult) and event.task_id == task.task_id}
+    assert sorted(event.slot for event in results.values()) == [0, 1]
+    assert sorted(ids) == sorted(results)

@@ -57,12 +57,18 @@ def test_the_publish_call_carries_no_payload_byte(client, make_run, issuer, redi
     seen: list[bytes] = []
     ready = threading.Event()
 
+    ours = run.keys.payloads.encode()
+
     def watch() -> None:
+        # MONITOR shows every client's commands (the server may be shared with other tests): only this run's.
         with client.monitor() as monitor:
             ready.set()
             for command in monitor.listen():
-                seen.append(command["command"].encode() if isinstance(command["command"], str) else command["command"])
-                if command["command"].upper().startswith("FCALL "):
+                text = command["command"].encode() if isinstance(command["command"], str) else command["command"]
+                if ours not in text:
+                    continue
+                seen.append(text)
+                if text.upper().startswith(b"FCALL "):
                     return
 
     thread = threading.Thread(target=watch, daemon=True)
