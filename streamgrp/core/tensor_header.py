@@ -211,7 +211,10 @@ def from_view(model: Any, view: Any, blob: bytes, used: list[int]) -> Any:
             start = used[0]
             used[0] = span(item.raw, len(blob), start)
             used[1] += 1
-            values[name] = RawArray(dtype=item.raw.dtype, shape=item.raw.shape, data=blob[start:used[0]])
+            data = blob[start:used[0]]
+            if data.__class__ is not bytes:  # a view of a reply (a payload key's): the tensor's bytes, copied once
+                data = bytes(data)
+            values[name] = RawArray(dtype=item.raw.dtype, shape=item.raw.shape, data=data)
         else:
             values[name] = from_view(nested, item, blob, used)
     return model(**values)
