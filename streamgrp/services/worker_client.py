@@ -21,7 +21,7 @@ from streamgrp.core.events import Sample, SlotResult, TaskIssued
 from streamgrp.core.values import RewardLater
 from streamgrp.errors import ConfigError, DecodeError
 from streamgrp.store import payloads, scripts
-from streamgrp.store.connection import ride, wait_for_replicas
+from streamgrp.store.connection import wait_for_replicas
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
 from streamgrp.store.limits import MAX_RESULTS
@@ -233,34 +233,14 @@ class WorkerClient:
         return ids
 
     def _publish_staged(self, part: PartitionKeys, head: list[Any], chunk: list[tuple[bytes, bytes, bytes]]) -> list[Any]:
-        """One publish of a keys-layout run: each payload staged with SET NX PX and the function that takes
-        them, in one pipeline (`streamgrp.store.payloads`); the function's arguments hold no payload byte.
-        Sent again through an outage, staged afresh: a pipeline's replies hold its connection errors instead
-        of raising them, so the client's own riding never sees them (a first attempt whose reply was lost
-        is folded as a duplicate; its staged keys, if the function never took them, expire)."""
-        return ride(self.client, lambda: self._publish_staged_once(part, head, chunk))
-
-    def _publish_staged_once(self, part: PartitionKeys, head: list[Any],
-                             chunk: list[tuple[bytes, bytes, bytes]]) -> list[Any]:
-        for attempt in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            staged = [payloads.stage(pipe, part.payloads, payload_header, blob)
-                      for _, payload_header, blob in chunk if payload_header]
-            args = [*head, *(item for header, payload_header, _ in chunk for item in (header, b"1" if payload_header
-                                                                                       else b""))]
-            self._publish_keys(keys=[part.slots, part.payloads, part.tasks, *staged], args=args,
-                               client=pipe)
-            replies = pipe.execute(raise_on_error=False)
-            reply = replies[-1]
-            if isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower() and not attempt:
-                scripts.forget_loaded()  # the server lost the library (restarted empty): load it, stage again
-                scripts.ensure_library(self.client)
-                continue
-            for outcome in replies:
-                if isinstance(outcome, Exception):
-                    raise outcome
-            return reply
-        raise AssertionError("unreachable")
+        """One publish of a keys-layout run: each payload staged and the function that takes them, in one
+        pipeline (`streamgrp.store.payloads.call_staged`); the function's arguments hold no payload byte."""
+        args = [*head, *(item for header, payload_header, _ in chunk for item in (header, b"1" if payload_header
+                                                                                   else b""))]
+        return payloads.call_staged(
+            self.client, part.payloads, [(payload_header, blob) for _, payload_header, blob in chunk if payload_header],
+            lambda staged, pipe: self._publish_keys(keys=[part.slots, part.payloads, part.tasks, *staged], args=args,
+                                                    client=pipe))
 
     def _publish_stream(self, part: PartitionKeys, head: list[Any], chunk: list[tuple[bytes, bytes, bytes]],
                         acks: bool, results: Sequence[tuple[str, int, SlotOutcome]]) -> list[Any]:

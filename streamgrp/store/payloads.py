@@ -93,6 +93,39 @@ def unframe(value: bytes | memoryview, *, views: bool = False) -> dict[bytes, An
     return {b"h": header, b"b": blob if views else bytes(blob)}
 
 
+def call_staged(client: redis.Redis, payloads: str, frames: Sequence[tuple[bytes, bytes]],
+                call: Callable[[list[str], Any], None]) -> Any:
+    """Stage each (header, blob) of ``frames`` and queue ``call(staged keys, pipe)`` (the server function that
+    takes them) in one pipeline; returns the function's reply and raises any error reply.
+
+    A server that lost streamgrp's library (restarted empty) gets it again and the payloads are staged afresh;
+    an outage is ridden the same way: a pipeline's replies hold its connection errors instead of raising them,
+    so the client's own riding never sees them. A first attempt whose reply was lost is folded as a duplicate,
+    and staged keys the function never took expire."""
+    import redis
+
+    from streamgrp.store import scripts
+    from streamgrp.store.connection import ride
+
+    def attempt() -> Any:
+        for retry in range(2):
+            pipe = client.pipeline(transaction=False)
+            call([stage(pipe, payloads, header, blob) for header, blob in frames], pipe)
+            replies = pipe.execute(raise_on_error=False)
+            reply = replies[-1]
+            if isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower() and not retry:
+                scripts.forget_loaded()
+                scripts.ensure_library(client)
+                continue
+            for outcome in replies:
+                if isinstance(outcome, Exception):
+                    raise outcome
+            return reply
+        raise AssertionError("unreachable")
+
+    return ride(client, attempt)
+
+
 def stage(pipe: Any, payloads: str, header: bytes, blob: bytes, *, ttl_ms: int = STAGED_TTL_MS) -> str:
     """Queue on ``pipe`` the staging write of one payload; returns its staging key (for the function's KEYS).
     Through streamgrp's own packer (a single server) the frame is joined only into the command: a long

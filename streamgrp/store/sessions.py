@@ -46,7 +46,6 @@ from streamgrp.core.events import (
 )
 from streamgrp.errors import DecodeError, SessionRefused
 from streamgrp.store import loop_client, payloads, scripts
-from streamgrp.store.connection import ride
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, session_partition
 from streamgrp.store.runs import recorded_layout
 from streamgrp.store.streams import entry_id_str, entry_size, read_entries
@@ -211,31 +210,16 @@ class SessionStore:
         return outcome, _text(self._call(self._end, keys, args))
 
     def _end_staged(self, part: PartitionKeys, keys: list[str], args: Sequence[object]) -> object:
-        """session_end.lua with the payload staged in the same pipeline (`streamgrp.store.payloads`): the
-        function's arguments carry no payload byte. Sent again through an outage, staged afresh (a pipeline's
-        replies hold its connection errors, which the client's own riding never sees)."""
-        return ride(self.client, lambda: self._end_staged_once(part, keys, args))
-
-    def _end_staged_once(self, part: PartitionKeys, keys: list[str], args: Sequence[object]) -> object:
+        """session_end.lua with the payload staged in the same pipeline (`streamgrp.store.payloads.call_staged`):
+        the function's arguments carry no payload byte."""
         header, blob = args[5], args[6]
         assert isinstance(header, bytes) and isinstance(blob, bytes)
-        for attempt in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            staged = payloads.stage(pipe, part.payloads, header, blob)
-            self._end(keys=[*keys, staged], args=[*args[:5], b"", b"", args[7]], client=pipe)
-            staging, reply = pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower() and not attempt:
-                scripts.forget_loaded()  # the server lost the library: load it again, stage again
-                scripts.ensure_library(self.client)
-                continue
-            if isinstance(staging, Exception):
-                raise staging
-            if isinstance(reply, redis.ResponseError):
-                raise self._refusal(reply)
-            if isinstance(reply, Exception):
-                raise reply
-            return reply
-        raise AssertionError("unreachable")
+        try:
+            return payloads.call_staged(
+                self.client, part.payloads, [(header, blob)],
+                lambda staged, pipe: self._end(keys=[*keys, *staged], args=[*args[:5], b"", b"", args[7]], client=pipe))
+        except redis.ResponseError as exc:
+            raise self._refusal(exc) from None
 
     # -- reads ------------------------------------------------------------------------------------------------
 
