@@ -156,7 +156,7 @@ def issue_tasks(client, run, task_ids: list[str], chunk: int = 500) -> None:
 
     issuer = TaskIssuer(client, run.keys, producer="bench-issuer")
     for i in range(0, len(task_ids), chunk):
-        part = task_ids[i:i + chunk]
+        part = task_ids[i : i + chunk]
         issuer.issue([{}] * len(part), task_ids=part)
 
 
@@ -183,8 +183,9 @@ def wait_folded(client, run, expected: int, timeout: float) -> None:
     raise RuntimeError(f"the assembler did not read the {expected} issued tasks within {timeout:g}s")
 
 
-def observe(url: str, stream: str, expected: int, seen: list, done: threading.Event,
-            timeout: float) -> threading.Thread:
+def observe(
+    url: str, stream: str, expected: int, seen: list, done: threading.Event, timeout: float
+) -> threading.Thread:
     """A thread blocked in XREAD on ``stream`` until ``expected`` entries arrived: appends (entry id,
     fields, wall time received) to ``seen``, then sets ``done``."""
     from streamgrp.store.runs import connect

@@ -52,7 +52,8 @@ def _rank(rank: int, port: int, calls: int, results) -> None:
     figures = {
         "baseline: any_rank (int32[1] MAX)": _timed(lambda: collectives.any_rank(False), calls),
         "agreement: GroupVote.step (int64[7] MAX, checked)": _timed(
-            lambda: vote.step(leaving=False, attempt=3, step=41, digest=123456789), calls),
+            lambda: vote.step(leaving=False, attempt=3, step=41, digest=123456789), calls
+        ),
         "for scale: toy gradient (float32[648] SUM)": _timed(lambda: dist.all_reduce(gradient), calls),
     }
     if rank == 0:
@@ -66,12 +67,17 @@ def _digest_cost(calls: int) -> list[float]:
     from streamgrp.train.agreement import manifest_digest
 
     def group(i: int) -> ShardGroup:
-        members = tuple(Member(slot=s, entry=f"{1700000000000 + i}-{s}", rows=1, tokens=512, version=41)
-                        for s in range(8))
-        return ShardGroup(task_id=f"task-{i}", decision_entry=f"{1700000000000 + i}-0", members=members, digest="0" * 32)
+        members = tuple(
+            Member(slot=s, entry=f"{1700000000000 + i}-{s}", rows=1, tokens=512, version=41) for s in range(8)
+        )
+        return ShardGroup(
+            task_id=f"task-{i}", decision_entry=f"{1700000000000 + i}-0", members=members, digest="0" * 32
+        )
 
-    shards = tuple(Shard(rank=r, groups=tuple(group(32 * r + i) for i in range(32)), tokens=131072, digest="1" * 32)
-                   for r in range(2))
+    shards = tuple(
+        Shard(rank=r, groups=tuple(group(32 * r + i) for i in range(32)), tokens=131072, digest="1" * 32)
+        for r in range(2)
+    )
     manifest = StepManifest(step=41, version=42, shards=shards, imbalance=1.0, created_at=0.0, producer="bench", seq=1)
     return _timed(lambda: manifest_digest(manifest), calls)
 

@@ -58,11 +58,18 @@ def real_groups(args) -> list[int]:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedServer(Path(tmp)) as server:
         client = connect(server.url)
         run = join_run(client, "bench-batches", RunConfig(n_samples=4, group_timeout_s=600.0))
-        prompts = [{"tokens": max(16, min(4096, int(rng.lognormvariate(5.5, 0.9)))), "reject_rate": 0.15,
-                    "seed": rng.randrange(10**6)} for _ in range(args.groups)]
+        prompts = [
+            {
+                "tokens": max(16, min(4096, int(rng.lognormvariate(5.5, 0.9)))),
+                "reject_rate": 0.15,
+                "seed": rng.randrange(10**6),
+            }
+            for _ in range(args.groups)
+        ]
         TaskIssuer(client, run.keys).issue(prompts)
-        WorkerProcess(WorkerClient(client, run.keys), synthetic_rollout, WorkerConfig(burst=True, concurrency=4),
-                      n_samples=4).run()
+        WorkerProcess(
+            WorkerClient(client, run.keys), synthetic_rollout, WorkerConfig(burst=True, concurrency=4), n_samples=4
+        ).run()
         Assembler(client, run, AssemblerConfig()).run(burst=True)
         weights = []
         for _, fields in client.xrange(run.keys.decisions):
@@ -74,9 +81,11 @@ def real_groups(args) -> list[int]:
 
 
 def balance_table(weights: list[int], batch_size: int) -> None:
-    batches = [weights[i:i + batch_size] for i in range(0, len(weights) - batch_size + 1, batch_size)]
-    print(f"1. shard imbalance over {len(batches)} batches of {batch_size} real groups "
-          f"(group tokens: median {statistics.median(weights):.0f}, max {max(weights)})")
+    batches = [weights[i : i + batch_size] for i in range(0, len(weights) - batch_size + 1, batch_size)]
+    print(
+        f"1. shard imbalance over {len(batches)} batches of {batch_size} real groups "
+        f"(group tokens: median {statistics.median(weights):.0f}, max {max(weights)})"
+    )
     print(f"   {'ranks':>5} {'method':<12} {'mean':>8} {'worst':>8}   {'vs round-robin':>14} {'vs greedy':>10}")
     for ranks in (2, 4, 8):
         results = {}
@@ -86,7 +95,9 @@ def balance_table(weights: list[int], batch_size: int) -> None:
         for name, (mean, worst) in results.items():
             excess = mean - 1
             vs_rr = f"{excess / (results['round-robin'][0] - 1):.2f}x" if name == "balanced" else ""
-            vs_greedy = f"{excess / (results['greedy'][0] - 1):.2f}x" if name == "balanced" and results['greedy'][0] > 1 else ""
+            vs_greedy = (
+                f"{excess / (results['greedy'][0] - 1):.2f}x" if name == "balanced" and results["greedy"][0] > 1 else ""
+            )
             print(f"   {ranks:>5} {name:<12} {mean:>8.4f} {worst:>8.4f}   {vs_rr:>14} {vs_greedy:>10}")
     print("   (the 'vs' columns compare the excess over perfect balance, mean - 1)")
 
@@ -97,23 +108,42 @@ def demo_waits(steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
         devnull = open("/dev/null", "w")
-        summary = run_demo(ConnectionConfig(data_dir=Path(tmp)), RunConfig(n_samples=6, batch_size=8,
-                           max_staleness=1, group_timeout_s=30.0, reward_norm=NormSpec("group", "group"),
-                           stall_timeout_s=120.0), DemoConfig(steps=steps), out=devnull, err=devnull)
+        summary = run_demo(
+            ConnectionConfig(data_dir=Path(tmp)),
+            RunConfig(
+                n_samples=6,
+                batch_size=8,
+                max_staleness=1,
+                group_timeout_s=30.0,
+                reward_norm=NormSpec("group", "group"),
+                stall_timeout_s=120.0,
+            ),
+            DemoConfig(steps=steps),
+            out=devnull,
+            err=devnull,
+        )
         server = EmbeddedServer(Path(tmp))
         url = server.start()
         client = connect(url)
         from streamgrp.store.keys import RunKeys
 
-        by_step = {int(k): orjson.loads(v)["wait_s"] for k, v in client.hgetall(RunKeys(summary["run"]).trainer_metrics).items()}
+        by_step = {
+            int(k): orjson.loads(v)["wait_s"]
+            for k, v in client.hgetall(RunKeys(summary["run"]).trainer_metrics).items()
+        }
         waits = [by_step[step] for step in sorted(by_step)]
         client.close()
         server.stop()
     cut = sorted(waits[1:])  # the first wait includes process start-up and the first rollouts
-    print(f"2. trainer rank 0 wait for its next batch, demo with {steps} steps, 2 ranks, 3 workers "
-          f"({time.monotonic() - started:.0f}s):")
-    print(f"   step 0 {waits[0] if waits else float('nan'):.3f}s (rank start-up overlaps the first rollouts); later steps p50 {statistics.median(cut):.3f}s, "
-          f"p90 {cut[int(0.9 * (len(cut) - 1))]:.3f}s, max {max(cut):.3f}s")
+    print(
+        f"2. trainer rank 0 wait for its next batch, demo with {steps} steps, 2 ranks, 3 workers "
+        f"({time.monotonic() - started:.0f}s):"
+    )
+    print(
+        f"   step 0 {waits[0] if waits else float('nan'):.3f}s (rank start-up overlaps the first rollouts); "
+        f"later steps p50 {statistics.median(cut):.3f}s, "
+        f"p90 {cut[int(0.9 * (len(cut) - 1))]:.3f}s, max {max(cut):.3f}s"
+    )
 
 
 def main() -> None:

@@ -165,25 +165,32 @@ def bench_fold(args: argparse.Namespace) -> None:
         gc.enable()
     decode_s, _ = time_runs(decode_only, args.repeat)
     both_s, outputs_decoded = time_runs(decode_and_fold, args.repeat)
-    if [o.decision if isinstance(o, Closed) else o for o in outputs] != \
-       [o.decision if isinstance(o, Closed) else o for o in outputs_decoded]:
+    if [o.decision if isinstance(o, Closed) else o for o in outputs] != [
+        o.decision if isinstance(o, Closed) else o for o in outputs_decoded
+    ]:
         raise SystemExit("decoded events folded to different outputs than the originals")
 
     print(f"1. Fold throughput: {groups} groups x {N_SAMPLES} slots, {OPEN_GROUPS} open at a time, seed {args.seed}")
-    print(f"   entries: {len(entries)} = {counts['task_issued']} task_issued + {slot_events} slot results "
-          f"({counts['slot_sample']} sample of 256 tokens, {counts['slot_rejected']} rejected, "
-          f"{counts['slot_failed']} failed, {counts['slot_duplicate']} redelivered) + {counts['tick']} ticks")
+    print(
+        f"   entries: {len(entries)} = {counts['task_issued']} task_issued + {slot_events} slot results "
+        f"({counts['slot_sample']} sample of 256 tokens, {counts['slot_rejected']} rejected, "
+        f"{counts['slot_failed']} failed, {counts['slot_duplicate']} redelivered) + {counts['tick']} ticks"
+    )
     print(f"   outputs: {summarize(outputs)}")
     print(f"   (built and encoded in {built:.1f} s, not timed; median of {args.repeat} runs, gc on unless noted)")
     print()
     print(f"   {'path':<34}{'median s':>10}{'slot events/s':>15}{'entries/s':>12}{'us/entry':>10}")
-    for label, seconds in (("fold (run_fold, events in memory)", fold_s),
-                           ("  same, gc off", fold_nogc_s),
-                           ("codec.decode only", decode_s),
-                           ("codec.decode + fold", both_s)):
+    for label, seconds in (
+        ("fold (run_fold, events in memory)", fold_s),
+        ("  same, gc off", fold_nogc_s),
+        ("codec.decode only", decode_s),
+        ("codec.decode + fold", both_s),
+    ):
         median = statistics.median(seconds)
-        print(f"   {label:<34}{median:>10.3f}{slot_events / median:>15,.0f}{len(entries) / median:>12,.0f}"
-              f"{median / len(entries) * 1e6:>10.2f}")
+        print(
+            f"   {label:<34}{median:>10.3f}{slot_events / median:>15,.0f}{len(entries) / median:>12,.0f}"
+            f"{median / len(entries) * 1e6:>10.2f}"
+        )
     print()
 
 
@@ -194,25 +201,27 @@ def baseline_encode(event: SlotResultV1) -> bytes:
     """The same fields as one orjson document, tensors as Python lists."""
     sample = event.sample
     assert sample is not None
-    return orjson.dumps({
-        "schema_version": event.schema_version,
-        "producer": event.producer,
-        "seq": event.seq,
-        "kind": event.kind,
-        "task_id": event.task_id,
-        "slot": event.slot,
-        "outcome": event.outcome,
-        "error": event.error,
-        "sample": {
-            "token_ids": sample.token_ids.to_list(),
-            "loss_mask": sample.loss_mask.to_list(),
-            "logprobs": sample.logprobs.to_list(),
-            "row_lengths": sample.row_lengths,
-            "rewards": sample.rewards,
-            "version": sample.version,
-            "meta": sample.meta,
-        },
-    })
+    return orjson.dumps(
+        {
+            "schema_version": event.schema_version,
+            "producer": event.producer,
+            "seq": event.seq,
+            "kind": event.kind,
+            "task_id": event.task_id,
+            "slot": event.slot,
+            "outcome": event.outcome,
+            "error": event.error,
+            "sample": {
+                "token_ids": sample.token_ids.to_list(),
+                "loss_mask": sample.loss_mask.to_list(),
+                "logprobs": sample.logprobs.to_list(),
+                "row_lengths": sample.row_lengths,
+                "rewards": sample.rewards,
+                "version": sample.version,
+                "meta": sample.meta,
+            },
+        }
+    )
 
 
 def baseline_document(event: SlotResultV1) -> dict[str, Any]:
@@ -243,13 +252,16 @@ def median_us(fn: Callable[[], Any], repeat: int, run_s: float = 0.1) -> float:
 
 def bench_codec(args: argparse.Namespace) -> None:
     repeat = max(args.repeat, 5)
-    print(f"2. Codec: one SlotResult with a one-row sample (int32 tokens, uint8 mask, float32 logprobs); "
-          f"median us of {repeat} timeit runs of ~0.1 s")
+    print(
+        f"2. Codec: one SlotResult with a one-row sample (int32 tokens, uint8 mask, float32 logprobs); "
+        f"median us of {repeat} timeit runs of ~0.1 s"
+    )
     for tokens in (1024, 256):
         sample: Sample = make_sample(tokens=tokens, seed=args.seed, reward=0.25, version=3)
         # a schema-1 slot result (the sample inline): the tensor-carrying entry the codec is measured on
-        event = SlotResultV1(task_id="task-0001234", slot=2, outcome="sample", sample=sample,
-                             producer="worker-07", seq=123456)
+        event = SlotResultV1(
+            task_id="task-0001234", slot=2, outcome="sample", sample=sample, producer="worker-07", seq=123456
+        )
         fields = codec.encode(event)
         data = baseline_encode(event)
         document = baseline_document(event)
@@ -267,30 +279,48 @@ def bench_codec(args: argparse.Namespace) -> None:
 
         print()
         print(f"   {tokens} tokens        {'encode us':>10}{'decode us':>11}{'bytes':>9}")
-        print(f"   {'streamgrp codec':<19}{raw_enc:>10.2f}{raw_dec:>11.2f}{raw_size:>9,}"
-              f"   (header {header:,} + raw {blob:,} + 2 field names)")
-        print(f"   {'orjson lists':<19}{base_enc:>10.2f}{base_dec:>11.2f}{len(data):>9,}"
-              f"   (encode includes to_list; decode to a validated SlotResult)")
-        print(f"   {'  orjson only':<19}{base_dumps:>10.2f}{base_loads:>11.2f}{'':>9}"
-              f"   (dumps of prebuilt lists; loads only, no SlotResult)")
-        print(f"   {'ratio lists/codec':<19}{base_enc / raw_enc:>9.1f}x{base_dec / raw_dec:>10.1f}x"
-              f"{len(data) / raw_size:>8.1f}x   (full baseline over streamgrp)")
+        print(
+            f"   {'streamgrp codec':<19}{raw_enc:>10.2f}{raw_dec:>11.2f}{raw_size:>9,}"
+            f"   (header {header:,} + raw {blob:,} + 2 field names)"
+        )
+        print(
+            f"   {'orjson lists':<19}{base_enc:>10.2f}{base_dec:>11.2f}{len(data):>9,}"
+            f"   (encode includes to_list; decode to a validated SlotResult)"
+        )
+        print(
+            f"   {'  orjson only':<19}{base_dumps:>10.2f}{base_loads:>11.2f}{'':>9}"
+            f"   (dumps of prebuilt lists; loads only, no SlotResult)"
+        )
+        print(
+            f"   {'ratio lists/codec':<19}{base_enc / raw_enc:>9.1f}x{base_dec / raw_dec:>10.1f}x"
+            f"{len(data) / raw_size:>8.1f}x   (full baseline over streamgrp)"
+        )
     print()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=80_000,
-                        help="slot results to fold, before duplicates (groups = events / 4; default 80000)")
-    parser.add_argument("--repeat", type=int, default=5,
-                        help="timed runs per measurement; medians are reported (default 5, codec at least 5)")
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=80_000,
+        help="slot results to fold, before duplicates (groups = events / 4; default 80000)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="timed runs per measurement; medians are reported (default 5, codec at least 5)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of random.Random for the event order (default 0)")
     args = parser.parse_args(argv)
     if args.events < 1 or args.repeat < 1:
         parser.error("--events and --repeat must be positive")
     started = time.perf_counter()
-    print(f"streamgrp core benchmark: Python {platform.python_version()} ({platform.python_implementation()}), "
-          f"orjson {orjson.__version__}")
+    print(
+        f"streamgrp core benchmark: Python {platform.python_version()} ({platform.python_implementation()}), "
+        f"orjson {orjson.__version__}"
+    )
     print(f"machine: {platform.machine()} {platform.system()}, os.cpu_count() = {os.cpu_count()}")
     print()
     bench_fold(args)

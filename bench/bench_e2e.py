@@ -113,8 +113,9 @@ def _raw_producer(url: str, stream: str, tokens: int, task_ids: list[str], ready
     payloads = []
     for t, task_id in enumerate(task_ids):
         for slot in range(N_SAMPLES):
-            event, payload = codec.sample_result(task_id, slot, samples[(t * N_SAMPLES + slot) % SAMPLE_POOL],
-                                                 producer=name, seq=len(payloads))
+            event, payload = codec.sample_result(
+                task_id, slot, samples[(t * N_SAMPLES + slot) % SAMPLE_POOL], producer=name, seq=len(payloads)
+            )
             payloads.append({**payload, b"s": codec.encode(event)[codec.HEADER]})  # what one sample costs
     ready.put(("producer", os.getpid()))
     start.wait()
@@ -144,8 +145,16 @@ def _raw_consumer(url: str, stream: str, total: int, ready, results) -> None:
     results.put(("consumer", time.time(), acked, time.process_time() - cpu))
 
 
-def _sg_producer(url: str, run_name: str, tokens: int, task_ids: list[str], ready, start, results,
-                 group_interval_s: float | None = None) -> None:
+def _sg_producer(
+    url: str,
+    run_name: str,
+    tokens: int,
+    task_ids: list[str],
+    ready,
+    start,
+    results,
+    group_interval_s: float | None = None,
+) -> None:
     """Publish 4 slots per task through `WorkerClient.publish`; paced per group when an interval is given."""
     from streamgrp.services.worker import WorkerClient
     from streamgrp.store.keys import RunKeys
@@ -171,8 +180,9 @@ def _sg_producer(url: str, run_name: str, tokens: int, task_ids: list[str], read
         marks.append((task_id, entry_id, time.time()))
     finished = time.time()
     cpu = time.process_time() - cpu
-    results.put(("producer", began, finished, len(task_ids) * N_SAMPLES,
-                 marks if group_interval_s is not None else None, cpu))
+    results.put(
+        ("producer", began, finished, len(task_ids) * N_SAMPLES, marks if group_interval_s is not None else None, cpu)
+    )
 
 
 def _assembler(url: str, run_name: str, stop, ready, results, profile_path: str | None, gc_freeze: bool) -> None:
@@ -252,8 +262,10 @@ class Bench:
         ready, start, results = CTX.Queue(), CTX.Event(), CTX.Queue()
         total = self.groups * N_SAMPLES
         procs = [spawn(_raw_consumer, self.url, stream, total, ready, results)]
-        procs += [spawn(_raw_producer, self.url, stream, tokens, share, ready, start, results)
-                  for share in _shares(task_ids, workers)]
+        procs += [
+            spawn(_raw_producer, self.url, stream, tokens, share, ready, start, results)
+            for share in _shares(task_ids, workers)
+        ]
         try:
             wait_ready(ready, procs, len(procs), READY_TIMEOUT_S)
             server_cpu, busy = cpu_seconds(self.server_pid), machine_busy()
@@ -264,7 +276,7 @@ class Bench:
             join(procs)
             self.client.unlink(stream)
         producers = [r for r in replies if r[0] == "producer"]
-        (_, ended, acked, consumer_cpu), = [r for r in replies if r[0] == "consumer"]
+        ((_, ended, acked, consumer_cpu),) = [r for r in replies if r[0] == "consumer"]
         if acked != total:
             raise RuntimeError(f"raw consumer acknowledged {acked} of {total} entries")
         began = min(r[1] for r in producers)
@@ -307,8 +319,15 @@ class Bench:
         thread.start()
         return thread
 
-    def streamgrp(self, tokens: int, workers: int, *, paced_rate: float | None = None, groups: int | None = None,
-                  profile_path: str | None = None) -> dict:
+    def streamgrp(
+        self,
+        tokens: int,
+        workers: int,
+        *,
+        paced_rate: float | None = None,
+        groups: int | None = None,
+        profile_path: str | None = None,
+    ) -> dict:
         """Throughput (``paced_rate`` None) or paced latency run; returns the measurements."""
         groups = groups or self.groups
         label = f"{'lat' if paced_rate else 'tp'}{tokens}x{workers}{'p' if profile_path else ''}"
@@ -321,8 +340,10 @@ class Bench:
             wait_ready(ready, procs, 1, READY_TIMEOUT_S)
             wait_folded(self.client, run, groups, READY_TIMEOUT_S)
             interval = None if paced_rate is None else N_SAMPLES / paced_rate
-            procs += [spawn(_sg_producer, self.url, run.name, tokens, share, ready, start, results, interval)
-                      for share in _shares(task_ids, workers)]
+            procs += [
+                spawn(_sg_producer, self.url, run.name, tokens, share, ready, start, results, interval)
+                for share in _shares(task_ids, workers)
+            ]
             wait_ready(ready, procs, workers, READY_TIMEOUT_S)
             seen: list = []
             done = threading.Event()
@@ -345,7 +366,7 @@ class Bench:
             cpu["producers"] = sum(reply[5] for reply in replies)
             cpu["others"] = max(0.0, machine_busy() - busy - sum(cpu.values()))
             stop.set()
-            (_, written, gc_pauses), = collect(results, procs, 1, RUN_TIMEOUT_S)
+            ((_, written, gc_pauses),) = collect(results, procs, 1, RUN_TIMEOUT_S)
         finally:
             gc.enable()
             stop.set()
@@ -353,24 +374,33 @@ class Bench:
         counts = {k.decode(): int(v) for k, v in self.client.hgetall(run.keys.counts).items()}
         drop_run(self.client, run)
         if len(seen) != groups or written != groups or counts.get("decisions:complete") != groups:
-            raise RuntimeError(f"expected {groups} complete decisions; observed {len(seen)}, "
-                               f"assembler wrote {written}, "
-                               f"counts {counts}")
+            raise RuntimeError(
+                f"expected {groups} complete decisions; observed {len(seen)}, "
+                f"assembler wrote {written}, "
+                f"counts {counts}"
+            )
         began = min(r[1] for r in replies)
         published = max(r[2] for r in replies)
         # Only pauses inside the measured window (folding the pre-issued tasks at start-up also collects).
         gc_pauses["spans"] = [span for span in gc_pauses["spans"] if span[2] >= began]
         ended = max(t for _, _, t in seen)
-        out = {"slots": groups * N_SAMPLES, "seconds": ended - began, "rate": groups * N_SAMPLES / (ended - began),
-               "publish_rate": groups * N_SAMPLES / (published - began), "cpu": cpu, "gc": gc_pauses}
+        out = {
+            "slots": groups * N_SAMPLES,
+            "seconds": ended - began,
+            "rate": groups * N_SAMPLES / (ended - began),
+            "publish_rate": groups * N_SAMPLES / (published - began),
+            "cpu": cpu,
+            "gc": gc_pauses,
+        }
         if paced_rate is not None:
             out["latency"], out["slow"] = _latencies(replies, seen, gc_pauses["spans"], rewrites)
             out["rewrites"] = rewrites
         return out
 
 
-def _latencies(replies: list[tuple], seen: list, pauses: list[tuple[int, float, float]],
-               rewrites: list[tuple[float, float]]):
+def _latencies(
+    replies: list[tuple], seen: list, pauses: list[tuple[int, float, float]], rewrites: list[tuple[float, float]]
+):
     """Per-group latencies in ms, and the groups observed over 10 ms with whether an assembler GC
     pause, or a server AOF rewrite, overlapped their publish-to-observed window."""
     from streamgrp.core import codec
@@ -387,8 +417,13 @@ def _latencies(replies: list[tuple], seen: list, pauses: list[tuple[int, float, 
         decided.append((decision.decided_at - published) * 1000)
         observed.append((received - published) * 1000)
         if observed[-1] > 10:
-            slow.append((decision.task_id, any(b < received and e > published for _, b, e in pauses),
-                         any(b < received and e > published for b, e in rewrites)))
+            slow.append(
+                (
+                    decision.task_id,
+                    any(b < received and e > published for _, b, e in pauses),
+                    any(b < received and e > published for b, e in rewrites),
+                )
+            )
     return {"ids": ids, "decided": decided, "observed": observed}, slow
 
 
@@ -400,7 +435,7 @@ def _print_profile(path: str, top: int) -> None:
         lines = text.getvalue().splitlines()
         first = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls"))
         print(f"\nassembler cProfile, top {top} by {order} ({lines[first - 3].strip() if first >= 3 else ''}):")
-        print("\n".join(lines[first - 1:first + top + 1]))
+        print("\n".join(lines[first - 1 : first + top + 1]))
 
 
 # --------------------------------------------------------------------------- main
@@ -409,8 +444,9 @@ def _print_profile(path: str, top: int) -> None:
 def _entry_bytes(tokens: int) -> int:
     from streamgrp.core import codec
 
-    event, payload = codec.sample_result("tp1024x4-1999", 3, _samples(tokens)[0], producer="worker-host-12345-abcdef",
-                                         seq=1999)
+    event, payload = codec.sample_result(
+        "tp1024x4-1999", 3, _samples(tokens)[0], producer="worker-host-12345-abcdef", seq=1999
+    )
     return sum(len(k) + len(v) for fields in (codec.encode(event), payload) for k, v in fields.items())
 
 
@@ -423,8 +459,9 @@ def _us(seconds: float, count: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--groups", type=int, default=2000, help="tasks per throughput run (4 slots each)")
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024], help="tokens per sample")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4], help="producer processes")
@@ -432,11 +469,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="throughput runs per case (the median is reported)")
     parser.add_argument("--latency-seconds", type=float, default=5.0, help="length of each paced latency run")
     parser.add_argument("--load", type=float, default=0.5, help="latency run rate as a fraction of the best rate")
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="experiment: gc.freeze() in the assembler process after start-up "
-                             "(not what the library does)")
-    parser.add_argument("--profile", action="store_true",
-                        help="afterwards, re-run the largest case with the assembler under cProfile and print it")
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="experiment: gc.freeze() in the assembler process after start-up (not what the library does)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="afterwards, re-run the largest case with the assembler under cProfile and print it",
+    )
     parser.add_argument("--profile-top", type=int, default=25)
     args = parser.parse_args(argv)
 
@@ -447,12 +489,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bench = Bench(url, args.groups, server.pid if server else None, gc_freeze=args.gc_freeze)
         info = bench.client.info("server")
-        print(f"server: {info.get('server_name', 'redis')} {info.get('valkey_version', info.get('redis_version'))} "
-              f"({'embedded, appendonly everysec' if server else 'given URL'}); {os.cpu_count()} CPUs; "
-              f"{args.groups} groups x {N_SAMPLES} slots per throughput run; median of {args.repeat} runs\n"
-              f"slot entry sizes: {', '.join(f'{t} tokens {_entry_bytes(t):,} B' for t in args.tokens)}; "
-              f"1-min load average before start {load:.2f}"
-              f"{'; EXPERIMENT: assembler runs with gc.freeze()' if args.gc_freeze else ''}", flush=True)
+        print(
+            f"server: {info.get('server_name', 'redis')} {info.get('valkey_version', info.get('redis_version'))} "
+            f"({'embedded, appendonly everysec' if server else 'given URL'}); {os.cpu_count()} CPUs; "
+            f"{args.groups} groups x {N_SAMPLES} slots per throughput run; median of {args.repeat} runs\n"
+            f"slot entry sizes: {', '.join(f'{t} tokens {_entry_bytes(t):,} B' for t in args.tokens)}; "
+            f"1-min load average before start {load:.2f}"
+            f"{'; EXPERIMENT: assembler runs with gc.freeze()' if args.gc_freeze else ''}",
+            flush=True,
+        )
         cases = [(tokens, workers) for tokens in args.tokens for workers in args.workers]
         raws: dict = {case: [] for case in cases}
         sgs: dict = {case: [] for case in cases}
@@ -463,26 +508,34 @@ def main(argv: list[str] | None = None) -> int:
         slots = args.groups * N_SAMPLES
 
         print("\nthroughput, end to end (entries/s; median [min-max])")
-        print(f"{'tokens':>6} {'workers':>7} {'raw XADD->XACK':>22} {'streamgrp publish->decision':>28} "
-              f"{'publish only':>12} {'sg/raw':>6} {'goal>=0.5':>9}")
+        print(
+            f"{'tokens':>6} {'workers':>7} {'raw XADD->XACK':>22} {'streamgrp publish->decision':>28} "
+            f"{'publish only':>12} {'sg/raw':>6} {'goal>=0.5':>9}"
+        )
         best: dict[int, float] = {}
         for case in cases:
             raw = [r["rate"] for r in raws[case]]
             sg = [r["rate"] for r in sgs[case]]
             ratio = _median(sg) / _median(raw)
             best[case[0]] = max(best.get(case[0], 0.0), _median(sg))
-            print(f"{case[0]:>6} {case[1]:>7} {_median(raw):>8,.0f} [{min(raw):>5,.0f}-{max(raw):>6,.0f}] "
-                  f"{_median(sg):>14,.0f} [{min(sg):>5,.0f}-{max(sg):>6,.0f}] "
-                  f"{_median([r['publish_rate'] for r in sgs[case]]):>12,.0f} {ratio:>6.2f} "
-                  f"{'ok' if ratio >= 0.5 else 'MISSED':>9}")
+            print(
+                f"{case[0]:>6} {case[1]:>7} {_median(raw):>8,.0f} [{min(raw):>5,.0f}-{max(raw):>6,.0f}] "
+                f"{_median(sg):>14,.0f} [{min(sg):>5,.0f}-{max(sg):>6,.0f}] "
+                f"{_median([r['publish_rate'] for r in sgs[case]]):>12,.0f} {ratio:>6.2f} "
+                f"{'ok' if ratio >= 0.5 else 'MISSED':>9}"
+            )
 
-        print("\nCPU per entry during the throughput runs (microseconds of CPU per slot, mean over runs);\n"
-              f"cores = this bench's CPU-s / wall-s; others = cores used meanwhile by other processes on this "
-              f"{os.cpu_count()}-CPU machine;\nraw/sg CPU = CPU per raw entry / CPU per streamgrp slot (observer "
-              f"excluded): the throughput ratio to expect when the CPU, not round trips, is the limit")
-        print(f"{'tokens':>6} {'workers':>7} | {'raw: producers':>14} {'consumer':>8} {'server':>6} {'cores':>5} "
-              f"{'others':>6} | {'sg: producers':>13} {'assembler':>9} {'server':>6} {'observer':>8} {'cores':>5} "
-              f"{'others':>6} | {'raw/sg CPU':>10}")
+        print(
+            "\nCPU per entry during the throughput runs (microseconds of CPU per slot, mean over runs);\n"
+            f"cores = this bench's CPU-s / wall-s; others = cores used meanwhile by other processes on this "
+            f"{os.cpu_count()}-CPU machine;\nraw/sg CPU = CPU per raw entry / CPU per streamgrp slot (observer "
+            f"excluded): the throughput ratio to expect when the CPU, not round trips, is the limit"
+        )
+        print(
+            f"{'tokens':>6} {'workers':>7} | {'raw: producers':>14} {'consumer':>8} {'server':>6} {'cores':>5} "
+            f"{'others':>6} | {'sg: producers':>13} {'assembler':>9} {'server':>6} {'observer':>8} {'cores':>5} "
+            f"{'others':>6} | {'raw/sg CPU':>10}"
+        )
         for case in cases:
             rc = {k: statistics.fmean(r["cpu"][k] for r in raws[case]) for k in raws[case][0]["cpu"]}
             sc = {k: statistics.fmean(r["cpu"][k] for r in sgs[case]) for k in sgs[case][0]["cpu"]}
@@ -490,22 +543,31 @@ def main(argv: list[str] | None = None) -> int:
             sw = statistics.fmean(r["seconds"] for r in sgs[case])
             ours_raw = sum(v for k, v in rc.items() if k != "others")
             ours_sg = sum(v for k, v in sc.items() if k != "others")
-            print(f"{case[0]:>6} {case[1]:>7} | {_us(rc['producers'], slots):>14.0f} "
-                  f"{_us(rc['consumer'], slots):>8.0f} "
-                  f"{_us(rc['server'], slots):>6.0f} {ours_raw / rw:>5.2f} {rc['others'] / rw:>6.2f} | "
-                  f"{_us(sc['producers'], slots):>13.0f} {_us(sc['assembler'], slots):>9.0f} "
-                  f"{_us(sc['server'], slots):>6.0f} {_us(sc['observer'], slots):>8.0f} {ours_sg / sw:>5.2f} "
-                  f"{sc['others'] / sw:>6.2f} | {ours_raw / (ours_sg - sc['observer']):>10.2f}")
+            print(
+                f"{case[0]:>6} {case[1]:>7} | {_us(rc['producers'], slots):>14.0f} "
+                f"{_us(rc['consumer'], slots):>8.0f} "
+                f"{_us(rc['server'], slots):>6.0f} {ours_raw / rw:>5.2f} {rc['others'] / rw:>6.2f} | "
+                f"{_us(sc['producers'], slots):>13.0f} {_us(sc['assembler'], slots):>9.0f} "
+                f"{_us(sc['server'], slots):>6.0f} {_us(sc['observer'], slots):>8.0f} {ours_sg / sw:>5.2f} "
+                f"{sc['others'] / sw:>6.2f} | {ours_raw / (ours_sg - sc['observer']):>10.2f}"
+            )
         spans = [span for case in cases for r in sgs[case] for span in r["gc"]["spans"]]
         gen2 = [e - b for gen, b, e in spans if gen == 2]
-        print(f"assembler GC pauses inside the measured windows of the {len(cases) * args.repeat} streamgrp runs: "
-              f"{len(gen2)} full (gen2) collections, longest {max(gen2, default=0) * 1000:.1f} ms; "
-              f"longest gen0/1 {max((e - b for gen, b, e in spans if gen < 2), default=0) * 1000:.1f} ms", flush=True)
+        print(
+            f"assembler GC pauses inside the measured windows of the {len(cases) * args.repeat} streamgrp runs: "
+            f"{len(gen2)} full (gen2) collections, longest {max(gen2, default=0) * 1000:.1f} ms; "
+            f"longest gen0/1 {max((e - b for gen, b, e in spans if gen < 2), default=0) * 1000:.1f} ms",
+            flush=True,
+        )
 
-        print(f"\nlatency, last slot -> decision, one paced producer at ~{args.load:.0%} of the best streamgrp rate "
-              f"for the token size")
-        print(f"{'tokens':>6} {'target/s':>8} {'achieved':>8} {'groups':>6} {'clock':>8} "
-              f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'goal p99<10':>11}")
+        print(
+            f"\nlatency, last slot -> decision, one paced producer at ~{args.load:.0%} of the best streamgrp rate "
+            f"for the token size"
+        )
+        print(
+            f"{'tokens':>6} {'target/s':>8} {'achieved':>8} {'groups':>6} {'clock':>8} "
+            f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'goal p99<10':>11}"
+        )
         for tokens in args.tokens:
             target = best[tokens] * args.load
             groups = max(50, min(args.groups, int(target / N_SAMPLES * args.latency_seconds)))
@@ -519,23 +581,32 @@ def main(argv: list[str] | None = None) -> int:
             for clock in ("ids", "decided", "observed"):
                 values = lat["latency"][clock]
                 p99 = percentile(values, 0.99)
-                print(f"{tokens:>6} {target:>8,.0f} {lat['publish_rate']:>8,.0f} {groups:>6} {clock:>8} "
-                      f"{percentile(values, 0.5):>7.2f} {p99:>7.2f} {max(values):>7.2f} "
-                      f"{'ok' if p99 < 10 else 'MISSED':>11}", flush=True)
+                print(
+                    f"{tokens:>6} {target:>8,.0f} {lat['publish_rate']:>8,.0f} {groups:>6} {clock:>8} "
+                    f"{percentile(values, 0.5):>7.2f} {p99:>7.2f} {max(values):>7.2f} "
+                    f"{'ok' if p99 < 10 else 'MISSED':>11}",
+                    flush=True,
+                )
             slow = lat["slow"]
             spans = lat["gc"]["spans"]
-            print(f"{'':>6} groups observed over 10 ms: {len(slow)}; overlapping an assembler GC pause >= 1 ms: "
-                  f"{sum(1 for s in slow if s[1])}, an AOF rewrite: {sum(1 for s in slow if s[2])}, "
-                  f"neither: {sum(1 for s in slow if not (s[1] or s[2]))}")
+            print(
+                f"{'':>6} groups observed over 10 ms: {len(slow)}; overlapping an assembler GC pause >= 1 ms: "
+                f"{sum(1 for s in slow if s[1])}, an AOF rewrite: {sum(1 for s in slow if s[2])}, "
+                f"neither: {sum(1 for s in slow if not (s[1] or s[2]))}"
+            )
             stalls = ", ".join(f"{e[0].decode()} max {e[3]} ms" for e in events) or "none over 2 ms"
-            print(f"{'':>6} assembler GC pauses >= 1 ms: {len(spans)}, longest "
-                  f"{max((e - b for _, b, e in spans), default=0) * 1000:.1f} ms; server: AOF rewrites {rewrites} "
-                  f"({sum(e - b for b, e in lat['rewrites']):.2f} s), stalls (LATENCY LATEST) {stalls}; "
-                  f"other processes used {lat['cpu']['others'] / lat['seconds']:.2f} cores")
-        print("  ids: server clock, decision entry id ms - last slot entry id ms (1 ms resolution)\n"
-              "  decided: decided_at (assembler wall clock, set before the commit) - publisher wall time after "
-              "the XADD\n"
-              "  observed: arrival at an XREAD BLOCK reader of decisions - publisher wall time after the XADD")
+            print(
+                f"{'':>6} assembler GC pauses >= 1 ms: {len(spans)}, longest "
+                f"{max((e - b for _, b, e in spans), default=0) * 1000:.1f} ms; server: AOF rewrites {rewrites} "
+                f"({sum(e - b for b, e in lat['rewrites']):.2f} s), stalls (LATENCY LATEST) {stalls}; "
+                f"other processes used {lat['cpu']['others'] / lat['seconds']:.2f} cores"
+            )
+        print(
+            "  ids: server clock, decision entry id ms - last slot entry id ms (1 ms resolution)\n"
+            "  decided: decided_at (assembler wall clock, set before the commit) - publisher wall time after "
+            "the XADD\n"
+            "  observed: arrival at an XREAD BLOCK reader of decisions - publisher wall time after the XADD"
+        )
 
         if args.profile:
             tokens, workers = max(args.tokens), max(args.workers)
@@ -543,8 +614,10 @@ def main(argv: list[str] | None = None) -> int:
             sg = bench.streamgrp(tokens, workers, profile_path=path)
             print(f"\nprofiled re-run tokens={tokens} workers={workers}: {sg['rate']:,.0f} slots/s under cProfile")
             _print_profile(path, args.profile_top)
-        print(f"\ntotal wall time {time.monotonic() - wall:.1f}s; 1-min load average {load:.2f} before, "
-              f"{os.getloadavg()[0]:.2f} after")
+        print(
+            f"\ntotal wall time {time.monotonic() - wall:.1f}s; 1-min load average {load:.2f} before, "
+            f"{os.getloadavg()[0]:.2f} after"
+        )
     finally:
         if server is not None:
             stop_server(server)

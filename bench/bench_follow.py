@@ -38,7 +38,7 @@ from _harness import server_name, start_server, stop_server
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
-TRAINER = '''
+TRAINER = """
 import sys, time
 from streamgrp.store.runs import await_run, connect
 from streamgrp.train.trainer import TrainerClient
@@ -55,13 +55,17 @@ with TrainerClient(client, run, poll_s=0.02).batches(rank=0, world_size=1) as ba
         times.append(time.monotonic())
         rows.append(int(batch.token_ids.shape[0]))
 open(out, "w").write(repr((times, rows)))
-'''
+"""
 
 
 def _streamgrp(role: str, *args: str, log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "streamgrp", "--log-level", "WARNING", role, *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=ENV)
+        return subprocess.Popen(
+            [sys.executable, "-m", "streamgrp", "--log-level", "WARNING", role, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+        )
 
 
 def _wait_usage(process: subprocess.Popen, timeout: float) -> tuple[int, float]:
@@ -76,32 +80,95 @@ def _wait_usage(process: subprocess.Popen, timeout: float) -> tuple[int, float]:
     raise RuntimeError(f"pid {process.pid} did not exit within {timeout:g}s")
 
 
-def one_case(url: str, run: str, directory: Path, *, steps: int, workers: int, tokens: int, followers: bool,
-             warmup: int, step_s: float) -> dict:
+def one_case(
+    url: str,
+    run: str,
+    directory: Path,
+    *,
+    steps: int,
+    workers: int,
+    tokens: int,
+    followers: bool,
+    warmup: int,
+    step_s: float,
+) -> dict:
     directory.mkdir()
     dataset = directory / "prompts.jsonl"
-    dataset.write_bytes(b"".join(orjson.dumps({"tokens": tokens, "seed": i, "reject_rate": 0.1,
-                                               "difficulty": str(i % 3)}) + b"\n" for i in range(steps * 8 + 64)))
+    dataset.write_bytes(
+        b"".join(
+            orjson.dumps({"tokens": tokens, "seed": i, "reject_rate": 0.1, "difficulty": str(i % 3)}) + b"\n"
+            for i in range(steps * 8 + 64)
+        )
+    )
     common = ["--redis-url", url, "--run", run]
-    procs = [_streamgrp("batcher", *common, "--n-samples", "4", "--batch-size", "8", "--max-steps", str(steps),
-                        "--max-staleness", "2", "--dataset", str(dataset), "--round-s", "0.05",
-                        log=directory / "batcher.log"),
-             _streamgrp("assembler", *common, "--tick-interval-s", "0.1", log=directory / "assembler.log")]
-    procs += [_streamgrp("worker", *common, "--concurrency", "8", log=directory / f"worker{i}.log")
-              for i in range(workers)]
+    procs = [
+        _streamgrp(
+            "batcher",
+            *common,
+            "--n-samples",
+            "4",
+            "--batch-size",
+            "8",
+            "--max-steps",
+            str(steps),
+            "--max-staleness",
+            "2",
+            "--dataset",
+            str(dataset),
+            "--round-s",
+            "0.05",
+            log=directory / "batcher.log",
+        ),
+        _streamgrp("assembler", *common, "--tick-interval-s", "0.1", log=directory / "assembler.log"),
+    ]
+    procs += [
+        _streamgrp("worker", *common, "--concurrency", "8", log=directory / f"worker{i}.log") for i in range(workers)
+    ]
     (directory / "trainer.py").write_text(TRAINER)
     trained = directory / "trained.txt"
     with open(directory / "trainer.log", "wb") as log:
-        trainer = subprocess.Popen([sys.executable, str(directory / "trainer.py"), url, run, str(trained), str(step_s)],
-                                   stdout=log, stderr=subprocess.STDOUT, env=ENV)
+        trainer = subprocess.Popen(
+            [sys.executable, str(directory / "trainer.py"), url, run, str(trained), str(step_s)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+        )
     attached: list[subprocess.Popen] = []
     if followers:
         with open(directory / "eval.log", "wb") as log:
-            attached.append(subprocess.Popen([sys.executable, "-m", "streamgrp.consumers.live_eval", "--redis-url",
-                                              url, "--run", run, "--state", str(directory / "eval.json")],
-                                             stdout=log, stderr=subprocess.STDOUT, env=ENV))
-        attached.append(_streamgrp("export", run, "--redis-url", url, "--follow", "true", "--flush-s", "1",
-                                   "--out", str(directory / "export"), log=directory / "export.log"))
+            attached.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "streamgrp.consumers.live_eval",
+                        "--redis-url",
+                        url,
+                        "--run",
+                        run,
+                        "--state",
+                        str(directory / "eval.json"),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=ENV,
+                )
+            )
+        attached.append(
+            _streamgrp(
+                "export",
+                run,
+                "--redis-url",
+                url,
+                "--follow",
+                "true",
+                "--flush-s",
+                "1",
+                "--out",
+                str(directory / "export"),
+                log=directory / "export.log",
+            )
+        )
     try:
         trainer.wait(timeout=600)
         if trainer.returncode != 0:
@@ -124,8 +191,7 @@ def one_case(url: str, run: str, directory: Path, *, steps: int, workers: int, t
                 process.wait()
     times, rows = eval(trained.read_text())  # noqa: S307 - our own child's repr of two lists of numbers
     span = times[-1] - times[warmup - 1]
-    out = {"steps_per_s": (len(times) - warmup) / span, "rows_per_s": sum(rows[warmup:]) / span,
-           "steps": len(times)}
+    out = {"steps_per_s": (len(times) - warmup) / span, "rows_per_s": sum(rows[warmup:]) / span, "steps": len(times)}
     if followers:
         state = orjson.loads((directory / "eval.json").read_bytes())
         import pyarrow.dataset as ds
@@ -144,37 +210,60 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--step-s", type=float, default=0.05, help="the trainer's step on its accelerator, which "
-                        "its process waits out (0: the pipeline runs flat out, every core busy)")
+    parser.add_argument(
+        "--step-s",
+        type=float,
+        default=0.05,
+        help="the trainer's step on its accelerator, which "
+        "its process waits out (0: the pipeline runs flat out, every core busy)",
+    )
     args = parser.parse_args()
     server = start_server()
     import redis
 
     client = redis.Redis.from_url(server.url)
-    print(f"server {server_name(client)}, {os.cpu_count()} cores, {args.steps} steps of 8 groups x 4 samples of "
-          f"{args.tokens} tokens, trainer step {args.step_s}s, {args.workers} workers, {args.repeat} repeats per case")
+    print(
+        f"server {server_name(client)}, {os.cpu_count()} cores, {args.steps} steps of 8 groups x 4 samples of "
+        f"{args.tokens} tokens, trainer step {args.step_s}s, {args.workers} workers, {args.repeat} repeats per case"
+    )
     results: dict[bool, list[dict]] = {False: [], True: []}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-follow-") as tmp:
             for repeat in range(args.repeat):
                 for followers in (False, True):
                     run = f"bench-follow-{repeat}-{'on' if followers else 'off'}-{int(time.time())}"
-                    result = one_case(server.url, run, Path(tmp) / run, steps=args.steps, workers=args.workers,
-                                      tokens=args.tokens, followers=followers, warmup=args.warmup,
-                                      step_s=args.step_s)
+                    result = one_case(
+                        server.url,
+                        run,
+                        Path(tmp) / run,
+                        steps=args.steps,
+                        workers=args.workers,
+                        tokens=args.tokens,
+                        followers=followers,
+                        warmup=args.warmup,
+                        step_s=args.step_s,
+                    )
                     results[followers].append(result)
-                    print(f"  {'2 followers' if followers else 'none       '} repeat {repeat}: "
-                          f"{result['steps_per_s']:.2f} steps/s, {result['rows_per_s']:.0f} rows/s"
-                          + (f"; evaluated {result['evaluated']} prompts, exported {result['exported']} decisions, "
-                             f"followers' CPU {result['follower_cpu_s']:.1f}s" if followers else ""))
+                    print(
+                        f"  {'2 followers' if followers else 'none       '} repeat {repeat}: "
+                        f"{result['steps_per_s']:.2f} steps/s, {result['rows_per_s']:.0f} rows/s"
+                        + (
+                            f"; evaluated {result['evaluated']} prompts, exported {result['exported']} decisions, "
+                            f"followers' CPU {result['follower_cpu_s']:.1f}s"
+                            if followers
+                            else ""
+                        )
+                    )
     finally:
         client.close()
         stop_server(server)
     base = [r["steps_per_s"] for r in results[False]]
     followed = [r["steps_per_s"] for r in results[True]]
     ratio = statistics.median(followed) / statistics.median(base)
-    print(f"trainer steps/s, median: none {statistics.median(base):.2f} (range {min(base):.2f}-{max(base):.2f}), "
-          f"2 followers {statistics.median(followed):.2f} (range {min(followed):.2f}-{max(followed):.2f})")
+    print(
+        f"trainer steps/s, median: none {statistics.median(base):.2f} (range {min(base):.2f}-{max(base):.2f}), "
+        f"2 followers {statistics.median(followed):.2f} (range {min(followed):.2f}-{max(followed):.2f})"
+    )
     print(f"with followers / without: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%; target within 5%)")
     pairs = ", ".join(f"{f / b:.3f}" for b, f in zip(base, followed))
     print(f"each repeat's pair (followers / none, run one after the other): {pairs}")

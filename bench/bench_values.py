@@ -49,14 +49,19 @@ def make(tokens: int, *, ids: str = "int32", logprobs: str = "float32", near_tol
         values[tokens // 2] = 5e-5
     if logprobs == "bfloat16":
         packed = struct.pack(f"<{tokens}f", *values)
-        data = b"".join(packed[at + 2:at + 4] for at in range(0, len(packed), 4))
+        data = b"".join(packed[at + 2 : at + 4] for at in range(0, len(packed), 4))
     else:
         data = struct.pack(f"<{tokens}{'e' if logprobs == 'float16' else 'f'}", *values)
-    return Sample(token_ids=RawArray(dtype=ids, shape=(tokens,),
-                                     data=struct.pack(f"<{tokens}{'i' if ids == 'int32' else 'q'}", *token_ids)),
-                  loss_mask=RawArray.from_values([0] * prompt + [1] * (tokens - prompt), "uint8"),
-                  logprobs=RawArray(dtype=logprobs, shape=(tokens,), data=data),
-                  row_lengths=(tokens,), rewards=(0.5,), version=0)
+    return Sample(
+        token_ids=RawArray(
+            dtype=ids, shape=(tokens,), data=struct.pack(f"<{tokens}{'i' if ids == 'int32' else 'q'}", *token_ids)
+        ),
+        loss_mask=RawArray.from_values([0] * prompt + [1] * (tokens - prompt), "uint8"),
+        logprobs=RawArray(dtype=logprobs, shape=(tokens,), data=data),
+        row_lengths=(tokens,),
+        rewards=(0.5,),
+        version=0,
+    )
 
 
 def median_us(call, repeat: int, number: int) -> float:
@@ -71,8 +76,10 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=2000)
     args = parser.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"python {platform.python_version()}, {os.cpu_count()} cores, load average {load:.2f} "
-          "(figures scale with the machine's other load)")
+    print(
+        f"python {platform.python_version()}, {os.cpu_count()} cores, load average {load:.2f} "
+        "(figures scale with the machine's other load)"
+    )
     rows = []
     for tokens in (256, 1024):
         sample = make(tokens)
@@ -80,17 +87,20 @@ def main() -> None:
         slot_header = codec.encode(result)
         cases = [
             ("value checks, no vocabulary (Sample construction adds this)", lambda: sample.value_problem()),
-            ("value checks with the vocabulary (the worker, before publishing)",
-             lambda: sample.value_problem(VOCAB)),
+            ("value checks with the vocabulary (the worker, before publishing)", lambda: sample.value_problem(VOCAB)),
         ]
-        for label, variant in (("a logprob of +5e-5 (exact path)", make(tokens, near_tolerance=True)),
-                               ("int64 token ids", make(tokens, ids="int64")),
-                               ("float16 logprobs", make(tokens, logprobs="float16")),
-                               ("bfloat16 logprobs", make(tokens, logprobs="bfloat16"))):
+        for label, variant in (
+            ("a logprob of +5e-5 (exact path)", make(tokens, near_tolerance=True)),
+            ("int64 token ids", make(tokens, ids="int64")),
+            ("float16 logprobs", make(tokens, logprobs="float16")),
+            ("bfloat16 logprobs", make(tokens, logprobs="bfloat16")),
+        ):
             cases.append((f"  ... with {label}", lambda variant=variant: variant.value_problem(VOCAB)))
         cases += [
-            ("assembler: payload_problem (decode + values + digest + summary + vocabulary)",
-             lambda: codec.payload_problem(payload, result, vocab_size=VOCAB)),
+            (
+                "assembler: payload_problem (decode + values + digest + summary + vocabulary)",
+                lambda: codec.payload_problem(payload, result, vocab_size=VOCAB),
+            ),
             ("  of which decoding the payload (fast path, values checked)", lambda: codec.decode(payload)),
             ("  of which the digest", lambda: codec.entry_digest(payload)),
             ("for scale: the worker's codec.encode_sample", lambda: codec.encode_sample("task-1", 0, sample)),

@@ -53,9 +53,11 @@ from streamgrp.services.inference.pool import ServerPool  # noqa: E402
 from streamgrp.services.inference.weight_sync import LlamaServerProcess  # noqa: E402
 
 PROMPT = "<|im_start|>user\nWrite a short sentence about the sea.<|im_end|>\n<|im_start|>assistant\n"
-MECHANISMS = {"before": {"handover": False, "restart_grace_s": 10.0},
-              "restart": {"handover": False, "restart_grace_s": 0.0},
-              "handover": {"handover": True}}
+MECHANISMS = {
+    "before": {"handover": False, "restart_grace_s": 10.0},
+    "restart": {"handover": False, "restart_grace_s": 0.0},
+    "handover": {"handover": True},
+}
 
 
 class BlindRetries(InferenceRollout):
@@ -94,8 +96,12 @@ class Load:
     def __init__(self, url: str, threads: int, max_tokens: int, *, blind: bool) -> None:
         self.slept_until = threading.local()
         self.rollout = (BlindRetries if blind else InferenceRollout)(
-            make_dialect("llamacpp", InferenceConfig()), ServerPool([url]),
-            Sampling(max_tokens=max_tokens, temperature=1.0), lambda prompt, completion, text: 0.0, sleep=self._sleep)
+            make_dialect("llamacpp", InferenceConfig()),
+            ServerPool([url]),
+            Sampling(max_tokens=max_tokens, temperature=1.0),
+            lambda prompt, completion, text: 0.0,
+            sleep=self._sleep,
+        )
         self.done: list[tuple[float, float, int | None]] = []
         self.failed: list[tuple[float, str]] = []
         self.stop = threading.Event()
@@ -130,13 +136,15 @@ class Load:
             thread.join(60)
 
 
-def measure(binary: str, model: Path, mechanism: str, syncs: int, every_s: float, max_tokens: int,
-            log_dir: Path) -> dict:
+def measure(
+    binary: str, model: Path, mechanism: str, syncs: int, every_s: float, max_tokens: int, log_dir: Path
+) -> dict:
     port = free_port("127.0.0.1")
     url = f"http://127.0.0.1:{port}"
     command = f"{binary} --host 127.0.0.1 --port {port} -c 4096 -np 4 -t 2 --no-webui"
-    llama = LlamaServerProcess(command, url, alias="bench", log_path=log_dir / f"llama-{mechanism}.log",
-                               **MECHANISMS[mechanism])
+    llama = LlamaServerProcess(
+        command, url, alias="bench", log_path=log_dir / f"llama-{mechanism}.log", **MECHANISMS[mechanism]
+    )
     llama.serve(model, 0)
     load = Load(url, 4, max_tokens, blind=mechanism == "before")
     load.start()
@@ -158,12 +166,22 @@ def measure(binary: str, model: Path, mechanism: str, syncs: int, every_s: float
         marks = [before[-1], *[end for end in finished if end >= started], ended + 3]
         old = [end for _, end, v in load.done if v == version - 1]
         new = [begun for begun, _, v in load.done if v == version]
-        rows.append({"version": version, "sync_s": ended - started,
-                     "idle_s": max(b - a for a, b in zip(marks, marks[1:])),
-                     "gap_s": max(0.0, min(new) - max(old)) if old and new else float("nan"),
-                     "failed": sum(1 for at, _ in load.failed if started <= at <= ended + 3)})
-    return {"mechanism": mechanism, "rows": rows, "generations": len(load.done), "failed": len(load.failed),
-            "errors": sorted({error for _, error in load.failed})[:3]}
+        rows.append(
+            {
+                "version": version,
+                "sync_s": ended - started,
+                "idle_s": max(b - a for a, b in zip(marks, marks[1:])),
+                "gap_s": max(0.0, min(new) - max(old)) if old and new else float("nan"),
+                "failed": sum(1 for at, _ in load.failed if started <= at <= ended + 3),
+            }
+        )
+    return {
+        "mechanism": mechanism,
+        "rows": rows,
+        "generations": len(load.done),
+        "failed": len(load.failed),
+        "errors": sorted({error for _, error in load.failed})[:3],
+    }
 
 
 def main() -> None:
@@ -184,20 +202,27 @@ def main() -> None:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             times, model = pool.submit(export_times, Path(source), directory, args.exports).result()
         size = model.stat().st_size / 1e6
-        print(f"GGUF export (median of {args.exports}): f32 {times['f32']:.2f}s ({2 * size:.0f} MB), "
-              f"f16 {times['f16']:.2f}s ({size:.0f} MB)")
-        print("| mechanism | gap per sync, median | max | idle per sync, median | max | sync took, median | "
-              "failed | generations |")
+        print(
+            f"GGUF export (median of {args.exports}): f32 {times['f32']:.2f}s ({2 * size:.0f} MB), "
+            f"f16 {times['f16']:.2f}s ({size:.0f} MB)"
+        )
+        print(
+            "| mechanism | gap per sync, median | max | idle per sync, median | max | sync took, median | "
+            "failed | generations |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for mechanism in args.mechanisms.split(","):
             result = measure(binary, model, mechanism, args.syncs, args.every_s, args.max_tokens, directory)
             rows = result["rows"]
             gaps = [row["gap_s"] for row in rows if row["gap_s"] == row["gap_s"]]  # nan: a version never served
             idles = [row["idle_s"] for row in rows]
-            print(f"| {mechanism} | {statistics.median(gaps):.2f}s | {max(gaps):.2f}s | "
-                  f"{statistics.median(idles):.2f}s | {max(idles):.2f}s | "
-                  f"{statistics.median(row['sync_s'] for row in rows):.2f}s | {result['failed']} | "
-                  f"{result['generations']} |", flush=True)
+            print(
+                f"| {mechanism} | {statistics.median(gaps):.2f}s | {max(gaps):.2f}s | "
+                f"{statistics.median(idles):.2f}s | {max(idles):.2f}s | "
+                f"{statistics.median(row['sync_s'] for row in rows):.2f}s | {result['failed']} | "
+                f"{result['generations']} |",
+                flush=True,
+            )
             if result["errors"]:
                 print(f"  failures: {result['errors']}", file=sys.stderr)
 

@@ -75,8 +75,11 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
     spec = run.config.adv_norm or run.config.reward_norm or DEFAULT_ADV_NORM
     trainer = TrainerClient(client, run)
-    checkpoints = Checkpoints(trainer, config.checkpoint_dir, every=config.checkpoint_every,
-                              keep=config.keep_checkpoints) if config.checkpoint_dir is not None else None
+    checkpoints = (
+        Checkpoints(trainer, config.checkpoint_dir, every=config.checkpoint_every, keep=config.keep_checkpoints)
+        if config.checkpoint_dir is not None
+        else None
+    )
     resume_after = _restore(client, run, checkpoints, policy, optimizer)
     if rank == 0 and resume_after in (None, -1) and int(client.get(run.keys.version) or 0) == 0:
         publish(client, run.keys, 0, policy.state_dict())
@@ -110,9 +113,16 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
                 steps += 1
                 if metrics is not None:
                     metrics.step_committed(batch.step, version=batch.next_version, retrained=batch.retrained)
-                log.info("rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs) collectives %s", rank,
-                         batch.step, step_metrics["reward_mean"], step_metrics["loss"], batch.rows, wait_s,
-                         collectives.take())
+                log.info(
+                    "rank %d step %d: reward %.3f loss %.4f (%d rows, waited %.3fs) collectives %s",
+                    rank,
+                    batch.step,
+                    step_metrics["reward_mean"],
+                    step_metrics["loss"],
+                    batch.rows,
+                    wait_s,
+                    collectives.take(),
+                )
                 waited_at = time.monotonic()
     except Exception:
         if metrics is not None:
@@ -124,33 +134,40 @@ def _train(client: redis.Redis, run: Run, config: TrainerConfig, rank: int, worl
 def _step(policy, optimizer, batch, spec: NormSpec, collectives: Collectives) -> dict:
     problem = toy_task.batch_problem(batch.token_ids)
     if problem is not None:
-        raise ConfigError(f"step {batch.step} is not the demo's toy task ({problem}): the reference trainer trains "
-                          "only streamgrp.consumers.toy_task's policy. Train other rollouts with a function of your "
-                          "own: streamgrp trainer --train-fn module:function (docs: guides/own-trainer.md)")
+        raise ConfigError(
+            f"step {batch.step} is not the demo's toy task ({problem}): the reference trainer trains "
+            "only streamgrp.consumers.toy_task's policy. Train other rollouts with a function of your "
+            "own: streamgrp trainer --train-fn module:function (docs: guides/own-trainer.md)"
+        )
     advantages = normalize(batch.rewards, batch.group_sizes, spec)
     token_adv = advantages[:, None].expand_as(batch.logprobs) * batch.loss_mask
     new_logprobs = toy_task.token_logprobs(policy, batch.token_ids)
-    loss = token_weighted_policy_loss(new_logprobs, batch.logprobs, token_adv, batch.loss_mask,
-                                      total_loss_tokens=batch.step_loss_tokens)
+    loss = token_weighted_policy_loss(
+        new_logprobs, batch.logprobs, token_adv, batch.loss_mask, total_loss_tokens=batch.step_loss_tokens
+    )
     optimizer.zero_grad()
     loss.backward()
     # How far the rollout's log-probabilities are from this policy's, summed here and divided by the
     # step's loss tokens below: staleness and sampling numerics both show in it.
     abs_diff = float(((new_logprobs.detach() - batch.logprobs).abs() * batch.loss_mask).sum())
     # Every rank makes exactly these two collectives per step, whatever its shard size.
-    stats = torch.tensor([float(loss.detach()), float(batch.rewards.sum()), float(batch.rows), abs_diff],
-                         dtype=torch.float64)
+    stats = torch.tensor(
+        [float(loss.detach()), float(batch.rewards.sum()), float(batch.rows), abs_diff], dtype=torch.float64
+    )
     grads = [p.grad for p in policy.parameters()]
     flat = collectives.all_reduce(torch.cat([g.reshape(-1) for g in grads]))
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
     collectives.all_reduce(stats)
     optimizer.step()
     tokens_per_group = _tokens_per_group(batch)
-    metrics = {"loss": stats[0].item(), "reward_mean": stats[1].item() / max(stats[2].item(), 1.0),
-               "logprob_abs_diff_mean": stats[3].item() / max(batch.step_loss_tokens, 1)}
+    metrics = {
+        "loss": stats[0].item(),
+        "reward_mean": stats[1].item() / max(stats[2].item(), 1.0),
+        "logprob_abs_diff_mean": stats[3].item() / max(batch.step_loss_tokens, 1),
+    }
     metrics.update(group_metrics(batch.group_sizes.tolist(), tokens_per_group))
     return metrics
 
@@ -159,7 +176,7 @@ def _tokens_per_group(batch) -> list[int]:
     per_row = batch.loss_mask.sum(dim=1).tolist()
     out, offset = [], 0
     for size in batch.group_sizes.tolist():
-        out.append(int(sum(per_row[offset:offset + size])))
+        out.append(int(sum(per_row[offset : offset + size])))
         offset += size
     return out
 
@@ -177,19 +194,25 @@ def _restore(client: redis.Redis, run: Run, checkpoints: Checkpoints | None, pol
     found = WeightCache(client, run.keys).get(version) if version > 0 else None
     if found is not None:
         policy.load_state_dict(found[1])
-        log.info("resuming from the weights of version %d (no --checkpoint-dir: the optimizer's state starts "
-                 "afresh)", found[0])
+        log.info(
+            "resuming from the weights of version %d (no --checkpoint-dir: the optimizer's state starts afresh)",
+            found[0],
+        )
     return None
 
 
-def _checkpoint(checkpoints: Checkpoints, batch, policy, optimizer, collectives: Collectives,
-                crash_at: tuple[str, int] | None) -> None:
+def _checkpoint(
+    checkpoints: Checkpoints, batch, policy, optimizer, collectives: Collectives, crash_at: tuple[str, int] | None
+) -> None:
     """Every rank committed ``batch``'s step once all pass the barrier; then rank 0 writes and records."""
     collectives.barrier()
     if batch.rank != 0:
         return
-    halfway = (lambda: crash(f"halfway through the checkpoint of step {batch.step}")) \
-        if crash_at == ("checkpoint", batch.step) and not batch.retrained else None
+    halfway = (
+        (lambda: crash(f"halfway through the checkpoint of step {batch.step}"))
+        if crash_at == ("checkpoint", batch.step) and not batch.retrained
+        else None
+    )
     checkpoints.save(batch, policy, optimizer, ranks=(0,), halfway=halfway)
 
 

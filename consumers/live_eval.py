@@ -74,8 +74,10 @@ class LiveEval:
             level["slots"] += tally["slots"]
         for level in by_difficulty.values():
             level["pass_rate"] = level["passed"] / level["slots"] if level["slots"] else 0.0
-        return {"prompts": {task: t["passed"] / t["slots"] if t["slots"] else 0.0 for task, t in prompts.items()},
-                "difficulty": by_difficulty}
+        return {
+            "prompts": {task: t["passed"] / t["slots"] if t["slots"] else 0.0 for task, t in prompts.items()},
+            "difficulty": by_difficulty,
+        }
 
 
 class Difficulties:
@@ -126,9 +128,20 @@ def _save(path: Path, state: dict) -> None:
     os.replace(partial, path)
 
 
-def run_eval(client: Any, run: Any, state_path: Path, *, name: str = "live-eval", threshold: float = 0.5,
-             difficulty_key: str = "difficulty", keep_ids: bool = False, stop: threading.Event | None = None,
-             until_finished: bool = True, delay_s: float = 0.0, batch: int = 256) -> LiveEval:
+def run_eval(
+    client: Any,
+    run: Any,
+    state_path: Path,
+    *,
+    name: str = "live-eval",
+    threshold: float = 0.5,
+    difficulty_key: str = "difficulty",
+    keep_ids: bool = False,
+    stop: threading.Event | None = None,
+    until_finished: bool = True,
+    delay_s: float = 0.0,
+    batch: int = 256,
+) -> LiveEval:
     """Follow the run's decisions into ``state_path`` until ``stop`` (or the run's end)."""
     stop = stop or threading.Event()
     state = orjson.loads(state_path.read_bytes()) if state_path.exists() else None
@@ -142,8 +155,7 @@ def run_eval(client: Any, run: Any, state_path: Path, *, name: str = "live-eval"
             if isinstance(item, Skipped):
                 evaluation.skipped(item)
             elif isinstance(item, Followed) and isinstance(item.event, GroupDecided):
-                evaluation.apply(item.stream, item.entry_id,
-                                 item.event, difficulty_of(item.stream, item.event))
+                evaluation.apply(item.stream, item.entry_id, item.event, difficulty_of(item.stream, item.event))
                 if delay_s:
                     stop.wait(delay_s)  # a slow consumer (the tests')
             follower.handled(item)
@@ -176,9 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     client = connect(args.redis_url)
-    evaluation = run_eval(client, await_run(client, args.run, stop=stop), args.state, name=args.name,
-                          threshold=args.threshold, difficulty_key=args.difficulty_key, keep_ids=args.keep_ids,
-                          stop=stop, delay_s=args.delay_s, batch=args.batch)
+    evaluation = run_eval(
+        client,
+        await_run(client, args.run, stop=stop),
+        args.state,
+        name=args.name,
+        threshold=args.threshold,
+        difficulty_key=args.difficulty_key,
+        keep_ids=args.keep_ids,
+        stop=stop,
+        delay_s=args.delay_s,
+        batch=args.batch,
+    )
     rates = evaluation.rates()
     for level, figures in sorted(rates["difficulty"].items()):
         print(f"difficulty {level}: {figures['prompts']} prompts, pass rate {figures['pass_rate']:.3f}")

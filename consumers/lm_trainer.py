@@ -95,24 +95,33 @@ def mismatch(server: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor) ->
         return {"tokens_compared": 0}
     diff = (server - trainer)[mask].double()
     d = -diff  # trainer minus server: exp(d) - 1 - d estimates KL(server || trainer), always >= 0
-    return {"tokens_compared": count, "logprob_abs_diff_mean": diff.abs().mean().item(),
-            "logprob_abs_diff_max": diff.abs().max().item(), "logprob_diff_mean": diff.mean().item(),
-            "kl_estimate": (d.exp() - 1 - d).mean().item()}
+    return {
+        "tokens_compared": count,
+        "logprob_abs_diff_mean": diff.abs().mean().item(),
+        "logprob_abs_diff_max": diff.abs().max().item(),
+        "logprob_diff_mean": diff.mean().item(),
+        "kl_estimate": (d.exp() - 1 - d).mean().item(),
+    }
 
 
 def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None) -> int:
     """Consume every step of the run on this rank; returns the number of steps committed."""
     ranks = resolve_config(config)
     if ranks.world_size != 1:
-        raise ValueError(f"streamgrp.consumers.lm_trainer runs one rank, not {ranks.world_size} "
-                         "(--world-size 1, no torchrun); use dp_size 1 for the run")
+        raise ValueError(
+            f"streamgrp.consumers.lm_trainer runs one rank, not {ranks.world_size} "
+            "(--world-size 1, no torchrun); use dp_size 1 for the run"
+        )
     if config.model_gguf is None:
         raise ValueError("streamgrp.consumers.lm_trainer needs --model-gguf: the GGUF file the inference server serves")
     model_gguf, weights_dir = config.model_gguf, config.weights_dir  # weights_dir set: each step publishes
     torch.manual_seed(0)
     trainer = TrainerClient(client, run)
-    checkpoints = Checkpoints(trainer, config.checkpoint_dir, every=config.checkpoint_every,
-                              keep=config.keep_checkpoints) if config.checkpoint_dir is not None else None
+    checkpoints = (
+        Checkpoints(trainer, config.checkpoint_dir, every=config.checkpoint_every, keep=config.keep_checkpoints)
+        if config.checkpoint_dir is not None
+        else None
+    )
     resume_after = None
     if checkpoints is not None:
         model = load_policy(model_gguf)
@@ -159,16 +168,26 @@ def train(client: redis.Redis, run: Run, config: TrainerConfig, *, metrics=None)
             batch.record_metrics(step_metrics)
             batch.commit()
             if checkpoints is not None and checkpoints.due(batch):
-                halfway = (lambda: crash(f"halfway through the checkpoint of step {batch.step}")) \
-                    if crash_at == ("checkpoint", batch.step) and not batch.retrained else None
+                halfway = (
+                    (lambda: crash(f"halfway through the checkpoint of step {batch.step}"))
+                    if crash_at == ("checkpoint", batch.step) and not batch.retrained
+                    else None
+                )
                 checkpoints.save(batch, model, optimizer, halfway=halfway)
             steps += 1
             if metrics is not None:
                 metrics.step_committed(batch.step, version=batch.next_version, retrained=batch.retrained)
-            log.info("step %d: %d rows, logprob mismatch |server - torch| mean %.4f max %.4f over %d tokens, "
-                     "reward %.3f (%.1fs)", batch.step, batch.rows, step_metrics.get("logprob_abs_diff_mean", 0.0),
-                     step_metrics.get("logprob_abs_diff_max", 0.0), step_metrics["tokens_compared"],
-                     step_metrics["reward_mean"], step_metrics["seconds"])
+            log.info(
+                "step %d: %d rows, logprob mismatch |server - torch| mean %.4f max %.4f over %d tokens, "
+                "reward %.3f (%.1fs)",
+                batch.step,
+                batch.rows,
+                step_metrics.get("logprob_abs_diff_mean", 0.0),
+                step_metrics.get("logprob_abs_diff_max", 0.0),
+                step_metrics["tokens_compared"],
+                step_metrics["reward_mean"],
+                step_metrics["seconds"],
+            )
     return steps
 
 
@@ -176,12 +195,22 @@ def _publish(template, config: TrainerConfig, weights_dir: Path, version: int, m
     """Write ``version`` as ``model.gguf`` (atomically, before the step commits); returns the seconds it took."""
     started = time.monotonic()
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    save_version(weights_dir, version, state, safetensors=False,
-                 writers={"model.gguf": lambda path: template.write(path, state, outtype=config.gguf_outtype)})
+    save_version(
+        weights_dir,
+        version,
+        state,
+        safetensors=False,
+        writers={"model.gguf": lambda path: template.write(path, state, outtype=config.gguf_outtype)},
+    )
     prune_versions(weights_dir, below=version - KEEP_VERSIONS + 1)
     seconds = round(time.monotonic() - started, 3)
-    log.info("version %d written to %s as %s GGUF in %.2fs", version, version_dir(weights_dir, version),
-             config.gguf_outtype, seconds)
+    log.info(
+        "version %d written to %s as %s GGUF in %.2fs",
+        version,
+        version_dir(weights_dir, version),
+        config.gguf_outtype,
+        seconds,
+    )
     return seconds
 
 
@@ -194,8 +223,12 @@ def _resume(weights_dir: Path, model_gguf: Path, version: int):
                 log.info("resuming from the weights of version %d (%s)", candidate, gguf)
             return load_policy(gguf)
     if version > 0:
-        log.warning("the run is at version %d but %s holds no version at or below it: training goes on from %s",
-                    version, weights_dir, model_gguf)
+        log.warning(
+            "the run is at version %d but %s holds no version at or below it: training goes on from %s",
+            version,
+            weights_dir,
+            model_gguf,
+        )
     return load_policy(model_gguf)
 
 
@@ -209,8 +242,9 @@ def _step(model, optimizer, batch, spec: NormSpec) -> dict:
             return result
         advantages = normalize(batch.rewards, batch.group_sizes, spec)
         token_adv = advantages[:, None].expand_as(mask) * mask
-        loss = token_weighted_policy_loss(recomputed, batch.logprobs, token_adv, mask,
-                                          total_loss_tokens=batch.step_loss_tokens)
+        loss = token_weighted_policy_loss(
+            recomputed, batch.logprobs, token_adv, mask, total_loss_tokens=batch.step_loss_tokens
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

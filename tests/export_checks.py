@@ -38,8 +38,13 @@ def check_against_the_record(tables: dict[str, list[dict]], source, run: str) ->
     assert len(tables["decisions"]) == len(decisions)
     for row, (entry_id, d) in zip(tables["decisions"], decisions):
         assert row["run"] == run and row["entry_id"] == entry_id
-        assert (row["task_id"], row["decision"], row["reason"], row["closed_by"], row["error"]) == \
-            (d.task_id, d.decision, d.reason, d.closed_by, d.error)
+        assert (row["task_id"], row["decision"], row["reason"], row["closed_by"], row["error"]) == (
+            d.task_id,
+            d.decision,
+            d.reason,
+            d.closed_by,
+            d.error,
+        )
         assert (row["issued_at"], row["decided_at"], row["producer"]) == (d.issued_at, d.decided_at, d.producer)
         assert {k: row[k] for k in d.stats.to_builtins()} == d.stats.to_builtins()
         assert row["member_slots"] == [m.slot for m in d.members] and row["version"] == d.version
@@ -54,12 +59,26 @@ def check_against_the_record(tables: dict[str, list[dict]], source, run: str) ->
     members = {m.entry for _, d in decisions for m in d.members}
     assert len(tables["slots"]) == len(results)
     for row, (entry_id, r) in zip(tables["slots"], results):
-        summary = r.sample.to_builtins() if r.sample is not None else dict.fromkeys(
-            ("rows", "tokens", "version", "reward", "digest"))
-        assert row == {"run": run, "entry_id": entry_id, "task_id": r.task_id, "slot": r.slot, "outcome": r.outcome,
-                       "error": r.error, **summary, "producer": r.producer, "seq": r.seq,
-                       "issued_at": issued.get(r.task_id), "published_at": entry_time(entry_id),
-                       "member": entry_id in members, "text": _text_of(source, entry_id) if r.sample else None}
+        summary = (
+            r.sample.to_builtins()
+            if r.sample is not None
+            else dict.fromkeys(("rows", "tokens", "version", "reward", "digest"))
+        )
+        assert row == {
+            "run": run,
+            "entry_id": entry_id,
+            "task_id": r.task_id,
+            "slot": r.slot,
+            "outcome": r.outcome,
+            "error": r.error,
+            **summary,
+            "producer": r.producer,
+            "seq": r.seq,
+            "issued_at": issued.get(r.task_id),
+            "published_at": entry_time(entry_id),
+            "member": entry_id in members,
+            "text": _text_of(source, entry_id) if r.sample else None,
+        }
 
     statuses = list_steps(None, source.keys, source=source)
     assert [row["step"] for row in tables["steps"]] == [m.step for m in manifests] == [s.step for s in statuses]
@@ -71,9 +90,23 @@ def check_against_the_record(tables: dict[str, list[dict]], source, run: str) ->
         assert row["rank_states"] == [r.state for r in status.ranks]
         assert row["complete_groups"] == status.decisions.get("complete", 0)
     assert tables["step_members"] == [
-        {"run": run, "step": m.step, "rank": s.rank, "task_id": g.task_id, "decision_entry": g.decision_entry,
-         "slot": p.slot, "entry_id": p.entry, "rows": p.rows, "tokens": p.tokens, "version": p.version}
-        for m in manifests for s in m.shards for g in s.groups for p in g.members]
+        {
+            "run": run,
+            "step": m.step,
+            "rank": s.rank,
+            "task_id": g.task_id,
+            "decision_entry": g.decision_entry,
+            "slot": p.slot,
+            "entry_id": p.entry,
+            "rows": p.rows,
+            "tokens": p.tokens,
+            "version": p.version,
+        }
+        for m in manifests
+        for s in m.shards
+        for g in s.groups
+        for p in g.members
+    ]
 
 
 def _text_of(source, entry_id: str) -> str | None:

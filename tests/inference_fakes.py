@@ -6,7 +6,8 @@ Each reply has the documented shape of its server (vLLM's OpenAI completion with
 A test scripts what the next requests get: a normal completion, an abort with the tokens so far, an
 HTTP error, a hang, an answer trickled byte by byte, a body that is not JSON, a dropped connection, a
 flood with no length, a restart (the connection dropped, then 503 "Loading model" for a while, as
-llama-server restarted by weight-sync answers). Every request is recorded. The generated tokens are a pure function of the
+llama-server restarted by weight-sync answers). Every request is recorded. The generated tokens are a pure function
+of the
 prompt, so a test can predict them: token ``k`` of a completion of prompt ``p`` is
 ``(sum(p) + k) % 1000 + 1000``.
 
@@ -103,18 +104,36 @@ def _logprobs(tokens: list[int], action: Action) -> list[float]:
 
 
 def _vllm(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str) -> dict:
-    logprobs = {"text_offset": list(range(len(tokens))), "token_logprobs": _logprobs(tokens, action),
-                "tokens": [f"<{t}>" for t in tokens], "top_logprobs": None}
-    choice: dict[str, Any] = {"index": 0, "text": text_of(tokens), "logprobs": logprobs, "finish_reason": finish,
-                              "stop_reason": None}
+    logprobs = {
+        "text_offset": list(range(len(tokens))),
+        "token_logprobs": _logprobs(tokens, action),
+        "tokens": [f"<{t}>" for t in tokens],
+        "top_logprobs": None,
+    }
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text_of(tokens),
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "stop_reason": None,
+    }
     if dialect == "vllm-old":
         logprobs["tokens"] = [f"token_id:{t}" for t in tokens]
     else:
         choice.update(token_ids=tokens, prompt_token_ids=prompt)
     model = request.get("model", "policy") + (f"@v{action.version}" if action.version is not None else "")
-    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": model, "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-                      "total_tokens": len(prompt) + len(tokens)}}
+    return {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(tokens),
+            "total_tokens": len(prompt) + len(tokens),
+        },
+    }
 
 
 def _sglang(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str) -> dict:
@@ -125,10 +144,16 @@ def _sglang(request: dict, prompt: list[int], tokens: list[int], finish: str, ac
         reason["message"] = "Abort before weight update"
     else:
         reason["matched"] = 2
-    meta = {"id": "abc", "finish_reason": reason, "prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-            "cached_tokens": 0,
-            "output_token_logprobs": [[lp, t, None] for lp, t in zip(_logprobs(tokens, action), tokens)],
-            "e2e_latency": 0.01, "weight_version": "default" if action.version is None else str(action.version)}
+    meta = {
+        "id": "abc",
+        "finish_reason": reason,
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(tokens),
+        "cached_tokens": 0,
+        "output_token_logprobs": [[lp, t, None] for lp, t in zip(_logprobs(tokens, action), tokens)],
+        "e2e_latency": 0.01,
+        "weight_version": "default" if action.version is None else str(action.version),
+    }
     return {"text": text_of(tokens), "output_ids": tokens, "meta_info": meta}
 
 
@@ -138,12 +163,16 @@ def piece_of(token: int) -> bytes:
 
 def _entry(token: int, logprob: float, top: list[dict]) -> dict:
     piece = piece_of(token)
-    return {"id": token, "token": piece[:validate_utf8(piece)].decode(errors="replace"), "bytes": list(piece),
-            "logprob": logprob, "top_logprobs": top}
+    return {
+        "id": token,
+        "token": piece[: validate_utf8(piece)].decode(errors="replace"),
+        "bytes": list(piece),
+        "logprob": logprob,
+        "top_logprobs": top,
+    }
 
 
-def _llamacpp(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action,
-              dialect: str) -> dict:
+def _llamacpp(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str) -> dict:
     text, probs = b"", []
     for index, token in enumerate(tokens):
         text += piece_of(token)
@@ -151,11 +180,24 @@ def _llamacpp(request: dict, prompt: list[int], tokens: list[int], finish: str, 
             logprob = action.logprob if index == 0 and action.logprob is not None else logprob_of(token)
             probs.append(_entry(token, logprob, [{"id": token, "logprob": logprob}]))
     alias = action.model or "smollm2" + (f"@v{action.version}" if action.version is not None else "")
-    body = {"index": 0, "content": text.decode(errors="replace"), "tokens": tokens, "id_slot": 0, "stop": True,
-            "model": alias, "tokens_predicted": len(tokens), "tokens_evaluated": len(prompt),
-            "generation_settings": {"n_probs": request.get("n_probs", 0)}, "prompt": "", "has_new_line": False,
-            "truncated": False, "stop_type": {"length": "limit", "stop": "eos"}[finish], "stopping_word": "",
-            "tokens_cached": 0, "timings": {}}
+    body = {
+        "index": 0,
+        "content": text.decode(errors="replace"),
+        "tokens": tokens,
+        "id_slot": 0,
+        "stop": True,
+        "model": alias,
+        "tokens_predicted": len(tokens),
+        "tokens_evaluated": len(prompt),
+        "generation_settings": {"n_probs": request.get("n_probs", 0)},
+        "prompt": "",
+        "has_new_line": False,
+        "truncated": False,
+        "stop_type": {"length": "limit", "stop": "eos"}[finish],
+        "stopping_word": "",
+        "tokens_cached": 0,
+        "timings": {},
+    }
     if probs:  # llama-server leaves the field out when it kept no entry
         body["completion_probabilities"] = probs
     return body
@@ -165,13 +207,20 @@ def _sse(body: dict) -> bytes:
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
-def _stream_vllm(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str,
-                 fake: FakeServer) -> list[tuple[list[int], bytes]]:
+def _stream_vllm(
+    request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str, fake: FakeServer
+) -> list[tuple[list[int], bytes]]:
     """(tokens generated for it, the event) per event."""
     events = []
     for index, (token, logprob) in enumerate(zip(tokens, _logprobs(tokens, action))):
-        body = _vllm(request, prompt, [token], finish if index == len(tokens) - 1 and finish != "abort" else None,
-                     action, dialect)
+        body = _vllm(
+            request,
+            prompt,
+            [token],
+            finish if index == len(tokens) - 1 and finish != "abort" else None,
+            action,
+            dialect,
+        )
         body["choices"][0]["logprobs"]["token_logprobs"] = [logprob]
         body["choices"][0]["logprobs"]["text_offset"] = [index]
         if index:
@@ -185,13 +234,14 @@ def _stream_vllm(request: dict, prompt: list[int], tokens: list[int], finish: st
     return [*events, ([], b"data: [DONE]\n\n")]
 
 
-def _stream_sglang(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str,
-                   fake: FakeServer) -> list[tuple[list[int], bytes]]:
+def _stream_sglang(
+    request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str, fake: FakeServer
+) -> list[tuple[list[int], bytes]]:
     events = []
     values = _logprobs(tokens, action)
     for index, token in enumerate(tokens):
         last = index == len(tokens) - 1
-        body = _sglang(request, prompt, tokens[:index + 1], finish, action, dialect)
+        body = _sglang(request, prompt, tokens[: index + 1], finish, action, dialect)
         body["meta_info"]["output_token_logprobs"][0][0] = values[0]
         if not last:
             body["meta_info"]["finish_reason"] = None
@@ -206,8 +256,9 @@ def _stream_sglang(request: dict, prompt: list[int], tokens: list[int], finish: 
     return [*events, ([], b"data: [DONE]\n\n")]
 
 
-def _stream_llamacpp(request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str,
-                     fake: FakeServer) -> list[tuple[list[int], bytes]]:
+def _stream_llamacpp(
+    request: dict, prompt: list[int], tokens: list[int], finish: str, action: Action, dialect: str, fake: FakeServer
+) -> list[tuple[list[int], bytes]]:
     events, text, held = [], b"", []
     for index, token in enumerate(tokens):
         text += piece_of(token)
@@ -216,9 +267,23 @@ def _stream_llamacpp(request: dict, prompt: list[int], tokens: list[int], finish
             continue  # llama-server sends nothing for a token that leaves a character cut
         logprob = action.logprob if index == 0 and action.logprob is not None else logprob_of(token)
         entry = _entry(token, logprob, [{"id": token, "logprob": logprob}])
-        events.append((held, _sse({"index": 0, "content": piece_of(token).decode(errors="replace"), "tokens": [token],
-                                   "stop": False, "id_slot": -1, "tokens_predicted": index + 1,
-                                   "tokens_evaluated": len(prompt), "completion_probabilities": [entry]})))
+        events.append(
+            (
+                held,
+                _sse(
+                    {
+                        "index": 0,
+                        "content": piece_of(token).decode(errors="replace"),
+                        "tokens": [token],
+                        "stop": False,
+                        "id_slot": -1,
+                        "tokens_predicted": index + 1,
+                        "tokens_evaluated": len(prompt),
+                        "completion_probabilities": [entry],
+                    }
+                ),
+            )
+        )
         held = []
     final = _llamacpp(request, prompt, tokens, finish, action, dialect)
     final.update(content="", tokens=[])
@@ -227,20 +292,31 @@ def _stream_llamacpp(request: dict, prompt: list[int], tokens: list[int], finish
 
 
 STREAMS: dict[str, Callable[..., list[tuple[list[int], bytes]]]] = {
-    "vllm": _stream_vllm, "vllm-old": _stream_vllm, "sglang": _stream_sglang, "llamacpp": _stream_llamacpp}
+    "vllm": _stream_vllm,
+    "vllm-old": _stream_vllm,
+    "sglang": _stream_sglang,
+    "llamacpp": _stream_llamacpp,
+}
 
 
 def _llamacpp_score(request: dict, known: list[int], action: Action) -> dict:
     """A scoring request (n_predict 1, one token forced by logit_bias): every token the fake generated is a
     candidate, at its logprob_of; the forced token's entry lists the top n_probs of them."""
     [[forced, _]] = request["logit_bias"]
-    top = sorted({*known, forced}, key=lambda t: (logprob_of(t), -t), reverse=True)[:request["n_probs"]]
+    top = sorted({*known, forced}, key=lambda t: (logprob_of(t), -t), reverse=True)[: request["n_probs"]]
     piece = piece_of(forced)
-    body = {"content": "", "tokens": [forced], "stop": True, "stop_type": "limit", "model": action.model or "smollm2",
-            "generation_settings": {"n_probs": request["n_probs"]}}
+    body = {
+        "content": "",
+        "tokens": [forced],
+        "stop": True,
+        "stop_type": "limit",
+        "model": action.model or "smollm2",
+        "generation_settings": {"n_probs": request["n_probs"]},
+    }
     if validate_utf8(piece) == len(piece):
-        body["completion_probabilities"] = [_entry(forced, logprob_of(forced),
-                                                   [{"id": t, "logprob": logprob_of(t)} for t in top])]
+        body["completion_probabilities"] = [
+            _entry(forced, logprob_of(forced), [{"id": t, "logprob": logprob_of(t)} for t in top])
+        ]
     return body
 
 
@@ -249,8 +325,12 @@ PROMPT_FIELD = {"vllm": "prompt", "vllm-old": "prompt", "sglang": "input_ids", "
 
 
 def max_tokens_of(request: dict) -> int:
-    return int(request.get("max_tokens") or request.get("n_predict")
-               or request.get("sampling_params", {}).get("max_new_tokens") or 16)
+    return int(
+        request.get("max_tokens")
+        or request.get("n_predict")
+        or request.get("sampling_params", {}).get("max_new_tokens")
+        or 16
+    )
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -281,9 +361,11 @@ class FakeServer:
         return self
 
     def generations(self) -> list[dict]:
-        return [body for path, body in self.requests
-                if "tokenize" not in path and "health" not in path and "models" not in path
-                and "logit_bias" not in body]
+        return [
+            body
+            for path, body in self.requests
+            if "tokenize" not in path and "health" not in path and "models" not in path and "logit_bias" not in body
+        ]
 
     def scorings(self) -> list[dict]:
         return [body for _, body in self.requests if "logit_bias" in body]
@@ -306,8 +388,11 @@ class FakeServer:
         if action.text is not None:
             count = min(count, len(action.text.encode()))
         finish = "abort" if action.kind == "abort" else (action.finish or ("length" if count == budget else "stop"))
-        tokens = (next_tokens(prompt, count + action.over) if action.text is None
-                  else byte_tokens(action.text)[:count + action.over])
+        tokens = (
+            next_tokens(prompt, count + action.over)
+            if action.text is None
+            else byte_tokens(action.text)[: count + action.over]
+        )
         if request.get("stream"):
             return action, STREAMS[self.dialect](request, prompt, tokens, finish, action, self.dialect, self)
         self.generated += tokens
@@ -406,7 +491,7 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
             try:
                 for tokens, event in events:
                     if action.cut_after is not None and sent + len(tokens) > action.cut_after:
-                        fake.generated += tokens[:action.cut_after - sent]  # generated, never sent: a crash
+                        fake.generated += tokens[: action.cut_after - sent]  # generated, never sent: a crash
                         if action.seconds:
                             fake.loading_until = time.monotonic() + action.seconds
                         fake.model = action.model_after or fake.model
@@ -414,8 +499,9 @@ def start(dialect: str) -> tuple[FakeServer, Callable[[], None]]:
                         self.connection.shutdown(2)
                         return
                     if action.error_after is not None and sent >= action.error_after and tokens:
-                        event = _sse({"error": {"message": "Internal server error", "type": "InternalServerError",
-                                                "code": 500}})
+                        event = _sse(
+                            {"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}}
+                        )
                         self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
                         return
                     if tokens and action.token_delay:

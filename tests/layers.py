@@ -31,8 +31,19 @@ RULES: dict[str, set[str]] = {
     "__init__": {"core", "errors", "_version"},
     "__main__": {"cli"},
     # The examples use the library as any user does.
-    "consumers": {"core", "store", "services", "train", "replay", "cli", "errors", "config", "_version", "__init__",
-                  "consumers"},
+    "consumers": {
+        "core",
+        "store",
+        "services",
+        "train",
+        "replay",
+        "cli",
+        "errors",
+        "config",
+        "_version",
+        "__init__",
+        "consumers",
+    },
 }
 #: Imports allowed only inside a function: replay rebuilds a step's tensors only when asked.
 LAZY: dict[str, set[str]] = {"replay": {"train"}, "__init__": {"train", "store"}}
@@ -113,8 +124,12 @@ def _in_top_block(tree: ast.Module, target: ast.AST) -> bool:
 
 def _sources(root: Path, package: str) -> list[Path]:
     """The package's ``.py`` files, through links too: ``streamgrp/consumers`` is one (``rglob`` does not follow it)."""
-    return sorted(Path(folder, name) for folder, _, names in os.walk(root / package, followlinks=True)
-                  for name in names if name.endswith(".py"))
+    return sorted(
+        Path(folder, name)
+        for folder, _, names in os.walk(root / package, followlinks=True)
+        for name in names
+        if name.endswith(".py")
+    )
 
 
 def check_tree(root: Path, package: str = "streamgrp", examples: str = "consumers") -> list[Violation]:
@@ -136,14 +151,28 @@ def check_tree(root: Path, package: str = "streamgrp", examples: str = "consumer
                 continue
             seen.add((imported, line))
             head = imported.split(".")[0]
-            in_examples = head == examples or imported.startswith(f"{package}.{examples}.") \
-                or imported == f"{package}.{examples}"
+            in_examples = (
+                head == examples or imported.startswith(f"{package}.{examples}.") or imported == f"{package}.{examples}"
+            )
             if in_examples and layer != examples:
-                violations.append(Violation(module, line, imported, f"the library never imports {package}.{examples} "
-                                            "(name an example by a 'module:function' string)"))
+                violations.append(
+                    Violation(
+                        module,
+                        line,
+                        imported,
+                        f"the library never imports {package}.{examples} "
+                        "(name an example by a 'module:function' string)",
+                    )
+                )
             elif head == examples:
-                violations.append(Violation(module, line, imported, f"a wheel installs no top-level {examples} "
-                                            f"package; import {package}.{examples}"))
+                violations.append(
+                    Violation(
+                        module,
+                        line,
+                        imported,
+                        f"a wheel installs no top-level {examples} package; import {package}.{examples}",
+                    )
+                )
             elif head == package:
                 if imported not in modules:
                     continue  # a name, not a module: "from streamgrp.core.codec import encode"

@@ -38,33 +38,79 @@ from streamgrp.core.manifest import make_manifest
 from streamgrp.core.policy import GroupPolicy, NormSpec
 from streamgrp.services.synthetic import make_sample
 
-TOKENS = (b"true", b"false", b"null", b"[", b"]", b"{", b"}", b'"', b",", b":", b"-1", b"0", b"1.5", b"1e400",
-          b"18446744073709551616", b"9223372036854775808", b'"__raw__"', b'{"__raw__":', b"NaN", b"\xff", b"\\u0000",
-          b'"slot_result"', b'"kind":', b'"schema_version":', b"[" * 40, b"{}", b"[]", b"2.0")
+TOKENS = (
+    b"true",
+    b"false",
+    b"null",
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b'"',
+    b",",
+    b":",
+    b"-1",
+    b"0",
+    b"1.5",
+    b"1e400",
+    b"18446744073709551616",
+    b"9223372036854775808",
+    b'"__raw__"',
+    b'{"__raw__":',
+    b"NaN",
+    b"\xff",
+    b"\\u0000",
+    b'"slot_result"',
+    b'"kind":',
+    b'"schema_version":',
+    b"[" * 40,
+    b"{}",
+    b"[]",
+    b"2.0",
+)
 
 
 def _decision(task: int, members: int = 2) -> GroupDecided:
     slots = tuple(range(members))
-    return GroupDecided(task_id=f"g{task}", decision="complete", slots=slots,
-                        member_entries=tuple(f"{task}-{m}" for m in slots),
-                        member_digests=tuple(f"{task:02d}{m:030d}" for m in slots), member_rows=(1,) * members,
-                        member_tokens=tuple(5 + m for m in slots), member_versions=(0,) * members,
-                        member_rewards=tuple(0.5 * m for m in slots),
-                        slot_outcomes={str(m): "sample" for m in slots},
-                        stats=GroupStats.of(members + 1, members, members),
-                        closed_by="all_slots", issued_at=1.0, decided_at=2.5)
+    return GroupDecided(
+        task_id=f"g{task}",
+        decision="complete",
+        slots=slots,
+        member_entries=tuple(f"{task}-{m}" for m in slots),
+        member_digests=tuple(f"{task:02d}{m:030d}" for m in slots),
+        member_rows=(1,) * members,
+        member_tokens=tuple(5 + m for m in slots),
+        member_versions=(0,) * members,
+        member_rewards=tuple(0.5 * m for m in slots),
+        slot_outcomes={str(m): "sample" for m in slots},
+        stats=GroupStats.of(members + 1, members, members),
+        closed_by="all_slots",
+        issued_at=1.0,
+        decided_at=2.5,
+    )
 
 
 def valid_events() -> list:
     """At least one event of every kind, tensors included."""
     events = [
-        RunStarted(run="r", policy=GroupPolicy(n_samples=4, reward_norm=NormSpec("group", "group")),
-                   settings={"dp_size": 2, "nested": {"a": [1, 2.5, None, True]}}, started_at=1_700_000_000.5),
-        TaskIssued(task_id="t1", prompt={"text": "2+2?", "tokens": 8, "nested": [1, {"a": None}]}, version=3,
-                   issued_at=12.5, producer="feeder", seq=4),
+        RunStarted(
+            run="r",
+            policy=GroupPolicy(n_samples=4, reward_norm=NormSpec("group", "group")),
+            settings={"dp_size": 2, "nested": {"a": [1, 2.5, None, True]}},
+            started_at=1_700_000_000.5,
+        ),
+        TaskIssued(
+            task_id="t1",
+            prompt={"text": "2+2?", "tokens": 8, "nested": [1, {"a": None}]},
+            version=3,
+            issued_at=12.5,
+            producer="feeder",
+            seq=4,
+        ),
         codec.sample_result("t1", 2, make_sample(tokens=6, rows=2, version=3, seed=1), producer="worker-a", seq=17)[0],
-        SamplePayload(task_id="t1", slot=2, sample=make_sample(tokens=6, rows=2, version=3, seed=1),
-                      producer="worker-a", seq=17),
+        SamplePayload(
+            task_id="t1", slot=2, sample=make_sample(tokens=6, rows=2, version=3, seed=1), producer="worker-a", seq=17
+        ),
         SamplePayload(task_id="t1", slot=0, sample=make_sample(tokens=3, version=1, reward=-0.5)),
         SlotResult(task_id="t1", slot=1, outcome="rejected"),
         SlotResult(task_id="t1", slot=3, outcome="failed", error="ValueError: boom"),
@@ -81,32 +127,64 @@ def valid_events() -> list:
         StepRowsTrained(step=2, rank=0, attempt=1, rows=(0, 1, 4), total=7),
         VersionAdvanced(version=1, step=0),
         RunFinished(steps=3),
-        WeightsServed(server="http://127.0.0.1:30000", version=2, dialect="sglang", ok=True, detail="loaded",
-                      seconds=1.5, at=1_700_000_001.0),
+        WeightsServed(
+            server="http://127.0.0.1:30000",
+            version=2,
+            dialect="sglang",
+            ok=True,
+            detail="loaded",
+            seconds=1.5,
+            at=1_700_000_001.0,
+        ),
         TrainingResumed(attempt=2, step=5, world_size=2, base_version=7, reason="lowest_rank", retrain_through=5),
-        CheckpointSaved(step=4, version=5, path="/ckpt/step-4", ranks=(0,), world_size=2, attempt=1,
-                        files={"model.safetensors": 1024}),
+        CheckpointSaved(
+            step=4,
+            version=5,
+            path="/ckpt/step-4",
+            ranks=(0,),
+            world_size=2,
+            attempt=1,
+            files={"model.safetensors": 1024},
+        ),
         *_session_events(),
     ]
     assert {event.kind for event in events} == set(EVENT_TYPES)
     return events
 
 
-
 def _session_events() -> list:
     """An agent session's events (streamgrp.services.gateway): opened, one turn (tensors), ended."""
     from streamgrp.core.events import RawArray, SessionEnded, SessionOpened, SlotSegment, TurnRecorded
 
-    return [SessionOpened(session="p0-0123456789abcdef", task_id="t1", slot=1, deadline=1_700_000_600.5, version=2),
-            TurnRecorded(session="p0-0123456789abcdef", task_id="t1", slot=1, turn=1,
-                         prompt_ids=RawArray.from_values([1, 4093, 198], "int32"),
-                         completion_ids=RawArray.from_values([33, 2], "int32"),
-                         logprobs=RawArray.from_values([-0.5, -0.25], "float32"), version=2, finish="stop",
-                         meta={"text": "1", "endpoint": "chat"}),
-            SessionEnded(session="p0-0123456789abcdef", task_id="t1", slot=1, outcome="sample", turns=1, rows=1,
-                         reward=1.0),
-            SlotSegment(task_id="t1", slot=0, index=1, start=64, token_ids=RawArray.from_values([33, 2], "int32"),
-                        logprobs=RawArray.from_values([-0.5, -0.25], "float32"), version=3, cause="chunk")]
+    return [
+        SessionOpened(session="p0-0123456789abcdef", task_id="t1", slot=1, deadline=1_700_000_600.5, version=2),
+        TurnRecorded(
+            session="p0-0123456789abcdef",
+            task_id="t1",
+            slot=1,
+            turn=1,
+            prompt_ids=RawArray.from_values([1, 4093, 198], "int32"),
+            completion_ids=RawArray.from_values([33, 2], "int32"),
+            logprobs=RawArray.from_values([-0.5, -0.25], "float32"),
+            version=2,
+            finish="stop",
+            meta={"text": "1", "endpoint": "chat"},
+        ),
+        SessionEnded(
+            session="p0-0123456789abcdef", task_id="t1", slot=1, outcome="sample", turns=1, rows=1, reward=1.0
+        ),
+        SlotSegment(
+            task_id="t1",
+            slot=0,
+            index=1,
+            start=64,
+            token_ids=RawArray.from_values([33, 2], "int32"),
+            logprobs=RawArray.from_values([-0.5, -0.25], "float32"),
+            version=3,
+            cause="chunk",
+        ),
+    ]
+
 
 VALID = [codec.encode(event) for event in valid_events()]
 
@@ -124,7 +202,7 @@ def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
         elif op == 2:  # insert random bytes
             out[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
         elif op == 3:  # delete a few bytes
-            del out[pos:pos + rng.randint(1, 8)]
+            del out[pos : pos + rng.randint(1, 8)]
         elif op == 4:  # insert a JSON-ish token, to get past the parser more often than noise does
             out[pos:pos] = rng.choice(TOKENS)
         elif op == 5 and out:  # duplicate a slice
@@ -159,7 +237,6 @@ def mutate_entry(rng: random.Random, fields: dict[bytes, bytes]):
         else:
             fields[rng.choice([codec.BLOB, b"x", "h"])] = bytes(rng.randrange(256) for _ in range(rng.randint(0, 8)))
     return fields
-
 
 
 SLOT = SamplePayload(task_id="t", slot=2, sample=make_sample(tokens=4), producer="w", seq=1)
@@ -232,8 +309,11 @@ MALFORMED = [
     pytest.param(entry_fields([b"h", SLOT_FIELDS[codec.HEADER], b"b"]), "bad_fields", id="odd-flat-list"),
     pytest.param(entry_fields([[b"h"], b"x", b"h", b"{}"]), "bad_fields", id="unhashable-name"),
     pytest.param(entry_fields(b"h"), "bad_fields", id="flat-not-a-list"),
-    pytest.param(entry_fields([b"h", SLOT_FIELDS[codec.HEADER], b"b", BLOB, b"h", b"{}"]), "repeated_field",
-                 id="repeated-field-names"),
+    pytest.param(
+        entry_fields([b"h", SLOT_FIELDS[codec.HEADER], b"b", BLOB, b"h", b"{}"]),
+        "repeated_field",
+        id="repeated-field-names",
+    ),
     pytest.param({"h": SLOT_FIELDS[codec.HEADER].decode(), **SLOT_FIELDS}, "repeated_field", id="h-as-bytes-and-str"),
     # size: checked first, before the header is parsed, over every field
     pytest.param({codec.HEADER: b"{not json" * 30}, "oversized", id="oversized-before-parsing"),
@@ -276,24 +356,27 @@ MALFORMED = [
     pytest.param(header(sample={"token_ids": desc(shape=[1] * 33)}), "bad_header", id="shape-33-dims"),
     pytest.param(header(sample={"token_ids": desc(offset=False)}), "bad_header", id="descriptor-bool-offset"),
     pytest.param(header(sample={"token_ids": desc(nbytes=16.0)}), "bad_header", id="descriptor-float-nbytes"),
-    pytest.param(header(sample={"token_ids": {"__raw__": ["int32", [4], 0]}}), "bad_header",
-                 id="descriptor-3-items"),
-    pytest.param(header(sample={"token_ids": {"__raw__": ["int32", [4], 0, 16, 0]}}), "bad_header",
-                 id="descriptor-5-items"),
+    pytest.param(header(sample={"token_ids": {"__raw__": ["int32", [4], 0]}}), "bad_header", id="descriptor-3-items"),
+    pytest.param(
+        header(sample={"token_ids": {"__raw__": ["int32", [4], 0, 16, 0]}}), "bad_header", id="descriptor-5-items"
+    ),
     pytest.param(header(sample={"token_ids": {"__raw__": "int32"}}), "bad_header", id="descriptor-str"),
-    pytest.param(header(sample={"meta": {"x": desc("uint8", (0,), 36, 0)}}), "bad_header",
-                 id="descriptor-in-free-form-meta"),
+    pytest.param(
+        header(sample={"meta": {"x": desc("uint8", (0,), 36, 0)}}), "bad_header", id="descriptor-in-free-form-meta"
+    ),
     pytest.param(header({"task_id": desc("uint8", (0,), 0, 0)}), "wrong_type", id="descriptor-as-task-id"),
     pytest.param(inline_tensor(), "wrong_type", id="tensor-inline-in-header"),
     pytest.param(header(sample={"token_ids": desc(nbytes=12)}), "length_mismatch", id="nbytes-mismatch"),
-    pytest.param(header(sample={"token_ids": desc(shape=(5,), nbytes=20)}), "length_mismatch",
-                 id="shape-mismatch"),
+    pytest.param(header(sample={"token_ids": desc(shape=(5,), nbytes=20)}), "length_mismatch", id="shape-mismatch"),
     pytest.param(header(sample={"loss_mask": desc("uint8", (4,), 17, 4)}), "length_mismatch", id="offset-gap"),
     pytest.param(header(blob=BLOB[:-1]), "length_mismatch", id="blob-short"),
     pytest.param(header(blob=BLOB + b"\0"), "length_mismatch", id="blob-long"),
     pytest.param(header(blob=None), "length_mismatch", id="blob-missing"),
-    pytest.param({**codec.encode(SlotResult(task_id="t", slot=0, outcome="rejected")), codec.BLOB: b"\1\2"},
-                 "length_mismatch", id="blob-without-tensors"),
+    pytest.param(
+        {**codec.encode(SlotResult(task_id="t", slot=0, outcome="rejected")), codec.BLOB: b"\1\2"},
+        "length_mismatch",
+        id="blob-without-tensors",
+    ),
     # field types: strict numbers
     pytest.param(header({"slot": True}), "wrong_type", id="bool-slot"),
     pytest.param(header({"slot": 2.0}), "wrong_type", id="float-slot"),
@@ -309,23 +392,49 @@ MALFORMED = [
     pytest.param(header({"sample": [1, 2]}, blob=None), "wrong_type", id="sample-list"),
     pytest.param(header({"sample": "sample"}, blob=None), "wrong_type", id="sample-str"),
     pytest.param(other("slot_result", task_id="t", slot=0, outcome="great"), "wrong_type", id="unknown-outcome"),
-    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "rows": True}),
-                 "wrong_type", id="bool-summary-rows"),
-    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "reward": "0.5"}),
-                 "wrong_type", id="str-summary-reward"),
+    pytest.param(
+        other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "rows": True}),
+        "wrong_type",
+        id="bool-summary-rows",
+    ),
+    pytest.param(
+        other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "reward": "0.5"}),
+        "wrong_type",
+        id="str-summary-reward",
+    ),
     pytest.param(other("tick", now=True), "wrong_type", id="bool-tick-now"),
     pytest.param(other("tick", now="1.5"), "wrong_type", id="str-tick-now"),
     pytest.param(other("task_issued", task_id="t", prompt=["x"], issued_at=1.0), "wrong_type", id="prompt-list"),
-    pytest.param(other("run_started", run="r", policy={"n_samples": True}, started_at=1.0), "wrong_type",
-                 id="bool-policy-n-samples"),
-    pytest.param(other("run_started", run="r", policy={**POLICY, "reward_norm": {**POLICY["reward_norm"], "eps": True}},
-                       started_at=1.0), "wrong_type", id="bool-policy-eps"),
-    pytest.param(other("run_started", run="r", policy={**POLICY, "drop_incomplete_group": 1}, started_at=1.0),
-                 "wrong_type", id="int-policy-bool"),
-    pytest.param(other("group_decided", **{**GROUP, "stats": {**GROUP["stats"], "fully_masked_group": 0}}), "wrong_type",
-                 id="stats-int-as-flag"),
-    pytest.param(other("group_decided", **{**GROUP, "stats": {**GROUP["stats"], "usable_slot_count": 2.0}}),
-                 "wrong_type", id="stats-float-as-count"),
+    pytest.param(
+        other("run_started", run="r", policy={"n_samples": True}, started_at=1.0),
+        "wrong_type",
+        id="bool-policy-n-samples",
+    ),
+    pytest.param(
+        other(
+            "run_started",
+            run="r",
+            policy={**POLICY, "reward_norm": {**POLICY["reward_norm"], "eps": True}},
+            started_at=1.0,
+        ),
+        "wrong_type",
+        id="bool-policy-eps",
+    ),
+    pytest.param(
+        other("run_started", run="r", policy={**POLICY, "drop_incomplete_group": 1}, started_at=1.0),
+        "wrong_type",
+        id="int-policy-bool",
+    ),
+    pytest.param(
+        other("group_decided", **{**GROUP, "stats": {**GROUP["stats"], "fully_masked_group": 0}}),
+        "wrong_type",
+        id="stats-int-as-flag",
+    ),
+    pytest.param(
+        other("group_decided", **{**GROUP, "stats": {**GROUP["stats"], "usable_slot_count": 2.0}}),
+        "wrong_type",
+        id="stats-float-as-count",
+    ),
     pytest.param(other("group_decided", **{**GROUP, "stats": {"x": {"y": 1}}}), "missing_field", id="stats-unknown"),
     pytest.param(other("step_committed", step=0, rank=0, world_size=2.0), "wrong_type", id="float-world-size"),
     # values
@@ -334,28 +443,54 @@ MALFORMED = [
     pytest.param(header({"task_id": ""}), "invalid_value", id="empty-task-id"),
     pytest.param(header({"extra": 1}), "invalid_value", id="extra-header-field"),
     pytest.param(header(sample={"extra": 1}), "invalid_value", id="extra-sample-field"),
-    pytest.param(header(sample={"logprobs": {**desc("float32", (4,), 20, 16), "x": 1}}, blob=BLOB[:20]),
-                 "missing_field", id="descriptor-with-extra-key"),
+    pytest.param(
+        header(sample={"logprobs": {**desc("float32", (4,), 20, 16), "x": 1}}, blob=BLOB[:20]),
+        "missing_field",
+        id="descriptor-with-extra-key",
+    ),
     pytest.param(header(sample={"rewards": [1.0, 2.0]}), "invalid_value", id="rewards-length-vs-rows"),
     pytest.param(header(sample={"row_lengths": [2, 2]}), "invalid_value", id="row-lengths-vs-rewards"),
-    pytest.param(other("slot_result", task_id="t", slot=0, outcome="rejected", sample=SUMMARY), "invalid_value",
-                 id="rejected-with-sample"),
-    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "rows": 0}),
-                 "invalid_value", id="summary-zero-rows"),
-    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "digest": ""}),
-                 "invalid_value", id="summary-empty-digest"),
-    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample",
-                       sample={**SUMMARY, "token_ids": [1, 2]}), "invalid_value", id="tensor-in-a-summary"),
-    pytest.param(other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "version": -1}),
-                 "invalid_value", id="summary-negative-version"),
-    pytest.param(other("group_decided", **{**GROUP, "member_tokens": [5]}), "invalid_value",
-                 id="member-lists-wrong-length"),
-    pytest.param(other("group_decided", **{**GROUP, "member_rewards": [0.5]}), "invalid_value",
-                 id="member-rewards-wrong-length"),
-    pytest.param(other("task_issued", task_id="t", prompt=nested_prompt(25), issued_at=1.0), "invalid_value",
-                 id="free-form-too-deep"),
-    pytest.param(other("run_started", run="r", policy={"n_samples": 0}, started_at=1.0), "invalid_value",
-                 id="policy-inconsistent"),
+    pytest.param(
+        other("slot_result", task_id="t", slot=0, outcome="rejected", sample=SUMMARY),
+        "invalid_value",
+        id="rejected-with-sample",
+    ),
+    pytest.param(
+        other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "rows": 0}),
+        "invalid_value",
+        id="summary-zero-rows",
+    ),
+    pytest.param(
+        other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "digest": ""}),
+        "invalid_value",
+        id="summary-empty-digest",
+    ),
+    pytest.param(
+        other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "token_ids": [1, 2]}),
+        "invalid_value",
+        id="tensor-in-a-summary",
+    ),
+    pytest.param(
+        other("slot_result", task_id="t", slot=0, outcome="sample", sample={**SUMMARY, "version": -1}),
+        "invalid_value",
+        id="summary-negative-version",
+    ),
+    pytest.param(
+        other("group_decided", **{**GROUP, "member_tokens": [5]}), "invalid_value", id="member-lists-wrong-length"
+    ),
+    pytest.param(
+        other("group_decided", **{**GROUP, "member_rewards": [0.5]}), "invalid_value", id="member-rewards-wrong-length"
+    ),
+    pytest.param(
+        other("task_issued", task_id="t", prompt=nested_prompt(25), issued_at=1.0),
+        "invalid_value",
+        id="free-form-too-deep",
+    ),
+    pytest.param(
+        other("run_started", run="r", policy={"n_samples": 0}, started_at=1.0),
+        "invalid_value",
+        id="policy-inconsistent",
+    ),
     pytest.param(header(drop=("task_id",)), "missing_field", id="missing-task-id"),
     pytest.param(other("tick"), "missing_field", id="missing-tick-now"),
 ]

@@ -64,12 +64,17 @@ def write_tiny_gguf(path: Path, *, seed: int = 0) -> Path:
     head = HIDDEN // HEADS
     shapes = {"token_embd.weight": (VOCAB, HIDDEN), "output_norm.weight": (HIDDEN,)}
     for layer in range(LAYERS):
-        shapes |= {f"blk.{layer}.attn_q.weight": (HIDDEN, HIDDEN),
-                   f"blk.{layer}.attn_k.weight": (KV_HEADS * head, HIDDEN),
-                   f"blk.{layer}.attn_v.weight": (KV_HEADS * head, HIDDEN),
-                   f"blk.{layer}.attn_output.weight": (HIDDEN, HIDDEN), f"blk.{layer}.ffn_gate.weight": (FFN, HIDDEN),
-                   f"blk.{layer}.ffn_up.weight": (FFN, HIDDEN), f"blk.{layer}.ffn_down.weight": (HIDDEN, FFN),
-                   f"blk.{layer}.attn_norm.weight": (HIDDEN,), f"blk.{layer}.ffn_norm.weight": (HIDDEN,)}
+        shapes |= {
+            f"blk.{layer}.attn_q.weight": (HIDDEN, HIDDEN),
+            f"blk.{layer}.attn_k.weight": (KV_HEADS * head, HIDDEN),
+            f"blk.{layer}.attn_v.weight": (KV_HEADS * head, HIDDEN),
+            f"blk.{layer}.attn_output.weight": (HIDDEN, HIDDEN),
+            f"blk.{layer}.ffn_gate.weight": (FFN, HIDDEN),
+            f"blk.{layer}.ffn_up.weight": (FFN, HIDDEN),
+            f"blk.{layer}.ffn_down.weight": (HIDDEN, FFN),
+            f"blk.{layer}.attn_norm.weight": (HIDDEN,),
+            f"blk.{layer}.ffn_norm.weight": (HIDDEN,),
+        }
     writer = llama_writer(path, gguf.LlamaFileType.ALL_F32)
     for name, shape in shapes.items():
         scale = 1.0 if name.endswith("norm.weight") else 0.2

@@ -71,8 +71,10 @@ def _flag_rows(group: argparse._ArgumentGroup) -> list[tuple[str, str, str, str]
     """(flag, environment variable, default, meaning) per argument of ``group``."""
     rows = []
     for action in group._group_actions:
-        if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)) \
-                or action.help == argparse.SUPPRESS:
+        if (
+            isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction))
+            or action.help == argparse.SUPPRESS
+        ):
             continue
         help_text = action.help or ""
         env = getattr(action, "env_name", "")
@@ -101,8 +103,10 @@ def _flag_rows(group: argparse._ArgumentGroup) -> list[tuple[str, str, str, str]
 def _flag_table(rows: list[tuple[str, str, str, str]]) -> str:
     lines = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     for flag, env, default, meaning in rows:
-        lines.append(f"| {_code(flag)} | {_code(env) if env.startswith('STREAMGRP_') else _cell(env)} | "
-                     f"{_code(default) if default else ''} | {_cell(meaning)} |")
+        lines.append(
+            f"| {_code(flag)} | {_code(env) if env.startswith('STREAMGRP_') else _cell(env)} | "
+            f"{_code(default) if default else ''} | {_cell(meaning)} |"
+        )
     return "\n".join(lines)
 
 
@@ -123,8 +127,11 @@ def render_cli() -> str:
             rows = _flag_rows(group)
             if rows and group.title not in ("positional arguments", "options", "common"):
                 seen.setdefault(_group_key(group.title, rows), []).append(name)
-    shared = {key: f"flags-{re.sub(r'[^a-z0-9]+', '-', key[0].lower()).strip('-')}"
-              for key, users in seen.items() if len(users) > 1}
+    shared = {
+        key: f"flags-{re.sub(r'[^a-z0-9]+', '-', key[0].lower()).strip('-')}"
+        for key, users in seen.items()
+        if len(users) > 1
+    }
     anchors_used: dict[str, int] = {}
     for key, anchor in list(shared.items()):  # two variants of one title get distinct anchors
         count = anchors_used.get(anchor, 0)
@@ -136,8 +143,16 @@ def render_cli() -> str:
     out += [f"| [`streamgrp {name}`](#streamgrp-{name}) | {_cell(helps.get(name, ''))} |" for name in commands]
     out += ["", "Every command also takes the two [common flags](#flags-common) before or after its name.", ""]
     for name, sub in commands.items():
-        out += [f"### streamgrp {name} {{ #streamgrp-{name} }}", "", _cell(helps.get(name, "")), "",
-                "```text", sub.format_usage().strip(), "```", ""]
+        out += [
+            f"### streamgrp {name} {{ #streamgrp-{name} }}",
+            "",
+            _cell(helps.get(name, "")),
+            "",
+            "```text",
+            sub.format_usage().strip(),
+            "```",
+            "",
+        ]
         links = []
         for group in sub._action_groups:
             rows = [row for row in _flag_rows(group)]
@@ -153,9 +168,14 @@ def render_cli() -> str:
             out += ["Also the shared flag groups: " + ", ".join(links) + ".", ""]
     out += ["## Shared flag groups", ""]
     common = next(group for group in parser._action_groups if group.title == "common")
-    out += ["### common { #flags-common }", "",
-            "`--config` and `--log-level` work before or after the subcommand.", "",
-            _flag_table(_flag_rows(common)), ""]
+    out += [
+        "### common { #flags-common }",
+        "",
+        "`--config` and `--log-level` work before or after the subcommand.",
+        "",
+        _flag_table(_flag_rows(common)),
+        "",
+    ]
     for key, anchor in shared.items():
         title, rows = key
         users = ", ".join(f"`{user}`" for user in seen[key])
@@ -168,8 +188,12 @@ def render_cli() -> str:
 
 def _type_name(annotation: object) -> str:
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
-    text = re.sub(r"\b(typing|pathlib|pydantic\.types|streamgrp\.core\.policy|streamgrp\.core\.values|"
-                  r"streamgrp\.core\.members|streamgrp\.core\.events)\.", "", text)
+    text = re.sub(
+        r"\b(typing|pathlib|pydantic\.types|streamgrp\.core\.policy|streamgrp\.core\.values|"
+        r"streamgrp\.core\.members|streamgrp\.core\.events)\.",
+        "",
+        text,
+    )
     text = re.sub(r"Annotated\[([\w.]+), msgspec\.Meta\([^)]*\)\]", r"\1", text)  # the wire's bounds
     return text.replace("NoneType", "None").replace("<class '", "").replace("'>", "")
 
@@ -189,13 +213,21 @@ def render_settings() -> str:
     out = []
     for section, model in SECTIONS.items():
         doc = inspect.cleandoc(model.__doc__ or "")
-        out += [f"### `[{section}]`: {model.__name__} {{ #{section.replace('_', '-')} }}", "", doc, "",
-                "| key | type | default | flag | environment | meaning |", "|---|---|---|---|---|---|"]
+        out += [
+            f"### `[{section}]`: {model.__name__} {{ #{section.replace('_', '-')} }}",
+            "",
+            doc,
+            "",
+            "| key | type | default | flag | environment | meaning |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, field in model.model_fields.items():
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
             flag = "(none: a secret)" if "flag" in extra and extra["flag"] is None else _code(flag_name(name, model))
-            out.append(f"| `{name}` | {_code(_type_name(field.annotation))} | {_code(_shown_default(field))} | {flag} | "
-                       f"{_code(env_name(name, model))} | {_cell(field.description or '')} |")
+            out.append(
+                f"| `{name}` | {_code(_type_name(field.annotation))} | {_code(_shown_default(field))} | {flag} | "
+                f"{_code(env_name(name, model))} | {_cell(field.description or '')} |"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -238,13 +270,20 @@ def render_metrics() -> str:
             histograms.append(f"- `{name}`: {buckets}")
     for family in _StreamCollector(None, {}).collect():
         labels = ", ".join(f"`{label}`" for label in ("stream", "group"))
-        out.append(f"| `{family.name}` | {family.type} | {labels} | assembler, batcher | {_cell(family.documentation)} |")
+        out.append(
+            f"| `{family.name}` | {family.type} | {labels} | assembler, batcher | {_cell(family.documentation)} |"
+        )
     registry = CollectorRegistry()
     Metrics(registry, role="weight-sync", run="RUN")
     everywhere = sorted({family.name + ("_info" if family.type == "info" else "") for family in registry.collect()})
-    out += ["", "Every role also exports " + ", ".join(f"`{name}`" for name in everywhere)
-            + " (`process_*`: CPU seconds, resident and virtual memory, open and maximum file descriptors, start "
-            "time), and every series of a role carries the label `run`.", ""]
+    out += [
+        "",
+        "Every role also exports "
+        + ", ".join(f"`{name}`" for name in everywhere)
+        + " (`process_*`: CPU seconds, resident and virtual memory, open and maximum file descriptors, start "
+        "time), and every series of a role carries the label `run`.",
+        "",
+    ]
     if histograms:
         out += ["Histogram buckets (upper bounds):", "", *histograms, ""]
     by_role = ["| role | exports |", "|---|---|"]
@@ -278,13 +317,19 @@ def _event_fields(model: type) -> list[tuple[str, object, str]]:
             if info.required:
                 default = "required"
             else:
-                shown = repr(info.default_factory()) if info.default_factory is not msgspec.NODEFAULT else \
-                    _shown_default(type("Field", (), {"default": info.default})())
+                shown = (
+                    repr(info.default_factory())
+                    if info.default_factory is not msgspec.NODEFAULT
+                    else _shown_default(type("Field", (), {"default": info.default})())
+                )
                 default = _code(shown)
             fields.append((info.encode_name, info.type, default))
         return fields
-    return [(name, field.annotation, "required" if field.is_required() else _code(_shown_default(field)))
-            for name, field in model.model_fields.items() if name != "kind"]
+    return [
+        (name, field.annotation, "required" if field.is_required() else _code(_shown_default(field)))
+        for name, field in model.model_fields.items()
+        if name != "kind"
+    ]
 
 
 def _model_table(model: type) -> list[str]:
@@ -297,8 +342,11 @@ def _model_table(model: type) -> list[str]:
 def render_events() -> str:
     from streamgrp.core.events import EVENT_TYPES, SCHEMA_VERSION
 
-    out = [f"Schema version {SCHEMA_VERSION}. Every event also has `schema_version`, `producer` (the writing "
-           "process's name) and `seq` (its sequence number), and a `kind` that names its model:", ""]
+    out = [
+        f"Schema version {SCHEMA_VERSION}. Every event also has `schema_version`, `producer` (the writing "
+        "process's name) and `seq` (its sequence number), and a `kind` that names its model:",
+        "",
+    ]
     out += ["| kind | model | what it records |", "|---|---|---|"]
     for kind, model in EVENT_TYPES.items():
         summary = inspect.cleandoc(model.__doc__ or "").split("\n\n")[0]
@@ -306,8 +354,14 @@ def render_events() -> str:
     out.append("")
     nested: dict[str, type] = {}
     for kind, model in EVENT_TYPES.items():
-        out += [f"### {model.__name__} {{ #{model.__name__.lower()} }}", "", f"`kind: {kind}`. "
-                + " ".join(inspect.cleandoc(model.__doc__ or "").split()), "", *_model_table(model), ""]
+        out += [
+            f"### {model.__name__} {{ #{model.__name__.lower()} }}",
+            "",
+            f"`kind: {kind}`. " + " ".join(inspect.cleandoc(model.__doc__ or "").split()),
+            "",
+            *_model_table(model),
+            "",
+        ]
         for _, annotation, _ in _event_fields(model):
             for inner in _models_in(annotation):
                 if inner.__name__ not in {m.__name__ for m in EVENT_TYPES.values()}:
@@ -324,8 +378,14 @@ def render_events() -> str:
         out += ["## Values inside events", ""]
     for name in sorted(nested):
         model = nested[name]
-        out += [f"### {name} {{ #{name.lower()} }}", "", " ".join(inspect.cleandoc(model.__doc__ or "").split()), "",
-                *_model_table(model), ""]
+        out += [
+            f"### {name} {{ #{name.lower()} }}",
+            "",
+            " ".join(inspect.cleandoc(model.__doc__ or "").split()),
+            "",
+            *_model_table(model),
+            "",
+        ]
     return "\n".join(out)
 
 

@@ -21,8 +21,15 @@ from streamgrp.services.parent_death import pdeathsig_preexec
 from streamgrp.store.private import open_private
 
 
-def spawn(command: Sequence[str], log_path: Path, *, stdin: int = subprocess.DEVNULL, cwd: Path | None = None,
-          new_session: bool = True, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    command: Sequence[str],
+    log_path: Path,
+    *,
+    stdin: int = subprocess.DEVNULL,
+    cwd: Path | None = None,
+    new_session: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
     """Start ``command`` with stdout and stderr appended to ``log_path`` (created ``0600``); raises OSError
     if it cannot run.
 
@@ -30,8 +37,16 @@ def spawn(command: Sequence[str], log_path: Path, *, stdin: int = subprocess.DEV
     the child cleanly. ``env`` replaces the environment: how a secret reaches a child, since its
     argument list is readable by every user of the machine (``/proc/PID/cmdline``)."""
     with open_private(log_path, "ab") as log:
-        return subprocess.Popen(list(command), stdin=stdin, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env,
-                                start_new_session=new_session, preexec_fn=pdeathsig_preexec())
+        return subprocess.Popen(
+            list(command),
+            stdin=stdin,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=new_session,
+            preexec_fn=pdeathsig_preexec(),
+        )
 
 
 def stop(process: subprocess.Popen[bytes] | None, timeout: float) -> bool:

@@ -42,22 +42,36 @@ def connected(args: argparse.Namespace, *, role: bool = False):
         logging.getLogger(__name__).warning("%s", warning)
     password = connection.secret()
     # A command that only reads never starts an empty server of its own to report that nothing is there.
-    with ensure_server(connection.redis_url, connection.data_dir, password=password, maxmemory=connection.maxmemory,
-                       cluster=connection.cluster, start_empty=role) as handle:
+    with ensure_server(
+        connection.redis_url,
+        connection.data_dir,
+        password=password,
+        maxmemory=connection.maxmemory,
+        cluster=connection.cluster,
+        start_empty=role,
+    ) as handle:
         # A service rides an outage; a command someone typed says within seconds that the server is not there.
         budget = connection.outage_budget_s if role else connection.command_budget_s
-        client = connect(handle.url, outage_budget_s=budget, stop=stop_event() if role else None,
-                         wait_replicas=connection.wait_replicas, wait_timeout_ms=connection.wait_timeout_ms,
-                         password=password, tls=connection.tls(), cluster=connection.cluster,
-                         budget_flag="--outage-budget-s" if role else "--command-budget-s")
+        client = connect(
+            handle.url,
+            outage_budget_s=budget,
+            stop=stop_event() if role else None,
+            wait_replicas=connection.wait_replicas,
+            wait_timeout_ms=connection.wait_timeout_ms,
+            password=password,
+            tls=connection.tls(),
+            cluster=connection.cluster,
+            budget_flag="--outage-budget-s" if role else "--command-budget-s",
+        )
         try:
             yield client, connection, handle
         finally:
             client.close()
 
 
-def serve_metrics(config: Any, *, role: str, run: str, client=None, streams: Mapping[str, str] | None = None,
-                  rank: int | None = None):
+def serve_metrics(
+    config: Any, *, role: str, run: str, client=None, streams: Mapping[str, str] | None = None, rank: int | None = None
+):
     """The metrics ``role`` exports, labelled with ``run`` (and a trainer's ``rank``), served on the role's
     ``metrics_address``:``metrics_port`` when the port is not 0; None when off."""
     if not config.metrics_port:
@@ -85,6 +99,7 @@ def stop_event() -> threading.Event:
     if not _STOP:
         stop = threading.Event()
         if threading.current_thread() is threading.main_thread():
+
             def request_stop(signum: int, frame: object) -> None:
                 if not _SIGNALS:
                     _SIGNALS.append(signum)

@@ -50,7 +50,6 @@ TOY_TASK = "streamgrp.consumers.toy_task"
 OPTIONAL_ROLES = ("worker",)
 
 
-
 @dataclass
 class Child:
     role: str
@@ -75,15 +74,26 @@ class Child:
 
     def start(self) -> None:
         # Same session as the demo: a Ctrl-C stops the roles too, each shutting down cleanly.
-        self.proc = children.spawn([sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role, *self.args],
-                                   self.log_path, new_session=False, env={**os.environ, **self.env})
+        self.proc = children.spawn(
+            [sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role, *self.args],
+            self.log_path,
+            new_session=False,
+            env={**os.environ, **self.env},
+        )
 
     def tail(self, lines: int = 12) -> str:
         return children.log_tail(self.log_path, lines)
 
 
-def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoConfig, *, out=sys.stdout,
-             err=sys.stderr, stop: threading.Event | None = None) -> dict[str, Any]:
+def run_demo(
+    connection: ConnectionConfig,
+    run_settings: RunConfig,
+    demo: DemoConfig,
+    *,
+    out=sys.stdout,
+    err=sys.stderr,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
     """Run the demo to the end and return its summary (also printed); raises `RoleFailed`."""
     stop = stop or threading.Event()
     if demo.prometheus:
@@ -94,8 +104,13 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
     run_name = connection.run or time.strftime("demo-%Y%m%d-%H%M%S")
     settings = run_settings.model_copy(update={"dp_size": demo.ranks, "reward_norm": run_settings.reward_norm})
     password, tls = connection.secret(), connection.tls()
-    with ensure_server(connection.redis_url, connection.data_dir, password=password,
-                       maxmemory=connection.maxmemory, cluster=connection.cluster) as server:
+    with ensure_server(
+        connection.redis_url,
+        connection.data_dir,
+        password=password,
+        maxmemory=connection.maxmemory,
+        cluster=connection.cluster,
+    ) as server:
         client = connect(server.url, password=password, tls=tls, cluster=connection.cluster)
         run = join_run(client, run_name, RunConfig(**settings.model_dump()))
         log_dir = Path(connection.data_dir) / "logs" / run_name
@@ -103,14 +118,20 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
         dataset = _write_dataset(log_dir / "prompts.jsonl", run.config, demo)
         children = _children(_child_env(server.url, connection), run_name, run.config, demo, dataset, log_dir)
         prometheus = _prometheus(children, run.config, log_dir / "prometheus") if demo.prometheus else None
-        print(f"streamgrp demo: run {run_name} on {safe_url(server.url)} ({len(children)} processes; logs in {log_dir})",
-              file=err, flush=True)
+        print(
+            f"streamgrp demo: run {run_name} on {safe_url(server.url)} ({len(children)} processes; logs in {log_dir})",
+            file=err,
+            flush=True,
+        )
         try:
             # A stop that arrived while the server or Prometheus started ends the demo before any role starts.
             _check_stop(stop)
             if prometheus is not None:
-                print(f"streamgrp demo: Prometheus at {prometheus.start()} (config and data in {prometheus.data_dir})",
-                      file=err, flush=True)
+                print(
+                    f"streamgrp demo: Prometheus at {prometheus.start()} (config and data in {prometheus.data_dir})",
+                    file=err,
+                    flush=True,
+                )
             for child in children:
                 _check_stop(stop)
                 child.start()
@@ -126,8 +147,11 @@ def run_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoCo
         summary = run_summary(client, run.keys, source=default_source(client, run.keys, connection.data_dir))
         summary["seconds"] = round(seconds, 2)
         print(printable_lines(format_summary(summary, seconds)), file=out)  # reasons come from the counts hash
-        print(f"  replay       streamgrp replay {max(summary['steps'] - 1, 0)} --rank 0 --run {run_name}"
-              + ("" if connection.redis_url else f" --data-dir {connection.data_dir}"), file=out)
+        print(
+            f"  replay       streamgrp replay {max(summary['steps'] - 1, 0)} --rank 0 --run {run_name}"
+            + ("" if connection.redis_url else f" --data-dir {connection.data_dir}"),
+            file=out,
+        )
         if demo.as_json:
             print(orjson.dumps(summary).decode(), file=out)
         client.close()
@@ -172,26 +196,52 @@ def _child_env(url: str, connection: ConnectionConfig) -> dict[str, str]:
     return env
 
 
-def _children(env: dict[str, str], run_name: str, run: RunConfig, demo: DemoConfig, dataset: Path,
-              log_dir: Path) -> list[Child]:
+def _children(
+    env: dict[str, str], run_name: str, run: RunConfig, demo: DemoConfig, dataset: Path, log_dir: Path
+) -> list[Child]:
     common = ["--run", run_name]
     dist_url = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
     children = [
-        Child("batcher", 0, [*common, "--dataset", str(dataset), "--max-steps", str(demo.steps), "--round-s", "0.5"],
-              log_dir / "batcher.log", env),
+        Child(
+            "batcher",
+            0,
+            [*common, "--dataset", str(dataset), "--max-steps", str(demo.steps), "--round-s", "0.5"],
+            log_dir / "batcher.log",
+            env,
+        ),
     ]
     for partition in range(run.partitions):  # one assembler per partition; one log name as ever without
         name = "assembler.log" if run.partitions == 1 else f"assembler-{partition}.log"
-        children.append(Child("assembler", partition, [*common, "--tick-interval-s", "0.2", "--partition", str(partition)],
-                              log_dir / name, env))
+        children.append(
+            Child(
+                "assembler",
+                partition,
+                [*common, "--tick-interval-s", "0.2", "--partition", str(partition)],
+                log_dir / name,
+                env,
+            )
+        )
     for index in range(demo.workers):
-        children.append(Child("worker", index, [*common, "--rollout", f"{TOY_TASK}:rollout", "--concurrency", "4",
-                                                "--claim-idle-s", "5"], log_dir / f"worker-{index}.log", env))
+        children.append(
+            Child(
+                "worker",
+                index,
+                [*common, "--rollout", f"{TOY_TASK}:rollout", "--concurrency", "4", "--claim-idle-s", "5"],
+                log_dir / f"worker-{index}.log",
+                env,
+            )
+        )
     for rank in range(demo.ranks):
         extra = ["--fail-at-step", str(demo.trainer_fail_at_step)] if demo.trainer_fail_at_step is not None else []
-        children.append(Child("trainer", rank, [*common, "--rank", str(rank), "--world-size", str(demo.ranks),
-                                                "--dist-url", dist_url, *extra], log_dir / f"trainer-{rank}.log",
-                                          env))
+        children.append(
+            Child(
+                "trainer",
+                rank,
+                [*common, "--rank", str(rank), "--world-size", str(demo.ranks), "--dist-url", dist_url, *extra],
+                log_dir / f"trainer-{rank}.log",
+                env,
+            )
+        )
     return children
 
 
@@ -211,8 +261,9 @@ def _prometheus(children: list[Child], run: RunConfig, directory: Path):
         ports.add(port)
         child.args += ["--metrics-port", str(port)]
         targets.append(prom.Target(child.role, child.index, port))
-    config = prom.prepare(directory, targets, max_empty_rounds=run.max_empty_rounds,
-                          stall_timeout_s=run.stall_timeout_s)
+    config = prom.prepare(
+        directory, targets, max_empty_rounds=run.max_empty_rounds, stall_timeout_s=run.stall_timeout_s
+    )
     return prom.Prometheus(config, directory)
 
 
@@ -233,7 +284,9 @@ def _watch(client, keys, children: list[Child], demo: DemoConfig, started: float
                     print(f"\nstreamgrp demo: {child.label} exited ({code}); the others take over its tasks", file=err)
                     child._reported = True  # type: ignore[attr-defined]
                 continue
-            raise RoleFailed(f"{child.label} failed with exit code {code}; last lines of {child.log_path}:\n{child.tail()}")
+            raise RoleFailed(
+                f"{child.label} failed with exit code {code}; last lines of {child.log_path}:\n{child.tail()}"
+            )
         if all(c.process.poll() == 0 for c in trainers):
             progress.update(client, keys, final=True)
             return
@@ -270,6 +323,10 @@ class _Progress:
         metrics = client.hget(keys.trainer_metrics, max(done - 1, 0))
         reward = orjson.loads(metrics)["reward_mean"] if metrics else None
         filled = int(20 * min(done, self.steps) / self.steps)
-        line = (f"[{'#' * filled}{'.' * (20 - filled)}] step {done}/{self.steps}  yields usable {usable:.2f} "
-                f"trainable {trainable:.2f}  reward {'-' if reward is None else f'{reward:.3f}'}")
-        print(("\r" + line) if self.tty else line, end="\n" if (final or not self.tty) else "", file=self.err, flush=True)
+        line = (
+            f"[{'#' * filled}{'.' * (20 - filled)}] step {done}/{self.steps}  yields usable {usable:.2f} "
+            f"trainable {trainable:.2f}  reward {'-' if reward is None else f'{reward:.3f}'}"
+        )
+        print(
+            ("\r" + line) if self.tty else line, end="\n" if (final or not self.tty) else "", file=self.err, flush=True
+        )

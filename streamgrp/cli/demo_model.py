@@ -35,8 +35,15 @@ from streamgrp.store.runs import connect, join_run
 MAX_TOKENS = 16
 
 
-def run_model_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: DemoConfig, *, out=sys.stdout,
-                   err=sys.stderr, stop: threading.Event | None = None) -> dict[str, Any]:
+def run_model_demo(
+    connection: ConnectionConfig,
+    run_settings: RunConfig,
+    demo: DemoConfig,
+    *,
+    out=sys.stdout,
+    err=sys.stderr,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
     """Run the model demo to the end and return its summary (also printed); raises `RoleFailed`."""
     stop_event = stop or threading.Event()
     if demo.model is None:
@@ -45,23 +52,29 @@ def run_model_demo(connection: ConnectionConfig, run_settings: RunConfig, demo: 
     if not model.is_file():
         raise ConfigError(f"--model {demo.model}: no such GGUF file (ops/llama-server.sh unpacks SmolLM2-135M's)")
     if shutil.which(shlex.split(demo.llama_server)[0]) is None:
-        raise ConfigError(f"cannot run llama-server {demo.llama_server!r}; give --llama-server PATH "
-                          "(eval \"$(ops/llama-server.sh)\" builds one and sets LLAMA_SERVER)")
+        raise ConfigError(
+            f"cannot run llama-server {demo.llama_server!r}; give --llama-server PATH "
+            '(eval "$(ops/llama-server.sh)" builds one and sets LLAMA_SERVER)'
+        )
     started = time.monotonic()
     run_name = connection.run or time.strftime("model-%Y%m%d-%H%M%S")
     settings = run_settings.model_copy(update={"dp_size": 1})
-    with ensure_server(connection.redis_url, connection.data_dir, maxmemory=connection.maxmemory,
-                       cluster=connection.cluster) as server:
+    with ensure_server(
+        connection.redis_url, connection.data_dir, maxmemory=connection.maxmemory, cluster=connection.cluster
+    ) as server:
         client = connect(server.url, cluster=connection.cluster)
         run = join_run(client, run_name, RunConfig(**settings.model_dump()))
         log_dir = Path(connection.data_dir) / "logs" / run_name
         log_dir.mkdir(parents=True, exist_ok=True)
         llama_url = f"http://127.0.0.1:{processes.free_port('127.0.0.1')}"
         dataset = _write_dataset(log_dir / "prompts.jsonl", demo.steps * run.config.batch_size * 2 + 16)
-        children = _children(server.url, run_name, demo, dataset, llama_url, model, log_dir,
-                             cluster=connection.cluster)
-        print(f"streamgrp demo: run {run_name} on {model.name} via llama-server at {llama_url} "
-              f"({len(children) + 1} processes; logs in {log_dir})", file=err, flush=True)
+        children = _children(server.url, run_name, demo, dataset, llama_url, model, log_dir, cluster=connection.cluster)
+        print(
+            f"streamgrp demo: run {run_name} on {model.name} via llama-server at {llama_url} "
+            f"({len(children) + 1} processes; logs in {log_dir})",
+            file=err,
+            flush=True,
+        )
         try:
             serving = [child for child in children if child.role in ("trainer", "weight-sync")]
             for child in serving:
@@ -92,8 +105,10 @@ def _await_llama(url: str, serving: list[Child], stop: threading.Event, started:
     while True:
         for child in serving:
             if child.process.poll() is not None:
-                raise RoleFailed(f"{child.label} exited with code {child.process.returncode} before llama-server served; "
-                                 f"last lines of {child.log_path}:\n{child.tail()}")
+                raise RoleFailed(
+                    f"{child.label} exited with code {child.process.returncode} before llama-server served; "
+                    f"last lines of {child.log_path}:\n{child.tail()}"
+                )
         if stop.is_set():
             raise KeyboardInterrupt
         if time.monotonic() - started > timeout_s:
@@ -114,28 +129,104 @@ def _write_dataset(path: Path, count: int) -> Path:
     return path
 
 
-def _children(url: str, run_name: str, demo: DemoConfig, dataset: Path, llama_url: str, model: Path,
-              log_dir: Path, *, cluster: bool = False) -> list[Child]:
+def _children(
+    url: str,
+    run_name: str,
+    demo: DemoConfig,
+    dataset: Path,
+    llama_url: str,
+    model: Path,
+    log_dir: Path,
+    *,
+    cluster: bool = False,
+) -> list[Child]:
     common = ["--redis-url", url, "--run", run_name, *(["--cluster"] if cluster else [])]
     weights = log_dir / "weights"
     port = llama_url.rsplit(":", 1)[1]
-    llama = shlex.join([*shlex.split(demo.llama_server), "--host", "127.0.0.1", "--port", port, "-c", "4096",
-                        "-np", "4", "-t", "2", "--poll", "0", "--no-webui"])
+    llama = shlex.join(
+        [
+            *shlex.split(demo.llama_server),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            port,
+            "-c",
+            "4096",
+            "-np",
+            "4",
+            "-t",
+            "2",
+            "--poll",
+            "0",
+            "--no-webui",
+        ]
+    )
     children = [
-        Child("trainer", 0, [*common, "--train-fn", "streamgrp.consumers.lm_trainer:train", "--model-gguf", str(model),
-                             "--lm-lr", str(demo.lm_lr), "--weights-dir", str(weights)], log_dir / "trainer-0.log"),
-        Child("weight-sync", 0, [*common, "--dialect", "llamacpp", "--llama-server-cmd", llama, "--server-url",
-                                 llama_url, "--weights-dir", str(weights), "--load-timeout-s", "180",
-                                 "--llama-server-log", str(log_dir / "llama-server.log")], log_dir / "weight-sync.log"),
-        Child("batcher", 0, [*common, "--dataset", str(dataset), "--max-steps", str(demo.steps), "--round-s", "0.5"],
-              log_dir / "batcher.log"),
+        Child(
+            "trainer",
+            0,
+            [
+                *common,
+                "--train-fn",
+                "streamgrp.consumers.lm_trainer:train",
+                "--model-gguf",
+                str(model),
+                "--lm-lr",
+                str(demo.lm_lr),
+                "--weights-dir",
+                str(weights),
+            ],
+            log_dir / "trainer-0.log",
+        ),
+        Child(
+            "weight-sync",
+            0,
+            [
+                *common,
+                "--dialect",
+                "llamacpp",
+                "--llama-server-cmd",
+                llama,
+                "--server-url",
+                llama_url,
+                "--weights-dir",
+                str(weights),
+                "--load-timeout-s",
+                "180",
+                "--llama-server-log",
+                str(log_dir / "llama-server.log"),
+            ],
+            log_dir / "weight-sync.log",
+        ),
+        Child(
+            "batcher",
+            0,
+            [*common, "--dataset", str(dataset), "--max-steps", str(demo.steps), "--round-s", "0.5"],
+            log_dir / "batcher.log",
+        ),
         Child("assembler", 0, [*common, "--tick-interval-s", "0.2"], log_dir / "assembler.log"),
     ]
     for index in range(demo.workers):
-        children.append(Child("worker", index, [*common, "--rollout", "llamacpp", "--server-url", llama_url,
-                                                "--concurrency", str(max(1, 4 // demo.workers)),
-                                                "--max-tokens", str(MAX_TOKENS),
-                                                "--claim-idle-s", "60"], log_dir / f"worker-{index}.log"))
+        children.append(
+            Child(
+                "worker",
+                index,
+                [
+                    *common,
+                    "--rollout",
+                    "llamacpp",
+                    "--server-url",
+                    llama_url,
+                    "--concurrency",
+                    str(max(1, 4 // demo.workers)),
+                    "--max-tokens",
+                    str(MAX_TOKENS),
+                    "--claim-idle-s",
+                    "60",
+                ],
+                log_dir / f"worker-{index}.log",
+            )
+        )
     return children
 
 
@@ -149,10 +240,14 @@ def _format_mismatch(rows: list[dict[str, Any]], lm_lr: float) -> str:
     lines = ["  logprobs     |llama-server - torch| per completion token, by step:"]
     for row in rows:
         if row["tokens_compared"]:
-            lines.append(f"    step {row['step']:>3}  mean {row['logprob_abs_diff_mean']:.4f}  max "
-                         f"{row['logprob_abs_diff_max']:.4f}  KL~{row['kl_estimate']:.5f}  over "
-                         f"{row['tokens_compared']} tokens  reward {row['reward_mean']:.3f}")
+            lines.append(
+                f"    step {row['step']:>3}  mean {row['logprob_abs_diff_mean']:.4f}  max "
+                f"{row['logprob_abs_diff_max']:.4f}  KL~{row['kl_estimate']:.5f}  over "
+                f"{row['tokens_compared']} tokens  reward {row['reward_mean']:.3f}"
+            )
     if lm_lr == 0:
-        lines.append("  reward       flat by design: --lm-lr 0 takes no training step (the weights stay the GGUF's); "
-                     "--lm-lr 2e-5 trains")
+        lines.append(
+            "  reward       flat by design: --lm-lr 0 takes no training step (the weights stay the GGUF's); "
+            "--lm-lr 2e-5 trains"
+        )
     return "\n".join(lines)

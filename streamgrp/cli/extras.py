@@ -28,8 +28,10 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     # `streamgrp gateway` serves over aiohttp; `streamgrp agent` hands each agent an openai client.
     "gateway": ("aiohttp", "openai"),
 }
-TORCH_CPU_HINT = ("for the CPU-only build (no CUDA libraries), install torch from PyTorch's CPU wheel index first: "
-                  "pip install torch --index-url <that index's URL, from PyTorch's install page>")
+TORCH_CPU_HINT = (
+    "for the CPU-only build (no CUDA libraries), install torch from PyTorch's CPU wheel index first: "
+    "pip install torch --index-url <that index's URL, from PyTorch's install page>"
+)
 
 
 def missing(extra: str) -> list[str]:

@@ -46,16 +46,25 @@ def add_flag_environment(parser: argparse.ArgumentParser) -> None:
             action.help = f"{action.help or ''} [env {action.env_name}]".strip()  # type: ignore[attr-defined]
 
 
-def apply_flag_environment(parser: argparse.ArgumentParser, namespace: argparse.Namespace, argv: list[str],
-                           environ: Mapping[str, str] | None = None) -> None:
+def apply_flag_environment(
+    parser: argparse.ArgumentParser,
+    namespace: argparse.Namespace,
+    argv: list[str],
+    environ: Mapping[str, str] | None = None,
+) -> None:
     """For each flag of ``parser`` (the subcommand that runs) not on the command line, take its variable's
     value when set. Done after parsing, so a bad variable of another subcommand never gets in the way."""
     environ = os.environ if environ is None else environ
     given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
     for action in parser._actions:
         name = getattr(action, "env_name", None)
-        if name is None or getattr(action, "read_elsewhere", False) or name not in environ or \
-                getattr(action, "is_setting", False) or given.intersection(action.option_strings):
+        if (
+            name is None
+            or getattr(action, "read_elsewhere", False)
+            or name not in environ
+            or getattr(action, "is_setting", False)
+            or given.intersection(action.option_strings)
+        ):
             continue
         setattr(namespace, action.dest, _from_environment(parser, action, name, environ[name]))
 

@@ -21,10 +21,18 @@ from streamgrp.errors import ConfigError
 
 
 def add_follow_command(commands: Any, add_model_flags: Any, connection_model: type) -> None:
-    follow = commands.add_parser("follow", help="read one run's decisions, slot results or steps as a named "
-                                 "consumer with a durable position, beside training (see docs/guides/follow.md)")
-    follow.add_argument("name", metavar="NAME", nargs="?", default=None,
-                        help="the follower's name: its position is recorded under it (1-64 letters, digits, . _ -)")
+    follow = commands.add_parser(
+        "follow",
+        help="read one run's decisions, slot results or steps as a named "
+        "consumer with a durable position, beside training (see docs/guides/follow.md)",
+    )
+    follow.add_argument(
+        "name",
+        metavar="NAME",
+        nargs="?",
+        default=None,
+        help="the follower's name: its position is recorded under it (1-64 letters, digits, . _ -)",
+    )
     add_model_flags(follow, connection_model, "connection")
     add_model_flags(follow, FollowConfig, "follow")
     follow.set_defaults(handler=cmd_follow)
@@ -36,8 +44,9 @@ def as_json(item: Any) -> bytes:
     from streamgrp.store.follower import Skipped
 
     if isinstance(item, Skipped):
-        return orjson.dumps({"stream": item.stream, "skipped": {"after": item.after, "before": item.before,
-                                                                "count": item.count}})
+        return orjson.dumps(
+            {"stream": item.stream, "skipped": {"after": item.after, "before": item.before, "count": item.count}}
+        )
     event = jsonable(item.event) if item.event is not None else None
     return orjson.dumps({"stream": item.stream, "entry_id": item.entry_id, "event": event, "error": item.error})
 
@@ -57,14 +66,21 @@ def cmd_follow(args: argparse.Namespace) -> int:
     handle = load_callable(config.follow_handler) if config.follow_handler else _print
     with connected(args, role=True) as (client, connection, _):
         # A follower may start before the run: it waits for the batcher to create it (--list-followers does not).
-        run = await_run(client, resolve_run_name(client, connection.run, create=False), stop=stop,
-                        wait=not (config.list_followers or config.forget), who=f"follower {args.name}")
+        run = await_run(
+            client,
+            resolve_run_name(client, connection.run, create=False),
+            stop=stop,
+            wait=not (config.list_followers or config.forget),
+            who=f"follower {args.name}",
+        )
         if config.list_followers:
             now = server_time(client)
             for p in positions(client, run.keys):
                 lag = unread_age(client, p.stream.partition("@")[0], run.stream_key(p.stream), p.position, now)
-                print(f"{p.name:<20} {p.stream:<12} position {p.position:<24} lag {lag:8.1f}s  skipped {p.skipped}"
-                      + (f" (last: after {p.skip.after} before {p.skip.before})" if p.skip else ""))
+                print(
+                    f"{p.name:<20} {p.stream:<12} position {p.position:<24} lag {lag:8.1f}s  skipped {p.skipped}"
+                    + (f" (last: after {p.skip.after} before {p.skip.before})" if p.skip else "")
+                )
             return 0
         if args.name is None:
             raise ConfigError("streamgrp follow needs the follower's NAME (or --list-followers)")

@@ -61,7 +61,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         with open_private(out, "wb") as file:  # 0600: the report quotes the run's error texts and numbers
             file.write(render_png(data) if args.format == "png" else render_html(data).encode())
     except OSError as exc:
-        raise ConfigError(f"cannot write the report to {out}: {exc.strerror}; pass --out with a writable path") from None
+        raise ConfigError(
+            f"cannot write the report to {out}: {exc.strerror}; pass --out with a writable path"
+        ) from None
     print(f"run {run.name}: {len(data.steps)} steps, report written to {out}")
     return 0
 
@@ -99,6 +101,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         replay_step,
         save_batch,
     )
+
     if args.run_fn and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a debugging function usually sits in a file next to the user
     run_fn = load_callable(args.run_fn) if args.run_fn else None
@@ -112,8 +115,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             try:
                 batch = replay_step(client, run.keys, args.step, rank, source=source)
             except DigestMismatch as exc:
-                print(f"streamgrp replay: digest mismatch, the log no longer holds what rank {rank} trained: {exc}",
-                      file=sys.stderr)
+                print(
+                    f"streamgrp replay: digest mismatch, the log no longer holds what rank {rank} trained: {exc}",
+                    file=sys.stderr,
+                )
                 status = 1
                 continue
             print(format_batch(batch))
@@ -164,12 +169,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         return _export_follow(args, config, follow_export)
     with connected(args) as (client, connection, _handle):
-        run, source = open_run_source(client, args.target or connection.run, archive=args.archive,
-                                      data_dir=connection.data_dir)
+        run, source = open_run_source(
+            client, args.target or connection.run, archive=args.archive, data_dir=connection.data_dir
+        )
         out = config.out or Path(f"export-{run.name}")
         rows = export_run(client, run.keys, out, source=source)
-    print(f"run {run.name}: " + ", ".join(f"{name}.parquet {count} rows" for name, count in rows.items())
-          + f", run.json; written to {out}")
+    print(
+        f"run {run.name}: "
+        + ", ".join(f"{name}.parquet {count} rows" for name, count in rows.items())
+        + f", run.json; written to {out}"
+    )
     return 0
 
 
@@ -179,10 +188,15 @@ def _export_follow(args: argparse.Namespace, config: ExportConfig, follow_export
 
     stop = stop_event()  # SIGTERM: write what was read, record it, exit 0
     with connected(args, role=True) as (client, connection, _handle):
-        run = await_run(client, resolve_run_name(client, args.target or connection.run, create=False), stop=stop,
-                        who="export --follow")  # started before the run: waits for its batcher to create it
+        run = await_run(
+            client,
+            resolve_run_name(client, args.target or connection.run, create=False),
+            stop=stop,
+            who="export --follow",
+        )  # started before the run: waits for its batcher to create it
         out = config.out or Path(f"export-{run.name}")
-        files, rows = follow_export(client, run, out, name=config.follow_name, flush_s=config.flush_s, stop=stop,
-                                    until_finished=True)
+        files, rows = follow_export(
+            client, run, out, name=config.follow_name, flush_s=config.flush_s, stop=stop, until_finished=True
+        )
     print(f"run {run.name}: {rows} decisions in {files} files appended to {out / 'decisions'}")
     return 0

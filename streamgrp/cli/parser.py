@@ -104,28 +104,51 @@ def build_parser() -> Parser:
     _add_model_flags(server, ConnectionConfig, "connection")
     server.add_argument("--port", type=int, default=6379, help="TCP port [default 6379]")
     server.add_argument("--bind", default="127.0.0.1", help="address to listen on [default 127.0.0.1]")
-    server.add_argument("--appendfsync", choices=["always", "everysec", "no"], default="everysec",
-                        help="AOF fsync policy (see README: what each mode can lose)")
-    server.add_argument("--acl-file", default=None, metavar="FILE",
-                        help="the server's users (`streamgrp acl RUN` prints one per role); it must define the default "
-                        "user. A --bind other machines reach needs this or a password")
+    server.add_argument(
+        "--appendfsync",
+        choices=["always", "everysec", "no"],
+        default="everysec",
+        help="AOF fsync policy (see README: what each mode can lose)",
+    )
+    server.add_argument(
+        "--acl-file",
+        default=None,
+        metavar="FILE",
+        help="the server's users (`streamgrp acl RUN` prints one per role); it must define the default "
+        "user. A --bind other machines reach needs this or a password",
+    )
     server.set_defaults(handler=roles.cmd_server)
 
     # Each role takes the connection flags, the run's settings, and its own.
     for name, help_text, model, handler in (
         ("worker", "run a rollout worker process", WorkerConfig, roles.cmd_worker),
-        ("rewarder", "score results published with their reward pending, and post each reward", RewarderConfig,
-         roles.cmd_rewarder),
+        (
+            "rewarder",
+            "score results published with their reward pending, and post each reward",
+            RewarderConfig,
+            roles.cmd_rewarder,
+        ),
         ("assembler", "run the group assembler (one active, others stand by)", AssemblerConfig, roles.cmd_assembler),
-        ("batcher", "run the batcher and task feeder (one active, others stand by)", BatcherConfig,
-         roles.cmd_batcher),
-        ("trainer", "run a reference GRPO trainer rank (streamgrp.consumers.grpo_trainer)", TrainerConfig, roles.cmd_trainer),
-        ("demo", "run a whole asynchronous RL loop on the embedded server and summarize it", DemoConfig,
-         roles.cmd_demo),
+        ("batcher", "run the batcher and task feeder (one active, others stand by)", BatcherConfig, roles.cmd_batcher),
+        (
+            "trainer",
+            "run a reference GRPO trainer rank (streamgrp.consumers.grpo_trainer)",
+            TrainerConfig,
+            roles.cmd_trainer,
+        ),
+        (
+            "demo",
+            "run a whole asynchronous RL loop on the embedded server and summarize it",
+            DemoConfig,
+            roles.cmd_demo,
+        ),
     ):
         role = commands.add_parser(name, help=help_text)
-        sections: list[tuple[type[BaseModel], str]] = [(ConnectionConfig, "connection"), (RunConfig, "run"),
-                                                       (model, name)]
+        sections: list[tuple[type[BaseModel], str]] = [
+            (ConnectionConfig, "connection"),
+            (RunConfig, "run"),
+            (model, name),
+        ]
         if name == "worker":  # --rollout vllm|sglang|llamacpp reads these
             sections.append((InferenceConfig, "inference (--rollout vllm, sglang or llamacpp)"))
         for section, title in sections:
@@ -145,12 +168,19 @@ def build_parser() -> Parser:
     report = commands.add_parser("report", help="render the run's timeline as one self-contained HTML page")
     _add_model_flags(report, ConnectionConfig, "connection")
     report.add_argument("--out", default=None, metavar="FILE", help="where to write [default report-RUN.FORMAT]")
-    report.add_argument("--format", choices=["html", "png"], default="html",
-                        help="html (default; needs nothing) or png (needs matplotlib)")
+    report.add_argument(
+        "--format",
+        choices=["html", "png"],
+        default="html",
+        help="html (default; needs nothing) or png (needs matplotlib)",
+    )
     report.set_defaults(handler=inspection.cmd_report)
 
-    archiver = commands.add_parser("archiver", help="copy the run's streams to segment files on disk; with "
-                                   "--retention, trim the server behind the archive and every reader")
+    archiver = commands.add_parser(
+        "archiver",
+        help="copy the run's streams to segment files on disk; with "
+        "--retention, trim the server behind the archive and every reader",
+    )
     for settings, title in ((ConnectionConfig, "connection"), (ArchiverConfig, "archiver")):
         _add_model_flags(archiver, settings, title)
     archiver.set_defaults(handler=roles.cmd_archiver)
@@ -168,10 +198,17 @@ def build_parser() -> Parser:
 
 def _add_common_flags(parser: argparse.ArgumentParser, *, argparse_default: Any) -> None:
     group = parser.add_argument_group("common")
-    group.add_argument("--config", default=argparse_default, metavar="FILE",
-                       help="TOML settings file [env STREAMGRP_CONFIG]")
-    group.add_argument("--log-level", default=argparse_default, type=str.upper, choices=LOG_LEVELS,
-                       metavar="LEVEL", help=f"{', '.join(LOG_LEVELS)} [env STREAMGRP_LOG_LEVEL; default INFO]")
+    group.add_argument(
+        "--config", default=argparse_default, metavar="FILE", help="TOML settings file [env STREAMGRP_CONFIG]"
+    )
+    group.add_argument(
+        "--log-level",
+        default=argparse_default,
+        type=str.upper,
+        choices=LOG_LEVELS,
+        metavar="LEVEL",
+        help=f"{', '.join(LOG_LEVELS)} [env STREAMGRP_LOG_LEVEL; default INFO]",
+    )
 
 
 def add_connection_flags(parser: Any) -> None:
@@ -180,8 +217,11 @@ def add_connection_flags(parser: Any) -> None:
 
 
 def _add_housekeeping(commands: Any) -> None:
-    delete = commands.add_parser("delete", help="delete a run's keys and registry entry from the server; refuses a "
-                                 "live run, keeps its archive unless --delete-archive")
+    delete = commands.add_parser(
+        "delete",
+        help="delete a run's keys and registry entry from the server; refuses a "
+        "live run, keeps its archive unless --delete-archive",
+    )
     delete.add_argument("target", metavar="RUN", help="the run to delete (given explicitly: never the latest run)")
     _add_model_flags(delete, ConnectionConfig, "connection")
     _add_model_flags(delete, DeleteConfig, "delete")
@@ -190,10 +230,16 @@ def _add_housekeeping(commands: Any) -> None:
 
 
 def _add_weight_sync(commands: Any) -> None:
-    sync = commands.add_parser("weight-sync", help="after each committed step, tell every inference server to "
-                               "load the new weights, and record which server serves which version")
-    for model, title in ((ConnectionConfig, "connection"), (InferenceConfig, "inference servers"),
-                         (WeightSyncConfig, "weight-sync")):
+    sync = commands.add_parser(
+        "weight-sync",
+        help="after each committed step, tell every inference server to "
+        "load the new weights, and record which server serves which version",
+    )
+    for model, title in (
+        (ConnectionConfig, "connection"),
+        (InferenceConfig, "inference servers"),
+        (WeightSyncConfig, "weight-sync"),
+    ):
         _add_model_flags(sync, model, title)
     sync.set_defaults(handler=roles.cmd_weight_sync)
 
@@ -202,14 +248,23 @@ def _add_agent_sessions(commands: Any) -> None:
     """`streamgrp gateway` and `streamgrp agent` (`streamgrp.services.gateway`; the ``gateway`` extra)."""
     from streamgrp.cli import gateway_roles
 
-    gateway = commands.add_parser("gateway", help="serve agent sessions: an OpenAI-compatible endpoint whose every "
-                                  "turn is recorded token-exact as training data of its slot")
-    for model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (GatewayConfig, "gateway"),
-                         (InferenceConfig, "inference servers")):
+    gateway = commands.add_parser(
+        "gateway",
+        help="serve agent sessions: an OpenAI-compatible endpoint whose every "
+        "turn is recorded token-exact as training data of its slot",
+    )
+    for model, title in (
+        (ConnectionConfig, "connection"),
+        (RunConfig, "run"),
+        (GatewayConfig, "gateway"),
+        (InferenceConfig, "inference servers"),
+    ):
         _add_model_flags(gateway, model, title)
     gateway.set_defaults(handler=gateway_roles.cmd_gateway)
-    agent = commands.add_parser("agent", help="take tasks like a worker and run an agent function once per slot, "
-                                "each in its own gateway session")
+    agent = commands.add_parser(
+        "agent",
+        help="take tasks like a worker and run an agent function once per slot, each in its own gateway session",
+    )
     for agent_model, title in ((ConnectionConfig, "connection"), (RunConfig, "run"), (AgentConfig, "agent")):
         _add_model_flags(agent, agent_model, title)
     agent.set_defaults(handler=gateway_roles.cmd_agent)
@@ -229,52 +284,77 @@ def _add_replay_commands(commands: Any) -> None:
     _add_model_flags(replay, ConnectionConfig, "connection")
     replay.add_argument("step", type=int, metavar="STEP", help="the step to rebuild")
     replay.add_argument("--rank", type=int, default=None, help="the rank to rebuild [default: every rank]")
-    replay.add_argument("--out", default=None, metavar="FILE",
-                        help="save the batch (safetensors layout, no pickle); for several ranks FILE gets .rankR")
-    replay.add_argument("--run-fn", default=None, metavar="MODULE:FUNCTION",
-                        help="call this with the replayed streamgrp.train.batch.Batch and print what it returns "
-                        "(the module may sit in the current directory)")
+    replay.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="save the batch (safetensors layout, no pickle); for several ranks FILE gets .rankR",
+    )
+    replay.add_argument(
+        "--run-fn",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="call this with the replayed streamgrp.train.batch.Batch and print what it returns "
+        "(the module may sit in the current directory)",
+    )
     _add_archive_flag(replay)
     replay.set_defaults(handler=inspection.cmd_replay)
 
-    verify = commands.add_parser("verify", help="re-fold the slot log and re-shard the steps; exit 1 on any "
-                                 "difference from the record")
+    verify = commands.add_parser(
+        "verify", help="re-fold the slot log and re-shard the steps; exit 1 on any difference from the record"
+    )
     _add_model_flags(verify, ConnectionConfig, "connection")
-    verify.add_argument("--from", dest="from_step", type=int, default=None, metavar="STEP",
-                        help="first step to re-shard [default: 0]")
-    verify.add_argument("--to", dest="to_step", type=int, default=None, metavar="STEP",
-                        help="last step to re-shard [default: the last]")
+    verify.add_argument(
+        "--from", dest="from_step", type=int, default=None, metavar="STEP", help="first step to re-shard [default: 0]"
+    )
+    verify.add_argument(
+        "--to", dest="to_step", type=int, default=None, metavar="STEP", help="last step to re-shard [default: the last]"
+    )
     _add_archive_flag(verify)
     verify.set_defaults(handler=inspection.cmd_verify)
 
-    inspect = commands.add_parser("inspect", help="one task's timeline: issue, slot results, agent sessions' "
-                                  "turns, decision, step and rank")
+    inspect = commands.add_parser(
+        "inspect", help="one task's timeline: issue, slot results, agent sessions' turns, decision, step and rank"
+    )
     _add_model_flags(inspect, ConnectionConfig, "connection")
     inspect.add_argument("task_id", metavar="TASK_ID")
     _add_archive_flag(inspect)
     inspect.set_defaults(handler=inspection.cmd_inspect)
 
-    export = commands.add_parser("export", help="write the run's decisions, slot results and steps as Parquet files "
-                                 "for pandas, polars or duckdb (needs pyarrow: pip install 'streamgrp[export]')")
-    export.add_argument("target", metavar="RUN", nargs="?", default=None,
-                        help="the run to export [default: --run, else the latest run, else the --archive's]")
+    export = commands.add_parser(
+        "export",
+        help="write the run's decisions, slot results and steps as Parquet files "
+        "for pandas, polars or duckdb (needs pyarrow: pip install 'streamgrp[export]')",
+    )
+    export.add_argument(
+        "target",
+        metavar="RUN",
+        nargs="?",
+        default=None,
+        help="the run to export [default: --run, else the latest run, else the --archive's]",
+    )
     _add_model_flags(export, ConnectionConfig, "connection")
     _add_model_flags(export, ExportConfig, "export")
     _add_archive_flag(export)
     export.set_defaults(handler=inspection.cmd_export)
 
 
-def _add_archive_flag(parser: argparse.ArgumentParser, what: str = "read entries the server no longer holds from "
-                      "this archive (the whole run, when it is not on the server)") -> None:
-    parser.add_argument("--archive", default=None, metavar="DIR",
-                        help=f"{what} (default DATA_DIR/archive/RUN when it exists)")
+def _add_archive_flag(
+    parser: argparse.ArgumentParser,
+    what: str = "read entries the server no longer holds from "
+    "this archive (the whole run, when it is not on the server)",
+) -> None:
+    parser.add_argument(
+        "--archive", default=None, metavar="DIR", help=f"{what} (default DATA_DIR/archive/RUN when it exists)"
+    )
 
 
 # -- flags from the settings models ------------------------------------------------------------------------
 
 
-def _add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], title: str,
-                     defaults: Mapping[str, Any] | None = None) -> None:
+def _add_model_flags(
+    parser: argparse.ArgumentParser, model: type[BaseModel], title: str, defaults: Mapping[str, Any] | None = None
+) -> None:
     """One flag per field of ``model``; unset flags stay None so TOML and environment fill them. A field whose
     ``flag`` is None (a secret) has no flag: only its environment variable and the TOML file set it.
     ``defaults`` are the command's own defaults where they differ from the model's, for the help text."""
@@ -286,10 +366,14 @@ def _add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], ti
         default = (defaults or {}).get(name, field.default)
         help_text = f"{field.description or ''} [env {env_name(name, model)}; default {shown_default(default)}]"
         help_text = help_text.replace("%", "%%")  # argparse formats help with %: a literal one (50%) is doubled
-        options: dict[str, Any] = {"nargs": "?", "const": True, "metavar": "true|false"} \
-            if field.annotation is bool else {"metavar": name.upper()}
-        action = group.add_argument(flag_name(name, model), dest=name, default=None, help=help_text,
-                                    type=_flag_parser(model, name), **options)
+        options: dict[str, Any] = (
+            {"nargs": "?", "const": True, "metavar": "true|false"}
+            if field.annotation is bool
+            else {"metavar": name.upper()}
+        )
+        action = group.add_argument(
+            flag_name(name, model), dest=name, default=None, help=help_text, type=_flag_parser(model, name), **options
+        )
         action.env_name = env_name(name, model)  # type: ignore[attr-defined]
         action.is_setting = True  # type: ignore[attr-defined]  # streamgrp.config.load reads its variable
 
@@ -309,6 +393,7 @@ def shown_default(value: Any) -> str:
 
 def _flag_parser(model: type, name: str) -> Callable[[str], Any]:
     """Parse a flag's text the way its environment variable is parsed, as an argparse type error."""
+
     def parse(text: str) -> Any:
         try:
             return parse_env_value(model, name, text)

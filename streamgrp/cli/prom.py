@@ -39,8 +39,10 @@ log = logging.getLogger(__name__)
 JOB_NAME = "streamgrp"
 INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install prometheus) or put it on PATH"
 # The two stall bounds (RunConfig defaults) as the alert rules record them; `render_rules` rewrites them.
-BOUND_RECORDS = {"max_empty_rounds": "streamgrp:max_empty_rounds:bound",
-                 "stall_timeout_s": "streamgrp:stall_timeout_seconds:bound"}
+BOUND_RECORDS = {
+    "max_empty_rounds": "streamgrp:max_empty_rounds:bound",
+    "stall_timeout_s": "streamgrp:stall_timeout_seconds:bound",
+}
 
 
 @dataclass(frozen=True)
@@ -75,13 +77,16 @@ def render_rules(text: str, *, max_empty_rounds: int, stall_timeout_s: float) ->
     """The alert rules with the recorded stall bounds replaced by a run's own bounds."""
     for name, value in (("max_empty_rounds", max_empty_rounds), ("stall_timeout_s", stall_timeout_s)):
         pattern = re.compile(rf"(record:\s*{re.escape(BOUND_RECORDS[name])}\s*\n\s*expr:\s*)vector\([^)]*\)")
+
         def bound(m: re.Match[str], v: float = value) -> str:
             return f"{m.group(1)}vector({float(v):.15g})"
 
         text, count = pattern.subn(bound, text)
         if count != 1:
-            raise ConfigError(f"the alert rules do not record {BOUND_RECORDS[name]} as 'expr: vector(N)' exactly "
-                              "once; restore that rule in ops/alerts.yml")
+            raise ConfigError(
+                f"the alert rules do not record {BOUND_RECORDS[name]} as 'expr: vector(N)' exactly "
+                "once; restore that rule in ops/alerts.yml"
+            )
     return text
 
 
@@ -99,8 +104,9 @@ def write_targets(path: Path, targets: Iterable[Target]) -> Path:
     return path
 
 
-def write_config(directory: Path, *, targets_file: Path, rules_file: Path | None = None,
-                 scrape_interval_s: float = 1.0) -> Path:
+def write_config(
+    directory: Path, *, targets_file: Path, rules_file: Path | None = None, scrape_interval_s: float = 1.0
+) -> Path:
     """Write ``prometheus.yml`` into ``directory``: one job scraping what ``targets_file`` (a path or glob) lists."""
     interval = _duration(scrape_interval_s)
     # Prometheus resolves relative paths against the config file's directory, not the working directory.
@@ -108,8 +114,9 @@ def write_config(directory: Path, *, targets_file: Path, rules_file: Path | None
     config = {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
         "rule_files": [str(rules_file)] if rules_file is not None else [],
-        "scrape_configs": [{"job_name": JOB_NAME,
-                            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": interval}]}],
+        "scrape_configs": [
+            {"job_name": JOB_NAME, "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": interval}]}
+        ],
     }
     private_dir(directory)
     path = directory / "prometheus.yml"
@@ -124,26 +131,42 @@ def _duration(seconds: float) -> str:
     return f"{seconds:g}s" if float(seconds).is_integer() else f"{round(seconds * 1000):d}ms"
 
 
-def prepare(directory: Path, targets: Iterable[Target], *, max_empty_rounds: int | None = None,
-            stall_timeout_s: float | None = None, scrape_interval_s: float = 1.0) -> Path:
+def prepare(
+    directory: Path,
+    targets: Iterable[Target],
+    *,
+    max_empty_rounds: int | None = None,
+    stall_timeout_s: float | None = None,
+    scrape_interval_s: float = 1.0,
+) -> Path:
     """Targets file, alert rules (with the run's stall bounds when given) and config in ``directory``."""
     private_dir(directory)
     targets_file = write_targets(directory / "targets.json", targets)
     rules_file = default_rules_file()
     if rules_file is not None and max_empty_rounds is not None and stall_timeout_s is not None:
         rendered = directory / "alerts.yml"
-        write_private(rendered, render_rules(rules_file.read_text(), max_empty_rounds=max_empty_rounds,
-                                             stall_timeout_s=stall_timeout_s))
+        write_private(
+            rendered,
+            render_rules(rules_file.read_text(), max_empty_rounds=max_empty_rounds, stall_timeout_s=stall_timeout_s),
+        )
         rules_file = rendered
-    return write_config(directory, targets_file=targets_file, rules_file=rules_file,
-                        scrape_interval_s=scrape_interval_s)
+    return write_config(
+        directory, targets_file=targets_file, rules_file=rules_file, scrape_interval_s=scrape_interval_s
+    )
 
 
 class Prometheus:
     """A Prometheus child process serving ``config_file``, with its TSDB in ``data_dir``."""
 
-    def __init__(self, config_file: Path, data_dir: Path, *, binary: str | None = None, host: str = "127.0.0.1",
-                 port: int | None = None) -> None:
+    def __init__(
+        self,
+        config_file: Path,
+        data_dir: Path,
+        *,
+        binary: str | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+    ) -> None:
         self.config_file = Path(config_file)
         self.data_dir = Path(data_dir)
         self.binary = binary or prometheus_binary()
@@ -166,21 +189,29 @@ class Prometheus:
             return self.url
         self.port = self.port or free_port(self.host)
         private_dir(self.data_dir)
-        command = [self.binary, f"--config.file={self.config_file}", f"--storage.tsdb.path={self.data_dir / 'tsdb'}",
-                   f"--web.listen-address={self.url.removeprefix('http://')}", "--log.level=warn"]
+        command = [
+            self.binary,
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self.data_dir / 'tsdb'}",
+            f"--web.listen-address={self.url.removeprefix('http://')}",
+            "--log.level=warn",
+        ]
         self.process = children.spawn(command, self.log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerError(f"prometheus exited with code {self.process.returncode} at start; check "
-                                  f"{self.config_file} and the log {self.log_path}:\n{self._log_tail()}")
+                raise ServerError(
+                    f"prometheus exited with code {self.process.returncode} at start; check "
+                    f"{self.config_file} and the log {self.log_path}:\n{self._log_tail()}"
+                )
             if self.ready():
                 log.info("prometheus (pid %d) at %s", self.process.pid, self.url)
                 return self.url
             time.sleep(0.1)
         self.stop()
-        raise ServerError(f"prometheus did not become ready within {timeout:g}s; see {self.log_path}:\n"
-                          f"{self._log_tail()}")
+        raise ServerError(
+            f"prometheus did not become ready within {timeout:g}s; see {self.log_path}:\n{self._log_tail()}"
+        )
 
     def ready(self) -> bool:
         try:
@@ -203,6 +234,7 @@ class Prometheus:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

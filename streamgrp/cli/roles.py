@@ -39,8 +39,17 @@ from streamgrp.config import (
 )
 from streamgrp.errors import ConfigError, StreamgrpError
 
-__all__ = ["REFERENCE_TRAINER", "cmd_archiver", "cmd_assembler", "cmd_batcher", "cmd_demo", "cmd_server",
-           "cmd_trainer", "cmd_weight_sync", "cmd_worker"]
+__all__ = [
+    "REFERENCE_TRAINER",
+    "cmd_archiver",
+    "cmd_assembler",
+    "cmd_batcher",
+    "cmd_demo",
+    "cmd_server",
+    "cmd_trainer",
+    "cmd_weight_sync",
+    "cmd_worker",
+]
 
 #: The reference GRPO trainer `streamgrp trainer` runs; an example, so named by string, never imported here.
 REFERENCE_TRAINER = "streamgrp.consumers.grpo_trainer:train"
@@ -69,9 +78,17 @@ def cmd_server(args: argparse.Namespace) -> int:
     from streamgrp.cli.server_foreground import serve_forever
 
     connection = settings(args, ConnectionConfig)
-    return serve_forever(connection.data_dir, port=args.port, bind=args.bind, appendfsync=args.appendfsync,
-                         password=connection.secret(), acl_file=args.acl_file, tls=connection.tls(),
-                         maxmemory=connection.maxmemory, stop=stop_event())
+    return serve_forever(
+        connection.data_dir,
+        port=args.port,
+        bind=args.bind,
+        appendfsync=args.appendfsync,
+        password=connection.secret(),
+        acl_file=args.acl_file,
+        tls=connection.tls(),
+        maxmemory=connection.maxmemory,
+        stop=stop_event(),
+    )
 
 
 def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: str, *, burst: bool = False):
@@ -83,8 +100,14 @@ def _join(client, connection: ConnectionConfig, args: argparse.Namespace, role: 
         run = join_run(client, resolve_run_name(client, connection.run, create=True), settings(args, RunConfig))
     else:
         run_name = resolve_run_name(client, connection.run, create=False)
-        run = await_run(client, run_name, settings(args, RunConfig), stop=stop_event(),
-                        wait=connection.run is not None and not burst, who=role)
+        run = await_run(
+            client,
+            run_name,
+            settings(args, RunConfig),
+            stop=stop_event(),
+            wait=connection.run is not None and not burst,
+            who=role,
+        )
     log.info("%s joined run %s", role, run.name)
     return run
 
@@ -100,10 +123,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
         run = _join(client, connection, args, "worker", burst=config.burst)
         _lend_to_rollouts(client, run.keys, handle.url)
         metrics = serve_metrics(config, role="worker", run=run.name)
-        worker = WorkerClient(client, run.keys, claim_idle_s=config.claim_idle_s, max_entry_bytes=config.max_entry_bytes,
-                              metrics=metrics, partitions=run.partitions, take_from=config.partition_numbers())
-        process = WorkerProcess(worker, rollout, config, n_samples=run.config.n_samples,
-                                version=functools.partial(VersionReader(run.keys).read, client), metrics=metrics)
+        worker = WorkerClient(
+            client,
+            run.keys,
+            claim_idle_s=config.claim_idle_s,
+            max_entry_bytes=config.max_entry_bytes,
+            metrics=metrics,
+            partitions=run.partitions,
+            take_from=config.partition_numbers(),
+        )
+        process = WorkerProcess(
+            worker,
+            rollout,
+            config,
+            n_samples=run.config.n_samples,
+            version=functools.partial(VersionReader(run.keys).read, client),
+            metrics=metrics,
+        )
         done = process.run(stop_event())
         log.info("worker %s finished %d tasks", worker.name, done)
     return 0
@@ -116,16 +152,20 @@ def cmd_rewarder(args: argparse.Namespace) -> int:
 
     config = settings(args, RewarderConfig)
     if not config.reward:
-        raise ConfigError("streamgrp rewarder needs --reward module:function (the function that scores a "
-                          "ScoreRequest)")
+        raise ConfigError("streamgrp rewarder needs --reward module:function (the function that scores a ScoreRequest)")
     reward = load_callable(config.reward)
     with connected(args, role=True) as (client, connection, handle):
         run = _join(client, connection, args, "rewarder", burst=config.burst)
         _lend_to_rollouts(client, run.keys, handle.url)
         metrics = serve_metrics(config, role="rewarder", run=run.name)
-        rewarder = Rewarder(RewardClient(client, run.keys, claim_idle_s=config.claim_idle_s, partitions=run.partitions),
-                            reward, concurrency=config.concurrency, timeout_s=config.reward_timeout_s,
-                            retries=config.retries, metrics=metrics)
+        rewarder = Rewarder(
+            RewardClient(client, run.keys, claim_idle_s=config.claim_idle_s, partitions=run.partitions),
+            reward,
+            concurrency=config.concurrency,
+            timeout_s=config.reward_timeout_s,
+            retries=config.retries,
+            metrics=metrics,
+        )
         posted = rewarder.run(stop_event(), until_idle_s=2.0 if config.burst else None)
         log.info("rewarder %s posted %d rewards", rewarder.client.name, posted)
     return 0
@@ -148,7 +188,8 @@ def _lend_to_rollouts(client, keys, url: str) -> None:
 
 
 def _rollout(spec: str, args: argparse.Namespace):
-    """An inference adapter for ``vllm``, ``sglang`` or ``llamacpp`` (its [inference] settings), else ``module:function``."""
+    """An inference adapter for ``vllm``, ``sglang`` or ``llamacpp`` (its [inference] settings), else
+    ``module:function``."""
     from streamgrp.services.inference import ADAPTERS, build_rollout
 
     if spec in ADAPTERS:
@@ -163,9 +204,13 @@ def cmd_assembler(args: argparse.Namespace) -> int:
     config = settings(args, AssemblerConfig)
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "assembler", burst=config.burst)
-        metrics = serve_metrics(config, role="assembler", run=run.name, client=client,
-                                streams=run.streams([config.partition]) if config.partition < run.config.partitions
-                                else {})
+        metrics = serve_metrics(
+            config,
+            role="assembler",
+            run=run.name,
+            client=client,
+            streams=run.streams([config.partition]) if config.partition < run.config.partitions else {},
+        )
         assembler = Assembler(client, run, config, metrics=metrics, partition=config.partition)
         written = assembler.run(stop_event(), burst=config.burst)
         log.info("assembler %s wrote %d decisions", assembler.name, written)
@@ -176,18 +221,30 @@ def cmd_assembler(args: argparse.Namespace) -> int:
 def cmd_batcher(args: argparse.Namespace) -> int:
     from streamgrp.services.batcher import Batcher
     from streamgrp.services.feeder import DatasetIdentity, load_dataset
+
     config = settings(args, BatcherConfig)
     group_filter = load_callable(config.group_filter) if config.group_filter else None
     dataset = load_dataset(config.dataset) if config.dataset else None
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, "batcher")
-        metrics = serve_metrics(config, role="batcher", run=run.name, client=client,
-                                streams=run.streams())
-        batcher = Batcher(client, run, config, group_filter=group_filter, dataset=dataset, metrics=metrics,
-                          dataset_identity=DatasetIdentity.of(config.dataset) if config.dataset else None)
+        metrics = serve_metrics(config, role="batcher", run=run.name, client=client, streams=run.streams())
+        batcher = Batcher(
+            client,
+            run,
+            config,
+            group_filter=group_filter,
+            dataset=dataset,
+            metrics=metrics,
+            dataset_identity=DatasetIdentity.of(config.dataset) if config.dataset else None,
+        )
         outcome = batcher.run(stop_event(), burst=config.burst)
-        log.info("batcher %s: run %s is %s after %d steps written here", batcher.name, run.name, outcome,
-                 batcher.steps_written)
+        log.info(
+            "batcher %s: run %s is %s after %d steps written here",
+            batcher.name,
+            run.name,
+            outcome,
+            batcher.steps_written,
+        )
     return 1 if outcome == "failed" else 0
 
 
@@ -203,8 +260,9 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     with connected(args, role=True) as (client, connection, _):
         run = _join(client, connection, args, f"trainer rank {ranks.rank}")
         try:
-            steps = train(client, run, config, metrics=serve_metrics(config, role="trainer", run=run.name,
-                                                                     rank=ranks.rank))
+            steps = train(
+                client, run, config, metrics=serve_metrics(config, role="trainer", run=run.name, rank=ranks.rank)
+            )
         except StreamgrpError:
             raise
         except Exception as exc:
@@ -212,8 +270,12 @@ def cmd_trainer(args: argparse.Namespace) -> int:
                 raise
             # A peer rank that stopped first ends this rank's collective: an effect of the stop, not a fault
             # of the step, which stays uncommitted (not failed) for the next start (streamgrp.train.trainer).
-            log.warning("trainer rank %d stopped during a step (%s: %s); it resumes there at the next start",
-                        ranks.rank, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+            log.warning(
+                "trainer rank %d stopped during a step (%s: %s); it resumes there at the next start",
+                ranks.rank,
+                type(exc).__name__,
+                str(exc).splitlines()[0][:200] if str(exc) else "",
+            )
         else:
             log.info("trainer rank %d committed %d steps", ranks.rank, steps)
     if ranks.world_size > 1:
@@ -248,15 +310,25 @@ def cmd_weight_sync(args: argparse.Namespace) -> int:
     llama = None
     if config.dialect == "llamacpp":
         if not config.llama_server_cmd or len(urls) != 1:
-            raise ConfigError("--dialect llamacpp: weight-sync restarts the one llama-server it owns; give "
-                              "--llama-server-cmd (its command line without --model) and one --server-url")
-        llama = LlamaServerProcess(config.llama_server_cmd, urls[0], ready_timeout_s=config.load_timeout_s,
-                                   log_path=config.llama_server_log)
+            raise ConfigError(
+                "--dialect llamacpp: weight-sync restarts the one llama-server it owns; give "
+                "--llama-server-cmd (its command line without --model) and one --server-url"
+            )
+        llama = LlamaServerProcess(
+            config.llama_server_cmd, urls[0], ready_timeout_s=config.load_timeout_s, log_path=config.llama_server_log
+        )
     with connected(args, role=True) as (client, connection, _):
         run = open_run(client, resolve_run_name(client, connection.run, create=False))
         serve_metrics(config, role="weight-sync", run=run.name)  # its process metrics and the run's info
-        sync = WeightSync(client, run.keys, make_dialect(config.dialect, inference), urls, config.weights_dir,
-                          load_timeout_s=config.load_timeout_s, llama=llama)
+        sync = WeightSync(
+            client,
+            run.keys,
+            make_dialect(config.dialect, inference),
+            urls,
+            config.weights_dir,
+            load_timeout_s=config.load_timeout_s,
+            llama=llama,
+        )
         try:
             loaded = sync.run(stop_event(), poll_s=config.poll_s, burst=config.burst)
         finally:
@@ -283,12 +355,17 @@ def cmd_archiver(args: argparse.Namespace) -> int:
                     raise
         directory = config.archive_dir or default_archive_dir(connection.data_dir, run.name)
         archiver = Archiver(client, run.keys, directory, config, dp_size=run.config.dp_size)
-        log.info("archiver for run %s writing to %s (retention %s)", run.name, directory,
-                 "on" if config.retention else "off")
+        log.info(
+            "archiver for run %s writing to %s (retention %s)", run.name, directory, "on" if config.retention else "off"
+        )
         started = time.monotonic()
         archived = archiver.run(stop, burst=config.burst)
-        log.info("archiver: %d entries archived in %.1fs, %d trimmed from the server", archived,
-                 time.monotonic() - started, archiver.trimmed)
+        log.info(
+            "archiver: %d entries archived in %.1fs, %d trimmed from the server",
+            archived,
+            time.monotonic() - started,
+            archiver.trimmed,
+        )
     return 0
 
 
@@ -324,12 +401,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _set_by_user(name: str, model: type, section: str, args: argparse.Namespace, toml: dict[str, Any]) -> bool:
     """Whether a flag, the setting's STREAMGRP_ variable or the TOML file gives ``name``."""
-    return getattr(args, name, None) is not None or env_name(name, model) in os.environ or \
-        name in toml.get(section, {})
+    return getattr(args, name, None) is not None or env_name(name, model) in os.environ or name in toml.get(section, {})
 
 
-def _ranks_from_dp_size(demo: DemoConfig, run_settings: RunConfig, toml: dict[str, Any],
-                        args: argparse.Namespace) -> DemoConfig:
+def _ranks_from_dp_size(
+    demo: DemoConfig, run_settings: RunConfig, toml: dict[str, Any], args: argparse.Namespace
+) -> DemoConfig:
     """The demo starts ``--ranks`` trainer ranks, so the run's dp_size is that number: a --dp-size given
     alone sets it, and one that disagrees with --ranks is an error rather than silently replaced."""
     dp_given = _set_by_user("dp_size", RunConfig, "run", args, toml)
@@ -337,6 +414,8 @@ def _ranks_from_dp_size(demo: DemoConfig, run_settings: RunConfig, toml: dict[st
     if not dp_given or run_settings.dp_size == demo.ranks:
         return demo
     if ranks_given:
-        raise ConfigError(f"--dp-size {run_settings.dp_size} and --ranks {demo.ranks} disagree: the demo starts one "
-                          "trainer process per rank, so give one of them (or the same number to both)")
+        raise ConfigError(
+            f"--dp-size {run_settings.dp_size} and --ranks {demo.ranks} disagree: the demo starts one "
+            "trainer process per rank, so give one of them (or the same number to both)"
+        )
     return demo.model_copy(update={"ranks": run_settings.dp_size})

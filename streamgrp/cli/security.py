@@ -26,24 +26,48 @@ __all__ = ["add_acl_command", "cmd_acl", "cmd_functions"]
 def add_acl_command(commands) -> None:
     acl = commands.add_parser("acl", help="print each role's ACL user for runs (least privilege, one run's keys)")
     acl.add_argument("runs", nargs="+", metavar="RUN", help="the runs to print users for")
-    acl.add_argument("--role", action="append", choices=ROLES, default=None,
-                     help="only this role (repeat for several) [default: every role]")
-    acl.add_argument("--password-dir", default=None, metavar="DIR",
-                     help="keep one password per user in DIR/USER (made if missing, 0600) and put its hash in the rules")
-    acl.add_argument("--partitions", type=int, default=1, metavar="P",
-                     help="the runs' partitions, as recorded (the batcher's --partitions): every role gets its rights in "
-                          "each partition's keys too")
-    acl.add_argument("--payload-layout", choices=("keys", "stream"), default="keys",
-                     help="where the runs keep payloads, as recorded: keys (runs this version creates) or stream (runs "
-                          "an older version created) [default: keys]")
-    acl.add_argument("--no-default", action="store_true",
-                     help="leave out 'user default off' (when appending to an ACL file that already has a default user)")
+    acl.add_argument(
+        "--role",
+        action="append",
+        choices=ROLES,
+        default=None,
+        help="only this role (repeat for several) [default: every role]",
+    )
+    acl.add_argument(
+        "--password-dir",
+        default=None,
+        metavar="DIR",
+        help="keep one password per user in DIR/USER (made if missing, 0600) and put its hash in the rules",
+    )
+    acl.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        metavar="P",
+        help="the runs' partitions, as recorded (the batcher's --partitions): every role gets its rights in "
+        "each partition's keys too",
+    )
+    acl.add_argument(
+        "--payload-layout",
+        choices=("keys", "stream"),
+        default="keys",
+        help="where the runs keep payloads, as recorded: keys (runs this version creates) or stream (runs "
+        "an older version created) [default: keys]",
+    )
+    acl.add_argument(
+        "--no-default",
+        action="store_true",
+        help="leave out 'user default off' (when appending to an ACL file that already has a default user)",
+    )
     acl.set_defaults(handler=cmd_acl)
 
     from streamgrp.cli.parser import add_connection_flags
 
-    functions = commands.add_parser("functions", help="load streamgrp's function library on the server (on a cluster: "
-                                    "every primary); run once as an administrator when roles connect as ACL users")
+    functions = commands.add_parser(
+        "functions",
+        help="load streamgrp's function library on the server (on a cluster: "
+        "every primary); run once as an administrator when roles connect as ACL users",
+    )
     add_connection_flags(functions)
     functions.set_defaults(handler=cmd_functions)
 
@@ -54,8 +78,10 @@ def cmd_functions(args: argparse.Namespace) -> int:
 
     with connected(args) as (client, _connection, _handle):
         name = load_library(client)
-    print(f"streamgrp functions: the server holds the function library {name}; every role calls it with FCALL",
-          file=sys.stderr)
+    print(
+        f"streamgrp functions: the server holds the function library {name}; every role calls it with FCALL",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -66,16 +92,21 @@ def cmd_acl(args: argparse.Namespace) -> int:
         check_run_name(run)
         passwords = _passwords(Path(args.password_dir), run, roles) if args.password_dir else None
         try:
-            lines += render_run(run, roles, passwords=passwords, partitions=args.partitions,
-                                layout=args.payload_layout)
+            lines += render_run(run, roles, passwords=passwords, partitions=args.partitions, layout=args.payload_layout)
         except ValueError as exc:  # a partition count out of range
             raise ConfigError(str(exc)) from None
     print("\n".join(lines))
-    where = f"their passwords are in {args.password_dir}" if args.password_dir else \
-        "they have no password yet: add one with ACL SETUSER USER >PASSWORD, or run again with --password-dir DIR"
-    print(f"streamgrp acl: {len(lines)} ACL lines for {', '.join(args.runs)}; load them with streamgrp server "
-          f"--acl-file FILE (or ACL LOAD); {where}. Each role connects as its user: "
-          "rediss://USER@HOST:PORT/0 with --password-file DIR/USER", file=sys.stderr)
+    where = (
+        f"their passwords are in {args.password_dir}"
+        if args.password_dir
+        else "they have no password yet: add one with ACL SETUSER USER >PASSWORD, or run again with --password-dir DIR"
+    )
+    print(
+        f"streamgrp acl: {len(lines)} ACL lines for {', '.join(args.runs)}; load them with streamgrp server "
+        f"--acl-file FILE (or ACL LOAD); {where}. Each role connects as its user: "
+        "rediss://USER@HOST:PORT/0 with --password-file DIR/USER",
+        file=sys.stderr,
+    )
     return 0
 
 

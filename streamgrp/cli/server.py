@@ -115,12 +115,15 @@ class EmbeddedServer:
             raise ConfigError(f"appendfsync={appendfsync!r}: use one of {', '.join(APPENDFSYNC_MODES)}")
         if not 0 <= port <= 65535:
             raise ConfigError(f"port={port} is out of range; use 0 to pick a free port")
-        self.security = ServerSecurity(bind=bind, password=password,
-                                       acl_file=Path(acl_file) if acl_file is not None else None, tls=tls)
+        self.security = ServerSecurity(
+            bind=bind, password=password, acl_file=Path(acl_file) if acl_file is not None else None, tls=tls
+        )
         self.limits = ServerLimits(maxmemory=parse_maxmemory(str(maxmemory)))
         if self.limits.maxmemory == 0:
-            logger.warning("--maxmemory 0: the server's memory is not capped; a run that outgrows the machine ends in "
-                           "its OOM killer instead of writes refused and waited out")
+            logger.warning(
+                "--maxmemory 0: the server's memory is not capped; a run that outgrows the machine ends in "
+                "its OOM killer instead of writes refused and waited out"
+            )
         self.data_dir = Path(data_dir).resolve()
         self.bind = bind
         self.host = connect_host(bind)
@@ -195,24 +198,33 @@ class EmbeddedServer:
         self._port = port
         self._write_state()
         logger.info(
-            "started %s (pid %d) at %s, data in %s", Path(self.binary).name, self.pid,
-            self.display_url, self.data_dir,
+            "started %s (pid %d) at %s, data in %s",
+            Path(self.binary).name,
+            self.pid,
+            self.display_url,
+            self.data_dir,
         )
         return self.url
 
     def _command(self, port: int) -> list[str]:
         command = [
             self.binary,
-            "--dir", str(self.data_dir),
+            "--dir",
+            str(self.data_dir),
             *self.security.args(port),
             *self.limits.args(),
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", self.appendfsync,
-            "--save", "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            self.appendfsync,
+            "--save",
+            "",
             # The AOF's rewrites write the whole dataset as an RDB base; compressing it (LZF) doubled
             # the rewrite's CPU for 12% less disk on rollout payloads (bench/README.md, "Whole pipeline" (8)).
-            "--rdbcompression", "no",
-            "--logfile", str(self.log_path),
+            "--rdbcompression",
+            "no",
+            "--logfile",
+            str(self.log_path),
         ]
         if self.security.stdin_config() is not None:
             command.append("-")  # read the rest of the config (the default user's password) from stdin
@@ -231,8 +243,12 @@ class EmbeddedServer:
         try:
             # Early failures (bad config) go to stderr before --logfile takes effect: append
             # them to the same log so the start errors can quote them.
-            return children.spawn(self._command(port), self.log_path, cwd=self.data_dir,
-                                  stdin=subprocess.PIPE if self.security.stdin_config() else subprocess.DEVNULL)
+            return children.spawn(
+                self._command(port),
+                self.log_path,
+                cwd=self.data_dir,
+                stdin=subprocess.PIPE if self.security.stdin_config() else subprocess.DEVNULL,
+            )
         except OSError as exc:
             raise ServerError(
                 f"cannot run server binary {self.binary!r}: {exc.strerror or exc}. Point "
@@ -261,8 +277,14 @@ class EmbeddedServer:
             if process.poll() is not None:
                 raise self._exited_during_start(process, port, log_offset)
             try:
-                info = probe(self.host, port, self.password, timeout=0.5, tls=self.tls,
-                             refusal_answers=self.security.anonymous_refused)
+                info = probe(
+                    self.host,
+                    port,
+                    self.password,
+                    timeout=0.5,
+                    tls=self.tls,
+                    refusal_answers=self.security.anonymous_refused,
+                )
             except (OSError, ServerError):
                 info = None  # not listening yet, or still loading
             if info is not None:
@@ -285,8 +307,10 @@ class EmbeddedServer:
             f"(port {port}, data dir {self.data_dir}); last lines of {self.log_path}:\n{tail}"
         )
         if "TLS support" in tail or "connection type tls" in tail:
-            message += (f"\n{self.binary} was built without TLS; point {BINARY_ENV} at a server binary built with it "
-                        "(Debian's /usr/bin/redis-server is)")
+            message += (
+                f"\n{self.binary} was built without TLS; point {BINARY_ENV} at a server binary built with it "
+                "(Debian's /usr/bin/redis-server is)"
+            )
         return _AddressInUse(message) if "Address already in use" in tail else ServerError(message)
 
     def _check_answer(self, process: subprocess.Popen[bytes], port: int, info: dict[str, str]) -> None:
@@ -312,16 +336,25 @@ class EmbeddedServer:
         return children.log_tail(self.log_path, _LOG_TAIL_LINES, offset=offset, empty="(the server logged nothing)")
 
     def _write_state(self) -> None:
-        write_state(self.data_dir, {
-            "pid": self.pid, "host": self.host, "port": self._port, "bind": self.bind,
-            "password_set": self.password is not None,
-            "url": server_url(self.host, self._port or 0, None, tls=self.tls is not None),
-            "binary": self.binary, "appendonly": self.appendonly, "appendfsync": self.appendfsync,
-            "maxmemory": self.limits.maxmemory,
-            "acl_file": str(self.security.acl_file) if self.security.acl_file else None,
-            "tls": {name: str(getattr(self.tls, name)) for name in ("cert_file", "key_file", "ca_cert_file")}
-            if self.tls is not None else None,
-        })
+        write_state(
+            self.data_dir,
+            {
+                "pid": self.pid,
+                "host": self.host,
+                "port": self._port,
+                "bind": self.bind,
+                "password_set": self.password is not None,
+                "url": server_url(self.host, self._port or 0, None, tls=self.tls is not None),
+                "binary": self.binary,
+                "appendonly": self.appendonly,
+                "appendfsync": self.appendfsync,
+                "maxmemory": self.limits.maxmemory,
+                "acl_file": str(self.security.acl_file) if self.security.acl_file else None,
+                "tls": {name: str(getattr(self.tls, name)) for name in ("cert_file", "key_file", "ca_cert_file")}
+                if self.tls is not None
+                else None,
+            },
+        )
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM the server, wait for it to exit, remove ``server.json``. Idempotent."""
@@ -331,7 +364,10 @@ class EmbeddedServer:
         if not children.stop(process, timeout):
             logger.warning(
                 "server pid %d ignored SIGTERM for %gs and was killed; with appendfsync=%s it "
-                "may have lost recent writes", process.pid, timeout, self.appendfsync,
+                "may have lost recent writes",
+                process.pid,
+                timeout,
+                self.appendfsync,
             )
         remove_state(self.data_dir, process.pid)
         self._process = None

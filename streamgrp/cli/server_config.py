@@ -28,8 +28,17 @@ from pathlib import Path
 from streamgrp.config import TlsFiles
 from streamgrp.errors import ConfigError
 
-__all__ = ["DEFAULT_MAXMEMORY", "DEFAULT_USER_RULES", "SCRIPT_TIME_LIMIT_MS", "ServerLimits", "ServerSecurity",
-           "check_acl_file", "is_loopback", "machine_memory", "parse_maxmemory"]
+__all__ = [
+    "DEFAULT_MAXMEMORY",
+    "DEFAULT_USER_RULES",
+    "SCRIPT_TIME_LIMIT_MS",
+    "ServerLimits",
+    "ServerSecurity",
+    "check_acl_file",
+    "is_loopback",
+    "machine_memory",
+    "parse_maxmemory",
+]
 
 #: The embedded server's memory cap unless ``--maxmemory`` says otherwise: half the machine (or of the
 #: container's limit), leaving the rest to the roles beside it and to the copy-on-write of an AOF rewrite.
@@ -76,11 +85,15 @@ def check_acl_file(path: Path) -> None:
         words = line.split()
         if len(words) >= 2 and words[0] == "user" and words[1] == "default":
             default = words[2:]
-    fix = ('add "user default off" (no anonymous clients; `streamgrp acl RUN` prints it) or give the default '
-           'user a password (">PASSWORD" or "#SHA256") and the rules it needs')
+    fix = (
+        'add "user default off" (no anonymous clients; `streamgrp acl RUN` prints it) or give the default '
+        'user a password (">PASSWORD" or "#SHA256") and the rules it needs'
+    )
     if default is None:
-        raise ConfigError(f"the ACL file {path} has no line for the default user, which the server would then let "
-                          f"in without a password and with every permission; {fix}")
+        raise ConfigError(
+            f"the ACL file {path} has no line for the default user, which the server would then let "
+            f"in without a password and with every permission; {fix}"
+        )
     if "nopass" in default and default.index("nopass") > _last(default, "resetpass"):
         raise ConfigError(f"the ACL file {path} lets the default user in without a password (nopass); {fix}")
 
@@ -109,7 +122,8 @@ class ServerSecurity:
                 f"--bind {self.bind} listens on {' '.join(remote)}, which other machines can reach, and the server "
                 "has no password: anyone who reaches the port could read, rewrite or stop every run. Give a password "
                 "(--password-file FILE, or the STREAMGRP_PASSWORD environment variable) or an ACL file (--acl-file; "
-                "`streamgrp acl RUN` prints one user per role), or bind 127.0.0.1")
+                "`streamgrp acl RUN` prints one user per role), or bind 127.0.0.1"
+            )
         for name in ("cert_file", "key_file", "ca_cert_file"):
             path = getattr(self.tls, name, None)
             if path is not None and not Path(path).is_file():
@@ -125,9 +139,20 @@ class ServerSecurity:
         if self.tls is None:
             listen = ["--port", str(port)]
         else:  # TLS only: the plain port is closed
-            listen = ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(self.tls.cert_file),
-                      "--tls-key-file", str(self.tls.key_file), "--tls-ca-cert-file", str(self.tls.ca_cert_file),
-                      "--tls-auth-clients", "yes"]
+            listen = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(port),
+                "--tls-cert-file",
+                str(self.tls.cert_file),
+                "--tls-key-file",
+                str(self.tls.key_file),
+                "--tls-ca-cert-file",
+                str(self.tls.ca_cert_file),
+                "--tls-auth-clients",
+                "yes",
+            ]
         acl = ["--aclfile", str(Path(self.acl_file).resolve())] if self.acl_file is not None else []
         return [*listen, "--bind", *self.bind.split(), "--protected-mode", "yes", *acl]
 
@@ -164,8 +189,10 @@ def parse_maxmemory(text: str, total: int | None = None) -> int:
     (default `machine_memory`), or ``0`` for no cap."""
     match = _SIZE.fullmatch(str(text))
     if match is None:
-        raise ConfigError(f"--maxmemory {text!r:.40} is not a size; give bytes, a size such as 512mb or 4gb, or a "
-                          "share of this machine's memory such as 50% (STREAMGRP_MAXMEMORY)")
+        raise ConfigError(
+            f"--maxmemory {text!r:.40} is not a size; give bytes, a size such as 512mb or 4gb, or a "
+            "share of this machine's memory such as 50% (STREAMGRP_MAXMEMORY)"
+        )
     number, unit = float(match.group(1)), match.group(2).lower()
     if unit == "%":
         if not 0 < number <= 100:
@@ -174,8 +201,9 @@ def parse_maxmemory(text: str, total: int | None = None) -> int:
     else:
         size = int(number * _UNITS[unit if unit.endswith("b") or not unit else unit + "b"])
     if 0 < size < MIN_MAXMEMORY:
-        raise ConfigError(f"--maxmemory {text} is {size} bytes, too little for a run; give at least 32mb (or 0 for "
-                          "no cap)")
+        raise ConfigError(
+            f"--maxmemory {text} is {size} bytes, too little for a run; give at least 32mb (or 0 for no cap)"
+        )
     return size
 
 
@@ -189,5 +217,11 @@ class ServerLimits:
     def args(self) -> list[str]:
         # noeviction whatever the cap: an evicting server would silently delete a run's state, and
         # streamgrp refuses to use one (streamgrp.store.connection).
-        return ["--maxmemory", str(self.maxmemory), "--maxmemory-policy", "noeviction",
-                "--busy-reply-threshold", str(self.script_time_limit_ms)]
+        return [
+            "--maxmemory",
+            str(self.maxmemory),
+            "--maxmemory-policy",
+            "noeviction",
+            "--busy-reply-threshold",
+            str(self.script_time_limit_ms),
+        ]

@@ -49,8 +49,16 @@ def serve_forever(
     """
     # Built first: a bind other machines reach without a password is refused before anything starts.
     server = EmbeddedServer(
-        Path(data_dir).resolve(), port=port, bind=bind, appendonly=appendonly, appendfsync=appendfsync,
-        password=password, binary=binary, acl_file=acl_file, tls=tls, maxmemory=maxmemory,
+        Path(data_dir).resolve(),
+        port=port,
+        bind=bind,
+        appendonly=appendonly,
+        appendfsync=appendfsync,
+        password=password,
+        binary=binary,
+        acl_file=acl_file,
+        tls=tls,
+        maxmemory=maxmemory,
     )
     directory = private_dir(server.data_dir)
     stop_requested = stop if stop is not None else threading.Event()
@@ -58,20 +66,25 @@ def serve_forever(
     def request_stop(signum: int, frame: object) -> None:
         stop_requested.set()
 
-    previous = {} if stop is not None else {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT,
-                                                                                             signal.SIGTERM)}
+    previous = (
+        {} if stop is not None else {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    )
     try:
         with locked(directory):
             url = server.start()
-        logger.info("serving %s at %s (%s; data in %s); Ctrl-C to stop", Path(server.binary).name,
-                    server.display_url, server.security.describe(), directory)
+        logger.info(
+            "serving %s at %s (%s; data in %s); Ctrl-C to stop",
+            Path(server.binary).name,
+            server.display_url,
+            server.security.describe(),
+            directory,
+        )
         if ready is not None:
             ready(url)
         while not stop_requested.wait(0.5):
             if not server.running:
                 code = server.wait(0)
-                logger.error("server pid %s exited by itself with code %s; see %s",
-                             server.pid, code, server.log_path)
+                logger.error("server pid %s exited by itself with code %s; see %s", server.pid, code, server.log_path)
                 server.stop()
                 return 1
         logger.info("stopping server pid %s", server.pid)

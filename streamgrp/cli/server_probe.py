@@ -34,8 +34,15 @@ def server_url(host: str, port: int, password: str | None, *, tls: bool = False)
     return f"{'rediss' if tls else 'redis'}://{auth}{netloc}:{port}/0"
 
 
-def probe(host: str, port: int, password: str | None, *, timeout: float = 1.0, tls: TlsFiles | None = None,
-          refusal_answers: bool = False) -> dict[str, str]:
+def probe(
+    host: str,
+    port: int,
+    password: str | None,
+    *,
+    timeout: float = 1.0,
+    tls: TlsFiles | None = None,
+    refusal_answers: bool = False,
+) -> dict[str, str]:
     """PING the server; return its ``INFO server`` fields.
 
     Raises OSError if nothing answers, ServerError with the server's message if it answers with an
@@ -63,8 +70,9 @@ def probe(host: str, port: int, password: str | None, *, timeout: float = 1.0, t
     return fields
 
 
-def _call(host: str, port: int, commands: list[tuple[str, ...]], *, timeout: float = 1.0,
-          tls: TlsFiles | None = None) -> list:
+def _call(
+    host: str, port: int, commands: list[tuple[str, ...]], *, timeout: float = 1.0, tls: TlsFiles | None = None
+) -> list:
     """Send ``commands`` pipelined, return their replies (errors returned, not raised).
 
     Raises OSError when nothing answers on ``host:port`` (an ``ssl.SSLError`` is one).

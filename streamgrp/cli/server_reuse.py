@@ -77,23 +77,28 @@ def ensure_server(
     if cluster:
         from streamgrp.errors import ConfigError
 
-        raise ConfigError("--cluster needs --redis-url of a cluster node (STREAMGRP_REDIS_URL); the embedded server "
-                          "is a single server, not a cluster")
+        raise ConfigError(
+            "--cluster needs --redis-url of a cluster node (STREAMGRP_REDIS_URL); the embedded server "
+            "is a single server, not a cluster"
+        )
     if not start_empty and not (Path(data_dir) / "appendonlydir").is_dir():
         from streamgrp.errors import ConfigError
 
-        raise ConfigError(f"no server to read: no --redis-url (STREAMGRP_REDIS_URL) was given and "
-                          f"{Path(data_dir).resolve()} holds no embedded server's data (--data-dir); pass the run's "
-                          "server with --redis-url, or run this where `streamgrp demo` or `streamgrp server` keeps "
-                          "its data")
+        raise ConfigError(
+            f"no server to read: no --redis-url (STREAMGRP_REDIS_URL) was given and "
+            f"{Path(data_dir).resolve()} holds no embedded server's data (--data-dir); pass the run's "
+            "server with --redis-url, or run this where `streamgrp demo` or `streamgrp server` keeps "
+            "its data"
+        )
     directory = private_dir(Path(data_dir).resolve())
     with locked(directory):
         state = live_state(directory, password)
         if state is not None:
             tls = state_tls(state) is not None
             url = server_url(str(state["host"]), int(state["port"]), password, tls=tls)
-            logger.info("reusing server pid %s at %s", state["pid"],
-                        server_url(state["host"], state["port"], None, tls=tls))
+            logger.info(
+                "reusing server pid %s at %s", state["pid"], server_url(state["host"], state["port"], None, tls=tls)
+            )
             return ServerHandle(url, owned=False)
         server = EmbeddedServer(directory, password=password, appendfsync=appendfsync, maxmemory=maxmemory)
         url = server.start(timeout)

@@ -85,8 +85,13 @@ def live_state(data_dir: Path, password: str | None = None) -> dict | None:
     deadline = time.monotonic() + _LOADING_WAIT_S
     while True:
         try:
-            info = probe(host, port, password, tls=state_tls(state),
-                         refusal_answers=bool(state.get("acl_file")) and password is None)
+            info = probe(
+                host,
+                port,
+                password,
+                tls=state_tls(state),
+                refusal_answers=bool(state.get("acl_file")) and password is None,
+            )
         except OSError:
             return None  # the pid was recycled by some other process; the record is stale
         except ServerError as exc:

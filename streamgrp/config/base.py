@@ -23,8 +23,12 @@ class _RoleSettings(_Settings):
     """What every long-running role has: its metrics endpoint (loopback only unless told otherwise)."""
 
     metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus /metrics on this port (0: off)")
-    metrics_address: str = Field("127.0.0.1", min_length=1, description="address the metrics endpoint listens on "
-                                 "(0.0.0.0 or :: for every interface, so another machine's Prometheus can scrape it)")
+    metrics_address: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="address the metrics endpoint listens on "
+        "(0.0.0.0 or :: for every interface, so another machine's Prometheus can scrape it)",
+    )
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,14 @@ def read_toml(path: str | Path | None) -> dict[str, Any]:
     return data
 
 
-def load(model: type[T], *, toml: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-         overrides: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None) -> T:
+def load(
+    model: type[T],
+    *,
+    toml: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> T:
     """Build one settings model: the model's defaults < ``defaults`` (a command's own, such as the demo's
     run settings) < TOML table < environment < explicit overrides (flags)."""
     section = _section_name(model)
@@ -166,8 +172,9 @@ def load_object(spec: str) -> Any:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         if exc.name == "consumers":  # the examples' name before they installed inside the package
-            raise ConfigError(f"cannot import {module_name!r} for {spec!r}: the examples are "
-                              f"'streamgrp.{module_name}' now") from None
+            raise ConfigError(
+                f"cannot import {module_name!r} for {spec!r}: the examples are 'streamgrp.{module_name}' now"
+            ) from None
         raise ConfigError(f"cannot import {module_name!r} for {spec!r}: {exc}; is it on PYTHONPATH?") from None
     for part in attr.split("."):
         try:

@@ -6,7 +6,8 @@ group filter and the staleness bound discard others, each with its reason), when
 (fixed mode: exactly ``batch_size`` fresh groups, or a smaller final step once the dataset has
 ended; dynamic mode: every fresh group buffered when a round ends, at least ``dp_size``), the
 ``max_batch_size`` bound, step numbering, ``max_steps``, leftovers, the end of the run, the run's
-failure (a contract violation the assembler recorded, at the next step), and the stall bound (through `streamgrp.core.stall`). It reads no clock and does no I/O: time arrives as
+failure (a contract violation the assembler recorded, at the next step), and the stall bound (through
+`streamgrp.core.stall`). It reads no clock and does no I/O: time arrives as
 `RoundEnded.now`, the policy version as `VersionSet`. The driver (`streamgrp.services.batcher`)
 owns reading, the commit script, acknowledgements, manifests' timestamps and metrics; `verify`
 runs this same fold over the recorded decisions to check the steps.
@@ -21,7 +22,8 @@ train nothing, so it is discarded as stale instead of taking a step's place); st
 
 The staleness policy (`BatchRules.staleness`, the run's recorded setting): ``drop`` discards a stale
 group; ``mask`` keeps it while some of its tokens are inside the window; ``wait`` holds tasks and
-steps so that no pending work can turn stale. The feeder issues only while at most ``max_staleness`` written steps are uncommitted (`may_issue`), and
+steps so that no pending work can turn stale. The feeder issues only while at most ``max_staleness`` written steps
+are uncommitted (`may_issue`), and
 a step is held (`window_allows`) while it could make pending work stale:
 writing steps lets the trainers raise the version, one per step, to at most ``version + (steps written
 and not committed by every rank)``; a step is written only while that bound, counted with the step,
@@ -96,14 +98,21 @@ class BatchRules:
     @classmethod
     def of(cls, run_config, max_steps: int | None = None) -> BatchRules:
         """From a `streamgrp.config.RunConfig` (duck-typed: core does not import config)."""
-        return cls(batch_mode=run_config.batch_mode, batch_size=run_config.batch_size,
-                   max_batch_size=run_config.max_batch_size, dp_size=run_config.dp_size,
-                   max_staleness=run_config.max_staleness, max_steps=max_steps,
-                   max_empty_rounds=run_config.max_empty_rounds, stall_timeout_s=run_config.stall_timeout_s,
-                   staleness=getattr(run_config, "staleness", "drop"))
+        return cls(
+            batch_mode=run_config.batch_mode,
+            batch_size=run_config.batch_size,
+            max_batch_size=run_config.max_batch_size,
+            dp_size=run_config.dp_size,
+            max_staleness=run_config.max_staleness,
+            max_steps=max_steps,
+            max_empty_rounds=run_config.max_empty_rounds,
+            stall_timeout_s=run_config.stall_timeout_s,
+            staleness=getattr(run_config, "staleness", "drop"),
+        )
 
 
 # -- events ----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Decided:
@@ -156,6 +165,7 @@ Event = Decided | VersionSet | RoundEnded | DatasetEnded | WindowSet
 
 
 # -- outputs ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Acked:
@@ -227,8 +237,10 @@ class BatchState:
     lowest_committed: int = -1
 
     def __post_init__(self) -> None:
-        if self.stall.max_empty_rounds != self.rules.max_empty_rounds or \
-                self.stall.stall_timeout_s != self.rules.stall_timeout_s:
+        if (
+            self.stall.max_empty_rounds != self.rules.max_empty_rounds
+            or self.stall.stall_timeout_s != self.rules.stall_timeout_s
+        ):
             self.stall = StallTracker(self.rules.max_empty_rounds, self.rules.stall_timeout_s)
 
     @property
@@ -252,8 +264,9 @@ def fold(state: BatchState, event: Event) -> tuple[BatchState, list[Output]]:
     if isinstance(event, WindowSet):
         state.oldest_in_flight, state.lowest_committed = event.oldest_in_flight, event.lowest_committed
         return state, (_fixed_steps(state) + _finish_if_done(state) if state.rules.batch_mode == "fixed" else [])
-    raise TypeError("the batch fold takes Decided, VersionSet, RoundEnded, DatasetEnded or WindowSet, not "
-                    f"{type(event).__name__}")
+    raise TypeError(
+        f"the batch fold takes Decided, VersionSet, RoundEnded, DatasetEnded or WindowSet, not {type(event).__name__}"
+    )
 
 
 def _on_decided(state: BatchState, event: Decided) -> list[Output]:
@@ -278,7 +291,7 @@ def _fixed_steps(state: BatchState) -> list[Output]:
     size = state.rules.batch_size
     outputs: list[Output] = []
     while len(state.buffer) >= size and not state.max_steps_reached:
-        if not window_allows(state, len(state.buffer) // size, state.buffer[len(state.buffer) // size * size:]):
+        if not window_allows(state, len(state.buffer) // size, state.buffer[len(state.buffer) // size * size :]):
             break
         outputs += _emit(state, state.buffer[:size])
     return outputs
@@ -338,13 +351,15 @@ def _emit(state: BatchState, candidates: list[Buffered], *, final: bool = False)
             outputs.append(Discarded(entry_id, decision, STALE, detail, version))
             used.add(entry_id)
         elif rules.staleness == "mask" and wholly_stale(decision, version, rules.max_staleness):
-            detail = (f"every token is stale under mask: newest token version {decision.newest_version}, policy "
-                      f"version {version}, max_staleness {rules.max_staleness}")
+            detail = (
+                f"every token is stale under mask: newest token version {decision.newest_version}, policy "
+                f"version {version}, max_staleness {rules.max_staleness}"
+            )
             outputs.append(Discarded(entry_id, decision, STALE, detail, version))
             used.add(entry_id)
         else:
             fresh.append((entry_id, decision))
-    fresh = fresh[:rules.max_batch_size]
+    fresh = fresh[: rules.max_batch_size]
     due = len(fresh) >= rules.dp_size and (rules.batch_mode == "dynamic" or final or len(fresh) == rules.batch_size)
     if due:
         outputs.append(StepDue(state.next_step, version, tuple(fresh)))
@@ -356,8 +371,9 @@ def _emit(state: BatchState, candidates: list[Buffered], *, final: bool = False)
 
 def _on_round_end(state: BatchState, event: RoundEnded) -> list[Output]:
     outputs: list[Output] = []
-    if state.rules.batch_mode == "dynamic" and window_allows(state, -(-len(state.buffer) // state.rules.max_batch_size),
-                                                             []):
+    if state.rules.batch_mode == "dynamic" and window_allows(
+        state, -(-len(state.buffer) // state.rules.max_batch_size), []
+    ):
         while state.buffer and not state.max_steps_reached:
             step = _emit(state, list(state.buffer))
             outputs += step
@@ -391,7 +407,7 @@ def _holding(state: BatchState) -> bool:
     buffer = state.buffer
     if state.rules.batch_mode == "fixed":
         steps = len(buffer) // state.rules.batch_size
-        return steps > 0 and not window_allows(state, steps, buffer[steps * state.rules.batch_size:])
+        return steps > 0 and not window_allows(state, steps, buffer[steps * state.rules.batch_size :])
     steps = -(-len(buffer) // state.rules.max_batch_size)
     return len(buffer) >= state.rules.dp_size and not window_allows(state, steps, [])
 

@@ -93,11 +93,21 @@ Fields = Mapping[bytes, bytes | str] | Mapping[str, bytes | str] | Mapping[bytes
 #: Default ceiling for one entry (header plus bytes); larger entries are dead-lettered as oversized.
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
 #: Every `DecodeError.reason` that `decode` can raise.
-DECODE_REASONS = frozenset({
-    "bad_fields", "oversized", "repeated_field", "missing_field", "bad_header", "unsupported_schema",
-    "unknown_kind", "unknown_dtype", "length_mismatch", "wrong_type", "invalid_value",
-})
-
+DECODE_REASONS = frozenset(
+    {
+        "bad_fields",
+        "oversized",
+        "repeated_field",
+        "missing_field",
+        "bad_header",
+        "unsupported_schema",
+        "unknown_kind",
+        "unknown_dtype",
+        "length_mismatch",
+        "wrong_type",
+        "invalid_value",
+    }
+)
 
 
 #: Events encoded without decoding them again: their values are made by streamgrp's services from events they
@@ -115,8 +125,11 @@ _KIND_KEY = b'"kind":"'
 #: The compiled decoder of each event's header, by its kind: the event's own Struct, or for an event with tensors
 #: its header view (`streamgrp.core.tensor_header.header_view`: a `TensorRef` where a tensor goes).
 _TENSOR_EVENTS: list[Any] = [model for model in EVENT_TYPES.values() if TENSOR_FIELDS[model]]
-_STRUCT_DECODERS = {kind: decoder(header_view(model) if model in _TENSOR_EVENTS else model)
-                    for kind, model in EVENT_TYPES.items() if issubclass(model, WireEvent)}
+_STRUCT_DECODERS = {
+    kind: decoder(header_view(model) if model in _TENSOR_EVENTS else model)
+    for kind, model in EVENT_TYPES.items()
+    if issubclass(model, WireEvent)
+}
 _MODEL_OF_VIEW: dict[Any, Any] = {header_view(model): model for model in _TENSOR_EVENTS}
 _PAYLOAD_VIEW = decoder(header_view(SamplePayload))
 _PAYLOAD_TENSORS = ("token_ids", "loss_mask", "logprobs")
@@ -163,7 +176,7 @@ def struct_header(event: WireEvent) -> bytes:
     """The header of an event without tensors, checked by decoding it as a reader will."""
     header = ENCODER.encode(event)
     if event.__class__ is SlotResult and header.endswith(_NOT_PENDING):
-        header = header[:-len(_NOT_PENDING)] + b"}"
+        header = header[: -len(_NOT_PENDING)] + b"}"
     try:
         decoder(type(event)).decode(header)
     except msgspec.ValidationError as exc:
@@ -171,8 +184,9 @@ def struct_header(event: WireEvent) -> bytes:
     return header
 
 
-def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = "", seq: int = 0,
-                  reward_pending: bool = False) -> tuple[SlotResult, dict[bytes, bytes]]:
+def sample_result(
+    task_id: str, slot: int, sample: Sample, *, producer: str = "", seq: int = 0, reward_pending: bool = False
+) -> tuple[SlotResult, dict[bytes, bytes]]:
     """A sample's slot result and its payload entry's fields: the result's summary carries the payload's
     digest, computed here, once (what a publisher writes; `streamgrp.services.worker` is one).
     ``reward_pending``: the sample's rewards are placeholders that a `SlotRewarded` replaces."""
@@ -180,16 +194,18 @@ def sample_result(task_id: str, slot: int, sample: Sample, *, producer: str = ""
     return event, payload
 
 
-def encode_sample(task_id: str, slot: int, sample: Sample, *, producer: str = "", seq: int = 0,
-                  reward_pending: bool = False) -> tuple[bytes, bytes, bytes]:
+def encode_sample(
+    task_id: str, slot: int, sample: Sample, *, producer: str = "", seq: int = 0, reward_pending: bool = False
+) -> tuple[bytes, bytes, bytes]:
     """``sample_result`` already encoded: (slot result header, payload header, payload bytes), what the
     publisher writes."""
     _, payload, slot_header = _sample_entries(task_id, slot, sample, producer, seq, reward_pending)
     return slot_header, payload[HEADER], payload.get(BLOB, b"")
 
 
-def _sample_entries(task_id: str, slot: int, sample: Sample, producer: str, seq: int,
-                    reward_pending: bool) -> tuple[SlotResult, dict[bytes, bytes], bytes]:
+def _sample_entries(
+    task_id: str, slot: int, sample: Sample, producer: str, seq: int, reward_pending: bool
+) -> tuple[SlotResult, dict[bytes, bytes], bytes]:
     """The slot result, the payload's fields and the result's header. The publisher's hot path, so the payload
     is not decoded again to check it: the `Sample` checked its tensors and values when it was built, and what
     the payload shares with the result (task, slot, producer, sequence, version) is checked with the result's
@@ -204,13 +220,25 @@ def _sample_entries(task_id: str, slot: int, sample: Sample, producer: str, seq:
             raise ValueError(f"a sample's row lengths are integers, not {type(length).__name__}")
     payload = _tensor_entry(SamplePayload(task_id=task_id, slot=slot, sample=sample, producer=producer, seq=seq))
     summary = SampleSummary.of(sample, entry_digest(payload))
-    event = SlotResult(task_id=task_id, slot=slot, outcome="sample", sample=summary, producer=producer,
-                       seq=seq, reward_pending=reward_pending)
+    event = SlotResult(
+        task_id=task_id,
+        slot=slot,
+        outcome="sample",
+        sample=summary,
+        producer=producer,
+        seq=seq,
+        reward_pending=reward_pending,
+    )
     return event, payload, struct_header(event)
 
 
-def payload_problem(fields: Fields | None, result: SlotResult, *,
-                    vocab_size: int | None = None, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> str | None:
+def payload_problem(
+    fields: Fields | None,
+    result: SlotResult,
+    *,
+    vocab_size: int | None = None,
+    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+) -> str | None:
     """What keeps the sample of ``result`` (a schema-2 slot result with a summary) from training, judged by
     its payload entry's ``fields`` (None: no entry at the result's id); None when nothing does.
 
@@ -238,8 +266,10 @@ def payload_problem(fields: Fields | None, result: SlotResult, *,
     claimed = (summary.rows, summary.tokens, summary.version)
     held = (sample.rows, sample.valid_tokens, sample.version)
     if claimed != held:
-        return (f"its slot result says rows, tokens, version {list(claimed)} but its payload holds {list(held)}; "
-                "publish with streamgrp's worker (or codec.encode_sample), which writes both from one sample")
+        return (
+            f"its slot result says rows, tokens, version {list(claimed)} but its payload holds {list(held)}; "
+            "publish with streamgrp's worker (or codec.encode_sample), which writes both from one sample"
+        )
     reward = sum(sample.rewards) / sample.rows
     if not math.isclose(summary.reward, reward, rel_tol=1e-9, abs_tol=1e-12):
         return f"its slot result says reward {summary.reward!r} but its payload's rewards average {reward!r}"
@@ -260,14 +290,16 @@ def decode(fields: Fields | None, *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BY
     return _totally(_decode, fields, max_entry_bytes)
 
 
-def decode_v1_slot_result(fields: Fields | None, *,
-                          max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> SlotResultV1:
+def decode_v1_slot_result(fields: Fields | None, *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> SlotResultV1:
     """A schema-1 slot entry as recorded, its sample inline; raises `DecodeError` for anything else, a
     schema-2 slot result included (its tensors are a payload)."""
     event = _totally(_decode, fields, max_entry_bytes, upcast=False)
     if not isinstance(event, SlotResultV1):
-        raise DecodeError("unknown_kind", f"a {getattr(event, 'kind', type(event).__name__)} event (schema "
-                          f"{getattr(event, 'schema_version', '?')}) carries no inline sample")
+        raise DecodeError(
+            "unknown_kind",
+            f"a {getattr(event, 'kind', type(event).__name__)} event (schema "
+            f"{getattr(event, 'schema_version', '?')}) carries no inline sample",
+        )
     return event
 
 
@@ -279,8 +311,9 @@ def _totally(decoder: Any, *args: Any, **options: Any) -> Any:
     except DecodeError:
         raise
     except Exception as exc:
-        raise DecodeError("invalid_value", f"unexpected {type(exc).__name__} while decoding: {clip(safe_text(exc))}") \
-            from None
+        raise DecodeError(
+            "invalid_value", f"unexpected {type(exc).__name__} while decoding: {clip(safe_text(exc))}"
+        ) from None
 
 
 def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
@@ -290,8 +323,10 @@ def _decode(fields: Any, max_entry_bytes: int, *, upcast: bool = True) -> Any:
     # One compiled pass for a valid header (an event with tensors: its header view, the bytes cut out after);
     # anything else (an error, an older schema's slot result) takes the checks below, which give the reason.
     decoded = _compiled(raw_header)
-    if decoded is not None and (decoded.schema_version == SCHEMA_VERSION or (
-            decoded.schema_version in READABLE_SCHEMAS and decoded.__class__ is not SlotResult)):
+    if decoded is not None and (
+        decoded.schema_version == SCHEMA_VERSION
+        or (decoded.schema_version in READABLE_SCHEMAS and decoded.__class__ is not SlotResult)
+    ):
         if decoded.__class__ in _MODEL_OF_VIEW:
             used = [0, 0]  # bytes, tensors
             try:
@@ -325,7 +360,7 @@ def _compiled(raw_header: bytes) -> Any:
     start = raw_header.find(_KIND_KEY) + len(_KIND_KEY)
     if start < len(_KIND_KEY):
         return None
-    struct_decoder = _STRUCT_DECODERS.get(raw_header[start:raw_header.find(b'"', start)].decode(errors="replace"))
+    struct_decoder = _STRUCT_DECODERS.get(raw_header[start : raw_header.find(b'"', start)].decode(errors="replace"))
     if struct_decoder is None:
         return None
     try:
@@ -393,9 +428,12 @@ def _struct_event(model: Any, data: dict[str, Any], descriptors: int) -> Any:
     except msgspec.ValidationError as exc:
         raise DecodeError(reason_of(exc, model, data), clip(safe_text(exc), 280)) from None
     if descriptors and descriptors != tensor_count(event, TENSOR_FIELDS[model]):
-        raise DecodeError("bad_header", f"the header has {descriptors} tensor descriptors but the {event.kind} event "
-                          f"has {tensor_count(event, TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
-                          "that takes no tensor")
+        raise DecodeError(
+            "bad_header",
+            f"the header has {descriptors} tensor descriptors but the {event.kind} event "
+            f"has {tensor_count(event, TENSOR_FIELDS[model])} tensors: a descriptor sits in a field "
+            "that takes no tensor",
+        )
     return event
 
 
@@ -409,8 +447,11 @@ def _parse_header(raw_header: bytes) -> dict[str, Any]:
         raise DecodeError("bad_header", f"header is a JSON {json_name(header)}, expected an object")
     version = header.get("schema_version", SCHEMA_VERSION)
     if version.__class__ is not int or version not in READABLE_SCHEMAS:
-        raise DecodeError("unsupported_schema", f"schema_version {show(version)}; this build reads the integers "
-                          f"{', '.join(map(str, READABLE_SCHEMAS))} (a newer streamgrp wrote it? upgrade this one)")
+        raise DecodeError(
+            "unsupported_schema",
+            f"schema_version {show(version)}; this build reads the integers "
+            f"{', '.join(map(str, READABLE_SCHEMAS))} (a newer streamgrp wrote it? upgrade this one)",
+        )
     kind = header.get("kind")
     if kind.__class__ is not str or kind not in EVENT_TYPES:
         raise DecodeError("unknown_kind", f"kind {show(kind)} is not one of {sorted(EVENT_TYPES)}")

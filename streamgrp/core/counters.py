@@ -18,28 +18,39 @@ if TYPE_CHECKING:
     from streamgrp.core.events import GroupDecided
 
 # Totals (one name each).
-STEPS = "steps"                                  # steps written by the batcher
-TARGET_SLOTS = "target_slots"                    # n_samples per decided group
-USABLE_SLOTS = "usable_slots"                    # usable slots of decided groups
-TRAINABLE_SLOTS = "trainable_slots"              # usable slots of groups that were kept
-GROUPS_BATCHED = "groups:batched"                # groups placed in a step
-GROUPS_DISCARDED = "groups:discarded"            # decided groups the batcher did not train
-REDUNDANT_DECISIONS = "redundant_decisions"      # decisions another assembler had already written
-TASKS_DUPLICATE = "tasks:duplicate"              # a task id issued twice
-INVALID_TASKS = "invalid:tasks"                  # task-queue entries dead-lettered
-INVALID_CONTROL = "invalid:control"              # control-stream entries dead-lettered
-INVALID_DECISIONS = "invalid:decisions"          # decision entries the batcher dead-lettered
+STEPS = "steps"  # steps written by the batcher
+TARGET_SLOTS = "target_slots"  # n_samples per decided group
+USABLE_SLOTS = "usable_slots"  # usable slots of decided groups
+TRAINABLE_SLOTS = "trainable_slots"  # usable slots of groups that were kept
+GROUPS_BATCHED = "groups:batched"  # groups placed in a step
+GROUPS_DISCARDED = "groups:discarded"  # decided groups the batcher did not train
+REDUNDANT_DECISIONS = "redundant_decisions"  # decisions another assembler had already written
+TASKS_DUPLICATE = "tasks:duplicate"  # a task id issued twice
+INVALID_TASKS = "invalid:tasks"  # task-queue entries dead-lettered
+INVALID_CONTROL = "invalid:control"  # control-stream entries dead-lettered
+INVALID_DECISIONS = "invalid:decisions"  # decision entries the batcher dead-lettered
 
 # Families (``prefix:label``).
-SLOTS = "slots"            # slot outcomes: sample, rejected, failed, timeout, duplicate, late, invalid, trimmed
-DECISIONS = "decisions"    # complete, partial, dropped
-DROPPED = "dropped"        # drop and discard reasons
+SLOTS = "slots"  # slot outcomes: sample, rejected, failed, timeout, duplicate, late, invalid, trimmed
+DECISIONS = "decisions"  # complete, partial, dropped
+DROPPED = "dropped"  # drop and discard reasons
 DEADLETTER = "deadletter"  # dead-letter reasons of the slot log
-REWARDS = "rewards"        # reward entries not folded: duplicate, late
+REWARDS = "rewards"  # reward entries not folded: duplicate, late
 
 FAMILIES = (SLOTS, DECISIONS, DROPPED, DEADLETTER, REWARDS)
-TOTALS = (STEPS, TARGET_SLOTS, USABLE_SLOTS, TRAINABLE_SLOTS, GROUPS_BATCHED, GROUPS_DISCARDED, REDUNDANT_DECISIONS,
-          TASKS_DUPLICATE, INVALID_TASKS, INVALID_CONTROL, INVALID_DECISIONS)
+TOTALS = (
+    STEPS,
+    TARGET_SLOTS,
+    USABLE_SLOTS,
+    TRAINABLE_SLOTS,
+    GROUPS_BATCHED,
+    GROUPS_DISCARDED,
+    REDUNDANT_DECISIONS,
+    TASKS_DUPLICATE,
+    INVALID_TASKS,
+    INVALID_CONTROL,
+    INVALID_DECISIONS,
+)
 
 
 def slots(outcome: str) -> str:
@@ -71,7 +82,7 @@ def is_known(field: str) -> bool:
 def family(counts: Mapping[str, int], prefix: str) -> dict[str, int]:
     """The non-zero members of one family by label: ``family(counts, DROPPED) -> {"stale": 3}``."""
     head = prefix + ":"
-    return {name[len(head):]: value for name, value in counts.items() if name.startswith(head) and value}
+    return {name[len(head) :]: value for name, value in counts.items() if name.startswith(head) and value}
 
 
 def decision_increments(decision: GroupDecided) -> dict[str, int]:

@@ -22,6 +22,7 @@ BELOW_MINIMUM = "below_minimum"
 CONTRACT_VIOLATION = "contract_violation"
 ASSEMBLER_DROP_REASONS = (ALL_UNUSABLE, INCOMPLETE, BELOW_MINIMUM, CONTRACT_VIOLATION)
 
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What `decide_group` concluded.

@@ -83,8 +83,10 @@ def entry_fields(flat: list[bytes] | None) -> dict[bytes, bytes] | EntryFields |
                     return fields
         pairs = list(zip(flat[0::2], flat[1::2]))
         if count & 1:
-            return EntryFields(pairs, malformed=f"the field list has an odd number of items ({count}): "
-                                                f"name {show(flat[-1])} has no value")
+            return EntryFields(
+                pairs,
+                malformed=f"the field list has an odd number of items ({count}): name {show(flat[-1])} has no value",
+            )
         return EntryFields(pairs)
     return EntryFields(malformed=f"the field list is a {type(flat).__name__}, not a list of names and values")
 
@@ -94,8 +96,11 @@ def field_items(fields: Any) -> Iterable[tuple[Any, Any]]:
     if fields.__class__ is dict:  # the fast path: what redis-py and `entry_fields` return
         return fields.items()
     if not isinstance(fields, Mapping):
-        raise DecodeError("bad_fields", f"entry fields are a {type(fields).__name__}, not a mapping of names "
-                          "to values" + (" (the entry was deleted?)" if fields is None else ""))
+        raise DecodeError(
+            "bad_fields",
+            f"entry fields are a {type(fields).__name__}, not a mapping of names "
+            "to values" + (" (the entry was deleted?)" if fields is None else ""),
+        )
     malformed = getattr(fields, "malformed", None)
     if malformed:
         raise DecodeError("bad_fields", clip(str(malformed)))
@@ -122,8 +127,11 @@ def check_size(items: Iterable[tuple[Any, Any]], max_entry_bytes: int) -> bool:
         # A str counted its characters, a lower bound; count the UTF-8 bytes the server holds.
         size = sum(len(_as_bytes(key)) + len(_as_bytes(value)) for key, value in items)
     if size > max_entry_bytes:
-        raise DecodeError("oversized", f"entry is {'at least ' if text else ''}{size} bytes, over the "
-                          f"{max_entry_bytes}-byte limit (max_entry_bytes); write smaller events or raise the limit")
+        raise DecodeError(
+            "oversized",
+            f"entry is {'at least ' if text else ''}{size} bytes, over the "
+            f"{max_entry_bytes}-byte limit (max_entry_bytes); write smaller events or raise the limit",
+        )
     return text
 
 
@@ -132,30 +140,40 @@ def header_and_blob(fields: Any, text: bool) -> tuple[bytes, bytes]:
     if fields.__class__ is not dict:
         repeated = getattr(fields, "repeated", ())
         if repeated:
-            raise DecodeError("repeated_field", f"field names repeated in one entry: {show_names(repeated)}; "
-                              "each field must appear once (was the entry written by streamgrp.core.codec?)")
+            raise DecodeError(
+                "repeated_field",
+                f"field names repeated in one entry: {show_names(repeated)}; "
+                "each field must appear once (was the entry written by streamgrp.core.codec?)",
+            )
     raw_header = fields.get(HEADER)
     blob = fields.get(BLOB)
     if text:
         raw_header, blob = _text_fields(fields, raw_header, blob)
     if raw_header is None:
-        raise DecodeError("missing_field", f"entry has no {HEADER.decode()!r} header field (fields: {field_names(fields)})")
+        raise DecodeError(
+            "missing_field", f"entry has no {HEADER.decode()!r} header field (fields: {field_names(fields)})"
+        )
     return raw_header, b"" if blob is None else blob
 
 
 def _byte_view(value: memoryview) -> memoryview:
     """``value`` if it is a flat view of bytes (what `len` counts as bytes); refuses any other view."""
     if value.ndim != 1 or value.itemsize != 1 or not value.c_contiguous:
-        raise DecodeError("bad_fields", f"a field value is a {value.ndim}-dimensional memoryview of {value.format!r} "
-                          "items, expected bytes")
+        raise DecodeError(
+            "bad_fields",
+            f"a field value is a {value.ndim}-dimensional memoryview of {value.format!r} items, expected bytes",
+        )
     return value
 
 
 def _check_field_types(key: Any, value: Any) -> None:
     for what, item in (("name", key), ("value", value)):
         if item.__class__ is not bytes and item.__class__ is not str:
-            raise DecodeError("bad_fields", f"a field {what} is of type {type(item).__name__} ({show(item)}), "
-                              "expected bytes (or str from a decode_responses client)")
+            raise DecodeError(
+                "bad_fields",
+                f"a field {what} is of type {type(item).__name__} ({show(item)}), "
+                "expected bytes (or str from a decode_responses client)",
+            )
 
 
 def _as_bytes(value: bytes | str) -> bytes:
@@ -177,8 +195,7 @@ def _text_fields(fields: Mapping[Any, Any], raw_header: Any, blob: Any) -> tuple
         raw_header = fields.get(HEADER.decode())
     if blob is None:
         blob = fields.get(BLOB.decode())
-    return (None if raw_header is None else _as_bytes(raw_header),
-            None if blob is None else _as_bytes(blob))
+    return (None if raw_header is None else _as_bytes(raw_header), None if blob is None else _as_bytes(blob))
 
 
 def field(fields: Mapping[Any, bytes | str], key: bytes) -> bytes | str | None:

@@ -54,12 +54,41 @@ from streamgrp.core.wire import Record, WireEvent, as_tuples, check_free_form
 #: The most rows a reward may name (a sample's rows; more is not a reward streamgrp wrote).
 MAX_REWARD_ROWS = 4096
 
-__all__ = ["EVENT_TYPES", "READABLE_SCHEMAS", "SCHEMA_VERSION", "CheckpointSaved", "DecidedMember", "GroupDecided",
-           "GroupDiscarded", "GroupStats", "Member", "RawArray", "RunFinished", "RunStarted", "RunTerminated",
-           "Sample", "SamplePayload", "SampleSummary", "SessionEnded", "SessionOpened", "Shard", "ShardGroup",
-           "SlotResult", "SlotRewarded", "SlotSegment", "StepCommitted", "StepFailed", "StepManifest",
-           "StepRowsTrained", "TaskIssued", "Tick", "TrainingResumed", "TurnRecorded", "VersionAdvanced",
-           "WeightsServed"]
+__all__ = [
+    "EVENT_TYPES",
+    "READABLE_SCHEMAS",
+    "SCHEMA_VERSION",
+    "CheckpointSaved",
+    "DecidedMember",
+    "GroupDecided",
+    "GroupDiscarded",
+    "GroupStats",
+    "Member",
+    "RawArray",
+    "RunFinished",
+    "RunStarted",
+    "RunTerminated",
+    "Sample",
+    "SamplePayload",
+    "SampleSummary",
+    "SessionEnded",
+    "SessionOpened",
+    "Shard",
+    "ShardGroup",
+    "SlotResult",
+    "SlotRewarded",
+    "SlotSegment",
+    "StepCommitted",
+    "StepFailed",
+    "StepManifest",
+    "StepRowsTrained",
+    "TaskIssued",
+    "Tick",
+    "TrainingResumed",
+    "TurnRecorded",
+    "VersionAdvanced",
+    "WeightsServed",
+]
 
 
 class RunStarted(WireEvent, frozen=True, kw_only=True):
@@ -122,15 +151,21 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
         if not math.isfinite(self.reward):  # the mean of finite rewards can still overflow
             raise ValueError(f"reward {self.reward!r} is not a finite number; rewards must be finite")
         if self.newest is not UNSET and self.newest <= self.version:
-            raise ValueError(f"newest version {self.newest} is not past the sample's version {self.version}; leave "
-                             "it out")
+            raise ValueError(
+                f"newest version {self.newest} is not past the sample's version {self.version}; leave it out"
+            )
 
     @classmethod
     def of(cls, sample: Sample, digest: str) -> SampleSummary:
         newest = newest_token_version(sample)
-        return cls(rows=sample.rows, tokens=sample.valid_tokens, version=sample.version,
-                   reward=sum(sample.rewards) / sample.rows, digest=digest,
-                   newest=newest if newest is not None and newest > sample.version else UNSET)
+        return cls(
+            rows=sample.rows,
+            tokens=sample.valid_tokens,
+            version=sample.version,
+            reward=sum(sample.rewards) / sample.rows,
+            digest=digest,
+            newest=newest if newest is not None and newest > sample.version else UNSET,
+        )
 
 
 def newest_token_version(sample: Sample) -> int | None:
@@ -139,8 +174,16 @@ def newest_token_version(sample: Sample) -> int | None:
     runs = sample.meta.get("token_versions") if isinstance(sample.meta, dict) else None
     if not isinstance(runs, list):
         return None
-    versions = [run[0] for run in runs if isinstance(run, (list, tuple)) and len(run) == 2
-                and type(run[0]) is int and run[0] >= 0 and type(run[1]) is int and run[1] > 0]
+    versions = [
+        run[0]
+        for run in runs
+        if isinstance(run, (list, tuple))
+        and len(run) == 2
+        and type(run[0]) is int
+        and run[0] >= 0
+        and type(run[1]) is int
+        and run[1] > 0
+    ]
     return max(versions) if versions else None
 
 
@@ -193,8 +236,10 @@ class SlotRewarded(WireEvent, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         given = [name for name in ("rewards", "reason", "error") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise ValueError("a reward carries exactly one of rewards (one per row, finite: `Float`), a rejection "
-                             f"reason or an error, got {given or 'none'}")
+            raise ValueError(
+                "a reward carries exactly one of rewards (one per row, finite: `Float`), a rejection "
+                f"reason or an error, got {given or 'none'}"
+            )
         as_tuples(self, "rewards")
 
     @property
@@ -326,11 +371,17 @@ class ShardGroup(Record, frozen=True, kw_only=True, dict=True):
             msgspec.structs.force_setattr(self, "written_partition", UNSET)
 
     @classmethod
-    def of(cls, *, task_id: str, decision_entry: str, members: Sequence[Member], digest: str,
-           partition: int = 0) -> ShardGroup:
+    def of(
+        cls, *, task_id: str, decision_entry: str, members: Sequence[Member], digest: str, partition: int = 0
+    ) -> ShardGroup:
         columns = columns_of(members, Member)
-        return cls(task_id=task_id, decision_entry=decision_entry, **columns, digest=digest,
-                   written_partition=partition or UNSET)
+        return cls(
+            task_id=task_id,
+            decision_entry=decision_entry,
+            **columns,
+            digest=digest,
+            written_partition=partition or UNSET,
+        )
 
     def with_members(self, members: Sequence[Member]) -> ShardGroup:
         """A copy whose members are ``members``."""
@@ -396,9 +447,30 @@ class GroupDiscarded(WireEvent, frozen=True, kw_only=True):
     detail: str = ""
 
 
-_EVENT_MODELS = (RunStarted, TaskIssued, SlotResult, SlotRewarded, SamplePayload, Tick, GroupDecided, RunTerminated,
-                 StepManifest, GroupDiscarded, StepCommitted, StepFailed, StepRowsTrained, VersionAdvanced, RunFinished, WeightsServed,
-                 TrainingResumed, CheckpointSaved, SessionOpened, TurnRecorded, SessionEnded, SlotSegment)
+_EVENT_MODELS = (
+    RunStarted,
+    TaskIssued,
+    SlotResult,
+    SlotRewarded,
+    SamplePayload,
+    Tick,
+    GroupDecided,
+    RunTerminated,
+    StepManifest,
+    GroupDiscarded,
+    StepCommitted,
+    StepFailed,
+    StepRowsTrained,
+    VersionAdvanced,
+    RunFinished,
+    WeightsServed,
+    TrainingResumed,
+    CheckpointSaved,
+    SessionOpened,
+    TurnRecorded,
+    SessionEnded,
+    SlotSegment,
+)
 
 
 def _kind_of(model: Any) -> str:

@@ -24,16 +24,19 @@ def check_token_arrays(event: object, *names: str) -> None:
     for name, allowed in ((name, _IDS) for name in id_names):
         tensor: RawArray = getattr(event, name)
         if tensor.dtype not in allowed or len(tensor.shape) != 1 or not tensor.shape[0]:
-            raise ValueError(f"{name} must be a non-empty 1-D {' or '.join(allowed)} array, got {tensor.dtype} "
-                             f"{list(tensor.shape)}")
+            raise ValueError(
+                f"{name} must be a non-empty 1-D {' or '.join(allowed)} array, got {tensor.dtype} {list(tensor.shape)}"
+            )
         problem = token_id_problem(tensor.dtype, tensor.data)
         if problem is not None:
             raise ValueError(problem)
     generated: RawArray = getattr(event, id_names[-1])
     logprobs: RawArray = getattr(event, logprob_name)
     if logprobs.dtype != "float32" or logprobs.shape != generated.shape:
-        raise ValueError(f"{logprob_name} must be a float32 array with one value per generated token "
-                         f"({generated.shape[0]}), got {logprobs.dtype} {list(logprobs.shape)}")
+        raise ValueError(
+            f"{logprob_name} must be a float32 array with one value per generated token "
+            f"({generated.shape[0]}), got {logprobs.dtype} {list(logprobs.shape)}"
+        )
     problem = logprob_problem(logprobs.dtype, logprobs.data)
     if problem is not None:
         raise ValueError(problem)

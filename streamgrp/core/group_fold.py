@@ -129,8 +129,9 @@ def fold(state: FoldState, event: FoldedEvent, entry_id: str = "") -> tuple[Fold
         return state, _on_task(state, event, entry_id)
     if isinstance(event, Tick):
         return state, _on_tick(state, event.now)
-    raise TypeError(f"the assembler fold takes TaskIssued, SlotResult, SlotRewarded or Tick, not "
-                    f"{type(event).__name__}")
+    raise TypeError(
+        f"the assembler fold takes TaskIssued, SlotResult, SlotRewarded or Tick, not {type(event).__name__}"
+    )
 
 
 def _on_task(state: FoldState, event: TaskIssued, entry_id: str) -> list[Output]:
@@ -138,8 +139,15 @@ def _on_task(state: FoldState, event: TaskIssued, entry_id: str) -> list[Output]
     if task_id in state.open or task_id in state.decided:
         return [Ignored(entry_id, DUPLICATE_TASK, task_id, None, "task issued twice; the first issue stands")]
     if state.max_open is not None and len(state.open) >= state.max_open:
-        return [Ignored(entry_id, OPEN_GROUPS_FULL, task_id, None,
-                        f"{len(state.open)} groups are open, the most max_open_groups allows; the task is refused")]
+        return [
+            Ignored(
+                entry_id,
+                OPEN_GROUPS_FULL,
+                task_id,
+                None,
+                f"{len(state.open)} groups are open, the most max_open_groups allows; the task is refused",
+            )
+        ]
     deadline = None if state.group_timeout_s is None else event.issued_at + state.group_timeout_s
     state.open[task_id] = OpenGroup(task_id, event.issued_at, deadline, entry_id)
     if deadline is not None:
@@ -164,12 +172,27 @@ def _on_slot(state: FoldState, event: SlotResult, entry_id: str) -> list[Output]
     if sample is None:
         group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, entry_id)
     elif event.reward_pending:
-        group.pending[slot] = SlotRecord("sample", sample.rows, sample.tokens, sample.version, entry_id, sample.digest,
-                                         newest=None if sample.newest is UNSET else sample.newest)
+        group.pending[slot] = SlotRecord(
+            "sample",
+            sample.rows,
+            sample.tokens,
+            sample.version,
+            entry_id,
+            sample.digest,
+            newest=None if sample.newest is UNSET else sample.newest,
+        )
         return []
     else:
-        group.results[slot] = SlotRecord("sample", sample.rows, sample.tokens, sample.version, entry_id, sample.digest,
-                                         sample.reward, newest=None if sample.newest is UNSET else sample.newest)
+        group.results[slot] = SlotRecord(
+            "sample",
+            sample.rows,
+            sample.tokens,
+            sample.version,
+            entry_id,
+            sample.digest,
+            sample.reward,
+            newest=None if sample.newest is UNSET else sample.newest,
+        )
     if len(group.results) == n_samples:
         return [_close(state, group, "all_slots", None)]
     return []
@@ -179,30 +202,54 @@ def _on_reward(state: FoldState, event: SlotRewarded, entry_id: str) -> list[Out
     task_id, slot = event.task_id, event.slot
     group = state.open.get(task_id)
     if group is None:
-        why = ("the group was already decided" if task_id in state.decided
-               else "no task with this id is open in this run")
+        why = (
+            "the group was already decided" if task_id in state.decided else "no task with this id is open in this run"
+        )
         return [Ignored(entry_id, REWARD_LATE, task_id, slot, why)]
     waiting = group.pending.get(slot)
     if waiting is None:
         done = group.results.get(slot)
         if done is not None and done.reward_entry:
-            return [Ignored(entry_id, REWARD_DUPLICATE, task_id, slot,
-                            f"slot {slot} was rewarded already (entry {done.reward_entry}); the first reward stands")]
+            return [
+                Ignored(
+                    entry_id,
+                    REWARD_DUPLICATE,
+                    task_id,
+                    slot,
+                    f"slot {slot} was rewarded already (entry {done.reward_entry}); the first reward stands",
+                )
+            ]
         why = "its result carried its reward" if done is not None else "no result of it waits for a reward"
         return [Ignored(entry_id, REWARD_LATE, task_id, slot, f"slot {slot} is not waiting for a reward: {why}")]
     rewards = event.rewards
     if rewards is None:  # rejected or failed by its scorer
         group.results[slot] = SlotRecord(event.outcome, 0, 0, 0, waiting.entry_id, reward_entry=entry_id)
     elif len(rewards) != waiting.rows and len(rewards) != 1:
-        return [Ignored(entry_id, REWARD_ROWS, task_id, slot,
-                        f"{len(rewards)} rewards for a sample of {waiting.rows} rows; give one reward per row, "
-                        "or one for them all")]
+        return [
+            Ignored(
+                entry_id,
+                REWARD_ROWS,
+                task_id,
+                slot,
+                f"{len(rewards)} rewards for a sample of {waiting.rows} rows; give one reward per row, "
+                "or one for them all",
+            )
+        ]
     else:
         if len(rewards) != waiting.rows:
             rewards = rewards * waiting.rows  # one reward for every row
-        group.results[slot] = SlotRecord("sample", waiting.rows, waiting.tokens, waiting.version, waiting.entry_id,
-                                         waiting.digest, sum(rewards) / len(rewards), tuple(rewards), entry_id,
-                                         waiting.newest)
+        group.results[slot] = SlotRecord(
+            "sample",
+            waiting.rows,
+            waiting.tokens,
+            waiting.version,
+            waiting.entry_id,
+            waiting.digest,
+            sum(rewards) / len(rewards),
+            tuple(rewards),
+            entry_id,
+            waiting.newest,
+        )
     del group.pending[slot]
     if len(group.results) == state.policy.n_samples:
         return [_close(state, group, "all_slots", None)]
@@ -237,12 +284,14 @@ def _on_tick(state: FoldState, now: float) -> list[Output]:
     return outputs
 
 
-def _close(state: FoldState, group: OpenGroup, closed_by: Literal["all_slots", "deadline"], now: float | None
-           ) -> Closed:
+def _close(
+    state: FoldState, group: OpenGroup, closed_by: Literal["all_slots", "deadline"], now: float | None
+) -> Closed:
     policy = state.policy
     results = group.results
-    row_counts = [results[i].rows if i in results and results[i].outcome == "sample" else None
-                  for i in range(policy.n_samples)]
+    row_counts = [
+        results[i].rows if i in results and results[i].outcome == "sample" else None for i in range(policy.n_samples)
+    ]
     decided = decide_group(policy, row_counts)
     usable = [results[i] for i in decided.members]
     digests = tuple(result.digest for result in usable)
@@ -275,9 +324,12 @@ def _close(state: FoldState, group: OpenGroup, closed_by: Literal["all_slots", "
     state.decided.add(group.task_id)
     # Every entry the decision accounts for: the task's, each result's and each reward's, and those
     # of results still waiting for a reward (their slots timed out).
-    entries = (group.task_entry, *(results[i].entry_id for i in sorted(results)),
-               *(results[i].reward_entry for i in sorted(results) if results[i].reward_entry),
-               *(group.pending[i].entry_id for i in sorted(group.pending)))
+    entries = (
+        group.task_entry,
+        *(results[i].entry_id for i in sorted(results)),
+        *(results[i].reward_entry for i in sorted(results) if results[i].reward_entry),
+        *(group.pending[i].entry_id for i in sorted(group.pending)),
+    )
     return Closed(decision, entries)
 
 

@@ -40,5 +40,12 @@ class SlotResultV1(Record, frozen=True, kw_only=True):
     def upcast(self, entry_digest: str) -> SlotResult:
         """The schema-2 event this entry stands for; ``entry_digest`` is the digest of its own entry."""
         summary = SampleSummary.of(self.sample, entry_digest) if self.sample is not None else None
-        return SlotResult(producer=self.producer, seq=self.seq, task_id=self.task_id, slot=self.slot,
-                          outcome=self.outcome, sample=summary, error=self.error)
+        return SlotResult(
+            producer=self.producer,
+            seq=self.seq,
+            task_id=self.task_id,
+            slot=self.slot,
+            outcome=self.outcome,
+            sample=summary,
+            error=self.error,
+        )

@@ -39,16 +39,23 @@ def shard_group(ref: str, decision: GroupDecided) -> ShardGroup:
         raise ValueError(f"decision reference {ref!r} names partition {partition}")
     # The member columns of the validated decision, as they are (a 32-group manifest is 256 members, made
     # once per step on the batcher's hot path).
-    return ShardGroup(task_id=decision.task_id, decision_entry=entry_id, slots=decision.slots,
-                      member_entries=decision.member_entries, member_rows=decision.member_rows,
-                      member_tokens=decision.member_tokens, member_versions=decision.member_versions,
-                      member_row_rewards=decision.member_row_rewards,
-                      digest=combine_digests(member.digest for member in decision.members),
-                      written_partition=partition)
+    return ShardGroup(
+        task_id=decision.task_id,
+        decision_entry=entry_id,
+        slots=decision.slots,
+        member_entries=decision.member_entries,
+        member_rows=decision.member_rows,
+        member_tokens=decision.member_tokens,
+        member_versions=decision.member_versions,
+        member_row_rewards=decision.member_row_rewards,
+        digest=combine_digests(member.digest for member in decision.members),
+        written_partition=partition,
+    )
 
 
-def make_manifest(step: int, version: int, groups: Sequence[tuple[str, GroupDecided]], dp_size: int,
-                  created_at: float) -> StepManifest:
+def make_manifest(
+    step: int, version: int, groups: Sequence[tuple[str, GroupDecided]], dp_size: int, created_at: float
+) -> StepManifest:
     """A step of ``groups`` split over ``dp_size`` ranks; raises ValueError with fewer groups than ranks."""
     if len(groups) < dp_size:
         raise ValueError(f"a step needs at least dp_size={dp_size} groups, got {len(groups)}")
@@ -57,14 +64,20 @@ def make_manifest(step: int, version: int, groups: Sequence[tuple[str, GroupDeci
     shards = []
     for rank, indices in enumerate(balanced_partition(weights, dp_size)):
         members = tuple(items[i] for i in indices)
-        shards.append(Shard(rank=rank, groups=members, tokens=sum(weights[i] for i in indices),
-                            digest=combine_digests(g.digest for g in members)))
-    return StepManifest(step=step, version=version, shards=tuple(shards), imbalance=imbalance(shards),
-                        created_at=created_at)
+        shards.append(
+            Shard(
+                rank=rank,
+                groups=members,
+                tokens=sum(weights[i] for i in indices),
+                digest=combine_digests(g.digest for g in members),
+            )
+        )
+    return StepManifest(
+        step=step, version=version, shards=tuple(shards), imbalance=imbalance(shards), created_at=created_at
+    )
 
 
 def imbalance(shards: Sequence[Shard]) -> float:
     """Largest shard's tokens over the mean (1.0 is perfect)."""
     total = sum(s.tokens for s in shards)
     return max(s.tokens for s in shards) * len(shards) / total if total else 1.0
-

@@ -48,14 +48,27 @@ class DecidedMember(Member, frozen=True, kw_only=True):
 
     def placed(self) -> Member:
         """The member as a step's shard records it (without digest and reward)."""
-        return Member(slot=self.slot, entry=self.entry, rows=self.rows, tokens=self.tokens, version=self.version,
-                      rewards=self.rewards)
+        return Member(
+            slot=self.slot,
+            entry=self.entry,
+            rows=self.rows,
+            tokens=self.tokens,
+            version=self.version,
+            rewards=self.rewards,
+        )
 
 
 #: Wire column -> member field, in the order the columns are written; the first, ``members``, holds the
 #: slots (the events' ``slots`` field).
-WIRE_COLUMNS = {"members": "slot", "member_entries": "entry", "member_digests": "digest", "member_rows": "rows",
-                "member_tokens": "tokens", "member_versions": "version", "member_rewards": "reward"}
+WIRE_COLUMNS = {
+    "members": "slot",
+    "member_entries": "entry",
+    "member_digests": "digest",
+    "member_rows": "rows",
+    "member_tokens": "tokens",
+    "member_versions": "version",
+    "member_rewards": "reward",
+}
 #: Columns written after those, and only when some member has a value: a log whose rewards all came
 #: with their results is written as it was before they existed.
 SPARSE_COLUMNS = {"member_row_rewards": "rewards"}
@@ -133,7 +146,12 @@ class GroupStats(Record, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, target: int, usable: int, trainable: int) -> GroupStats:
-        return cls(target_slot_count=target, usable_slot_count=usable, trainable_slot_count=trainable,
-                   fully_masked_group=usable == 0, singleton_slot_group=usable == 1,
-                   pre_filter_usable_slot_yield=usable / target if target else 0.0,
-                   pre_filter_trainable_slot_yield=trainable / target if target else 0.0)
+        return cls(
+            target_slot_count=target,
+            usable_slot_count=usable,
+            trainable_slot_count=trainable,
+            fully_masked_group=usable == 0,
+            singleton_slot_group=usable == 1,
+            pre_filter_usable_slot_yield=usable / target if target else 0.0,
+            pre_filter_trainable_slot_yield=trainable / target if target else 0.0,
+        )

@@ -109,8 +109,9 @@ def _gain(d: Weight, gap: Weight) -> Weight:
     return d if d < gap - d else gap - d
 
 
-def _best_swap(hw: list[Weight], sw: list[Weight], gap: Weight, cap: Weight,
-               best_gain: Weight) -> tuple[Weight, int, int] | None:
+def _best_swap(
+    hw: list[Weight], sw: list[Weight], gap: Weight, cap: Weight, best_gain: Weight
+) -> tuple[Weight, int, int] | None:
     """Best single-item swap (take b from s for a from h, d = a - b near gap / 2) beating ``best_gain``."""
     half = gap / 2
     nh, ns = len(hw), len(sw)
@@ -151,8 +152,9 @@ def _best_move(hw: list[Weight], gap: Weight, best_gain: Weight) -> tuple[Weight
     return None if found is None else (best_gain, found)
 
 
-def _best_exchange(wts: list[list[Weight]], others: list[tuple[Weight, int]], hw: list[Weight], q: int,
-                   top: Weight, best_gain: Weight) -> tuple[int, list[int], list[int]] | None:
+def _best_exchange(
+    wts: list[list[Weight]], others: list[tuple[Weight, int]], hw: list[Weight], q: int, top: Weight, best_gain: Weight
+) -> tuple[int, list[int], list[int]] | None:
     """Best 1-for-2 exchange that turns the heavy floor shard h into a ceil one."""
     best = None
     for load_s, s in others:

@@ -25,5 +25,11 @@ MAX_REFUSAL_CHARS = 1000
 
 def refused(result: SlotResult, problem: str) -> SlotResult:
     """``result`` as a failed slot whose error says what is wrong with its sample."""
-    return SlotResult(task_id=result.task_id, slot=result.slot, outcome="failed", producer=result.producer,
-                      seq=result.seq, error=f"invalid sample: {problem}"[:MAX_REFUSAL_CHARS])
+    return SlotResult(
+        task_id=result.task_id,
+        slot=result.slot,
+        outcome="failed",
+        producer=result.producer,
+        seq=result.seq,
+        error=f"invalid sample: {problem}"[:MAX_REFUSAL_CHARS],
+    )

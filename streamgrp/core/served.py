@@ -36,8 +36,12 @@ class ServedTracker:
 
     def behind_seconds(self, run_version: int, now: float) -> float:
         """How long the served version has been too far behind ``run_version`` (0: it is not)."""
-        behind = (self.served is not None and run_version - self.served > self.max_staleness
-                  and self.last_decided is not None and now - self.last_decided < self.grace_s)
+        behind = (
+            self.served is not None
+            and run_version - self.served > self.max_staleness
+            and self.last_decided is not None
+            and now - self.last_decided < self.grace_s
+        )
         if not behind:
             self.behind_since = None
             return 0.0
@@ -53,8 +57,10 @@ class ServedTracker:
         if self._last_warning is not None and now - self._last_warning < WARNING_INTERVAL_S:
             return None
         self._last_warning = now
-        return (f"workers serve v{self.served}, the run is at v{run_version}: are weights being published? For "
-                f"{behind:.0f}s every group decided was more than max_staleness={self.max_staleness} versions behind, "
-                "so each is dropped as stale. The trainer must write each version's weights (--weights-dir; the lm "
-                "trainer writes vNNNNNN/model.gguf) and `streamgrp weight-sync` must hand them to the inference "
-                "servers (check its log and the WeightsServed events in the control stream).")
+        return (
+            f"workers serve v{self.served}, the run is at v{run_version}: are weights being published? For "
+            f"{behind:.0f}s every group decided was more than max_staleness={self.max_staleness} versions behind, "
+            "so each is dropped as stale. The trainer must write each version's weights (--weights-dir; the lm "
+            "trainer writes vNNNNNN/model.gguf) and `streamgrp weight-sync` must hand them to the inference "
+            "servers (check its log and the WeightsServed events in the control stream)."
+        )

@@ -59,13 +59,15 @@ class Row:
 def add_turn(rows: list[Row], turn: Turn, number: int) -> list[Row]:
     """Fold turn ``number`` into ``rows`` (mutated and returned): into the newest row it extends, else a new row."""
     if len(turn.completion_ids) != len(turn.logprobs) or not turn.completion_ids:
-        raise ValueError(f"turn {number} has {len(turn.completion_ids)} completion ids and {len(turn.logprobs)} "
-                         "log-probabilities; a turn generates at least one token, each with its log-probability")
+        raise ValueError(
+            f"turn {number} has {len(turn.completion_ids)} completion ids and {len(turn.logprobs)} "
+            "log-probabilities; a turn generates at least one token, each with its log-probability"
+        )
     row = next((row for row in reversed(rows) if row.extended_by(turn.prompt_ids)), None)
     if row is None:
         row = Row()
         rows.append(row)
-    new = list(turn.prompt_ids[len(row.token_ids):])
+    new = list(turn.prompt_ids[len(row.token_ids) :])
     row.token_ids += new
     row.loss_mask += [0] * len(new)
     row.logprobs += [0.0] * len(new)
@@ -88,12 +90,14 @@ def contract_problem(policy: GroupPolicy, rows: int) -> str | None:
     """Why a session of ``rows`` rows may not be published as a sample under ``policy``, or None when it may."""
     if rows <= 1 or not policy.one_sample_per_slot:
         return None
-    return (f"the session's turns make {rows} rows (a turn's prompt did not continue an earlier turn's prompt and "
-            f"completion token for token), and this run's policy (n_samples={policy.n_samples}, resolved "
-            f"min_usable_group_size={policy.minimum_usable_group_size}) arms the one-sample-per-slot contract: group "
-            "statistics would count each row as a group member, so the session is published as a failed slot. "
-            "Keep the conversation append-only (send each assistant message back as the gateway returned it), or "
-            "use batch-level mean_level/std_level and leave min_usable_group_size unset")
+    return (
+        f"the session's turns make {rows} rows (a turn's prompt did not continue an earlier turn's prompt and "
+        f"completion token for token), and this run's policy (n_samples={policy.n_samples}, resolved "
+        f"min_usable_group_size={policy.minimum_usable_group_size}) arms the one-sample-per-slot contract: group "
+        "statistics would count each row as a group member, so the session is published as a failed slot. "
+        "Keep the conversation append-only (send each assistant message back as the gateway returned it), or "
+        "use batch-level mean_level/std_level and leave min_usable_group_size unset"
+    )
 
 
 def session_sample(turns: Sequence[Turn], reward: float, *, meta: dict[str, Any] | None = None) -> Sample:
@@ -102,7 +106,11 @@ def session_sample(turns: Sequence[Turn], reward: float, *, meta: dict[str, Any]
     if not turns:
         raise ValueError("the session recorded no turn, so there is nothing to train on")
     rows = session_rows(turns)
-    return Sample.from_rows(token_ids=[row.token_ids for row in rows], loss_mask=[row.loss_mask for row in rows],
-                            logprobs=[row.logprobs for row in rows], rewards=[reward] * len(rows),
-                            version=min(turn.version for turn in turns),
-                            meta={**(meta or {}), "turns": len(turns), "row_turns": [row.turns for row in rows]})
+    return Sample.from_rows(
+        token_ids=[row.token_ids for row in rows],
+        loss_mask=[row.loss_mask for row in rows],
+        logprobs=[row.logprobs for row in rows],
+        rewards=[reward] * len(rows),
+        version=min(turn.version for turn in turns),
+        meta={**(meta or {}), "turns": len(turns), "row_turns": [row.turns for row in rows]},
+    )

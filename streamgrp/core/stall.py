@@ -33,8 +33,9 @@ class StallTracker:
     last_progress: float | None = None
     _last_warning: float | None = field(default=None, repr=False)
 
-    def round(self, trainable_added: int, now: float, *, waiting_for_trainers: bool = False,
-              held: bool = False) -> bool:
+    def round(
+        self, trainable_added: int, now: float, *, waiting_for_trainers: bool = False, held: bool = False
+    ) -> bool:
         """Record a round; True when the run has stalled for good."""
         if self.last_progress is None:
             self.last_progress = now
@@ -87,6 +88,5 @@ def stall_message(tracker: StallTracker, now: float, counts: dict[str, int], ser
         f"Check: usable_slot_yield={usable_yield}, trainable_slot_yield={trainable_yield}, "
         f"drop reasons {drops or '{}'}, slot outcomes {outcomes or '{}'} "
         "(streamgrp_groups_dropped_total, streamgrp_groups_discarded_total and streamgrp_slots_total on the "
-        "dashboards)."
-        + (f" {server_note}" if server_note else "")
+        "dashboards)." + (f" {server_note}" if server_note else "")
     )

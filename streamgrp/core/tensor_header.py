@@ -61,7 +61,9 @@ def with_descriptors(value: Any, where: tuple[tuple[str, Any], ...], blobs: list
             start = offset[0]
             blobs.append(item.data)
             offset[0] += len(item.data)
-            msgspec.structs.force_setattr(out, name, TensorRef(Descriptor(item.dtype, item.shape, start, len(item.data))))
+            msgspec.structs.force_setattr(
+                out, name, TensorRef(Descriptor(item.dtype, item.shape, start, len(item.data)))
+            )
         else:
             msgspec.structs.force_setattr(out, name, with_descriptors(item, nested, blobs, offset))
     return out
@@ -82,8 +84,10 @@ def from_header(value: dict[str, Any] | list[Any], blob: bytes, state: list[int]
             kind = item.__class__
             out[key] = from_header(item, blob, state, depth + 1) if kind is dict or kind is list else item
         return out
-    return [from_header(item, blob, state, depth + 1) if item.__class__ is dict or item.__class__ is list else item
-            for item in value]
+    return [
+        from_header(item, blob, state, depth + 1) if item.__class__ is dict or item.__class__ is list else item
+        for item in value
+    ]
 
 
 def raw_array(descriptor: Any, blob: bytes, state: list[int]) -> dict[str, Any]:
@@ -96,20 +100,22 @@ def raw_array(descriptor: Any, blob: bytes, state: list[int]) -> dict[str, Any]:
         raise DecodeError("bad_header", f"shape {show(shape)} is not a list of at most {MAX_NDIM} dimensions")
     for dim in shape:  # a loop, not all(...): a third of the cost per tensor
         if dim.__class__ is not int or dim < 0:
-            raise DecodeError("bad_header", f"shape {show(shape)} has a dimension {show(dim)}; dimensions are "
-                              "non-negative integers")
+            raise DecodeError(
+                "bad_header", f"shape {show(shape)} has a dimension {show(dim)}; dimensions are non-negative integers"
+            )
     if start.__class__ is not int or nbytes.__class__ is not int or start < 0 or nbytes < 0:
-        raise DecodeError("bad_header",
-                          f"offset {show(start)} and nbytes {show(nbytes)} must be non-negative integers")
+        raise DecodeError("bad_header", f"offset {show(start)} and nbytes {show(nbytes)} must be non-negative integers")
     expected = math.prod(shape) * DTYPES[dtype][0]
     if nbytes != expected:
-        raise DecodeError("length_mismatch",
-                          f"{dtype} {clip(str(shape), 80)} needs {show(expected)} bytes, header says {nbytes}")
+        raise DecodeError(
+            "length_mismatch", f"{dtype} {clip(str(shape), 80)} needs {show(expected)} bytes, header says {nbytes}"
+        )
     used = state[0]
     if start != used or start + nbytes > len(blob):
         raise DecodeError(
             "length_mismatch",
-            f"tensor at offset {start} of {nbytes} bytes does not follow the previous one inside a {len(blob)}-byte blob",
+            f"tensor at offset {start} of {nbytes} bytes does not follow the previous one "
+            f"inside a {len(blob)}-byte blob",
         )
     state[0] = start + nbytes
     state[1] += 1
@@ -130,8 +136,9 @@ def tensor_fields(model: type) -> tuple[tuple[str, Any], ...]:
                 if nested := tensor_fields(part):
                     found.append((info.name, nested))
             elif _holds_tensors(part):  # e.g. tuple[RawArray, ...]: tensor_count would not see them
-                raise TypeError(f"{model.__name__}.{info.name}: the codec counts tensors only in fields and nested "
-                                "records")
+                raise TypeError(
+                    f"{model.__name__}.{info.name}: the codec counts tensors only in fields and nested records"
+                )
     return tuple(found)
 
 
@@ -162,11 +169,16 @@ def span(descriptor: Descriptor, size: int, used: int) -> int:
     if item is None:
         raise DecodeError("unknown_dtype", f"dtype {show(dtype)} is not one of {sorted(DTYPES)}")
     if nbytes != math.prod(descriptor.shape) * item[0]:
-        raise DecodeError("length_mismatch", f"{dtype} {clip(str(list(descriptor.shape)), 80)} needs "
-                          f"{math.prod(descriptor.shape) * item[0]} bytes, header says {nbytes}")
+        raise DecodeError(
+            "length_mismatch",
+            f"{dtype} {clip(str(list(descriptor.shape)), 80)} needs "
+            f"{math.prod(descriptor.shape) * item[0]} bytes, header says {nbytes}",
+        )
     if start != used or start + nbytes > size:
-        raise DecodeError("length_mismatch", f"tensor at offset {start} of {nbytes} bytes does not follow the previous "
-                          f"one inside a {size}-byte blob")
+        raise DecodeError(
+            "length_mismatch",
+            f"tensor at offset {start} of {nbytes} bytes does not follow the previous one inside a {size}-byte blob",
+        )
     return start + nbytes
 
 
@@ -183,8 +195,14 @@ def header_view(model: Any) -> Any:
         default = msgspec.field(name=info.encode_name, **given)
         fields.append((info.name, _view_type(info.type), default))
     config = model.__struct_config__
-    return msgspec.defstruct(f"{model.__name__}Header", fields, kw_only=True, frozen=True,
-                             forbid_unknown_fields=config.forbid_unknown_fields, module=__name__)
+    return msgspec.defstruct(
+        f"{model.__name__}Header",
+        fields,
+        kw_only=True,
+        frozen=True,
+        forbid_unknown_fields=config.forbid_unknown_fields,
+        module=__name__,
+    )
 
 
 def _view_type(annotation: Any) -> Any:
@@ -211,7 +229,7 @@ def from_view(model: Any, view: Any, blob: bytes, used: list[int]) -> Any:
             start = used[0]
             used[0] = span(item.raw, len(blob), start)
             used[1] += 1
-            data = blob[start:used[0]]
+            data = blob[start : used[0]]
             if data.__class__ is not bytes:  # a view of a reply (a payload key's): the tensor's bytes, copied once
                 data = bytes(data)
             values[name] = RawArray(dtype=item.raw.dtype, shape=item.raw.shape, data=data)

@@ -36,8 +36,12 @@ from functools import lru_cache
 LOGPROB_TOLERANCE = 1e-4
 
 #: dtype name -> (item size in bytes, struct format of one item or None for bfloat16).
-_FLOATS: dict[str, tuple[int, str | None]] = {"float16": (2, "e"), "bfloat16": (2, None), "float32": (4, "f"),
-                                              "float64": (8, "d")}
+_FLOATS: dict[str, tuple[int, str | None]] = {
+    "float16": (2, "e"),
+    "bfloat16": (2, None),
+    "float32": (4, "f"),
+    "float64": (8, "d"),
+}
 _INTS: dict[str, tuple[int, str]] = {"int32": (4, "i"), "int64": (8, "q")}
 _MASKS = ("bool", "uint8")
 #: Last bytes of a non-negative integer (sign bit clear).
@@ -48,12 +52,14 @@ _ZERO_ONE = b"\x00\x01"
 def logprob_problem(dtype: str, data: bytes, tolerance: float = LOGPROB_TOLERANCE) -> str | None:
     """None when every value of ``data`` (a ``dtype`` float tensor) is finite and at most ``tolerance``."""
     size = _FLOATS[dtype][0]
-    if not data[size - 1::size].translate(None, _allowed_last_bytes(dtype, tolerance)):
+    if not data[size - 1 :: size].translate(None, _allowed_last_bytes(dtype, tolerance)):
         return None  # every value's sign and exponent allow it
     for index, value in enumerate(_floats(dtype, data)):
         if not value <= tolerance or value == -math.inf:  # NaN fails every comparison
-            return (f"logprobs[{index}] is {value!r}: log-probabilities must be finite and at most {tolerance} "
-                    "(the log of a probability is at most 0); check the logprobs the inference engine returns")
+            return (
+                f"logprobs[{index}] is {value!r}: log-probabilities must be finite and at most {tolerance} "
+                "(the log of a probability is at most 0); check the logprobs the inference engine returns"
+            )
     return None
 
 
@@ -62,7 +68,7 @@ def token_id_problem(dtype: str, data: bytes, vocab_size: int | None = None) -> 
     (when given)."""
     size, _ = _INTS[dtype]
     if vocab_size is None:
-        if not data[size - 1::size].translate(None, _NON_NEGATIVE_TOP):
+        if not data[size - 1 :: size].translate(None, _NON_NEGATIVE_TOP):
             return None
     elif not _lanes_above(data, size, min(vocab_size, 2 ** (8 * size - 1)) - 1):
         return None
@@ -70,8 +76,10 @@ def token_id_problem(dtype: str, data: bytes, vocab_size: int | None = None) -> 
         if value < 0:
             return f"token_ids[{index}] is {value}: token ids are at least 0; check the tokenizer's output"
         if vocab_size is not None and value >= vocab_size:
-            return (f"token_ids[{index}] is {value}, not below the run's vocab_size {vocab_size}: the trainer's "
-                    "embedding has no row for it; check the tokenizer, or the run's --vocab-size")
+            return (
+                f"token_ids[{index}] is {value}, not below the run's vocab_size {vocab_size}: the trainer's "
+                "embedding has no row for it; check the tokenizer, or the run's --vocab-size"
+            )
     return None
 
 
@@ -83,8 +91,10 @@ def loss_mask_problem(dtype: str, data: bytes) -> str | None:
         index = next(at for at, value in enumerate(data) if value > 1)
         return f"loss_mask[{index}] is {data[index]}: a loss mask holds 0 (not trained) or 1 (trained)"
     if b"\x01" not in data:
-        return ("the loss mask is 0 everywhere: no token of the sample would train; set it to 1 on the tokens "
-                "the policy generated, or reject the slot (return None)")
+        return (
+            "the loss mask is 0 everywhere: no token of the sample would train; set it to 1 on the tokens "
+            "the policy generated, or reject the slot (return None)"
+        )
     return None
 
 

@@ -134,8 +134,11 @@ class Sample(Record, frozen=True, kw_only=True):
         if len(self.rewards) != len(self.row_lengths):
             raise ValueError(f"{len(self.row_lengths)} rows but {len(self.rewards)} rewards; give one reward per row")
         total = sum(self.row_lengths)
-        for name, allowed in (("token_ids", ("int32", "int64")), ("loss_mask", ("bool", "uint8")),
-                              ("logprobs", ("float32", "float16", "bfloat16", "float64"))):
+        for name, allowed in (
+            ("token_ids", ("int32", "int64")),
+            ("loss_mask", ("bool", "uint8")),
+            ("logprobs", ("float32", "float16", "bfloat16", "float64")),
+        ):
             tensor: RawArray = getattr(self, name)
             if tensor.dtype not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {tensor.dtype}")
@@ -148,10 +151,12 @@ class Sample(Record, frozen=True, kw_only=True):
     def value_problem(self, vocab_size: int | None = None, tolerance: float = LOGPROB_TOLERANCE) -> str | None:
         """None when every value can train (`streamgrp.core.value_checks`), else what is wrong: building a
         sample checks this without a vocabulary; a worker checks it again, with the run's ``vocab_size``."""
-        return (logprob_problem(self.logprobs.dtype, self.logprobs.data, tolerance)
-                or token_id_problem(self.token_ids.dtype, self.token_ids.data, vocab_size)
-                or loss_mask_problem(self.loss_mask.dtype, self.loss_mask.data)
-                or reward_problem(self.rewards))
+        return (
+            logprob_problem(self.logprobs.dtype, self.logprobs.data, tolerance)
+            or token_id_problem(self.token_ids.dtype, self.token_ids.data, vocab_size)
+            or loss_mask_problem(self.loss_mask.dtype, self.loss_mask.data)
+            or reward_problem(self.rewards)
+        )
 
     @property
     def rows(self) -> int:
@@ -187,7 +192,6 @@ class Sample(Record, frozen=True, kw_only=True):
             version=version,
             meta=meta or {},
         )
-
 
 
 @dataclass(frozen=True, slots=True)

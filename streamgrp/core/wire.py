@@ -57,12 +57,10 @@ def check_free_form_depth(value: dict[str, Any]) -> dict[str, Any]:
         item, depth = stack.pop()
         if depth > FREE_FORM_DEPTH:
             raise ValueError(f"nested deeper than {FREE_FORM_DEPTH} levels; flatten it")
-        for child in (item.values() if isinstance(item, dict) else item):
+        for child in item.values() if isinstance(item, dict) else item:
             if isinstance(child, (dict, list, tuple)):
                 stack.append((child, depth + 1))
     return value
-
-
 
 
 class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -75,8 +73,11 @@ class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
     def wire_fields(self) -> dict[str, Any]:
         """The fields by the names the header gives them (columns as columns), those left out of it not."""
-        return {info.encode_name: value for info in msgspec.structs.fields(self)
-                if (value := getattr(self, info.name)) is not msgspec.UNSET}
+        return {
+            info.encode_name: value
+            for info in msgspec.structs.fields(self)
+            if (value := getattr(self, info.name)) is not msgspec.UNSET
+        }
 
     def to_builtins(self) -> Any:
         """Plain JSON values (tensors' bytes as base64: the codec writes them beside the header instead)."""
@@ -131,9 +132,13 @@ def _policy(value: Any) -> GroupPolicy:
         raise ValueError(f"wrong_type: {exc}") from None
     except ValidationError as exc:
         error = exc.errors()[0]
-        reason = "missing_field" if error["type"] == "missing" else \
-            "wrong_type" if error["type"].endswith(("_type", "_parsing")) or error["type"] == "literal_error" else \
-            "invalid_value"
+        reason = (
+            "missing_field"
+            if error["type"] == "missing"
+            else "wrong_type"
+            if error["type"].endswith(("_type", "_parsing")) or error["type"] == "literal_error"
+            else "invalid_value"
+        )
         raise ValueError(f"{reason}: {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
 
 
@@ -202,8 +207,11 @@ def _lacks_a_field(model: Any, data: Any, text: str) -> bool:
             args = [arg for arg in get_args(kind) if arg is not Ellipsis]
             kind, data = (args[0] if args else Any), data[int(index)]
     kind = _struct_in(kind)
-    return kind is not None and isinstance(data, dict) and any(
-        info.required and info.encode_name not in data for info in msgspec.structs.fields(kind))
+    return (
+        kind is not None
+        and isinstance(data, dict)
+        and any(info.required and info.encode_name not in data for info in msgspec.structs.fields(kind))
+    )
 
 
 def _struct_in(kind: Any) -> Any:
@@ -241,8 +249,11 @@ def check_strict_numbers(model: type[BaseModel], data: dict[Any, Any], where: st
             ok = value is None and type(None) in args
         if not ok:
             expected = " or ".join(sorted(arg.__name__ for arg in args if arg is not type(None)))
-            raise PydanticCustomError("strict_type", "{where} must be {expected}, not {got}",
-                                      {"where": f"{where}{name}", "expected": expected, "got": kind.__name__})
+            raise PydanticCustomError(
+                "strict_type",
+                "{where} must be {expected}, not {got}",
+                {"where": f"{where}{name}", "expected": expected, "got": kind.__name__},
+            )
 
 
 def _annotation_args(annotation: Any) -> set[Any]:

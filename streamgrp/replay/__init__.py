@@ -13,17 +13,31 @@ import importlib
 from typing import Any
 
 _API = {
-    "list_steps": "steps", "format_steps": "steps", "read_manifest": "steps", "replay_step": "steps",
-    "format_batch": "steps", "inspect_task": "steps", "format_timeline": "steps", "RankStatus": "steps",
-    "StepStatus": "steps", "TimelineEvent": "steps",
-    "verify": "verifier", "format_report": "verifier", "VerifyReport": "verifier", "Difference": "verifier",
-    "run_summary": "summary", "format_summary": "summary",
+    "list_steps": "steps",
+    "format_steps": "steps",
+    "read_manifest": "steps",
+    "replay_step": "steps",
+    "format_batch": "steps",
+    "inspect_task": "steps",
+    "format_timeline": "steps",
+    "RankStatus": "steps",
+    "StepStatus": "steps",
+    "TimelineEvent": "steps",
+    "verify": "verifier",
+    "format_report": "verifier",
+    "VerifyReport": "verifier",
+    "Difference": "verifier",
+    "run_summary": "summary",
+    "format_summary": "summary",
 }
 #: Names that live in other layers, re-exported because the replay API has always offered them.
 _ELSEWHERE = {
-    "load_batch": "streamgrp.train.batchfile", "save_batch": "streamgrp.train.batchfile",
-    "BATCH_FORMAT": "streamgrp.train.batchfile", "TENSOR_FIELDS": "streamgrp.train.batchfile",
-    "EntrySource": "streamgrp.store.sources", "RedisSource": "streamgrp.store.sources",
+    "load_batch": "streamgrp.train.batchfile",
+    "save_batch": "streamgrp.train.batchfile",
+    "BATCH_FORMAT": "streamgrp.train.batchfile",
+    "TENSOR_FIELDS": "streamgrp.train.batchfile",
+    "EntrySource": "streamgrp.store.sources",
+    "RedisSource": "streamgrp.store.sources",
     "ArchiveSource": "streamgrp.store.sources",
 }
 

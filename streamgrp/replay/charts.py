@@ -36,13 +36,18 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F
 
 #: (dash pattern, marker shape) given to a line chart's series in order, unless a series names its own.
 #: An empty dash is a solid line.
-LINE_STYLES = (("", "circle"), ("7 4", "square"), ("2 3", "triangle"), ("10 3 2 3", "diamond"),
-               ("4 2", "triangle-down"))
+LINE_STYLES = (
+    ("", "circle"),
+    ("7 4", "square"),
+    ("2 3", "triangle"),
+    ("10 3 2 3", "diamond"),
+    ("4 2", "triangle-down"),
+)
 MARKERS = ("circle", "square", "triangle", "diamond", "triangle-down")
 
 WIDTH, HEIGHT = 760, 300
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 58, 46
-_FONT = "font-family=\"system-ui, sans-serif\""
+_FONT = 'font-family="system-ui, sans-serif"'
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,19 @@ def format_number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def line_chart(*, chart_id: str, title: str, steps: Sequence[int], series: Sequence[Series], y_label: str,
-               x_label: str = "step", y_min: float | None = None, y_max: float | None = None,
-               width: int = WIDTH, height: int = HEIGHT) -> str:
+def line_chart(
+    *,
+    chart_id: str,
+    title: str,
+    steps: Sequence[int],
+    series: Sequence[Series],
+    y_label: str,
+    x_label: str = "step",
+    y_min: float | None = None,
+    y_max: float | None = None,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> str:
     """An SVG line chart: one line and one marker per step for each series.
 
     Lines are drawn first, then markers, each in series order: an earlier series (drawn wider, with
@@ -104,10 +119,21 @@ def line_chart(*, chart_id: str, title: str, steps: Sequence[int], series: Seque
     _check_lengths(steps, series)
     styles = [line_style(index, one) for index, one in enumerate(series)]
     notes = coincidences(series)
-    legend: list[_LegendItem] = [(one, color, dash, marker, f"{one.name} ({note})" if note else one.name)
-              for one, (color, dash, marker), note in zip(series, styles, notes)]
-    frame = _Frame(chart_id, title, steps, [label for *_, label in legend], x_label, y_label,
-                   _y_range(series, y_min, y_max, stacked=False), width, height)
+    legend: list[_LegendItem] = [
+        (one, color, dash, marker, f"{one.name} ({note})" if note else one.name)
+        for one, (color, dash, marker), note in zip(series, styles, notes)
+    ]
+    frame = _Frame(
+        chart_id,
+        title,
+        steps,
+        [label for *_, label in legend],
+        x_label,
+        y_label,
+        _y_range(series, y_min, y_max, stacked=False),
+        width,
+        height,
+    )
     lines: list[str] = []
     markers: list[str] = []
     for index, (one, (color, dash, marker)) in enumerate(zip(series, styles)):
@@ -121,22 +147,30 @@ def line_chart(*, chart_id: str, title: str, steps: Sequence[int], series: Seque
             if value is None:
                 run = []
                 segments.append(run)
-                markers.append(f'<path class="point missing" data-series="{name}" data-step="{step}" '
-                               f'data-marker="{marker}" data-x="{x:.1f}" data-y="{frame.bottom:.1f}" d="{_marker_path(marker, x, frame.bottom, radius)}" '
-                               f'fill="none" stroke="#999" stroke-width="1.2"><title>step {step}: {name} n/a</title></path>')
+                markers.append(
+                    f'<path class="point missing" data-series="{name}" data-step="{step}" '
+                    f'data-marker="{marker}" data-x="{x:.1f}" data-y="{frame.bottom:.1f}" '
+                    f'd="{_marker_path(marker, x, frame.bottom, radius)}" '
+                    f'fill="none" stroke="#999" stroke-width="1.2"><title>step {step}: {name} n/a</title></path>'
+                )
                 continue
             y = frame.y(value)
             run.append(f"{x:.1f},{y:.1f}")
             same = [escape(other.name) for other in series[:index] if _same(other.values[position], value)]
             also = f" (same as {', '.join(same)})" if same else ""
             fill = f'fill="{color}"' if index == 0 else f'fill="none" stroke="{color}" stroke-width="1.6"'
-            markers.append(f'<path class="point" data-series="{name}" data-step="{step}" data-value="{value!r}" '
-                           f'data-marker="{marker}" data-x="{x:.1f}" data-y="{y:.1f}" d="{_marker_path(marker, x, y, radius)}" {fill}>'
-                           f'<title>step {step}: {name} {format_number(value)}{also}</title></path>')
+            markers.append(
+                f'<path class="point" data-series="{name}" data-step="{step}" data-value="{value!r}" '
+                f'data-marker="{marker}" data-x="{x:.1f}" data-y="{y:.1f}" '
+                f'd="{_marker_path(marker, x, y, radius)}" {fill}>'
+                f"<title>step {step}: {name} {format_number(value)}{also}</title></path>"
+            )
         for segment in segments:
             if len(segment) > 1:
-                lines.append(f'<polyline class="line" data-series="{name}" points="{" ".join(segment)}" '
-                             f'fill="none" stroke="{color}" stroke-width="{one.width:g}"{dash_attr}/>')
+                lines.append(
+                    f'<polyline class="line" data-series="{name}" points="{" ".join(segment)}" '
+                    f'fill="none" stroke="{color}" stroke-width="{one.width:g}"{dash_attr}/>'
+                )
     return frame.render(lines + markers, legend)
 
 
@@ -190,8 +224,18 @@ def _marker_path(shape: str, x: float, y: float, r: float) -> str:
     return f"M{x:.1f},{tip:.1f}L{x + half:.1f},{base:.1f}L{x - half:.1f},{base:.1f}Z"
 
 
-def stacked_bar_chart(*, chart_id: str, title: str, steps: Sequence[int], series: Sequence[Series], y_label: str,
-                      x_label: str = "step", integer: bool = True, width: int = WIDTH, height: int = HEIGHT) -> str:
+def stacked_bar_chart(
+    *,
+    chart_id: str,
+    title: str,
+    steps: Sequence[int],
+    series: Sequence[Series],
+    y_label: str,
+    x_label: str = "step",
+    integer: bool = True,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> str:
     """An SVG stacked bar chart: one bar per step, one segment per series (None counts as 0).
 
     ``integer`` (the default: bars here are counts) keeps y ticks on whole numbers."""
@@ -199,8 +243,17 @@ def stacked_bar_chart(*, chart_id: str, title: str, steps: Sequence[int], series
     for one in series:
         if any(v is not None and v < 0 for v in one.values):
             raise ValueError(f"stacked series {one.name!r} has a negative value; stacked bars need values >= 0")
-    frame = _Frame(chart_id, title, steps, [one.name for one in series], x_label, y_label,
-                   _y_range(series, 0.0, None, stacked=True, integer=integer), width, height)
+    frame = _Frame(
+        chart_id,
+        title,
+        steps,
+        [one.name for one in series],
+        x_label,
+        y_label,
+        _y_range(series, 0.0, None, stacked=True, integer=integer),
+        width,
+        height,
+    )
     colors = [one.color or PALETTE[i % len(PALETTE)] for i, one in enumerate(series)]
     body: list[str] = []
     bar = frame.band * 0.72
@@ -214,9 +267,11 @@ def stacked_bar_chart(*, chart_id: str, title: str, steps: Sequence[int], series
             if value <= 0:
                 continue
             top, bottom = frame.y(base + value), frame.y(base)
-            parts.append(f'<rect class="segment" data-series="{escape(one.name)}" data-value="{value!r}" '
-                         f'x="{x:.1f}" y="{top:.1f}" width="{bar:.1f}" height="{max(bottom - top, 0.0):.1f}" '
-                         f'fill="{color}"><title>step {step}: {escape(one.name)} {format_number(value)}</title></rect>')
+            parts.append(
+                f'<rect class="segment" data-series="{escape(one.name)}" data-value="{value!r}" '
+                f'x="{x:.1f}" y="{top:.1f}" width="{bar:.1f}" height="{max(bottom - top, 0.0):.1f}" '
+                f'fill="{color}"><title>step {step}: {escape(one.name)} {format_number(value)}</title></rect>'
+            )
             base += value
         parts.append("</g>")
         body.append("".join(parts))
@@ -226,7 +281,9 @@ def stacked_bar_chart(*, chart_id: str, title: str, steps: Sequence[int], series
 def _check_lengths(steps: Sequence[int], series: Sequence[Series]) -> None:
     for one in series:
         if len(one.values) != len(steps):
-            raise ValueError(f"series {one.name!r} has {len(one.values)} values for {len(steps)} steps; give one per step")
+            raise ValueError(
+                f"series {one.name!r} has {len(one.values)} values for {len(steps)} steps; give one per step"
+            )
     if list(steps) != sorted(set(steps)):
         raise ValueError("steps must be distinct and increasing")
 
@@ -243,8 +300,9 @@ def _legend_layout(names: Sequence[str], left: float, right: float) -> list[tupl
     return placed
 
 
-def _y_range(series: Sequence[Series], y_min: float | None, y_max: float | None, *, stacked: bool,
-             integer: bool = False) -> list[float]:
+def _y_range(
+    series: Sequence[Series], y_min: float | None, y_max: float | None, *, stacked: bool, integer: bool = False
+) -> list[float]:
     """The y ticks: from ``y_min`` (default: 0, or the smallest value if negative) to the data's top."""
     if stacked:
         totals = [sum(v or 0 for v in column) for column in zip(*(one.values for one in series))]
@@ -265,8 +323,18 @@ _LegendItem = tuple[Series, str, "str | None", "str | None", str]
 class _Frame:
     """Scales and the fixed parts of a chart: title, legend, axes, ticks and labels."""
 
-    def __init__(self, chart_id: str, title: str, steps: Sequence[int], labels: Sequence[str], x_label: str,
-                 y_label: str, y_ticks: list[float], width: int, height: int) -> None:
+    def __init__(
+        self,
+        chart_id: str,
+        title: str,
+        steps: Sequence[int],
+        labels: Sequence[str],
+        x_label: str,
+        y_label: str,
+        y_ticks: list[float],
+        width: int,
+        height: int,
+    ) -> None:
         self.chart_id, self.title, self.steps = chart_id, title, list(steps)
         self.x_label, self.y_label, self.y_ticks = x_label, y_label, y_ticks
         self.width, self.height = width, height
@@ -289,16 +357,24 @@ class _Frame:
 
     def render(self, body: list[str], legend: list[_LegendItem]) -> str:
         cid = escape(self.chart_id)
-        out = [(f'<svg class="chart" id="chart-{cid}" data-chart="{cid}" viewBox="0 0 {self.width} {self.height}" '
-               f'width="{self.width}" height="{self.height}" role="img" aria-labelledby="chart-{cid}-title">'),
-               f'<title id="chart-{cid}-title">{escape(self.title)}</title>',
-               (f'<text class="chart-title" x="{self.left}" y="20" {_FONT} font-size="15" font-weight="600">'
-               f'{escape(self.title)}</text>')]
+        out = [
+            (
+                f'<svg class="chart" id="chart-{cid}" data-chart="{cid}" viewBox="0 0 {self.width} {self.height}" '
+                f'width="{self.width}" height="{self.height}" role="img" aria-labelledby="chart-{cid}-title">'
+            ),
+            f'<title id="chart-{cid}-title">{escape(self.title)}</title>',
+            (
+                f'<text class="chart-title" x="{self.left}" y="20" {_FONT} font-size="15" font-weight="600">'
+                f"{escape(self.title)}</text>"
+            ),
+        ]
         out += self._legend(legend)
         out += self._axes()
         if not self.steps:
-            out.append(f'<text class="empty" x="{(self.left + self.right) / 2:.1f}" y="{(self.top + self.bottom) / 2:.1f}" '
-                       f'text-anchor="middle" {_FONT} font-size="13" fill="#666">no steps yet</text>')
+            out.append(
+                f'<text class="empty" x="{(self.left + self.right) / 2:.1f}" y="{(self.top + self.bottom) / 2:.1f}" '
+                f'text-anchor="middle" {_FONT} font-size="13" fill="#666">no steps yet</text>'
+            )
         out += body
         out.append("</svg>")
         return "\n".join(out)
@@ -311,40 +387,58 @@ class _Frame:
         for index, ((one, color, dash, marker, label), (x, row)) in enumerate(zip(legend, self.legend_rows)):
             y = 40.0 + 15 * row
             if marker is None:  # a bar chart's series: a block of its colour
-                swatch = f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x + 22:.1f}" y2="{y:.1f}" stroke="{color}" stroke-width="6"/>'
+                swatch = (
+                    f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x + 22:.1f}" y2="{y:.1f}" '
+                    f'stroke="{color}" stroke-width="6"/>'
+                )
             else:
                 dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
                 fill = f'fill="{color}"' if index == 0 else f'fill="white" stroke="{color}" stroke-width="1.6"'
-                swatch = (f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x + 26:.1f}" y2="{y:.1f}" stroke="{color}" '
-                          f'stroke-width="{max(one.width, 1.8):g}"{dash_attr}/>'
-                          f'<path d="{_marker_path(marker, x + 13, y, 3.5)}" {fill}/>')
-            out.append(f'<g class="legend-item" data-series="{escape(one.name)}">{swatch}<text x="{x + 30:.1f}" '
-                       f'y="{y + 4:.1f}" {_FONT} font-size="12">{escape(label)}</text></g>')
+                swatch = (
+                    f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x + 26:.1f}" y2="{y:.1f}" stroke="{color}" '
+                    f'stroke-width="{max(one.width, 1.8):g}"{dash_attr}/>'
+                    f'<path d="{_marker_path(marker, x + 13, y, 3.5)}" {fill}/>'
+                )
+            out.append(
+                f'<g class="legend-item" data-series="{escape(one.name)}">{swatch}<text x="{x + 30:.1f}" '
+                f'y="{y + 4:.1f}" {_FONT} font-size="12">{escape(label)}</text></g>'
+            )
         out.append("</g>")
         return out
 
     def _axes(self) -> list[str]:
         left, right, top, bottom = self.left, self.right, self.top, self.bottom
-        out = ['<g class="axes" stroke="#333" stroke-width="1">',
-               f'<line class="x-axis" x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}"/>',
-               f'<line class="y-axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>', "</g>",
-               f'<g class="y-ticks" {_FONT} font-size="11" fill="#333">']
+        out = [
+            '<g class="axes" stroke="#333" stroke-width="1">',
+            f'<line class="x-axis" x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}"/>',
+            f'<line class="y-axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>',
+            "</g>",
+            f'<g class="y-ticks" {_FONT} font-size="11" fill="#333">',
+        ]
         for tick in self.y_ticks:
             y = self.y(tick)
-            out.append(f'<line x1="{left - 4}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#ddd"/>'
-                       f'<text x="{left - 7}" y="{y + 4:.1f}" text-anchor="end">{format_number(tick)}</text>')
+            out.append(
+                f'<line x1="{left - 4}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#ddd"/>'
+                f'<text x="{left - 7}" y="{y + 4:.1f}" text-anchor="end">{format_number(tick)}</text>'
+            )
         out.append("</g>")
         out.append(f'<g class="x-ticks" {_FONT} font-size="11" fill="#333">')
         for step in self._x_ticks():
             x = self.x(step)
-            out.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#333"/>'
-                       f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{step}</text>')
+            out.append(
+                f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#333"/>'
+                f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{step}</text>'
+            )
         out.append("</g>")
-        out.append(f'<text class="x-label" x="{(left + right) / 2:.1f}" y="{self.height - 8}" text-anchor="middle" '
-                   f'{_FONT} font-size="12">{escape(self.x_label)}</text>')
+        out.append(
+            f'<text class="x-label" x="{(left + right) / 2:.1f}" y="{self.height - 8}" text-anchor="middle" '
+            f'{_FONT} font-size="12">{escape(self.x_label)}</text>'
+        )
         middle = (top + bottom) / 2
-        out.append(f'<text class="y-label" x="16" y="{middle:.1f}" transform="rotate(-90 16 {middle:.1f})" '
-                   f'text-anchor="middle" {_FONT} font-size="12">{escape(self.y_label)}</text>')
+        out.append(
+            f'<text class="y-label" x="16" y="{middle:.1f}" transform="rotate(-90 16 {middle:.1f})" '
+            f'text-anchor="middle" {_FONT} font-size="12">{escape(self.y_label)}</text>'
+        )
         return out
 
     def _x_ticks(self) -> list[int]:

@@ -38,9 +38,18 @@ __all__ = ["ROWS_PER_FILE", "follow_export"]
 ROWS_PER_FILE = 65_536
 
 
-def follow_export(client: Any, run: Run, out_dir: str | os.PathLike[str], *, name: str = "export",
-                  flush_s: float = 5.0, stop: threading.Event | None = None, until_finished: bool = False,
-                  poll_s: float = 0.5, metrics: Any = None) -> tuple[int, int]:
+def follow_export(
+    client: Any,
+    run: Run,
+    out_dir: str | os.PathLike[str],
+    *,
+    name: str = "export",
+    flush_s: float = 5.0,
+    stop: threading.Event | None = None,
+    until_finished: bool = False,
+    poll_s: float = 0.5,
+    metrics: Any = None,
+) -> tuple[int, int]:
     """Append the run's decisions to ``out_dir``/decisions as they come, until ``stop`` (or, ``until_finished``,
     the run's end); returns (files, decisions) written by this call."""
     parquet = require_pyarrow()
@@ -51,12 +60,14 @@ def follow_export(client: Any, run: Run, out_dir: str | os.PathLike[str], *, nam
     try:
         (out / "decisions").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"cannot create {out / 'decisions'}: {exc.strerror}; pass --out with a writable "
-                          "directory") from None
+        raise ConfigError(
+            f"cannot create {out / 'decisions'}: {exc.strerror}; pass --out with a writable directory"
+        ) from None
     columns = TABLES["decisions"][1]
-    schema = pyarrow.schema([pyarrow.field(c, _arrow_type(pyarrow, kind), metadata={"description": about})
-                             for c, kind, about in columns],
-                            metadata={"streamgrp.run": run.name, "streamgrp.table": "decisions"})
+    schema = pyarrow.schema(
+        [pyarrow.field(c, _arrow_type(pyarrow, kind), metadata={"description": about}) for c, kind, about in columns],
+        metadata={"streamgrp.run": run.name, "streamgrp.table": "decisions"},
+    )
     follower = Follower(client, run, name, "decisions", poll_s=poll_s, metrics=metrics)
     partitioned = len(follower.streams) > 1
     held: list[Followed] = []
@@ -72,11 +83,15 @@ def follow_export(client: Any, run: Run, out_dir: str | os.PathLike[str], *, nam
             by_stream.setdefault(item.stream, []).append(item)
         for stream, items in by_stream.items():
             partition = int(stream.partition("@")[2] or 0) if partitioned else 0
-            table = [_decision_row(run.name, decision_ref(partition, i.entry_id), i.event, None, None, None)
-                     for i in items if isinstance(i.event, GroupDecided)]
+            table = [
+                _decision_row(run.name, decision_ref(partition, i.entry_id), i.event, None, None, None)
+                for i in items
+                if isinstance(i.event, GroupDecided)
+            ]
             if table:
-                arrays = [pyarrow.array(list(values), type=schema.field(n).type)
-                          for n, values in enumerate(zip(*table))]
+                arrays = [
+                    pyarrow.array(list(values), type=schema.field(n).type) for n, values in enumerate(zip(*table))
+                ]
                 path = out / "decisions" / f"part-{stream}-{items[0].entry_id}.parquet"
                 partial = path.with_name(f".{path.name}.partial")
                 parquet.write_table(pyarrow.Table.from_arrays(arrays, schema=schema), str(partial))
@@ -94,8 +109,12 @@ def follow_export(client: Any, run: Run, out_dir: str | os.PathLike[str], *, nam
             if isinstance(item, Skipped):
                 flush()  # what came before the skip, then the skip itself
                 with open(out / "skipped.jsonl", "ab") as log:
-                    log.write(orjson.dumps({"stream": item.stream, "after": item.after, "before": item.before,
-                                            "count": item.count}) + b"\n")
+                    log.write(
+                        orjson.dumps(
+                            {"stream": item.stream, "after": item.after, "before": item.before, "count": item.count}
+                        )
+                        + b"\n"
+                    )
                 follower.handled(item)
                 follower.record()
             else:

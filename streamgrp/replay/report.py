@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 # -- reading (the only part that talks to the server) ---------------------------------------------------
 
+
 def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> ReportData:
     """Read a run's streams and compute its per-step series and totals; ``source`` (default: the
     server) may be an archive-backed entry source (`streamgrp.store.sources`) for a run retention trimmed."""
@@ -63,21 +64,43 @@ def build_report(client: redis.Redis | None, keys: RunKeys, *, source=None) -> R
     control = [event for _, event in events("control")]
     started = next((e.started_at for e in control if isinstance(e, RunStarted)), None)
     manifests = [e for _, e in events("steps") if isinstance(e, StepManifest)]
-    decisions = [(t, e) for _, name in partition_streams(source, "decisions") for t, e in events(name)
-                 if isinstance(e, GroupDecided)]
+    decisions = [
+        (t, e)
+        for _, name in partition_streams(source, "decisions")
+        for t, e in events(name)
+        if isinstance(e, GroupDecided)
+    ]
     discards = [(t, e) for t, e in events("discarded") if isinstance(e, GroupDiscarded)]
     commits = [e for _, e in events("commits")]
     failures = tuple(e for e in commits if isinstance(e, StepFailed))
     resumes = tuple(e for e in commits if isinstance(e, TrainingResumed) and e.reason != "start")
-    rows, tail = step_rows(started_at=started, manifests=manifests, decisions=decisions, discards=discards,
-                           metrics=trainer_metrics(source.hash("trainer_metrics")))
-    prompts = {e.task_id: e.prompt for _, name in partition_streams(source, "tasks") for _, e in events(name)
-               if isinstance(e, TaskIssued)}
-    by_prompt = prompt_rows(prompts=prompts, decisions=[e for _, e in decisions], discards=[e for _, e in discards],
-                            manifests=manifests)
-    return ReportData(run=keys.run, started_at=started, steps=tuple(rows), after_last_step=tail,
-                      totals=run_summary(client, keys, source=source), status=run_status(control, len(rows)),
-                      failures=failures, resumes=resumes, prompts=tuple(by_prompt))
+    rows, tail = step_rows(
+        started_at=started,
+        manifests=manifests,
+        decisions=decisions,
+        discards=discards,
+        metrics=trainer_metrics(source.hash("trainer_metrics")),
+    )
+    prompts = {
+        e.task_id: e.prompt
+        for _, name in partition_streams(source, "tasks")
+        for _, e in events(name)
+        if isinstance(e, TaskIssued)
+    }
+    by_prompt = prompt_rows(
+        prompts=prompts, decisions=[e for _, e in decisions], discards=[e for _, e in discards], manifests=manifests
+    )
+    return ReportData(
+        run=keys.run,
+        started_at=started,
+        steps=tuple(rows),
+        after_last_step=tail,
+        totals=run_summary(client, keys, source=source),
+        status=run_status(control, len(rows)),
+        failures=failures,
+        resumes=resumes,
+        prompts=tuple(by_prompt),
+    )
 
 
 # -- HTML ----------------------------------------------------------------------------------------------------
@@ -91,6 +114,7 @@ th { text-align: left; font-weight: 500; color: #444; } td { text-align: right; 
 .definition { color: #555; font-size: .85rem; max-width: 760px; } svg.chart { max-width: 100%; height: auto; }
 details { margin-top: 2rem; }
 """
+
 
 def render_html(data: ReportData) -> str:
     """The whole report as one HTML page: inline CSS and SVG, no scripts, no external references."""
@@ -111,25 +135,37 @@ def render_html(data: ReportData) -> str:
     steps = [row.step for row in data.steps]
     for spec in chart_specs(data):
         if spec.omitted:
-            parts.append(f'<section class="chart-section omitted" id="section-{spec.id}"><h2>{escape(spec.title)}</h2>'
-                         f'<p class="definition" id="omitted-{spec.id}">{escape(spec.omitted)}</p></section>')
+            parts.append(
+                f'<section class="chart-section omitted" id="section-{spec.id}"><h2>{escape(spec.title)}</h2>'
+                f'<p class="definition" id="omitted-{spec.id}">{escape(spec.omitted)}</p></section>'
+            )
         else:
-            parts.append(f'<section class="chart-section" id="section-{spec.id}">{_chart(spec, steps)}'
-                         f'<p class="definition">{escape(spec.definition)}</p></section>')
+            parts.append(
+                f'<section class="chart-section" id="section-{spec.id}">{_chart(spec, steps)}'
+                f'<p class="definition">{escape(spec.definition)}</p></section>'
+            )
     if data.failures:
-        parts.append('<section id="failures"><h2>Step failures</h2><table><tr><th>step</th><th>rank</th>'
-                     '<th>error</th></tr>')
-        parts += [f"<tr><td>{f.step}</td><td>{f.rank}</td><td style='text-align: left'>{escape(f.error)}</td></tr>"
-                  for f in data.failures]
+        parts.append(
+            '<section id="failures"><h2>Step failures</h2><table><tr><th>step</th><th>rank</th><th>error</th></tr>'
+        )
+        parts += [
+            f"<tr><td>{f.step}</td><td>{f.rank}</td><td style='text-align: left'>{escape(f.error)}</td></tr>"
+            for f in data.failures
+        ]
         parts.append("</table></section>")
     if data.resumes:
-        parts.append(f'<section id="resumes"><h2>Trainer restarts</h2><p class="definition">{len(data.resumes)} '
-                     f'restarts of the trainer group; {data.steps_trained_again} steps trained again with their '
-                     'recorded data after a rollback to a checkpoint.</p><table><tr><th>attempt</th>'
-                     '<th>resumed at step</th><th>from</th><th>trained again</th><th>versions from</th></tr>')
-        parts += [f"<tr><td>{r.attempt}</td><td>{r.step}</td><td>{escape(r.reason)}</td>"
-                  f"<td>{f'{r.step}..{r.retrain_through}' if r.retrain_through >= r.step else '-'}</td>"
-                  f"<td>{r.base_version + 1}</td></tr>" for r in data.resumes]
+        parts.append(
+            f'<section id="resumes"><h2>Trainer restarts</h2><p class="definition">{len(data.resumes)} '
+            f"restarts of the trainer group; {data.steps_trained_again} steps trained again with their "
+            "recorded data after a rollback to a checkpoint.</p><table><tr><th>attempt</th>"
+            "<th>resumed at step</th><th>from</th><th>trained again</th><th>versions from</th></tr>"
+        )
+        parts += [
+            f"<tr><td>{r.attempt}</td><td>{r.step}</td><td>{escape(r.reason)}</td>"
+            f"<td>{f'{r.step}..{r.retrain_through}' if r.retrain_through >= r.step else '-'}</td>"
+            f"<td>{r.base_version + 1}</td></tr>"
+            for r in data.resumes
+        ]
         parts.append("</table></section>")
     parts.append(_prompts_section(data))
     parts.append(_steps_table(data))
@@ -139,10 +175,18 @@ def render_html(data: ReportData) -> str:
 
 def _chart(spec: ChartSpec, steps: list[int]) -> str:
     if spec.kind == "bars":
-        return stacked_bar_chart(chart_id=spec.id, title=spec.title, steps=steps, y_label=spec.y_label,
-                                 series=spec.series)
-    return line_chart(chart_id=spec.id, title=spec.title, steps=steps, y_label=spec.y_label, series=spec.series,
-                      y_min=spec.y_min, y_max=spec.y_max)
+        return stacked_bar_chart(
+            chart_id=spec.id, title=spec.title, steps=steps, y_label=spec.y_label, series=spec.series
+        )
+    return line_chart(
+        chart_id=spec.id,
+        title=spec.title,
+        steps=steps,
+        y_label=spec.y_label,
+        series=spec.series,
+        y_min=spec.y_min,
+        y_max=spec.y_max,
+    )
 
 
 def _totals_table(totals: dict[str, Any]) -> str:
@@ -173,14 +217,44 @@ def _cell(value: Any) -> str:
 
 
 def _steps_table(data: ReportData) -> str:
-    head = ("step", "version", "groups", "tokens", "decided", "dropped", "usable yield", "trainable yield",
-            "seconds", "longest gap s", "imbalance", "reward", "loss", "logprob mismatch")
-    rows = ["<details id=\"steps\"><summary>Per-step numbers</summary><table id=\"steps-table\"><tr>"
-            + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    head = (
+        "step",
+        "version",
+        "groups",
+        "tokens",
+        "decided",
+        "dropped",
+        "usable yield",
+        "trainable yield",
+        "seconds",
+        "longest gap s",
+        "imbalance",
+        "reward",
+        "loss",
+        "logprob mismatch",
+    )
+    rows = [
+        '<details id="steps"><summary>Per-step numbers</summary><table id="steps-table"><tr>'
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+    ]
     for r in data.steps:
-        cells = (r.step, r.version, r.groups, r.tokens, r.tally.groups_decided, sum(r.tally.drop_reasons.values()),
-                 r.usable_yield, r.trainable_yield, r.step_seconds, r.longest_gap_s, r.imbalance, r.reward, r.loss,
-                 r.logprob_mismatch)
+        cells = (
+            r.step,
+            r.version,
+            r.groups,
+            r.tokens,
+            r.tally.groups_decided,
+            sum(r.tally.drop_reasons.values()),
+            r.usable_yield,
+            r.trainable_yield,
+            r.step_seconds,
+            r.longest_gap_s,
+            r.imbalance,
+            r.reward,
+            r.loss,
+            r.logprob_mismatch,
+        )
         rows.append(f'<tr data-step="{r.step}">' + "".join(f"<td>{escape(_cell(c))}</td>" for c in cells) + "</tr>")
     rows.append("</table></details>")
     return "".join(rows)
@@ -197,22 +271,32 @@ def _prompts_section(data: ReportData) -> str:
     if not data.prompts:
         return head + '<p class="definition" id="no-prompts">No group was decided: no prompt to show.</p></section>'
     counts = ", ".join(f"{label} {count}" for label, count in share_counts(data.prompts).items())
-    rows = [('<table id="prompts-table"><tr><th>prompt</th><th>text</th><th>tasks</th><th>generated</th>'
-            '<th>trained</th><th>stale</th><th>timed out</th><th>trained share</th><th>mean tokens</th></tr>')]
+    rows = [
+        (
+            '<table id="prompts-table"><tr><th>prompt</th><th>text</th><th>tasks</th><th>generated</th>'
+            "<th>trained</th><th>stale</th><th>timed out</th><th>trained share</th><th>mean tokens</th></tr>"
+        )
+    ]
     for row in data.prompts[:PROMPTS_SHOWN]:
         cells = (row.tasks, row.generated, row.trained, row.stale, row.timed_out, row.trained_share, row.mean_tokens)
-        rows.append(f'<tr data-prompt="{escape(row.key)}"><th>{escape(row.key)}</th>'
-                    f'<td style="text-align: left">{escape(row.preview)}</td>'
-                    + "".join(f"<td>{escape(_cell(c))}</td>" for c in cells) + "</tr>")
+        rows.append(
+            f'<tr data-prompt="{escape(row.key)}"><th>{escape(row.key)}</th>'
+            f'<td style="text-align: left">{escape(row.preview)}</td>'
+            + "".join(f"<td>{escape(_cell(c))}</td>" for c in cells)
+            + "</tr>"
+        )
     rows.append("</table>")
-    return (head + f'<p class="definition" id="prompt-shares">{len(data.prompts)} prompts by the share of their '
-            f'generations trained: {escape(counts)}.</p>' + "".join(rows)
-            + '<p class="definition">Per prompt (its id, else the digest of its JSON), over the whole run: the '
-            'generations decided for it (members of complete and partial groups), those trained, those in groups '
-            'dropped as stale, its slots that timed out, and the mean loss tokens of its generations; the '
-            f'{min(PROMPTS_SHOWN, len(data.prompts))} trained least first. Hard prompts (long generations that go '
-            'stale or time out) at the top with shares far below the rest: the run learns from the easy ones '
-            '(--staleness wait or mask keep them).</p></section>')
+    return (
+        head + f'<p class="definition" id="prompt-shares">{len(data.prompts)} prompts by the share of their '
+        f"generations trained: {escape(counts)}.</p>"
+        + "".join(rows)
+        + '<p class="definition">Per prompt (its id, else the digest of its JSON), over the whole run: the '
+        "generations decided for it (members of complete and partial groups), those trained, those in groups "
+        "dropped as stale, its slots that timed out, and the mean loss tokens of its generations; the "
+        f"{min(PROMPTS_SHOWN, len(data.prompts))} trained least first. Hard prompts (long generations that go "
+        "stale or time out) at the top with shares far below the rest: the run learns from the easy ones "
+        "(--staleness wait or mask keep them).</p></section>"
+    )
 
 
 def _time_span(data: ReportData) -> str:
@@ -236,5 +320,7 @@ def _tail_note(data: ReportData) -> str:
         return "Every decision and discard falls in a step's window."
     kinds = ", ".join(f"{kind} {n}" for kind, n in tail.decisions.items() if n) or "none"
     reasons = ", ".join(f"{reason} {n}" for reason, n in tail.drop_reasons.items()) or "none"
-    return (f"After the last step (in no step's window, so in no chart): decisions {kinds}; drop reasons {reasons}. "
-            "Per-step counts plus these equal the totals.")
+    return (
+        f"After the last step (in no step's window, so in no chart): decisions {kinds}; drop reasons {reasons}. "
+        "Per-step counts plus these equal the totals."
+    )

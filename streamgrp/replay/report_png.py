@@ -28,8 +28,10 @@ def png_available() -> bool:
 
 def require_png() -> None:
     if not png_available():
-        raise ConfigError("--format png needs matplotlib, which is not installed: pip install 'streamgrp[report]', "
-                          "or use --format html (the default; it needs nothing)")
+        raise ConfigError(
+            "--format png needs matplotlib, which is not installed: pip install 'streamgrp[report]', "
+            "or use --format html (the default; it needs nothing)"
+        )
 
 
 def render_png(data: ReportData) -> bytes:
@@ -56,9 +58,17 @@ def render_png(data: ReportData) -> bytes:
                 continue
             # The SVG's styles: a dash pattern and a marker shape per series, later ones hollow,
             # so coinciding series both show.
-            ax.plot(steps, [float("nan") if v is None else v for v in one.values], label=one.name, color=color,
-                    linewidth=one.width, linestyle=(0, tuple(float(d) for d in dash.split())) if dash else "-",
-                    marker=_MARKERS[marker], markersize=4, markerfacecolor=color if index == 0 else "none")
+            ax.plot(
+                steps,
+                [float("nan") if v is None else v for v in one.values],
+                label=one.name,
+                color=color,
+                linewidth=one.width,
+                linestyle=(0, tuple(float(d) for d in dash.split())) if dash else "-",
+                marker=_MARKERS[marker],
+                markersize=4,
+                markerfacecolor=color if index == 0 else "none",
+            )
         if spec.y_min is not None or spec.y_max is not None:
             ax.set_ylim(spec.y_min, spec.y_max)
         if steps:  # every chart spans every step, as on the page, even where a series has no value

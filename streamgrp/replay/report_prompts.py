@@ -36,8 +36,14 @@ from streamgrp.core.events import GroupDecided, GroupDiscarded, StepManifest
 __all__ = ["SHARE_BUCKETS", "PromptRow", "prompt_key", "prompt_rows", "share_counts"]
 
 #: Trained-share buckets of `share_counts`: (label, upper bound, inclusive), in order.
-SHARE_BUCKETS = (("none", 0.0), ("up to 25%", 0.25), ("up to 50%", 0.5), ("up to 75%", 0.75),
-                 ("below all", 0.99999), ("all", 1.0))
+SHARE_BUCKETS = (
+    ("none", 0.0),
+    ("up to 25%", 0.25),
+    ("up to 50%", 0.5),
+    ("up to 75%", 0.75),
+    ("below all", 0.99999),
+    ("all", 1.0),
+)
 _PREVIEW_CHARS = 60
 
 
@@ -64,8 +70,7 @@ def prompt_key(prompt: Mapping[str, Any]) -> str:
     ident = prompt.get("id")
     if isinstance(ident, (str, int)) and not isinstance(ident, bool):
         return f"id {ident}"
-    return "sha " + hashlib.blake2b(orjson.dumps(dict(prompt), option=orjson.OPT_SORT_KEYS),
-                                    digest_size=6).hexdigest()
+    return "sha " + hashlib.blake2b(orjson.dumps(dict(prompt), option=orjson.OPT_SORT_KEYS), digest_size=6).hexdigest()
 
 
 def preview(prompt: Mapping[str, Any]) -> str:
@@ -78,11 +83,16 @@ def preview(prompt: Mapping[str, Any]) -> str:
         ids = prompt.get("prompt_ids", prompt.get("input_ids"))
         text = f"ids {ids[:8]}" if isinstance(ids, list) else ""
     line = " ".join(str(text).split())
-    return line if len(line) <= _PREVIEW_CHARS else line[:_PREVIEW_CHARS - 3] + "..."
+    return line if len(line) <= _PREVIEW_CHARS else line[: _PREVIEW_CHARS - 3] + "..."
 
 
-def prompt_rows(*, prompts: Mapping[str, Mapping[str, Any]], decisions: Sequence[GroupDecided],
-                discards: Sequence[GroupDiscarded], manifests: Sequence[StepManifest]) -> list[PromptRow]:
+def prompt_rows(
+    *,
+    prompts: Mapping[str, Mapping[str, Any]],
+    decisions: Sequence[GroupDecided],
+    discards: Sequence[GroupDiscarded],
+    manifests: Sequence[StepManifest],
+) -> list[PromptRow]:
     """Per prompt (``prompts``: task id -> its issued prompt), trained least first."""
     by_task = {decision.task_id: decision for decision in decisions}
     placed = {group.task_id for manifest in manifests for shard in manifest.shards for group in shard.groups}
@@ -96,8 +106,9 @@ def prompt_rows(*, prompts: Mapping[str, Mapping[str, Any]], decisions: Sequence
         keys[task_id] = key
         if key not in previews:
             previews[key] = preview(prompt) if prompt is not None else "(its task is no longer recorded)"
-        tally = counts.setdefault(key, dict.fromkeys(("tasks", "generated", "trained", "stale", "timed_out",
-                                                      "tokens"), 0))
+        tally = counts.setdefault(
+            key, dict.fromkeys(("tasks", "generated", "trained", "stale", "timed_out", "tokens"), 0)
+        )
         tally["tasks"] += 1
         tally["timed_out"] += sum(outcome == "timeout" for outcome in decision.slot_outcomes.values())
         if decision.decision == "dropped":
@@ -109,10 +120,19 @@ def prompt_rows(*, prompts: Mapping[str, Mapping[str, Any]], decisions: Sequence
             tally["trained"] += len(members)
         elif task_id in stale:
             tally["stale"] += len(members)
-    rows = [PromptRow(key=key, preview=previews[key], tasks=c["tasks"], generated=c["generated"], trained=c["trained"],
-                      stale=c["stale"], timed_out=c["timed_out"],
-                      mean_tokens=c["tokens"] / c["generated"] if c["generated"] else None)
-            for key, c in counts.items()]
+    rows = [
+        PromptRow(
+            key=key,
+            preview=previews[key],
+            tasks=c["tasks"],
+            generated=c["generated"],
+            trained=c["trained"],
+            stale=c["stale"],
+            timed_out=c["timed_out"],
+            mean_tokens=c["tokens"] / c["generated"] if c["generated"] else None,
+        )
+        for key, c in counts.items()
+    ]
     return sorted(rows, key=lambda row: (row.trained_share is None, row.trained_share or 0.0, -row.generated, row.key))
 
 

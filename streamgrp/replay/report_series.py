@@ -68,8 +68,19 @@ from streamgrp.core.events import (
 )
 from streamgrp.core.lengths import LENGTH_LABELS, length_bucket
 
-__all__ = ["DECISION_KINDS", "LENGTH_LABELS", "TRAINER_METRICS", "ReportData", "StepRow", "Tally", "longest_gap", "run_status",
-           "step_reward", "step_rows", "trainer_metrics"]
+__all__ = [
+    "DECISION_KINDS",
+    "LENGTH_LABELS",
+    "TRAINER_METRICS",
+    "ReportData",
+    "StepRow",
+    "Tally",
+    "longest_gap",
+    "run_status",
+    "step_reward",
+    "step_rows",
+    "trainer_metrics",
+]
 
 DECISION_KINDS = ("complete", "partial", "dropped")
 
@@ -166,10 +177,14 @@ class ReportData:
         return out
 
 
-def step_rows(*, started_at: float | None, manifests: Sequence[StepManifest],
-              decisions: Sequence[tuple[float, GroupDecided]],
-              discards: Sequence[tuple[float, GroupDiscarded]],
-              metrics: Mapping[int, Mapping[str, Any]] | None = None) -> tuple[list[StepRow], Tally]:
+def step_rows(
+    *,
+    started_at: float | None,
+    manifests: Sequence[StepManifest],
+    decisions: Sequence[tuple[float, GroupDecided]],
+    discards: Sequence[tuple[float, GroupDiscarded]],
+    metrics: Mapping[int, Mapping[str, Any]] | None = None,
+) -> tuple[list[StepRow], Tally]:
     """Per-step rows from timestamped events, and the tally of what came after the last step.
 
     Every decision and discard is counted exactly once: in the first window whose end is at or after
@@ -195,35 +210,42 @@ def step_rows(*, started_at: float | None, manifests: Sequence[StepManifest],
         window_start = min(start, end) if start is not None else end
         tally = _tally(buckets[index])
         running.update(target=tally.target_slots, usable=tally.usable_slots, trainable=tally.trainable_slots)
-        trainable_times = [when for when, event in buckets[index]
-                           if isinstance(event, GroupDecided) and event.decision != "dropped"]
+        trainable_times = [
+            when for when, event in buckets[index] if isinstance(event, GroupDecided) and event.decision != "dropped"
+        ]
         _count_lengths(lengths, buckets[index], manifest, by_task)
-        rows.append(StepRow(
-            step=manifest.step,
-            version=manifest.version,
-            groups=sum(len(shard.groups) for shard in manifest.shards),
-            tokens=sum(shard.tokens for shard in manifest.shards),
-            window_start=window_start,
-            created_at=manifest.created_at,
-            tally=tally,
-            usable_yield=_ratio(tally.usable_slots, tally.target_slots),
-            trainable_yield=_ratio(tally.trainable_slots, tally.target_slots),
-            cumulative_usable_yield=_ratio(running["usable"], running["target"]),
-            cumulative_trainable_yield=_ratio(running["trainable"], running["target"]),
-            step_seconds=end - window_start,
-            longest_gap_s=longest_gap(window_start, end, trainable_times),
-            imbalance=manifest.imbalance,
-            reward=step_reward(manifest, by_task),
-            trained_share=_shares(lengths, "trained"),
-            stale_share=_shares(lengths, "stale"),
-            **{name: _number(metrics.get(manifest.step, {}).get(key)) for name, key in TRAINER_METRICS.items()},
-        ))
+        rows.append(
+            StepRow(
+                step=manifest.step,
+                version=manifest.version,
+                groups=sum(len(shard.groups) for shard in manifest.shards),
+                tokens=sum(shard.tokens for shard in manifest.shards),
+                window_start=window_start,
+                created_at=manifest.created_at,
+                tally=tally,
+                usable_yield=_ratio(tally.usable_slots, tally.target_slots),
+                trainable_yield=_ratio(tally.trainable_slots, tally.target_slots),
+                cumulative_usable_yield=_ratio(running["usable"], running["target"]),
+                cumulative_trainable_yield=_ratio(running["trainable"], running["target"]),
+                step_seconds=end - window_start,
+                longest_gap_s=longest_gap(window_start, end, trainable_times),
+                imbalance=manifest.imbalance,
+                reward=step_reward(manifest, by_task),
+                trained_share=_shares(lengths, "trained"),
+                stale_share=_shares(lengths, "stale"),
+                **{name: _number(metrics.get(manifest.step, {}).get(key)) for name, key in TRAINER_METRICS.items()},
+            )
+        )
         start = end
     return rows, _tally(buckets[-1])
 
 
-def _count_lengths(lengths: dict[str, Counter[str]], window: Sequence[tuple[float, Any]], manifest: StepManifest,
-                   by_task: Mapping[str, GroupDecided]) -> None:
+def _count_lengths(
+    lengths: dict[str, Counter[str]],
+    window: Sequence[tuple[float, Any]],
+    manifest: StepManifest,
+    by_task: Mapping[str, GroupDecided],
+) -> None:
     """Add a window's decided generations and stale discards, and the step's trained ones, by length bucket."""
     for _, event in window:
         if isinstance(event, GroupDecided) and event.decision != "dropped":
@@ -244,8 +266,14 @@ def _shares(lengths: dict[str, Counter[str]], outcome: str) -> dict[str, float |
 def step_reward(manifest: StepManifest, by_task: Mapping[str, GroupDecided]) -> float | None:
     """The mean reward of the step's samples: each member of each of its groups once, with the reward its
     decision recorded; None when none carries one (or its decisions are not given)."""
-    rewards = [member.reward for shard in manifest.shards for group in shard.groups if group.task_id in by_task
-               for member in by_task[group.task_id].members if member.reward is not None]
+    rewards = [
+        member.reward
+        for shard in manifest.shards
+        for group in shard.groups
+        if group.task_id in by_task
+        for member in by_task[group.task_id].members
+        if member.reward is not None
+    ]
     return sum(rewards) / len(rewards) if rewards else None
 
 

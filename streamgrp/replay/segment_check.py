@@ -39,9 +39,13 @@ def check_segments(source: Any, recorded: list, report: Any, difference: type) -
             continue
         if not found:
             continue
-        members = [(decision.task_id, member) for ref, decision in recorded
-                   if split_decision_ref(ref)[0] == partition for member in decision.members
-                   if (decision.task_id, member.slot) in found]
+        members = [
+            (decision.task_id, member)
+            for ref, decision in recorded
+            if split_decision_ref(ref)[0] == partition
+            for member in decision.members
+            if (decision.task_id, member.slot) in found
+        ]
         fields = source(payloads[partition], [member.entry for _, member in members]) if members else []
         for (task_id, member), entry in zip(members, fields):
             if entry is None:
@@ -55,7 +59,13 @@ def check_segments(source: Any, recorded: list, report: Any, difference: type) -
             checked += 1
             problem = check_sample(payload.sample, chain_of(found[(task_id, member.slot)]))
             if problem is not None:
-                report.differences.append(difference("segments_differ", f"task {task_id} slot {member.slot}",
-                                                     f"payload {member.entry}", problem,
-                                                     "the concatenation of the slot's segments"))
+                report.differences.append(
+                    difference(
+                        "segments_differ",
+                        f"task {task_id} slot {member.slot}",
+                        f"payload {member.entry}",
+                        problem,
+                        "the concatenation of the slot's segments",
+                    )
+                )
     return checked

@@ -109,8 +109,12 @@ class StepStatus:
 def list_steps(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource | None = None) -> list[StepStatus]:
     """Every recorded step, in order, with each rank's status and the step's group statistics."""
     source = source or server_source(client, keys)
-    kinds = {decision_ref(partition, entry_id): event.decision for partition, name in partition_streams(source, "decisions")
-             for entry_id, event in decode_all(source, name) if isinstance(event, GroupDecided)}
+    kinds = {
+        decision_ref(partition, entry_id): event.decision
+        for partition, name in partition_streams(source, "decisions")
+        for entry_id, event in decode_all(source, name)
+        if isinstance(event, GroupDecided)
+    }
     ranks = _rank_events(source)
     last_committed = {int(rank): int(step) for rank, step in source.hash("committed").items()}
     out = []
@@ -118,15 +122,25 @@ def list_steps(client: redis.Redis | None, keys: RunKeys, *, source: RedisSource
         if not isinstance(manifest, StepManifest):
             continue
         shards = manifest.shards
-        out.append(StepStatus(
-            step=manifest.step, version=manifest.version, created_at=manifest.created_at,
-            groups=tuple(len(s.groups) for s in shards),
-            rows=tuple(sum(g.rows for g in s.groups) for s in shards),
-            tokens=tuple(s.tokens for s in shards), imbalance=manifest.imbalance,
-            decisions=dict(Counter(kinds.get(decision_ref(g.partition, g.decision_entry), "unknown")
-                                   for s in shards for g in s.groups)),
-            ranks=tuple(_rank_status(manifest.step, rank, ranks, last_committed) for rank in range(len(shards))),
-        ))
+        out.append(
+            StepStatus(
+                step=manifest.step,
+                version=manifest.version,
+                created_at=manifest.created_at,
+                groups=tuple(len(s.groups) for s in shards),
+                rows=tuple(sum(g.rows for g in s.groups) for s in shards),
+                tokens=tuple(s.tokens for s in shards),
+                imbalance=manifest.imbalance,
+                decisions=dict(
+                    Counter(
+                        kinds.get(decision_ref(g.partition, g.decision_entry), "unknown")
+                        for s in shards
+                        for g in s.groups
+                    )
+                ),
+                ranks=tuple(_rank_status(manifest.step, rank, ranks, last_committed) for rank in range(len(shards))),
+            )
+        )
     return out
 
 
@@ -144,8 +158,13 @@ def _rank_status(step: int, rank: int, events, last_committed: dict[int, int]) -
     commits = [entry_id for entry_id, e in mine if isinstance(e, StepCommitted)]
     # The committed hash decides: a rollback (`TrainingResumed`) moves it back below steps committed before.
     if last_committed.get(rank, -1) >= step:
-        return RankStatus(rank, "committed", failures=len(failures), at=entry_time(commits[-1]) if commits else None,
-                          commits=len(commits))
+        return RankStatus(
+            rank,
+            "committed",
+            failures=len(failures),
+            at=entry_time(commits[-1]) if commits else None,
+            commits=len(commits),
+        )
     if failures and (not commits or id_key(failures[-1][0]) > id_key(commits[-1])):
         entry_id, last = failures[-1]
         return RankStatus(rank, "failed", last.error, len(failures), entry_time(entry_id), commits=len(commits))
@@ -161,8 +180,9 @@ def read_manifest(source: EntrySource, step: int) -> StepManifest | None:
     return codec.decode(fields) if fields else None
 
 
-def replay_step(client: redis.Redis | None, keys: RunKeys, step: int, rank: int, *,
-                source: EntrySource | None = None) -> Batch:
+def replay_step(
+    client: redis.Redis | None, keys: RunKeys, step: int, rank: int, *, source: EntrySource | None = None
+) -> Batch:
     """The `Batch` rank ``rank`` consumed at ``step``, rebuilt bit for bit; raises `DigestMismatch`.
 
     ``source`` defaults to the server (`RedisSource`); pass an archive's source to replay trimmed steps.
@@ -174,19 +194,31 @@ def replay_step(client: redis.Redis | None, keys: RunKeys, step: int, rank: int,
     source = source or server_source(client, keys)
     manifest = read_manifest(source, step)
     if manifest is None:
-        raise ConfigError(f"step {step} is not recorded in run {keys.run!r} (or no longer retained: pass the run's "
-                          "archive with --archive DIR); list the steps with `streamgrp steps`")
+        raise ConfigError(
+            f"step {step} is not recorded in run {keys.run!r} (or no longer retained: pass the run's "
+            "archive with --archive DIR); list the steps with `streamgrp steps`"
+        )
     world = len(manifest.shards)
     if not 0 <= rank < world:
         raise ConfigError(f"rank {rank} is outside 0..{world - 1}: step {step} of run {keys.run!r} has {world} shards")
     shard = manifest.shards[rank]
     if codec.combine_digests(g.digest for g in shard.groups) != shard.digest:
-        raise DigestMismatch(f"step {step} rank {rank}: the manifest's group digests do not combine to its shard "
-                             "digest; the manifest entry was altered")
+        raise DigestMismatch(
+            f"step {step} rank {rank}: the manifest's group digests do not combine to its shard "
+            "digest; the manifest entry was altered"
+        )
     # The run's settings say whether its staleness policy masked old tokens: replay masks the same ones.
     config = recorded_config(source) if hasattr(source, "scan") else None  # type: ignore[arg-type]
-    return build_batch(manifest, rank, world, source, run=keys.run, check_digests=True,
-                       missing_hint="replay it from an archive that still holds it", run_config=config)
+    return build_batch(
+        manifest,
+        rank,
+        world,
+        source,
+        run=keys.run,
+        check_digests=True,
+        missing_hint="replay it from an archive that still holds it",
+        run_config=config,
+    )
 
 
 # -- one task's story -------------------------------------------------------------------------------
@@ -203,8 +235,9 @@ class TimelineEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
-                 source: RedisSource | None = None) -> list[TimelineEvent]:
+def inspect_task(
+    client: redis.Redis | None, keys: RunKeys, task_id: str, *, source: RedisSource | None = None
+) -> list[TimelineEvent]:
     """The task's timeline in server-clock order: issued, each slot result (with its worker, outcome and
     error), the decision, then the step and rank it trained in, or its discard."""
     source = source or server_source(client, keys)
@@ -230,19 +263,36 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
     timeline: list[TimelineEvent] = []
     for entry_id, event in found:
         if isinstance(event, DecodeError):
-            timeline.append(TimelineEvent(entry_time(entry_id), "invalid", f"entry does not decode ({event.reason})",
-                                          entry_id))
+            timeline.append(
+                TimelineEvent(entry_time(entry_id), "invalid", f"entry does not decode ({event.reason})", entry_id)
+            )
         elif isinstance(event, TaskIssued):
-            timeline.append(TimelineEvent(event.issued_at, "issued", f"version {event.version} by {event.producer}, "
-                                          f"prompt {_short(event.prompt, 160)}", entry_id,
-                                          {"version": event.version, "prompt": event.prompt}))
+            timeline.append(
+                TimelineEvent(
+                    event.issued_at,
+                    "issued",
+                    f"version {event.version} by {event.producer}, prompt {_short(event.prompt, 160)}",
+                    entry_id,
+                    {"version": event.version, "prompt": event.prompt},
+                )
+            )
         elif isinstance(event, SlotRewarded):
-            said = (f"rewards {list(event.rewards)}" if event.rewards is not None
-                    else f"rejected: {_short(event.reason, 300)}" if event.reason is not None
-                    else f"failed: {_short(event.error, 300)}")
-            timeline.append(TimelineEvent(entry_time(entry_id), "rewarded",
-                                          f"slot {event.slot} scored by {event.scorer or '?'}: {said}", entry_id,
-                                          {"slot": event.slot, "outcome": event.outcome, "scorer": event.scorer}))
+            said = (
+                f"rewards {list(event.rewards)}"
+                if event.rewards is not None
+                else f"rejected: {_short(event.reason, 300)}"
+                if event.reason is not None
+                else f"failed: {_short(event.error, 300)}"
+            )
+            timeline.append(
+                TimelineEvent(
+                    entry_time(entry_id),
+                    "rewarded",
+                    f"slot {event.slot} scored by {event.scorer or '?'}: {said}",
+                    entry_id,
+                    {"slot": event.slot, "outcome": event.outcome, "scorer": event.scorer},
+                )
+            )
         else:
             first = first_per_slot.setdefault(event.slot, entry_id) == entry_id
             text, data = _slot_text(entry_id, event, first, decision)
@@ -259,16 +309,20 @@ def inspect_task(client: redis.Redis | None, keys: RunKeys, task_id: str, *,
         return sorted(timeline, key=lambda event: (event.at is None, event.at or 0.0))
     assert decision_entry is not None  # found together with the decision
     members = ", ".join(str(m.slot) for m in decision.members) or "none"
-    text = (f"{decision.decision}" + (f" ({decision.reason})" if decision.reason else "")
-            + f", members [{members}], closed by {decision.closed_by}, usable {decision.stats.usable_slot_count}"
-            f"/{decision.stats.target_slot_count}")
+    text = (
+        f"{decision.decision}"
+        + (f" ({decision.reason})" if decision.reason else "")
+        + f", members [{members}], closed by {decision.closed_by}, usable {decision.stats.usable_slot_count}"
+        f"/{decision.stats.target_slot_count}"
+    )
     if decision.decided_at is not None:
         text += f", decided_at {_clock(decision.decided_at).strip()}"
     if decision.error:
         text += f"; {decision.error}"
     # Recorded at: the entry's server time, the clock every other line uses (decided_at may be another host's).
-    timeline.append(TimelineEvent(entry_time(decision_entry), "decided", text, decision_entry,
-                                  _decision_detail(decision)))
+    timeline.append(
+        TimelineEvent(entry_time(decision_entry), "decided", text, decision_entry, _decision_detail(decision))
+    )
     timeline.extend(_placement(source, task_id))
     return sorted(timeline, key=lambda event: (event.at is None, event.at or 0.0))
 
@@ -297,14 +351,16 @@ def recorded_text(payload: Mapping[bytes, bytes] | None) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _slot_text(entry_id: str, event: SlotResult, first: bool,
-               decision: GroupDecided | None) -> tuple[str, dict[str, Any]]:
+def _slot_text(
+    entry_id: str, event: SlotResult, first: bool, decision: GroupDecided | None
+) -> tuple[str, dict[str, Any]]:
     text = f"slot {event.slot} {event.outcome} from {event.producer or '?'}"
     data: dict[str, Any] = {"slot": event.slot, "outcome": event.outcome, "producer": event.producer}
     if event.sample is not None:
         sample = event.sample
-        text += (f": {sample.rows} row(s), {sample.tokens} loss tokens, version {sample.version}, "
-                 + ("reward pending" if event.reward_pending else f"reward {sample.reward:.4g}"))
+        text += f": {sample.rows} row(s), {sample.tokens} loss tokens, version {sample.version}, " + (
+            "reward pending" if event.reward_pending else f"reward {sample.reward:.4g}"
+        )
         data.update(rows=sample.rows, tokens=sample.tokens, version=sample.version)
     if event.error:
         text += f": {_short(event.error, 300)}"
@@ -326,15 +382,27 @@ def _placement(source: RedisSource, task_id: str) -> list[TimelineEvent]:
         for shard in manifest.shards:
             for position, group in enumerate(shard.groups):
                 if group.task_id == task_id:
-                    out.append(TimelineEvent(manifest.created_at, "trained",
-                                             f"step {manifest.step} rank {shard.rank} (group {position + 1} of "
-                                             f"{len(shard.groups)}, policy version {manifest.version})", entry_id,
-                                             {"step": manifest.step, "rank": shard.rank}))
+                    out.append(
+                        TimelineEvent(
+                            manifest.created_at,
+                            "trained",
+                            f"step {manifest.step} rank {shard.rank} (group {position + 1} of "
+                            f"{len(shard.groups)}, policy version {manifest.version})",
+                            entry_id,
+                            {"step": manifest.step, "rank": shard.rank},
+                        )
+                    )
     for entry_id, event in decode_all(source, "discarded"):
         if isinstance(event, GroupDiscarded) and event.task_id == task_id:
-            out.append(TimelineEvent(entry_time(entry_id), "discarded",
-                                     f"{event.reason}" + (f": {event.detail}" if event.detail else ""), entry_id,
-                                     {"reason": event.reason}))
+            out.append(
+                TimelineEvent(
+                    entry_time(entry_id),
+                    "discarded",
+                    f"{event.reason}" + (f": {event.detail}" if event.detail else ""),
+                    entry_id,
+                    {"reason": event.reason},
+                )
+            )
     if not out:
         out.append(TimelineEvent(None, "waiting", "not in any step and not discarded (buffered by the batcher?)"))
     return out
@@ -345,7 +413,7 @@ def _placement(source: RedisSource, task_id: str) -> list[TimelineEvent]:
 
 def _short(value: Any, limit: int = 200) -> str:
     text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _clock(at: float | None) -> str:
@@ -355,16 +423,24 @@ def _clock(at: float | None) -> str:
 
 
 def format_steps(steps: Sequence[StepStatus]) -> str:
-    lines = [(f"{'step':>5} {'version':>7} {'groups':>6} {'complete+partial':>16} {'rows':>6} {'tokens/shard':>14} "
-             f"{'imbal':>6}  ranks")]
+    lines = [
+        (
+            f"{'step':>5} {'version':>7} {'groups':>6} {'complete+partial':>16} {'rows':>6} {'tokens/shard':>14} "
+            f"{'imbal':>6}  ranks"
+        )
+    ]
     for status in steps:
         ranks = " ".join(f"{r.rank}:{r.state}" for r in status.ranks)
         kinds = f"{status.decisions.get('complete', 0)}+{status.decisions.get('partial', 0)}"
-        lines.append(f"{status.step:>5} {status.version:>7} {sum(status.groups):>6} {kinds:>16} {sum(status.rows):>6} "
-                     f"{','.join(map(str, status.tokens)):>14} {status.imbalance:>6.3f}  {ranks}")
+        lines.append(
+            f"{status.step:>5} {status.version:>7} {sum(status.groups):>6} {kinds:>16} {sum(status.rows):>6} "
+            f"{','.join(map(str, status.tokens)):>14} {status.imbalance:>6.3f}  {ranks}"
+        )
         if status.trainings > 1:
-            lines.append(f"      trained {status.trainings} times: a trainer group rolled back to a checkpoint "
-                         "before it and trained it again with the same data")
+            lines.append(
+                f"      trained {status.trainings} times: a trainer group rolled back to a checkpoint "
+                "before it and trained it again with the same data"
+            )
         for rank in status.ranks:
             if rank.state == "failed":
                 again = f" ({rank.failures} failures)" if rank.failures > 1 else ""
@@ -373,23 +449,32 @@ def format_steps(steps: Sequence[StepStatus]) -> str:
 
 
 def format_batch(batch: Batch) -> str:
-    sums = ", ".join(f"{name} {getattr(batch, name).double().sum().item():.6g}"
-                     for name in ("token_ids", "loss_mask", "logprobs", "rewards"))
-    return "\n".join([
-        (f"step {batch.step} rank {batch.rank}/{batch.world_size} of run {batch.run}: digest {batch.digest} matches "
-        "the manifest"),
-        (f"  {batch.rows} rows x {batch.token_ids.shape[1]} tokens, policy version {batch.version}, "
-        f"{len(batch.task_ids)} groups, step loss tokens {batch.step_loss_tokens}"),
-        f"  group sizes {batch.group_sizes.tolist()}",
-        f"  tasks {', '.join(printable(task) for task in batch.task_ids)}",
-        f"  sums  {sums}",
-    ])
+    sums = ", ".join(
+        f"{name} {getattr(batch, name).double().sum().item():.6g}"
+        for name in ("token_ids", "loss_mask", "logprobs", "rewards")
+    )
+    return "\n".join(
+        [
+            (
+                f"step {batch.step} rank {batch.rank}/{batch.world_size} of run {batch.run}: "
+                f"digest {batch.digest} matches the manifest"
+            ),
+            (
+                f"  {batch.rows} rows x {batch.token_ids.shape[1]} tokens, policy version {batch.version}, "
+                f"{len(batch.task_ids)} groups, step loss tokens {batch.step_loss_tokens}"
+            ),
+            f"  group sizes {batch.group_sizes.tolist()}",
+            f"  tasks {', '.join(printable(task) for task in batch.task_ids)}",
+            f"  sums  {sums}",
+        ]
+    )
 
 
 def format_timeline(events: Sequence[TimelineEvent]) -> str:
     # A line's text quotes producers, prompts and error texts: whatever was written to the streams.
-    return "\n".join(f"{_clock(e.at)}  {e.what:<9} {printable(e.text)}" + (f"  [{e.entry}]" if e.entry else "")
-                     for e in events)
+    return "\n".join(
+        f"{_clock(e.at)}  {e.what:<9} {printable(e.text)}" + (f"  [{e.entry}]" if e.entry else "") for e in events
+    )
 
 
 def _decision_detail(decision: GroupDecided) -> dict[str, Any]:

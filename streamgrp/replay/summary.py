@@ -37,8 +37,9 @@ def run_summary(client: redis.Redis | None, keys: RunKeys, *, source: RedisSourc
             if kind == "slot_result":
                 slots_published += 1
                 unread += id_key(entry_id) > horizon
-    decisions: list[GroupDecided] = [codec.decode(f) for _, name in partition_streams(source, "decisions")
-                                     for _, f in source.scan(name)]
+    decisions: list[GroupDecided] = [
+        codec.decode(f) for _, name in partition_streams(source, "decisions") for _, f in source.scan(name)
+    ]
     discarded: list[GroupDiscarded] = [codec.decode(f) for _, f in source.scan("discarded")]
     manifests: list[StepManifest] = [codec.decode(f) for _, f in source.scan("steps")]
     by_task = {d.task_id: d for d in decisions}
@@ -84,7 +85,7 @@ def _kind(fields: dict[bytes, bytes]) -> str | None:
     if start < 0:
         return None
     start += 8
-    return header[start:header.index(b'"', start)].decode()
+    return header[start : header.index(b'"', start)].decode()
 
 
 def format_summary(summary: dict[str, Any], seconds: float) -> str:
@@ -95,11 +96,19 @@ def format_summary(summary: dict[str, Any], seconds: float) -> str:
         f"  tasks        {summary['tasks']} issued, {summary['tasks_decided']} decided",
         f"  groups       complete {groups['complete']}, partial {groups['partial']}, dropped {groups['dropped']}",
         f"  drop reasons {', '.join(f'{k} {v}' for k, v in summary['dropped_reasons'].items()) or 'none'}",
-        "  slots        " + ", ".join(f"{k} {v}" for k, v in slots.items()) + f" (published {summary['slots_published']})",
-        (f"  yields       usable {summary['usable_slot_yield']:.3f}, trainable {summary['trainable_slot_yield']:.3f} "
-        "(slots that could train / slots asked for)"),
+        "  slots        "
+        + ", ".join(f"{k} {v}" for k, v in slots.items())
+        + f" (published {summary['slots_published']})",
+        (
+            f"  yields       usable {summary['usable_slot_yield']:.3f}, "
+            f"trainable {summary['trainable_slot_yield']:.3f} (slots that could train / slots asked for)"
+        ),
         f"  reward       first step {reward(summary['reward_first'])}, last step {reward(summary['reward_last'])}",
         f"  ranks        committed steps {summary['committed_steps']}"
-        + (f", mean wait for a batch {summary['trainer_wait_s_mean']:.3f}s" if summary['trainer_wait_s_mean'] is not None else ""),
+        + (
+            f", mean wait for a batch {summary['trainer_wait_s_mean']:.3f}s"
+            if summary["trainer_wait_s_mean"] is not None
+            else ""
+        ),
     ]
     return "\n".join(lines)

@@ -79,13 +79,33 @@ __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "ve
 #: GroupDecided fields the fold determines, by their recorded (wire) names so that a difference names
 #: what the header holds; ``decided_at`` too when the fold sets it (deadline closes). ``newest_token_version``
 #: is written only when set: absent on both sides is equal.
-DECISION_FIELDS = ("decision", "reason", "members", "member_entries", "member_digests", "member_rows", "member_tokens",
-                   "member_versions", "member_rewards", "slot_outcomes", "stats", "error", "closed_by", "issued_at",
-                   "newest_token_version")
+DECISION_FIELDS = (
+    "decision",
+    "reason",
+    "members",
+    "member_entries",
+    "member_digests",
+    "member_rows",
+    "member_tokens",
+    "member_versions",
+    "member_rewards",
+    "slot_outcomes",
+    "stats",
+    "error",
+    "closed_by",
+    "issued_at",
+    "newest_token_version",
+)
 
 
-def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = None, to_step: int | None = None, *,
-           source: RedisSource | None = None) -> VerifyReport:
+def verify(
+    client: redis.Redis | None,
+    keys: RunKeys,
+    from_step: int | None = None,
+    to_step: int | None = None,
+    *,
+    source: RedisSource | None = None,
+) -> VerifyReport:
     """Re-fold the slot log and re-shard steps ``from_step..to_step`` (inclusive); report every difference.
 
     The fold covers the log up to the last entry the assembler read (entries after it were never
@@ -97,11 +117,17 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
     config = recorded_config(source)
     report = VerifyReport(keys.run)
     decided = source.hash("decided")  # before the log: every decision it names is in the log by then, or trimmed
-    recorded = [item for partition, name in partition_streams(source, "decisions")
-                for item in _recorded_decisions(source, report, name, partition)]
+    recorded = [
+        item
+        for partition, name in partition_streams(source, "decisions")
+        for item in _recorded_decisions(source, report, name, partition)
+    ]
     _check_retained(decided, recorded, report)
-    refolded = {task: decision for _, name in partition_streams(source, "slots")
-                for task, decision in _refold(source, config, report, name).items()}
+    refolded = {
+        task: decision
+        for _, name in partition_streams(source, "slots")
+        for task, decision in _refold(source, config, report, name).items()
+    }
     _compare_decisions(recorded, refolded, report)
     _check_payloads(source, recorded, report)
     report.segments_checked = check_segments(source, recorded, report, Difference)
@@ -111,25 +137,28 @@ def verify(client: redis.Redis | None, keys: RunKeys, from_step: int | None = No
     return report
 
 
-def _check_payloads(source: RedisSource, recorded: list[tuple[str, GroupDecided]], report: VerifyReport,
-                    chunk: int = 512) -> None:
+def _check_payloads(
+    source: RedisSource, recorded: list[tuple[str, GroupDecided]], report: VerifyReport, chunk: int = 512
+) -> None:
     """Every retained payload of a decided member hashes to the digest its slot result (and decision) recorded.
 
     A schema-1 log keeps samples in the slot log, whose digests the re-fold already compares."""
     by_partition: dict[int, list] = {}
     for ref, decision in recorded:
         by_partition.setdefault(split_decision_ref(ref)[0], []).extend(
-            (decision.task_id, member) for member in decision.members)
+            (decision.task_id, member) for member in decision.members
+        )
     names = dict(partition_streams(source, "payloads"))
     slots = dict(partition_streams(source, "slots"))
     for partition, members in sorted(by_partition.items()):
         _check_partition_payloads(source, members, report, names[partition], slots[partition], chunk)
 
 
-def _check_partition_payloads(source: RedisSource, members: list, report: VerifyReport, stream: str,
-                              slot_stream: str, chunk: int) -> None:
+def _check_partition_payloads(
+    source: RedisSource, members: list, report: VerifyReport, stream: str, slot_stream: str, chunk: int
+) -> None:
     for start in range(0, len(members), chunk):
-        part = members[start:start + chunk]
+        part = members[start : start + chunk]
         for (task_id, member), fields in zip(part, source(stream, [m.entry for _, m in part])):
             if fields is None:
                 _check_missing_payload(source, slot_stream, task_id, member, report)
@@ -137,32 +166,48 @@ def _check_partition_payloads(source: RedisSource, members: list, report: Verify
             report.payloads_checked += 1
             digest = codec.entry_digest(fields, like=member.digest)
             if digest != member.digest:
-                report.differences.append(Difference("payload_digest", f"task {task_id} slot {member.slot}",
-                                                     f"payload {member.entry}", member.digest, digest))
+                report.differences.append(
+                    Difference(
+                        "payload_digest",
+                        f"task {task_id} slot {member.slot}",
+                        f"payload {member.entry}",
+                        member.digest,
+                        digest,
+                    )
+                )
 
 
-def _check_missing_payload(source: RedisSource, slot_stream: str, task_id: str, member: Any,
-                           report: VerifyReport) -> None:
+def _check_missing_payload(
+    source: RedisSource, slot_stream: str, task_id: str, member: Any, report: VerifyReport
+) -> None:
     """A member's payload is gone. Retention trims a payload only with its slot entry (the slot log's
     floor), and a schema-1 slot entry carries its sample itself; a payload missing beside a slot entry
     that needs one was deleted, and the step that trained it can no longer be replayed."""
     [slot_fields] = source(slot_stream, [member.entry])
     if slot_fields is not None and not codec.is_inline_sample(slot_fields):
-        report.differences.append(Difference("payload_missing", f"task {task_id} slot {member.slot}",
-                                             f"payload {member.entry}", None,
-                                             "the payload entry its slot result names (deleted, not trimmed)"))
+        report.differences.append(
+            Difference(
+                "payload_missing",
+                f"task {task_id} slot {member.slot}",
+                f"payload {member.entry}",
+                None,
+                "the payload entry its slot result names (deleted, not trimmed)",
+            )
+        )
 
 
-def _recorded_decisions(source: RedisSource, report: VerifyReport, stream: str = "decisions",
-                        partition: int = 0) -> list[tuple[str, GroupDecided]]:
+def _recorded_decisions(
+    source: RedisSource, report: VerifyReport, stream: str = "decisions", partition: int = 0
+) -> list[tuple[str, GroupDecided]]:
     """A partition's decisions, each with its reference (`streamgrp.core.manifest.decision_ref`)."""
     out = []
     for entry_id, fields in source.scan(stream):
         try:
             event = codec.decode(fields)
         except DecodeError as exc:
-            report.differences.append(Difference("decision_undecodable", f"decision entry {entry_id}", None,
-                                                 exc.reason, None))
+            report.differences.append(
+                Difference("decision_undecodable", f"decision entry {entry_id}", None, exc.reason, None)
+            )
             continue
         if isinstance(event, GroupDecided):
             out.append((decision_ref(partition, entry_id), event))
@@ -175,13 +220,20 @@ def _check_retained(decided: dict[str, str], recorded: list[tuple[str, GroupDeci
     gone = sorted((entry_id, task) for task, entry_id in decided.items() if task not in tasks)
     if gone:
         entry_id, task = gone[0]
-        report.differences.append(Difference(
-            "log_not_retained", "decisions", None,
-            f"{len(gone)} decisions in the decided hash (first: task {task} at {entry_id}) but not in the log",
-            "none to compare: pass --archive DIR (the run's archive) to verify what retention trimmed"))
+        report.differences.append(
+            Difference(
+                "log_not_retained",
+                "decisions",
+                None,
+                f"{len(gone)} decisions in the decided hash (first: task {task} at {entry_id}) but not in the log",
+                "none to compare: pass --archive DIR (the run's archive) to verify what retention trimmed",
+            )
+        )
 
 
-def _refold(source: RedisSource, config: RunConfig, report: VerifyReport, stream: str = "slots") -> dict[str, GroupDecided]:
+def _refold(
+    source: RedisSource, config: RunConfig, report: VerifyReport, stream: str = "slots"
+) -> dict[str, GroupDecided]:
     """Fold one slot log (a partition's, in a partitioned run) up to where its assembler read."""
     through = folded_through(source, stream)
     limit = id_key(through) if through is not None else None
@@ -224,8 +276,9 @@ def _refused_entries(source: RedisSource) -> tuple[dict[str, str], set[str]]:
     return out, unissued
 
 
-def _compare_decisions(recorded: list[tuple[str, GroupDecided]], refolded: dict[str, GroupDecided],
-                       report: VerifyReport) -> None:
+def _compare_decisions(
+    recorded: list[tuple[str, GroupDecided]], refolded: dict[str, GroupDecided], report: VerifyReport
+) -> None:
     seen: dict[str, str] = {}
     for entry_id, decision in recorded:
         task = decision.task_id
@@ -243,8 +296,9 @@ def _compare_decisions(recorded: list[tuple[str, GroupDecided]], refolded: dict[
         theirs, ours = decision.wire_fields(), mine.wire_fields()
         for name in names:
             if theirs.get(name) != ours.get(name):
-                report.differences.append(Difference("decision_differs", subject, name, theirs.get(name),
-                                                     ours.get(name)))
+                report.differences.append(
+                    Difference("decision_differs", subject, name, theirs.get(name), ours.get(name))
+                )
     for task, mine in refolded.items():
         if task not in seen:
             report.differences.append(Difference("decision_missing", f"task {task}", "decision", None, mine.decision))

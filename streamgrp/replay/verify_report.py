@@ -26,8 +26,9 @@ class Difference:
     def __str__(self) -> str:
         where = f"{self.subject} {self.field}" if self.field else self.subject
         # task ids and recorded values come from the streams: one printable line whatever they hold
-        return printable(f"{self.kind}: {where}: recorded {_short(self.recorded)}, "
-                         f"recomputed {_short(self.recomputed)}")
+        return printable(
+            f"{self.kind}: {where}: recorded {_short(self.recorded)}, recomputed {_short(self.recomputed)}"
+        )
 
 
 @dataclass
@@ -48,16 +49,19 @@ class VerifyReport:
 
 def _short(value: Any, limit: int = 200) -> str:
     text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def format_report(report: VerifyReport) -> str:
     lines = [str(difference) for difference in report.differences]
-    unread = f", {report.unread_entries} entries after the assembler's position not folded" \
-        if report.unread_entries else ""
+    unread = (
+        f", {report.unread_entries} entries after the assembler's position not folded" if report.unread_entries else ""
+    )
     verdict = "all match" if report.ok else f"{len(report.differences)} differences"
-    lines.append(f"verify run {report.run}: folded {report.entries_folded} slot-log entries{unread}; checked "
-                 f"{report.decisions_checked} decisions, {report.payloads_checked} payloads"
-                 f"{f' ({report.segments_checked} built on segments)' if report.segments_checked else ''} and "
-                 f"{report.steps_checked} steps: {verdict}")
+    lines.append(
+        f"verify run {report.run}: folded {report.entries_folded} slot-log entries{unread}; checked "
+        f"{report.decisions_checked} decisions, {report.payloads_checked} payloads"
+        f"{f' ({report.segments_checked} built on segments)' if report.segments_checked else ''} and "
+        f"{report.steps_checked} steps: {verdict}"
+    )
     return "\n".join(lines)

@@ -57,8 +57,16 @@ SNAPSHOT_FORMAT = "streamgrp.archive-snapshot/1"
 class Archiver:
     """One archiver process's driver. `run` loops until ``stop`` is set (or, in burst mode, caught up)."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, directory: str | Path, config: ArchiverConfig | None = None,
-                 *, dp_size: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        directory: str | Path,
+        config: ArchiverConfig | None = None,
+        *,
+        dp_size: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.config = config or ArchiverConfig()
@@ -97,7 +105,8 @@ class Archiver:
             raise ConfigError(
                 f"run {self.keys.run!r} is archived by another archive (id {owner}), not the one in {self.directory} "
                 f"(id {mine}); point --archive-dir at that archive, or, to start over, delete the hash "
-                f"{self.keys.archive} (entries already trimmed from the server are then only in the old archive)")
+                f"{self.keys.archive} (entries already trimmed from the server are then only in the old archive)"
+            )
         return {name: value for name, value in recorded.items() if name in self.streams}
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -200,10 +209,12 @@ class Archiver:
             for key in self.streams.values():
                 pipe.xinfo_groups(key)
             replies = pipe.execute(raise_on_error=False)
-            hashes = {name: {k.decode(): v.decode() for k, v in reply.items()}
-                      for name, reply in zip(SNAPSHOT_HASHES, replies)}
+            hashes = {
+                name: {k.decode(): v.decode() for k, v in reply.items()}
+                for name, reply in zip(SNAPSHOT_HASHES, replies)
+            }
             version = replies[len(SNAPSHOT_HASHES)]
-            infos_by_stream = replies[len(SNAPSHOT_HASHES) + 1:]
+            infos_by_stream = replies[len(SNAPSHOT_HASHES) + 1 :]
         else:  # over several slots: no one transaction; each hash as the server source reads it (joined)
             hashes = {name: self._server.hash(name) for name in SNAPSHOT_HASHES if name != "deadletter_counts"}
             hashes["deadletter_counts"] = {}  # the joined counts hold them already
@@ -213,12 +224,24 @@ class Archiver:
         for name, infos in zip(self.streams, infos_by_stream):
             if isinstance(infos, Exception):
                 continue  # the stream does not exist yet
-            groups[name] = [{"name": _text(i["name"]), "last_delivered": _text(i["last-delivered-id"]),
-                             "pending": int(i.get("pending") or 0)} for i in infos]
+            groups[name] = [
+                {
+                    "name": _text(i["name"]),
+                    "last_delivered": _text(i["last-delivered-id"]),
+                    "pending": int(i.get("pending") or 0),
+                }
+                for i in infos
+            ]
         self.catch_up()
-        snapshot = {"format": SNAPSHOT_FORMAT, "run": self.keys.run, "taken_at": time.time(), "hashes": hashes,
-                    "version": int(version) if version and not isinstance(version, Exception) else 0,
-                    "groups": groups, "progress": dict(self.progress)}
+        snapshot = {
+            "format": SNAPSHOT_FORMAT,
+            "run": self.keys.run,
+            "taken_at": time.time(),
+            "hashes": hashes,
+            "version": int(version) if version and not isinstance(version, Exception) else 0,
+            "groups": groups,
+            "progress": dict(self.progress),
+        }
         self.writer.sync()
         self.writer.write_snapshot(snapshot)
         self._last_snapshot = self.clock()
@@ -231,9 +254,16 @@ class Archiver:
             return exc
 
     def retain(self) -> TrimReport:
-        """Trim the run's streams behind this archive's durable progress and every reader (`streamgrp.services.retention`)."""
-        report = trim(self.client, self.keys, dict(self.progress), dp_size=self.dp_size, partitions=self.partitions,
-                      max_follow_lag_s=self.config.max_follow_lag_s)
+        """Trim the run's streams behind this archive's durable progress and every reader
+        (`streamgrp.services.retention`)."""
+        report = trim(
+            self.client,
+            self.keys,
+            dict(self.progress),
+            dp_size=self.dp_size,
+            partitions=self.partitions,
+            max_follow_lag_s=self.config.max_follow_lag_s,
+        )
         self.trimmed += report.removed
         self.last_trim = report
         self._last_retention = self.clock()

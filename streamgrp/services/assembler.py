@@ -95,20 +95,34 @@ log = logging.getLogger(__name__)
 #: How far a tick may be ahead of the clock the assembler reads it by: a cluster's nodes' clocks differ a little.
 TICK_SLACK_S = 1.0
 
-_IGNORED_COUNTER = {DUPLICATE: counters.slots("duplicate"), LATE: counters.slots("late"),
-                    DUPLICATE_TASK: counters.TASKS_DUPLICATE, REWARD_DUPLICATE: counters.rewards("duplicate"),
-                    REWARD_LATE: counters.rewards("late")}
+_IGNORED_COUNTER = {
+    DUPLICATE: counters.slots("duplicate"),
+    LATE: counters.slots("late"),
+    DUPLICATE_TASK: counters.TASKS_DUPLICATE,
+    REWARD_DUPLICATE: counters.rewards("duplicate"),
+    REWARD_LATE: counters.rewards("late"),
+}
 _FOLDED_KINDS = (TaskIssued, SlotResult, SlotRewarded, Tick)
 
 
 class Assembler:
     """One assembler process's driver. `run` loops until ``stop`` is set (or, in burst mode, idle)."""
 
-    def __init__(self, client: redis.Redis, run: Run, config: AssemblerConfig, *, name: str | None = None,
-                 metrics: Any = None, partition: int = 0) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        run: Run,
+        config: AssemblerConfig,
+        *,
+        name: str | None = None,
+        metrics: Any = None,
+        partition: int = 0,
+    ) -> None:
         if not 0 <= partition < run.config.partitions:
-            raise ConfigError(f"partition {partition}: run {run.name} has partitions 0 to {run.config.partitions - 1}; "
-                              "fix --partition")
+            raise ConfigError(
+                f"partition {partition}: run {run.name} has partitions 0 to {run.config.partitions - 1}; "
+                "fix --partition"
+            )
         self.client = client
         #: The run this assembler folds a partition of (``run`` is the loop).
         self.joined_run = run
@@ -155,13 +169,25 @@ class Assembler:
             outcome = run_end.ended()
             if outcome is not None and not said:
                 said.append(outcome)
-                log.info("run %s %s: no slot result will be needed; assembler %s exits", self.joined_run.keys.run, outcome,
-                         self.name)
+                log.info(
+                    "run %s %s: no slot result will be needed; assembler %s exits",
+                    self.joined_run.keys.run,
+                    outcome,
+                    self.name,
+                )
             return outcome is None
 
-        run_while_leased(self.lease, who=f"assembler {self.name}", stop=stop or threading.Event(),
-                         is_active=lambda: self.state is not None, activate=self._rebuild, work=work,
-                         deactivate=self._stand_by, burst=burst, running=going)
+        run_while_leased(
+            self.lease,
+            who=f"assembler {self.name}",
+            stop=stop or threading.Event(),
+            is_active=lambda: self.state is not None,
+            activate=self._rebuild,
+            work=work,
+            deactivate=self._stand_by,
+            burst=burst,
+            running=going,
+        )
         return self.decisions_written
 
     @property
@@ -182,31 +208,40 @@ class Assembler:
 
     def _rebuild(self) -> None:
         """Start a fresh fold from this group's pending entries, oldest first."""
-        self.state = FoldState(self.joined_run.config.policy(), self.joined_run.config.group_timeout_s,
-                               max_open=self.config.max_open_groups)
+        self.state = FoldState(
+            self.joined_run.config.policy(),
+            self.joined_run.config.group_timeout_s,
+            max_open=self.config.max_open_groups,
+        )
         self._refused.clear()
         self._claim_orphans()
         last = "0"
         replayed = 0
         while True:
-            reply = self.client.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: last},
-                                           count=self._read_count())
+            reply = self.client.xreadgroup(
+                ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: last}, count=self._read_count()
+            )
             entries = first_entries(reply)
             if not entries:
                 break
             last = entry_id_str(entries[-1][0])
             replayed += len(entries)
             self._process(entries)
-        log.info("assembler %s active: replayed %d pending entries, %d groups open", self.name, replayed,
-                 len(self._fold.open))
+        log.info(
+            "assembler %s active: replayed %d pending entries, %d groups open",
+            self.name,
+            replayed,
+            len(self._fold.open),
+        )
         heap.settle()  # imports and rebuilt groups: a full collection over them lands on the latency tail
 
     def _claim_orphans(self) -> None:
         """Move entries pending under any other consumer name to ours (assemblers that used --name)."""
         cursor = "0-0"
         while True:
-            cursor, _claimed, *_ = self.client.xautoclaim(self.keys.slots, ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, 0,
-                                                         start_id=cursor, count=1000)
+            cursor, _claimed, *_ = self.client.xautoclaim(
+                self.keys.slots, ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, 0, start_id=cursor, count=1000
+            )
             cursor = entry_id_str(cursor)
             if cursor == "0-0":
                 break
@@ -214,14 +249,23 @@ class Assembler:
     def _round(self, start: str, *, block_ms: int | None) -> int:
         if self._cluster:
             # A cluster client sends a keyless TIME to any node: asked apart, only when a group closes.
-            reply, read_at = self.client.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: start},
-                                                    count=self._read_count(), block=block_ms), None
+            reply, read_at = (
+                self.client.xreadgroup(
+                    ASSEMBLER_GROUP,
+                    ASSEMBLER_CONSUMER,
+                    {self.keys.slots: start},
+                    count=self._read_count(),
+                    block=block_ms,
+                ),
+                None,
+            )
         else:
             # The server's clock rides with the read (one round trip, not two): the moment the round's
             # entries were read, which is when the groups they close were decided.
             pipe = self.client.pipeline(transaction=False)
-            pipe.xreadgroup(ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: start}, count=self._read_count(),
-                            block=block_ms)
+            pipe.xreadgroup(
+                ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: start}, count=self._read_count(), block=block_ms
+            )
             pipe.time()
             reply, (seconds, micros) = pipe.execute()
             read_at = seconds + micros / 1e6
@@ -296,8 +340,13 @@ class Assembler:
                 _dead_letter(records, exc.reason, entry_id, exc.detail, fields)
                 continue
             if not isinstance(event, _FOLDED_KINDS):
-                _dead_letter(records, "unexpected_kind", entry_id, f"a {event.kind} event does not belong in the slot log",
-                             fields)
+                _dead_letter(
+                    records,
+                    "unexpected_kind",
+                    entry_id,
+                    f"a {event.kind} event does not belong in the slot log",
+                    fields,
+                )
                 continue
             decoded.append((entry_id, fields, event))
         self._largest_entry = largest
@@ -315,22 +364,38 @@ class Assembler:
         _dead_letter(records, TICK_FROM_FUTURE, entry_id, why, fields)
         return True
 
-    def _refuse_unissued(self, decoded: list[tuple[str, Any, Any]], records: list[Record]
-                         ) -> list[tuple[str, Any, Any]]:
+    def _refuse_unissued(
+        self, decoded: list[tuple[str, Any, Any]], records: list[Record]
+    ) -> list[tuple[str, Any, Any]]:
         """``decoded`` without the task entries no issue wrote (dead-lettered into ``records``)."""
-        opening = [at for at, (_, _, event) in enumerate(decoded) if isinstance(event, TaskIssued)
-                   and event.task_id not in self._fold.open and event.task_id not in self._fold.decided]
+        opening = [
+            at
+            for at, (_, _, event) in enumerate(decoded)
+            if isinstance(event, TaskIssued)
+            and event.task_id not in self._fold.open
+            and event.task_id not in self._fold.decided
+        ]
         return refuse_unissued(self.client, self.keys.tasks, decoded, opening, records)
 
     def _refuse_untrainable(self, decoded: list[tuple[str, Any, Any]]) -> None:
         """Check the payload of every sample this round may fold; a refused one's slot result is replaced in
         ``decoded`` by a failed one saying why, and its entry noted for the dead letter."""
-        samples = [at for at, (_, _, event) in enumerate(decoded) if isinstance(event, SlotResult)
-                   and event.sample is not None and event.task_id not in self._fold.decided]
-        self._refused.update(refuse_untrainable(self.client, self.keys.payloads, decoded, samples,
-                                                vocab_size=self.joined_run.config.vocab_size,
-                                                max_entry_bytes=self.config.max_entry_bytes,
-                                                layout=self.joined_run.config.payload_layout))
+        samples = [
+            at
+            for at, (_, _, event) in enumerate(decoded)
+            if isinstance(event, SlotResult) and event.sample is not None and event.task_id not in self._fold.decided
+        ]
+        self._refused.update(
+            refuse_untrainable(
+                self.client,
+                self.keys.payloads,
+                decoded,
+                samples,
+                vocab_size=self.joined_run.config.vocab_size,
+                max_entry_bytes=self.config.max_entry_bytes,
+                layout=self.joined_run.config.payload_layout,
+            )
+        )
 
     def _dead_letter_refused(self, records: list[Record], entries: tuple[str, ...]) -> None:
         """Dead-letter the refused slot entries among a decided group's ``entries`` (in the decision's commit)."""
@@ -343,14 +408,20 @@ class Assembler:
 
     def _load_decided(self, decoded: list[tuple[str, Any, Any]]) -> None:
         """Tell the fold which tasks named in this round but not open are already decided (one HMGET)."""
-        names = sorted({event.task_id for _, _, event in decoded
-                        if not isinstance(event, Tick) and event.task_id not in self._fold.open})
+        names = sorted(
+            {
+                event.task_id
+                for _, _, event in decoded
+                if not isinstance(event, Tick) and event.task_id not in self._fold.open
+            }
+        )
         if names:
             found = self.client.hmget(self.keys.decided, names)
             self._fold.decided.update(name for name, entry in zip(names, found) if entry is not None)
 
     def _stamped(self, closed: Closed) -> Closed:
-        """``closed`` with its decision stamped: this assembler's producer name and sequence, and when it was decided."""
+        """``closed`` with its decision stamped: this assembler's producer name and sequence, and when it was
+        decided."""
         decision = closed.decision
         self._seq += 1
         update: dict[str, Any] = {"producer": self.name, "seq": self._seq}
@@ -376,8 +447,10 @@ class Assembler:
                 if decision.issued_at is not None and decision.decided_at is not None:
                     self.metrics.group_assembly.observe(max(0.0, decision.decided_at - decision.issued_at))
         if committed.redundant:
-            log.warning("%d decisions were already recorded by another assembler and were not written again",
-                        committed.redundant)
+            log.warning(
+                "%d decisions were already recorded by another assembler and were not written again",
+                committed.redundant,
+            )
 
     # -- deadlines ---------------------------------------------------------------------------------
 

@@ -62,9 +62,19 @@ __all__ = ["Batcher", "GroupFilter"]
 class Batcher:
     """One batcher process's driver; `run` loops until stopped, finished, failed, or (burst) idle."""
 
-    def __init__(self, client: redis.Redis, run: Run, config: BatcherConfig, *, name: str | None = None,
-                 group_filter: GroupFilter | None = None, dataset=None, dataset_identity: DatasetIdentity | None = None,
-                 metrics: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        run: Run,
+        config: BatcherConfig,
+        *,
+        name: str | None = None,
+        group_filter: GroupFilter | None = None,
+        dataset=None,
+        dataset_identity: DatasetIdentity | None = None,
+        metrics: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.joined_run = run
         self.keys = run.keys
@@ -76,7 +86,8 @@ class Batcher:
         self.dataset = dataset
         # What this batcher feeds the run, recorded by the first one active: one taking over must agree.
         self.feed = dataset_identity or DatasetIdentity(
-            "(none: tasks are issued outside the batcher)" if dataset is None else "(an iterable given in Python)")
+            "(none: tasks are issued outside the batcher)" if dataset is None else "(an iterable given in Python)"
+        )
         self.max_steps = "none" if config.max_steps is None else str(config.max_steps)
         self.metrics = metrics
         self.clock = clock
@@ -116,9 +127,17 @@ class Batcher:
     def run(self, stop: threading.Event | None = None, *, burst: bool = False) -> str:
         """Returns the outcome: ``finished``, ``failed``, or ``running`` when stopped from outside."""
         stop = stop or threading.Event()
-        run_while_leased(self.lease, who=f"batcher {self.name}", stop=stop, is_active=lambda: self._active,
-                         activate=self._activate, work=lambda: self.round(stop), deactivate=self._stand_by,
-                         burst=burst, running=lambda: self.outcome == "running")
+        run_while_leased(
+            self.lease,
+            who=f"batcher {self.name}",
+            stop=stop,
+            is_active=lambda: self._active,
+            activate=self._activate,
+            work=lambda: self.round(stop),
+            deactivate=self._stand_by,
+            burst=burst,
+            running=lambda: self.outcome == "running",
+        )
         return self.outcome
 
     def _stand_by(self) -> None:
@@ -146,9 +165,16 @@ class Batcher:
         if self._feeder is not None:
             self._feeder.resume()  # the same dataset iterator: continue it, never re-open or re-skip it
         elif self.dataset is not None:
-            self._feeder = Feeder(self.client, self.keys, self.dataset, batch_size=self.settings.batch_size,
-                                  max_staleness=self.settings.max_staleness, producer=self.name,
-                                  partitions=self.partitions, track_in_flight=self.rules.staleness == "wait")
+            self._feeder = Feeder(
+                self.client,
+                self.keys,
+                self.dataset,
+                batch_size=self.settings.batch_size,
+                max_staleness=self.settings.max_staleness,
+                producer=self.name,
+                partitions=self.partitions,
+                track_in_flight=self.rules.staleness == "wait",
+            )
         for part in self.partitions:
             last = "0"
             while True:
@@ -159,8 +185,12 @@ class Batcher:
                 last = entry_id_str(entries[-1][0])
                 self._take([(part, entries)], replaying=True)
         self._set_window()
-        log.info("batcher %s active at step %d with %d buffered groups", self.name, self.state.next_step,
-                 len(self.state.buffer))
+        log.info(
+            "batcher %s active at step %d with %d buffered groups",
+            self.name,
+            self.state.next_step,
+            len(self.state.buffer),
+        )
         heap.settle()  # imports and the replayed buffer: out of the collector's way while steps are made
 
     def _state(self) -> dict[str, str]:
@@ -208,14 +238,16 @@ class Batcher:
             return ([(part, entries)] if entries else []), self._version.parse(version)
 
         def read(part: PartitionKeys, block: int | None) -> list:
-            reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512,
-                                           block=block)
+            reply = self.client.xreadgroup(
+                BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512, block=block
+            )
             return first_entries(reply)
 
         return read_in_turn(self.partitions, read, block_ms, first=False), None
 
-    def _take(self, batches: list[tuple[PartitionKeys, list]], *, replaying: bool = False,
-              version: int | None = None) -> None:
+    def _take(
+        self, batches: list[tuple[PartitionKeys, list]], *, replaying: bool = False, version: int | None = None
+    ) -> None:
         """Fold read batches of decision entries (each from one partition), then see whether the dataset
         is done: only after every batch, since one partition's read being folded says nothing of the
         others'. Dead-letter the entries that are not decisions. ``version``: the policy version read
@@ -229,24 +261,41 @@ class Batcher:
                 entry_id = entry_id_str(raw_id)
                 decision: GroupDecided | None = None  # None: a pending entry the server no longer holds
                 if fields is not None:
-                    decision = dead_letters.decoded(part.decisions, entry_id, fields, GroupDecided,
-                                                    "the decisions stream", group=BATCHER_GROUP,
-                                                    counter=counters.INVALID_DECISIONS)
+                    decision = dead_letters.decoded(
+                        part.decisions,
+                        entry_id,
+                        fields,
+                        GroupDecided,
+                        "the decisions stream",
+                        group=BATCHER_GROUP,
+                        counter=counters.INVALID_DECISIONS,
+                    )
                     if decision is None:
                         continue
                 decided.append((part.index, entry_id, decision))
                 if decision is not None and decision.members and not replaying:
                     self.served.decided(max(member.version for member in decision.members), self.clock())
-        settled = None if len(self.partitions) == 1 else batcher_store.settled_tasks(
-            self.client, self.keys, [decision.task_id for _, _, decision in decided if decision is not None],
-            self.state.buffer)
+        settled = (
+            None
+            if len(self.partitions) == 1
+            else batcher_store.settled_tasks(
+                self.client,
+                self.keys,
+                [decision.task_id for _, _, decision in decided if decision is not None],
+                self.state.buffer,
+            )
+        )
         for partition, entry_id, decision in decided:
             ref = decision_ref(partition, entry_id)
             if settled is not None and decision is not None:
                 if decision.task_id in settled:
-                    log.warning("task %s was decided again in partition %d (entry %s) after a step or discard used "
-                                "it (did that partition's server lose writes?); the repeat is dropped",
-                                decision.task_id, partition, entry_id)
+                    log.warning(
+                        "task %s was decided again in partition %d (entry %s) after a step or discard used "
+                        "it (did that partition's server lose writes?); the repeat is dropped",
+                        decision.task_id,
+                        partition,
+                        entry_id,
+                    )
                     self._pending.append(batch_fold.Acked((ref,)))
                     continue
                 settled.add(decision.task_id)
@@ -267,8 +316,11 @@ class Batcher:
         (`streamgrp.core.batch_fold.window_allows`); the steps that lets through are written."""
         if self.rules.staleness == "wait":  # without a feeder no task is known in flight: only groups left behind
             feeder = self._feeder
-            self._fold(batch_fold.WindowSet(feeder.oldest_in_flight() if feeder is not None else None,
-                                            self._lowest_committed()))
+            self._fold(
+                batch_fold.WindowSet(
+                    feeder.oldest_in_flight() if feeder is not None else None, self._lowest_committed()
+                )
+            )
 
     def _end_round(self, started: float, *, away: bool) -> None:
         self._fold(batch_fold.VersionSet(self._current_version()))
@@ -279,9 +331,15 @@ class Batcher:
         window_full = self._feeder is not None and self._feeder.window_full
         waits_before, holds_before = self.state.stall.trainer_wait_rounds, self.state.stall.held_rounds
         now = self.clock()
-        self._fold(batch_fold.RoundEnded(now, window_full=window_full,
-                                         lowest_committed=self._lowest_committed() if window_full else -1,
-                                         server_away=away, duration=now - started))
+        self._fold(
+            batch_fold.RoundEnded(
+                now,
+                window_full=window_full,
+                lowest_committed=self._lowest_committed() if window_full else -1,
+                server_away=away,
+                duration=now - started,
+            )
+        )
         if self.metrics is not None and not away:
             self.metrics.stall_seconds.set(self.state.stall.stall_seconds(now))
             self.metrics.empty_rounds.set(self.state.stall.empty_rounds)
@@ -326,10 +384,15 @@ class Batcher:
                 self._flush()
                 self._write_failure(output)
             elif isinstance(output, batch_fold.Stalling):
-                log.warning("no trainable group for %d rounds (%.0fs); the run fails after %d rounds and %gs "
-                            "(%d rounds so far were spent waiting for trainers, which do not count)",
-                            output.empty_rounds, output.stall_seconds, self.rules.max_empty_rounds,
-                            self.rules.stall_timeout_s, self.state.stall.trainer_wait_rounds)
+                log.warning(
+                    "no trainable group for %d rounds (%.0fs); the run fails after %d rounds and %gs "
+                    "(%d rounds so far were spent waiting for trainers, which do not count)",
+                    output.empty_rounds,
+                    output.stall_seconds,
+                    self.rules.max_empty_rounds,
+                    self.rules.stall_timeout_s,
+                    self.state.stall.trainer_wait_rounds,
+                )
         if not defer:
             self._flush()
 
@@ -347,9 +410,16 @@ class Batcher:
 
     def _discard(self, output: batch_fold.Discarded) -> GroupDiscarded:
         decision = output.decision
-        return self._stamped(GroupDiscarded(task_id=decision.task_id, reason=output.reason,
-                                            decision_entry=output.entry_id, group_version=decision.version,
-                                            current_version=output.current_version, detail=output.detail))
+        return self._stamped(
+            GroupDiscarded(
+                task_id=decision.task_id,
+                reason=output.reason,
+                decision_entry=output.entry_id,
+                group_version=decision.version,
+                current_version=output.current_version,
+                detail=output.detail,
+            )
+        )
 
     def _step(self, due: batch_fold.StepDue) -> Step:
         groups: Sequence[batch_fold.Buffered] = due.groups
@@ -365,16 +435,22 @@ class Batcher:
             self.metrics.policy_version.set(due.version)
             outcomes.batched(self.metrics, due.version, [decision for _, decision in due.groups])
         self.steps_written += 1
-        log.info("step %d: %d groups over %d ranks, imbalance %.3f", manifest.step, len(entries),
-                 self.settings.dp_size, manifest.imbalance)
+        log.info(
+            "step %d: %d groups over %d ranks, imbalance %.3f",
+            manifest.step,
+            len(entries),
+            self.settings.dp_size,
+            manifest.imbalance,
+        )
         return step
 
     def _write_failure(self, failed: batch_fold.Failed) -> None:
         message = failed.message
         if failed.reason == "stall" and not message:
             counts = batcher_store.run_counts(self.client, self.keys, self.partitions)
-            message = stall_message(self.state.stall, self.clock(), counts,
-                                    server_note=batcher_store.memory_note(self.client))
+            message = stall_message(
+                self.state.stall, self.clock(), counts, server_note=batcher_store.memory_note(self.client)
+            )
         event = RunTerminated(reason=failed.reason, message=message, step=failed.step)
         self._apply([self._stamped(event)])
         log.error("run %s failed at step %d: %s", self.keys.run, failed.step, message)
@@ -417,8 +493,9 @@ class Batcher:
         if feeder is None or not feeder.exhausted:
             return False
         decided = sum(self.client.hlen(part.decided) for part in self.partitions)
-        return decided >= feeder.cursor and all(batcher_store.read_every_decision(self.client, part)
-                                                for part in self.partitions)
+        return decided >= feeder.cursor and all(
+            batcher_store.read_every_decision(self.client, part) for part in self.partitions
+        )
 
     def _lowest_committed(self) -> int:  # the last step every rank committed (-1: some rank none)
         return batcher_store.lowest_committed(self.client, self.keys, self.settings.dp_size)

@@ -36,6 +36,7 @@ from streamgrp.store.tasks import MAX_TASKS_PER_CALL, TaskWriter
 
 log = logging.getLogger(__name__)
 
+
 def load_dataset(spec: str) -> Iterator[dict[str, Any]]:
     """Prompts from a JSONL file (one JSON object per line) or a ``module:iterable`` (or factory)."""
     path = Path(spec)
@@ -119,8 +120,10 @@ def check_feed(run: str, state: dict[str, str], feed: DatasetIdentity, max_steps
         differs.append(("max_steps", state["feed:max_steps"], max_steps))
     if differs:
         said = "; ".join(f"{name} {recorded}, this batcher's {mine}" for name, recorded, mine in differs)
-        raise ConfigError(f"run {run} was started with another feed: {said}. A batcher of the run (a standby "
-                          "taking over, or a restart) must be given the same --dataset and --max-steps")
+        raise ConfigError(
+            f"run {run} was started with another feed: {said}. A batcher of the run (a standby "
+            "taking over, or a restart) must be given the same --dataset and --max-steps"
+        )
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -153,9 +156,19 @@ def task_position(task_id: str) -> int | None:
 class Feeder:
     """Issues dataset prompts as tasks while the staleness window has room."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, dataset: Iterator[dict[str, Any]], *, batch_size: int,
-                 max_staleness: int, producer: str, max_chunk: int = MAX_TASKS_PER_CALL,
-                 partitions: Sequence[PartitionKeys] | None = None, track_in_flight: bool = False) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        dataset: Iterator[dict[str, Any]],
+        *,
+        batch_size: int,
+        max_staleness: int,
+        producer: str,
+        max_chunk: int = MAX_TASKS_PER_CALL,
+        partitions: Sequence[PartitionKeys] | None = None,
+        track_in_flight: bool = False,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.partitions = tuple(partitions) if partitions else keys.partitions(1)
@@ -186,7 +199,7 @@ class Feeder:
         """
         cursor = int(self.client.hget(self.keys.batcher_state, "feeder_cursor") or 0)
         first_held = self._position - len(self._held)
-        self._held = self._held[max(0, cursor - first_held):]
+        self._held = self._held[max(0, cursor - first_held) :]
         for _ in islice(self._items, max(0, cursor - self._position)):
             self._position += 1
         self.cursor = cursor
@@ -243,8 +256,10 @@ class Feeder:
     def outstanding(self) -> int:
         """Issued tasks not dropped by the assembler nor discarded by the batcher."""
         discarded = self.client.hget(self.keys.counts, counters.GROUPS_DISCARDED)  # the batcher's, run-wide
-        dropped = sum(int(self.client.hget(part.counts, counters.decisions("dropped")) or 0)  # each assembler's
-                      for part in self.partitions)
+        dropped = sum(
+            int(self.client.hget(part.counts, counters.decisions("dropped")) or 0)  # each assembler's
+            for part in self.partitions
+        )
         return self.cursor - dropped - int(discarded or 0)
 
     def feed(self, version: int, lease_token: str) -> int:
@@ -262,8 +277,17 @@ class Feeder:
             if not prompts:
                 break
             now = self._writer.now()
-            events = [TaskIssued(task_id=f"t{self.cursor + i:08d}", prompt=prompt, version=version, issued_at=now,
-                                 producer=self.producer, seq=self.cursor + i) for i, prompt in enumerate(prompts)]
+            events = [
+                TaskIssued(
+                    task_id=f"t{self.cursor + i:08d}",
+                    prompt=prompt,
+                    version=version,
+                    issued_at=now,
+                    producer=self.producer,
+                    seq=self.cursor + i,
+                )
+                for i, prompt in enumerate(prompts)
+            ]
             try:
                 self.cursor = self._writer.write(events, lease_token=lease_token, cursor=self.cursor)
             except redis.exceptions.ResponseError as exc:
@@ -274,7 +298,7 @@ class Feeder:
                 log.error("no task can be issued: %s", exc)
                 self.window_full = True
                 break
-            del self._held[:len(prompts)]
+            del self._held[: len(prompts)]
             if self.track_in_flight:
                 self._in_flight.update((event.seq, version) for event in events)
             issued += len(prompts)

@@ -122,16 +122,20 @@ class TrimReport:
         return sum(s.removed for s in self.streams.values())
 
     def __str__(self) -> str:
-        return ", ".join(f"{s.stream} -{s.removed} (floor {s.floor or 'none'}: {s.bound})"
-                         for s in self.streams.values())
+        return ", ".join(
+            f"{s.stream} -{s.removed} (floor {s.floor or 'none'}: {s.bound})" for s in self.streams.values()
+        )
 
 
-def archive_progress(client: redis.Redis, keys: RunKeys,
-                     partitions: Sequence[PartitionKeys] | None = None) -> dict[str, str]:
+def archive_progress(
+    client: redis.Redis, keys: RunKeys, partitions: Sequence[PartitionKeys] | None = None
+) -> dict[str, str]:
     """The archiver's durable progress: stream name -> last archived entry id (a partitioned run's
     streams by `streamgrp.store.keys.run_streams` names, given its ``partitions``)."""
     streams = run_streams(keys, tuple(partitions) if partitions else keys.partitions(1))
-    return {k.decode(): v.decode() for k, v in hash_reply(client.hgetall(keys.archive)).items() if k.decode() in streams}
+    return {
+        k.decode(): v.decode() for k, v in hash_reply(client.hgetall(keys.archive)).items() if k.decode() in streams
+    }
 
 
 def _next(key: IdKey) -> IdKey:
@@ -196,8 +200,9 @@ def _recorded_config(client: redis.Redis, keys: RunKeys) -> RunConfig | None:
     return read_record(keys.run, first[0][1], "the control stream's first entry")[1] if first else None
 
 
-def _open_session_bounds(floors_: _Floors, client: redis.Redis, part: PartitionKeys, group_timeout_s: float | None,
-                         suffix: str = "") -> None:
+def _open_session_bounds(
+    floors_: _Floors, client: redis.Redis, part: PartitionKeys, group_timeout_s: float | None, suffix: str = ""
+) -> None:
     """Open agent sessions' events: a restarted gateway reads their turns back. A session is opened for an
     issued task and ends by its group's deadline (issue time + group timeout, its score in the deadlines
     set), so the oldest deadline less the timeout is at or before every open session's first entry."""
@@ -232,17 +237,31 @@ def _decoded(pairs: Iterable[tuple[str, dict[bytes, bytes] | None]]):
             continue
 
 
-def floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *,
-           dp_size: int | None = None, partitions: Sequence[PartitionKeys] | None = None,
-           max_follow_lag_s: float = 0.0) -> dict[str, tuple[IdKey, str]]:
+def floors(
+    client: redis.Redis,
+    keys: RunKeys,
+    archive_progress: Mapping[str, str],
+    *,
+    dp_size: int | None = None,
+    partitions: Sequence[PartitionKeys] | None = None,
+    max_follow_lag_s: float = 0.0,
+) -> dict[str, tuple[IdKey, str]]:
     """Each stream's floor (the lowest entry id that must stay) and the bound that set it; a partitioned
     run's streams (``partitions``) by `streamgrp.store.keys.run_streams` names (``slots@2``)."""
-    return _floors(client, keys, archive_progress, dp_size=dp_size, partitions=partitions,
-                   max_follow_lag_s=max_follow_lag_s)[0].result()
+    return _floors(
+        client, keys, archive_progress, dp_size=dp_size, partitions=partitions, max_follow_lag_s=max_follow_lag_s
+    )[0].result()
 
 
-def _floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *, dp_size: int | None,
-            partitions: Sequence[PartitionKeys] | None, max_follow_lag_s: float) -> tuple[_Floors, list[Position]]:
+def _floors(
+    client: redis.Redis,
+    keys: RunKeys,
+    archive_progress: Mapping[str, str],
+    *,
+    dp_size: int | None,
+    partitions: Sequence[PartitionKeys] | None,
+    max_follow_lag_s: float,
+) -> tuple[_Floors, list[Position]]:
     partitions = tuple(partitions) if partitions else keys.partitions(1)
     streams = run_streams(keys, partitions)
     floors_ = _Floors(streams)
@@ -261,8 +280,9 @@ def _floors(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, s
         _consumer_bounds(floors_, "tasks" + suffix, state.task_groups, state.task_pending, WORKERS_GROUP)
         _queued_task_bounds(floors_, suffix)
         _held_segment_bounds(floors_, suffix)
-        batcher = _consumer_bounds(floors_, "decisions" + suffix, state.decision_groups, state.decision_pending,
-                                   BATCHER_GROUP)
+        batcher = _consumer_bounds(
+            floors_, "decisions" + suffix, state.decision_groups, state.decision_pending, BATCHER_GROUP
+        )
         _unbatched_bounds(floors_, client, part, state, batcher=batcher, suffix=suffix)
         _open_session_bounds(floors_, client, part, group_timeout_s, suffix)
     if len(partitions) > 1:
@@ -283,14 +303,22 @@ def _warn_foreign_groups(part: PartitionKeys, state: _ConsumerState) -> None:
     """Say so when a stream has consumer groups no role of streamgrp made. A role that may read a stream
     through its own group may create groups on it (Redis ACLs cannot name groups): such groups hold no
     entry back from trimming (the floors above name streamgrp's groups), but each costs server memory."""
-    for stream, infos in (("tasks", state.task_groups), ("slots", state.slot_groups),
-                          ("decisions", state.decision_groups)):
+    for stream, infos in (
+        ("tasks", state.task_groups),
+        ("slots", state.slot_groups),
+        ("decisions", state.decision_groups),
+    ):
         if isinstance(infos, Exception):
             continue
         names = sorted({_text_name(info["name"]) for info in infos} - _OWN_GROUPS[stream])
         if names:
-            log.warning("%s has %d consumer groups streamgrp did not make (%s): a role's credential made them; "
-                        "delete them with XGROUP DESTROY", getattr(part, stream), len(names), show_names(names[:5]))
+            log.warning(
+                "%s has %d consumer groups streamgrp did not make (%s): a role's credential made them; "
+                "delete them with XGROUP DESTROY",
+                getattr(part, stream),
+                len(names),
+                show_names(names[:5]),
+            )
 
 
 def _text_name(name: bytes | str) -> str:
@@ -355,8 +383,15 @@ def _consumer_state(client: redis.Redis, part: PartitionKeys, committed: str | N
     return _ConsumerState(*replies, *([] if committed is not None else [None]))
 
 
-def _unbatched_bounds(floors_: _Floors, client: redis.Redis, keys: PartitionKeys, state: _ConsumerState, *,
-                      batcher: bool, suffix: str = "") -> None:
+def _unbatched_bounds(
+    floors_: _Floors,
+    client: redis.Redis,
+    keys: PartitionKeys,
+    state: _ConsumerState,
+    *,
+    batcher: bool,
+    suffix: str = "",
+) -> None:
     """Decisions not batched yet: their member slot entries will be some step's."""
     if not batcher:
         floors_.keep("slots" + suffix, None, "no batcher group yet")
@@ -367,8 +402,10 @@ def _unbatched_bounds(floors_: _Floors, client: redis.Redis, keys: PartitionKeys
     pending_decisions = state.pending_decisions
     if not isinstance(pending_decisions, Exception) and len(pending_decisions) < PENDING_PAGE:
         ids = [entry_id_str(p["message_id"]) for p in pending_decisions]
-        unbatched: Iterable[tuple[str, dict[bytes, bytes] | None]] = [*zip(ids, read_entries(client, keys.decisions, ids)), *_scan(client, keys.decisions,
-                                                                                   "(" + delivered)]
+        unbatched: Iterable[tuple[str, dict[bytes, bytes] | None]] = [
+            *zip(ids, read_entries(client, keys.decisions, ids)),
+            *_scan(client, keys.decisions, "(" + delivered),
+        ]
     else:  # too many to list: every decision from the oldest pending one on (a superset)
         low = _pending_min(state.decision_pending)
         unbatched = _scan(client, keys.decisions, _text(low) if low is not None else "(" + delivered)
@@ -377,8 +414,9 @@ def _unbatched_bounds(floors_: _Floors, client: redis.Redis, keys: PartitionKeys
             floors_.keep("slots" + suffix, min(id_key(m.entry) for m in decision.members), "unbatched decisions")
 
 
-def _uncommitted_step_bounds(floors_: _Floors, client: redis.Redis, keys: RunKeys, committed: Any,
-                             dp_size: int, *, partitioned: bool = False) -> None:
+def _uncommitted_step_bounds(
+    floors_: _Floors, client: redis.Redis, keys: RunKeys, committed: Any, dp_size: int, *, partitioned: bool = False
+) -> None:
     """Steps some rank has not committed: their manifests, decisions and slot entries."""
     if isinstance(committed, Exception):
         raise committed
@@ -404,8 +442,14 @@ def _uncommitted_step_bounds(floors_: _Floors, client: redis.Redis, keys: RunKey
                     floors_.keep("slots" + suffix, min(id_key(m.entry) for m in group.members), "uncommitted steps")
 
 
-def _same_floor_payload_keys(client: redis.Redis, keys: RunKeys, streams: Mapping[str, str],
-                             result: dict[str, tuple[IdKey, str]], *, dry_run: bool) -> dict[str, int]:
+def _same_floor_payload_keys(
+    client: redis.Redis,
+    keys: RunKeys,
+    streams: Mapping[str, str],
+    result: dict[str, tuple[IdKey, str]],
+    *,
+    dry_run: bool,
+) -> dict[str, int]:
     """Keys layout: slot log and payloads share the lower floor; the going slot entries' payload keys go first."""
     if recorded_layout(client, keys) != payloads.KEYS:
         return {}
@@ -418,9 +462,16 @@ def _same_floor_payload_keys(client: redis.Redis, keys: RunKeys, streams: Mappin
     return unlinked
 
 
-def trim(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str], *, dp_size: int | None = None,
-         dry_run: bool = False, partitions: Sequence[PartitionKeys] | None = None,
-         max_follow_lag_s: float = 0.0) -> TrimReport:
+def trim(
+    client: redis.Redis,
+    keys: RunKeys,
+    archive_progress: Mapping[str, str],
+    *,
+    dp_size: int | None = None,
+    dry_run: bool = False,
+    partitions: Sequence[PartitionKeys] | None = None,
+    max_follow_lag_s: float = 0.0,
+) -> TrimReport:
     """Trim every stream of the run down to its floor (see the module docstring); returns what was removed.
 
     ``archive_progress`` is stream name -> last archived id (`archive_progress` reads the run's hash);
@@ -432,12 +483,14 @@ def trim(client: redis.Redis, keys: RunKeys, archive_progress: Mapping[str, str]
     report = TrimReport()
     partitions = tuple(partitions) if partitions else keys.partitions(1)
     streams = run_streams(keys, partitions)
-    found, over = _floors(client, keys, archive_progress, dp_size=dp_size, partitions=partitions,
-                          max_follow_lag_s=max_follow_lag_s)
+    found, over = _floors(
+        client, keys, archive_progress, dp_size=dp_size, partitions=partitions, max_follow_lag_s=max_follow_lag_s
+    )
     result = found.result()
     if over and not dry_run:
-        report.skips = record_skips(client, keys, streams, over, {name: floor for name, (floor, _) in result.items()
-                                                                   if floor != KEEP_ALL})
+        report.skips = record_skips(
+            client, keys, streams, over, {name: floor for name, (floor, _) in result.items() if floor != KEEP_ALL}
+        )
     unlinked = _same_floor_payload_keys(client, keys, streams, result, dry_run=dry_run)
     for name, (floor, why) in result.items():
         if floor == KEEP_ALL:

@@ -73,9 +73,17 @@ class Scored:
 class Rewarder:
     """Scores pending results with ``reward`` and posts their rewards until ``stop`` is set."""
 
-    def __init__(self, client: RewardClient, reward: Callable[[ScoreRequest], Any], *, concurrency: int = 16,
-                 timeout_s: float = 60.0, retries: int = 2, metrics: Any = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        client: RewardClient,
+        reward: Callable[[ScoreRequest], Any],
+        *,
+        concurrency: int = 16,
+        timeout_s: float = 60.0,
+        retries: int = 2,
+        metrics: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if concurrency < 1:
             raise ConfigError(f"concurrency={concurrency}: give at least 1")
         if timeout_s <= 0:
@@ -91,7 +99,8 @@ class Rewarder:
         self._clock = clock
         self._is_async = inspect.iscoroutinefunction(reward) or (
             # mypy takes ``reward.__call__`` of a Callable-typed value for a call of it (not a library's hint).
-            callable(reward) and inspect.iscoroutinefunction(reward.__call__))  # type: ignore[operator]
+            callable(reward) and inspect.iscoroutinefunction(reward.__call__)
+        )  # type: ignore[operator]
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="reward")
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="reward-loop", daemon=True)
@@ -145,15 +154,19 @@ class Rewarder:
                     value = await asyncio.wait_for(self.reward(request), self.timeout_s)
                 else:
                     value = await asyncio.wait_for(
-                        asyncio.get_running_loop().run_in_executor(self._threads, self.reward, request), self.timeout_s)
+                        asyncio.get_running_loop().run_in_executor(self._threads, self.reward, request), self.timeout_s
+                    )
                 return _scored(value, request.sample.rows)
             except TRANSIENT as exc:
-                why = (f"timed out after {self.timeout_s:g} s (--reward-timeout-s)"
-                       if isinstance(exc, TimeoutError) and not str(exc) else _text(exc))
+                why = (
+                    f"timed out after {self.timeout_s:g} s (--reward-timeout-s)"
+                    if isinstance(exc, TimeoutError) and not str(exc)
+                    else _text(exc)
+                )
                 if attempt == self.retries:
                     return Scored(error=f"scoring failed {attempt + 1} time(s); last: {why}"[:MAX_ERROR_CHARS])
                 self._count_failure("transient")
-                await asyncio.sleep(RETRY_PAUSE_S * 2 ** attempt)
+                await asyncio.sleep(RETRY_PAUSE_S * 2**attempt)
             except Exception as exc:  # the user's function raised: the slot fails with its text
                 return Scored(error=_text(exc)[:MAX_ERROR_CHARS])
         raise AssertionError("unreachable")
@@ -179,8 +192,13 @@ class Rewarder:
         self._failures += 1
         now = time.monotonic()
         if now - self._failure_logged_at >= FAILURE_LOG_EVERY_S:
-            log.warning("scoring task %s slot %s failed (%d failure(s) since the last warning): %s", result.task_id,
-                        result.slot, self._failures, error)
+            log.warning(
+                "scoring task %s slot %s failed (%d failure(s) since the last warning): %s",
+                result.task_id,
+                result.slot,
+                self._failures,
+                error,
+            )
             self._failures, self._failure_logged_at = 0, now
 
 
@@ -189,13 +207,14 @@ def _scored(value: Any, rows: int) -> Scored:
     if value is None:
         return Scored(reason="the reward function returned None")
     if isinstance(value, bool) or not isinstance(value, (int, float, Sequence)):
-        return Scored(error=f"the reward function returned {type(value).__name__}; return a number, one number "
-                            "per row, or None")
+        return Scored(
+            error=f"the reward function returned {type(value).__name__}; return a number, one number per row, or None"
+        )
     values = (value,) if isinstance(value, (int, float)) else tuple(value)
-    if len(values) not in (1, rows) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                               for v in values):
-        return Scored(error=f"the reward function returned {value!r:.200}; return a number, one number per row "
-                            f"({rows}), or None")
+    if len(values) not in (1, rows) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return Scored(
+            error=f"the reward function returned {value!r:.200}; return a number, one number per row ({rows}), or None"
+        )
     rewards = tuple(float(v) for v in values)
     if not all(r == r and abs(r) != float("inf") for r in rewards):
         return Scored(error=f"the reward function returned {rewards!r:.200}: rewards must be finite")

@@ -35,8 +35,9 @@ PAYLOAD_READ_CHUNK = 64
 Decoded = tuple[str, Any, Any]
 
 
-def refuse_unissued(client: redis.Redis, tasks: str, decoded: list[Decoded], opening: Sequence[int],
-                    records: list[Record]) -> list[Decoded]:
+def refuse_unissued(
+    client: redis.Redis, tasks: str, decoded: list[Decoded], opening: Sequence[int], records: list[Record]
+) -> list[Decoded]:
     """``decoded`` without the task entries (at the indexes ``opening``, those that would open a group) that
     no issue wrote, which are dead-lettered into ``records``: one pipelined XRANGE of the task queue ``tasks``
     per entry."""
@@ -66,19 +67,29 @@ def refuse_unissued(client: redis.Redis, tasks: str, decoded: list[Decoded], ope
     return [item for at, item in enumerate(decoded) if at not in refused_at]
 
 
-def refuse_untrainable(client: redis.Redis, payloads: str, decoded: list[Decoded], samples: Sequence[int], *,
-                       vocab_size: int | None, max_entry_bytes: int,
-                       layout: str = payload_store.KEYS) -> dict[str, tuple[str, Any]]:
+def refuse_untrainable(
+    client: redis.Redis,
+    payloads: str,
+    decoded: list[Decoded],
+    samples: Sequence[int],
+    *,
+    vocab_size: int | None,
+    max_entry_bytes: int,
+    layout: str = payload_store.KEYS,
+) -> dict[str, tuple[str, Any]]:
     """Check the payload (of the payloads stream ``payloads``, kept in ``layout``: `streamgrp.store.payloads`)
     of each sample at the indexes ``samples``; a refused one's slot result is replaced in ``decoded`` by a
     failed one saying why. Returns the refused entries: entry id -> (what is wrong, its fields), for the
     dead letter of its group's commit."""
     found: dict[str, tuple[str, Any]] = {}
     for start in range(0, len(samples), PAYLOAD_READ_CHUNK):
-        chunk = samples[start:start + PAYLOAD_READ_CHUNK]
+        chunk = samples[start : start + PAYLOAD_READ_CHUNK]
         ids = [decoded[at][0] for at in chunk]
-        read = payload_store.read(client, payloads, ids, views=True) if layout == payload_store.KEYS \
+        read = (
+            payload_store.read(client, payloads, ids, views=True)
+            if layout == payload_store.KEYS
             else read_entries(client, payloads, ids)
+        )
         for at, payload in zip(chunk, read):
             entry_id, fields, event = decoded[at]
             if payload is None and codec.is_inline_sample(fields):

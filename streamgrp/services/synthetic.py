@@ -13,8 +13,9 @@ from typing import Any
 from streamgrp.core.events import RawArray, Sample
 
 
-def make_sample(*, tokens: int = 8, rows: int = 1, version: int = 0, reward: float = 1.0, seed: int = 0,
-                prompt_tokens: int = 0) -> Sample:
+def make_sample(
+    *, tokens: int = 8, rows: int = 1, version: int = 0, reward: float = 1.0, seed: int = 0, prompt_tokens: int = 0
+) -> Sample:
     """A sample of ``rows`` rows of ``tokens`` tokens each; the first ``prompt_tokens`` are unmasked."""
     rng = random.Random(seed)
     total = tokens * rows
@@ -49,5 +50,6 @@ def synthetic_rollout(request: Any) -> Sample | None:
         raise RuntimeError(f"synthetic failure in slot {slot}")
     if draw < float(prompt.get("fail_rate", 0.0)) + float(prompt.get("reject_rate", 0.0)):
         return None
-    return make_sample(tokens=int(prompt.get("tokens", 64)), version=version, reward=rng.random(),
-                       seed=rng.randrange(2**31))
+    return make_sample(
+        tokens=int(prompt.get("tokens", 64)), version=version, reward=rng.random(), seed=rng.randrange(2**31)
+    )

@@ -74,8 +74,16 @@ class WorkerProcess:
     """The `streamgrp worker` loop: keeps up to ``concurrency`` slots running, publishes whatever slots
     are ready in one call per round, and acknowledges each task once all its slots are published."""
 
-    def __init__(self, worker: WorkerClient, rollout: Callable[..., Any], config: WorkerConfig, *, n_samples: int,
-                 version: Callable[[], int] = lambda: 0, metrics: Any = None) -> None:
+    def __init__(
+        self,
+        worker: WorkerClient,
+        rollout: Callable[..., Any],
+        config: WorkerConfig,
+        *,
+        n_samples: int,
+        version: Callable[[], int] = lambda: 0,
+        metrics: Any = None,
+    ) -> None:
         self.worker = worker
         self.rollout = rollout
         self.config = config
@@ -83,8 +91,10 @@ class WorkerProcess:
         self.version = version
         self.metrics = metrics
         self.tasks_done = 0
-        self._raised = RateLimitedWarning("%d rollout(s) raised since the last warning; their slots are published "
-                                           "as failed with the exception's text (the latest: %s)")
+        self._raised = RateLimitedWarning(
+            "%d rollout(s) raised since the last warning; their slots are published "
+            "as failed with the exception's text (the latest: %s)"
+        )
         self._is_async = inspect.iscoroutinefunction(rollout)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.run_end = RunEndWatch(worker.client, worker.keys)
@@ -116,8 +126,12 @@ class WorkerProcess:
                         break
                     ended = None if in_flight else self.run_end.ended()
                     if ended is not None:
-                        log.info("run %s %s: no task will come; worker %s exits", self.worker.keys.run, ended,
-                                 self.worker.name)
+                        log.info(
+                            "run %s %s: no task will come; worker %s exits",
+                            self.worker.keys.run,
+                            ended,
+                            self.worker.name,
+                        )
                         break
                     if in_flight:
                         _wait_any(in_flight, timeout=0.05)
@@ -182,8 +196,9 @@ class WorkerProcess:
         ready: list[tuple[_InFlight, int]] = []
         complete: list[Task] = []  # the tasks this publish completes: acknowledged in the same call
         for item in in_flight:
-            finished = [index for index, future in enumerate(item.futures)
-                        if index not in item.published and future.done()]
+            finished = [
+                index for index, future in enumerate(item.futures) if index not in item.published and future.done()
+            ]
             ready += [(item, index) for index in finished]
             if len(item.published) + len(finished) == len(item.futures):
                 complete.append(item.task)
@@ -208,9 +223,17 @@ class WorkerProcess:
 
     def _count(self, result: Any, version: int) -> None:
         if self.metrics is not None:
-            outcome = "invalid" if isinstance(result, InvalidSample) else \
-                "failed" if isinstance(result, BaseException) else "rejected" if result is None else \
-                "reward_pending" if isinstance(result, RewardLater) else "sample"
+            outcome = (
+                "invalid"
+                if isinstance(result, InvalidSample)
+                else "failed"
+                if isinstance(result, BaseException)
+                else "rejected"
+                if result is None
+                else "reward_pending"
+                if isinstance(result, RewardLater)
+                else "sample"
+            )
             self.metrics.slots_published.labels(outcome).inc()
             self.metrics.policy_version.set(version)
 
@@ -227,8 +250,9 @@ class WorkerProcess:
             else:
                 result = self.rollout(request)
             if result is not None and not isinstance(result, (Sample, RewardLater)):
-                result = TypeError(f"rollout returned {type(result).__name__}; return a streamgrp.Sample, a "
-                                   "RewardLater or None")
+                result = TypeError(
+                    f"rollout returned {type(result).__name__}; return a streamgrp.Sample, a RewardLater or None"
+                )
         except Exception as exc:
             result = exc
         finally:
@@ -248,8 +272,9 @@ def _wait_any(in_flight, timeout: float | None = None) -> None:
     while the last publish was on the wire go out in the next round, never behind a slow rollout."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
-    if any(future.done() and index not in item.published
-           for item in in_flight for index, future in enumerate(item.futures)):
+    if any(
+        future.done() and index not in item.published for item in in_flight for index, future in enumerate(item.futures)
+    ):
         return
     pending = [f for item in in_flight for f in item.futures if not f.done()]
     if pending:

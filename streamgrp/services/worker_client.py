@@ -75,8 +75,19 @@ class Task:
     reclaimed: bool = False
 
     def requests(self, n_samples: int, version: int) -> list[SlotRequest]:
-        return [SlotRequest(self.event.task_id, slot, n_samples, self.event.prompt, version, self.entry_id,
-                            self.partition, self.reclaimed) for slot in range(n_samples)]
+        return [
+            SlotRequest(
+                self.event.task_id,
+                slot,
+                n_samples,
+                self.event.prompt,
+                version,
+                self.entry_id,
+                self.partition,
+                self.reclaimed,
+            )
+            for slot in range(n_samples)
+        ]
 
 
 class WorkerClient:
@@ -86,26 +97,38 @@ class WorkerClient:
     a worker takes tasks from the partitions in ``take_from`` (default all), in turn, and publishes each
     result to its task's partition, so each partition's writes stay in its own hash slot."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0,
-                 max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES, metrics: Any = None,
-                 partitions: Sequence[PartitionKeys] | None = None, take_from: Collection[int] | None = None,
-                 vocab_size: int | str | None = RECORDED) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        *,
+        name: str | None = None,
+        claim_idle_s: float = 30.0,
+        max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES,
+        metrics: Any = None,
+        partitions: Sequence[PartitionKeys] | None = None,
+        take_from: Collection[int] | None = None,
+        vocab_size: int | str | None = RECORDED,
+    ) -> None:
         self.client = client
         self.keys = keys
         #: Token ids at or above it are refused (None: only negative ones); by default the run's record's.
         if isinstance(vocab_size, str) and vocab_size != RECORDED:
             raise ConfigError(f"vocab_size {vocab_size!r}: give a number, None, or {RECORDED!r} for the run's own")
         self.vocab_size = _recorded_vocab_size(client, keys) if isinstance(vocab_size, str) else vocab_size
-        self._refusals = RateLimitedWarning("%d sample(s) published as failed slots since the last warning: their "
-                                             "values cannot train (the latest: %s)")
+        self._refusals = RateLimitedWarning(
+            "%d sample(s) published as failed slots since the last warning: their values cannot train (the latest: %s)"
+        )
         # Not given: the run's record names them (writing to the unpartitioned keys of a partitioned
         # run would publish where no assembler reads).
         self.partitions = tuple(partitions) if partitions else recorded_partitions(client, keys)
         chosen = sorted(set(take_from)) if take_from is not None else range(len(self.partitions))
         unknown = [index for index in chosen if not 0 <= index < len(self.partitions)]
         if unknown or not chosen:
-            raise ConfigError(f"partitions {list(chosen)} to take tasks from: the run has partitions 0 to "
-                              f"{len(self.partitions) - 1}; fix --take-partitions")
+            raise ConfigError(
+                f"partitions {list(chosen)} to take tasks from: the run has partitions 0 to "
+                f"{len(self.partitions) - 1}; fix --take-partitions"
+            )
         self.sources = tuple(self.partitions[index] for index in chosen)
         self.name = name or producer_name("worker")
         self.max_entry_bytes = max_entry_bytes
@@ -132,7 +155,7 @@ class WorkerClient:
 
     def take(self, count: int = 1, *, block_ms: int | None = 1000) -> list[Task]:
         """Up to ``count`` tasks: first ones a dead worker left idle too long, then new ones."""
-        sources = self.sources[self._turn:] + self.sources[:self._turn]
+        sources = self.sources[self._turn :] + self.sources[: self._turn]
         self._turn = (self._turn + 1) % len(self.sources)
         for part in sources:
             claimed = self._reclaim(part, count)
@@ -150,8 +173,13 @@ class WorkerClient:
         if clean_at is not None and time.monotonic() - clean_at < self._scan_every_s:
             return []
         cursor, entries, *_ = self.client.xautoclaim(
-            part.tasks, WORKERS_GROUP, self.name, self.claim_idle_ms, start_id=self._claim_cursors[part.index],
-            count=count)
+            part.tasks,
+            WORKERS_GROUP,
+            self.name,
+            self.claim_idle_ms,
+            start_id=self._claim_cursors[part.index],
+            count=count,
+        )
         self._claim_cursors[part.index] = cursor = entry_id_str(cursor)
         if cursor == "0-0" and not entries:  # the whole pending list scanned: nothing idle long enough
             self._scanned_clean[part.index] = time.monotonic()
@@ -170,9 +198,16 @@ class WorkerClient:
             if fields is None:  # trimmed while pending
                 self.client.xack(part.tasks, WORKERS_GROUP, entry_id)
                 continue
-            event = dead_letters.decoded(part.tasks, entry_id, fields, TaskIssued, "the task queue",
-                                         group=WORKERS_GROUP, counter=counters.INVALID_TASKS,
-                                         max_entry_bytes=self.max_entry_bytes)
+            event = dead_letters.decoded(
+                part.tasks,
+                entry_id,
+                fields,
+                TaskIssued,
+                "the task queue",
+                group=WORKERS_GROUP,
+                counter=counters.INVALID_TASKS,
+                max_entry_bytes=self.max_entry_bytes,
+            )
             if event is not None:
                 tasks.append(Task(entry_id, event, part.index))
         return tasks
@@ -192,15 +227,18 @@ class WorkerClient:
         self._refusals.add(problem)
         return InvalidSample(problem)
 
-    def publish_many(self, results: Sequence[tuple[str, int, SlotOutcome]], *,
-                     done: Sequence[Task] = (), checked: bool = False) -> list[str]:
+    def publish_many(
+        self, results: Sequence[tuple[str, int, SlotOutcome]], *, done: Sequence[Task] = (), checked: bool = False
+    ) -> list[str]:
         """Publish slot results (``(task_id, slot, result)``: a `Sample`, a `RewardLater`, None for a
-        rejection, an exception for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot entry ids.
+        rejection, an exception for a failure) in as few round trips as `PUBLISH_CHUNK` allows; returns their slot
+        entry ids.
         Each result is `check`ed first, unless ``checked`` says the caller did.
 
         When this returns, every result is in the server. A sample's tensors go to its payload key (staged,
         then taken by the function; `streamgrp.store.payloads`) and its summary, with the payload's digest,
-        to the group log, both in one function call (per partition, in a partitioned run). ``done``: tasks whose every slot's result is then published
+        to the group log, both in one function call (per partition, in a partitioned run). ``done``: tasks whose
+        every slot's result is then published
         (these results among them), acknowledged as `done` would, in the same call as their
         partition's last results (so never left published but unacknowledged), else after them."""
         by_partition: dict[int, list[int]] = {}
@@ -214,7 +252,7 @@ class WorkerClient:
             part = self.partitions[index]
             triples = [self._encode(*results[at], checked=checked) for at in positions]
             for start in range(0, len(triples), PUBLISH_CHUNK):
-                chunk = triples[start:start + PUBLISH_CHUNK]
+                chunk = triples[start : start + PUBLISH_CHUNK]
                 acks = owed.pop(index, []) if start + PUBLISH_CHUNK >= len(triples) else []
                 if len(acks) > MAX_RESULTS:  # the rest after the call, as `done` would
                     owed[index], acks = acks[MAX_RESULTS:], acks[:MAX_RESULTS]
@@ -224,26 +262,41 @@ class WorkerClient:
                 if self.layout == payloads.KEYS:
                     written = self._publish_staged(part, head, chunk)
                 else:
-                    written = self._publish_stream(part, head, chunk, bool(acks),
-                                                   [results[at] for at in positions[start:start + PUBLISH_CHUNK]])
-                for at, entry_id in zip(positions[start:start + PUBLISH_CHUNK], written):
+                    written = self._publish_stream(
+                        part, head, chunk, bool(acks), [results[at] for at in positions[start : start + PUBLISH_CHUNK]]
+                    )
+                for at, entry_id in zip(positions[start : start + PUBLISH_CHUNK], written):
                     ids[at] = entry_id_str(entry_id)
         self.done(*(task for tasks in owed.values() for task in tasks))
         wait_for_replicas(self.client)
         return ids
 
-    def _publish_staged(self, part: PartitionKeys, head: list[Any], chunk: list[tuple[bytes, bytes, bytes]]) -> list[Any]:
+    def _publish_staged(
+        self, part: PartitionKeys, head: list[Any], chunk: list[tuple[bytes, bytes, bytes]]
+    ) -> list[Any]:
         """One publish of a keys-layout run: each payload staged and the function that takes them, in one
         pipeline (`streamgrp.store.payloads.call_staged`); the function's arguments hold no payload byte."""
-        args = [*head, *(item for header, payload_header, _ in chunk for item in (header, b"1" if payload_header
-                                                                                   else b""))]
+        args = [
+            *head,
+            *(item for header, payload_header, _ in chunk for item in (header, b"1" if payload_header else b"")),
+        ]
         return payloads.call_staged(
-            self.client, part.payloads, [(payload_header, blob) for _, payload_header, blob in chunk if payload_header],
-            lambda staged, pipe: self._publish_keys(keys=[part.slots, part.payloads, part.tasks, *staged], args=args,
-                                                    client=pipe))
+            self.client,
+            part.payloads,
+            [(payload_header, blob) for _, payload_header, blob in chunk if payload_header],
+            lambda staged, pipe: self._publish_keys(
+                keys=[part.slots, part.payloads, part.tasks, *staged], args=args, client=pipe
+            ),
+        )
 
-    def _publish_stream(self, part: PartitionKeys, head: list[Any], chunk: list[tuple[bytes, bytes, bytes]],
-                        acks: bool, results: Sequence[tuple[str, int, SlotOutcome]]) -> list[Any]:
+    def _publish_stream(
+        self,
+        part: PartitionKeys,
+        head: list[Any],
+        chunk: list[tuple[bytes, bytes, bytes]],
+        acks: bool,
+        results: Sequence[tuple[str, int, SlotOutcome]],
+    ) -> list[Any]:
         """One publish of a stream-layout run (recorded by an older version): the payloads as arguments."""
         keys = [part.slots, part.payloads, part.tasks] if acks else [part.slots, part.payloads]
         try:
@@ -254,12 +307,12 @@ class WorkerClient:
             # The payloads stream holds the largest id there is (a foreign entry): no payload can be
             # written after it, ever. The results go out as failed slots saying so, and the worker goes on.
             log.error("slot results published as failed: %s", exc)
-            failed = [self._encode(*result[:2], RuntimeError(f"not published: {exc}"), checked=True)
-                      for result in results]
+            failed = [
+                self._encode(*result[:2], RuntimeError(f"not published: {exc}"), checked=True) for result in results
+            ]
             return self._publish(keys=keys, args=[*head, *(item for triple in failed for item in triple)])
 
-    def _encode(self, task_id: str, slot: int, result: SlotOutcome, *,
-                checked: bool) -> tuple[bytes, bytes, bytes]:
+    def _encode(self, task_id: str, slot: int, result: SlotOutcome, *, checked: bool) -> tuple[bytes, bytes, bytes]:
         """(slot header, payload header, payload blob) for one result; the payload is empty without a sample."""
         with self._seq_lock:
             seq = next(self._seq)
@@ -268,18 +321,22 @@ class WorkerClient:
         later = isinstance(result, RewardLater)
         sample = result.sample if isinstance(result, RewardLater) else result
         if isinstance(sample, Sample):
-            slot_header, payload_header, blob = codec.encode_sample(task_id, slot, sample, producer=self.name, seq=seq,
-                                                                    reward_pending=later)
+            slot_header, payload_header, blob = codec.encode_sample(
+                task_id, slot, sample, producer=self.name, seq=seq, reward_pending=later
+            )
             size = entry_size({codec.HEADER: payload_header, codec.BLOB: blob})
             if size <= self.max_entry_bytes:
                 return slot_header, payload_header, blob
             # refused here, where the data enters, not after it is stored
-            result = ValueError(f"the sample is {size} bytes encoded, over max_entry_bytes={self.max_entry_bytes}; "
-                                "return shorter samples, or raise --max-entry-bytes on the workers and trainers")
+            result = ValueError(
+                f"the sample is {size} bytes encoded, over max_entry_bytes={self.max_entry_bytes}; "
+                "return shorter samples, or raise --max-entry-bytes on the workers and trainers"
+            )
         if isinstance(result, BaseException):
             text = "".join(traceback.format_exception_only(type(result), result)).strip() or type(result).__name__
-            event = SlotResult(task_id=task_id, slot=slot, outcome="failed", error=text[:MAX_ERROR_CHARS],
-                               producer=self.name, seq=seq)
+            event = SlotResult(
+                task_id=task_id, slot=slot, outcome="failed", error=text[:MAX_ERROR_CHARS], producer=self.name, seq=seq
+            )
         elif result is None:
             event = SlotResult(task_id=task_id, slot=slot, outcome="rejected", producer=self.name, seq=seq)
         else:
@@ -295,8 +352,12 @@ class WorkerClient:
         held = 0
         for index, entry_ids in by_partition.items():
             for start in range(0, len(entry_ids), MAX_RESULTS):
-                held += int(self._hold(keys=[self.partitions[index].tasks],
-                                       args=[WORKERS_GROUP, self.name, *entry_ids[start:start + MAX_RESULTS]]))
+                held += int(
+                    self._hold(
+                        keys=[self.partitions[index].tasks],
+                        args=[WORKERS_GROUP, self.name, *entry_ids[start : start + MAX_RESULTS]],
+                    )
+                )
         return held
 
     def done(self, *tasks: Task) -> None:

@@ -50,12 +50,15 @@ class WorkflowRollout:
 
     def __init__(self, workflow: Any, *, engine: Any) -> None:
         if not inspect.iscoroutinefunction(getattr(workflow, "arun_episode", None)):
-            raise TypeError(f"{type(workflow).__name__} has no 'async def arun_episode(engine, data)'; pass an "
-                            "AReaL-style RolloutWorkflow")
+            raise TypeError(
+                f"{type(workflow).__name__} has no 'async def arun_episode(engine, data)'; pass an "
+                "AReaL-style RolloutWorkflow"
+            )
         is_engine = hasattr(engine, "agenerate") and not isinstance(engine, type)
         if not is_engine and not callable(engine):
-            raise TypeError(f"engine must have an agenerate method or be a factory of such an object, got "
-                            f"{type(engine).__name__}")
+            raise TypeError(
+                f"engine must have an agenerate method or be a factory of such an object, got {type(engine).__name__}"
+            )
         self.workflow = workflow
         self._engine = engine if is_engine else None
         self._factory = None if is_engine else engine
@@ -106,16 +109,25 @@ def sample_from_episode(result: Mapping[str, Any], *, version: int) -> Sample:
         raise ValueError(f"the episode lacks {missing} (it has {sorted(map(str, result))}); {_SHAPE}")
     ids = _rows(result["input_ids"], "input_ids")
     lengths = _lengths(result.get("attention_mask"), ids)
-    columns = {name: [row[:n] for row, n in zip(_rows(result[name], name, like=ids), lengths)]
-               for name in ("loss_mask", "logprobs")}
+    columns = {
+        name: [row[:n] for row, n in zip(_rows(result[name], name, like=ids), lengths)]
+        for name in ("loss_mask", "logprobs")
+    }
     rewards = _flat(result["rewards"])
     if len(rewards) != len(ids):
         raise ValueError(f"rewards has {len(rewards)} values for {len(ids)} rows; give one reward per row")
-    generated = [v for row, n in zip(_rows(result["versions"], "versions", like=ids), lengths)
-                 for v in row[:n] if v >= 0] if result.get("versions") is not None else []
-    return Sample.from_rows(token_ids=[row[:n] for row, n in zip(ids, lengths)], loss_mask=columns["loss_mask"],
-                            logprobs=columns["logprobs"], rewards=rewards,
-                            version=int(min(generated)) if generated else version)
+    generated = (
+        [v for row, n in zip(_rows(result["versions"], "versions", like=ids), lengths) for v in row[:n] if v >= 0]
+        if result.get("versions") is not None
+        else []
+    )
+    return Sample.from_rows(
+        token_ids=[row[:n] for row, n in zip(ids, lengths)],
+        loss_mask=columns["loss_mask"],
+        logprobs=columns["logprobs"],
+        rewards=rewards,
+        version=int(min(generated)) if generated else version,
+    )
 
 
 def _rows(value: Any, name: str, *, like: list[list[Any]] | None = None) -> list[list[Any]]:

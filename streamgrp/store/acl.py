@@ -1,7 +1,8 @@
 """Least privilege per role: the Redis/Valkey ACL users of one run, built from the run's key names.
 
 Owns, for each role (worker, assembler, batcher, trainer, archiver, a read-only inspector, the agent
-sessions' gateway, the reward stage's rewarder and a follower), the keys it may only read, the keys it may read and write, and the commands it may run,
+sessions' gateway, the reward stage's rewarder and a follower), the keys it may only read, the keys it may read and
+write, and the commands it may run,
 and renders them as ACL-file lines (``streamgrp acl RUN``; ``ops/acl/*.acl`` are these lines for the run
 ``RUN``). Every key is one of the run's `RunKeys`, so a role's user can touch its own run only.
 It deliberately ignores how users reach the server (``--acl-file``, ``ACL SETUSER``) and their
@@ -41,7 +42,17 @@ from dataclasses import dataclass
 from streamgrp.store import payloads
 from streamgrp.store.keys import RUNS, RunKeys
 
-__all__ = ["ROLES", "RoleAccess", "access", "password_hash", "render", "render_run", "rules", "template_for", "user_name"]
+__all__ = [
+    "ROLES",
+    "RoleAccess",
+    "access",
+    "password_hash",
+    "render",
+    "render_run",
+    "rules",
+    "template_for",
+    "user_name",
+]
 
 #: What every role's connection needs: the version and settings check, health checks, streamgrp's functions
 #: (`streamgrp.store.scripts`; never EVAL or SCRIPT LOAD: no Lua of its own) and the
@@ -117,21 +128,36 @@ def access(keys: RunKeys, role: str, partitions: int = 1, layout: str = payloads
                 out.append(key)
         return tuple(dict.fromkeys(out))
 
-    extra = ((keys.batcher_unacked, keys.batcher_settled,
-              *(part.issued for part in parts)) if role == "batcher" else ())
+    extra = (keys.batcher_unacked, keys.batcher_settled, *(part.issued for part in parts)) if role == "batcher" else ()
     # The batcher reads and clears the acknowledgements a partitioned run's commits record.
     commands = (*rights.commands, "hkeys", "hdel") if role == "batcher" else rights.commands
     confined = tuple((names, spread(on)) for names, on in rights.confined)
-    return RoleAccess(rights.role, rights.about, spread(rights.read), (*spread(rights.write), *extra), commands,
-                      confined)
+    return RoleAccess(
+        rights.role, rights.about, spread(rights.read), (*spread(rights.write), *extra), commands, confined
+    )
 
 
 #: Kinds a partitioned run has run-wide as well: the batcher's counters and the control stream's dead letters.
 _RUN_WIDE_TOO = ("deadletter", "deadlettered", "counts", "deadletter_counts")
 #: `PartitionKeys` attributes: the keys every partition has its own of.
-_PARTITION_KINDS = ("tasks", "slots", "payloads", "decisions", "deadletter", "deadlettered", "decided", "counts",
-                    "deadletter_counts", "assembler_lease", "sessions", "session_pattern", "session_deadlines",
-                    "segments", "payload_keys", "payload_staging")
+_PARTITION_KINDS = (
+    "tasks",
+    "slots",
+    "payloads",
+    "decisions",
+    "deadletter",
+    "deadlettered",
+    "decided",
+    "counts",
+    "deadletter_counts",
+    "assembler_lease",
+    "sessions",
+    "session_pattern",
+    "session_deadlines",
+    "segments",
+    "payload_keys",
+    "payload_staging",
+)
 
 
 def _publishing(k: RunKeys, keyed: bool) -> tuple[tuple[str, ...], tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]]:
@@ -141,37 +167,48 @@ def _publishing(k: RunKeys, keyed: bool) -> tuple[tuple[str, ...], tuple[tuple[t
     layout's: XADD on the payloads stream, and XDEL on the slot log (publish.lua takes back a slot header
     whose payload it could not write)."""
     if keyed:
-        return (k.payloads, k.payload_keys), ((("set",), (k.payload_staging,)), (("rename", "persist"), (k.payload_keys,)))
+        return (k.payloads, k.payload_keys), (
+            (("set",), (k.payload_staging,)),
+            (("rename", "persist"), (k.payload_keys,)),
+        )
     return (k.payloads,), ((("xadd",), (k.payloads,)), (("xdel",), (k.slots,)))
 
 
 def _worker(k: RunKeys, keyed: bool) -> RoleAccess:
     written, payload_writes = _publishing(k, keyed)
     return RoleAccess(
-        "worker", "takes tasks, records their slots' segments, publishes slot results and their payloads, "
+        "worker",
+        "takes tasks, records their slots' segments, publishes slot results and their payloads, "
         "dead-letters bad tasks; reads the run's record, the policy version and the published weights",
         read=(k.control, k.version, k.weights("*"), RUNS),
         write=(k.tasks, k.slots, *written, k.segments, k.deadletter, k.deadlettered, k.deadletter_counts),
         commands=(*_RUN_LOOKUP, "get", "exists"),  # EXISTS: publish_staged.lua checks its staged keys
         # the task queue only: the slot log's entries are the assembler's; XPENDING: segment.lua checks the
         # caller still holds the task
-        confined=(((*_TAKE, "xpending"), (k.tasks,)),
-                  (("xadd",), (k.slots, k.segments, k.deadletter)),
-                  *payload_writes,
-                  (("hsetnx", "hincrby"), (k.deadlettered, k.deadletter_counts))))
+        confined=(
+            ((*_TAKE, "xpending"), (k.tasks,)),
+            (("xadd",), (k.slots, k.segments, k.deadletter)),
+            *payload_writes,
+            (("hsetnx", "hincrby"), (k.deadlettered, k.deadletter_counts)),
+        ),
+    )
 
 
 def _assembler(k: RunKeys, keyed: bool) -> RoleAccess:
     written = (k.slots, k.decisions, k.deadletter, k.decided, k.counts, k.assembler_lease)
     return RoleAccess(
-        "assembler", "folds the slot log into group decisions, writes each once, dead-letters bad slot entries",
+        "assembler",
+        "folds the slot log into group decisions, writes each once, dead-letters bad slot entries",
         read=(*_others(k, written), *_payload_reads(k, keyed), RUNS),
         write=written,
         commands=(*_RUN_LOOKUP, "get", "mget", "xinfo|groups", "hexists", "hmget", "hget"),
-        confined=((_LEASE_WRITES, (k.assembler_lease,)),
-                  (("xreadgroup", "xautoclaim", "xack", "xgroup|create"), (k.slots,)),
-                  (("xadd",), (k.slots, k.decisions, k.deadletter)),
-                  (("hsetnx", "hset", "hincrby"), (k.decided, k.counts))))
+        confined=(
+            (_LEASE_WRITES, (k.assembler_lease,)),
+            (("xreadgroup", "xautoclaim", "xack", "xgroup|create"), (k.slots,)),
+            (("xadd",), (k.slots, k.decisions, k.deadletter)),
+            (("hsetnx", "hset", "hincrby"), (k.decided, k.counts)),
+        ),
+    )
 
 
 def _payload_reads(k: RunKeys, keyed: bool) -> tuple[str, ...]:
@@ -180,57 +217,156 @@ def _payload_reads(k: RunKeys, keyed: bool) -> tuple[str, ...]:
 
 
 def _batcher(k: RunKeys, keyed: bool) -> RoleAccess:
-    written = (k.control, k.decisions, k.steps, k.discarded, k.counts, k.batcher_lease, k.batcher_state, k.tasks,
-               k.slots, k.deadletter, k.deadlettered, k.deadletter_counts)
+    written = (
+        k.control,
+        k.decisions,
+        k.steps,
+        k.discarded,
+        k.counts,
+        k.batcher_lease,
+        k.batcher_state,
+        k.tasks,
+        k.slots,
+        k.deadletter,
+        k.deadlettered,
+        k.deadletter_counts,
+    )
     return RoleAccess(
-        "batcher", "creates the run, issues tasks, turns decisions into steps, writes the run's terminal and "
-        "finished events",
+        "batcher",
+        "creates the run, issues tasks, turns decisions into steps, writes the run's terminal and finished events",
         # The shared registry of runs: read, and one ZADD of its own run (no DEL/SET/XADD of it, so one run's
         # credential cannot break the registry every run reads).
         read=(*_others(k, written), k.version, k.committed, k.decided, RUNS),
         write=written,
-        commands=(*_RUN_LOOKUP, "get", "xlen", "xreadgroup", "xack", "xadd", "xgroup|create", "xinfo|stream",
-                  "xinfo|groups", "hget", "hmget", "hset", "hsetnx", "hincrby", "hexists", "hgetall", "hlen", "hvals"),
-        confined=((_LEASE_WRITES, (k.batcher_lease,)),
-                  (("zadd",), (RUNS,)),
-                  (("xdel",), (k.tasks,))))  # issue_tasks.lua takes back a task the group log cannot take
+        commands=(
+            *_RUN_LOOKUP,
+            "get",
+            "xlen",
+            "xreadgroup",
+            "xack",
+            "xadd",
+            "xgroup|create",
+            "xinfo|stream",
+            "xinfo|groups",
+            "hget",
+            "hmget",
+            "hset",
+            "hsetnx",
+            "hincrby",
+            "hexists",
+            "hgetall",
+            "hlen",
+            "hvals",
+        ),
+        confined=((_LEASE_WRITES, (k.batcher_lease,)), (("zadd",), (RUNS,)), (("xdel",), (k.tasks,))),
+    )  # issue_tasks.lua takes back a task the group log cannot take
 
 
 def _trainer(k: RunKeys, keyed: bool) -> RoleAccess:
-    written = (k.control, k.committed, k.commits, k.version, k.trainer_metrics, k.weights("*"), k.deadletter,
-               k.deadlettered, k.deadletter_counts, k.attempt, k.checkpoint)
+    written = (
+        k.control,
+        k.committed,
+        k.commits,
+        k.version,
+        k.trainer_metrics,
+        k.weights("*"),
+        k.deadletter,
+        k.deadlettered,
+        k.deadletter_counts,
+        k.attempt,
+        k.checkpoint,
+    )
     return RoleAccess(
-        "trainer", "reads steps and their payloads, commits or fails them, advances the policy version, "
+        "trainer",
+        "reads steps and their payloads, commits or fails them, advances the policy version, "
         "publishes weights and per-step metrics",
         read=(k.steps, k.payloads, *_payload_reads(k, keyed), k.slots, k.batcher_state, RUNS),
         write=written,
-        commands=(*_RUN_LOOKUP, "xread", "xadd", "get", "mget", "multi", "exec", "hget", "hset", "hsetnx",
-                  "hincrby", "hgetall", "hdel"),
+        commands=(
+            *_RUN_LOOKUP,
+            "xread",
+            "xadd",
+            "get",
+            "mget",
+            "multi",
+            "exec",
+            "hget",
+            "hset",
+            "hsetnx",
+            "hincrby",
+            "hgetall",
+            "hdel",
+        ),
         # SET: the policy version (trainer_commit.lua) and the published weights; DEL: weights it retires.
-        confined=((("set",), (k.version, k.weights("*"))), (("del",), (k.weights("*"),))))
+        confined=((("set",), (k.version, k.weights("*"))), (("del",), (k.weights("*"),))),
+    )
 
 
 def _archiver(k: RunKeys, keyed: bool) -> RoleAccess:
     trimmed = tuple(stream for name, stream in k.all_streams().items() if name != "control")
     return RoleAccess(
-        "archiver", "copies every stream and hash to disk and records its progress; with --retention trims "
+        "archiver",
+        "copies every stream and hash to disk and records its progress; with --retention trims "
         "the streams behind the archive",
-        read=(k.control, k.decided, k.counts, k.deadletter_counts, k.committed, k.batcher_state, k.trainer_metrics,
-              k.version, k.checkpoint, k.attempt, k.session_deadlines, RUNS),
+        read=(
+            k.control,
+            k.decided,
+            k.counts,
+            k.deadletter_counts,
+            k.committed,
+            k.batcher_state,
+            k.trainer_metrics,
+            k.version,
+            k.checkpoint,
+            k.attempt,
+            k.session_deadlines,
+            RUNS,
+        ),
         write=(k.archive, k.follow, *trimmed, *_payload_reads(k, keyed)),  # follow: reads followers' positions,
         # records their skips; payload keys: read into the archive, unlinked by retention behind it
-        commands=(*_RUN_LOOKUP, "get", "mget", "hget", "xinfo|groups", "xinfo|stream", "xpending", "xtrim", "hgetall",
-                  "hset", "hsetnx", "multi", "exec"),
-        confined=((("unlink",), _payload_reads(k, keyed)),) if keyed else ())
+        commands=(
+            *_RUN_LOOKUP,
+            "get",
+            "mget",
+            "hget",
+            "xinfo|groups",
+            "xinfo|stream",
+            "xpending",
+            "xtrim",
+            "hgetall",
+            "hset",
+            "hsetnx",
+            "multi",
+            "exec",
+        ),
+        confined=((("unlink",), _payload_reads(k, keyed)),) if keyed else (),
+    )
 
 
 def _inspector(k: RunKeys, keyed: bool) -> RoleAccess:
     return RoleAccess(
-        "inspector", "reads everything of the run (runs, steps, verify, inspect, replay, report); writes nothing",
+        "inspector",
+        "reads everything of the run (runs, steps, verify, inspect, replay, report); writes nothing",
         read=(k.pattern, RUNS),
         write=(),
-        commands=(*_RUN_LOOKUP, "xrevrange", "xlen", "xread", "xinfo|groups", "xinfo|stream", "xpending", "get",
-                  "mget", "hget", "hmget", "hgetall", "hlen", "hvals", "hexists"))
+        commands=(
+            *_RUN_LOOKUP,
+            "xrevrange",
+            "xlen",
+            "xread",
+            "xinfo|groups",
+            "xinfo|stream",
+            "xpending",
+            "get",
+            "mget",
+            "hget",
+            "hmget",
+            "hgetall",
+            "hlen",
+            "hvals",
+            "hexists",
+        ),
+    )
 
 
 def _gateway(k: RunKeys, keyed: bool) -> RoleAccess:
@@ -239,42 +375,104 @@ def _gateway(k: RunKeys, keyed: bool) -> RoleAccess:
     # they open), the sessions' keys, and the group log and payloads (a session's end publishes its result);
     # online mode takes tasks itself, as a worker does, and dead-letters a task that does not decode.
     return RoleAccess(
-        "gateway", "opens agent sessions for tasks (acknowledging each), records their turns, ends them publishing "
+        "gateway",
+        "opens agent sessions for tasks (acknowledging each), records their turns, ends them publishing "
         "their slot results, takes tasks for online apps; reads the run's record and the policy version",
         read=(k.control, k.version, RUNS),
-        write=(k.tasks, k.slots, *written, k.sessions, k.session_pattern, k.session_deadlines, k.deadletter,
-               k.deadlettered, k.deadletter_counts),
-        commands=(*_RUN_LOOKUP, "get", "exists", "hset", "hget", "hmget", "hgetall", "hsetnx", "hincrby", "zadd", "zrem",
-                  "zrangebyscore", "zcard"),
-        confined=(((*_TAKE, "xpending"), (k.tasks,)),  # the task queue only, as a worker
-                  (("xadd",), (k.slots, k.sessions, k.deadletter)),
-                  *payload_writes))
+        write=(
+            k.tasks,
+            k.slots,
+            *written,
+            k.sessions,
+            k.session_pattern,
+            k.session_deadlines,
+            k.deadletter,
+            k.deadlettered,
+            k.deadletter_counts,
+        ),
+        commands=(
+            *_RUN_LOOKUP,
+            "get",
+            "exists",
+            "hset",
+            "hget",
+            "hmget",
+            "hgetall",
+            "hsetnx",
+            "hincrby",
+            "zadd",
+            "zrem",
+            "zrangebyscore",
+            "zcard",
+        ),
+        confined=(
+            ((*_TAKE, "xpending"), (k.tasks,)),  # the task queue only, as a worker
+            (("xadd",), (k.slots, k.sessions, k.deadletter)),
+            *payload_writes,
+        ),
+    )
 
 
 def _rewarder(k: RunKeys, keyed: bool) -> RoleAccess:
     return RoleAccess(
-        "rewarder", "takes the slot results that wait for their reward (its consumer group on the group log), reads "
+        "rewarder",
+        "takes the slot results that wait for their reward (its consumer group on the group log), reads "
         "their payloads, posts their rewards",
         read=(k.payloads, *_payload_reads(k, keyed), k.control, k.version, RUNS),
         write=(k.slots,),
-        commands=(*_RUN_LOOKUP, "mget", "xrevrange", "xreadgroup", "xack", "xautoclaim", "xclaim", "xgroup|create", "xadd"))
+        commands=(
+            *_RUN_LOOKUP,
+            "mget",
+            "xrevrange",
+            "xreadgroup",
+            "xack",
+            "xautoclaim",
+            "xclaim",
+            "xgroup|create",
+            "xadd",
+        ),
+    )
 
 
 def _follower(k: RunKeys, keyed: bool) -> RoleAccess:
     # Reads like the inspector; writes only the followers' positions, through follow_position.lua (whose
     # commands are checked against this user too, hence hset and hdel on that one hash).
     return RoleAccess(
-        "follower", "reads the run (decisions, slot results, steps) as a named consumer beside it; records only "
-        "its position",
+        "follower",
+        "reads the run (decisions, slot results, steps) as a named consumer beside it; records only its position",
         read=(k.pattern, RUNS),
         write=(k.follow,),
-        commands=(*_RUN_LOOKUP, "xrevrange", "xlen", "xinfo|groups", "xinfo|stream", "get", "mget", "hget", "hmget", "hgetall",
-                  "hlen", "hvals", "hexists", "hset", "hdel"))
+        commands=(
+            *_RUN_LOOKUP,
+            "xrevrange",
+            "xlen",
+            "xinfo|groups",
+            "xinfo|stream",
+            "get",
+            "mget",
+            "hget",
+            "hmget",
+            "hgetall",
+            "hlen",
+            "hvals",
+            "hexists",
+            "hset",
+            "hdel",
+        ),
+    )
 
 
-_BUILDERS = {"worker": _worker, "assembler": _assembler, "batcher": _batcher, "trainer": _trainer,
-             "archiver": _archiver, "inspector": _inspector, "gateway": _gateway, "rewarder": _rewarder,
-             "follower": _follower}
+_BUILDERS = {
+    "worker": _worker,
+    "assembler": _assembler,
+    "batcher": _batcher,
+    "trainer": _trainer,
+    "archiver": _archiver,
+    "inspector": _inspector,
+    "gateway": _gateway,
+    "rewarder": _rewarder,
+    "follower": _follower,
+}
 
 
 def _others(keys: RunKeys, written: Iterable[str]) -> tuple[str, ...]:
@@ -296,15 +494,32 @@ def render(rights: RoleAccess, run: str, *, password_hashes: Sequence[str] = ())
 def rules(rights: RoleAccess, *, password_hashes: Sequence[str] = ()) -> list[str]:
     """The ACL rules of ``rights``, one item each (a selector ``(...)`` is one), as ``ACL SETUSER`` takes them."""
     passwords = " ".join(password_hashes) if password_hashes else ""
-    selectors = ["(" + " ".join([*(f"+{command}" for command in commands), *(f"~{key}" for key in keys)]) + ")"
-                 for commands, keys in rights.confined]
-    return ["on", "resetpass", *([passwords] if passwords else []), "resetkeys", "resetchannels", "-@all",
-            *(f"+{command}" for command in dict.fromkeys((*COMMON_COMMANDS, *rights.commands))),
-            *(f"%R~{key}" for key in rights.read), *(f"~{key}" for key in rights.write), *selectors]
+    selectors = [
+        "(" + " ".join([*(f"+{command}" for command in commands), *(f"~{key}" for key in keys)]) + ")"
+        for commands, keys in rights.confined
+    ]
+    return [
+        "on",
+        "resetpass",
+        *([passwords] if passwords else []),
+        "resetkeys",
+        "resetchannels",
+        "-@all",
+        *(f"+{command}" for command in dict.fromkeys((*COMMON_COMMANDS, *rights.commands))),
+        *(f"%R~{key}" for key in rights.read),
+        *(f"~{key}" for key in rights.write),
+        *selectors,
+    ]
 
 
-def render_run(run: str, roles: Iterable[str] = ROLES, *, passwords: dict[str, str] | None = None,
-               partitions: int = 1, layout: str = payloads.KEYS) -> list[str]:
+def render_run(
+    run: str,
+    roles: Iterable[str] = ROLES,
+    *,
+    passwords: dict[str, str] | None = None,
+    partitions: int = 1,
+    layout: str = payloads.KEYS,
+) -> list[str]:
     """The ACL lines of ``roles`` in ``run`` (of ``partitions`` partitions, its payloads in ``layout``), each
     with its password's hash when ``passwords`` has one."""
     keys = RunKeys(run)

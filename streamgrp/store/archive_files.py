@@ -70,15 +70,18 @@ class RegularFile:
                 parts.append(part)
                 done += len(part)
         except OSError as exc:
-            raise ArchiveError(f"{self.what} {self.path} cannot be read ({exc.strerror}); restore it from a "
-                               "copy") from None
+            raise ArchiveError(
+                f"{self.what} {self.path} cannot be read ({exc.strerror}); restore it from a copy"
+            ) from None
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def read_all(self, *, limit: int | None = None) -> bytes:
         """The whole file as it was at open; `ArchiveError` when it is over ``limit`` bytes."""
         if limit is not None and self.size > limit:
-            raise ArchiveError(f"{self.what} {self.path} is {self.size} bytes, more than the {limit} such a file can "
-                               "hold; it is not one streamgrp wrote: restore it from a copy or remove it")
+            raise ArchiveError(
+                f"{self.what} {self.path} is {self.size} bytes, more than the {limit} such a file can "
+                "hold; it is not one streamgrp wrote: restore it from a copy or remove it"
+            )
         return self.read(0, self.size)
 
     def data_from(self, offset: int) -> int | None:
@@ -141,21 +144,32 @@ def _refused(path: Path, what: str, exc: OSError) -> ArchiveError:
         return _not_regular(path, what, "a symbolic link")
     if exc.errno == errno.ENXIO:
         return _not_regular(path, what, "a socket")
-    return ArchiveError(f"{what} {path} cannot be opened ({exc.strerror}); fix its permissions or restore it from "
-                        "a copy")
+    return ArchiveError(
+        f"{what} {path} cannot be opened ({exc.strerror}); fix its permissions or restore it from a copy"
+    )
 
 
 def _not_regular(path: Path, what: str, kind: str) -> ArchiveError:
-    fix = ("replace the link with a copy of the file it points at" if kind == "a symbolic link"
-           else "remove it, or restore the file from a copy")
-    return ArchiveError(f"{what} {path} is {kind}, not a regular file: streamgrp reads only regular files in an "
-                        f"archive (a link or special file could be endless or block forever); {fix}")
+    fix = (
+        "replace the link with a copy of the file it points at"
+        if kind == "a symbolic link"
+        else "remove it, or restore the file from a copy"
+    )
+    return ArchiveError(
+        f"{what} {path} is {kind}, not a regular file: streamgrp reads only regular files in an "
+        f"archive (a link or special file could be endless or block forever); {fix}"
+    )
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "a special file"

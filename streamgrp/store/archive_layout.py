@@ -64,8 +64,9 @@ def read_meta(directory: Path) -> dict[str, Any] | None:
         raise ArchiveError(f"{directory / 'meta.json'} is not JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != ARCHIVE_FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else meta
-        raise ArchiveError(f"{directory} is not a streamgrp archive (meta.json format {found!r:.80}, expected "
-                           f"{ARCHIVE_FORMAT})")
+        raise ArchiveError(
+            f"{directory} is not a streamgrp archive (meta.json format {found!r:.80}, expected {ARCHIVE_FORMAT})"
+        )
     if not isinstance(meta.get("run"), str) or not isinstance(meta.get("archive_id"), str):
         raise ArchiveError(f"{directory / 'meta.json'} is damaged (no run name or archive id); restore it from a copy")
     return meta

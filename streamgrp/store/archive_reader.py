@@ -52,8 +52,10 @@ class ArchiveReader:
         self.directory = Path(directory)
         meta = read_meta(self.directory)
         if meta is None:
-            raise ConfigError(f"{self.directory} is not a streamgrp archive (no meta.json); pass the directory the "
-                              "archiver wrote (default <data_dir>/archive/<run>)")
+            raise ConfigError(
+                f"{self.directory} is not a streamgrp archive (no meta.json); pass the directory the "
+                "archiver wrote (default <data_dir>/archive/<run>)"
+            )
         self.meta = meta
         self._indexes: dict[int, tuple[tuple[bool, int], SegmentIndex]] = {}
         self._open: OrderedDict[int, RegularFile] = OrderedDict()
@@ -103,8 +105,10 @@ class ArchiveReader:
 
     def streams(self) -> dict[str, int]:
         """Stream name -> distinct ids archived."""
-        return {name: sum(1 for _ in self._merged(name, None, None)) for name in
-                sorted({name for index in self.segments() for name in index.streams})}
+        return {
+            name: sum(1 for _ in self._merged(name, None, None))
+            for name in sorted({name for index in self.segments() for name in index.streams})
+        }
 
     # -- reading entries ------------------------------------------------------------------------------
 
@@ -120,14 +124,18 @@ class ArchiveReader:
         raw = file.read(offset, size)
         decoded = decode_record_or_problem(raw, 0)
         if isinstance(decoded, str):
-            raise ArchiveError(f"segment {path} is damaged at offset {offset} ({decoded}): the record its index "
-                               "points at does not decode; restore the segment from a copy (or, when only its "
-                               ".idx file is wrong, delete that and the archiver rebuilds it on its next start)")
+            raise ArchiveError(
+                f"segment {path} is damaged at offset {offset} ({decoded}): the record its index "
+                "points at does not decode; restore the segment from a copy (or, when only its "
+                ".idx file is wrong, delete that and the archiver rebuilds it on its next start)"
+            )
         record, end = decoded
         if (record.stream, record.entry_id, end) != (stream, entry_id, size):
-            raise damaged_index_error(path.with_suffix(".idx"),
-                                      f"it puts {stream} entry {entry_id} at offset {offset}, where {record.stream} "
-                                      f"entry {record.entry_id} is")
+            raise damaged_index_error(
+                path.with_suffix(".idx"),
+                f"it puts {stream} entry {entry_id} at offset {offset}, where {record.stream} "
+                f"entry {record.entry_id} is",
+            )
         return record
 
     def _file(self, number: int) -> RegularFile:
@@ -223,8 +231,9 @@ def _size(path: Path) -> int:
 
 
 def _damaged_snapshot(path: Path, problem: str) -> ArchiveError:
-    return ArchiveError(f"{path} is damaged ({problem}); delete it and the archiver rewrites it when it next catches "
-                        "up")
+    return ArchiveError(
+        f"{path} is damaged ({problem}); delete it and the archiver rewrites it when it next catches up"
+    )
 
 
 def _strings(values: Any) -> bool:
@@ -233,7 +242,8 @@ def _strings(values: Any) -> bool:
 
 def _consumer_groups(infos: Any) -> bool:
     return isinstance(infos, list) and all(
-        isinstance(info, dict) and isinstance(info.get("last_delivered", ""), str) for info in infos)
+        isinstance(info, dict) and isinstance(info.get("last_delivered", ""), str) for info in infos
+    )
 
 
 def _snapshot_problem(snapshot: Any) -> str | None:

@@ -42,8 +42,9 @@ class ArchiveWriter:
     last segment; a writer that is killed instead leaves it for the next one to seal.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, run: str,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, run: str, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    ) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         private_dir(self.directory / "segments")  # 0700: an archive holds every prompt and sample
@@ -54,8 +55,10 @@ class ArchiveWriter:
                 meta = {"format": ARCHIVE_FORMAT, "run": run, "archive_id": uuid.uuid4().hex}
                 write_atomic(self.directory / "meta.json", orjson.dumps(meta))
             elif meta.get("run") != run:
-                raise ArchiveError(f"{self.directory} archives run {meta.get('run')!r}, not {run!r}; give each run its "
-                                   "own --archive-dir")
+                raise ArchiveError(
+                    f"{self.directory} archives run {meta.get('run')!r}, not {run!r}; give each run its "
+                    "own --archive-dir"
+                )
             self.meta = meta
             self.sealed_on_start = self._seal_stale()
             numbers = [number for number, _ in segment_paths(self.directory)]
@@ -131,7 +134,8 @@ def _lock(path: Path):
     except OSError as exc:
         handle.close()
         if exc.errno in (errno.EAGAIN, errno.EACCES):
-            raise ConfigError(f"another archiver is writing to {path.parent}; stop it first, or give this one its "
-                              "own --archive-dir") from None
+            raise ConfigError(
+                f"another archiver is writing to {path.parent}; stop it first, or give this one its own --archive-dir"
+            ) from None
         raise
     return handle

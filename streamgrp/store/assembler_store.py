@@ -92,21 +92,39 @@ def encode_round(records: Sequence[Record]) -> list[Any]:
         if isinstance(record, Closed):
             decision = record.decision
             increments = counters.decision_increments(decision)
-            args += [_DECIDE, decision.task_id, codec.encode(decision)[codec.HEADER], len(record.entries),
-                     *record.entries, len(increments)]
+            args += [
+                _DECIDE,
+                decision.task_id,
+                codec.encode(decision)[codec.HEADER],
+                len(record.entries),
+                *record.entries,
+                len(increments),
+            ]
             for field, amount in increments.items():
                 args += [field, amount]
         elif isinstance(record, Acknowledge):
             args += [_ACK_COUNT, record.counter, len(record.entry_ids), *record.entry_ids]
         elif isinstance(record, DeadLetter):
-            args += [_DEAD_LETTER, record.reason, record.entry_id, record.detail[:MAX_DETAIL_CHARS],
-                     *op_fields(record.fields)]
+            args += [
+                _DEAD_LETTER,
+                record.reason,
+                record.entry_id,
+                record.detail[:MAX_DETAIL_CHARS],
+                *op_fields(record.fields),
+            ]
         elif isinstance(record, LateOrUnknown):
-            args += [_LATE_OR_UNKNOWN, record.task_id, record.entry_id, record.detail[:MAX_DETAIL_CHARS],
-                     *op_fields(record.fields)]
+            args += [
+                _LATE_OR_UNKNOWN,
+                record.task_id,
+                record.entry_id,
+                record.detail[:MAX_DETAIL_CHARS],
+                *op_fields(record.fields),
+            ]
         else:
-            raise TypeError(f"an assembler round commits Closed, Acknowledge, LateOrUnknown or DeadLetter records, "
-                            f"not {type(record).__name__}")
+            raise TypeError(
+                f"an assembler round commits Closed, Acknowledge, LateOrUnknown or DeadLetter records, "
+                f"not {type(record).__name__}"
+            )
     return args
 
 

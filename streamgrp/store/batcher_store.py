@@ -90,8 +90,14 @@ def encode_batch(records: Sequence[Record], *, partitioned: bool) -> list[Any]:
                 args += [_SETTLE, 1, record.task_id]
         elif isinstance(record, Step):
             refs = record.refs
-            args += [_STEP, record.manifest.step, codec.encode(record.manifest)[codec.HEADER], len(refs), len(refs),
-                     *refs]
+            args += [
+                _STEP,
+                record.manifest.step,
+                codec.encode(record.manifest)[codec.HEADER],
+                len(refs),
+                len(refs),
+                *refs,
+            ]
             if partitioned:
                 args += [_SETTLE, len(record.task_ids), *record.task_ids]
         elif isinstance(record, Settle):
@@ -103,8 +109,10 @@ def encode_batch(records: Sequence[Record], *, partitioned: bool) -> list[Any]:
         elif isinstance(record, RunFinished):
             args += [_FINISHED, codec.encode(record)[codec.HEADER]]
         else:
-            raise TypeError(f"a batcher commit applies Acked, GroupDiscarded, Step, Settle, RunTerminated or "
-                            f"RunFinished records, not {type(record).__name__}")
+            raise TypeError(
+                f"a batcher commit applies Acked, GroupDiscarded, Step, Settle, RunTerminated or "
+                f"RunFinished records, not {type(record).__name__}"
+            )
     return args
 
 
@@ -122,8 +130,15 @@ class BatcherStore:
         self.keys = keys
         self.partitions = partitions
         self.partitioned = len(partitions) > 1
-        self._keys = [keys.decisions, keys.steps, keys.discarded, keys.counts, keys.batcher_lease, keys.batcher_state,
-                      keys.control]
+        self._keys = [
+            keys.decisions,
+            keys.steps,
+            keys.discarded,
+            keys.counts,
+            keys.batcher_lease,
+            keys.batcher_state,
+            keys.control,
+        ]
         if self.partitioned:  # acknowledgements recorded in the run's slot, applied after the call
             self._keys[0:1] = [keys.batcher_unacked]
             self._keys += [keys.batcher_unacked, keys.batcher_settled]
@@ -132,8 +147,9 @@ class BatcherStore:
     def commit(self, lease_token: str, records: Sequence[Record]) -> BatchCommitted:
         """Apply ``records`` in one atomic call fenced by the lease, wait for replicas (when configured), then
         (partitioned) acknowledge what the call recorded."""
-        reply = self._commit(keys=self._keys, args=[lease_token, BATCHER_GROUP,
-                                                    *encode_batch(records, partitioned=self.partitioned)])
+        reply = self._commit(
+            keys=self._keys, args=[lease_token, BATCHER_GROUP, *encode_batch(records, partitioned=self.partitioned)]
+        )
         wait_for_replicas(self.client)
         self.acknowledge_recorded()
         return decode_reply(reply)
@@ -158,8 +174,10 @@ def memory_note(client: redis.Redis) -> str:
     memory = client.info("memory")
     maxmemory, used = int(memory.get("maxmemory", 0) or 0), int(memory.get("used_memory", 0) or 0)
     if maxmemory and used >= 0.95 * maxmemory:
-        return (f"The server is full ({used} of maxmemory {maxmemory} bytes): it refuses writes (OOM) until "
-                "maxmemory is raised or retention trims the run (streamgrp archiver --retention).")
+        return (
+            f"The server is full ({used} of maxmemory {maxmemory} bytes): it refuses writes (OOM) until "
+            "maxmemory is raised or retention trims the run (streamgrp archiver --retention)."
+        )
     return ""
 
 
@@ -192,13 +210,14 @@ def acknowledge_recorded(client: redis.Redis, keys: RunKeys, partitions: Sequenc
     for partition, entry_ids in by_partition.items():
         if partition < len(partitions):
             for start in range(0, len(entry_ids), 512):
-                client.xack(partitions[partition].decisions, BATCHER_GROUP, *entry_ids[start:start + 512])
+                client.xack(partitions[partition].decisions, BATCHER_GROUP, *entry_ids[start : start + 512])
     for start in range(0, len(recorded), 512):
-        client.hdel(keys.batcher_unacked, *recorded[start:start + 512])
+        client.hdel(keys.batcher_unacked, *recorded[start : start + 512])
 
 
-def settled_tasks(client: redis.Redis, keys: RunKeys, task_ids: list[str], buffer: Sequence[tuple[str, GroupDecided]]
-                  ) -> set[str]:
+def settled_tasks(
+    client: redis.Redis, keys: RunKeys, task_ids: list[str], buffer: Sequence[tuple[str, GroupDecided]]
+) -> set[str]:
     """Of a partitioned run, the tasks that may not be used again: those of ``task_ids`` its steps and
     discards used (`RunKeys.batcher_settled`), and the buffered ones. (Unpartitioned, one server's log
     holds a decision and its marker together and cannot decide a task twice: nothing to ask.)"""

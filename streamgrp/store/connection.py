@@ -30,7 +30,8 @@ exactly as after a crash (`Outage.wait_for_server`, then each role's rebuild). C
 scripts (``INCR``, ``HINCRBY``) are never repeated either.
 
 On a cluster every key of one run (of one partition of a partitioned run) is in one slot
-(`streamgrp.store.keys`), and no script or transaction spans two, so each goes to one primary; redis-py follows ``MOVED``/``ASK`` redirections itself, and this
+(`streamgrp.store.keys`), and no script or transaction spans two, so each goes to one primary; redis-py follows
+``MOVED``/``ASK`` redirections itself, and this
 module retries only what it retries on one server. A cluster client's own retry loop is off, as the
 single client's is: `Outage` is the one policy.
 
@@ -146,8 +147,12 @@ class Riding:
         if self._waitaof is False:
             replicas = _fewest(self._replica_wait("WAIT", self.wait_replicas, self.wait_timeout_ms))
         if replicas < self.wait_replicas:
-            log.warning("only %d of %d replicas confirmed a write within %d ms", replicas, self.wait_replicas,
-                        self.wait_timeout_ms)
+            log.warning(
+                "only %d of %d replicas confirmed a write within %d ms",
+                replicas,
+                self.wait_replicas,
+                self.wait_timeout_ms,
+            )
 
     def _replica_wait(self, *args: Any) -> Any:
         return self.execute_command(*args)
@@ -277,7 +282,11 @@ class _RepeatableClusterPipeline(ClusterPipeline):
         for reply, (args, options) in zip(replies, stack):
             name = str(args[0], "utf-8") if isinstance(args[0], bytes) else str(args[0])
             callback = node.response_callbacks.get(name)
-            if callback is not None and name not in self.cluster_response_callbacks and not isinstance(reply, Exception):
+            if (
+                callback is not None
+                and name not in self.cluster_response_callbacks
+                and not isinstance(reply, Exception)
+            ):
                 options = {key: value for key, value in options.items() if key != "keys"}
                 reply = callback(reply, **options)
             parsed.append(reply)
@@ -291,10 +300,19 @@ def _command_name(args: tuple[Any, ...]) -> bytes:
     return name.split(b" ", 1)[0].upper()
 
 
-def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop: threading.Event | None = None,
-            wait_replicas: int = 0, wait_timeout_ms: int = 1000, check_settings: bool = True,
-            password: str | None = None, tls: TlsFiles | None = None,
-            cluster: bool = False, budget_flag: str = "--outage-budget-s") -> redis.Redis:
+def connect(
+    url: str,
+    *,
+    outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S,
+    stop: threading.Event | None = None,
+    wait_replicas: int = 0,
+    wait_timeout_ms: int = 1000,
+    check_settings: bool = True,
+    password: str | None = None,
+    tls: TlsFiles | None = None,
+    cluster: bool = False,
+    budget_flag: str = "--outage-budget-s",
+) -> redis.Redis:
     """A client for ``url`` once the server answers (waiting through an outage at start).
 
     ``cluster`` False: a `ServerClient` of the one server at ``url`` (refused, with the remedy, when
@@ -311,35 +329,50 @@ def connect(url: str, *, outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S, stop:
     where = safe_url(url)
     for warning in url_warnings(url):
         log.warning("%s", warning)
-    options = dict(decode_responses=False, socket_keepalive=True, socket_timeout=SOCKET_TIMEOUT_S,
-                   socket_connect_timeout=SOCKET_TIMEOUT_S, retry=Retry(NoBackoff(), 0),
-                   **auth_options(url, password, tls))
+    options = dict(
+        decode_responses=False,
+        socket_keepalive=True,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=SOCKET_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 0),
+        **auth_options(url, password, tls),
+    )
     if check_settings:
         # A cluster client runs its own connection set-up first, then this; a single client only this.
         options["redis_connect_func"] = eviction_checked(where, set_up=not cluster)
-    outage = Outage(budget_s=outage_budget_s, stop=stop, name=f"the {'cluster' if cluster else 'server'} at {where}",
-                    budget_flag=budget_flag)
+    outage = Outage(
+        budget_s=outage_budget_s,
+        stop=stop,
+        name=f"the {'cluster' if cluster else 'server'} at {where}",
+        budget_flag=budget_flag,
+    )
     client: ServerClient | ClusterClient
     if cluster:
         client = outage.call(_join_cluster, url, options, where)
     else:
         # redis-py's from_url builds the class it is called on, though its hint says redis.Redis.
-        client = cast(ServerClient, ServerClient.from_url(url, health_check_interval=30, command_packer=RespPacker(),
-                                                          **options))
+        client = cast(
+            ServerClient, ServerClient.from_url(url, health_check_interval=30, command_packer=RespPacker(), **options)
+        )
     keep_every_field(client)
     client.outage = outage
     client.wait_replicas = wait_replicas
     client.wait_timeout_ms = wait_timeout_ms
-    servers = ([(client.get_redis_connection(node), f"{where} (primary {node.name})") for node in client.get_primaries()]
-               if isinstance(client, ClusterClient) else [(client, where)])
+    servers = (
+        [(client.get_redis_connection(node), f"{where} (primary {node.name})") for node in client.get_primaries()]
+        if isinstance(client, ClusterClient)
+        else [(client, where)]
+    )
     for server, server_where in servers:
         info = outage.call(server_info, server, server_where)
         version = tuple(int(part) for part in str(info.get("redis_version", "0.0")).split(".")[:2])
         if version < MIN_SERVER_VERSION:
             raise ServerError(f"{server_where} runs Redis {info.get('redis_version')}; streamgrp needs 7.0 or newer")
         if not cluster and int(info.get("cluster_enabled", 0) or 0):
-            raise ConfigError(f"the server at {where} is a Redis Cluster node: connect with --cluster "
-                              "(STREAMGRP_CLUSTER=1, or cluster = true in the config file's [connection] table)")
+            raise ConfigError(
+                f"the server at {where} is a Redis Cluster node: connect with --cluster "
+                "(STREAMGRP_CLUSTER=1, or cluster = true in the config file's [connection] table)"
+            )
         if check_settings:
             # A named ACL user is a role's: its rules deny CONFIG, so asking would only fill the ACL log.
             outage.call(check_server_settings, server, server_where, read_config=not urlsplit(url).username)
@@ -360,8 +393,10 @@ def _join_cluster(url: str, options: dict[str, Any], where: str) -> ClusterClien
         if any(word in text for word in ("username-password", "WRONGPASS", "NOAUTH", "Authentication")):
             raise refused(where, exc) from None
         if "cluster" in text.lower() and ("not enabled" in text.lower() or "support disabled" in text.lower()):
-            raise ConfigError(f"--cluster is set but the server at {where} is not a Redis Cluster node ({text}); "
-                              "unset --cluster (STREAMGRP_CLUSTER) or give the URL of a cluster node") from None
+            raise ConfigError(
+                f"--cluster is set but the server at {where} is not a Redis Cluster node ({text}); "
+                "unset --cluster (STREAMGRP_CLUSTER) or give the URL of a cluster node"
+            ) from None
         raise ServerError(f"cannot join the cluster at {where}: {text}") from None
 
 

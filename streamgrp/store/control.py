@@ -56,8 +56,12 @@ class ControlCursor:
                 if self._trusted(event):
                     events.append(event)
                 else:
-                    self._refuse("untrusted_control", f"a {event.kind} entry the batcher did not write (its state "
-                                 f"names another entry, or none); ignored", fields)
+                    self._refuse(
+                        "untrusted_control",
+                        f"a {event.kind} entry the batcher did not write (its state "
+                        f"names another entry, or none); ignored",
+                        fields,
+                    )
             if len(entries) < self.chunk:
                 return events
 

@@ -31,18 +31,27 @@ __all__ = [
 
 #: Alerts a TLS server sends when it refuses the client's certificate: as permanent as a server
 #: certificate this client cannot verify.
-_REFUSED_CERTIFICATE = frozenset({
-    "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE", "SSLV3_ALERT_CERTIFICATE_EXPIRED",
-    "SSLV3_ALERT_CERTIFICATE_REVOKED", "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
-    "TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_ACCESS_DENIED",
-})
+_REFUSED_CERTIFICATE = frozenset(
+    {
+        "TLSV1_ALERT_UNKNOWN_CA",
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+        "SSLV3_ALERT_CERTIFICATE_REVOKED",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+        "TLSV1_ALERT_ACCESS_DENIED",
+    }
+)
 
 
 #: No ``CLIENT SETINFO`` on connect: Redis 7.0 has no such command, so a role's ACL rules cannot name it
 #: (they would not load there), and without a rule newer servers log a denied command for every connection.
 _NO_CLIENT_INFO: dict[str, Any] = (
-    {"driver_info": None} if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters
-    else {"lib_name": None, "lib_version": None})
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
 
 
 def auth_options(url: str, password: str | None, tls: TlsFiles | None) -> dict[str, Any]:
@@ -53,10 +62,13 @@ def auth_options(url: str, password: str | None, tls: TlsFiles | None) -> dict[s
     scheme = urlsplit(url).scheme
     if tls is not None:
         if scheme != "rediss":
-            raise ConfigError(f"TLS files are set but {safe_url(url)} is not a rediss:// URL; use rediss://HOST:PORT/0 "
-                              "(or unset --tls-cert-file, --tls-key-file and --tls-ca-cert-file)")
-        options.update(ssl_ca_certs=str(tls.ca_cert_file), ssl_certfile=str(tls.cert_file),
-                       ssl_keyfile=str(tls.key_file))
+            raise ConfigError(
+                f"TLS files are set but {safe_url(url)} is not a rediss:// URL; use rediss://HOST:PORT/0 "
+                "(or unset --tls-cert-file, --tls-key-file and --tls-ca-cert-file)"
+            )
+        options.update(
+            ssl_ca_certs=str(tls.ca_cert_file), ssl_certfile=str(tls.cert_file), ssl_keyfile=str(tls.key_file)
+        )
     return options
 
 
@@ -103,12 +115,16 @@ def url_warnings(url: str) -> list[str]:
     shown = safe_url(url)
     out = []
     if query.get("ssl_cert_reqs") in ("none", "optional"):
-        out.append(f"{shown} turns TLS certificate verification off (ssl_cert_reqs={query['ssl_cert_reqs']}): anyone "
-                   "who can answer on that address sees the password and the run. Drop ssl_cert_reqs from the URL "
-                   "and give the server's CA with --tls-ca-cert-file (STREAMGRP_TLS_CA_CERT_FILE)")
+        out.append(
+            f"{shown} turns TLS certificate verification off (ssl_cert_reqs={query['ssl_cert_reqs']}): anyone "
+            "who can answer on that address sees the password and the run. Drop ssl_cert_reqs from the URL "
+            "and give the server's CA with --tls-ca-cert-file (STREAMGRP_TLS_CA_CERT_FILE)"
+        )
     if query.get("ssl_check_hostname") in ("false", "0", "no"):
-        out.append(f"{shown} does not check that the server's certificate names its host (ssl_check_hostname="
-                   f"{query['ssl_check_hostname']}); drop that option and connect by a name the certificate holds")
+        out.append(
+            f"{shown} does not check that the server's certificate names its host (ssl_check_hostname="
+            f"{query['ssl_check_hostname']}); drop that option and connect by a name the certificate holds"
+        )
     return out
 
 
@@ -123,10 +139,12 @@ def command_line_url_warning(url: str | None) -> str | None:
         return None
     if parts.password is None and not in_query:
         return None
-    return (f"--redis-url {safe_url(url)} carries a password on the command line, where every user of this machine "
-            "can read it (ps, /proc/PID/cmdline, shell history). Put it in a file only you can read and pass "
-            "--password-file FILE (STREAMGRP_PASSWORD_FILE), or set STREAMGRP_PASSWORD, and drop it from the URL "
-            "(or set the whole URL in STREAMGRP_REDIS_URL)")
+    return (
+        f"--redis-url {safe_url(url)} carries a password on the command line, where every user of this machine "
+        "can read it (ps, /proc/PID/cmdline, shell history). Put it in a file only you can read and pass "
+        "--password-file FILE (STREAMGRP_PASSWORD_FILE), or set STREAMGRP_PASSWORD, and drop it from the URL "
+        "(or set the whole URL in STREAMGRP_REDIS_URL)"
+    )
 
 
 def tls_refusal(exc: BaseException, where: str) -> ServerError | None:
@@ -145,12 +163,14 @@ def tls_refusal(exc: BaseException, where: str) -> ServerError | None:
             return ServerError(
                 f"{where} presented a TLS certificate this client cannot verify ({detail}); "
                 "this is not retried. Give --tls-ca-cert-file (STREAMGRP_TLS_CA_CERT_FILE) the CA that signed the "
-                "server's certificate, and connect by a host name or address the certificate names")
+                "server's certificate, and connect by a host name or address the certificate names"
+            )
         if isinstance(cause, ssl.SSLError) and getattr(cause, "reason", None) in _REFUSED_CERTIFICATE:
             return ServerError(
                 f"{where} refused this client's TLS certificate ({cause.reason}); this is not retried. Give "
                 "--tls-cert-file and --tls-key-file (STREAMGRP_TLS_CERT_FILE, STREAMGRP_TLS_KEY_FILE) a certificate "
-                "signed by the CA the server trusts (its tls-ca-cert-file)")
+                "signed by the CA the server trusts (its tls-ca-cert-file)"
+            )
         cause = cause.__cause__ or cause.__context__
         seen += 1
     return None

@@ -67,9 +67,20 @@ def dead_letter_fields(fields: Mapping[Any, Any]) -> list[bytes]:
         digest.update(value)
     header = next((value for name, value in pairs if name == b"h"), b"")
     sizes = [[name.decode(errors="replace")[:64], len(value)] for name, value in pairs[:_LISTED_SIZES]]
-    return [b"stub", b"1", b"n_fields", str(len(pairs)).encode(), b"bytes", str(size).encode(),
-            b"digest", digest.hexdigest().encode(), b"sizes", orjson.dumps(sizes),
-            b"h_prefix", header[:HEADER_PREFIX_BYTES]]
+    return [
+        b"stub",
+        b"1",
+        b"n_fields",
+        str(len(pairs)).encode(),
+        b"bytes",
+        str(size).encode(),
+        b"digest",
+        digest.hexdigest().encode(),
+        b"sizes",
+        orjson.dumps(sizes),
+        b"h_prefix",
+        header[:HEADER_PREFIX_BYTES],
+    ]
 
 
 def op_fields(fields: Mapping[Any, Any]) -> list[Any]:
@@ -87,26 +98,45 @@ class DeadLetters:
         self.metrics = metrics
         self._script = scripts.register(client, "deadletter.lua")
 
-    def send(self, stream: str, entry_id: str, reason: str, detail: str, fields: Mapping[Any, Any] | None, *,
-             group: str = "", counter: str) -> bool:
+    def send(
+        self,
+        stream: str,
+        entry_id: str,
+        reason: str,
+        detail: str,
+        fields: Mapping[Any, Any] | None,
+        *,
+        group: str = "",
+        counter: str,
+    ) -> bool:
         """Dead-letter ``entry_id`` of ``stream``; True when this call did it (False: already done).
 
         ``group`` acknowledges the entry in that consumer group; without one a marker makes the
         dead letter happen once. ``counter`` is the field counted with it (in ``deadletter_counts``)
         (``invalid:tasks``, ``invalid:control``, ``invalid:decisions``).
         """
-        done = self._script(keys=[stream, self.keys.deadletter, self.keys.deadletter_counts, self.keys.deadlettered],
-                            args=[group, entry_id, reason, detail[:MAX_DETAIL_CHARS], counter,
-                                  *op_fields(fields or {})])
+        done = self._script(
+            keys=[stream, self.keys.deadletter, self.keys.deadletter_counts, self.keys.deadlettered],
+            args=[group, entry_id, reason, detail[:MAX_DETAIL_CHARS], counter, *op_fields(fields or {})],
+        )
         if done and self.metrics is not None:
             self.metrics.dead_letters.labels(reason).inc()
         if done:
-            log.warning("dead-lettered %s entry %s (%s): %s", stream.rsplit(":", 1)[-1], entry_id, reason,
-                        detail[:200])
+            log.warning("dead-lettered %s entry %s (%s): %s", stream.rsplit(":", 1)[-1], entry_id, reason, detail[:200])
         return bool(done)
 
-    def decoded(self, stream: str, entry_id: str, fields: Mapping[Any, Any], kind: type[E], where: str, *,
-                group: str = "", counter: str, max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES) -> E | None:
+    def decoded(
+        self,
+        stream: str,
+        entry_id: str,
+        fields: Mapping[Any, Any],
+        kind: type[E],
+        where: str,
+        *,
+        group: str = "",
+        counter: str,
+        max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES,
+    ) -> E | None:
         """``fields`` decoded as a ``kind`` event; None after dead-lettering the entry (one that does not decode,
         with the codec's reason; one of another kind, ``unexpected_kind``, ``where`` naming the stream)."""
         try:
@@ -115,7 +145,14 @@ class DeadLetters:
             self.send(stream, entry_id, exc.reason, exc.detail, fields, group=group, counter=counter)
             return None
         if not isinstance(event, kind):
-            self.send(stream, entry_id, "unexpected_kind", f"a {event.kind} event does not belong in {where}", fields,
-                      group=group, counter=counter)
+            self.send(
+                stream,
+                entry_id,
+                "unexpected_kind",
+                f"a {event.kind} event does not belong in {where}",
+                fields,
+                group=group,
+                counter=counter,
+            )
             return None
         return event

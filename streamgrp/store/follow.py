@@ -88,8 +88,15 @@ def positions(client: redis.Redis, keys: RunKeys) -> list[Position]:
         except ValueError:
             continue
         skipped = raw.get(field + "|skipped", "0")
-        out.append(Position(parts[0], parts[1], value, Skip.parse(raw.get(field + "|skip")),
-                            int(skipped) if skipped.isdigit() else 0))
+        out.append(
+            Position(
+                parts[0],
+                parts[1],
+                value,
+                Skip.parse(raw.get(field + "|skip")),
+                int(skipped) if skipped.isdigit() else 0,
+            )
+        )
     return sorted(out, key=lambda p: (p.name, p.stream))
 
 
@@ -152,8 +159,9 @@ def unread_age(client: redis.Redis, stream: str, key: str, position: str, now: f
     return max(0.0, now - written)
 
 
-def follower_bounds(client: redis.Redis, keys: RunKeys, streams: Mapping[str, str], max_lag_s: float,
-                    now: float) -> tuple[list[tuple[str, IdKey, str]], list[Position]]:
+def follower_bounds(
+    client: redis.Redis, keys: RunKeys, streams: Mapping[str, str], max_lag_s: float, now: float
+) -> tuple[list[tuple[str, IdKey, str]], list[Position]]:
     """What retention keeps for followers: (stream, lowest id to keep, why) per follower within its bound,
     and the followers further behind than ``max_lag_s`` (0: no bound), whose unread entries may go."""
     keep: list[tuple[str, IdKey, str]] = []
@@ -161,8 +169,10 @@ def follower_bounds(client: redis.Redis, keys: RunKeys, streams: Mapping[str, st
     for follower in positions(client, keys):
         if follower.stream not in streams:
             continue
-        if max_lag_s and unread_age(client, follower.stream, streams[follower.stream], follower.position,
-                                    now) > max_lag_s:
+        if (
+            max_lag_s
+            and unread_age(client, follower.stream, streams[follower.stream], follower.position, now) > max_lag_s
+        ):
             over.append(follower)
             continue
         ms, seq = id_key(follower.position)
@@ -182,8 +192,13 @@ def _count_between(client: redis.Redis, key: str, after: str, before: IdKey) -> 
         start = "(" + entry_id_str(page[-1][0])
 
 
-def record_skips(client: redis.Redis, keys: RunKeys, streams: Mapping[str, str], over: Iterable[Position],
-                 floors: Mapping[str, IdKey]) -> list[tuple[Position, Skip]]:
+def record_skips(
+    client: redis.Redis,
+    keys: RunKeys,
+    streams: Mapping[str, str],
+    over: Iterable[Position],
+    floors: Mapping[str, IdKey],
+) -> list[tuple[Position, Skip]]:
     """Before a trim to ``floors``: record, for each follower past its bound, the unread entries the trim
     removes (merged with a skip it has not read past yet). Recorded first, so a crash between the two
     never trims what no record names."""
@@ -202,9 +217,15 @@ def record_skips(client: redis.Redis, keys: RunKeys, streams: Mapping[str, str],
         else:
             skip = Skip(follower.position, before, count)
         field = f"{follower.name}|{follower.stream}"
-        client.hset(keys.follow, mapping={field + "|skip": skip.text(),
-                                          field + "|skipped": str(follower.skipped + count)})
-        log.warning("retention trims %d entries of %s that follower %s has not read (it is over --max-follow-lag-s "
-                    "behind); recorded as a skip it will see", count, follower.stream, follower.name)
+        client.hset(
+            keys.follow, mapping={field + "|skip": skip.text(), field + "|skipped": str(follower.skipped + count)}
+        )
+        log.warning(
+            "retention trims %d entries of %s that follower %s has not read (it is over --max-follow-lag-s "
+            "behind); recorded as a skip it will see",
+            count,
+            follower.stream,
+            follower.name,
+        )
         recorded.append((follower, skip))
     return recorded

@@ -80,8 +80,18 @@ class Follower:
     ``batch`` entries are read at once and recorded together; ``metrics`` (`streamgrp.cli.metrics.Metrics`
     of the ``follower`` role) gets entries, skips and lag."""
 
-    def __init__(self, client: redis.Redis, run: Run, name: str, stream: str = "decisions", *, start: str = "first",
-                 batch: int = 256, poll_s: float = 0.2, metrics: Any = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        run: Run,
+        name: str,
+        stream: str = "decisions",
+        *,
+        start: str = "first",
+        batch: int = 256,
+        poll_s: float = 0.2,
+        metrics: Any = None,
+    ) -> None:
         if stream not in FOLLOWABLE:
             raise ConfigError(f"a follower follows one of {', '.join(FOLLOWABLE)}, not {stream!r}")
         if start not in ("first", "now"):
@@ -107,8 +117,9 @@ class Follower:
         last = range_reply(self.client.xrevrange(key, "+", "-", count=1))
         return entry_id_str(last[0][0]) if last else START
 
-    def entries(self, stop: threading.Event | None = None, *, until_finished: bool = False,
-                idle_s: float = 2.0) -> Iterator[Followed | Skipped]:
+    def entries(
+        self, stop: threading.Event | None = None, *, until_finished: bool = False, idle_s: float = 2.0
+    ) -> Iterator[Followed | Skipped]:
         """Entries past the recorded position, in order, until ``stop`` is set (or, ``until_finished``, once the
         run ended and nothing new came for ``idle_s``: decisions of open groups may follow the run's end).
 
@@ -177,8 +188,10 @@ class Follower:
         from streamgrp.store.follow import unread_age
 
         now = server_time(self.client)
-        return {name: unread_age(self.client, name.partition("@")[0], key, self.cursor[name], now)
-                for name, key in self.streams.items()}
+        return {
+            name: unread_age(self.client, name.partition("@")[0], key, self.cursor[name], now)
+            for name, key in self.streams.items()
+        }
 
     def _observe(self, name: str, page: list) -> None:
         if self.metrics is None:
@@ -188,5 +201,6 @@ class Follower:
         if len(page) < self.batch:
             self.metrics.follow_lag.labels(self.name, name).set(0.0)
         elif self.stream != "steps":  # a full read: more wait; how old is the newest read one
-            self.metrics.follow_lag.labels(self.name, name).set(max(0.0, time.time() - entry_time(
-                entry_id_str(page[-1][0]))))
+            self.metrics.follow_lag.labels(self.name, name).set(
+                max(0.0, time.time() - entry_time(entry_id_str(page[-1][0])))
+            )

@@ -61,8 +61,10 @@ _CONSUMER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 def check_consumer_name(name: str) -> str:
     """``name`` if it is a valid follower name; `ConfigError` (also a ValueError) naming the rule otherwise."""
     if not isinstance(name, str) or not _CONSUMER_NAME.match(name):
-        raise ConfigError(f"consumer name {str(name)[:80]!r} is not allowed: use 1-64 letters, digits, '.', '_' or "
-                          "'-', starting with a letter or digit")
+        raise ConfigError(
+            f"consumer name {str(name)[:80]!r} is not allowed: use 1-64 letters, digits, '.', '_' or "
+            "'-', starting with a letter or digit"
+        )
     return name
 
 
@@ -304,10 +306,19 @@ class RunKeys(_FoldLayout):
         return tuple(self.partition(index, count) for index in range(count))
 
     def all_streams(self) -> dict[str, str]:
-        return {"control": self.control, "tasks": self.tasks, "slots": self.slots, "payloads": self.payloads,
-                "decisions": self.decisions,
-                "steps": self.steps, "discarded": self.discarded, "commits": self.commits,
-                "deadletter": self.deadletter, "sessions": self.sessions, "segments": self.segments}
+        return {
+            "control": self.control,
+            "tasks": self.tasks,
+            "slots": self.slots,
+            "payloads": self.payloads,
+            "decisions": self.decisions,
+            "steps": self.steps,
+            "discarded": self.discarded,
+            "commits": self.commits,
+            "deadletter": self.deadletter,
+            "sessions": self.sessions,
+            "segments": self.segments,
+        }
 
 
 #: The most partitions a run may have: each has its own assembler process and key set.
@@ -328,8 +339,15 @@ class PartitionKeys(_FoldLayout):
         return f"{PREFIX}:{{{self.tag}}}:{name}"
 
     def all_streams(self) -> dict[str, str]:
-        return {"tasks": self.tasks, "slots": self.slots, "payloads": self.payloads, "decisions": self.decisions,
-                "deadletter": self.deadletter, "sessions": self.sessions, "segments": self.segments}
+        return {
+            "tasks": self.tasks,
+            "slots": self.slots,
+            "payloads": self.payloads,
+            "decisions": self.decisions,
+            "deadletter": self.deadletter,
+            "sessions": self.sessions,
+            "segments": self.segments,
+        }
 
 
 #: Redis Cluster's hash slots; a key's slot is the CRC16 (XMODEM) of its hash tag modulo this.
@@ -355,8 +373,9 @@ def partition_tag(run: str, index: int, partitions: int) -> str:
     is not allowed in run names, so no run's tag is another's partition tag."""
     check_run_name(run)
     if not 0 <= index < partitions <= MAX_PARTITIONS:
-        raise ConfigError(f"partition {index} of {partitions}: a run has 1 to {MAX_PARTITIONS} partitions, numbered "
-                          "from 0")
+        raise ConfigError(
+            f"partition {index} of {partitions}: a run has 1 to {MAX_PARTITIONS} partitions, numbered from 0"
+        )
     if partitions == 1:
         return run
     low, high = CLUSTER_SLOTS * index // partitions, CLUSTER_SLOTS * (index + 1) // partitions
@@ -378,7 +397,9 @@ def task_partition(task_id: str, partitions: int) -> int:
 PARTITION_STREAMS = ("tasks", "slots", "payloads", "decisions", "sessions", "segments")
 
 
-def run_streams(keys: RunKeys, partitions: Sequence[PartitionKeys], only: Sequence[int] | None = None) -> dict[str, str]:
+def run_streams(
+    keys: RunKeys, partitions: Sequence[PartitionKeys], only: Sequence[int] | None = None
+) -> dict[str, str]:
     """Stream name -> key of every stream of a run with these ``partitions`` (of ``only`` those, when
     given), named as `stream_key` reads them: ``slots`` unpartitioned, ``slots@2`` partitioned."""
     count = len(partitions)
@@ -406,8 +427,10 @@ def stream_key(keys: RunKeys, partitions: Sequence[PartitionKeys], name: str) ->
             return partitions[0].all_streams()[name]
         return keys.all_streams()[name]
     except (KeyError, IndexError, ValueError):
-        raise ValueError(f"unknown stream {name!r}; expected one of {sorted(keys.all_streams())}, or a partition's "
-                         f"{', '.join(PARTITION_STREAMS)}, deadletter as NAME@0 to NAME@{len(partitions) - 1}") from None
+        raise ValueError(
+            f"unknown stream {name!r}; expected one of {sorted(keys.all_streams())}, or a partition's "
+            f"{', '.join(PARTITION_STREAMS)}, deadletter as NAME@0 to NAME@{len(partitions) - 1}"
+        ) from None
 
 
 def step_entry_id(step: int) -> str:

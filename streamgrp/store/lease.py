@@ -72,13 +72,28 @@ class Lease:
 
 def _say_standing_by(lease: Lease, who: str) -> None:
     holder = lease.holder()
-    log.info("%s stands by: %s holds the lease %s; this one takes over when that one stops (within %.0f s of it "
-             "stopping renewing)", who, holder or "another process", lease.key, lease.ttl_ms / 1000)
+    log.info(
+        "%s stands by: %s holds the lease %s; this one takes over when that one stops (within %.0f s of it "
+        "stopping renewing)",
+        who,
+        holder or "another process",
+        lease.key,
+        lease.ttl_ms / 1000,
+    )
 
 
-def run_while_leased(lease: Lease, *, who: str, stop: threading.Event, is_active: Callable[[], bool],
-                     activate: Callable[[], None], work: Callable[[], int], deactivate: Callable[[], None],
-                     burst: bool = False, running: Callable[[], bool] = lambda: True) -> None:
+def run_while_leased(
+    lease: Lease,
+    *,
+    who: str,
+    stop: threading.Event,
+    is_active: Callable[[], bool],
+    activate: Callable[[], None],
+    work: Callable[[], int],
+    deactivate: Callable[[], None],
+    burst: bool = False,
+    running: Callable[[], bool] = lambda: True,
+) -> None:
     """The loop of a role with one active process: stand by until the lease is free, `activate`
     (rebuild state from the server), then `work` rounds until stopped; on a lost lease `deactivate`
     and stand by again. In burst mode return after a round that read nothing (``work`` returns 0).

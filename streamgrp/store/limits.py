@@ -22,5 +22,6 @@ MAX_REWARD_HEADER = 65536
 ACK_CHUNK = 256
 
 #: Every bound, by the name the Lua uses.
-LUA_BOUNDS: dict[str, int] = {name: value for name, value in globals().items()
-                              if name.isupper() and isinstance(value, int)}
+LUA_BOUNDS: dict[str, int] = {
+    name: value for name, value in globals().items() if name.isupper() and isinstance(value, int)
+}

@@ -29,9 +29,11 @@ log = logging.getLogger(__name__)
 #: What `LoopFunction.__call__` returns when the server gave no answer of the function's own.
 UNANSWERED: Any = object()
 
-_CLASSES = {sync_connection.Connection: async_connection.Connection,
-            sync_connection.SSLConnection: async_connection.SSLConnection,
-            sync_connection.UnixDomainSocketConnection: async_connection.UnixDomainSocketConnection}
+_CLASSES = {
+    sync_connection.Connection: async_connection.Connection,
+    sync_connection.SSLConnection: async_connection.SSLConnection,
+    sync_connection.UnixDomainSocketConnection: async_connection.UnixDomainSocketConnection,
+}
 #: Settings of the synchronous pool that make no sense on the loop: its retry object and its set-up
 #: callback (the server's eviction check, done once by the synchronous client already), and the
 #: synchronous pool's own handlers (``maint_notifications*``, ``orig_*``).
@@ -51,8 +53,11 @@ def loop_client(client: Any) -> redis.asyncio.Redis | None:
     for klass in cls.__mro__:
         if "__init__" in vars(klass):
             accepted |= set(inspect.signature(vars(klass)["__init__"]).parameters)
-    kwargs = {k: v for k, v in pool.connection_kwargs.items()
-              if k in accepted and k not in _NOT_COPIED and not k.startswith(("maint_notifications", "orig_"))}
+    kwargs = {
+        k: v
+        for k, v in pool.connection_kwargs.items()
+        if k in accepted and k not in _NOT_COPIED and not k.startswith(("maint_notifications", "orig_"))
+    }
     # No retries of its own: a call that got no answer goes the synchronous way (see the module docstring).
     kwargs["retry"] = AsyncRetry(NoBackoff(), 0)
     # from_pool: the client owns its pool, so ``aclose`` closes its connections too.

@@ -42,8 +42,20 @@ OUTAGE_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.RedisClusterUnreachableError,  # no node of the cluster answers
 )
 #: Commands never sent again by the client: their lost reply must be handled by the role.
-NOT_REPEATED = frozenset({b"XREADGROUP", b"XAUTOCLAIM", b"XCLAIM", b"INCR", b"INCRBY", b"DECR", b"DECRBY",
-                          b"HINCRBY", b"HINCRBYFLOAT", b"INCRBYFLOAT"})
+NOT_REPEATED = frozenset(
+    {
+        b"XREADGROUP",
+        b"XAUTOCLAIM",
+        b"XCLAIM",
+        b"INCR",
+        b"INCRBY",
+        b"DECR",
+        b"DECRBY",
+        b"HINCRBY",
+        b"HINCRBYFLOAT",
+        b"INCRBYFLOAT",
+    }
+)
 #: A ``BUSY`` reply (a script or function running past the time limit), alone or inside a pipeline's
 #: annotated error; not ``BUSYKEY`` or ``BUSYGROUP``, which are answers about keys.
 _BUSY_REPLY = re.compile(r"(?:^|: )BUSY\s")
@@ -114,8 +126,14 @@ class Outage:
             if self._down_since is None:
                 self._down_since = now
                 self.count += 1
-                log.warning("%s is unavailable (%s: %s); retrying with backoff for up to %gs (%s)",
-                            self.name, type(exc).__name__, _short(exc), self.budget_s, self.budget_flag)
+                log.warning(
+                    "%s is unavailable (%s: %s); retrying with backoff for up to %gs (%s)",
+                    self.name,
+                    type(exc).__name__,
+                    _short(exc),
+                    self.budget_s,
+                    self.budget_flag,
+                )
             self._last_error = f"{type(exc).__name__}: {_short(exc)}"
             down_for = now - self._down_since
         if down_for >= self.budget_s:

@@ -36,8 +36,23 @@ if TYPE_CHECKING:  # the names module (streamgrp.store.keys) imports this one, a
 
     from streamgrp.store.streams import Retry
 
-__all__ = ["KEYS", "STAGED_TTL_MS", "STREAM", "Layout", "entry_fetch", "frame", "key", "pattern", "read", "stage",
-           "staged_key", "staged_pattern", "stream", "unframe", "unlink"]
+__all__ = [
+    "KEYS",
+    "STAGED_TTL_MS",
+    "STREAM",
+    "Layout",
+    "entry_fetch",
+    "frame",
+    "key",
+    "pattern",
+    "read",
+    "stage",
+    "staged_key",
+    "staged_pattern",
+    "stream",
+    "unframe",
+    "unlink",
+]
 
 #: The run stores each payload in a key of its own (this version's runs).
 KEYS = "keys"
@@ -88,13 +103,14 @@ def unframe(value: bytes | memoryview, *, views: bool = False) -> dict[bytes, An
     if _LENGTH.size + length > len(value):
         return None
     view = memoryview(value)
-    header = bytes(view[_LENGTH.size:_LENGTH.size + length])
-    blob = view[_LENGTH.size + length:]
+    header = bytes(view[_LENGTH.size : _LENGTH.size + length])
+    blob = view[_LENGTH.size + length :]
     return {b"h": header, b"b": blob if views else bytes(blob)}
 
 
-def call_staged(client: redis.Redis, payloads: str, frames: Sequence[tuple[bytes, bytes]],
-                call: Callable[[list[str], Any], None]) -> Any:
+def call_staged(
+    client: redis.Redis, payloads: str, frames: Sequence[tuple[bytes, bytes]], call: Callable[[list[str], Any], None]
+) -> Any:
     """Stage each (header, blob) of ``frames`` and queue ``call(staged keys, pipe)`` (the server function that
     takes them) in one pipeline; returns the function's reply and raises any error reply.
 
@@ -140,24 +156,27 @@ def stage(pipe: Any, payloads: str, header: bytes, blob: bytes, *, ttl_ms: int =
     return staged
 
 
-def read(client: redis.Redis, payloads: str, ids: Sequence[str], *,
-         views: bool = False) -> list[dict[bytes, Any] | None]:
+def read(
+    client: redis.Redis, payloads: str, ids: Sequence[str], *, views: bool = False
+) -> list[dict[bytes, Any] | None]:
     """The payload of each slot entry id (``payloads``: the partition's payloads stream's name), in order,
     None where there is none (never written, deleted by retention, or not a framed payload)."""
     return list(stream(client, payloads, ids, views=views))
 
 
-def stream(client: redis.Redis, payloads: str, ids: Sequence[str], *,
-           views: bool = False) -> Iterator[dict[bytes, Any] | None]:
+def stream(
+    client: redis.Redis, payloads: str, ids: Sequence[str], *, views: bool = False
+) -> Iterator[dict[bytes, Any] | None]:
     """`read`, chunk by chunk (one MGET each), so a caller may start on the first payloads early."""
     for start in range(0, len(ids), READ_CHUNK):
-        chunk = [key(payloads, entry_id) for entry_id in ids[start:start + READ_CHUNK]]
+        chunk = [key(payloads, entry_id) for entry_id in ids[start : start + READ_CHUNK]]
         for value in cast("list[bytes | None]", client.mget(chunk)):  # streamgrp's clients read bytes
             yield unframe(value, views=views) if value is not None else None
 
 
-def entry_fetch(client: redis.Redis, stream_key: Callable[[str], str], layout: str, *,
-                retry: Retry | None = None) -> Callable[[str, Sequence[str]], Iterable[dict[bytes, Any] | None]]:
+def entry_fetch(
+    client: redis.Redis, stream_key: Callable[[str], str], layout: str, *, retry: Retry | None = None
+) -> Callable[[str, Sequence[str]], Iterable[dict[bytes, Any] | None]]:
     """A loader's ``fetch(stream, ids)`` over the server (`streamgrp.train.loader`): a ``keys``-layout run's
     payloads from their keys (blobs as views of the reply, no copy), every other stream's entries with
     `streamgrp.store.streams.stream_entries`; ``stream_key`` names a stream's key (``payloads@1``...)."""
@@ -168,6 +187,7 @@ def entry_fetch(client: redis.Redis, stream_key: Callable[[str], str], layout: s
         if layout == KEYS and name.partition("@")[0] == "payloads":
             return stream(client, key, list(ids), views=True)
         return stream_entries(client, key, list(ids), **({"retry": retry} if retry is not None else {}))
+
     return fetch
 
 

@@ -79,8 +79,15 @@ class RewardClient:
     ``claim_idle_s``: a result another rewarder has held this long without posting (it died) is taken
     over; a live rewarder `refresh`es the claims it is still scoring well within it."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, name: str | None = None, claim_idle_s: float = 30.0,
-                 partitions: Sequence[PartitionKeys] | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        *,
+        name: str | None = None,
+        claim_idle_s: float = 30.0,
+        partitions: Sequence[PartitionKeys] | None = None,
+    ) -> None:
         if claim_idle_s <= 0:
             raise ConfigError(f"claim_idle_s={claim_idle_s}: give a positive number of seconds")
         self.client = client
@@ -110,13 +117,23 @@ class RewardClient:
         if scan:
             self._scanned_at = time.monotonic()
         for part in self.partitions if scan else ():
-            cursor, entries, *_ = self.client.xautoclaim(part.slots, REWARDERS_GROUP, self.name, self.claim_idle_ms,
-                                                         start_id=self._claim_cursors[part.index], count=count)
+            cursor, entries, *_ = self.client.xautoclaim(
+                part.slots,
+                REWARDERS_GROUP,
+                self.name,
+                self.claim_idle_ms,
+                start_id=self._claim_cursors[part.index],
+                count=count,
+            )
             self._claim_cursors[part.index] = entry_id_str(cursor)
             found = self._pending(part, entries)
             for result in found:
-                log.info("took over the reward of task %s slot %s (result %s) from a rewarder that stopped",
-                         result.task_id, result.slot, result.entry_id)
+                log.info(
+                    "took over the reward of task %s slot %s (result %s) from a rewarder that stopped",
+                    result.task_id,
+                    result.slot,
+                    result.entry_id,
+                )
             taken += found
             if len(taken) >= count:
                 return taken
@@ -138,8 +155,14 @@ class RewardClient:
             by_partition.setdefault(result.partition, []).append(result.entry_id)
         for index, ids in by_partition.items():
             # redis-py's hint takes a list of every id type (a list's item type is invariant) or a 1-tuple.
-            self.client.xclaim(self.partitions[index].slots, REWARDERS_GROUP, self.name, 0, ids,  # type: ignore[arg-type]
-                               justid=True)
+            self.client.xclaim(
+                self.partitions[index].slots,
+                REWARDERS_GROUP,
+                self.name,
+                0,
+                ids,  # type: ignore[arg-type]
+                justid=True,
+            )
 
     def _pending(self, part: PartitionKeys, entries: list[Any]) -> list[PendingResult]:
         """The results among ``entries`` that wait for a reward; the rest is acknowledged here."""
@@ -164,19 +187,35 @@ class RewardClient:
         if not waiting:
             return []
         ids = [entry_id for entry_id, _ in waiting]
-        found = payloads.read(self.client, part.payloads, ids, views=True) if self.layout == payloads.KEYS \
+        found = (
+            payloads.read(self.client, part.payloads, ids, views=True)
+            if self.layout == payloads.KEYS
             else read_entries(self.client, part.payloads, ids)
+        )
         out = []
         for (entry_id, result), fields in zip(waiting, found):
             sample = _sample_of(fields, result)
             if sample is None:
                 # No payload to score (trimmed, or not streamgrp's): the slot times out at its deadline.
-                log.warning("result %s of task %s slot %s has no readable payload; not scored", entry_id,
-                            result.task_id, result.slot)
+                log.warning(
+                    "result %s of task %s slot %s has no readable payload; not scored",
+                    entry_id,
+                    result.task_id,
+                    result.slot,
+                )
                 self.client.xack(part.slots, REWARDERS_GROUP, entry_id)
                 continue
-            out.append(PendingResult(entry_id, part.index, result.task_id, result.slot,
-                                     self._prompt(part, result.task_id, entry_id), sample, result.producer))
+            out.append(
+                PendingResult(
+                    entry_id,
+                    part.index,
+                    result.task_id,
+                    result.slot,
+                    self._prompt(part, result.task_id, entry_id),
+                    sample,
+                    result.producer,
+                )
+            )
         return out
 
     def _remember(self, task_id: str, prompt: dict[str, Any]) -> None:
@@ -213,22 +252,46 @@ class RewardClient:
 
     # -- posting -----------------------------------------------------------------------------------
 
-    def post(self, result: PendingResult, *, rewards: Sequence[float] | None = None, reason: str | None = None,
-             error: str | None = None) -> str | None:
+    def post(
+        self,
+        result: PendingResult,
+        *,
+        rewards: Sequence[float] | None = None,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> str | None:
         """Post ``result``'s reward (one value per row), rejection ``reason`` or scoring ``error``; returns
         the reward's entry id, or None when another rewarder posted this result's reward first."""
         self._seq += 1
-        event = SlotRewarded(task_id=result.task_id, slot=result.slot,
-                             rewards=None if rewards is None else tuple(float(r) for r in rewards),
-                             reason=reason, error=error, scorer=self.name, producer=self.name, seq=self._seq)
-        written = self._post(keys=[self.partitions[result.partition].slots],
-                             args=[REWARDERS_GROUP, result.entry_id, codec.encode(event)[codec.HEADER]])
+        event = SlotRewarded(
+            task_id=result.task_id,
+            slot=result.slot,
+            rewards=None if rewards is None else tuple(float(r) for r in rewards),
+            reason=reason,
+            error=error,
+            scorer=self.name,
+            producer=self.name,
+            seq=self._seq,
+        )
+        written = self._post(
+            keys=[self.partitions[result.partition].slots],
+            args=[REWARDERS_GROUP, result.entry_id, codec.encode(event)[codec.HEADER]],
+        )
         return entry_id_str(written) if written else None
 
 
-def post_reward(client: redis.Redis, keys: RunKeys, *, task_id: str, slot: int,
-                reward: float | Sequence[float] | None = None, reason: str | None = None, error: str | None = None, scorer: str = "",
-                partitions: Sequence[PartitionKeys] | None = None) -> str:
+def post_reward(
+    client: redis.Redis,
+    keys: RunKeys,
+    *,
+    task_id: str,
+    slot: int,
+    reward: float | Sequence[float] | None = None,
+    reason: str | None = None,
+    error: str | None = None,
+    scorer: str = "",
+    partitions: Sequence[PartitionKeys] | None = None,
+) -> str:
     """Post a reward for slot ``slot`` of ``task_id`` from anywhere (a late score: a human, an external
     app, a reward-model job): ``reward`` (one number for every row, or one per row), a rejection
     ``reason`` or an ``error``. Returns the reward's entry id. The slot must have been published with
@@ -242,11 +305,20 @@ def post_reward(client: redis.Redis, keys: RunKeys, *, task_id: str, slot: int,
         rewards = (float(reward),)  # the fold gives it to every row
     else:
         rewards = tuple(float(r) for r in reward)
-    event = SlotRewarded(task_id=task_id, slot=slot, rewards=rewards, reason=reason, error=error,
-                         scorer=scorer, producer=scorer, seq=time.time_ns())
+    event = SlotRewarded(
+        task_id=task_id,
+        slot=slot,
+        rewards=rewards,
+        reason=reason,
+        error=error,
+        scorer=scorer,
+        producer=scorer,
+        seq=time.time_ns(),
+    )
     part = parts[task_partition(task_id, len(parts))]
-    written = scripts.register(client, "reward_post.lua")(keys=[part.slots],
-                                                           args=["", "", codec.encode(event)[codec.HEADER]])
+    written = scripts.register(client, "reward_post.lua")(
+        keys=[part.slots], args=["", "", codec.encode(event)[codec.HEADER]]
+    )
     return entry_id_str(written)
 
 

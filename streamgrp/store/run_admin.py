@@ -38,8 +38,22 @@ from streamgrp.store.runs import read_record
 from streamgrp.store.sources import RedisSource
 from streamgrp.store.streams import entry_id_str, range_reply
 
-__all__ = ["DEFAULT_IDLE_S", "Activity", "Deleted", "RunUsage", "activity", "compact_aof", "delete_run",
-           "human_bytes", "live_reason", "privileged", "rewrites_done", "run_key_names", "run_usage", "usage_by_run"]
+__all__ = [
+    "DEFAULT_IDLE_S",
+    "Activity",
+    "Deleted",
+    "RunUsage",
+    "activity",
+    "compact_aof",
+    "delete_run",
+    "human_bytes",
+    "live_reason",
+    "privileged",
+    "rewrites_done",
+    "run_key_names",
+    "run_usage",
+    "usage_by_run",
+]
 
 #: A run that has not ended counts as live while it showed activity this recently (seconds).
 DEFAULT_IDLE_S: float = DeleteConfig.model_fields["idle_s"].default
@@ -47,10 +61,12 @@ SCAN_COUNT = 1000
 #: Keys per UNLINK (and per MEMORY USAGE pipeline): bounds one command whatever the run holds.
 CHUNK = 500
 
-_ADMIN_HINT = ("sizing and deleting runs needs a user that may run SCAN, MEMORY USAGE, XINFO, UNLINK and ZREM on "
-               "sg:{RUN}:* and sg:runs; the role users `streamgrp acl` prints (the read-only inspector too) may not. "
-               "Connect as an administrator (an ACL file line such as `user admin on >PASSWORD ~* &* +@all`) or "
-               "with the server's password")
+_ADMIN_HINT = (
+    "sizing and deleting runs needs a user that may run SCAN, MEMORY USAGE, XINFO, UNLINK and ZREM on "
+    "sg:{RUN}:* and sg:runs; the role users `streamgrp acl` prints (the read-only inspector too) may not. "
+    "Connect as an administrator (an ACL file line such as `user admin on >PASSWORD ~* &* +@all`) or "
+    "with the server's password"
+)
 
 
 @contextmanager
@@ -77,8 +93,13 @@ class RunUsage:
 
 def run_key_names(client: redis.Redis, keys: RunKeys) -> list[str]:
     """Every key of the run (SCAN may return one twice; each is listed once)."""
-    return list(dict.fromkeys(entry_id_str(k) for pattern in (keys.pattern, keys.partition_pattern)
-                              for k in client.scan_iter(match=pattern, count=SCAN_COUNT)))
+    return list(
+        dict.fromkeys(
+            entry_id_str(k)
+            for pattern in (keys.pattern, keys.partition_pattern)
+            for k in client.scan_iter(match=pattern, count=SCAN_COUNT)
+        )
+    )
 
 
 def run_usage(client: redis.Redis, keys: RunKeys) -> RunUsage:
@@ -96,7 +117,7 @@ def usage_by_run(client: redis.Redis) -> dict[str, RunUsage]:
             name = entry_id_str(raw)
             end = name.find("}")
             if end > 0:  # a partition's tag is the run's name, "/" and the partition
-                by_run.setdefault(name[len(PREFIX) + 2:end].split("/")[0], []).append(name)
+                by_run.setdefault(name[len(PREFIX) + 2 : end].split("/")[0], []).append(name)
         return {run: _measure(client, run, list(dict.fromkeys(names))) for run, names in sorted(by_run.items())}
 
 
@@ -112,7 +133,7 @@ def _measure(client: redis.Redis, run: str, names: Sequence[str]) -> RunUsage:
     except ConfigError:
         streams = {}  # a key under sg:{...} whose name is no run name: counted, not a stream of a run
     for key in names:  # a partition's streams, as `streamgrp.store.keys.stream_key` names them
-        tag, _, stream = key[len(PREFIX) + 2:].partition("}:")
+        tag, _, stream = key[len(PREFIX) + 2 :].partition("}:")
         if "/" in tag and stream in (*PARTITION_STREAMS, "deadletter"):
             streams[f"{stream}@{tag.split('/')[1].split('.')[0]}"] = key
     pipe = client.pipeline(transaction=False)
@@ -133,7 +154,7 @@ def human_bytes(size: int) -> str:
 
 def _chunks(items: Sequence[str], size: int = CHUNK) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 # -- live or not --------------------------------------------------------------------------------------------
@@ -168,12 +189,16 @@ def live_reason(activity: Activity, idle_s: float = DEFAULT_IDLE_S) -> str | Non
         return None
     if activity.newest_entry is not None and activity.newest_entry[1] < idle_s:
         stream, age = activity.newest_entry
-        return (f"it has not finished and its {stream} stream got an entry {max(age, 0.0):.0f}s ago "
-                f"(within --idle-s {idle_s:g})")
+        return (
+            f"it has not finished and its {stream} stream got an entry {max(age, 0.0):.0f}s ago "
+            f"(within --idle-s {idle_s:g})"
+        )
     if activity.recent_consumer is not None and activity.recent_consumer[1] < idle_s:
         consumer, age = activity.recent_consumer
-        return (f"it has not finished and the consumer {consumer} read {max(age, 0.0):.0f}s ago "
-                f"(within --idle-s {idle_s:g})")
+        return (
+            f"it has not finished and the consumer {consumer} read {max(age, 0.0):.0f}s ago "
+            f"(within --idle-s {idle_s:g})"
+        )
     return None
 
 
@@ -254,8 +279,14 @@ class Deleted:
     reappeared: int = 0
 
 
-def delete_run(client: redis.Redis, keys: RunKeys, *, force: bool = False, idle_s: float = DEFAULT_IDLE_S,
-               confirm: Callable[[RunUsage], None] | None = None) -> Deleted:
+def delete_run(
+    client: redis.Redis,
+    keys: RunKeys,
+    *,
+    force: bool = False,
+    idle_s: float = DEFAULT_IDLE_S,
+    confirm: Callable[[RunUsage], None] | None = None,
+) -> Deleted:
     """Delete every ``sg:{RUN}:*`` key and the run's registry entry; a run with neither deletes nothing.
 
     Refuses a live run (`live_reason`) with a `ConfigError` unless ``force``. ``confirm`` is shown what
@@ -265,8 +296,10 @@ def delete_run(client: redis.Redis, keys: RunKeys, *, force: bool = False, idle_
         if not force:
             reason = live_reason(activity(client, keys), idle_s)
             if reason is not None:
-                raise ConfigError(f"run {run!r} is live: {reason}. Stop its processes first, or pass --force "
-                                  "(STREAMGRP_FORCE=1) to delete it anyway")
+                raise ConfigError(
+                    f"run {run!r} is live: {reason}. Stop its processes first, or pass --force "
+                    "(STREAMGRP_FORCE=1) to delete it anyway"
+                )
         names = run_key_names(client, keys)
         usage = _measure(client, run, names)
         if confirm is not None and (names or client.zscore(RUNS, run) is not None):
@@ -289,8 +322,10 @@ def compact_aof(client: redis.Redis, *, timeout_s: float = 60.0, poll_s: float =
             return "the server keeps no append-only file"
         client.bgrewriteaof()
     except redis.exceptions.NoPermissionError:
-        return ("this user may not run BGREWRITEAOF; the append-only file shrinks at the server's next rewrite "
-                "(an administrator can run BGREWRITEAOF now)")
+        return (
+            "this user may not run BGREWRITEAOF; the append-only file shrinks at the server's next rewrite "
+            "(an administrator can run BGREWRITEAOF now)"
+        )
     except redis.ResponseError as exc:
         if "in progress" not in str(exc):
             raise

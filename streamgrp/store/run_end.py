@@ -26,8 +26,14 @@ PAGE = 512
 class RunEndWatch:
     """``ended()``: ``finished`` or ``failed`` once the run's terminal event is on its control stream, else None."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, interval_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        *,
+        interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.interval_s = interval_s

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 #: How often a process waiting for its run to be created says so (and lists the runs there are).
 WAIT_LOG_EVERY_S = 30.0
 
+
 def server_time(client: redis.Redis) -> float:
     seconds, micros = client.time()
     return seconds + micros / 1e6
@@ -70,7 +71,6 @@ class Run:
     def stream_key(self, name: str) -> str:
         """The key of the run's stream ``name`` (`streamgrp.store.keys.stream_key`)."""
         return stream_key(self.keys, self.partitions, name)
-
 
 
 def recorded_partitions(client: redis.Redis, keys: RunKeys) -> tuple[PartitionKeys, ...]:
@@ -117,8 +117,9 @@ def resolve_run_name(client: redis.Redis, run: str | None, *, create: bool) -> s
     if existing and not create:
         return existing
     if not create:
-        raise ConfigError("no run exists yet on this server; start the run's batcher (it creates the run), or pass "
-                          "--run NAME")
+        raise ConfigError(
+            "no run exists yet on this server; start the run's batcher (it creates the run), or pass --run NAME"
+        )
     return time.strftime("run-%Y%m%d-%H%M%S")
 
 
@@ -131,12 +132,15 @@ def join_run(client: redis.Redis, run: str, config: RunConfig, *, producer: str 
         del settings["partitions"]  # an unpartitioned run's record stays what it was (older readers open it)
     record_event = RunStarted(run=run, policy=config.policy(), settings=settings, started_at=now, producer=producer)
     entry_id, fields, vouched = scripts.register(client, "create_run.lua")(
-        keys=[keys.control, keys.batcher_state], args=[codec.encode(record_event)[codec.HEADER]])
+        keys=[keys.control, keys.batcher_state], args=[codec.encode(record_event)[codec.HEADER]]
+    )
     if not int(vouched):
-        raise ConfigError(f"run {run!r}: the first entry of its control stream ({entry_id_str(entry_id)}) was not "
-                          "written by a batcher (another role's credential wrote it before the run was created); "
-                          "nothing it says is adopted. Delete the run (`streamgrp delete`, as an administrator) and "
-                          "start its batcher again")
+        raise ConfigError(
+            f"run {run!r}: the first entry of its control stream ({entry_id_str(entry_id)}) was not "
+            "written by a batcher (another role's credential wrote it before the run was created); "
+            "nothing it says is adopted. Delete the run (`streamgrp delete`, as an administrator) and "
+            "start its batcher again"
+        )
     client.zadd(RUNS, {run: now}, nx=True)
     record, recorded = read_record(run, _pairs(fields), f"the control stream's first entry {entry_id!r}")
     return Run(keys, _reconcile(run, recorded, config), record)
@@ -148,14 +152,24 @@ def open_run(client: redis.Redis, run: str, config: RunConfig | None = None) -> 
     keys = RunKeys(run)
     first = client.xrange(keys.control, "-", "+", count=1)
     if not first:
-        raise ConfigError(f"run {run!r} does not exist on this server; list runs with `streamgrp runs`, or start "
-                          "the run's batcher, which creates it")
+        raise ConfigError(
+            f"run {run!r} does not exist on this server; list runs with `streamgrp runs`, or start "
+            "the run's batcher, which creates it"
+        )
     record, recorded = read_record(run, first[0][1], "the control stream's first entry")
     return Run(keys, _reconcile(run, recorded, config) if config is not None else recorded, record)
 
 
-def await_run(client: redis.Redis, run: str, config: RunConfig | None = None, *, stop: threading.Event,
-              wait: bool = True, poll_s: float = 1.0, who: str = "this process") -> Run:
+def await_run(
+    client: redis.Redis,
+    run: str,
+    config: RunConfig | None = None,
+    *,
+    stop: threading.Event,
+    wait: bool = True,
+    poll_s: float = 1.0,
+    who: str = "this process",
+) -> Run:
     """`open_run`, waiting (while ``wait``) until the run's batcher has created it; `ConfigError` when it
     does not exist and ``wait`` is False; `StopRequested` (a quiet exit) when ``stop`` is set first. While
     it waits it says so every `WAIT_LOG_EVERY_S`, with the runs the server holds (a typo in the name
@@ -175,9 +189,14 @@ def await_run(client: redis.Redis, run: str, config: RunConfig | None = None, *,
         if logged_at is None or now - logged_at >= WAIT_LOG_EVERY_S:
             others = [name for name, _ in list_runs(client)]
             shown = ", ".join(others[-10:]) if others else "none"
-            log.log(logging.INFO if logged_at is None else logging.WARNING,
-                    "%s waits for run %s to be created by its batcher (for %.0fs so far; runs on this server: %s)",
-                    who, run, now - started, shown)
+            log.log(
+                logging.INFO if logged_at is None else logging.WARNING,
+                "%s waits for run %s to be created by its batcher (for %.0fs so far; runs on this server: %s)",
+                who,
+                run,
+                now - started,
+                shown,
+            )
             logged_at = now
         if stop.is_set() or stop.wait(poll_s):
             raise StopRequested(f"stopped while waiting for run {run!r} to be created by its batcher")
@@ -204,16 +223,19 @@ def read_record(run: str, fields, where: str) -> tuple[RunStarted, RunConfig]:
     try:
         return record, RunConfig(**settings)
     except ValueError as exc:
-        raise ConfigError(f"run {run!r}: the recorded configuration does not validate with this streamgrp "
-                          f"version: {exc}") from None
+        raise ConfigError(
+            f"run {run!r}: the recorded configuration does not validate with this streamgrp version: {exc}"
+        ) from None
 
 
 def _reconcile(run: str, recorded: RunConfig, mine: RunConfig) -> RunConfig:
-    differing = [name for name in sorted(mine.model_fields_set)
-                 if getattr(mine, name) != getattr(recorded, name)]
+    differing = [name for name in sorted(mine.model_fields_set) if getattr(mine, name) != getattr(recorded, name)]
     if differing:
-        lines = [f"  {name}: recorded {getattr(recorded, name)!r}, this process {getattr(mine, name)!r} "
-                 f"(from {flag_name(name)} / {env_name(name)} / the config file)" for name in differing]
+        lines = [
+            f"  {name}: recorded {getattr(recorded, name)!r}, this process {getattr(mine, name)!r} "
+            f"(from {flag_name(name)} / {env_name(name)} / the config file)"
+            for name in differing
+        ]
         raise ConfigError(
             f"run {run!r} was started with a different configuration; this process refuses to join:\n"
             + "\n".join(lines)

@@ -39,8 +39,11 @@ from streamgrp.store.limits import LUA_BOUNDS
 
 log = logging.getLogger(__name__)
 
-_SHARED = {"commit.lua": ("counters.lua", "acks.lua"), "batch_commit.lua": ("counters.lua", "acks.lua"),
-           "deadletter.lua": ("acks.lua",)}
+_SHARED = {
+    "commit.lua": ("counters.lua", "acks.lua"),
+    "batch_commit.lua": ("counters.lua", "acks.lua"),
+    "deadletter.lua": ("acks.lua",),
+}
 #: Files that are preludes of others, not functions of their own.
 _PRELUDES = frozenset(name for preludes in _SHARED.values() for name in preludes)
 
@@ -58,8 +61,7 @@ def source(name: str) -> str:
     body = package.joinpath(name).read_text()
     preludes = [package.joinpath(prelude).read_text() for prelude in _SHARED.get(name, ())]
     code = "\n".join([*preludes, body])
-    bounds = [f"local {bound} = {value}" for bound, value in LUA_BOUNDS.items()
-              if re.search(rf"\b{bound}\b", code)]
+    bounds = [f"local {bound} = {value}" for bound, value in LUA_BOUNDS.items() if re.search(rf"\b{bound}\b", code)]
     return "\n".join([*bounds, code])
 
 
@@ -73,9 +75,13 @@ def library() -> tuple[str, str]:
     """The library's name and its code (``#!lua`` header, one registered function per file)."""
     bodies = {name: source(name) for name in _function_names()}
     digest = hashlib.sha256("\n".join(f"{n}\n{b}" for n, b in bodies.items()).encode()).hexdigest()[:12]
-    parts = [f"#!lua name=streamgrp_{digest}",
-             (f"redis.register_function{{function_name='{version_function(digest)}', "
-             f"callback=function() return '{digest}' end, flags={{'no-writes'}}}}")]
+    parts = [
+        f"#!lua name=streamgrp_{digest}",
+        (
+            f"redis.register_function{{function_name='{version_function(digest)}', "
+            f"callback=function() return '{digest}' end, flags={{'no-writes'}}}}"
+        ),
+    ]
     for name, body in bodies.items():
         parts.append(f"redis.register_function('{function_name(name, digest)}', function(KEYS, ARGV)\n{body}\nend)")
     return f"streamgrp_{digest}", "\n".join(parts) + "\n"
@@ -122,7 +128,8 @@ def ensure_library(client: redis.Redis) -> None:
                 raise ConfigError(
                     f"the server does not hold streamgrp's function library {name}, and this user may not load "
                     "it: load it once as an administrator (`streamgrp functions --redis-url ADMIN_URL`, or start "
-                    "the run's first process as a user allowed FUNCTION LOAD)") from None
+                    "the run's first process as a user allowed FUNCTION LOAD)"
+                ) from None
         _loaded.add(key)
 
 

@@ -70,8 +70,10 @@ def scan_segment(path: Path, number: int, *, resume: SegmentIndex | None = None)
         source = _Window(file)
         if resume is not None and resume.length >= len(SEGMENT_MAGIC):
             if file.size < resume.length:
-                raise ArchiveError(f"segment {path} shrank to {file.size} bytes after {resume.length} were read from "
-                                   "it: it was replaced or truncated under the reader. Restore it from a copy")
+                raise ArchiveError(
+                    f"segment {path} shrank to {file.size} bytes after {resume.length} were read from "
+                    "it: it was replaced or truncated under the reader. Restore it from a copy"
+                )
             index.length = offset = resume.length
             index.streams = {name: list(recs) for name, recs in resume.streams.items()}
         elif file.read(0, len(SEGMENT_MAGIC)) != SEGMENT_MAGIC:
@@ -115,7 +117,7 @@ class _Window:
             self._data = self.file.read(offset, max(end - offset, _WINDOW))
             self._start = offset
         at = offset - self._start
-        return memoryview(self._data)[at:at + end - offset]
+        return memoryview(self._data)[at : at + end - offset]
 
     def record(self, offset: int) -> tuple[Record, int] | Undecodable:
         """The record at ``offset`` and the offset after it, or what is wrong there; reads only what it declares."""
@@ -136,17 +138,22 @@ def _refuse_damage(source: _Window, path: Path, offset: int, problem: Undecodabl
     A torn tail is incomplete or fails its checksum, and has nothing whole after it; anything else
     is damage that neither the reader nor the archiver may skip or seal over.
     """
-    restore = (f"Nothing was sealed or truncated. Restore {path.name} from a copy, or move it out of {path.parent} to "
-               "go on without the entries it holds")
+    restore = (
+        f"Nothing was sealed or truncated. Restore {path.name} from a copy, or move it out of {path.parent} to "
+        "go on without the entries it holds"
+    )
     if problem.whole:
-        raise ArchiveError(f"segment {path} is damaged at offset {offset} ({problem.problem}): no crash writes such a "
-                           f"record, so it was altered. {restore}")
+        raise ArchiveError(
+            f"segment {path} is damaged at offset {offset} ({problem.problem}): no crash writes such a "
+            f"record, so it was altered. {restore}"
+        )
     following = _next_record(source, offset + 1)
     if following is None:
         return
     raise ArchiveError(
         f"segment {path} is damaged at offset {offset} ({problem.problem}), yet a whole record follows at offset "
-        f"{following}: this is not the torn tail a crash leaves. {restore}")
+        f"{following}: this is not the torn tail a crash leaves. {restore}"
+    )
 
 
 def _next_record(source: _Window, start: int) -> int | None:
@@ -185,8 +192,10 @@ def load_index(path: Path, number: int) -> SegmentIndex:
                 raise damaged_index_error(idx, f"{file.size} bytes, too large for a {segment_size}-byte segment")
             raw = file.read_all()
     except OSError as exc:
-        raise ArchiveError(f"segment index {idx} cannot be read ({exc}); delete it and the archiver rebuilds it from "
-                           "its segment on the next start") from None
+        raise ArchiveError(
+            f"segment index {idx} cannot be read ({exc}); delete it and the archiver rebuilds it from "
+            "its segment on the next start"
+        ) from None
     return SegmentIndex.from_json(raw, idx, number=number, segment_size=segment_size)
 
 

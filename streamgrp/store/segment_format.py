@@ -37,9 +37,24 @@ import orjson
 from streamgrp.errors import ArchiveError
 from streamgrp.store.keys import IdKey, id_key
 
-__all__ = ["INDEX_FORMAT", "PREFIX_SIZE", "RECORD_MAGIC", "SEGMENT_MAGIC", "Fields", "IdKey", "Record", "SegmentIndex",
-           "Undecodable", "damaged_index_error", "decode_at", "decode_record", "decode_record_or_problem",
-           "encode_record", "id_key", "record_size"]
+__all__ = [
+    "INDEX_FORMAT",
+    "PREFIX_SIZE",
+    "RECORD_MAGIC",
+    "SEGMENT_MAGIC",
+    "Fields",
+    "IdKey",
+    "Record",
+    "SegmentIndex",
+    "Undecodable",
+    "damaged_index_error",
+    "decode_at",
+    "decode_record",
+    "decode_record_or_problem",
+    "encode_record",
+    "id_key",
+    "record_size",
+]
 
 INDEX_FORMAT = "streamgrp.segment-index/1"
 SEGMENT_MAGIC = b"SGSEG01\n"
@@ -107,7 +122,7 @@ def record_size(prefix: bytes | memoryview) -> int | Undecodable:
 
 def decode_at(buffer: bytes | memoryview, offset: int) -> tuple[Record, int] | Undecodable:
     """The record at ``offset`` and the offset after it, or what is wrong with the bytes there."""
-    size = record_size(buffer[offset:offset + _PREFIX.size])
+    size = record_size(buffer[offset : offset + _PREFIX.size])
     if isinstance(size, Undecodable):
         return size
     end = offset + size
@@ -115,8 +130,8 @@ def decode_at(buffer: bytes | memoryview, offset: int) -> tuple[Record, int] | U
         return Undecodable(f"the record's {size - _PREFIX.size} bytes run past the end of the file")
     _magic, header_len, _body_len, crc = _PREFIX.unpack_from(buffer, offset)
     start = offset + _PREFIX.size
-    header = bytes(buffer[start:start + header_len])
-    body = bytes(buffer[start + header_len:end])
+    header = bytes(buffer[start : start + header_len])
+    body = bytes(buffer[start + header_len : end])
     if zlib.crc32(body, zlib.crc32(header)) != crc:
         return Undecodable("the record fails its checksum")
     if not header:  # zeroed lengths and checksum "match" (the CRC of nothing is 0): a zeroed block, not a forgery
@@ -149,8 +164,11 @@ def _parse_header(header: bytes, body: bytes) -> Record | str:
     fields: Fields = {}
     at = 0
     for pair in sizes:
-        if not (isinstance(pair, list) and len(pair) == 2
-                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)):
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)
+        ):
             return f"a field size is {pair!r:.80}, not [name length, value length]"
         name_end = at + pair[0]
         value_end = name_end + pair[1]
@@ -181,17 +199,27 @@ class SegmentIndex:
         return (records[0][0], records[-1][0]) if records else None
 
     def to_json(self) -> bytes:
-        return orjson.dumps({
-            "format": INDEX_FORMAT, "segment": self.number, "length": self.length,
-            "streams": {name: {"first": recs[0][1], "last": recs[-1][1], "count": len(recs)}
-                        for name, recs in self.streams.items() if recs},
-            "records": {name: [[entry_id, offset, size] for _, entry_id, offset, size in recs]
-                        for name, recs in self.streams.items()},
-        })
+        return orjson.dumps(
+            {
+                "format": INDEX_FORMAT,
+                "segment": self.number,
+                "length": self.length,
+                "streams": {
+                    name: {"first": recs[0][1], "last": recs[-1][1], "count": len(recs)}
+                    for name, recs in self.streams.items()
+                    if recs
+                },
+                "records": {
+                    name: [[entry_id, offset, size] for _, entry_id, offset, size in recs]
+                    for name, recs in self.streams.items()
+                },
+            }
+        )
 
     @classmethod
-    def from_json(cls, raw: bytes, where: Path, *, number: int | None = None,
-                  segment_size: int | None = None) -> SegmentIndex:
+    def from_json(
+        cls, raw: bytes, where: Path, *, number: int | None = None, segment_size: int | None = None
+    ) -> SegmentIndex:
         """Parse and check a sealed segment's index file; any problem raises `ArchiveError`.
 
         ``number`` and ``segment_size`` (the segment file's bytes), when given, are checked too: the
@@ -205,8 +233,10 @@ class SegmentIndex:
 
 def damaged_index_error(where: Path, problem: str) -> ArchiveError:
     """The error for an index file that cannot be used; the archiver rebuilds a deleted one."""
-    return ArchiveError(f"segment index {where} is damaged ({problem}); delete it and the archiver rebuilds it "
-                        "from its segment on the next start")
+    return ArchiveError(
+        f"segment index {where} is damaged ({problem}); delete it and the archiver rebuilds it "
+        "from its segment on the next start"
+    )
 
 
 def _parse_index(data: Any, number: int | None, segment_size: int | None) -> SegmentIndex:
@@ -245,13 +275,16 @@ def _stream_records(name: str, recs: Any, length: int) -> list[tuple[IdKey, str,
         raise ValueError(f"the records of {name!r:.80} are not a list")
     out: list[tuple[IdKey, str, int, int]] = []
     for item in recs:
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
-                and _ENTRY_ID.fullmatch(item[0])):
+        if not (
+            isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and _ENTRY_ID.fullmatch(item[0])
+        ):
             raise ValueError(f"a record of {name!r:.80} is {item!r:.80}, not [entry id, offset, size]")
         entry_id, offset, size = item[0], _count(item[1], "an offset"), _count(item[2], "a size")
         if offset < len(SEGMENT_MAGIC) or size < _PREFIX.size or offset + size > length:
-            raise ValueError(f"{name!r:.80} entry {entry_id} spans bytes [{offset}, {offset + size}), outside the "
-                             f"segment's records [{len(SEGMENT_MAGIC)}, {length})")
+            raise ValueError(
+                f"{name!r:.80} entry {entry_id} spans bytes [{offset}, {offset + size}), outside the "
+                f"segment's records [{len(SEGMENT_MAGIC)}, {length})"
+            )
         key = id_key(entry_id)
         if out and key <= out[-1][0]:
             raise ValueError(f"{name!r:.80} entry {entry_id} is not after {out[-1][1]}")

@@ -16,7 +16,8 @@ is on the wire at a time), and tells each slot how its write went; `record` is t
 The writer wakes when a segment is queued and lets others gather for up to `LINGER_S`, a window that ends
 early when a slot queues a segment while its previous one is still queued (so a slot never has two waiting:
 a worker killed loses at most one segment of each slot, besides the tokens not cut yet and a batch already
-on the wire) or the queue holds `_BATCH`; a slot whose generation ended sends what is queued itself (`write_now`), so its
+on the wire) or the queue holds `_BATCH`; a slot whose generation ended sends what is queued itself (`write_now`),
+so its
 result waits for no window. A pipeline costs the worker about what a few segments cost (a send and a
 receive, and the thread switches around them): gathering is what keeps the writes a small share of its CPU.
 
@@ -107,7 +108,7 @@ def check_sample(sample: Sample, chain: Sequence[SlotSegment]) -> str | None:
         return f"meta segments {str(told)[:80]} is not {{count, tokens}}"
     if told["count"] > len(chain):
         return f"the sample names {told['count']} segments; the stream holds a chain of {len(chain)}"
-    ids, logprobs, _ = chain_values(chain[:told["count"]])
+    ids, logprobs, _ = chain_values(chain[: told["count"]])
     if len(ids) != told["tokens"]:
         return f"the sample's {told['count']} segments hold {len(ids)} tokens, its meta says {told['tokens']}"
     row_ids, mask, row_logprobs = (sample.token_ids.to_list(), sample.loss_mask.to_list(), sample.logprobs.to_list())
@@ -148,8 +149,9 @@ def task_segments(client: redis.Redis, stream: str, task_id: str, since: str = "
 class SegmentStore:
     """A worker's writes and reads of segments; thread-safe (a worker's slots run on a thread pool)."""
 
-    def __init__(self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, name: str,
-                 linger_s: float = LINGER_S) -> None:
+    def __init__(
+        self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, name: str, linger_s: float = LINGER_S
+    ) -> None:
         self.client = client
         self.linger_s = linger_s
         self.partitions = tuple(partitions)
@@ -185,8 +187,16 @@ class SegmentStore:
         """The producer and next sequence number for a segment built to be `submit`-ted (``stamped``)."""
         return {"producer": self.name, "seq": next(self._seq)}  # one C call: atomic under the GIL
 
-    def submit(self, partition: int, task_entry: str, segment: SlotSegment,
-               done: Callable[[str | BaseException], None], *, stamped: bool = False, now: bool = False) -> None:
+    def submit(
+        self,
+        partition: int,
+        task_entry: str,
+        segment: SlotSegment,
+        done: Callable[[str | BaseException], None],
+        *,
+        stamped: bool = False,
+        now: bool = False,
+    ) -> None:
         """Queue ``segment`` for the writer thread; it calls ``done`` with the entry id, `SegmentTaken` or the
         error the write met. What one slot submits is written in that order. ``stamped``: built with `stamp`.
         ``now``: end the writer's window at once (the slot has a segment still queued: see `LINGER_S`)."""
@@ -231,8 +241,10 @@ class SegmentStore:
     def _call(self, partition: int, task_entry: str, segment: SlotSegment) -> tuple[list[Any], list[Any]]:
         fields = codec.encode(segment)
         part = self.partitions[partition]
-        return ([part.tasks, part.segments],
-                [WORKERS_GROUP, task_entry, self.name, fields[codec.HEADER], fields[codec.BLOB]])
+        return (
+            [part.tasks, part.segments],
+            [WORKERS_GROUP, task_entry, self.name, fields[codec.HEADER], fields[codec.BLOB]],
+        )
 
     def _write_queued(self) -> None:
         """The writer thread: sleeps until something is queued, lets the window (``linger_s``) pass unless it is
@@ -268,8 +280,13 @@ class SegmentStore:
                     result = self._write(keys=call[0], args=call[1])
                 except Exception as exc:
                     result = exc
-            outcome = (_refusal(result) if isinstance(result, redis.ResponseError)
-                       else result if isinstance(result, BaseException) else entry_id_str(result))
+            outcome = (
+                _refusal(result)
+                if isinstance(result, redis.ResponseError)
+                else result
+                if isinstance(result, BaseException)
+                else entry_id_str(result)
+            )
             try:
                 done(outcome)
             except Exception:  # a slot's hook failing must not stop the others' writes

@@ -33,6 +33,7 @@ def eviction_checked(where: str, *, set_up: bool) -> Callable[[Any], None]:
     and after an idle server restarted, and the server that answers then may be configured to
     evict. ``set_up``: run redis-py's own set-up (AUTH, HELLO) first, which the cluster client does itself.
     """
+
     def connect_func(connection: Any) -> None:
         if set_up:
             connection.on_connect()
@@ -45,8 +46,10 @@ def eviction_checked(where: str, *, set_up: bool) -> Callable[[Any], None]:
 
 
 def refused(where: str, exc: BaseException) -> ServerError:
-    return ServerError(f"the server at {where} refused the credentials: {exc}; fix the password "
-                       "(--password-file, STREAMGRP_PASSWORD, or the one in --redis-url) or the user name")
+    return ServerError(
+        f"the server at {where} refused the credentials: {exc}; fix the password "
+        "(--password-file, STREAMGRP_PASSWORD, or the one in --redis-url) or the user name"
+    )
 
 
 def server_info(server: redis.Redis, where: str) -> dict[str, Any]:
@@ -56,8 +59,10 @@ def server_info(server: redis.Redis, where: str) -> dict[str, Any]:
     except redis.AuthenticationError as exc:
         raise refused(where, exc) from None
     except redis.exceptions.NoPermissionError as exc:
-        raise ServerError(f"the server at {where} does not let this user run INFO ({exc}); give the user the "
-                          "rules `streamgrp acl RUN` prints for its role") from None
+        raise ServerError(
+            f"the server at {where} does not let this user run INFO ({exc}); give the user the "
+            "rules `streamgrp acl RUN` prints for its role"
+        ) from None
 
 
 def check_server_settings(client: redis.Redis, where: str, *, read_config: bool = True) -> None:
@@ -72,13 +77,21 @@ def check_server_settings(client: redis.Redis, where: str, *, read_config: bool 
     refuse_eviction(memory, where)
     maxmemory, used = int(memory.get("maxmemory", 0) or 0), int(memory.get("used_memory", 0) or 0)
     if maxmemory and used >= MEMORY_WARNING_RATIO * maxmemory:
-        log.warning("the server at %s uses %d of its %d bytes of maxmemory; writes stop when it is full "
-                    "(raise maxmemory or run the archiver with --retention)", where, used, maxmemory)
+        log.warning(
+            "the server at %s uses %d of its %d bytes of maxmemory; writes stop when it is full "
+            "(raise maxmemory or run the archiver with --retention)",
+            where,
+            used,
+            maxmemory,
+        )
     persistence = client.info("persistence")
     if not int(persistence.get("aof_enabled", 0) or 0):
-        log.warning("the server at %s does not keep an append-only file (appendonly no): a server restart loses "
-                    "every write since its last snapshot. Turn it on with CONFIG SET appendonly yes (and "
-                    "appendfsync everysec or always), or use the embedded server, which does", where)
+        log.warning(
+            "the server at %s does not keep an append-only file (appendonly no): a server restart loses "
+            "every write since its last snapshot. Turn it on with CONFIG SET appendonly yes (and "
+            "appendfsync everysec or always), or use the embedded server, which does",
+            where,
+        )
         return
     if not read_config:
         return
@@ -88,8 +101,11 @@ def check_server_settings(client: redis.Redis, where: str, *, read_config: bool 
     except redis.ResponseError:
         return  # CONFIG may be refused to this user; the AOF is on, which is what matters most
     if fsync in (b"no", "no"):
-        log.warning("the server at %s runs appendfsync no: a machine crash can lose about 30 s of acknowledged "
-                    "writes; use everysec (about 1 s) or always (none)", where)
+        log.warning(
+            "the server at %s runs appendfsync no: a machine crash can lose about 30 s of acknowledged "
+            "writes; use everysec (about 1 s) or always (none)",
+            where,
+        )
 
 
 def refuse_eviction(memory: dict[str, Any], where: str) -> None:
@@ -100,4 +116,5 @@ def refuse_eviction(memory: dict[str, Any], where: str) -> None:
             f"the server at {where} evicts keys (maxmemory-policy {policy}): it would silently delete a run's "
             "committed steps, decisions and leases. Set maxmemory-policy to noeviction (CONFIG SET "
             "maxmemory-policy noeviction, or in its configuration file); a full server then refuses writes, "
-            "which streamgrp waits out and reports")
+            "which streamgrp waits out and reports"
+        )

@@ -102,8 +102,9 @@ class StoredSession:
 class SessionStore:
     """The gateway's reads and writes of sessions; thread-safe (the gateway calls it from a thread pool)."""
 
-    def __init__(self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, producer: str,
-                 layout: str | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, partitions: Sequence[PartitionKeys], *, producer: str, layout: str | None = None
+    ) -> None:
         self.client = client
         self.partitions = tuple(partitions)
         self.producer = producer
@@ -122,23 +123,45 @@ class SessionStore:
     def part(self, session_id: str) -> PartitionKeys:
         index = session_partition(session_id)
         if index >= len(self.partitions):
-            raise SessionRefused("UNKNOWN", f"session {session_id} names partition {index}; the run has "
-                                 f"{len(self.partitions)}")
+            raise SessionRefused(
+                "UNKNOWN", f"session {session_id} names partition {index}; the run has {len(self.partitions)}"
+            )
         return self.partitions[index]
 
     # -- writes ---------------------------------------------------------------------------------------------
 
-    def open_task(self, partition: int, task_entry: str, task: TaskIssued, sessions: Sequence[tuple[str, int, str]], *,
-                  deadline: float | None, version: int) -> str:
+    def open_task(
+        self,
+        partition: int,
+        task_entry: str,
+        task: TaskIssued,
+        sessions: Sequence[tuple[str, int, str]],
+        *,
+        deadline: float | None,
+        version: int,
+    ) -> str:
         """Open ``sessions`` ((id, slot, key) each) of the task at ``task_entry`` and acknowledge the task;
         'OPENED', or 'REPEAT' when this call had run before. `SessionRefused` ``TAKEN`` when the task is
         not pending any more (its sessions were opened by another call)."""
         part = self.partitions[partition]
-        args: list[object] = [WORKERS_GROUP, task_entry, task.task_id, "" if deadline is None else repr(deadline),
-                              version, len(sessions)]
+        args: list[object] = [
+            WORKERS_GROUP,
+            task_entry,
+            task.task_id,
+            "" if deadline is None else repr(deadline),
+            version,
+            len(sessions),
+        ]
         for session_id, slot, key in sessions:
-            opened = SessionOpened(session=session_id, task_id=task.task_id, slot=slot, deadline=deadline,
-                                   version=version, producer=self.producer, seq=self.next_seq())
+            opened = SessionOpened(
+                session=session_id,
+                task_id=task.task_id,
+                slot=slot,
+                deadline=deadline,
+                version=version,
+                producer=self.producer,
+                seq=self.next_seq(),
+            )
             args += [session_id, slot, key_digest(key), codec.encode(opened)[codec.HEADER]]
         keys = [part.tasks, part.sessions, part.session_deadlines, *(part.session(s) for s, _, _ in sessions)]
         return _text(self._call(self._open, keys, args))
@@ -166,9 +189,18 @@ class SessionStore:
             raise self._refusal(exc) from None
         return None if reply is loop_client.UNANSWERED else _text(reply)
 
-    def end(self, session: StoredSession, *, turns: int, sample: Sample | None = None, error: str | None = None,
-            timeout: bool = False, reward: float | None = None, reward_pending: bool = False,
-            max_entry_bytes: int | None = None) -> tuple[str, str]:
+    def end(
+        self,
+        session: StoredSession,
+        *,
+        turns: int,
+        sample: Sample | None = None,
+        error: str | None = None,
+        timeout: bool = False,
+        reward: float | None = None,
+        reward_pending: bool = False,
+        max_entry_bytes: int | None = None,
+    ) -> tuple[str, str]:
         """End ``session`` and publish its slot result, built from its first ``turns`` turns: ``sample``, or a
         failure with ``error``'s text, or a rejection (neither), or nothing (``timeout``). Returns (the outcome
         written, the slot result's entry id, '' for a timeout). With ``reward_pending`` the sample's result
@@ -178,14 +210,16 @@ class SessionStore:
         seq = self.next_seq()
         slot_header = payload_header = blob = b""
         if sample is not None and not timeout:
-            slot_header, payload_header, blob = codec.encode_sample(session.task_id, session.slot, sample,
-                                                                    producer=self.producer, seq=seq,
-                                                                    reward_pending=reward_pending)
+            slot_header, payload_header, blob = codec.encode_sample(
+                session.task_id, session.slot, sample, producer=self.producer, seq=seq, reward_pending=reward_pending
+            )
             size = entry_size({codec.HEADER: payload_header, codec.BLOB: blob})
             if max_entry_bytes is not None and size > max_entry_bytes:
-                error = (f"the session's sample is {size} bytes encoded, over max_entry_bytes={max_entry_bytes}; "
-                         "shorten the session (fewer or shorter turns) or raise --max-entry-bytes on the gateway, "
-                         "the assembler and the trainers")
+                error = (
+                    f"the session's sample is {size} bytes encoded, over max_entry_bytes={max_entry_bytes}; "
+                    "shorten the session (fewer or shorter turns) or raise --max-entry-bytes on the gateway, "
+                    "the assembler and the trainers"
+                )
                 slot_header = payload_header = blob = b""
         outcome: Literal["sample", "rejected", "failed", "timeout"]
         if timeout:
@@ -196,15 +230,39 @@ class SessionStore:
             refused: Literal["failed", "rejected"] = "failed" if error is not None else "rejected"
             outcome = refused
             error = None if error is None else error[:MAX_ERROR_CHARS]
-            slot_header = codec.encode(SlotResult(task_id=session.task_id, slot=session.slot, outcome=refused,
-                                                  error=error or None, producer=self.producer, seq=seq))[codec.HEADER]
-        ended = SessionEnded(session=session.session_id, task_id=session.task_id, slot=session.slot, outcome=outcome,
-                             turns=turns, rows=sample.rows if outcome == "sample" and sample is not None else 0,
-                             reward=reward if outcome == "sample" else None,
-                             error=error if outcome == "failed" else None, producer=self.producer, seq=seq)
+            slot_header = codec.encode(
+                SlotResult(
+                    task_id=session.task_id,
+                    slot=session.slot,
+                    outcome=refused,
+                    error=error or None,
+                    producer=self.producer,
+                    seq=seq,
+                )
+            )[codec.HEADER]
+        ended = SessionEnded(
+            session=session.session_id,
+            task_id=session.task_id,
+            slot=session.slot,
+            outcome=outcome,
+            turns=turns,
+            rows=sample.rows if outcome == "sample" and sample is not None else 0,
+            reward=reward if outcome == "sample" else None,
+            error=error if outcome == "failed" else None,
+            producer=self.producer,
+            seq=seq,
+        )
         keys = [part.session(session.session_id), part.sessions, part.session_deadlines, part.slots, part.payloads]
-        args = [session.session_id, outcome, "" if timeout else turns, codec.encode(ended)[codec.HEADER], slot_header,
-                payload_header, blob, "1" if reward_pending and outcome == "sample" else ""]
+        args = [
+            session.session_id,
+            outcome,
+            "" if timeout else turns,
+            codec.encode(ended)[codec.HEADER],
+            slot_header,
+            payload_header,
+            blob,
+            "1" if reward_pending and outcome == "sample" else "",
+        ]
         if payload_header and self.layout == payloads.KEYS:
             return outcome, _text(self._end_staged(part, keys, args))
         return outcome, _text(self._call(self._end, keys, args))
@@ -216,8 +274,11 @@ class SessionStore:
         assert isinstance(header, bytes) and isinstance(blob, bytes)
         try:
             return payloads.call_staged(
-                self.client, part.payloads, [(header, blob)],
-                lambda staged, pipe: self._end(keys=[*keys, *staged], args=[*args[:5], b"", b"", args[7]], client=pipe))
+                self.client,
+                part.payloads,
+                [(header, blob)],
+                lambda staged, pipe: self._end(keys=[*keys, *staged], args=[*args[:5], b"", b"", args[7]], client=pipe),
+            )
         except redis.ResponseError as exc:
             raise self._refusal(exc) from None
 
@@ -247,20 +308,32 @@ class SessionStore:
         recorded: list[TurnRecorded] = []
         for entry_id, fields in zip(ids, read_entries(self.client, part.sessions, ids)):
             if fields is None:
-                raise SessionRefused("TRIMMED", f"turn entry {entry_id} of session {session_id} is gone from the "
-                                     "sessions stream; the session cannot be resumed")
+                raise SessionRefused(
+                    "TRIMMED",
+                    f"turn entry {entry_id} of session {session_id} is gone from the "
+                    "sessions stream; the session cannot be resumed",
+                )
             event = codec.decode(fields)
             if not isinstance(event, TurnRecorded):
-                raise SessionRefused("CORRUPT", f"entry {entry_id} of session {session_id} is a {event.kind}, "
-                                     "not a turn")
+                raise SessionRefused(
+                    "CORRUPT", f"entry {entry_id} of session {session_id} is a {event.kind}, not a turn"
+                )
             recorded.append(event)
         deadline = state.get("deadline", "")
-        return StoredSession(session_id=session_id, task_id=state["task"], slot=int(state["slot"]),
-                             task_entry=state["entry"], deadline=float(deadline) if deadline else None,
-                             version=int(state.get("version", "0")), status=state["status"],
-                             key_digest=state["key"], result=state.get("result", ""),
-                             reward_pending=state.get("pending") == "1", turns=recorded,
-                             turn_count=int(state.get("turns", "0")))
+        return StoredSession(
+            session_id=session_id,
+            task_id=state["task"],
+            slot=int(state["slot"]),
+            task_entry=state["entry"],
+            deadline=float(deadline) if deadline else None,
+            version=int(state.get("version", "0")),
+            status=state["status"],
+            key_digest=state["key"],
+            result=state.get("result", ""),
+            reward_pending=state.get("pending") == "1",
+            turns=recorded,
+            turn_count=int(state.get("turns", "0")),
+        )
 
     def due(self, now: float, limit: int = 256) -> list[str]:
         """Open sessions whose group deadline is at or before ``now`` (server clock), at most ``limit``."""
@@ -269,8 +342,9 @@ class SessionStore:
             left = limit - len(found)
             if left <= 0:
                 break
-            found += [_text(s) for s in self.client.zrangebyscore(part.session_deadlines, "-inf", now, start=0,
-                                                                  num=left)]
+            found += [
+                _text(s) for s in self.client.zrangebyscore(part.session_deadlines, "-inf", now, start=0, num=left)
+            ]
         return found
 
     def open_count(self) -> int:
@@ -288,7 +362,18 @@ class SessionStore:
     def _refusal(exc: redis.ResponseError) -> Exception:
         """A function's refusal as `SessionRefused` with its code; any other error as it is."""
         code = scripts.error_code(exc)
-        if code in ("UNKNOWN", "ENDED", "EXPIRED", "TURN", "TAKEN", "EXISTS", "EARLY", "PAYLOAD", "STAGED", "BAD_INPUT"):
+        if code in (
+            "UNKNOWN",
+            "ENDED",
+            "EXPIRED",
+            "TURN",
+            "TAKEN",
+            "EXISTS",
+            "EARLY",
+            "PAYLOAD",
+            "STAGED",
+            "BAD_INPUT",
+        ):
             return SessionRefused(code, str(exc).split(None, 1)[-1])
         return exc
 

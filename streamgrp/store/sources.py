@@ -51,8 +51,19 @@ from streamgrp.store.runs import (
 )
 from streamgrp.store.streams import entry_id_str, hash_reply, range_reply, read_entries
 
-__all__ = ["ArchiveSource", "EntrySource", "FallbackSource", "RedisSource", "decode_all", "default_source",
-           "folded_through", "open_run_source", "partition_streams", "recorded_config", "server_source"]
+__all__ = [
+    "ArchiveSource",
+    "EntrySource",
+    "FallbackSource",
+    "RedisSource",
+    "decode_all",
+    "default_source",
+    "folded_through",
+    "open_run_source",
+    "partition_streams",
+    "recorded_config",
+    "server_source",
+]
 
 #: ``source(stream, ids)``: the fields of each entry id of a run's stream (a `RunKeys.all_streams`
 #: name), in order, None where the entry is not retained.
@@ -119,6 +130,7 @@ class RedisSource:
     def hash(self, name: str) -> dict[str, str]:
         """A run hash (``committed``, ``decided``) as text; in a partitioned run ``decided`` joins the
         partitions' and ``counts`` adds theirs to the run's own."""
+
         def read(key: str) -> dict[str, str]:
             return {k.decode(): v.decode() for k, v in hash_reply(self.client.hgetall(key)).items()}
 
@@ -154,8 +166,10 @@ class ArchiveSource:
         self.reader = ArchiveReader(directory)
         self.directory = self.reader.directory
         if keys is not None and keys.run != self.reader.run:
-            raise ConfigError(f"{self.directory} is the archive of run {self.reader.run!r}, not {keys.run!r}; pass "
-                              "that run's archive (default <data_dir>/archive/<run>)")
+            raise ConfigError(
+                f"{self.directory} is the archive of run {self.reader.run!r}, not {keys.run!r}; pass "
+                "that run's archive (default <data_dir>/archive/<run>)"
+            )
         self.keys = keys or RunKeys(self.reader.run)
 
     @cached_property
@@ -180,8 +194,9 @@ class ArchiveSource:
     def __call__(self, stream: str, ids: Sequence[str]) -> list[dict[bytes, bytes] | None]:
         return self.reader.get(self._check(stream), list(ids))
 
-    def scan(self, stream: str, page: int = 2000, *, after: str | None = None,
-             before: str | None = None) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+    def scan(
+        self, stream: str, page: int = 2000, *, after: str | None = None, before: str | None = None
+    ) -> Iterator[tuple[str, dict[bytes, bytes]]]:
         """Every archived entry of ``stream`` (strictly between ``after`` and ``before`` when given), in order."""
         return self.reader.scan(self._check(stream), after=after, before=before)
 
@@ -212,8 +227,10 @@ class FallbackSource:
 
     def __init__(self, server: RedisSource, archive: ArchiveSource) -> None:
         if server.keys.run != archive.keys.run:
-            raise ConfigError(f"{archive.directory} is the archive of run {archive.keys.run!r}, not "
-                              f"{server.keys.run!r}; pass that run's archive")
+            raise ConfigError(
+                f"{archive.directory} is the archive of run {archive.keys.run!r}, not "
+                f"{server.keys.run!r}; pass that run's archive"
+            )
         self.server = server
         self.archive = archive
         self.keys = server.keys
@@ -270,8 +287,13 @@ def default_source(client: redis.Redis, keys: RunKeys, data_dir: str | os.PathLi
     return server
 
 
-def open_run_source(client: redis.Redis, run: str | None, *, archive: str | os.PathLike[str] | None = None,
-                    data_dir: str | os.PathLike[str] | None = None):
+def open_run_source(
+    client: redis.Redis,
+    run: str | None,
+    *,
+    archive: str | os.PathLike[str] | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+):
     """The run to inspect and the source to read it through: ``(Run, source)``.
 
     ``archive`` given: the server backed by it, or the archive alone when the run is not on the server
@@ -284,22 +306,33 @@ def open_run_source(client: redis.Redis, run: str | None, *, archive: str | os.P
     try:
         opened = open_run(client, resolve_run_name(client, run, create=False))
     except ConfigError:
-        if archived is None and run is not None and data_dir is not None \
-                and (default_archive_dir(data_dir, run) / "meta.json").exists():
+        if (
+            archived is None
+            and run is not None
+            and data_dir is not None
+            and (default_archive_dir(data_dir, run) / "meta.json").exists()
+        ):
             archived = ArchiveSource(default_archive_dir(data_dir, run))
         if archived is None:
             raise
         if archived.keys.run != run:
-            raise ConfigError(f"{archived.directory} is the archive of run {archived.keys.run!r}, not {run!r}; pass "
-                              f"--run {archived.keys.run} or that run's archive") from None
+            raise ConfigError(
+                f"{archived.directory} is the archive of run {archived.keys.run!r}, not {run!r}; pass "
+                f"--run {archived.keys.run} or that run's archive"
+            ) from None
         first = next(iter(archived.scan("control")), (None, None))[1]
-        record, recorded = read_record(archived.keys.run, first, f"the first control entry of the archive "
-                                                                 f"{archived.directory} (was the control stream archived?)")
+        record, recorded = read_record(
+            archived.keys.run,
+            first,
+            f"the first control entry of the archive {archived.directory} (was the control stream archived?)",
+        )
         return Run(archived.keys, recorded, record), archived
     if archived is not None:
         if archived.keys.run != opened.name:
-            raise ConfigError(f"{archived.directory} is the archive of run {archived.keys.run!r}, not "
-                              f"{opened.name!r}; pass --run {archived.keys.run} or that run's archive")
+            raise ConfigError(
+                f"{archived.directory} is the archive of run {archived.keys.run!r}, not "
+                f"{opened.name!r}; pass --run {archived.keys.run} or that run's archive"
+            )
         return opened, FallbackSource(RedisSource(client, opened.keys), archived)
     return opened, default_source(client, opened.keys, data_dir)
 

@@ -84,8 +84,9 @@ def entry_time(entry_id: str) -> float:
     return int(entry_id.split("-", 1)[0]) / 1000.0
 
 
-def read_in_turn(sources: Sequence[S], read: Callable[[S, int | None], list[R]], block_ms: int | None, *,
-                 first: bool) -> list[tuple[S, list[R]]]:
+def read_in_turn(
+    sources: Sequence[S], read: Callable[[S, int | None], list[R]], block_ms: int | None, *, first: bool
+) -> list[tuple[S, list[R]]]:
     """Read several streams (a partitioned run's, one per source) the way one blocking read of one would:
     ``read(source, block_ms)`` -> what it brought. One source: one read with ``block_ms``. Several: each
     without waiting (stopping at the first that brought something when ``first``), then, when none did
@@ -124,7 +125,7 @@ def read_entries(client: redis.Redis, stream: str, ids: list[str]) -> list[dict[
     which costs it far less than a script's per-entry XRANGE."""
     out: list[dict[bytes, bytes] | None] = []
     for start in range(0, len(ids), READ_CHUNK):
-        chunk = ids[start:start + READ_CHUNK]
+        chunk = ids[start : start + READ_CHUNK]
         runs = _adjacent_runs(chunk)
         pipe = client.pipeline(transaction=False)
         # Every field kept whatever callbacks the caller's client has (a copy: the client's own stay). A
@@ -163,8 +164,9 @@ def _once(attempt: Callable[[], T], /) -> T:
 STREAM_PART = 64
 
 
-def stream_entries(client: redis.Redis, stream: str, ids: list[str], *,
-                   retry: Retry = _once) -> Iterator[dict[bytes, bytes] | None]:
+def stream_entries(
+    client: redis.Redis, stream: str, ids: list[str], *, retry: Retry = _once
+) -> Iterator[dict[bytes, bytes] | None]:
     """`read_entries`, yielded in order part by part: the request for the next `STREAM_PART` ids is sent
     before a part is handed over, so the server makes that reply while the caller works on this one
     (loading a 1024-token shard, 29 -> 23 µs a row here). ``retry(attempt)`` runs each part's read
@@ -173,7 +175,7 @@ def stream_entries(client: redis.Redis, stream: str, ids: list[str], *,
     if isinstance(client, redis.RedisCluster) or not hasattr(client, "connection_pool"):
         yield from read_entries(client, stream, ids)
         return
-    parts = [ids[start:start + STREAM_PART] for start in range(0, len(ids), STREAM_PART)]
+    parts = [ids[start : start + STREAM_PART] for start in range(0, len(ids), STREAM_PART)]
     runs = [_adjacent_runs(part) for part in parts]
     pool = client.connection_pool
     # Taking a connection connects it (or checks a pooled one): a server down or restarting fails it too.
@@ -183,8 +185,9 @@ def stream_entries(client: redis.Redis, stream: str, ids: list[str], *,
     def send(index: int) -> None:
         nonlocal on_the_wire
         on_the_wire = None
-        connection.send_packed_command(connection.pack_commands(
-            [("XRANGE", stream, first, last) for first, last in runs[index]]))
+        connection.send_packed_command(
+            connection.pack_commands([("XRANGE", stream, first, last) for first, last in runs[index]])
+        )
         on_the_wire = index
 
     def read(index: int) -> list[list[Entry]]:
@@ -283,8 +286,14 @@ def _xclaim(response, **options):
     return response if options.get("parse_justid", False) else _entries(response)
 
 
-STREAM_CALLBACKS = {"XREAD": _xread, "XREADGROUP": _xread, "XRANGE": _entries, "XREVRANGE": _entries,
-                    "XAUTOCLAIM": _xautoclaim, "XCLAIM": _xclaim}
+STREAM_CALLBACKS = {
+    "XREAD": _xread,
+    "XREADGROUP": _xread,
+    "XRANGE": _entries,
+    "XREVRANGE": _entries,
+    "XAUTOCLAIM": _xautoclaim,
+    "XCLAIM": _xclaim,
+}
 
 
 def keep_every_field(client: C) -> C:

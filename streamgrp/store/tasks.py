@@ -58,14 +58,16 @@ class TaskWriter:
         headers = [codec.encode(event)[codec.HEADER] for event in events]
         if len(self.partitions) > 1:
             return self._write_partitioned(events, headers, lease_token, cursor)
-        result = self._script(keys=[self.keys.tasks, self.keys.slots, self.keys.batcher_state,
-                                    self.keys.batcher_lease], args=[lease_token, cursor if lease_token else "",
-                                                                    *headers])
+        result = self._script(
+            keys=[self.keys.tasks, self.keys.slots, self.keys.batcher_state, self.keys.batcher_lease],
+            args=[lease_token, cursor if lease_token else "", *headers],
+        )
         wait_for_replicas(self.client)
         return int(result)
 
-    def _write_partitioned(self, events: Sequence[TaskIssued], headers: list[bytes], lease_token: str,
-                           cursor: int) -> int:
+    def _write_partitioned(
+        self, events: Sequence[TaskIssued], headers: list[bytes], lease_token: str, cursor: int
+    ) -> int:
         by_partition: dict[int, list[int]] = {}
         for at, event in enumerate(events):
             by_partition.setdefault(task_partition(event.task_id, len(self.partitions)), []).append(at)
@@ -76,11 +78,18 @@ class TaskWriter:
                 args = [item for at in positions for item in (events[at].task_id, headers[at])]
                 written += int(self._issue_once(keys=[part.tasks, part.slots, part.issued], args=args))
             else:  # unfenced: as issue_tasks.lua always did (its lease and cursor keys are not read)
-                written += int(self._script(keys=[part.tasks, part.slots, part.issued, part.issued],
-                                            args=["", "", *(headers[at] for at in positions)]))
+                written += int(
+                    self._script(
+                        keys=[part.tasks, part.slots, part.issued, part.issued],
+                        args=["", "", *(headers[at] for at in positions)],
+                    )
+                )
         if lease_token:
-            written = int(self._advance(keys=[self.keys.batcher_state, self.keys.batcher_lease],
-                                        args=[lease_token, cursor, len(events)]))
+            written = int(
+                self._advance(
+                    keys=[self.keys.batcher_state, self.keys.batcher_lease], args=[lease_token, cursor, len(events)]
+                )
+            )
         wait_for_replicas(self.client)
         return written
 
@@ -88,15 +97,22 @@ class TaskWriter:
 class TaskIssuer:
     """Publishes tasks for one run without a feeder, numbering them with its producer identity."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, producer: str | None = None,
-                 partitions: Sequence[PartitionKeys] | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        *,
+        producer: str | None = None,
+        partitions: Sequence[PartitionKeys] | None = None,
+    ) -> None:
         self.keys = keys
         self.producer = producer or producer_name("issuer")
         self._writer = TaskWriter(client, keys, partitions)
         self._seq = itertools.count()
 
-    def issue(self, prompts: Iterable[Mapping[str, Any]], *, version: int = 0,
-              task_ids: Iterable[str] | None = None) -> list[TaskIssued]:
+    def issue(
+        self, prompts: Iterable[Mapping[str, Any]], *, version: int = 0, task_ids: Iterable[str] | None = None
+    ) -> list[TaskIssued]:
         """Issue one task per prompt; returns the events written. Task ids default to unique ones."""
         now = self._writer.now()
         ids = iter(task_ids) if task_ids is not None else None
@@ -104,8 +120,16 @@ class TaskIssuer:
         for prompt in prompts:
             seq = next(self._seq)
             task_id = next(ids) if ids is not None else f"{uuid.uuid4().hex[:12]}-{seq}"
-            events.append(TaskIssued(task_id=task_id, prompt=dict(prompt), version=version, issued_at=now,
-                                     producer=self.producer, seq=seq))
+            events.append(
+                TaskIssued(
+                    task_id=task_id,
+                    prompt=dict(prompt),
+                    version=version,
+                    issued_at=now,
+                    producer=self.producer,
+                    seq=seq,
+                )
+            )
         for start in range(0, len(events), MAX_TASKS_PER_CALL):
-            self._writer.write(events[start:start + MAX_TASKS_PER_CALL])
+            self._writer.write(events[start : start + MAX_TASKS_PER_CALL])
         return events

@@ -40,9 +40,15 @@ class VersionReader:
         if value < 0:
             if raw != self._reported:
                 self._reported = raw
-                log.error("run %s: the policy version key holds %r, which streamgrp never writes (only trainer commits "
-                          "set it, to integers); keeping version %d until the next commit writes one. Check who "
-                          "else holds a credential that may SET %s", self.keys.run, raw, self.last, self.keys.version)
+                log.error(
+                    "run %s: the policy version key holds %r, which streamgrp never writes (only trainer commits "
+                    "set it, to integers); keeping version %d until the next commit writes one. Check who "
+                    "else holds a credential that may SET %s",
+                    self.keys.run,
+                    raw,
+                    self.last,
+                    self.keys.version,
+                )
             return self.last
         self.last = value
         return value

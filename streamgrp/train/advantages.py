@@ -110,8 +110,14 @@ class _Layout:
             )
         else:
             group_of_row = torch.zeros(n_rows, dtype=torch.long, device=device)
-        return cls(n_rows, torch.arange(n_rows, device=device).repeat_interleave(n_cols),
-                   valid.any(dim=1).to(_F64), group_of_row, len(sizes) if sizes is not None else 0, batch_reduce)
+        return cls(
+            n_rows,
+            torch.arange(n_rows, device=device).repeat_interleave(n_cols),
+            valid.any(dim=1).to(_F64),
+            group_of_row,
+            len(sizes) if sizes is not None else 0,
+            batch_reduce,
+        )
 
     def segments(self, level: Literal["group", "batch"]) -> tuple[torch.Tensor, int, BatchReduce | None]:
         """(segment of each row, number of segments, reduce) for one level; batch is one segment."""

@@ -35,8 +35,13 @@ def manifest_digest(manifest: StepManifest | None) -> int:
     tokens and digest, which hashes the bytes of every member the shard trains. Cheap (no re-encoding)."""
     if manifest is None:
         return 0
-    text = ";".join([str(manifest.step), str(manifest.version),
-                     *(f"{shard.rank}:{shard.tokens}:{shard.digest}" for shard in manifest.shards)])
+    text = ";".join(
+        [
+            str(manifest.step),
+            str(manifest.version),
+            *(f"{shard.rank}:{shard.tokens}:{shard.digest}" for shard in manifest.shards),
+        ]
+    )
     raw = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(raw, "big") >> (64 - DIGEST_BITS)
 
@@ -75,8 +80,10 @@ class GroupVote:
         reduced = self._reduce([token, first, -first, int(explicit)])
         group_token, highest, lowest = reduced[0], reduced[1], -reduced[2]
         if reduced[3] and highest != lowest:
-            raise TrainerGroupError(f"the ranks of the trainer group resume at different steps ({lowest} to {highest}): "
-                                    "give every rank the same resume_after (the step its weights hold)")
+            raise TrainerGroupError(
+                f"the ranks of the trainer group resume at different steps ({lowest} to {highest}): "
+                "give every rank the same resume_after (the step its weights hold)"
+            )
         return group_token, lowest
 
     def step(self, *, leaving: bool, attempt: int, step: int, digest: int, failed: bool = False) -> bool:
@@ -96,7 +103,8 @@ class GroupVote:
         if differs:
             raise TrainerGroupError(
                 f"the ranks of the trainer group are not training together: {', '.join(differs)}; no rank trains "
-                "this step. Restart every rank of the group together (torchrun does), so all begin one attempt")
+                "this step. Restart every rank of the group together (torchrun does), so all begin one attempt"
+            )
         return any_leaving
 
     def _reduce(self, values: list[int]) -> list[int]:
@@ -106,9 +114,13 @@ class GroupVote:
             raise
         except RuntimeError as exc:  # gloo/NCCL: a peer's process died or left the group
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise TrainerGroupError(f"rank {self.rank} lost its trainer group in the per-step vote ({first_line}): a "
-                                    "peer died or left; restart every rank of the group together") from exc
+            raise TrainerGroupError(
+                f"rank {self.rank} lost its trainer group in the per-step vote ({first_line}): a "
+                "peer died or left; restart every rank of the group together"
+            ) from exc
         if len(reduced) != len(values):
-            raise TrainerGroupError(f"agree returned {len(reduced)} values for {len(values)}: it must be an "
-                                    "element-wise maximum over the ranks, such as Collectives.max_over_ranks")
+            raise TrainerGroupError(
+                f"agree returned {len(reduced)} values for {len(values)}: it must be an "
+                "element-wise maximum over the ranks, such as Collectives.max_over_ranks"
+            )
         return reduced

@@ -96,13 +96,28 @@ def read_state(client: redis.Redis, keys: RunKeys) -> AttemptState:
     fields, committed, version, published = pipe.execute()
     fields = {_text(k): _text(v) for k, v in fields.items()}
     attempt = Attempt(int(fields.get("attempt", 0)), int(fields.get("first", 0)), int(fields.get("base", 0)))
-    return AttemptState(attempt, fields.get("token"), int(fields.get("high", -1)), int(fields.get("reserved", 0)),
-                        VersionReader(keys).parse(version), {int(_text(r)): int(_text(s)) for r, s in committed.items()},
-                        int(published) if published is not None else -1)
+    return AttemptState(
+        attempt,
+        fields.get("token"),
+        int(fields.get("high", -1)),
+        int(fields.get("reserved", 0)),
+        VersionReader(keys).parse(version),
+        {int(_text(r)): int(_text(s)) for r, s in committed.items()},
+        int(published) if published is not None else -1,
+    )
 
 
-def begin(client: redis.Redis, keys: RunKeys, *, token: int, first: int, world_size: int,
-          reason: Literal["checkpoint", "lowest_rank", "start"], rank: int, producer: str) -> Attempt:
+def begin(
+    client: redis.Redis,
+    keys: RunKeys,
+    *,
+    token: int,
+    first: int,
+    world_size: int,
+    reason: Literal["checkpoint", "lowest_rank", "start"],
+    rank: int,
+    producer: str,
+) -> Attempt:
     """Begin the group's attempt at ``first`` (or join it, when a peer with the same ``token`` began it)."""
     script = scripts.register(client, "trainer_attempt.lua")
     for _ in range(BEGIN_TRIES):
@@ -111,12 +126,21 @@ def begin(client: redis.Redis, keys: RunKeys, *, token: int, first: int, world_s
         retrain_through = state.high if state.high >= first else -1
         if not state.committed and state.high < 0:
             reason = "start"
-        event = TrainingResumed(attempt=state.attempt.number + 1, step=first, world_size=world_size,
-                                base_version=base, reason=reason, retrain_through=retrain_through, rank=rank,
-                                producer=producer, seq=1)
-        reply = script(keys=[keys.attempt, keys.committed, keys.commits],
-                       args=[state.attempt.number, str(token), first, base, world_size,
-                             codec.encode(event)[codec.HEADER]])
+        event = TrainingResumed(
+            attempt=state.attempt.number + 1,
+            step=first,
+            world_size=world_size,
+            base_version=base,
+            reason=reason,
+            retrain_through=retrain_through,
+            rank=rank,
+            producer=producer,
+            seq=1,
+        )
+        reply = script(
+            keys=[keys.attempt, keys.committed, keys.commits],
+            args=[state.attempt.number, str(token), first, base, world_size, codec.encode(event)[codec.HEADER]],
+        )
         outcome = _text(reply[0])
         if outcome == "new":
             attempt = Attempt(state.attempt.number + 1, first, base)
@@ -124,8 +148,10 @@ def begin(client: redis.Redis, keys: RunKeys, *, token: int, first: int, world_s
             return attempt
         if outcome == "same":
             return Attempt(int(reply[1]), int(reply[2]), int(reply[3]))
-    raise TrainerGroupError(f"rank {rank} could not begin its trainer group's attempt: other starts replaced it "
-                            f"{BEGIN_TRIES} times; is another trainer group training run {keys.run!r}?")
+    raise TrainerGroupError(
+        f"rank {rank} could not begin its trainer group's attempt: other starts replaced it "
+        f"{BEGIN_TRIES} times; is another trainer group training run {keys.run!r}?"
+    )
 
 
 def current(client: redis.Redis, keys: RunKeys) -> Attempt:
@@ -134,14 +160,25 @@ def current(client: redis.Redis, keys: RunKeys) -> Attempt:
 
 
 def _log_begun(attempt: Attempt, reason: str, retrain_through: int) -> None:
-    where = {"checkpoint": "after the checkpoint its weights were loaded from",
-             "lowest_rank": "the lowest rank's next step (no checkpoint given: pass resume_after=S when the "
-                            "weights hold step S)",
-             "start": "the run's first step"}[reason]
-    again = (f"; steps {attempt.first}..{retrain_through} are trained again with their recorded data"
-             if retrain_through >= attempt.first else "")
-    log.info("trainer group attempt %d starts at step %d, %s%s; its versions start at %d",
-             attempt.number, attempt.first, where, again, attempt.base + 1)
+    where = {
+        "checkpoint": "after the checkpoint its weights were loaded from",
+        "lowest_rank": "the lowest rank's next step (no checkpoint given: pass resume_after=S when the "
+        "weights hold step S)",
+        "start": "the run's first step",
+    }[reason]
+    again = (
+        f"; steps {attempt.first}..{retrain_through} are trained again with their recorded data"
+        if retrain_through >= attempt.first
+        else ""
+    )
+    log.info(
+        "trainer group attempt %d starts at step %d, %s%s; its versions start at %d",
+        attempt.number,
+        attempt.first,
+        where,
+        again,
+        attempt.base + 1,
+    )
 
 
 def _text(value: bytes | str) -> str:

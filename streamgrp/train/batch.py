@@ -108,8 +108,9 @@ class Batch:
             owner._fail(self, exc)
             self.settled = True
 
-    def record_metrics(self, values: Mapping[str, float | int | bool | str] | None = None, /,
-                       **more: float | int | bool | str) -> None:
+    def record_metrics(
+        self, values: Mapping[str, float | int | bool | str] | None = None, /, **more: float | int | bool | str
+    ) -> None:
         """Record this step's figures (loss, logprob mismatch, anything) for the report, ``streamgrp export``
         and the summary: ``batch.record_metrics(loss=0.31, logprob_abs_diff_mean=0.012)``. The report charts
         ``loss`` and ``logprob_abs_diff_mean``; every key is kept. One record per step: call it on one rank
@@ -122,5 +123,6 @@ class Batch:
         if self._client is None:
             raise ReadOnlyBatch(
                 f"cannot {action} step {self.step} rank {self.rank}: this batch is a replay (or was loaded from a "
-                "file), not a trainer rank's live batch; only batches from TrainerClient.batches() record progress")
+                "file), not a trainer rank's live batch; only batches from TrainerClient.batches() record progress"
+            )
         return self._client

@@ -40,7 +40,6 @@ _MAX_HEADER = 100 * 1024 * 1024
 _MAX_DIM = 2**63 - 1  # torch sizes are int64
 
 
-
 def save_batch(batch: Batch, path: str | os.PathLike[str]) -> Path:
     """Write ``batch`` in the safetensors layout (no pickle), with its identity as metadata; returns the path.
 
@@ -51,19 +50,33 @@ def save_batch(batch: Batch, path: str | os.PathLike[str]) -> Path:
         raise StreamgrpError("saving batches needs a little-endian machine")
     header: dict[str, Any] = {}
     blobs, offset = [], 0
-    for name in (*TENSOR_FIELDS, *(f for f in OPTIONAL_FIELDS if f == "token_versions" or getattr(batch, f) is not None)):
+    for name in (
+        *TENSOR_FIELDS,
+        *(f for f in OPTIONAL_FIELDS if f == "token_versions" or getattr(batch, f) is not None),
+    ):
         tensor = getattr(batch, name).detach().cpu().clone(memory_format=torch.contiguous_format)
         if tensor.dtype not in _ST_DTYPES:
             raise StreamgrpError(f"batch tensor {name} has dtype {tensor.dtype}, which the batch format cannot hold")
         data = bytes(tensor.untyped_storage()) if tensor.numel() else b""
-        header[name] = {"dtype": _ST_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": _ST_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
-    meta = {"run": batch.run, "step": batch.step, "rank": batch.rank, "world_size": batch.world_size,
-            "version": batch.version, "digest": batch.digest, "task_ids": list(batch.task_ids),
-            "group_sizes": [int(size) for size in batch.group_sizes.tolist()],
-            "step_loss_tokens": batch.step_loss_tokens, "stale_masked_tokens": batch.stale_masked_tokens}
+    meta = {
+        "run": batch.run,
+        "step": batch.step,
+        "rank": batch.rank,
+        "world_size": batch.world_size,
+        "version": batch.version,
+        "digest": batch.digest,
+        "task_ids": list(batch.task_ids),
+        "group_sizes": [int(size) for size in batch.group_sizes.tolist()],
+        "step_loss_tokens": batch.step_loss_tokens,
+        "stale_masked_tokens": batch.stale_masked_tokens,
+    }
     header["__metadata__"] = {"format": BATCH_FORMAT, "streamgrp": orjson.dumps(meta).decode()}
     raw = orjson.dumps(header)
     raw += b" " * (-len(raw) % 8)  # safetensors pads the header so tensor data starts 8-byte aligned
@@ -92,9 +105,18 @@ def load_batch(path: str | os.PathLike[str]) -> Batch:
         tensors["_token_versions"] = _tensor("token_versions", header["token_versions"], data, where)
     if "version_spans" in header:
         tensors["version_spans"] = _tensor("version_spans", header["version_spans"], data, where)
-    return Batch(step=meta["step"], rank=meta["rank"], world_size=meta["world_size"], version=meta["version"],
-                 task_ids=meta["task_ids"], step_loss_tokens=meta["step_loss_tokens"], digest=meta["digest"],
-                 run=meta["run"], stale_masked_tokens=meta["stale_masked_tokens"], **tensors)
+    return Batch(
+        step=meta["step"],
+        rank=meta["rank"],
+        world_size=meta["world_size"],
+        version=meta["version"],
+        task_ids=meta["task_ids"],
+        step_loss_tokens=meta["step_loss_tokens"],
+        digest=meta["digest"],
+        run=meta["run"],
+        stale_masked_tokens=meta["stale_masked_tokens"],
+        **tensors,
+    )
 
 
 def _split(blob: bytes, where: str) -> tuple[dict[str, Any], bytes]:
@@ -105,18 +127,25 @@ def _split(blob: bytes, where: str) -> tuple[dict[str, Any], bytes]:
     if size > min(_MAX_HEADER, len(blob) - 8):
         raise BatchFileError(f"{where}: header length {size} does not fit the file")
     try:
-        header = orjson.loads(blob[8:8 + size])
+        header = orjson.loads(blob[8 : 8 + size])
     except orjson.JSONDecodeError as exc:
         raise BatchFileError(f"{where}: the header is not JSON ({exc})") from None
     if not isinstance(header, dict):
         raise BatchFileError(f"{where}: the header is a JSON {type(header).__name__}, not an object")
-    return header, blob[8 + size:]
+    return header, blob[8 + size :]
 
 
 #: The step's identity in ``__metadata__["streamgrp"]``: key -> (type, lowest value allowed, for ints).
 _IDENTITY: dict[str, tuple[type, int | None]] = {
-    "step": (int, 0), "rank": (int, 0), "world_size": (int, 1), "version": (int, None), "step_loss_tokens": (int, 0),
-    "digest": (str, None), "run": (str, None), "task_ids": (list, None)}
+    "step": (int, 0),
+    "rank": (int, 0),
+    "world_size": (int, 1),
+    "version": (int, None),
+    "step_loss_tokens": (int, 0),
+    "digest": (str, None),
+    "run": (str, None),
+    "task_ids": (list, None),
+}
 
 
 def _identity(metadata: Any, where: str) -> dict[str, Any]:
@@ -161,8 +190,10 @@ def _tensor(name: str, spec: Any, data: bytes, where: str) -> torch.Tensor:
     if not (isinstance(shape, list) and all(_is_size(dim, _MAX_DIM) for dim in shape)):
         raise BatchFileError(f"{where}: tensor {name} has shape {shape!r:.80}, not a list of sizes")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_size(at, len(data)) for at in offsets)):
-        raise BatchFileError(f"{where}: tensor {name} has data_offsets {offsets!r:.80}, not [start, end] within "
-                             f"the {len(data)} data bytes")
+        raise BatchFileError(
+            f"{where}: tensor {name} has data_offsets {offsets!r:.80}, not [start, end] within "
+            f"the {len(data)} data bytes"
+        )
     (start, end), dtype = offsets, _TORCH_OF[kind]
     if start > end or (end - start) != math.prod(shape) * dtype.itemsize:
         raise BatchFileError(f"{where}: tensor {name} {shape} does not match its byte range [{start}, {end})")

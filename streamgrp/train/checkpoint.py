@@ -57,9 +57,15 @@ def checkpoint_name(step: int, attempt: int) -> str:
     return f"step-{step:08d}-a{attempt}"
 
 
-def save_training_state(directory: Path, *, step: int, attempt: int, model: torch.nn.Module,
-                        optimizer: torch.optim.Optimizer | None,
-                        halfway: Callable[[], None] | None = None) -> tuple[Path, dict[str, int]]:
+def save_training_state(
+    directory: Path,
+    *,
+    step: int,
+    attempt: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    halfway: Callable[[], None] | None = None,
+) -> tuple[Path, dict[str, int]]:
     """Write the model's and the optimizer's state durably under ``directory``; returns the checkpoint's
     path and each file's size, for the `CheckpointSaved` event. ``halfway`` is called between the two
     files (fault injection: a crash there must leave nothing loadable)."""
@@ -91,7 +97,9 @@ def save_training_state(directory: Path, *, step: int, attempt: int, model: torc
     return final, files
 
 
-def load_training_state(saved: CheckpointSaved, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+def load_training_state(
+    saved: CheckpointSaved, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> None:
     """Load a recorded checkpoint into ``model`` and ``optimizer``, its file sizes checked first."""
     from safetensors.torch import load_model, safe_open
 
@@ -100,8 +108,10 @@ def load_training_state(saved: CheckpointSaved, model: torch.nn.Module, optimize
         found = path / name
         if not found.is_file() or found.stat().st_size != size:
             actual = found.stat().st_size if found.is_file() else "missing"
-            raise CheckpointError(f"checkpoint of step {saved.step} at {path}: {name} is {actual}, recorded as {size} "
-                                  "bytes; it was changed or removed after it was recorded")
+            raise CheckpointError(
+                f"checkpoint of step {saved.step} at {path}: {name} is {actual}, recorded as {size} "
+                "bytes; it was changed or removed after it was recorded"
+            )
     load_model(model, path / MODEL_FILE)  # strict: every name of the model, tied ones from their one copy
     if optimizer is not None and OPTIMIZER_FILE in saved.files:
         with safe_open(path / OPTIMIZER_FILE, framework="pt") as opened:
@@ -122,8 +132,10 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
                 tensors[f"state.{param}.{name}"] = value.detach().cpu().contiguous()
             else:
                 values.setdefault(str(param), {})[name] = value
-    return tensors, {"values": orjson.dumps(values).decode(),
-                     "param_groups": orjson.dumps(state["param_groups"]).decode()}
+    return tensors, {
+        "values": orjson.dumps(values).decode(),
+        "param_groups": orjson.dumps(state["param_groups"]).decode(),
+    }
 
 
 def optimizer_state(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> dict:
@@ -151,13 +163,17 @@ def prune_checkpoints(directory: Path, *, newest: CheckpointSaved, keep: int) ->
     recorded = Path(newest.path).name
     stale = [path for step, _, path in found if step > newest.step or (step == newest.step and path.name != recorded)]
     older = sorted(((step, attempt, path) for step, attempt, path in found if step < newest.step), reverse=True)
-    removed = stale + [path for _, _, path in older[keep - 1:]]
+    removed = stale + [path for _, _, path in older[keep - 1 :]]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     if removed:
         fsync_dir(Path(directory))
-        log.info("removed %d checkpoint(s) (keeping the newest %d): %s", len(removed), keep,
-                 ", ".join(path.name for path in removed))
+        log.info(
+            "removed %d checkpoint(s) (keeping the newest %d): %s",
+            len(removed),
+            keep,
+            ", ".join(path.name for path in removed),
+        )
     return removed
 
 
@@ -186,11 +202,19 @@ class Checkpoints:
     def due(self, batch: Batch) -> bool:
         return (batch.step + 1) % self.every == 0
 
-    def save(self, batch: Batch, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
-             ranks: tuple[int, ...] = (0,), halfway: Callable[[], None] | None = None) -> CheckpointSaved:
+    def save(
+        self,
+        batch: Batch,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        *,
+        ranks: tuple[int, ...] = (0,),
+        halfway: Callable[[], None] | None = None,
+    ) -> CheckpointSaved:
         """Write, record (call it once every rank committed ``batch``'s step), then apply retention."""
-        path, files = save_training_state(self.directory, step=batch.step, attempt=batch.attempt, model=model,
-                                          optimizer=optimizer, halfway=halfway)
+        path, files = save_training_state(
+            self.directory, step=batch.step, attempt=batch.attempt, model=model, optimizer=optimizer, halfway=halfway
+        )
         saved = self.trainer.record_checkpoint(batch, path, files, ranks=ranks)
         prune_checkpoints(self.directory, newest=self.trainer.latest_checkpoint() or saved, keep=self.keep)
         return saved

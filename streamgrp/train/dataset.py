@@ -10,7 +10,8 @@ step), and nothing about delivery: the item is this rank's shard of one step, an
 next item commits the step, as the trainer API does (a loop that stops early leaves its step for
 the next start). So a step commits after the loop body that trained on it, optimizer step
 included: take the optimizer step in the body of the item it trained on, since gradients
-accumulated over several items would commit the earlier items' steps before their optimizer step. The DataLoader must not batch (``batch_size=None``: an item already is a batch)
+accumulated over several items would commit the earlier items' steps before their optimizer step. The DataLoader
+must not batch (``batch_size=None``: an item already is a batch)
 and must not use worker processes (``num_workers=0``: only the training process may commit).
 
 An item's keys, and what TRL, verl and OpenRLHF call the same tensors (streamgrp's rows are whole
@@ -36,7 +37,8 @@ Plus ``step``, ``rank``, ``version``, ``step_loss_tokens`` and ``stale_masked_to
 ``task_ids`` (one str per group). ``versions`` is each row's version (its sample's oldest),
 ``token_versions`` each token's (0 in the padding; AReaL's per-token ``versions``), ``version_spans``
 each row's newest minus oldest; under ``--staleness mask`` the ``loss_mask`` no longer counts the
-tokens older than the window (``stale_masked_tokens`` of them). TRL's, verl's and OpenRLHF's response-side tensors start where the prompt ends; slice a
+tokens older than the window (``stale_masked_tokens`` of them). TRL's, verl's and OpenRLHF's response-side tensors
+start where the prompt ends; slice a
 row with its ``loss_mask`` to get them. ``advantages`` is present when asked for: one value per row
 (GRPO's), ``streamgrp.normalize`` over the actual group sizes; broadcast it over ``loss_mask`` for
 per-token advantages (verl's token_level_scores put the reward on the last response token). Divide
@@ -63,8 +65,17 @@ from streamgrp.train.trainer import BatchStream, TrainerClient
 __all__ = ["ITEM_TENSORS", "StepDataset", "batch_item"]
 
 #: The tensor keys of every item, in the order of the table above (``advantages`` only when asked for).
-ITEM_TENSORS = ("token_ids", "attention_mask", "loss_mask", "logprobs", "rewards", "versions", "token_versions",
-                "version_spans", "group_sizes")
+ITEM_TENSORS = (
+    "token_ids",
+    "attention_mask",
+    "loss_mask",
+    "logprobs",
+    "rewards",
+    "versions",
+    "token_versions",
+    "version_spans",
+    "group_sizes",
+)
 
 
 class StepDataset(IterableDataset):
@@ -76,8 +87,15 @@ class StepDataset(IterableDataset):
     (sum over ranks), by default ``torch.distributed.all_reduce`` once the process group is up.
     """
 
-    def __init__(self, trainer: TrainerClient, *, rank: int | None = None, world_size: int | None = None,
-                 advantages: NormSpec | Literal["run"] | None = None, batch_reduce: BatchReduce | None = None) -> None:
+    def __init__(
+        self,
+        trainer: TrainerClient,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        advantages: NormSpec | Literal["run"] | None = None,
+        batch_reduce: BatchReduce | None = None,
+    ) -> None:
         super().__init__()
         ranks = resolve(rank=rank, world_size=world_size)
         self.trainer = trainer
@@ -89,8 +107,10 @@ class StepDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if get_worker_info() is not None:
-            raise ConfigError("StepDataset runs in a DataLoader worker process; use num_workers=0 (the default): "
-                              "only the training process may commit its steps, and each item is already a batch")
+            raise ConfigError(
+                "StepDataset runs in a DataLoader worker process; use num_workers=0 (the default): "
+                "only the training process may commit its steps, and each item is already a batch"
+            )
         self._stream = self.trainer.batches(rank=self.rank, world_size=self.world_size)
         for batch in self._stream:
             yield batch_item(batch, self.spec, self.batch_reduce)
@@ -99,8 +119,10 @@ class StepDataset(IterableDataset):
         """A ``DataLoader`` over the steps: ``batch_size=None`` and ``num_workers=0``, other options passed on."""
         for name, required in (("batch_size", None), ("num_workers", 0)):
             if kwargs.get(name, required) != required:
-                raise ConfigError(f"StepDataset.loader needs {name}={required!r}, got {kwargs[name]!r}: each item is "
-                                  "already one step's batch, committed by the training process itself")
+                raise ConfigError(
+                    f"StepDataset.loader needs {name}={required!r}, got {kwargs[name]!r}: each item is "
+                    "already one step's batch, committed by the training process itself"
+                )
         return DataLoader(self, batch_size=None, num_workers=0, **kwargs)
 
     @property
@@ -121,8 +143,14 @@ def batch_item(batch: Batch, spec: NormSpec | None = None, batch_reduce: BatchRe
     item: dict[str, Any] = {name: getattr(batch, name) for name in ITEM_TENSORS}
     if spec is not None:
         item["advantages"] = normalize(batch.rewards, batch.group_sizes, spec, batch_reduce=batch_reduce)
-    item.update(step=batch.step, rank=batch.rank, version=batch.version, step_loss_tokens=batch.step_loss_tokens,
-                stale_masked_tokens=batch.stale_masked_tokens, task_ids=list(batch.task_ids))
+    item.update(
+        step=batch.step,
+        rank=batch.rank,
+        version=batch.version,
+        step_loss_tokens=batch.step_loss_tokens,
+        stale_masked_tokens=batch.stale_masked_tokens,
+        task_ids=list(batch.task_ids),
+    )
     return item
 
 
@@ -130,12 +158,15 @@ def _advantage_spec(trainer: TrainerClient, advantages: NormSpec | str | None) -
     if advantages is None or isinstance(advantages, NormSpec):
         return advantages
     if advantages != "run":
-        raise ConfigError(f"advantages={advantages!r}: pass a NormSpec, 'run' (the run's recorded normalization) "
-                          "or None")
+        raise ConfigError(
+            f"advantages={advantages!r}: pass a NormSpec, 'run' (the run's recorded normalization) or None"
+        )
     recorded = trainer.joined_run.config.adv_norm or trainer.joined_run.config.reward_norm
     if recorded is None:
-        raise ConfigError(f"advantages='run' but run {trainer.keys.run!r} records neither adv_norm nor reward_norm; "
-                          "pass a NormSpec, e.g. NormSpec('group', 'group')")
+        raise ConfigError(
+            f"advantages='run' but run {trainer.keys.run!r} records neither adv_norm nor reward_norm; "
+            "pass a NormSpec, e.g. NormSpec('group', 'group')"
+        )
     return recorded
 
 
@@ -146,8 +177,10 @@ def _all_ranks_sum(world_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            raise ConfigError(f"batch-level normalization over {world_size} ranks needs their sums: initialise "
-                              "torch.distributed (e.g. under torchrun) or pass batch_reduce=")
+            raise ConfigError(
+                f"batch-level normalization over {world_size} ranks needs their sums: initialise "
+                "torch.distributed (e.g. under torchrun) or pass batch_reduce="
+            )
         dist.all_reduce(tensor)
         return tensor
 

@@ -62,17 +62,25 @@ class DistEnv:
         return f"rank {self.rank} of {self.world_size} (local rank {self.local_rank}, {self.init_method}; {where})"
 
 
-def resolve(*, rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
-            dist_url: str | None = None, env: Mapping[str, str] | None = None) -> DistEnv:
+def resolve(
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
+    dist_url: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> DistEnv:
     """The process's `DistEnv`: explicit values win, then torchrun's variables in ``env``, then defaults."""
     env = os.environ if env is None else env
     sources: dict[str, str] = {}
     rank = _pick("rank", rank, _env_int(env, "RANK", minimum=0), 0, sources)
     world_size = _pick("world_size", world_size, _env_int(env, "WORLD_SIZE", minimum=1), 1, sources)
     if not 0 <= rank < world_size:
-        raise ConfigError(f"rank {rank} (from {sources['rank']}) is outside 0..{world_size - 1} (world size from "
-                          f"{sources['world_size']}); give each process a rank below the world size, or let torchrun "
-                          "set RANK and WORLD_SIZE and pass neither flag")
+        raise ConfigError(
+            f"rank {rank} (from {sources['rank']}) is outside 0..{world_size - 1} (world size from "
+            f"{sources['world_size']}); give each process a rank below the world size, or let torchrun "
+            "set RANK and WORLD_SIZE and pass neither flag"
+        )
     # Ranks started by hand on one machine: the rank is also the index on the machine.
     local_rank = _pick("local_rank", local_rank, _env_int(env, "LOCAL_RANK", minimum=0), rank, sources)
     rendezvous = "env://" if env.get("MASTER_ADDR") and env.get("MASTER_PORT") else None
@@ -83,16 +91,25 @@ def resolve(*, rank: int | None = None, world_size: int | None = None, local_ran
 def resolve_config(config: Any, env: Mapping[str, str] | None = None) -> DistEnv:
     """`resolve` from a settings object with ``rank``, ``world_size``, ``local_rank`` and ``dist_url``
     fields (`streamgrp.config.TrainerConfig`), unset fields being None."""
-    return resolve(rank=config.rank, world_size=config.world_size, local_rank=getattr(config, "local_rank", None),
-                   dist_url=config.dist_url, env=env)
+    return resolve(
+        rank=config.rank,
+        world_size=config.world_size,
+        local_rank=getattr(config, "local_rank", None),
+        dist_url=config.dist_url,
+        env=env,
+    )
 
 
 def _pick(name: str, explicit: Any, from_torchrun: Any, default: Any, sources: dict[str, str]) -> Any:
     if explicit is not None:
         if from_torchrun is not None and from_torchrun != explicit:
-            log.warning("%s=%r from the settings overrides %r from torchrun's environment; under torchrun every "
-                        "process gets the same flags, so drop the flag unless that is what you mean",
-                        name, explicit, from_torchrun)
+            log.warning(
+                "%s=%r from the settings overrides %r from torchrun's environment; under torchrun every "
+                "process gets the same flags, so drop the flag unless that is what you mean",
+                name,
+                explicit,
+                from_torchrun,
+            )
         sources[name] = "flag"
         return explicit
     if from_torchrun is not None:
@@ -109,8 +126,9 @@ def _env_int(env: Mapping[str, str], name: str, *, minimum: int) -> int | None:
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"${name}={raw!r} is not an integer; torchrun sets it to one, so unset it or fix "
-                          "what set it") from None
+        raise ConfigError(
+            f"${name}={raw!r} is not an integer; torchrun sets it to one, so unset it or fix what set it"
+        ) from None
     if value < minimum:
         raise ConfigError(f"${name}={value} must be >= {minimum}")
     return value
@@ -136,11 +154,13 @@ def process_group(dist: DistEnv, *, backend: str = "gloo", peer_wait_s: float = 
         store = _restart_store(dist, timeout)
         try:
             if store is not None:
-                torch_dist.init_process_group(backend, store=store, rank=dist.rank, world_size=dist.world_size,
-                                              timeout=timeout)
+                torch_dist.init_process_group(
+                    backend, store=store, rank=dist.rank, world_size=dist.world_size, timeout=timeout
+                )
             else:
-                torch_dist.init_process_group(backend, init_method=dist.init_method, rank=dist.rank,
-                                              world_size=dist.world_size, timeout=timeout)
+                torch_dist.init_process_group(
+                    backend, init_method=dist.init_method, rank=dist.rank, world_size=dist.world_size, timeout=timeout
+                )
         except torch_dist.DistError as exc:
             raise TrainerGroupError(_peers_missing(dist, peer_wait_s, exc)) from None
     try:
@@ -173,9 +193,11 @@ def _peers_missing(dist: DistEnv, waited_s: float, exc: BaseException) -> str:
     # knows only that not every other rank came.
     missing = "rank 0" if dist.rank != 0 else f"some of ranks 1..{dist.world_size - 1}"
     first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return (f"rank {dist.rank} of {dist.world_size} waited {waited_s:g}s at {dist.init_method} and {missing} of its "
-            f"trainer group never joined ({first_line}); start every rank of the group (torchrun starts them "
-            "together), or wait longer with --peer-wait-s")
+    return (
+        f"rank {dist.rank} of {dist.world_size} waited {waited_s:g}s at {dist.init_method} and {missing} of its "
+        f"trainer group never joined ({first_line}); start every rank of the group (torchrun starts them "
+        "together), or wait longer with --peer-wait-s"
+    )
 
 
 #: How long a rank that is done waits for the others before it tears its connections down anyway.
@@ -191,8 +213,11 @@ def _leave_together(torch_dist: Any) -> None:
     try:
         torch_dist.monitored_barrier(timeout=datetime.timedelta(seconds=LEAVE_TIMEOUT_S))
     except RuntimeError as exc:  # a peer that failed or stopped early: leave anyway, and say so
-        log.warning("not every rank reached the end within %gs (%s); leaving the process group anyway",
-                    LEAVE_TIMEOUT_S, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        log.warning(
+            "not every rank reached the end within %gs (%s); leaving the process group anyway",
+            LEAVE_TIMEOUT_S,
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
 
 
 class Collectives:

@@ -20,5 +20,13 @@ SAFETENSORS_OF: dict[torch.dtype, str] = {dtype: code for code, dtype in TORCH_O
 #: dtype name -> the numpy dtype that reads its little-endian bytes on any host. numpy has no bfloat16: its
 #: values are read as their bits (``<u2``, the high half of a float32); a bool as its byte (0 or 1), compared,
 #: never reinterpreted.
-NUMPY: dict[str, str] = {"bool": "u1", "uint8": "u1", "int32": "<i4", "int64": "<i8", "float16": "<f2",
-                         "bfloat16": "<u2", "float32": "<f4", "float64": "<f8"}
+NUMPY: dict[str, str] = {
+    "bool": "u1",
+    "uint8": "u1",
+    "int32": "<i4",
+    "int64": "<i8",
+    "float16": "<f2",
+    "bfloat16": "<u2",
+    "float32": "<f4",
+    "float64": "<f8",
+}

@@ -57,8 +57,10 @@ class GgufTemplate:
         reader = gguf.GGUFReader(str(source))
         architecture = reader.fields["general.architecture"].contents()
         if architecture != "llama":
-            raise ConfigError(f"{source} is a {architecture!r} model; streamgrp writes GGUF for Llama-architecture "
-                              "models only (SmolLM2, Llama): convert others with llama.cpp's convert_hf_to_gguf.py")
+            raise ConfigError(
+                f"{source} is a {architecture!r} model; streamgrp writes GGUF for Llama-architecture "
+                "models only (SmolLM2, Llama): convert others with llama.cpp's convert_hf_to_gguf.py"
+            )
         fields = []
         for key, field in reader.fields.items():
             if key.startswith(_NOT_COPIED):
@@ -71,8 +73,14 @@ class GgufTemplate:
         def number(name: str) -> int:
             return int(reader.fields[f"{architecture}.{name}"].contents())
 
-        return cls(architecture, tuple(fields), shapes, number("attention.head_count"),
-                   number("attention.head_count_kv"), number("block_count"))
+        return cls(
+            architecture,
+            tuple(fields),
+            shapes,
+            number("attention.head_count"),
+            number("attention.head_count_kv"),
+            number("block_count"),
+        )
 
     def tensors(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``state`` under GGUF names, in llama.cpp's layout; raises `ConfigError` when it is not this model."""
@@ -93,8 +101,10 @@ class GgufTemplate:
             elif name.endswith("k_proj.weight"):
                 tensor = _permute(tensor, self.n_head_kv)
             if tuple(tensor.shape) != self.shapes[mapped]:
-                raise ConfigError(f"weight {name} has shape {tuple(tensor.shape)} but the source GGUF's {mapped} has "
-                                  f"{self.shapes[mapped]}: not the model the template was read from")
+                raise ConfigError(
+                    f"weight {name} has shape {tuple(tensor.shape)} but the source GGUF's {mapped} has "
+                    f"{self.shapes[mapped]}: not the model the template was read from"
+                )
             out[mapped] = tensor
         missing = sorted(set(self.shapes) - set(out))
         if missing:
@@ -147,14 +157,20 @@ class GgufTemplate:
 
 def _permute(weights: torch.Tensor, heads: int) -> torch.Tensor:
     """llama.cpp's rotary layout of a query or key projection (``LlamaModel.permute`` in its converter)."""
-    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def _unpermute(weights: torch.Tensor, heads: int) -> torch.Tensor:
     """The inverse of `_permute` (transformers' ``_reverse_permute_weights``)."""
-    return (weights.reshape(heads, weights.shape[0] // heads // 2, 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
+    return (
+        weights.reshape(heads, weights.shape[0] // heads // 2, 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def _gguf():
@@ -165,8 +181,13 @@ def _gguf():
     return gguf
 
 
-def write_gguf(path: str | os.PathLike[str], state: dict[str, torch.Tensor], *, source: str | os.PathLike[str],
-               outtype: OutType = "f16") -> Path:
+def write_gguf(
+    path: str | os.PathLike[str],
+    state: dict[str, torch.Tensor],
+    *,
+    source: str | os.PathLike[str],
+    outtype: OutType = "f16",
+) -> Path:
     """One-off: ``state`` as the model of the GGUF at ``source``, written to ``path`` (see `GgufTemplate`)."""
     GgufTemplate.read(source).write(path, state, outtype=outtype)
     return Path(path)

@@ -35,8 +35,11 @@ from streamgrp.train.batch import Batch, BatchOwner, ShardTensors
 #: is checked as it comes). As few round trips as it can.
 EntryFetch = Callable[[str, Sequence[str]], Iterable[Mapping[bytes, bytes] | None]]
 
-_ALLOWED = {"token_ids": ("int32", "int64"), "loss_mask": ("bool", "uint8"),
-            "logprobs": ("float32", "float16", "bfloat16", "float64")}
+_ALLOWED = {
+    "token_ids": ("int32", "int64"),
+    "loss_mask": ("bool", "uint8"),
+    "logprobs": ("float32", "float16", "bfloat16", "float64"),
+}
 _ALLOWED_ITEMS = tuple(_ALLOWED.items())
 _OUT = {"token_ids": torch.int64, "loss_mask": torch.bool, "logprobs": torch.float32}
 #: Where a float32's high 16 bits sit, as two uint16 (a bfloat16 value is exactly those bits).
@@ -90,9 +93,18 @@ class PayloadError(ValueError):
     """A payload entry does not hold what a sample payload must (raised as `DigestMismatch`)."""
 
 
-def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: EntryFetch, *, run: str = "",
-                client: BatchOwner | None = None, check_digests: bool = True,
-                missing_hint: str = "replay it from the archive", run_config=None) -> Batch:
+def build_batch(
+    manifest: StepManifest,
+    rank: int,
+    world_size: int,
+    fetch: EntryFetch,
+    *,
+    run: str = "",
+    client: BatchOwner | None = None,
+    check_digests: bool = True,
+    missing_hint: str = "replay it from the archive",
+    run_config=None,
+) -> Batch:
     """Rank ``rank``'s shard of ``manifest`` as a `Batch`, its payloads read through ``fetch``.
 
     With ``check_digests`` every group's payloads must hash to the digest the manifest recorded,
@@ -111,18 +123,29 @@ def build_batch(manifest: StepManifest, rank: int, world_size: int, fetch: Entry
         samples[at] = _rows(entry, group.task_id, member.slot, f"{where}: entry {member.entry}", member.rewards)
     task_ids = [group.task_id for group in shard.groups]
     sizes = [group.rows for group in shard.groups]
-    batch = Batch(step=manifest.step, rank=rank, world_size=world_size, version=manifest.version, task_ids=task_ids,
-                  group_sizes=torch.tensor(sizes, dtype=torch.int64),
-                  step_loss_tokens=sum(s.tokens for s in manifest.shards), digest=shard.digest, run=run,
-                  _client=client, version_runs=row_runs(samples), **shard_tensors(samples))
+    batch = Batch(
+        step=manifest.step,
+        rank=rank,
+        world_size=world_size,
+        version=manifest.version,
+        task_ids=task_ids,
+        group_sizes=torch.tensor(sizes, dtype=torch.int64),
+        step_loss_tokens=sum(s.tokens for s in manifest.shards),
+        digest=shard.digest,
+        run=run,
+        _client=client,
+        version_runs=row_runs(samples),
+        **shard_tensors(samples),
+    )
     stale = StaleMask.of(run_config, manifest.version)
     if stale is not None:
         batch.stale_masked_tokens = mask_stale(batch, stale)
     return batch
 
 
-def _fetched(groups: Sequence[ShardGroup], fetch: EntryFetch, where: str,
-             hint: str) -> Iterator[tuple[int, Mapping[bytes, bytes]]]:
+def _fetched(
+    groups: Sequence[ShardGroup], fetch: EntryFetch, where: str, hint: str
+) -> Iterator[tuple[int, Mapping[bytes, bytes]]]:
     """(position in shard order, fields) of every member's payload entry, as the fetches bring them: one
     fetch per partition the shard's groups are in, the payloads stream first, then the slot log for the
     members a schema-1 log kept there. Raises `DigestMismatch` for an entry in neither."""
@@ -149,13 +172,15 @@ def _fetched(groups: Sequence[ShardGroup], fetch: EntryFetch, where: str,
             for at in missing:
                 fields = next(legacy, None)
                 if not fields:
-                    raise DigestMismatch(f"{where}: slot entry {entries[at]} is gone from the slot log (trimmed?); "
-                                         f"{hint}")
+                    raise DigestMismatch(
+                        f"{where}: slot entry {entries[at]} is gone from the slot log (trimmed?); {hint}"
+                    )
                 yield at, fields
 
 
-def _digest_checked(groups: Sequence[ShardGroup], arriving: Iterable[tuple[int, Mapping[bytes, bytes]]],
-                    where: str, fetch: EntryFetch) -> Iterator[tuple[int, Mapping[bytes, bytes]]]:
+def _digest_checked(
+    groups: Sequence[ShardGroup], arriving: Iterable[tuple[int, Mapping[bytes, bytes]]], where: str, fetch: EntryFetch
+) -> Iterator[tuple[int, Mapping[bytes, bytes]]]:
     """``arriving`` whole, in shard order, once every group's entries hash to the digest the manifest
     recorded (else `DigestMismatch`, before any entry is read)."""
     fields = dict(arriving)
@@ -163,8 +188,9 @@ def _digest_checked(groups: Sequence[ShardGroup], arriving: Iterable[tuple[int, 
     for group in groups:
         members = [fields[position] for position in range(at, at + len(group.members))]
         if not _group_matches(group, members, fetch):
-            raise DigestMismatch(f"{where}: task {group.task_id}'s slot entries do not match the digest the "
-                                 "manifest recorded")
+            raise DigestMismatch(
+                f"{where}: task {group.task_id}'s slot entries do not match the digest the manifest recorded"
+            )
         at += len(group.members)
     yield from sorted(fields.items())
 
@@ -186,12 +212,14 @@ def _group_matches(group: ShardGroup, members: list[Mapping[bytes, bytes]], fetc
         return False
     recorded = {member.entry: member.digest for member in decision.members}
     digests = [recorded.get(member.entry, "") for member in group.members]
-    return codec.combine_digests(digests) == group.digest and \
-        all(codec.entry_digest(f, like=digest) == digest for f, digest in zip(members, digests))
+    return codec.combine_digests(digests) == group.digest and all(
+        codec.entry_digest(f, like=digest) == digest for f, digest in zip(members, digests)
+    )
 
 
-def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str,
-          rewards: tuple[float, ...] | None = None) -> SampleRows:
+def _rows(
+    fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str, rewards: tuple[float, ...] | None = None
+) -> SampleRows:
     """The sample in a payload entry (or a schema-1 slot entry), checked against its task and slot;
     ``rewards``: the values a `SlotRewarded` brought after the result, replacing the payload's."""
     try:
@@ -199,11 +227,15 @@ def _rows(fields: Mapping[bytes, bytes], task_id: str, slot: int, where: str,
         if rewards is None:
             return rows
         if len(rewards) != len(rows.row_lengths):
-            raise PayloadError(f"the manifest gives {len(rewards)} rewards for a sample of {len(rows.row_lengths)} rows")
+            raise PayloadError(
+                f"the manifest gives {len(rewards)} rewards for a sample of {len(rows.row_lengths)} rows"
+            )
         return SampleRows(rows.data, rows.row_lengths, tuple(rewards), rows.version, rows.token_versions)
     except (PayloadError, DecodeError) as exc:
-        raise DigestMismatch(f"{where} does not hold the sample payload the manifest names ({exc}); the entry "
-                             "was altered or is not streamgrp's") from None
+        raise DigestMismatch(
+            f"{where} does not hold the sample payload the manifest names ({exc}); the entry "
+            "was altered or is not streamgrp's"
+        ) from None
 
 
 def _payload_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows:
@@ -238,9 +270,10 @@ def _payload_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> Sam
         descriptor = getattr(sample, name).raw
         dtype = descriptor.dtype
         if dtype not in allowed or descriptor.shape != (total,):
-            raise PayloadError(f"{name} is {dtype!r:.20} {list(descriptor.shape)!r:.40}, not one of {allowed} of "
-                               f"[{total}]")
-        data[name] = (blob[descriptor.offset:descriptor.offset + descriptor.nbytes], dtype)
+            raise PayloadError(
+                f"{name} is {dtype!r:.20} {list(descriptor.shape)!r:.40}, not one of {allowed} of [{total}]"
+            )
+        data[name] = (blob[descriptor.offset : descriptor.offset + descriptor.nbytes], dtype)
     meta = sample.meta
     runs = version_runs(meta.get("token_versions"), total) if meta else None
     return SampleRows(data, lengths, sample.rewards, sample.version, runs)
@@ -325,8 +358,9 @@ def row_runs(samples: Sequence[SampleRows]) -> tuple[RowRuns | None, ...] | None
     return tuple(rows)
 
 
-def token_versions(versions: torch.Tensor, attention: torch.Tensor,
-                   runs: tuple[RowRuns | None, ...] | None) -> torch.Tensor:
+def token_versions(
+    versions: torch.Tensor, attention: torch.Tensor, runs: tuple[RowRuns | None, ...] | None
+) -> torch.Tensor:
     """[rows, T] int64: each token's version, 0 in the padding (``runs``: `row_runs`)."""
     with _one_thread():
         out = versions.unsqueeze(1) * attention  # int64 times bool: the version, or 0 in the padding
@@ -334,8 +368,10 @@ def token_versions(versions: torch.Tensor, attention: torch.Tensor,
             # A row's runs cover all its tokens: every run of every such row in one repeat, scattered in
             # row-major order into those rows' tokens.
             cuts = [cut for cut in runs if cut is not None]
-            flat = torch.repeat_interleave(torch.tensor([v for cut in cuts for v, _ in cut], dtype=torch.int64),
-                                           torch.tensor([n for cut in cuts for _, n in cut], dtype=torch.int64))
+            flat = torch.repeat_interleave(
+                torch.tensor([v for cut in cuts for v, _ in cut], dtype=torch.int64),
+                torch.tensor([n for cut in cuts for _, n in cut], dtype=torch.int64),
+            )
             has_runs = torch.tensor([cut is not None for cut in runs])
             out.masked_scatter_(attention & has_runs.unsqueeze(1), flat)
     return out
@@ -390,10 +426,14 @@ def _shard_tensors(samples: Sequence[SampleRows]) -> ShardTensors:
     else:
         attention = torch.ones((len(row_lengths), width), dtype=torch.bool)
     return ShardTensors(
-        token_ids=columns["token_ids"], loss_mask=columns["loss_mask"], logprobs=columns["logprobs"],
-        attention_mask=attention, rewards=torch.tensor([r for s in samples for r in s.rewards], dtype=torch.float32),
+        token_ids=columns["token_ids"],
+        loss_mask=columns["loss_mask"],
+        logprobs=columns["logprobs"],
+        attention_mask=attention,
+        rewards=torch.tensor([r for s in samples for r in s.rewards], dtype=torch.float32),
         versions=torch.tensor([s.version for s in samples for _ in s.row_lengths], dtype=torch.int64),
-        version_spans=torch.tensor([s.version_span for s in samples for _ in s.row_lengths], dtype=torch.int64))
+        version_spans=torch.tensor([s.version_span for s in samples for _ in s.row_lengths], dtype=torch.int64),
+    )
 
 
 def _column(samples: Sequence[SampleRows], name: str, rows: int, width: int, padded: bool) -> torch.Tensor:
@@ -417,13 +457,13 @@ def _column(samples: Sequence[SampleRows], name: str, rows: int, width: int, pad
         lengths = sample.row_lengths
         count = len(lengths)
         if count == 1:
-            target[row, :lengths[0]] = source
+            target[row, : lengths[0]] = source
         elif sum(lengths) == count * width:  # rows as wide as the shard: one block
-            target[row:row + count] = source.reshape(count, width)
+            target[row : row + count] = source.reshape(count, width)
         else:
             start = 0
             for at, n in enumerate(lengths, row):
-                target[at, :n] = source[start:start + n]
+                target[at, :n] = source[start : start + n]
                 start += n
         row += count
     if tails:

@@ -36,14 +36,18 @@ def checked_metrics(values: Mapping[str, Any]) -> dict[str, float | int | bool |
             out[key] = value
         elif isinstance(value, float):
             if not math.isfinite(value):
-                raise ValueError(f"metric {key!r} is {value!r}: record finite numbers (a NaN loss is worth a "
-                                 "StepFailed: batch.fail(...))")
+                raise ValueError(
+                    f"metric {key!r} is {value!r}: record finite numbers (a NaN loss is worth a "
+                    "StepFailed: batch.fail(...))"
+                )
             out[key] = value
         elif isinstance(value, str) and len(value) <= MAX_TEXT_CHARS:
             out[key] = value
         else:
-            raise ValueError(f"metric {key!r} is {type(value).__name__} {value!r:.80}: record a finite number, a "
-                             f"boolean or text of at most {MAX_TEXT_CHARS} characters")
+            raise ValueError(
+                f"metric {key!r} is {type(value).__name__} {value!r:.80}: record a finite number, a "
+                f"boolean or text of at most {MAX_TEXT_CHARS} characters"
+            )
     return out
 
 

@@ -90,8 +90,17 @@ PREFETCH_BODY_SHARE = 0.25
 class TrainerClient:
     """A trainer process's view of a run: manifests in, commits and failures out."""
 
-    def __init__(self, client: redis.Redis, run: Run, *, poll_s: float = 1.0, name: str | None = None,
-                 check_digests: bool = False, prefetch: bool = True, stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        run: Run,
+        *,
+        poll_s: float = 1.0,
+        name: str | None = None,
+        check_digests: bool = False,
+        prefetch: bool = True,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.client = client
         #: Ends the iteration between steps; default: the stop event the client was connected with.
         self.stop = stop if stop is not None else outage_of(client).stop
@@ -132,13 +141,16 @@ class TrainerClient:
         and trains every later step again. Without it the group resumes at the lowest rank's next step."""
         dp_size = self.joined_run.config.dp_size
         if world_size != dp_size:
-            raise ConfigError(f"world_size={world_size} but run {self.keys.run!r} batches for dp_size={dp_size}; "
-                              "start as many trainer ranks as the run's dp_size")
+            raise ConfigError(
+                f"world_size={world_size} but run {self.keys.run!r} batches for dp_size={dp_size}; "
+                "start as many trainer ranks as the run's dp_size"
+            )
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is outside 0..{world_size - 1}")
         if resume_after is not None and resume_after < -1:
-            raise ConfigError(f"resume_after={resume_after}: give the last step the weights hold, or -1 for the "
-                              "initial weights")
+            raise ConfigError(
+                f"resume_after={resume_after}: give the last step the weights hold, or -1 for the initial weights"
+            )
         return BatchStream(self, rank, world_size, agree, resume_after)
 
     def begin(self, rank: int, world_size: int, vote: GroupVote | None, resume_after: int | None) -> int:
@@ -146,9 +158,13 @@ class TrainerClient:
         state = attempts.read_state(self.client, self.keys)
         if vote is None:
             if world_size > 1:
-                log.warning("rank %d of %d cannot vote with its peers (no agree and no torch.distributed group): it "
-                            "resumes at its own next step and nothing checks that the ranks train the same step; "
-                            "pass agree=Collectives(...) or initialise torch.distributed first", rank, world_size)
+                log.warning(
+                    "rank %d of %d cannot vote with its peers (no agree and no torch.distributed group): it "
+                    "resumes at its own next step and nothing checks that the ranks train the same step; "
+                    "pass agree=Collectives(...) or initialise torch.distributed first",
+                    rank,
+                    world_size,
+                )
             self.attempt = state.attempt
             self._retrain_through = -1
             return state.next_step(rank)
@@ -158,11 +174,19 @@ class TrainerClient:
             raise TrainerGroupError(
                 f"resume_after={resume_after}, but some rank committed only the steps before {lowest}: weights that "
                 f"hold step {resume_after} were trained on steps not every rank committed; resume after a step every "
-                f"rank committed (at most {lowest - 1})")
+                f"rank committed (at most {lowest - 1})"
+            )
         token, first = vote.plan(token=attempts.new_token(), first=first, explicit=resume_after is not None)
-        self.attempt = attempts.begin(self.client, self.keys, token=token, first=first, world_size=world_size,
-                                      reason="checkpoint" if resume_after is not None else "lowest_rank",
-                                      rank=rank, producer=self.name)
+        self.attempt = attempts.begin(
+            self.client,
+            self.keys,
+            token=token,
+            first=first,
+            world_size=world_size,
+            reason="checkpoint" if resume_after is not None else "lowest_rank",
+            rank=rank,
+            producer=self.name,
+        )
         self._retrain_through = state.high
         return self.attempt.first
 
@@ -189,9 +213,11 @@ class TrainerClient:
         try:
             return codec.decode(found[0][1])
         except DecodeError as exc:
-            raise RunFailed(f"run {self.keys.run}: step {step}'s manifest (steps entry {entry}) does not decode "
-                            f"({exc.reason}); the step cannot be trained. Only the batcher writes steps: check who "
-                            "else may write the steps stream; `streamgrp verify` lists the damaged entry") from None
+            raise RunFailed(
+                f"run {self.keys.run}: step {step}'s manifest (steps entry {entry}) does not decode "
+                f"({exc.reason}); the step cannot be trained. Only the batcher writes steps: check who "
+                "else may write the steps stream; `streamgrp verify` lists the damaged entry"
+            ) from None
 
     def wait_for_step(self, step: int, stop_check=None, *, known: StepManifest | None = None) -> StepManifest | None:
         """The manifest of ``step`` (``known``: already read); None when the run finished before it; raises
@@ -200,7 +226,9 @@ class TrainerClient:
             self._read_control()
             terminal = self._terminal
             if terminal is not None and terminal.step is not None and step >= terminal.step:  # held only with a step
-                raise RunFailed(f"run {self.keys.run} failed at step {terminal.step} ({terminal.reason}): {terminal.message}")
+                raise RunFailed(
+                    f"run {self.keys.run} failed at step {terminal.step} ({terminal.reason}): {terminal.message}"
+                )
             manifest = known if known is not None and known.step == step else self.manifest(step)
             if manifest is not None:
                 return manifest
@@ -209,8 +237,9 @@ class TrainerClient:
             if stop_check is not None and stop_check():
                 return None
             previous = step_entry_id(step - 1) if step > 0 else "0-0"
-            self.client.xread({self.keys.steps: previous, self.keys.control: self._control.last}, block=self.poll_ms,
-                              count=1)
+            self.client.xread(
+                {self.keys.steps: previous, self.keys.control: self._control.last}, block=self.poll_ms, count=1
+            )
 
     def _read_control(self) -> None:
         """Take the terminal and finished events from the control stream past this client's cursor."""
@@ -224,18 +253,29 @@ class TrainerClient:
         """Rank ``rank``'s batch of ``manifest``; `RunFailed` when a sample it names is gone or altered (every
         rank that reads it fails the same way, and a restart would meet it again: it needs a person)."""
         try:
-            batch = build_batch(manifest, rank, world_size,
-                                payloads.entry_fetch(self.client, self.joined_run.stream_key,
-                                                     self.joined_run.config.payload_layout,
-                                                     retry=partial(ride, self.client)),
-                                run=self.keys.run, client=self, check_digests=self.check_digests,
-                                missing_hint="a step is never trimmed before every rank committed it, so it was deleted",
-                                run_config=self.joined_run.config)
+            batch = build_batch(
+                manifest,
+                rank,
+                world_size,
+                payloads.entry_fetch(
+                    self.client,
+                    self.joined_run.stream_key,
+                    self.joined_run.config.payload_layout,
+                    retry=partial(ride, self.client),
+                ),
+                run=self.keys.run,
+                client=self,
+                check_digests=self.check_digests,
+                missing_hint="a step is never trimmed before every rank committed it, so it was deleted",
+                run_config=self.joined_run.config,
+            )
         except DigestMismatch as exc:
-            raise RunFailed(f"run {self.keys.run}: step {manifest.step} cannot be trained as it was recorded: {exc}. "
-                            "Only streamgrp's functions should write or delete entries: check who else may; "
-                            "`streamgrp verify` lists what is missing; an archive (`streamgrp archiver`) holds a copy "
-                            "to restore") from None
+            raise RunFailed(
+                f"run {self.keys.run}: step {manifest.step} cannot be trained as it was recorded: {exc}. "
+                "Only streamgrp's functions should write or delete entries: check who else may; "
+                "`streamgrp verify` lists what is missing; an archive (`streamgrp archiver`) holds a copy "
+                "to restore"
+            ) from None
         attempt = self.attempt if self.attempt is not None else attempts.current(self.client, self.keys)
         batch.attempt = attempt.number
         batch.next_version = attempt.version_after(manifest.step)
@@ -249,33 +289,59 @@ class TrainerClient:
         return self._seq
 
     def _commit(self, batch: Batch) -> None:
-        committed = StepCommitted(step=batch.step, rank=batch.rank, world_size=batch.world_size,
-                                  attempt=batch.attempt, producer=self.name, seq=self._next_seq())
-        advanced = VersionAdvanced(version=batch.next_version, step=batch.step, producer=self.name,
-                                   seq=self._next_seq())
+        committed = StepCommitted(
+            step=batch.step,
+            rank=batch.rank,
+            world_size=batch.world_size,
+            attempt=batch.attempt,
+            producer=self.name,
+            seq=self._next_seq(),
+        )
+        advanced = VersionAdvanced(
+            version=batch.next_version, step=batch.step, producer=self.name, seq=self._next_seq()
+        )
         try:
-            self._commit_script(keys=[self.keys.committed, self.keys.commits, self.keys.version, self.keys.control,
-                                      self.keys.attempt],
-                                args=[batch.rank, batch.step, batch.world_size, codec.encode(committed)[codec.HEADER],
-                                      codec.encode(advanced)[codec.HEADER], batch.attempt, batch.next_version])
+            self._commit_script(
+                keys=[self.keys.committed, self.keys.commits, self.keys.version, self.keys.control, self.keys.attempt],
+                args=[
+                    batch.rank,
+                    batch.step,
+                    batch.world_size,
+                    codec.encode(committed)[codec.HEADER],
+                    codec.encode(advanced)[codec.HEADER],
+                    batch.attempt,
+                    batch.next_version,
+                ],
+            )
         except redis.ResponseError as exc:
             if scripts.error_code(exc) == "STALE_ATTEMPT":
                 raise TrainerGroupError(str(exc).split(None, 1)[1]) from None
             raise
         wait_for_replicas(self.client)
 
-    def record_checkpoint(self, batch: Batch, path: str | os.PathLike, files: dict[str, int], *,
-                          ranks: tuple[int, ...] | None = None) -> CheckpointSaved:
+    def record_checkpoint(
+        self, batch: Batch, path: str | os.PathLike, files: dict[str, int], *, ranks: tuple[int, ...] | None = None
+    ) -> CheckpointSaved:
         """Record that the checkpoint of the weights after ``batch``'s step is durable at ``path`` (every
         file written and fsynced, `streamgrp.train.checkpoint.save_training_state`), written by ``ranks``
         (default: this batch's rank). Call it once every rank committed the step (after a barrier), so
         a group that resumes from it never skips a step some rank did not commit."""
-        event = CheckpointSaved(step=batch.step, version=batch.next_version, path=str(path),
-                                ranks=ranks if ranks is not None else (batch.rank,), world_size=batch.world_size,
-                                attempt=batch.attempt, files=files, producer=self.name, seq=self._next_seq())
+        event = CheckpointSaved(
+            step=batch.step,
+            version=batch.next_version,
+            path=str(path),
+            ranks=ranks if ranks is not None else (batch.rank,),
+            world_size=batch.world_size,
+            attempt=batch.attempt,
+            files=files,
+            producer=self.name,
+            seq=self._next_seq(),
+        )
         try:
-            self._checkpoint_script(keys=[self.keys.checkpoint, self.keys.commits, self.keys.attempt],
-                                    args=[batch.step, batch.attempt, codec.encode(event)[codec.HEADER]])
+            self._checkpoint_script(
+                keys=[self.keys.checkpoint, self.keys.commits, self.keys.attempt],
+                args=[batch.step, batch.attempt, codec.encode(event)[codec.HEADER]],
+            )
         except redis.ResponseError as exc:
             if scripts.error_code(exc) == "STALE_ATTEMPT":
                 raise TrainerGroupError(str(exc).split(None, 1)[1]) from None
@@ -298,7 +364,9 @@ class TrainerClient:
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         else:
             text = str(exc)
-        event = StepFailed(step=batch.step, rank=batch.rank, error=text[:8000], producer=self.name, seq=self._next_seq())
+        event = StepFailed(
+            step=batch.step, rank=batch.rank, error=text[:8000], producer=self.name, seq=self._next_seq()
+        )
         # redis-py types the fields as an invariant Dict of its widest key and value types, so no narrower dict fits
         self.client.xadd(self.keys.commits, codec.encode(event))  # type: ignore[arg-type]
         log.error("step %d failed on rank %d: %s", batch.step, batch.rank, text)
@@ -307,8 +375,9 @@ class TrainerClient:
 class BatchStream:
     """Iterable of a rank's batches; also a context manager that records the loop's exception."""
 
-    def __init__(self, trainer: TrainerClient, rank: int, world_size: int, agree: Any = None,
-                 resume_after: int | None = None) -> None:
+    def __init__(
+        self, trainer: TrainerClient, rank: int, world_size: int, agree: Any = None, resume_after: int | None = None
+    ) -> None:
         self.trainer = trainer
         self.rank = rank
         self.world_size = world_size
@@ -337,14 +406,20 @@ class BatchStream:
                     except RunFailed as failed:
                         ended = failed
                 ahead = None
-                if vote is not None and vote.step(leaving=manifest is None or ended is not None, attempt=attempt,
-                                                  step=step, digest=manifest_digest(manifest),
-                                                  failed=loaded is None and manifest is not None):
+                if vote is not None and vote.step(
+                    leaving=manifest is None or ended is not None,
+                    attempt=attempt,
+                    step=step,
+                    digest=manifest_digest(manifest),
+                    failed=loaded is None and manifest is not None,
+                ):
                     manifest = None  # a rank is leaving at this step: so does every rank
                     if ended is None and vote.peer_failed:
-                        ended = RunFailed(f"run {trainer.keys.run}: another rank of the trainer group cannot train "
-                                          f"step {step} (its shard cannot be loaded; its log says why); no rank "
-                                          "trains it. `streamgrp verify` lists what is missing")
+                        ended = RunFailed(
+                            f"run {trainer.keys.run}: another rank of the trainer group cannot train "
+                            f"step {step} (its shard cannot be loaded; its log says why); no rank "
+                            "trains it. `streamgrp verify` lists what is missing"
+                        )
                 if ended is not None:
                     raise ended
                 if manifest is None:
@@ -393,6 +468,11 @@ class BatchStream:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is not None and self.current is not None and not self.current.settled \
-                and not isinstance(exc, (RunFailed, KeyboardInterrupt)) and not self.trainer.stopping:
+        if (
+            exc is not None
+            and self.current is not None
+            and not self.current.settled
+            and not isinstance(exc, (RunFailed, KeyboardInterrupt))
+            and not self.trainer.stopping
+        ):
             self.current.fail(exc)

@@ -123,12 +123,20 @@ class _Open:
 class StreamgrpRollouts:
     """TRL's rollout worker, fed by a streamgrp run's steps (see the module docstring)."""
 
-    def __init__(self, trainer: TrainerClient, *, advantages: NormSpec | None = None, ahead_steps: int = 2,
-                 decode: Callable[[list[int]], str] | None = None) -> None:
+    def __init__(
+        self,
+        trainer: TrainerClient,
+        *,
+        advantages: NormSpec | None = None,
+        ahead_steps: int = 2,
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> None:
         if trainer.joined_run.config.dp_size != 1:
-            raise ConfigError(f"run {trainer.keys.run!r} batches for dp_size={trainer.joined_run.config.dp_size}, but TRL's "
-                              "async GRPO trainer reads every sample on its main process and splits micro-batches "
-                              "over its own ranks: start the run with --dp-size 1")
+            raise ConfigError(
+                f"run {trainer.keys.run!r} batches for dp_size={trainer.joined_run.config.dp_size}, but TRL's "
+                "async GRPO trainer reads every sample on its main process and splits micro-batches "
+                "over its own ranks: start the run with --dp-size 1"
+            )
         if ahead_steps < 1:
             raise ConfigError(f"ahead_steps={ahead_steps}: at least one step must be in the buffer")
         config = trainer.joined_run.config
@@ -179,9 +187,11 @@ class StreamgrpRollouts:
         if self._thread is not None:
             return
         if not self._begun:
-            raise ConfigError("StreamgrpRollouts needs its TRL callback: AsyncGRPOTrainer(..., callbacks=["
-                              "rollouts.callback]) (and TrainingArguments.restore_callback_states_from_checkpoint "
-                              "left False, which replaces callbacks with new, unconnected ones)")
+            raise ConfigError(
+                "StreamgrpRollouts needs its TRL callback: AsyncGRPOTrainer(..., callbacks=["
+                "rollouts.callback]) (and TrainingArguments.restore_callback_states_from_checkpoint "
+                "left False, which replaces callbacks with new, unconnected ones)"
+            )
         self._sample_type = _rollout_sample_type()
         self._first = first = self._begin()
         self._beat = time.time()
@@ -206,15 +216,19 @@ class StreamgrpRollouts:
                 raise self._error
             raise RuntimeError(f"streamgrp rollout feed failed: {self._error!r}") from self._error
         if self._ended_at is not None and not self._pending and self.rollout_buffer.qsize() == 0:
-            raise RunEnded(f"streamgrp run {self.trainer.keys.run!r} finished after {self._ended_at} steps and TRL "
-                           "has taken every sample, but it asks for more: lower AsyncGRPOConfig.max_steps, or let the "
-                           "batcher write more steps (--max-steps)")
+            raise RunEnded(
+                f"streamgrp run {self.trainer.keys.run!r} finished after {self._ended_at} steps and TRL "
+                "has taken every sample, but it asks for more: lower AsyncGRPOConfig.max_steps, or let the "
+                "batcher write more steps (--max-steps)"
+            )
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("the streamgrp rollout feed is not running: call start() (TRL does on train begin)")
         age = time.time() - self._beat
         if age > stale_after_s:
-            raise RuntimeError(f"the streamgrp rollout feed has not moved for {age:.0f}s > {stale_after_s:.0f}s; "
-                               "is the server reachable?")
+            raise RuntimeError(
+                f"the streamgrp rollout feed has not moved for {age:.0f}s > {stale_after_s:.0f}s; "
+                "is the server reachable?"
+            )
         window = self.trainer.joined_run.config.max_staleness + 1
         if self._pending or self.rollout_buffer.qsize() or len(self._open) < window:
             self._starved_since = None
@@ -224,11 +238,13 @@ class StreamgrpRollouts:
         # ones it holds. Only a wait as long as TRL's own heartbeat limit is taken for that.
         self._starved_since = self._starved_since or time.time()
         if time.time() - self._starved_since > stale_after_s:
-            raise ConfigError(f"TRL took every row of the {len(self._open)} uncommitted steps the run's staleness "
-                              f"window allows (max_staleness + 1 = {window}) and has waited {stale_after_s:.0f}s for "
-                              "more before an optimizer step: one optimizer step needs more rows than the window "
-                              "holds. Raise the run's --max-staleness, or lower per_device_train_batch_size x "
-                              "gradient_accumulation_steps")
+            raise ConfigError(
+                f"TRL took every row of the {len(self._open)} uncommitted steps the run's staleness "
+                f"window allows (max_staleness + 1 = {window}) and has waited {stale_after_s:.0f}s for "
+                "more before an optimizer step: one optimizer step needs more rows than the window "
+                "holds. Raise the run's --max-staleness, or lower per_device_train_batch_size x "
+                "gradient_accumulation_steps"
+            )
 
     # -- TRL's training loop, through StreamgrpProgress ----------------------------------------------------
 
@@ -236,8 +252,10 @@ class StreamgrpRollouts:
         """TRL's train begins: watch what its collator packs, and where a TRL checkpoint left the run."""
         if checkpoint is not None:
             if checkpoint.get("run") != self.trainer.keys.run:
-                raise ConfigError(f"the TRL checkpoint holds run {checkpoint.get('run')!r}'s steps, not run "
-                                  f"{self.trainer.keys.run!r}'s")
+                raise ConfigError(
+                    f"the TRL checkpoint holds run {checkpoint.get('run')!r}'s steps, not run "
+                    f"{self.trainer.keys.run!r}'s"
+                )
             self._checkpoint = Position(int(checkpoint["step"]), frozenset(int(r) for r in checkpoint["rows"]))
         self.token_budget = int(token_budget)
         loader = getattr(dataloader, "base_dataloader", dataloader)
@@ -356,9 +374,11 @@ class StreamgrpRollouts:
     def _push(self, batch: Batch, trained: frozenset[int]) -> None:
         lengths = batch.attention_mask.sum(dim=1).tolist()
         if self.token_budget and max(lengths, default=0) > self.token_budget:
-            raise ConfigError(f"step {batch.step} has a row of {max(lengths)} tokens, longer than TRL's token_budget="
-                              f"{self.token_budget}: TRL would drop it untrained. Raise token_budget to the run's "
-                              "longest row (prompt and completion)")
+            raise ConfigError(
+                f"step {batch.step} has a row of {max(lengths)} tokens, longer than TRL's token_budget="
+                f"{self.token_budget}: TRL would drop it untrained. Raise token_budget to the run's "
+                "longest row (prompt and completion)"
+            )
         samples = [(row, sample) for row, sample in enumerate(self._samples(batch)) if row not in trained]
         with self._lock:
             self._open[batch.step] = _Open(batch, set(trained), trained)
@@ -374,12 +394,16 @@ class StreamgrpRollouts:
         staleness = int(batch.version - batch.versions.min()) if batch.rows else 0
         spans = batch.version_spans
         try:
-            self.metrics_queue.put_nowait({"streamgrp/step": float(batch.step), "streamgrp/staleness_max": staleness,
-                                           "streamgrp/version_span_max": float(spans.max()) if spans is not None
-                                           and batch.rows else 0.0,
-                                           "streamgrp/stale_masked_tokens": float(batch.stale_masked_tokens),
-                                           "streamgrp/rows_per_step": float(batch.rows),
-                                           "streamgrp/groups_per_step": float(len(batch.task_ids))})
+            self.metrics_queue.put_nowait(
+                {
+                    "streamgrp/step": float(batch.step),
+                    "streamgrp/staleness_max": staleness,
+                    "streamgrp/version_span_max": float(spans.max()) if spans is not None and batch.rows else 0.0,
+                    "streamgrp/stale_masked_tokens": float(batch.stale_masked_tokens),
+                    "streamgrp/rows_per_step": float(batch.rows),
+                    "streamgrp/groups_per_step": float(len(batch.task_ids)),
+                }
+            )
         except queue.Full:
             pass  # TRL stopped logging; never block the feed for a metric
 
@@ -393,9 +417,18 @@ class StreamgrpRollouts:
         if total is None:
             manifest = self.trainer.manifest(position.step)
             total = self.trainer.load(manifest, 0, 1).rows if manifest is not None else max(position.rows) + 1
-        record_rows(self.trainer.client, self.trainer.keys,
-                    StepRowsTrained(step=position.step, rank=0, attempt=attempt, rows=tuple(sorted(position.rows)),
-                                    total=total, producer=self.trainer.name))
+        record_rows(
+            self.trainer.client,
+            self.trainer.keys,
+            StepRowsTrained(
+                step=position.step,
+                rank=0,
+                attempt=attempt,
+                rows=tuple(sorted(position.rows)),
+                total=total,
+                producer=self.trainer.name,
+            ),
+        )
 
     def _samples(self, batch: Batch) -> Iterator[Any]:
         """One TRL ``RolloutSample`` per row, unpadded, in group order."""
@@ -412,25 +445,37 @@ class StreamgrpRollouts:
             mask = batch.loss_mask[row, :length].numpy().astype(np.int64)
             prompt, completion = self._messages(ids, mask, batch.task_ids[group])
             yield self._sample_type(
-                prompt=prompt, completion=completion, input_ids=ids, completion_mask=mask,
-                old_log_probs=batch.logprobs[row, :length].numpy().astype(np.float32), advantage=advantages[row],
-                model_version=self.rollout_buffer.version, group_id=batch.step * self._group_stride + group,
-                metrics={"reward": rewards[row], "version_oldest": float(oldest[row]),
-                         "version_newest": float(oldest[row] + spans[row])})
+                prompt=prompt,
+                completion=completion,
+                input_ids=ids,
+                completion_mask=mask,
+                old_log_probs=batch.logprobs[row, :length].numpy().astype(np.float32),
+                advantage=advantages[row],
+                model_version=self.rollout_buffer.version,
+                group_id=batch.step * self._group_stride + group,
+                metrics={
+                    "reward": rewards[row],
+                    "version_oldest": float(oldest[row]),
+                    "version_newest": float(oldest[row] + spans[row]),
+                },
+            )
 
     def _messages(self, ids: np.ndarray, mask: np.ndarray, task_id: str) -> tuple[list[dict], list[dict]]:
         """What TRL shows in its traces: the decoded prompt and completion, or the task id."""
         if self.decode is None:
             return [{"role": "user", "content": task_id}], []
         first = int(mask.argmax()) if mask.any() else len(ids)
-        return ([{"role": "user", "content": self.decode(ids[:first].tolist())}],
-                [{"role": "assistant", "content": self.decode(ids[first:].tolist())}])
+        return (
+            [{"role": "user", "content": self.decode(ids[:first].tolist())}],
+            [{"role": "assistant", "content": self.decode(ids[first:].tolist())}],
+        )
 
 
 def _rollout_sample_type() -> type:
     try:
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
     except ImportError as exc:
-        raise ConfigError(f"TRL's async GRPO trainer is not importable ({exc}); install it with "
-                          "pip install 'streamgrp[trl]'") from None
+        raise ConfigError(
+            f"TRL's async GRPO trainer is not importable ({exc}); install it with pip install 'streamgrp[trl]'"
+        ) from None
     return RolloutSample

@@ -54,7 +54,8 @@ def record_rows(client: redis.Redis, keys: RunKeys, event: StepRowsTrained) -> N
     try:
         scripts.register(client, "trainer_rows.lua")(
             keys=[keys.committed, keys.commits, keys.attempt],
-            args=[event.rank, event.step, event.attempt, codec.encode(event)[codec.HEADER]])
+            args=[event.rank, event.step, event.attempt, codec.encode(event)[codec.HEADER]],
+        )
     except redis.ResponseError as exc:
         if scripts.error_code(exc) == "STALE_ATTEMPT":
             raise TrainerGroupError(str(exc).split(None, 1)[1]) from None
@@ -98,8 +99,11 @@ class StreamgrpProgress(TrainerCallback, ExportableState):
         saved = (state.stateful_callbacks or {}).get(type(self).__name__)
         saved = saved[0] if isinstance(saved, list) and saved else saved
         position = (saved or {}).get("attributes", {}).get("position") if isinstance(saved, dict) else None
-        self.feed.train_begins(train_dataloader, token_budget=getattr(args, "token_budget", 0) or 0,
-                               checkpoint=position if state.global_step > 0 else None)
+        self.feed.train_begins(
+            train_dataloader,
+            token_budget=getattr(args, "token_budget", 0) or 0,
+            checkpoint=position if state.global_step > 0 else None,
+        )
 
     def on_substep_end(self, args, state, control, **kwargs):
         self._substeps += 1

@@ -53,11 +53,11 @@ def encode_state(state: dict[str, torch.Tensor]) -> bytes:
 
 def decode_state(payload: bytes) -> dict[str, torch.Tensor]:
     size = int.from_bytes(payload[:4], "little")
-    header = orjson.loads(payload[4:4 + size])
-    body = payload[4 + size:]
+    header = orjson.loads(payload[4 : 4 + size])
+    body = payload[4 + size :]
     state = {}
     for name, dtype, shape, offset, length in header:
-        raw = bytearray(body[offset:offset + length])
+        raw = bytearray(body[offset : offset + length])
         tensor = torch.frombuffer(raw, dtype=dtypes.TORCH[dtype]) if raw else torch.zeros(0, dtype=dtypes.TORCH[dtype])
         state[name] = tensor.reshape(shape)
     return state
@@ -71,8 +71,11 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
         digest.update(orjson.dumps([name, str(tensor.dtype), list(tensor.shape)]))
         if tensor.numel():
             # .data: the array's bytes as a memoryview (numpy declares its buffer protocol only from Python 3.12)
-            digest.update(tensor.view(-1).view(torch.uint8).numpy().data if tensor.dtype != torch.bool
-                          else tensor.to(torch.uint8).numpy().data)
+            digest.update(
+                tensor.view(-1).view(torch.uint8).numpy().data
+                if tensor.dtype != torch.bool
+                else tensor.to(torch.uint8).numpy().data
+            )
     return digest.hexdigest()
 
 
@@ -89,15 +92,19 @@ def publish(client: redis.Redis, keys: RunKeys, version: int, state: dict[str, t
         existing = client.get(weights_key(keys, version))
         if existing is None or existing == payload:
             return False
-        raise WeightsConflict(f"weights version {version} already names another weight state (the latest published "
-                              f"is {int(latest)}); a version is one state: publish these weights under a new version")
+        raise WeightsConflict(
+            f"weights version {version} already names another weight state (the latest published "
+            f"is {int(latest)}); a version is one state: publish these weights under a new version"
+        )
     # SET NX GET: written only if the version is new, and the existing state returned if not, in one command.
     held = client.set(weights_key(keys, version), payload, nx=True, get=True)
     if held is not None:
         if held == payload:
             return False
-        raise WeightsConflict(f"weights version {version} already names another weight state; a version is one "
-                              "state (samples drawn from it say so): publish these weights under the next version")
+        raise WeightsConflict(
+            f"weights version {version} already names another weight state; a version is one "
+            "state (samples drawn from it say so): publish these weights under the next version"
+        )
     pipe = client.pipeline(transaction=True)
     pipe.set(latest_key(keys), version)
     if version >= KEEP_VERSIONS:
@@ -145,15 +152,25 @@ class WeightCache:
             return cls(*lent)
         url, run = os.environ.get("STREAMGRP_REDIS_URL"), os.environ.get("STREAMGRP_RUN")
         if not url or not run:
-            raise RuntimeError("STREAMGRP_REDIS_URL and STREAMGRP_RUN are unset; run this rollout under `streamgrp worker`")
+            raise RuntimeError(
+                "STREAMGRP_REDIS_URL and STREAMGRP_RUN are unset; run this rollout under `streamgrp worker`"
+            )
         from streamgrp.config import ConnectionConfig, load
         from streamgrp.store.connection import connect
 
         connection = load(ConnectionConfig)
         # A client that rides out outages like the worker's own, so a restarting server does not
         # turn weight loads into failed slots.
-        return cls(connect(url, check_settings=False, password=connection.secret(), tls=connection.tls(),
-                           cluster=connection.cluster), RunKeys(run))
+        return cls(
+            connect(
+                url,
+                check_settings=False,
+                password=connection.secret(),
+                tls=connection.tls(),
+                cluster=connection.cluster,
+            ),
+            RunKeys(run),
+        )
 
     def get(self, version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(version used, state) for the newest published version <= ``version``, or None if none yet."""
@@ -166,8 +183,10 @@ class WeightCache:
         for candidate in range(wanted, max(-1, wanted - KEEP_VERSIONS), -1):
             payload = self.client.get(weights_key(self.keys, candidate))
             if isinstance(payload, str):
-                raise ConfigError("weights read back as text: this client decodes responses; give WeightCache "
-                                  "a client that does not (decode_responses=False, as streamgrp's connect makes)")
+                raise ConfigError(
+                    "weights read back as text: this client decodes responses; give WeightCache "
+                    "a client that does not (decode_responses=False, as streamgrp's connect makes)"
+                )
             if payload is not None:
                 self.version, self.state = candidate, decode_state(payload)
                 return self.version, self.state
@@ -182,9 +201,16 @@ def version_dir(root: str | os.PathLike[str], version: int) -> Path:
     return Path(root) / f"v{version:06d}"
 
 
-def save_version(root: str | os.PathLike[str], version: int, state: dict[str, torch.Tensor], *,
-                 metadata: dict[str, str] | None = None, extra_files: dict[str, bytes] | None = None,
-                 writers: Mapping[str, Callable[[Path], None]] | None = None, safetensors: bool = True) -> Path:
+def save_version(
+    root: str | os.PathLike[str],
+    version: int,
+    state: dict[str, torch.Tensor],
+    *,
+    metadata: dict[str, str] | None = None,
+    extra_files: dict[str, bytes] | None = None,
+    writers: Mapping[str, Callable[[Path], None]] | None = None,
+    safetensors: bool = True,
+) -> Path:
     """Write ``state`` as ``root/vNNNNNN/model.safetensors`` (no pickle), atomically: the directory appears
     complete or not at all, so a server told to load it never reads half a file. Returns the directory.
 
@@ -196,8 +222,10 @@ def save_version(root: str | os.PathLike[str], version: int, state: dict[str, to
     if final.exists():
         if saved_digest(final) == digest:
             return final
-        raise WeightsConflict(f"{final} already holds another weight state (or one of unknown digest); a version "
-                              "is one state: save these weights under the next version")
+        raise WeightsConflict(
+            f"{final} already holds another weight state (or one of unknown digest); a version "
+            "is one state: save these weights under the next version"
+        )
     partial = final.with_name(final.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -240,8 +268,11 @@ def write_safetensors(path: Path, state: dict[str, torch.Tensor], *, metadata: d
         if tensor.dtype not in dtypes.SAFETENSORS_OF:
             raise ValueError(f"weight {name} has dtype {tensor.dtype}, which safetensors cannot hold")
         size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": dtypes.SAFETENSORS_OF[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": dtypes.SAFETENSORS_OF[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
         tensors.append(tensor)
         offset += size
     head = orjson.dumps(header)
@@ -250,7 +281,10 @@ def write_safetensors(path: Path, state: dict[str, torch.Tensor], *, metadata: d
         handle.write(len(head).to_bytes(8, "little") + head)
         for tensor in tensors:
             if tensor.numel():
-                handle.write(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.dtype != torch.bool
-                             else tensor.to(torch.uint8).numpy().tobytes())
+                handle.write(
+                    tensor.view(-1).view(torch.uint8).numpy().tobytes()
+                    if tensor.dtype != torch.bool
+                    else tensor.to(torch.uint8).numpy().tobytes()
+                )
         handle.flush()
         os.fsync(handle.fileno())

@@ -84,15 +84,20 @@ class Session:
         pwd_out = self.directory.parent / ".pwd-after"
         # The trap runs however the script ends (set -e included), so exports survive a failing block's
         # report and carry over after a passing one.
-        script = (f'trap \'env -0 > "{env_out}"; pwd > "{pwd_out}"\' EXIT\n'
-                  "set -e -o pipefail\n" + source)
+        script = f'trap \'env -0 > "{env_out}"; pwd > "{pwd_out}"\' EXIT\nset -e -o pipefail\n' + source
         log = self.directory.parent / f".block-{line}.log"
         env_out.unlink(missing_ok=True)  # what a previous block left is not this one's
         pwd_out.unlink(missing_ok=True)
         with log.open("wb") as out:
-            proc = subprocess.Popen(["bash", "-c", script], cwd=self.env.get("PWD", str(self.directory)),
-                                    env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                ["bash", "-c", script],
+                cwd=self.env.get("PWD", str(self.directory)),
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 code = proc.wait(timeout=BLOCK_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -186,8 +191,10 @@ class BlockParser:
             if language in TEXT_LANGUAGES or (language == "" and session.page in BARE_OUTPUT_PAGES):
                 return
             if language not in RUN_LANGUAGES:
-                raise AssertionError(f"{where}: a block in {language or 'no language'!r}; give it one of "
-                                     f"{RUN_LANGUAGES + TEXT_LANGUAGES} (tests/docs/doc_blocks.py)")
+                raise AssertionError(
+                    f"{where}: a block in {language or 'no language'!r}; give it one of "
+                    f"{RUN_LANGUAGES + TEXT_LANGUAGES} (tests/docs/doc_blocks.py)"
+                )
             started = time.monotonic()
             try:
                 self._run(example, session, language, title, source, where)
@@ -196,8 +203,9 @@ class BlockParser:
 
         return evaluate
 
-    def _run(self, example: Example, session: Session, language: str, title: str | None, source: str,
-             where: str) -> None:
+    def _run(
+        self, example: Example, session: Session, language: str, title: str | None, source: str, where: str
+    ) -> None:
         if language == "python" and title is not None:
             compile(source, f"{where} ({title})", "exec")
             session.write(title, source)
@@ -253,8 +261,10 @@ class CheckedSkipParser(SkipParser):
             action, reason = region.parsed
             if action in ("next", "start") and not (reason and reason.strip().strip("\"'").strip()):
                 line = document.text.count("\n", 0, region.start) + 1
-                raise ValueError(f"{document.path} line {line}: 'skip: {action}' without a reason; write "
-                                 f"<!-- skip: {action} \"why it cannot run here\" -->")
+                raise ValueError(
+                    f"{document.path} line {line}: 'skip: {action}' without a reason; write "
+                    f'<!-- skip: {action} "why it cannot run here" -->'
+                )
             yield region
 
 

@@ -22,6 +22,7 @@ if os.environ.get("STREAMGRP_TEST_REQUIRE_DOCS") != "1":  # .ci/run sets it: the
 from doc_blocks import ROOT, SESSION_KEY, Session, is_skipper, parsers  # noqa: E402
 from sybil import Sybil  # noqa: E402
 
+
 def _readme_trained(client) -> None:
     """The README's own rollout and trainer trained the run's 5 steps on rank 0, each once."""
     from streamgrp.store.keys import RunKeys
@@ -46,8 +47,11 @@ def _both_ranks_trained(client) -> None:
 
 
 #: What a page's run must have left on the server, beyond its blocks exiting 0.
-AFTERWARDS = {"README.md": _readme_trained, "docs/guides/own-rollout.md": _own_producer_published,
-              "docs/guides/own-trainer.md": _both_ranks_trained}
+AFTERWARDS = {
+    "README.md": _readme_trained,
+    "docs/guides/own-rollout.md": _own_producer_published,
+    "docs/guides/own-trainer.md": _both_ranks_trained,
+}
 
 PAGES = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").rglob("*.md"))]
 SYBIL = Sybil(parsers=parsers(), path=str(ROOT))
@@ -58,9 +62,11 @@ def _shims(directory: Path) -> Path:
     directory.mkdir()
     # The checkout goes last on PYTHONPATH, so a page's own "PYTHONPATH=. streamgrp ..." still finds it.
     path = f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{ROOT}"'
-    for name, line in (("python", f'{path}; exec "{sys.executable}" "$@"'),
-                       ("python3", f'{path}; exec "{sys.executable}" "$@"'),
-                       ("streamgrp", f'{path}; exec "{sys.executable}" -m streamgrp "$@"')):
+    for name, line in (
+        ("python", f'{path}; exec "{sys.executable}" "$@"'),
+        ("python3", f'{path}; exec "{sys.executable}" "$@"'),
+        ("streamgrp", f'{path}; exec "{sys.executable}" -m streamgrp "$@"'),
+    ):
         shim = directory / name
         shim.write_text(f"#!/bin/sh\n{line}\n")
         shim.chmod(0o755)
@@ -68,8 +74,11 @@ def _shims(directory: Path) -> Path:
 
 
 def _environment(redis_url: str, bin_dir: Path, home: Path) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith("STREAMGRP_") or name.startswith("STREAMGRP_TEST_")}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("STREAMGRP_") or name.startswith("STREAMGRP_TEST_")
+    }
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["STREAMGRP_REDIS_URL"] = redis_url
@@ -122,6 +131,9 @@ def test_page_examples(page: str, redis_url: str, tmp_path: Path, monkeypatch: p
         with redis.Redis.from_url(redis_url) as client:
             check(client)
     slow = sorted(session.ran, key=lambda ran: -ran[2])[:3]
-    print(f"{page}: ran {len(session.ran)} blocks in {sum(ran[2] for ran in session.ran):.1f}s (slowest: "
-          + ", ".join(f"line {line} {seconds:.1f}s" for line, _, seconds in slow) + "); not runnable: "
-          + ("; ".join(f"line {line}: {reason}" for line, reason in session.skipped) or "none"))
+    print(
+        f"{page}: ran {len(session.ran)} blocks in {sum(ran[2] for ran in session.ran):.1f}s (slowest: "
+        + ", ".join(f"line {line} {seconds:.1f}s" for line, _, seconds in slow)
+        + "); not runnable: "
+        + ("; ".join(f"line {line}: {reason}" for line, reason in session.skipped) or "none")
+    )

@@ -45,8 +45,14 @@ N_TASKS = 13
 TIMEOUT_S = 1.0
 FAILED_STEP, FAILED_RANK = 1, 1
 FAULT = "FloatingPointError: golden: injected fault at step 1 on rank 1"
-CONFIG = RunConfig(n_samples=4, reward_norm=NormSpec("group", "group"), group_timeout_s=TIMEOUT_S, dp_size=2,
-                   batch_size=4, max_staleness=1)
+CONFIG = RunConfig(
+    n_samples=4,
+    reward_norm=NormSpec("group", "group"),
+    group_timeout_s=TIMEOUT_S,
+    dp_size=2,
+    batch_size=4,
+    max_staleness=1,
+)
 
 
 def outcome(task: int, slot: int):
@@ -57,15 +63,21 @@ def outcome(task: int, slot: int):
         return RuntimeError("golden: rollout failed in slot 0")
     if task == 3:  # one usable slot under group statistics: dropped below_minimum
         return make_sample(tokens=5, seed=300 + slot) if slot == 3 else (None if slot < 2 else ValueError("bad"))
-    return make_sample(tokens=3 + (task * 7 + slot * 3) % 6, version=0, reward=((task + slot) % 3) / 2,
-                       seed=task * 100 + slot, prompt_tokens=1)
+    return make_sample(
+        tokens=3 + (task * 7 + slot * 3) % 6,
+        version=0,
+        reward=((task + slot) % 3) / 2,
+        seed=task * 100 + slot,
+        prompt_tokens=1,
+    )
 
 
 def build(client) -> Run:
     run = join_run(client, RUN, CONFIG)
     keys = run.keys
     TaskIssuer(client, keys, producer="issuer-golden").issue(
-        ({"i": i, "text": f"prompt {i}"} for i in range(N_TASKS)), task_ids=[f"g{i:02d}" for i in range(N_TASKS)])
+        ({"i": i, "text": f"prompt {i}"} for i in range(N_TASKS)), task_ids=[f"g{i:02d}" for i in range(N_TASKS)]
+    )
     worker = WorkerClient(client, keys, name="worker-golden")
     for task in range(N_TASKS):
         for slot in range(4):
@@ -101,24 +113,40 @@ def expected(client, run: Run) -> dict:
         ranks = []
         for rank in range(len(manifest.shards)):
             batch = trainer.load(manifest, rank, len(manifest.shards))
-            ranks.append({
-                "rank": rank, "digest": batch.digest, "task_ids": batch.task_ids,
-                "group_sizes": batch.group_sizes.tolist(), "shape": list(batch.token_ids.shape),
-                "token_ids_sum": int(batch.token_ids.sum()), "loss_mask_sum": int(batch.loss_mask.sum()),
-                "attention_mask_sum": int(batch.attention_mask.sum()),
-                "logprobs_sum": float(batch.logprobs.double().sum()), "rewards": batch.rewards.tolist(),
-                "first_row": batch.token_ids[0].tolist(), "step_loss_tokens": batch.step_loss_tokens,
-            })
+            ranks.append(
+                {
+                    "rank": rank,
+                    "digest": batch.digest,
+                    "task_ids": batch.task_ids,
+                    "group_sizes": batch.group_sizes.tolist(),
+                    "shape": list(batch.token_ids.shape),
+                    "token_ids_sum": int(batch.token_ids.sum()),
+                    "loss_mask_sum": int(batch.loss_mask.sum()),
+                    "attention_mask_sum": int(batch.attention_mask.sum()),
+                    "logprobs_sum": float(batch.logprobs.double().sum()),
+                    "rewards": batch.rewards.tolist(),
+                    "first_row": batch.token_ids[0].tolist(),
+                    "step_loss_tokens": batch.step_loss_tokens,
+                }
+            )
         steps.append({"step": step, "version": manifest.version, "ranks": ranks})
         step += 1
     return {
         "run": RUN,
         "steps": steps,
-        "rank_states": {"0": {"0": "committed", "1": "committed"}, "1": {"0": "committed", "1": "failed"},
-                        "2": {"0": "in_progress", "1": "pending"}},
+        "rank_states": {
+            "0": {"0": "committed", "1": "committed"},
+            "1": {"0": "committed", "1": "failed"},
+            "2": {"0": "in_progress", "1": "pending"},
+        },
         "failure": FAULT,
-        "decisions": {"g03": ["dropped", "below_minimum"], "g05": ["partial", None], "g01": ["partial", None],
-                      "g02": ["partial", None], "g00": ["complete", None]},
+        "decisions": {
+            "g03": ["dropped", "below_minimum"],
+            "g05": ["partial", None],
+            "g01": ["partial", None],
+            "g02": ["partial", None],
+            "g00": ["complete", None],
+        },
     }
 
 

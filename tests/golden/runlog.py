@@ -48,8 +48,9 @@ def dump_run(client, keys: RunKeys, path: Path) -> int:
     server = RedisSource(client, keys)  # a keys run's payloads as the payloads stream's entries, at their ids
     for name in keys.all_streams():
         for entry_id, fields in server.scan(name):
-            lines.append({"stream": name, "id": entry_id,
-                          "fields": [[k.decode(), *_value(bytes(v))] for k, v in fields.items()]})
+            lines.append(
+                {"stream": name, "id": entry_id, "fields": [[k.decode(), *_value(bytes(v))] for k, v in fields.items()]}
+            )
     for name in HASHES:
         values = client.hgetall(getattr(keys, name))
         if values:
@@ -96,8 +97,10 @@ def load_run(client, path: Path, run: str, *, edit: Edit | None = None, groups: 
             if line["stream"] == "control" and layout == payloads.STREAM:  # the record comes first
                 layout = _layout(fields) or layout
             if line["stream"] == "payloads" and layout == payloads.KEYS:
-                pipe.set(payloads.key(keys.payloads, line["id"]),
-                         payloads.frame(fields[codec.HEADER], fields.get(codec.BLOB, b"")))
+                pipe.set(
+                    payloads.key(keys.payloads, line["id"]),
+                    payloads.frame(fields[codec.HEADER], fields.get(codec.BLOB, b"")),
+                )
                 continue
             pipe.xadd(streams[line["stream"]], fields, id=line["id"])
         elif "hash" in line:
@@ -169,8 +172,9 @@ def write_archive(path: Path, directory: Path) -> RunKeys:
         elif "hash" in line:
             hashes[line["hash"]] = dict(line["fields"])
         elif "group" in line:
-            groups.setdefault(line["stream"], []).append({"name": line["group"],
-                                                           "last_delivered": line["last_delivered"], "pending": 0})
+            groups.setdefault(line["stream"], []).append(
+                {"name": line["group"], "last_delivered": line["last_delivered"], "pending": 0}
+            )
     writer.write_snapshot({"hashes": hashes, "groups": groups})
     writer.close()
     return keys

@@ -1,4 +1,5 @@
-"""The golden run logs (`run_v1.jsonl` as schema 1 wrote it, `run_v2.jsonl` made by `make_golden.py`) replay to what their trainers consumed.
+"""The golden run logs (`run_v1.jsonl` as schema 1 wrote it, `run_v2.jsonl` made by `make_golden.py`) replay to
+what their trainers consumed.
 
 Served every way a run's record can be read: from memory through the entry-source interface (no
 server), from an archive directory (no server), loaded into a fresh run on each real server kind
@@ -41,8 +42,10 @@ class Golden:
 
 
 #: v1: samples inline in the slot log (logs written before payloads were split off); v2: the current layout.
-GOLDENS = {version: Golden(HERE / f"run_{version}.jsonl", json.loads((HERE / f"expected_{version}.json").read_text()))
-           for version in ("v1", "v2")}
+GOLDENS = {
+    version: Golden(HERE / f"run_{version}.jsonl", json.loads((HERE / f"expected_{version}.json").read_text()))
+    for version in ("v1", "v2")
+}
 
 
 @pytest.fixture(params=sorted(GOLDENS))
@@ -54,8 +57,12 @@ def _check_replays(golden, client, keys, source=None) -> None:
     for step in golden.expected["steps"]:
         for want in step["ranks"]:
             batch = replay_step(client, keys, step["step"], want["rank"], source=source)
-            assert (batch.step, batch.rank, batch.version, batch.run) == (step["step"], want["rank"], step["version"],
-                                                                          keys.run)
+            assert (batch.step, batch.rank, batch.version, batch.run) == (
+                step["step"],
+                want["rank"],
+                step["version"],
+                keys.run,
+            )
             assert batch.digest == want["digest"]
             assert batch.task_ids == want["task_ids"]
             assert batch.group_sizes.tolist() == want["group_sizes"]

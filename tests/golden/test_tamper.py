@@ -30,8 +30,11 @@ def _kinds(report) -> set[tuple[str, str, str | None]]:
 
 
 def _decision(source, task_id) -> tuple[str, GroupDecided]:
-    return next((entry_id, event) for entry_id, fields in source.scan("decisions")
-                if (event := codec.decode(fields)).task_id == task_id)
+    return next(
+        (entry_id, event)
+        for entry_id, fields in source.scan("decisions")
+        if (event := codec.decode(fields)).task_id == task_id
+    )
 
 
 def _manifest(source, step):
@@ -81,8 +84,9 @@ def test_groups_moved_between_ranks_are_reported(source):
     moved = (first.replace(groups=second.groups), second.replace(groups=first.groups))
     source.streams["steps"][step_entry_id(1)] = codec.encode(manifest.replace(shards=moved))
     report = verify(None, source.keys, source=source)
-    assert {("shard_groups", "step 1 rank 0", "task ids"), ("shard_groups", "step 1 rank 1", "task ids")} \
-        <= _kinds(report)
+    assert {("shard_groups", "step 1 rank 0", "task ids"), ("shard_groups", "step 1 rank 1", "task ids")} <= _kinds(
+        report
+    )
     assert all(d.subject.startswith("step 1") for d in report.differences)
     # Replay checks the shard against its own groups' digests first.
     with pytest.raises(DigestMismatch, match="shard digest"):
@@ -93,8 +97,7 @@ def test_a_group_batched_twice_is_reported(source):
     step0, step1 = _manifest(source, 0), _manifest(source, 1)
     shard = step1.shards[0]
     doubled = shard.replace(groups=(step0.shards[0].groups[0], *shard.groups[1:]))
-    source.streams["steps"][step_entry_id(1)] = codec.encode(
-        step1.replace(shards=(doubled, step1.shards[1])))
+    source.streams["steps"][step_entry_id(1)] = codec.encode(step1.replace(shards=(doubled, step1.shards[1])))
     task = step0.shards[0].groups[0].task_id
     assert ("group_in_two_steps", f"task {task}", "step") in _kinds(verify(None, source.keys, source=source))
 
@@ -127,7 +130,8 @@ def test_altered_slot_bytes_fail_replay_and_verify(source):
         replay_step(None, source.keys, 0, 1, source=source)
     replay_step(None, source.keys, 0, 0, source=source)  # the other rank's shard is intact
     assert _kinds(verify(None, source.keys, source=source)) == {
-        ("decision_differs", f"task {group.task_id}", "member_digests")}
+        ("decision_differs", f"task {group.task_id}", "member_digests")
+    }
 
 
 def test_a_trimmed_slot_entry_names_the_entry(source):
@@ -142,8 +146,10 @@ def test_two_steps_with_their_groups_swapped_are_caught_by_the_re_batch(source):
     """Each step alone still partitions cleanly; only batching the decisions again shows that step 0
     holds groups the batcher could only have formed after step 0's."""
     first, second = _manifest(source, 0), _manifest(source, 1)
-    swapped = {0: second.replace(step=0, version=first.version, created_at=first.created_at),
-               1: first.replace(step=1, version=second.version, created_at=second.created_at)}
+    swapped = {
+        0: second.replace(step=0, version=first.version, created_at=first.created_at),
+        1: first.replace(step=1, version=second.version, created_at=second.created_at),
+    }
     for step, manifest in swapped.items():
         source.streams["steps"][step_entry_id(step)] = codec.encode(manifest)
     kinds = _kinds(verify(None, source.keys, source=source))

@@ -47,7 +47,9 @@ class CharTokenizer:
     """Characters as token ids; enough of a tokenizer for the workflow."""
 
     def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=True, **_):
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + (
+            "<assistant>" if add_generation_prompt else ""
+        )
         return [ord(c) for c in text] if tokenize else text
 
     def decode(self, ids) -> str:
@@ -104,8 +106,9 @@ class RLVRWorkflow:
             raise
         engine.get_version()  # AReaL's workflow reads it (to name its dump directory)
         completion = self.tokenizer.decode(resp.output_tokens)
-        reward = await asyncio.to_thread(self.reward_fn, self.tokenizer.decode(input_ids), completion,
-                                         resp.input_tokens, resp.output_tokens, **data)
+        reward = await asyncio.to_thread(
+            self.reward_fn, self.tokenizer.decode(input_ids), completion, resp.input_tokens, resp.output_tokens, **data
+        )
         if reward is None:
             self.outcomes.append("rejected")
             return None

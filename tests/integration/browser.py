@@ -29,8 +29,16 @@ import pytest
 
 REQUIRE_ENV = "STREAMGRP_TEST_REQUIRE_CHROMIUM"
 #: Flags that keep headless Chromium off the network and out of the user's profile (the profile is fresh).
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 PAGE_PATH = "/report.html"
 
 
@@ -99,10 +107,23 @@ def visit(page: bytes, work: Path, *, width: int = 1000, height: int = 4200, tim
     netlog, screenshot = work / "netlog.json", work / "screenshot.png"
     try:
         result = subprocess.run(
-            [binary, *FLAGS, f"--user-data-dir={work / 'profile'}", f"--proxy-server=http://{host}:{port}",
-             "--proxy-bypass-list=<-loopback>", f"--log-net-log={netlog}", f"--window-size={width},{height}",
-             f"--screenshot={screenshot}", "--dump-dom", url],
-            capture_output=True, text=True, timeout=timeout, env={**os.environ, "HOME": str(work)})
+            [
+                binary,
+                *FLAGS,
+                f"--user-data-dir={work / 'profile'}",
+                f"--proxy-server=http://{host}:{port}",
+                "--proxy-bypass-list=<-loopback>",
+                f"--log-net-log={netlog}",
+                f"--window-size={width},{height}",
+                f"--screenshot={screenshot}",
+                "--dump-dom",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "HOME": str(work)},
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -138,9 +159,9 @@ def png_size_and_ink(path: Path) -> tuple[int, int, float]:
     assert depth == 8, f"expected an 8-bit PNG, got depth {depth}"
     idat, offset = b"", 8
     while offset < len(data):
-        length, kind = struct.unpack(">I4s", data[offset:offset + 8])
+        length, kind = struct.unpack(">I4s", data[offset : offset + 8])
         if kind == b"IDAT":
-            idat += data[offset + 8:offset + 8 + length]
+            idat += data[offset + 8 : offset + 8 + length]
         offset += 12 + length
     raw = zlib.decompress(idat)
     return width, height, (len(raw) - raw.count(0) - raw.count(255)) / len(raw)

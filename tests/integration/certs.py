@@ -37,8 +37,25 @@ def _signed(name: str, subject: str, extensions: str, cwd: Path) -> None:
     _key(name, cwd)
     _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=cwd)
     (cwd / f"{name}.ext").write_text(extensions)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "2", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=cwd)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-sha256",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.crt",
+        cwd=cwd,
+    )
 
 
 def make_certs(directory: Path) -> Certs:
@@ -46,15 +63,35 @@ def make_certs(directory: Path) -> Certs:
         pytest.skip("openssl is not installed; it makes the test certificates")
     directory.mkdir(parents=True, exist_ok=True)
     _key("ca", directory)
-    _openssl("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=streamgrp test CA", "-days", "2", "-sha256",
-             "-out", "ca.crt", cwd=directory)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "ca.key",
+        "-subj",
+        "/CN=streamgrp test CA",
+        "-days",
+        "2",
+        "-sha256",
+        "-out",
+        "ca.crt",
+        cwd=directory,
+    )
     # The server's certificate also serves as a client one: the embedded server's owner presents it to check
     # that the server answers.
-    _signed("server", "/CN=localhost", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-            "extendedKeyUsage=serverAuth,clientAuth\n", directory)
+    _signed(
+        "server",
+        "/CN=localhost",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+        directory,
+    )
     _signed("client", "/CN=streamgrp test client", "extendedKeyUsage=clientAuth\n", directory)
     for key in directory.glob("*.key"):
         key.chmod(0o600)
     ca = directory / "ca.crt"
-    return Certs(ca, TlsFiles(directory / "server.crt", directory / "server.key", ca),
-                 TlsFiles(directory / "client.crt", directory / "client.key", ca))
+    return Certs(
+        ca,
+        TlsFiles(directory / "server.crt", directory / "server.key", ca),
+        TlsFiles(directory / "client.crt", directory / "client.key", ca),
+    )

@@ -26,8 +26,12 @@ def drain():
     """Run workers then the assembler to completion, in burst mode."""
 
     def run(client, run, rollout, *, concurrency=4, assembler_config=None):
-        worker = WorkerProcess(WorkerClient(client, run.keys), rollout, WorkerConfig(burst=True, concurrency=concurrency),
-                               n_samples=run.config.n_samples)
+        worker = WorkerProcess(
+            WorkerClient(client, run.keys),
+            rollout,
+            WorkerConfig(burst=True, concurrency=concurrency),
+            n_samples=run.config.n_samples,
+        )
         worker.run()
         assembler = Assembler(client, run, assembler_config or AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05))
         return assembler.run(burst=True)

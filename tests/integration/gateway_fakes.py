@@ -90,15 +90,23 @@ class FakeLlama:
         if path == "/apply-template":
             return 200, {"prompt": render(body["messages"], body.get("tools"))}
         if path == "/tokenize":
-            return 200, {"tokens": tokenize(body["content"], special=body.get("parse_special", False),
-                                            bos=body.get("add_special", False))}
+            return 200, {
+                "tokens": tokenize(
+                    body["content"], special=body.get("parse_special", False), bos=body.get("add_special", False)
+                )
+            }
         if path == "/detokenize":
             return 200, {"content": detokenize(body["tokens"])}
         if path == "/completion":
             ids, stop = self.generate(body)
             content = detokenize([t for t in ids if t != IM_END])
-            return 200, {"content": content, "tokens": ids, "stop_type": stop, "model": f"fake@v{self.version}",
-                         "completion_probabilities": [{"id": t, "logprob": logprob(t)} for t in ids]}
+            return 200, {
+                "content": content,
+                "tokens": ids,
+                "stop_type": stop,
+                "model": f"fake@v{self.version}",
+                "completion_probabilities": [{"id": t, "logprob": logprob(t)} for t in ids],
+            }
         return 404, {"error": {"message": f"no {path}"}}
 
     def generate(self, body: dict[str, Any]) -> tuple[list[int], str]:
@@ -120,12 +128,32 @@ class FakeLlama:
         """llama-server's stream for a /completion request: an event per token (its piece, its id, its entry),
         then the last (``stop``, the stop type, the model). ``token_gap_s`` passes between tokens."""
         ids, stop = self.generate(body)
-        events = [{"index": 0, "content": detokenize([t]) if t != IM_END else "", "tokens": [t], "stop": False,
-                   "id_slot": -1, "tokens_predicted": n + 1, "tokens_evaluated": len(body["prompt"]),
-                   "completion_probabilities": [{"id": t, "token": detokenize([t]), "bytes": [], "logprob": logprob(t),
-                                                 "top_logprobs": []}]} for n, t in enumerate(ids)]
-        events.append({"index": 0, "content": "", "tokens": [], "stop": True, "stop_type": stop,
-                       "model": f"fake@v{self.version}", "tokens_predicted": len(ids)})
+        events = [
+            {
+                "index": 0,
+                "content": detokenize([t]) if t != IM_END else "",
+                "tokens": [t],
+                "stop": False,
+                "id_slot": -1,
+                "tokens_predicted": n + 1,
+                "tokens_evaluated": len(body["prompt"]),
+                "completion_probabilities": [
+                    {"id": t, "token": detokenize([t]), "bytes": [], "logprob": logprob(t), "top_logprobs": []}
+                ],
+            }
+            for n, t in enumerate(ids)
+        ]
+        events.append(
+            {
+                "index": 0,
+                "content": "",
+                "tokens": [],
+                "stop": True,
+                "stop_type": stop,
+                "model": f"fake@v{self.version}",
+                "tokens_predicted": len(ids),
+            }
+        )
         return [b"data: " + orjson.dumps(event) + b"\n\n" for event in events]
 
 
@@ -203,8 +231,9 @@ def start_proxy(target: str) -> tuple[Recorder, ThreadingHTTPServer]:
 
         def _forward(self, method: str) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0"))) if method == "POST" else None
-            request = urllib.request.Request(target + self.path, data=raw, method=method,
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                target + self.path, data=raw, method=method, headers={"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(request, timeout=300) as response:
                     status, body = response.status, response.read()
@@ -236,18 +265,25 @@ class Running:
     """A `Gateway` served on a free port by a thread of this process, over the fake llama-server."""
 
     def __init__(self, client, run, fake, *, max_tokens: int = 256, metrics=None) -> None:  # fake: has .url
-        upstream = Upstream.from_config("llamacpp", InferenceConfig(server_url=fake.url, max_tokens=max_tokens,
-                                                                    max_attempts=2, backoff_s=0.05))
+        upstream = Upstream.from_config(
+            "llamacpp", InferenceConfig(server_url=fake.url, max_tokens=max_tokens, max_attempts=2, backoff_s=0.05)
+        )
         self.fake = fake
         self.run = run
         self.client = client
-        self.gateway = Gateway(client, run, upstream, make_template(upstream, None), public_url="http://unset",
-                               threads=8, metrics=metrics)
+        self.gateway = Gateway(
+            client, run, upstream, make_template(upstream, None), public_url="http://unset", threads=8, metrics=metrics
+        )
         self.stop = threading.Event()
         ports: queue.Queue[int] = queue.Queue()
-        self.thread = threading.Thread(target=lambda: asyncio.run(serve(
-            GatewayServer(self.gateway, token=TOKEN), "127.0.0.1", 0, self.stop, refresh_s=0.1, ready=ports.put)),
-            daemon=True)
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(
+                serve(
+                    GatewayServer(self.gateway, token=TOKEN), "127.0.0.1", 0, self.stop, refresh_s=0.1, ready=ports.put
+                )
+            ),
+            daemon=True,
+        )
         self.thread.start()
         self.url = f"http://127.0.0.1:{ports.get(timeout=30)}"
         self.gateway.public_url = self.url

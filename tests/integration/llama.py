@@ -53,25 +53,29 @@ class LlamaServer:
 
 def server_command(binary: str, port: int) -> list[str]:
     # 4 parallel slots of 1024 tokens each, 2 threads: what two shared cores can give.
-    return [binary, "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "4", "-t", "2",
-            "--no-webui"]
+    return [binary, "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "4", "-t", "2", "--no-webui"]
 
 
-def start_llama(binary: str, model: Path, log_path: Path, *, version: int = 0,
-                extra: tuple[str, ...] | list[str] = ()) -> LlamaServer:
+def start_llama(
+    binary: str, model: Path, log_path: Path, *, version: int = 0, extra: tuple[str, ...] | list[str] = ()
+) -> LlamaServer:
     port = free_port("127.0.0.1")
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([*server_command(binary, port), *extra, "--model", str(model), "--alias",
-                                 f"{ALIAS}@v{version}"], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*server_command(binary, port), *extra, "--model", str(model), "--alias", f"{ALIAS}@v{version}"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, 120, proc=proc)
     except Exception:
         proc.kill()
         proc.wait()
-        raise AssertionError(f"llama-server did not start; its log:\n{log_path.read_text(errors='replace')[-3000:]}"
-                             ) from None
+        raise AssertionError(
+            f"llama-server did not start; its log:\n{log_path.read_text(errors='replace')[-3000:]}"
+        ) from None
     return LlamaServer(binary, model, url, proc)
 
 
@@ -96,9 +100,18 @@ def teacher_forced(server: LlamaServer, context: list[int], token: int, anchor: 
     entry for a token whose piece ends inside a UTF-8 character; for those, the whole distribution at that
     position is read off the anchor's entry: its top 64 first, then (n_probs above the vocabulary) all."""
     for forced, n_probs in ((token, 1), (anchor, 64), (anchor, 1 << 17)):
-        reply = server.post("/completion", {"prompt": context, "n_predict": 1, "n_probs": n_probs,
-                                            "return_tokens": True, "temperature": 1.0, "top_k": 0,
-                                            "logit_bias": [[forced, 1000.0]]})
+        reply = server.post(
+            "/completion",
+            {
+                "prompt": context,
+                "n_predict": 1,
+                "n_probs": n_probs,
+                "return_tokens": True,
+                "temperature": 1.0,
+                "top_k": 0,
+                "logit_bias": [[forced, 1000.0]],
+            },
+        )
         for entry in reply.get("completion_probabilities", [])[:1]:
             for candidate in (entry, *entry["top_logprobs"]):
                 if candidate["id"] == token:

@@ -18,8 +18,13 @@ def rollout(request):
     """Slot 2 of every odd task is rejected, so groups are partial and shards ragged."""
     if request.slot == 2 and request.prompt["i"] % 2:
         return None
-    return make_sample(tokens=4 + request.slot, prompt_tokens=1, reward=float(request.slot), version=request.version,
-                       seed=hash((request.task_id, request.slot)) % 10_000)
+    return make_sample(
+        tokens=4 + request.slot,
+        prompt_tokens=1,
+        reward=float(request.slot),
+        version=request.version,
+        seed=hash((request.task_id, request.slot)) % 10_000,
+    )
 
 
 def toy_rollout(request):
@@ -30,8 +35,13 @@ def toy_rollout(request):
     p = rng.randrange(toy_task.VOCAB)
     generated = [rng.randrange(toy_task.VOCAB) for _ in range(toy_task.LENGTH)]
     logprobs = [-rng.uniform(1.5, 2.5) for _ in generated]
-    return Sample.from_rows(token_ids=[[p, *generated]], loss_mask=[[0] + [1] * toy_task.LENGTH],
-                            logprobs=[[0.0, *logprobs]], rewards=[toy_task.reward(p, generated)], version=0)
+    return Sample.from_rows(
+        token_ids=[[p, *generated]],
+        loss_mask=[[0] + [1] * toy_task.LENGTH],
+        logprobs=[[0.0, *logprobs]],
+        rewards=[toy_task.reward(p, generated)],
+        version=0,
+    )
 
 
 def make_steps(client, run, *, groups: int, steps: int, rollout=rollout) -> None:

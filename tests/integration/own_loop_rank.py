@@ -35,8 +35,18 @@ def main(url: str, run_name: str, rank: int, world: int, dist_url: str, record: 
             gradient = torch.tensor([float(batch.step), float(batch.step_loss_tokens)])
             collectives.all_reduce(gradient)
             with open(record, "ab") as out:
-                out.write(orjson.dumps({"rank": rank, "step": batch.step, "attempt": batch.attempt,
-                                        "reduced": gradient.tolist(), "loss_tokens": batch.step_loss_tokens}) + b"\n")
+                out.write(
+                    orjson.dumps(
+                        {
+                            "rank": rank,
+                            "step": batch.step,
+                            "attempt": batch.attempt,
+                            "reduced": gradient.tolist(),
+                            "loss_tokens": batch.step_loss_tokens,
+                        }
+                    )
+                    + b"\n"
+                )
             if batch.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             batch.commit()

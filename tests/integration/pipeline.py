@@ -28,7 +28,7 @@ from streamgrp.core.events import (
 from streamgrp.store.keys import ASSEMBLER_GROUP, BATCHER_GROUP, WORKERS_GROUP
 
 # A trainer rank that uses only the library: it logs each step it starts and commits.
-TRAINER_SCRIPT = '''
+TRAINER_SCRIPT = """
 import os, sys, time
 from streamgrp.store.runs import connect, open_run
 from streamgrp.train.trainer import TrainerClient
@@ -47,11 +47,14 @@ with open(out, "a") as log:
             log.flush()
             batch.commit()
     log.write("done\\n")
-'''
+"""
 
 # The child imports the streamgrp this test imported, wherever the checkout is.
-CHILD_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(streamgrp.__file__).parents[1]),
-                                                        os.environ.get("PYTHONPATH")]))}
+CHILD_ENV = {
+    "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path(streamgrp.__file__).parents[1]), os.environ.get("PYTHONPATH")])
+    )
+}
 
 
 def write_dataset(path: Path, prompts: int, **prompt) -> Path:
@@ -63,8 +66,9 @@ def write_dataset(path: Path, prompts: int, **prompt) -> Path:
 class TrainerRank:
     """One trainer rank as a real process running TRAINER_SCRIPT; same start/kill shape as RoleProcess."""
 
-    def __init__(self, url: str, run_name: str, rank: int, world_size: int, directory: Path, *,
-                 step_s: float = 0.2) -> None:
+    def __init__(
+        self, url: str, run_name: str, rank: int, world_size: int, directory: Path, *, step_s: float = 0.2
+    ) -> None:
         self.role = f"trainer{rank}"
         self.rank = rank
         self.directory = directory
@@ -79,8 +83,12 @@ class TrainerRank:
         self.script.write_text(TRAINER_SCRIPT)
         self.starts += 1
         with open(self.directory / f"{self.role}-{self.starts}.log", "wb") as log:  # the child keeps its own fd
-            self.proc = subprocess.Popen([sys.executable, str(self.script), *self.args], stdout=log,
-                                         stderr=subprocess.STDOUT, env={**os.environ, **CHILD_ENV})
+            self.proc = subprocess.Popen(
+                [sys.executable, str(self.script), *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **CHILD_ENV},
+            )
         return self
 
     @property
@@ -112,19 +120,43 @@ class Pipeline:
     killed role's successor takes over within about a second.
     """
 
-    def __init__(self, url: str, run_name: str, tmp_path: Path, dataset: Path | None, run_flags: list[str], *,
-                 dp_size: int, workers: int = 2, trainer_step_s: float = 0.2,
-                 assembler_flags: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        url: str,
+        run_name: str,
+        tmp_path: Path,
+        dataset: Path | None,
+        run_flags: list[str],
+        *,
+        dp_size: int,
+        workers: int = 2,
+        trainer_step_s: float = 0.2,
+        assembler_flags: tuple[str, ...] = (),
+    ) -> None:
         common = ["--redis-url", url, "--run", run_name]
         feeding = ["--dataset", str(dataset)] if dataset is not None else []
-        self.batcher = RoleProcess("batcher", [*common, *run_flags, *feeding, "--round-s", "0.1", "--lease-ttl-s", "1"],
-                                   tmp_path / "batcher", env=CHILD_ENV)
-        self.assembler = RoleProcess("assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1",
-                                                   *assembler_flags], tmp_path / "assembler", env=CHILD_ENV)
-        self.workers = [RoleProcess("worker", [*common, "--concurrency", "4", "--claim-idle-s", "1"],
-                                    tmp_path / f"worker{i}", env=CHILD_ENV) for i in range(workers)]
-        self.trainers = [TrainerRank(url, run_name, rank, dp_size, tmp_path / "trainers", step_s=trainer_step_s)
-                         for rank in range(dp_size)]
+        self.batcher = RoleProcess(
+            "batcher",
+            [*common, *run_flags, *feeding, "--round-s", "0.1", "--lease-ttl-s", "1"],
+            tmp_path / "batcher",
+            env=CHILD_ENV,
+        )
+        self.assembler = RoleProcess(
+            "assembler",
+            [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1", *assembler_flags],
+            tmp_path / "assembler",
+            env=CHILD_ENV,
+        )
+        self.workers = [
+            RoleProcess(
+                "worker", [*common, "--concurrency", "4", "--claim-idle-s", "1"], tmp_path / f"worker{i}", env=CHILD_ENV
+            )
+            for i in range(workers)
+        ]
+        self.trainers = [
+            TrainerRank(url, run_name, rank, dp_size, tmp_path / "trainers", step_s=trainer_step_s)
+            for rank in range(dp_size)
+        ]
 
     @property
     def roles(self) -> list:
@@ -140,9 +172,13 @@ class Pipeline:
         """Roles whose current process has exited, with their exit code and the tail of their log; workers
         and the assembler that exited 0 after the batcher ended the run (they do, once it has) are not."""
         ended = self.batcher.proc is not None and self.batcher.proc.poll() == 0
-        return [f"{role.role} (pid {role.pid}) exited with {role.proc.returncode}:\n{role.output()[-3000:]}"
-                for role in self.roles if role.proc is not None and role.proc.poll() is not None
-                and not (ended and role.proc.returncode == 0 and role.role in ("worker", "assembler"))]
+        return [
+            f"{role.role} (pid {role.pid}) exited with {role.proc.returncode}:\n{role.output()[-3000:]}"
+            for role in self.roles
+            if role.proc is not None
+            and role.proc.poll() is not None
+            and not (ended and role.proc.returncode == 0 and role.role in ("worker", "assembler"))
+        ]
 
     def trainers_done(self) -> bool:
         return all(t.proc.poll() == 0 and t.out.read_text().endswith("done\n") for t in self.trainers)
@@ -193,8 +229,10 @@ def check_run(client, run, *, prompts: int) -> int:
     assert sorted(d.task_id for d in decisions.values()) == [f"t{i:08d}" for i in range(prompts)]
     members = [m.entry for d in decisions.values() for m in d.members]
     assert len(members) == len(set(members)), "a slot entry was folded into two decisions"
-    slots = {eid.decode(): event for eid, event in
-             ((eid, codec.decode(fields)) for eid, fields in client.xrange(run.keys.slots))}
+    slots = {
+        eid.decode(): event
+        for eid, event in ((eid, codec.decode(fields)) for eid, fields in client.xrange(run.keys.slots))
+    }
     for decision in decisions.values():
         for slot, entry in ((m.slot, m.entry) for m in decision.members):
             event = slots[entry]
@@ -217,8 +255,11 @@ def check_run(client, run, *, prompts: int) -> int:
     accounted = folded + counts.get("slots:duplicate", 0) + counts.get("slots:late", 0) + counts.get("slots:invalid", 0)
     assert accounted == published
 
-    for stream, group in ((run.keys.decisions, BATCHER_GROUP), (run.keys.slots, ASSEMBLER_GROUP),
-                          (run.keys.tasks, WORKERS_GROUP)):
+    for stream, group in (
+        (run.keys.decisions, BATCHER_GROUP),
+        (run.keys.slots, ASSEMBLER_GROUP),
+        (run.keys.tasks, WORKERS_GROUP),
+    ):
         assert client.xpending(stream, group)["pending"] == 0, f"entries left pending in {stream!r}"
 
     committed = Counter((e.step, e.rank) for e in events(client, run.keys.commits, StepCommitted))

@@ -25,8 +25,12 @@ class RoleProcess:
         self.starts += 1
         log_path = self.log_dir / f"{self.role}-{self.starts}.log"
         with open(log_path, "wb") as log:  # the child keeps its own copy of the fd
-            self.proc = subprocess.Popen([sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role,
-                                          *self.args], stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streamgrp", "--log-level", "INFO", self.role, *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
         return self
 
     @property

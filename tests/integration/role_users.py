@@ -29,12 +29,21 @@ class RoleUsers:
         password = secrets.token_urlsafe(12)
         name = user_name(self.run, role)
         layout = recorded_layout(self.admin, RunKeys(self.run))  # the run's own: a stream run's users are older ones
-        self.admin.execute_command("ACL", "SETUSER", name, *rules(access(RunKeys(self.run), role, self.partitions, layout),
-                                                                 password_hashes=[password_hash(password)]))
+        self.admin.execute_command(
+            "ACL",
+            "SETUSER",
+            name,
+            *rules(access(RunKeys(self.run), role, self.partitions, layout), password_hashes=[password_hash(password)]),
+        )
         self._users.append(name)
         kwargs = self.admin.connection_pool.connection_kwargs
-        client = redis.Redis(host=kwargs.get("host", "127.0.0.1"), port=kwargs.get("port", 6379), db=kwargs.get("db", 0),
-                             username=name, password=password)
+        client = redis.Redis(
+            host=kwargs.get("host", "127.0.0.1"),
+            port=kwargs.get("port", 6379),
+            db=kwargs.get("db", 0),
+            username=name,
+            password=password,
+        )
         self._clients.append(client)
         return client
 

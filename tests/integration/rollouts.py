@@ -40,8 +40,13 @@ def tiny_vocab_rollout(request):
     prompt = [3 + (int(request.prompt["p"]) + i) % (TINY_VOCAB - 3) for i in range(4)]
     completion = [rng.randrange(3, TINY_VOCAB) for _ in range(rng.randrange(4, 9))]
     reward = sum(1 for t in completion if t % 2 == 0) / len(completion)
-    return Sample.from_rows(token_ids=[prompt + completion], loss_mask=[[0] * 4 + [1] * len(completion)],
-                            logprobs=[[0.0] * 4 + [-4.1] * len(completion)], rewards=[reward], version=version)
+    return Sample.from_rows(
+        token_ids=[prompt + completion],
+        loss_mask=[[0] * 4 + [1] * len(completion)],
+        logprobs=[[0.0] * 4 + [-4.1] * len(completion)],
+        rewards=[reward],
+        version=version,
+    )
 
 
 def credential_free_toy(request):
@@ -51,8 +56,11 @@ def credential_free_toy(request):
 
     from streamgrp.consumers.toy_task import rollout
 
-    seen = [name for name in ("STREAMGRP_PASSWORD", "STREAMGRP_PASSWORD_FILE", "STREAMGRP_TLS_KEY_FILE")
-            if name in os.environ]
+    seen = [
+        name
+        for name in ("STREAMGRP_PASSWORD", "STREAMGRP_PASSWORD_FILE", "STREAMGRP_TLS_KEY_FILE")
+        if name in os.environ
+    ]
     if urlsplit(os.environ.get("STREAMGRP_REDIS_URL", "")).password is not None:
         seen.append("the password in STREAMGRP_REDIS_URL")
     if seen:
@@ -62,6 +70,7 @@ def credential_free_toy(request):
 
 # -- rewards that come later (tests/integration/test_rewarder.py) ---------------------------------------
 
+
 def synthetic_reward_later(request):
     """The synthetic rollout, its reward left to a rewarder: the same sample with a placeholder reward."""
     from streamgrp import RewardLater, Sample
@@ -69,9 +78,15 @@ def synthetic_reward_later(request):
     result = synthetic_rollout(request)
     if result is None:
         return None
-    placeholder = Sample(token_ids=result.token_ids, loss_mask=result.loss_mask, logprobs=result.logprobs,
-                         row_lengths=result.row_lengths, rewards=(0.0,) * result.rows, version=result.version,
-                         meta=result.meta)
+    placeholder = Sample(
+        token_ids=result.token_ids,
+        loss_mask=result.loss_mask,
+        logprobs=result.logprobs,
+        row_lengths=result.row_lengths,
+        rewards=(0.0,) * result.rows,
+        version=result.version,
+        meta=result.meta,
+    )
     return RewardLater(placeholder)
 
 

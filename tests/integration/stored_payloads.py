@@ -20,8 +20,11 @@ def payload_entries(client, part) -> list[tuple[bytes, dict]]:
     if not _keyed(client, part):
         return client.xrange(part.payloads)
     ids = [entry_id_str(raw) for raw, _ in client.xrange(part.slots)]
-    return [(entry_id.encode(), fields) for entry_id, fields in zip(ids, payloads.read(client, part.payloads, ids))
-            if fields is not None]
+    return [
+        (entry_id.encode(), fields)
+        for entry_id, fields in zip(ids, payloads.read(client, part.payloads, ids))
+        if fields is not None
+    ]
 
 
 def payload_at(client, part, entry_id: str) -> dict | None:

@@ -38,8 +38,22 @@ pytestmark = pytest.mark.slow
 OPS_ACL = Path(__file__).resolve().parents[2] / "ops" / "acl"
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-RUN_FLAGS = ["--n-samples", "4", "--batch-size", "4", "--dp-size", "2", "--group-timeout-s", "30",
-             "--reward-norm", "group,group", "--max-staleness", "1", "--stall-timeout-s", "120"]
+RUN_FLAGS = [
+    "--n-samples",
+    "4",
+    "--batch-size",
+    "4",
+    "--dp-size",
+    "2",
+    "--group-timeout-s",
+    "30",
+    "--reward-norm",
+    "group,group",
+    "--max-staleness",
+    "1",
+    "--stall-timeout-s",
+    "120",
+]
 STEPS = 3
 #: Task entries the worker's user forges in the group log before the run starts: as many as the assembler
 #: may hold open, so if they opened groups no issued task could.
@@ -65,13 +79,17 @@ class Secured:
 
     def env(self, role: str) -> dict[str, str]:
         """How a role's process connects: its user in the URL, its password file, the client certificate."""
-        env = {"STREAMGRP_REDIS_URL": self.url(user_name(self.run, role)),
-               "STREAMGRP_PASSWORD_FILE": str(self.secrets_dir / role),
-               "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)])}
+        env = {
+            "STREAMGRP_REDIS_URL": self.url(user_name(self.run, role)),
+            "STREAMGRP_PASSWORD_FILE": str(self.secrets_dir / role),
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)]),
+        }
         if self.certs is not None:
-            env.update(STREAMGRP_TLS_CERT_FILE=str(self.certs.client.cert_file),
-                       STREAMGRP_TLS_KEY_FILE=str(self.certs.client.key_file),
-                       STREAMGRP_TLS_CA_CERT_FILE=str(self.certs.client.ca_cert_file))
+            env.update(
+                STREAMGRP_TLS_CERT_FILE=str(self.certs.client.cert_file),
+                STREAMGRP_TLS_KEY_FILE=str(self.certs.client.key_file),
+                STREAMGRP_TLS_CA_CERT_FILE=str(self.certs.client.ca_cert_file),
+            )
         return env
 
     def client(self, role: str) -> redis.Redis:
@@ -91,8 +109,10 @@ def secured(server_kind, kind_binary, tmp_path, run_name):
     secrets_dir = tmp_path / "secrets"
     secrets_dir.mkdir(mode=0o700)
     admin_password = secrets.token_urlsafe(16)
-    lines = [(OPS_ACL / "default.acl").read_text().strip(),
-             f"user admin on {password_hash(admin_password)} ~* &* +@all"]
+    lines = [
+        (OPS_ACL / "default.acl").read_text().strip(),
+        f"user admin on {password_hash(admin_password)} ~* &* +@all",
+    ]
     for role in ROLES:
         password = secrets.token_urlsafe(16)
         (secrets_dir / role).write_text(password + "\n")
@@ -101,8 +121,9 @@ def secured(server_kind, kind_binary, tmp_path, run_name):
         lines.append(rule.replace(" resetpass ", f" resetpass {password_hash(password)} ", 1))
     users = tmp_path / "users.acl"
     users.write_text("\n".join(lines) + "\n")
-    server = EmbeddedServer(tmp_path / "server", binary=kind_binary, acl_file=users,
-                            tls=certs.server if certs is not None else None)
+    server = EmbeddedServer(
+        tmp_path / "server", binary=kind_binary, acl_file=users, tls=certs.server if certs is not None else None
+    )
     server.start()
     try:
         secured = Secured(server, run_name, secrets_dir, certs, admin_password)
@@ -130,8 +151,19 @@ def _roles(secured: Secured, tmp_path: Path) -> dict[str, RoleProcess]:
         "worker": ("worker", [*run, "--rollout", "rollouts:credential_free_toy", "--concurrency", "4"]),
         "assembler": ("assembler", [*run, "--tick-interval-s", "0.2", "--max-open-groups", str(FORGED_TASKS)]),
         "archiver": ("archiver", [*run, *data, "--retention", "--retention-interval-s", "1", "--poll-s", "0.2"]),
-        "batcher": ("batcher", [*run, *RUN_FLAGS, "--dataset", str(_dataset(tmp_path / "prompts.jsonl")),
-                                "--max-steps", str(STEPS), "--round-s", "0.5"]),
+        "batcher": (
+            "batcher",
+            [
+                *run,
+                *RUN_FLAGS,
+                "--dataset",
+                str(_dataset(tmp_path / "prompts.jsonl")),
+                "--max-steps",
+                str(STEPS),
+                "--round-s",
+                "0.5",
+            ],
+        ),
     }
     processes = {}
     for label, (role, args) in specs.items():
@@ -139,8 +171,9 @@ def _roles(secured: Secured, tmp_path: Path) -> dict[str, RoleProcess]:
         processes[label] = RoleProcess(role, args, tmp_path / label, env=secured.env(role.rstrip("01")))
     # A follower beside the run, under its own user: it prints every decision and records its position.
     (tmp_path / "follower").mkdir()
-    processes["follower"] = RoleProcess("follow", [*run, "acl-follower", "--until-finished"], tmp_path / "follower",
-                                        env=secured.env("follower"))
+    processes["follower"] = RoleProcess(
+        "follow", [*run, "acl-follower", "--until-finished"], tmp_path / "follower", env=secured.env("follower")
+    )
     return processes
 
 
@@ -169,8 +202,12 @@ def _attack_as_worker(secured: Secured) -> None:
 
     keys, worker = RunKeys(secured.run), secured.client("worker")
     for i in range(FORGED_TASKS):
-        worker.xadd(keys.slots, codec.encode(TaskIssued(task_id=f"forged-{i}", prompt={"a": 1}, version=0,
-                                                        issued_at=4e9, producer="forger", seq=i)))
+        worker.xadd(
+            keys.slots,
+            codec.encode(
+                TaskIssued(task_id=f"forged-{i}", prompt={"a": 1}, version=0, issued_at=4e9, producer="forger", seq=i)
+            ),
+        )
     # its payloads are keys: one staged, then moved to a future slot entry's payload key (a later publish
     # there replaces it); it may not append to the payloads stream (the dry runs below)
     staged = payloads.staged_key(keys.payloads)
@@ -187,18 +224,26 @@ def test_a_whole_run_with_each_role_under_its_own_user(secured, tmp_path):
     try:
         for role in roles.values():  # the batcher last: the others open the run read-only and wait for it
             role.start()
-        wait_until(lambda: all(roles[r].proc.poll() is not None for r in ("trainer0", "trainer1", "batcher"))
-                   or any(p.proc.poll() not in (None, 0) for p in roles.values()), timeout=240, interval=0.5,
-                   message="the run to finish")
+        wait_until(
+            lambda: (
+                all(roles[r].proc.poll() is not None for r in ("trainer0", "trainer1", "batcher"))
+                or any(p.proc.poll() not in (None, 0) for p in roles.values())
+            ),
+            timeout=240,
+            interval=0.5,
+            message="the run to finish",
+        )
         # A role that failed by itself is the cause; the others are only stopped (or killed) after it.
         failed = {label: role.proc.returncode for label, role in roles.items() if role.proc.poll() not in (None, 0)}
-        assert not failed, "\n".join(f"{label} exited {code}:\n{roles[label].output()[-3000:]}"
-                                      for label, code in failed.items())
+        assert not failed, "\n".join(
+            f"{label} exited {code}:\n{roles[label].output()[-3000:]}" for label, code in failed.items()
+        )
         # The worker and the assembler see the run end and exit by themselves (a SIGTERM sent while one is
         # already tearing its interpreter down would end it with -15); only the archiver is stopped.
         for label in ("follower", "worker", "assembler"):
-            wait_until(lambda label=label: roles[label].proc.poll() is not None, timeout=60,
-                       message=f"the {label} to finish")
+            wait_until(
+                lambda label=label: roles[label].proc.poll() is not None, timeout=60, message=f"the {label} to finish"
+            )
         roles["archiver"].stop()
     finally:
         for role in roles.values():
@@ -233,20 +278,38 @@ def _inspector_reads_everything(secured: Secured, tmp_path: Path, admin: redis.R
     decided = next(event for _, event in decode_all(default_source(admin, keys, tmp_path / "data"), "decisions"))
     assert isinstance(decided, GroupDecided)
     env = {**os.environ, **secured.env("inspector")}
-    for command in (["runs"], ["steps"], ["verify"], ["inspect", decided.task_id], ["replay", "0", "--rank", "0"],
-                    ["report", "--out", str(tmp_path / "report.html")]):
-        done = subprocess.run([sys.executable, "-m", "streamgrp", *command, "--run", secured.run, "--data-dir",
-                               str(tmp_path / "data")], env=env, capture_output=True, text=True, timeout=120)
+    for command in (
+        ["runs"],
+        ["steps"],
+        ["verify"],
+        ["inspect", decided.task_id],
+        ["replay", "0", "--rank", "0"],
+        ["report", "--out", str(tmp_path / "report.html")],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "streamgrp", *command, "--run", secured.run, "--data-dir", str(tmp_path / "data")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, f"{command}: {done.stdout}\n{done.stderr}"
 
 
 def _worker_cannot_write_what_decides_or_stops_the_run(secured: Secured, keys: RunKeys) -> None:
     worker = secured.client("worker")
-    for key in (keys.control, keys.decisions, keys.steps, keys.batcher_state, keys.committed,
-                RunKeys("another-run").slots):
+    for key in (
+        keys.control,
+        keys.decisions,
+        keys.steps,
+        keys.batcher_state,
+        keys.committed,
+        RunKeys("another-run").slots,
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
-            worker.xadd(key, {"h": b"{}"}) if "batcher" not in key and "committed" not in key \
-                else worker.hset(key, "terminal", "1")
+            worker.xadd(key, {"h": b"{}"}) if "batcher" not in key and "committed" not in key else worker.hset(
+                key, "terminal", "1"
+            )
     with pytest.raises(redis.exceptions.NoPermissionError):
         worker.config_set("appendonly", "no")
     with pytest.raises(redis.exceptions.NoPermissionError):
@@ -256,8 +319,12 @@ def _worker_cannot_write_what_decides_or_stops_the_run(secured: Secured, keys: R
 
 def _inspector_and_trainer_cannot_write_what_they_only_read(secured: Secured, keys: RunKeys) -> None:
     inspector = secured.client("inspector")
-    for write in (lambda: inspector.xadd(keys.slots, {"h": b"{}"}), lambda: inspector.hset(keys.counts, "x", 1),
-                  lambda: inspector.set(keys.version, 99), lambda: inspector.xtrim(keys.slots, maxlen=0)):
+    for write in (
+        lambda: inspector.xadd(keys.slots, {"h": b"{}"}),
+        lambda: inspector.hset(keys.counts, "x", 1),
+        lambda: inspector.set(keys.version, 99),
+        lambda: inspector.xtrim(keys.slots, maxlen=0),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             write()
     trainer = secured.client("trainer")
@@ -271,6 +338,7 @@ def _inspector_and_trainer_cannot_write_what_they_only_read(secured: Secured, ke
 
 def _dry_runs(admin: redis.Redis, keys: RunKeys) -> None:
     """ACL DRYRUN: what each user may run, without running it."""
+
     def allowed(role: str, *command: str) -> bool:
         return admin.execute_command("ACL", "DRYRUN", user_name(keys.run, role), *command) in (b"OK", "OK")
 
@@ -281,8 +349,9 @@ def _dry_runs(admin: redis.Redis, keys: RunKeys) -> None:
     assert not allowed("worker", "FCALL", batch_commit, "1", keys.decisions)  # a function's keys need permission
     assert allowed("worker", "FCALL", publish, "2", keys.slots, keys.payloads)
     staged = payloads.staged_key(keys.payloads)
-    assert allowed("worker", "FCALL", function_name("publish_staged.lua"), "4", keys.slots, keys.payloads, keys.tasks,
-                   staged)
+    assert allowed(
+        "worker", "FCALL", function_name("publish_staged.lua"), "4", keys.slots, keys.payloads, keys.tasks, staged
+    )
     assert allowed("worker", "SET", staged, "x", "NX", "PX", "1000")
     assert not allowed("worker", "SET", payloads.key(keys.payloads, "1-1"), "x")  # only staging keys
     assert not allowed("worker", "XADD", keys.payloads, "*", "h", "x")  # a keys run's payloads stream is idle
@@ -296,8 +365,19 @@ def _dry_runs(admin: redis.Redis, keys: RunKeys) -> None:
     assert allowed("worker", "XPENDING", keys.tasks, "workers", "-", "+", "1")  # what segment.lua checks with
     assert not allowed("gateway", "FCALL", segment, "2", keys.tasks, keys.segments)
     assert not allowed("inspector", "XADD", keys.segments, "*", "h", "x")
-    assert allowed("batcher", "FCALL", batch_commit, "7", keys.decisions, keys.steps, keys.discarded, keys.counts,
-                   keys.batcher_lease, keys.batcher_state, keys.control)
+    assert allowed(
+        "batcher",
+        "FCALL",
+        batch_commit,
+        "7",
+        keys.decisions,
+        keys.steps,
+        keys.discarded,
+        keys.counts,
+        keys.batcher_lease,
+        keys.batcher_state,
+        keys.control,
+    )
     # the counters the feeder's window and the run's accounting read: only the assembler and batcher write them
     for role in ("worker", "trainer", "archiver", "inspector"):
         assert not allowed(role, "HINCRBY", keys.counts, "decisions:dropped", "-100000")
@@ -309,8 +389,12 @@ def _dry_runs(admin: redis.Redis, keys: RunKeys) -> None:
     follow_position = function_name("follow_position.lua")
     assert allowed("follower", "FCALL", follow_position, "1", keys.follow, "ack", "x", "decisions", "1-0")
     assert allowed("follower", "XRANGE", keys.decisions, "-", "+")
-    for write in (("XADD", keys.decisions, "*", "h", "x"), ("HSET", keys.counts, "x", "1"),
-                  ("FCALL", publish, "2", keys.slots, keys.payloads), ("XTRIM", keys.decisions, "MAXLEN", "0")):
+    for write in (
+        ("XADD", keys.decisions, "*", "h", "x"),
+        ("HSET", keys.counts, "x", "1"),
+        ("FCALL", publish, "2", keys.slots, keys.payloads),
+        ("XTRIM", keys.decisions, "MAXLEN", "0"),
+    ):
         assert not allowed("follower", *write), write
     for role in ROLES:
         assert not allowed(role, "CONFIG", "SET", "appendonly", "no")

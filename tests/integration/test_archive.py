@@ -42,9 +42,14 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "run_v2.jsonl"
 
 # -- helpers ----------------------------------------------------------------------------------------
 
+
 def rollout(request):
-    return make_sample(tokens=3 + request.slot + len(request.task_id) % 3, version=request.version,
-                       reward=float(request.slot), seed=hash((request.task_id, request.slot)) % 10_000)
+    return make_sample(
+        tokens=3 + request.slot + len(request.task_id) % 3,
+        version=request.version,
+        reward=float(request.slot),
+        seed=hash((request.task_id, request.slot)) % 10_000,
+    )
 
 
 def work(client, run, *, slots=None, ack=True) -> None:
@@ -85,6 +90,7 @@ def decision_of(client, run, task_id) -> tuple[str, GroupDecided]:
 
 
 # -- retention ----------------------------------------------------------------------------------------
+
 
 def test_retention_keeps_the_steps_after_the_newest_checkpoint(client, make_run, tmp_path):
     # A trainer group that crashes resumes after its newest checkpoint and trains the steps since again,
@@ -142,11 +148,16 @@ def test_retention_trims_only_what_is_archived_and_no_reader_still_needs(client,
         entry_id, decision = decision_of(client, run, task)
         needed_decisions.append(entry_id)
         needed_slots += [m.entry for m in decision.members]
-    needed_slots += [entry_id.decode() for entry_id, _ in client.xrange(keys.slots, "-", "+")
-                     if b'"open"' in _[b"h"] or b'"taken"' in _[b"h"] or b'"waiting"' in _[b"h"]]
-    needed_tasks = [entry_id.decode() for entry_id, fields in client.xrange(keys.tasks, "-", "+")
-                    if b'"taken"' in fields[b"h"] or b'"waiting"' in fields[b"h"]
-                    or b'"open"' in fields[b"h"]]  # the assembler checks an open group's task against its entry
+    needed_slots += [
+        entry_id.decode()
+        for entry_id, _ in client.xrange(keys.slots, "-", "+")
+        if b'"open"' in _[b"h"] or b'"taken"' in _[b"h"] or b'"waiting"' in _[b"h"]
+    ]
+    needed_tasks = [
+        entry_id.decode()
+        for entry_id, fields in client.xrange(keys.tasks, "-", "+")
+        if b'"taken"' in fields[b"h"] or b'"waiting"' in fields[b"h"] or b'"open"' in fields[b"h"]
+    ]  # the assembler checks an open group's task against its entry
     gone_slots = [e for s in steps[0].shards for g in s.groups for e in (m.entry for m in g.members)]
     lengths = {name: client.xlen(key) for name, key in keys.all_streams().items()}
 
@@ -191,8 +202,9 @@ def test_retention_trims_only_what_is_archived_and_no_reader_still_needs(client,
         for request in task.requests(2, 0):
             worker.publish(request.task_id, request.slot, rollout(request))
         worker.done(task)
-    WorkerClient(client, keys).publish("open", 1, rollout(type("R", (), {"task_id": "open", "slot": 1,
-                                                                        "version": 0})()))
+    WorkerClient(client, keys).publish(
+        "open", 1, rollout(type("R", (), {"task_id": "open", "slot": 1, "version": 0})())
+    )
     assemble(client, run)
     for _ in range(3):
         batcher.round()
@@ -216,8 +228,9 @@ def test_retention_trims_only_what_is_archived_and_no_reader_still_needs(client,
 
 
 @pytest.mark.cluster
-def test_a_crash_between_fsync_and_progress_copies_again_and_readers_see_each_entry_once(client, make_run, issuer,
-                                                                                         tmp_path):
+def test_a_crash_between_fsync_and_progress_copies_again_and_readers_see_each_entry_once(
+    client, make_run, issuer, tmp_path
+):
     run = make_run(n_samples=2)
     issuer(run).issue([{}] * 20)
     work(client, run)
@@ -236,8 +249,11 @@ def test_a_crash_between_fsync_and_progress_copies_again_and_readers_see_each_en
     Archiver(client, run.keys, tmp_path / "archive", ArchiverConfig(archive_read_count=15)).run(burst=True)
     reader = ArchiveReader(tmp_path / "archive")
     for name, key in run.keys.all_streams().items():
-        expected = [(raw_id.decode(), fields) for raw_id, fields in client.xrange(key)] if name != "payloads" \
-            else list(RedisSource(client, run.keys).scan(name))  # a keys run's payloads, at their slot entries' ids
+        expected = (
+            [(raw_id.decode(), fields) for raw_id, fields in client.xrange(key)]
+            if name != "payloads"
+            else list(RedisSource(client, run.keys).scan(name))
+        )  # a keys run's payloads, at their slot entries' ids
         assert list(reader.scan(name)) == expected, name
         copies: dict[str, list[dict]] = {}
         for entry_id, _, fields in reader.copies(name):
@@ -255,18 +271,30 @@ def test_a_second_archive_of_a_run_is_refused(client, make_run, tmp_path):
 
 # -- the inspection commands on an archive ----------------------------------------------------------------
 
+
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def test_inspection_commands_read_an_archive_alone_or_behind_the_server(client, redis_url, run_name, server_factory,
-                                                                       tmp_path, capsys):
+def test_inspection_commands_read_an_archive_alone_or_behind_the_server(
+    client, redis_url, run_name, server_factory, tmp_path, capsys
+):
     keys = load_run(client, GOLDEN, run_name)
     data_dir = tmp_path / "data"
-    code, _, err = _cli(capsys, "archiver", "--burst", "--retention", "--redis-url", redis_url, "--run", run_name,
-                        "--data-dir", str(data_dir))
+    code, _, err = _cli(
+        capsys,
+        "archiver",
+        "--burst",
+        "--retention",
+        "--redis-url",
+        redis_url,
+        "--run",
+        run_name,
+        "--data-dir",
+        str(data_dir),
+    )
     assert code == 0, err
     archive = data_dir / "archive" / run_name  # the default place
     assert client.xlen(keys.steps) == 2  # step 0 was committed by every rank and trimmed
@@ -299,7 +327,8 @@ def test_inspection_commands_read_an_archive_alone_or_behind_the_server(client, 
 
 
 def test_a_scan_through_the_fallback_source_sees_every_entry_once_while_retention_trims_under_it(
-        client, make_run, issuer, tmp_path):
+    client, make_run, issuer, tmp_path
+):
     run = make_run()
     issuer(run).issue([{}] * 50)
     expected = [(raw_id.decode(), fields) for raw_id, fields in client.xrange(run.keys.slots)]

@@ -25,9 +25,31 @@ pytestmark = pytest.mark.slow
 
 
 def demo(redis_url: str, run: str, data_dir, steps: int, log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "streamgrp", "demo", "--redis-url", redis_url, "--data-dir",
-                             str(data_dir), "--run", run, "--steps", str(steps), "--ranks", "2", "--workers", "2",
-                             "--json", "--timeout-s", "150"], stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "demo",
+            "--redis-url",
+            redis_url,
+            "--data-dir",
+            str(data_dir),
+            "--run",
+            run,
+            "--steps",
+            str(steps),
+            "--ranks",
+            "2",
+            "--workers",
+            "2",
+            "--json",
+            "--timeout-s",
+            "150",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def summary(log_path) -> dict:
@@ -38,9 +60,26 @@ def summary(log_path) -> dict:
 def test_a_sigkilled_archiver_resumes_and_archives_every_entry_exactly_once(client, redis_url, run_name, tmp_path):
     keys = RunKeys(run_name)
     archive = tmp_path / "archive"
-    archiver = RoleProcess("archiver", ["--redis-url", redis_url, "--run", run_name, "--archive-dir", str(archive),
-                                        "--archive-read-count", "7", "--segment-bytes", "65536", "--poll-s", "0.02",
-                                        "--snapshot-interval-s", "0.3"], tmp_path).start()  # before the run exists
+    archiver = RoleProcess(
+        "archiver",
+        [
+            "--redis-url",
+            redis_url,
+            "--run",
+            run_name,
+            "--archive-dir",
+            str(archive),
+            "--archive-read-count",
+            "7",
+            "--segment-bytes",
+            "65536",
+            "--poll-s",
+            "0.02",
+            "--snapshot-interval-s",
+            "0.3",
+        ],
+        tmp_path,
+    ).start()  # before the run exists
     with open(tmp_path / "demo.log", "wb") as log:
         run = demo(redis_url, run_name, tmp_path / "data", 8, log)
         rng = random.Random(0)
@@ -56,8 +95,11 @@ def test_a_sigkilled_archiver_resumes_and_archives_every_entry_exactly_once(clie
         assert run.wait(timeout=150) == 0, (tmp_path / "demo.log").read_text()[-3000:]
     assert kills >= 3
     # Stopped once it is up: a SIGTERM while a loaded machine still imports it would kill it before its handler
-    wait_until(lambda: archiver.output().count("writing to") == archiver.starts, timeout=60,
-               message="the last archiver to start")
+    wait_until(
+        lambda: archiver.output().count("writing to") == archiver.starts,
+        timeout=60,
+        message="the last archiver to start",
+    )
     assert archiver.stop() == 0, archiver.output()[-3000:]
     assert "sealed 1 segment(s) a previous archiver left open" in archiver.output()
 
@@ -65,8 +107,11 @@ def test_a_sigkilled_archiver_resumes_and_archives_every_entry_exactly_once(clie
     assert len(reader.segments()) >= kills  # every life that archived something wrote its own segment
     duplicated = 0
     for name, key in keys.all_streams().items():
-        expected = [(raw_id.decode(), fields) for raw_id, fields in client.xrange(key)] if name != "payloads" \
-            else list(RedisSource(client, keys).scan(name))  # a keys run's payloads, at their slot entries' ids
+        expected = (
+            [(raw_id.decode(), fields) for raw_id, fields in client.xrange(key)]
+            if name != "payloads"
+            else list(RedisSource(client, keys).scan(name))
+        )  # a keys run's payloads, at their slot entries' ids
         archived = list(reader.scan(name))
         assert archived == expected, name  # every entry, in order, once, byte for byte
         copies: dict[str, set] = {}
@@ -74,8 +119,10 @@ def test_a_sigkilled_archiver_resumes_and_archives_every_entry_exactly_once(clie
             copies.setdefault(entry_id, set()).add(tuple(fields.items()))
         assert all(len(versions) == 1 for versions in copies.values()), name  # duplicates carry the same bytes
         duplicated += sum(1 for entry_id, _, _ in reader.copies(name)) - len(archived)
-    print(f"\n{kills} SIGKILLs, {len(reader.segments())} segments, {duplicated} entries copied twice, "
-          f"{sum(1 for _ in reader.copies('slots'))} slot-log copies")
+    print(
+        f"\n{kills} SIGKILLs, {len(reader.segments())} segments, {duplicated} entries copied twice, "
+        f"{sum(1 for _ in reader.copies('slots'))} slot-log copies"
+    )
 
 
 class Sampler:
@@ -114,9 +161,23 @@ def test_retention_bounds_the_server_while_every_rank_commits_every_step(client,
         keys = RunKeys(f"{run_name}-{variant}")
         archiver = None
         if variant == "retained":
-            archiver = RoleProcess("archiver", ["--redis-url", redis_url, "--run", keys.run, "--data-dir", str(data_dir),
-                                                "--retention", "--retention-interval-s", "0.5", "--poll-s", "0.1"],
-                                   tmp_path).start()
+            archiver = RoleProcess(
+                "archiver",
+                [
+                    "--redis-url",
+                    redis_url,
+                    "--run",
+                    keys.run,
+                    "--data-dir",
+                    str(data_dir),
+                    "--retention",
+                    "--retention-interval-s",
+                    "0.5",
+                    "--poll-s",
+                    "0.1",
+                ],
+                tmp_path,
+            ).start()
         sampler = Sampler(redis_url, keys)
         log_path = tmp_path / f"demo-{variant}.log"
         with open(log_path, "wb") as log:
@@ -128,14 +189,21 @@ def test_retention_bounds_the_server_while_every_rank_commits_every_step(client,
         result = summary(log_path)
         assert result["committed_steps"] == {"0": steps, "1": steps}  # no rank lost anything it needed
         assert result["steps"] == steps  # the summary reads what was trimmed from the archive
-        figures[variant] = {"max_slots": max(sampler.slots), "end_slots": client.xlen(keys.slots),
-                            "max_stream_bytes": max(sampler.stream_bytes), "end_stream_bytes": stream_bytes(client, keys),
-                            "published": result["slots_published"] + result["tasks"], "keys": keys}
+        figures[variant] = {
+            "max_slots": max(sampler.slots),
+            "end_slots": client.xlen(keys.slots),
+            "max_stream_bytes": max(sampler.stream_bytes),
+            "end_stream_bytes": stream_bytes(client, keys),
+            "published": result["slots_published"] + result["tasks"],
+            "keys": keys,
+        }
     retained, kept = figures["retained"], figures["kept"]
-    print(f"\nslot stream length, max during the run / at the end: retained {retained['max_slots']} / "
-          f"{retained['end_slots']}, kept {kept['max_slots']} / {kept['end_slots']} (entries written "
-          f"{kept['published']}); stream bytes max / end: retained {retained['max_stream_bytes']:,} / "
-          f"{retained['end_stream_bytes']:,}, kept {kept['max_stream_bytes']:,} / {kept['end_stream_bytes']:,}")
+    print(
+        f"\nslot stream length, max during the run / at the end: retained {retained['max_slots']} / "
+        f"{retained['end_slots']}, kept {kept['max_slots']} / {kept['end_slots']} (entries written "
+        f"{kept['published']}); stream bytes max / end: retained {retained['max_stream_bytes']:,} / "
+        f"{retained['end_stream_bytes']:,}, kept {kept['max_stream_bytes']:,} / {kept['end_stream_bytes']:,}"
+    )
     # Without retention the slot log holds everything the run wrote; with it, a window of in-flight work.
     assert kept["end_slots"] >= kept["published"] > 1200
     assert retained["max_slots"] < 700 < kept["end_slots"] / 2

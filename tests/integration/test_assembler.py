@@ -86,8 +86,11 @@ def test_a_standby_waits_for_the_lease_then_takes_over(client, make_run, issuer,
     assert decisions(client, run)[0].producer == "standby"
     # It said it was standing by, and for whom, once (not at every poll).
     said = [r.getMessage() for r in caplog.records if "stands by" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("assembler standby stands by: active holds the lease ") \
-        and run.keys.assembler_lease in said[0], said
+    assert (
+        len(said) == 1
+        and said[0].startswith("assembler standby stands by: active holds the lease ")
+        and run.keys.assembler_lease in said[0]
+    ), said
 
 
 def test_a_fenced_assembler_cannot_commit(client, make_run, issuer):
@@ -130,7 +133,7 @@ def test_duplicates_and_late_results_are_counted_and_acknowledged_never_folded(c
     Assembler(client, run, FAST).run(burst=True)
     worker.publish(task.task_id, 1, make_sample(tokens=4))
     worker.publish(task.task_id, 1, None)  # late
-    
+
     Assembler(client, run, FAST).run(burst=True)
     [decision] = decisions(client, run)
     assert [m.tokens for m in decision.members] == [3, 4]
@@ -150,7 +153,9 @@ def test_a_contract_violation_is_recorded_as_a_dropped_decision_and_nothing_else
     [decision] = decisions(client, run)
     assert (decision.decision, decision.reason) == ("dropped", "contract_violation")
     assert "slot sizes [2, 1]" in decision.error
-    assert not [e for e in (codec.decode(f) for _, f in client.xrange(run.keys.control)) if isinstance(e, RunTerminated)]
+    assert not [
+        e for e in (codec.decode(f) for _, f in client.xrange(run.keys.control)) if isinstance(e, RunTerminated)
+    ]
 
 
 BAD_ENTRIES = {
@@ -173,7 +178,7 @@ def test_bad_entries_are_dead_lettered_with_distinct_reasons_while_valid_traffic
     good = codec.encode(SlotResultV1(task_id=tasks[0].task_id, slot=0, outcome="sample", sample=make_sample(tokens=64)))
     for index, task in enumerate(tasks):
         worker.publish(task.task_id, 0, make_sample())
-        reason = list(BAD_ENTRIES)[index * 2: index * 2 + 2]
+        reason = list(BAD_ENTRIES)[index * 2 : index * 2 + 2]
         for name in reason:
             client.xadd(run.keys.slots, BAD_ENTRIES[name](good))
         worker.publish(task.task_id, 1, make_sample())

@@ -42,7 +42,7 @@ from streamgrp.train.trainer import TrainerClient
 
 pytestmark = pytest.mark.slow
 
-TRAINER_SCRIPT = '''
+TRAINER_SCRIPT = """
 import os, sys, time
 from streamgrp.store.runs import connect, open_run
 from streamgrp.train.trainer import TrainerClient
@@ -61,7 +61,7 @@ with open(out, "a") as log:
             log.flush()
             batch.commit()
     log.write("done\\n")
-'''
+"""
 
 
 def _events(client, stream, kind):
@@ -95,13 +95,21 @@ def test_a_killed_trainer_rank_resumes_at_its_next_uncommitted_step(client, redi
     outs = [tmp_path / f"rank{rank}.txt" for rank in (0, 1)]
 
     # the child imports the streamgrp this test imported, wherever the checkout is
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(streamgrp.__file__).parents[1]),
-                                                                     os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(streamgrp.__file__).parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
 
     def start(rank: int) -> subprocess.Popen:
         with open(tmp_path / f"rank{rank}.err", "ab") as err:  # the child keeps its own copy of the fd
-            return subprocess.Popen([sys.executable, str(script), redis_url, run_name, str(rank), "2",
-                                     str(outs[rank])], stdout=subprocess.DEVNULL, stderr=err, env=env)
+            return subprocess.Popen(
+                [sys.executable, str(script), redis_url, run_name, str(rank), "2", str(outs[rank])],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+            )
 
     def steps_done(rank: int) -> int:
         text = outs[rank].read_text() if outs[rank].exists() else ""
@@ -135,8 +143,8 @@ def test_a_killed_trainer_rank_resumes_at_its_next_uncommitted_step(client, redi
     for number, (start_at, chunk) in enumerate(zip(expected_starts, runs)):
         steps = [int(s) for s in re.findall(r"^step (\d+)$", chunk, re.M)]
         end = expected_starts[number + 1] if number + 1 < len(expected_starts) else STEPS_A
-        assert steps[:end - start_at] == list(range(start_at, end))
-        extra = steps[end - start_at:]
+        assert steps[: end - start_at] == list(range(start_at, end))
+        extra = steps[end - start_at :]
         if number + 1 < len(expected_starts):
             assert extra in ([], [end])  # at most the step the kill interrupted before its commit
         else:
@@ -159,13 +167,18 @@ RUN_FLAGS = ["--n-samples", "4", "--dp-size", "2", "--batch-size", "4", "--max-s
 def test_sigkilled_batcher_skips_and_doubles_no_step_and_loses_no_group(client, redis_url, run_name, tmp_path):
     run = join_run(client, run_name, RunConfig(n_samples=4, dp_size=2, batch_size=4, max_staleness=2))
     dataset = tmp_path / "prompts.jsonl"
-    dataset.write_bytes(b"".join(orjson.dumps({"tokens": 16, "reject_rate": 0.1, "seed": i}) + b"\n"
-                                 for i in range(PROMPTS)))
+    dataset.write_bytes(
+        b"".join(orjson.dumps({"tokens": 16, "reject_rate": 0.1, "seed": i}) + b"\n" for i in range(PROMPTS))
+    )
     common = ["--redis-url", redis_url, "--run", run_name]
-    batcher = RoleProcess("batcher", [*common, *RUN_FLAGS, "--dataset", str(dataset), "--round-s", "0.1",
-                                      "--lease-ttl-s", "1"], tmp_path / "batcher")
-    assembler = RoleProcess("assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"],
-                            tmp_path / "assembler")
+    batcher = RoleProcess(
+        "batcher",
+        [*common, *RUN_FLAGS, "--dataset", str(dataset), "--round-s", "0.1", "--lease-ttl-s", "1"],
+        tmp_path / "batcher",
+    )
+    assembler = RoleProcess(
+        "assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"], tmp_path / "assembler"
+    )
     workers = [RoleProcess("worker", [*common, "--concurrency", "4"], tmp_path / f"worker{i}") for i in range(2)]
     for process in (batcher, assembler, *workers):
         process.log_dir.mkdir()
@@ -201,8 +214,11 @@ def test_sigkilled_batcher_skips_and_doubles_no_step_and_loses_no_group(client, 
     kills = 0
     try:
         while kills < 4:
-            wait_until(lambda: _holds_lease(client, run, batcher.pid), timeout=30,
-                       message=f"batcher start {batcher.starts} to take the lease")
+            wait_until(
+                lambda: _holds_lease(client, run, batcher.pid),
+                timeout=30,
+                message=f"batcher start {batcher.starts} to take the lease",
+            )
             before = steps()
             wait_until(lambda: steps() > before or finished(), timeout=30, message="the batcher to write a step")
             if finished():

@@ -50,14 +50,20 @@ ROUND = BatcherConfig(round_s=0.05, lease_ttl_s=5)
 
 # -- helpers ----------------------------------------------------------------------------------------
 
+
 def rollout(request):
     """Rejects prompts marked ``reject`` (or one slot with ``reject_slot``); else a sample sized by the prompt."""
     prompt = request.prompt
     if prompt.get("reject") or prompt.get("reject_slot") == request.slot:
         return None
-    return make_sample(tokens=int(prompt.get("tokens", 4)) + request.slot, rows=int(prompt.get("rows", 1)),
-                       prompt_tokens=int(prompt.get("prompt_tokens", 0)), version=request.version,
-                       reward=float(request.slot), seed=hash((request.task_id, request.slot)) % 10_000)
+    return make_sample(
+        tokens=int(prompt.get("tokens", 4)) + request.slot,
+        rows=int(prompt.get("rows", 1)),
+        prompt_tokens=int(prompt.get("prompt_tokens", 0)),
+        version=request.version,
+        reward=float(request.slot),
+        seed=hash((request.task_id, request.slot)) % 10_000,
+    )
 
 
 def rows_rollout(request):
@@ -125,6 +131,7 @@ def issue(issuer, run, prompts, ids=None):
 
 # -- stall bound ---------------------------------------------------------------------------------------
 
+
 def test_stall_fails_the_run_after_exactly_max_empty_rounds(client, make_run, issuer):
     run = make_run(n_samples=2, dp_size=1, batch_size=2, stall_timeout_s=0, max_empty_rounds=3)
     issue(issuer, run, [{}, {}])
@@ -176,13 +183,16 @@ def test_a_slow_trainer_is_not_a_stall(client, redis_url, make_run, background):
     run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=0, max_empty_rounds=3, stall_timeout_s=2)
     prompts = [{"tokens": 4, "seed": i} for i in range(6)]
     reader = client_for(redis_url)
-    worker = WorkerProcess(WorkerClient(client_for(redis_url), run.keys), synthetic_rollout,
-                           WorkerConfig(concurrency=2), n_samples=2,
-                           version=lambda: int(reader.get(run.keys.version) or 0))
+    worker = WorkerProcess(
+        WorkerClient(client_for(redis_url), run.keys),
+        synthetic_rollout,
+        WorkerConfig(concurrency=2),
+        n_samples=2,
+        version=lambda: int(reader.get(run.keys.version) or 0),
+    )
     background(worker.run)
     background(Assembler(client_for(redis_url), run, AssemblerConfig(lease_ttl_s=5, tick_interval_s=0.05)).run)
-    batcher = Batcher(client_for(redis_url), run, BatcherConfig(round_s=0.1, lease_ttl_s=5),
-                      dataset=iter(prompts))
+    batcher = Batcher(client_for(redis_url), run, BatcherConfig(round_s=0.1, lease_ttl_s=5), dataset=iter(prompts))
     outcome: list[str] = []
     background(lambda stop: outcome.append(batcher.run(stop)))
     trainer = TrainerClient(client_for(redis_url), run, poll_s=0.05)
@@ -243,9 +253,9 @@ def test_a_stall_fails_every_rank_with_the_same_message_at_the_same_step(client,
     assert "run stalled" in message
 
 
-
-def test_a_contract_violation_fails_the_run_with_one_terminal_event_at_the_next_step(client, redis_url, make_run,
-                                                                                    issuer):
+def test_a_contract_violation_fails_the_run_with_one_terminal_event_at_the_next_step(
+    client, redis_url, make_run, issuer
+):
     run = make_run(n_samples=2, min_usable_group_size=2, dp_size=1, batch_size=1)
     issue(issuer, run, [{}], ["good"])
     settle(client, run)
@@ -266,7 +276,9 @@ def test_a_contract_violation_fails_the_run_with_one_terminal_event_at_the_next_
             steps.append(batch.step)
     assert steps == [0]
 
+
 # -- staleness and the feeder window --------------------------------------------------------------------
+
 
 def test_stale_groups_are_discarded_counted_and_never_batched(client, make_run, issuer):
     run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=1)
@@ -300,8 +312,9 @@ def test_stale_groups_are_discarded_counted_and_never_batched(client, make_run, 
     assert c["dropped:stale"] == 2 and c["groups:discarded"] == 2 and c["groups:batched"] == 4
 
 
-def test_the_batcher_says_within_a_minute_that_workers_serve_a_version_the_run_left_behind(client, make_run, issuer,
-                                                                                          caplog):
+def test_the_batcher_says_within_a_minute_that_workers_serve_a_version_the_run_left_behind(
+    client, make_run, issuer, caplog
+):
     """Workers keep sampling v0 (no weights published) while the run is at v2: every group is stale. The
     batcher logs "workers serve v0, the run is at v2" within a minute and exports how long it has been."""
     from streamgrp.cli.metrics import Metrics
@@ -338,8 +351,11 @@ def test_the_batcher_says_within_a_minute_that_workers_serve_a_version_the_run_l
 
 def test_feeder_stops_at_the_window_and_resumes_when_the_version_advances(client, redis_url, make_run):
     run = make_run(n_samples=2, dp_size=2, batch_size=2, max_staleness=1)  # window (1 + version + 1) * 2
-    prompts = [{"tokens": 3, "seed": i} for i in range(4)] + [{"reject": True, "seed": i} for i in range(4, 6)] \
+    prompts = (
+        [{"tokens": 3, "seed": i} for i in range(4)]
+        + [{"reject": True, "seed": i} for i in range(4, 6)]
         + [{"tokens": 3, "seed": i} for i in range(6, 40)]
+    )
     batcher = active(client, run, dataset=iter(prompts))
 
     def cursor():
@@ -380,6 +396,7 @@ def test_feeder_stops_at_the_window_and_resumes_when_the_version_advances(client
 
 
 # -- the group filter -----------------------------------------------------------------------------------
+
 
 def test_group_filter_drops_as_filtered_and_a_raising_filter_does_not_stop_the_batcher(client, make_run, issuer):
     run = make_run(n_samples=2, dp_size=1, batch_size=2)
@@ -425,6 +442,7 @@ def test_group_filter_drops_as_filtered_and_a_raising_filter_does_not_stop_the_b
 
 # -- manifests ------------------------------------------------------------------------------------------
 
+
 def _check_manifest_against_the_log(client, run, manifest: StepManifest, decided) -> None:
     slot_log = {eid.decode(): fields for eid, fields in client.xrange(run.keys.slots)}
     payloads = {eid.decode(): fields for eid, fields in payload_entries(client, run.keys)}
@@ -458,8 +476,12 @@ def _check_manifest_against_the_log(client, run, manifest: StepManifest, decided
 @pytest.mark.cluster
 def test_fixed_manifests_are_ragged_whole_and_digests_match_the_bytes(client, make_run, issuer):
     run = make_run(n_samples=3, dp_size=3, batch_size=7, max_staleness=10)
-    issue(issuer, run, [{"tokens": 2 + (i * 7) % 23, "reject_rate": 0.3, "seed": i} for i in range(40)],
-          [f"task-{i}" for i in range(40)])
+    issue(
+        issuer,
+        run,
+        [{"tokens": 2 + (i * 7) % 23, "reject_rate": 0.3, "seed": i} for i in range(40)],
+        [f"task-{i}" for i in range(40)],
+    )
     settle(client, run, synthetic_rollout)
     decided = decisions_by_task(client, run)
     trainable = [t for t, (_, d) in decided.items() if d.decision != "dropped"]
@@ -504,6 +526,7 @@ def test_dynamic_mode_waits_for_dp_size_groups_then_batches_what_a_round_produce
 
 # -- the trainer API ------------------------------------------------------------------------------------
 
+
 @pytest.mark.cluster
 def test_each_rank_gets_padded_tensors_and_the_step_wide_loss_token_count(client, redis_url, make_run, issuer):
     run = make_run(n_samples=3, dp_size=2, batch_size=4)
@@ -530,8 +553,12 @@ def test_each_rank_gets_padded_tensors_and_the_step_wide_loss_token_count(client
             assert batch.task_ids == [g.task_id for g in shard.groups]
             assert (batch.step, batch.world_size, batch.digest) == (step, 2, shard.digest)
             assert batch.token_ids.shape == (len(lengths), max(lengths)) == (batch.rows, max(lengths))
-            assert (batch.token_ids.dtype, batch.loss_mask.dtype, batch.logprobs.dtype, batch.attention_mask.dtype) \
-                == (torch.int64, torch.bool, torch.float32, torch.bool)
+            assert (batch.token_ids.dtype, batch.loss_mask.dtype, batch.logprobs.dtype, batch.attention_mask.dtype) == (
+                torch.int64,
+                torch.bool,
+                torch.float32,
+                torch.bool,
+            )
             assert batch.loss_mask.shape == batch.logprobs.shape == batch.attention_mask.shape == batch.token_ids.shape
             assert (batch.rewards.dtype, batch.rewards.shape) == (torch.float32, (batch.rows,))
             assert (batch.versions.dtype, batch.versions.shape) == (torch.int64, (batch.rows,))
@@ -556,8 +583,9 @@ def _two_written_steps(client, redis_url, make_run, issuer):
     return run, TrainerClient(client_for(redis_url), run, poll_s=0.1)
 
 
-def test_an_exception_in_the_loop_records_step_failed_and_leaves_the_step_uncommitted(client, redis_url, make_run,
-                                                                                     issuer):
+def test_an_exception_in_the_loop_records_step_failed_and_leaves_the_step_uncommitted(
+    client, redis_url, make_run, issuer
+):
     run, trainer = _two_written_steps(client, redis_url, make_run, issuer)
 
     with pytest.raises(RuntimeError, match="loss is nan"):
@@ -578,7 +606,12 @@ def test_an_exception_in_the_loop_records_step_failed_and_leaves_the_step_uncomm
     assert steps == [0, 1]
     # each start of the rank began an attempt at its next step
     assert [(type(e).__name__, e.step) for e in events(client, run.keys.commits)] == [
-        ("TrainingResumed", 0), ("StepFailed", 0), ("TrainingResumed", 0), ("StepCommitted", 0), ("StepCommitted", 1)]
+        ("TrainingResumed", 0),
+        ("StepFailed", 0),
+        ("TrainingResumed", 0),
+        ("StepCommitted", 0),
+        ("StepCommitted", 1),
+    ]
     assert events(client, run.keys.control, RunFinished)[0].steps == 2
 
 
@@ -596,15 +629,18 @@ def _recording_loads(client, redis_url, make_run, issuer, steps: int) -> tuple[T
     return trainer, load, loaded_on
 
 
-def test_the_next_step_is_loaded_ahead_on_a_thread_and_is_the_batch_a_plain_load_gives(client, redis_url, make_run,
-                                                                                       issuer):
+def test_the_next_step_is_loaded_ahead_on_a_thread_and_is_the_batch_a_plain_load_gives(
+    client, redis_url, make_run, issuer
+):
     trainer, load, loaded_on = _recording_loads(client, redis_url, make_run, issuer, 3)
     seen = []
     for batch in trainer.batches(rank=0, world_size=1):
         again = load(trainer.manifest(batch.step), 0, 1)
         assert batch.task_ids == again.task_ids and batch.digest == again.digest
-        assert all(torch.equal(getattr(batch, name), getattr(again, name))
-                   for name in ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions"))
+        assert all(
+            torch.equal(getattr(batch, name), getattr(again, name))
+            for name in ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions")
+        )
         seen.append((batch.step, trainer.next_step(0)))
     assert seen == [(0, 0), (1, 1), (2, 2)]  # each step once, in order, committed only after its loop body
     assert loaded_on[0] == threading.current_thread().name
@@ -620,8 +656,9 @@ def test_a_loop_body_that_returns_at_once_gets_its_batches_loaded_in_line(client
     assert loaded_on == [here, "streamgrp-prefetch_0", here, here]
 
 
-def test_a_step_loaded_ahead_that_cannot_be_loaded_fails_only_when_the_loop_reaches_it(client, redis_url, make_run,
-                                                                                      issuer):
+def test_a_step_loaded_ahead_that_cannot_be_loaded_fails_only_when_the_loop_reaches_it(
+    client, redis_url, make_run, issuer
+):
     run, trainer = _two_written_steps(client, redis_url, make_run, issuer)
     delete_payload(client, run.keys, trainer.manifest(1).shards[0].groups[0].members[0].entry)
     steps = []
@@ -695,33 +732,60 @@ def test_a_batcher_of_the_run_with_another_dataset_or_max_steps_is_refused_at_st
     run = make_run(n_samples=2, dp_size=1, batch_size=2)
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(f'{{"seed": {i}}}\n' for i in range(8)))
-    first = Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(dataset)),
-                    dataset_identity=DatasetIdentity.of(str(dataset)))
+    first = Batcher(
+        client,
+        run,
+        BatcherConfig(max_steps=3),
+        dataset=load_dataset(str(dataset)),
+        dataset_identity=DatasetIdentity.of(str(dataset)),
+    )
     assert first.lease.acquire()
     first._activate()  # the first one active records what it feeds
     copy = tmp_path / "elsewhere" / "prompts.jsonl"
     copy.parent.mkdir()
     copy.write_bytes(dataset.read_bytes())
     # The same bytes under another path are the same dataset: a standby with them starts.
-    Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(copy)),
-            dataset_identity=DatasetIdentity.of(str(copy)))
+    Batcher(
+        client,
+        run,
+        BatcherConfig(max_steps=3),
+        dataset=load_dataset(str(copy)),
+        dataset_identity=DatasetIdentity.of(str(copy)),
+    )
     # Lines appended since continue it (the feeder's cursor takes them as new prompts); an edit does not.
     grown = tmp_path / "grown" / "prompts.jsonl"
     grown.parent.mkdir()
     grown.write_text(dataset.read_text() + '{"seed": 99}\n')
-    Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(grown)),
-            dataset_identity=DatasetIdentity.of(str(grown)))
+    Batcher(
+        client,
+        run,
+        BatcherConfig(max_steps=3),
+        dataset=load_dataset(str(grown)),
+        dataset_identity=DatasetIdentity.of(str(grown)),
+    )
     edited = tmp_path / "edited" / "prompts.jsonl"
     edited.parent.mkdir()
     edited.write_text(dataset.read_text().replace('"seed": 0', '"seed": 7'))
-    with pytest.raises(ConfigError, match=r"another feed: dataset prompts.jsonl \(\d+ bytes, sha256 [0-9a-f]{16}\), "
-                       r"this batcher's prompts.jsonl \(\d+ bytes"):
-        Batcher(client, run, BatcherConfig(max_steps=3), dataset=load_dataset(str(edited)),
-                dataset_identity=DatasetIdentity.of(str(edited)))
+    with pytest.raises(
+        ConfigError,
+        match=r"another feed: dataset prompts.jsonl \(\d+ bytes, sha256 [0-9a-f]{16}\), "
+        r"this batcher's prompts.jsonl \(\d+ bytes",
+    ):
+        Batcher(
+            client,
+            run,
+            BatcherConfig(max_steps=3),
+            dataset=load_dataset(str(edited)),
+            dataset_identity=DatasetIdentity.of(str(edited)),
+        )
     with pytest.raises(ConfigError, match="max_steps 3, this batcher's 5"):
-        Batcher(client, run, BatcherConfig(max_steps=5), dataset=load_dataset(str(dataset)),
-                dataset_identity=DatasetIdentity.of(str(dataset)))
-
+        Batcher(
+            client,
+            run,
+            BatcherConfig(max_steps=5),
+            dataset=load_dataset(str(dataset)),
+            dataset_identity=DatasetIdentity.of(str(dataset)),
+        )
 
 
 def test_wait_knows_the_in_flight_tasks_issue_versions_also_after_a_takeover(client, make_run):
@@ -744,5 +808,7 @@ def test_wait_knows_the_in_flight_tasks_issue_versions_also_after_a_takeover(cli
     settle(client, run)  # every task decided: nothing in flight, nothing left behind: both steps written
     second.round()
     assert second._feeder.oldest_in_flight() is None
-    assert [batched_tasks(m) for m in manifests(client, run)] == [["t00000000", "t00000001"],
-                                                                  ["t00000002", "t00000003"]]
+    assert [batched_tasks(m) for m in manifests(client, run)] == [
+        ["t00000000", "t00000001"],
+        ["t00000002", "t00000003"],
+    ]

@@ -133,8 +133,9 @@ def test_a_role_read_that_meets_busy_is_an_outage_it_rides_out(server_factory):
             client.xreadgroup("g", "c", {"s": ">"}, count=10)
         assert is_outage(raised.value)
         rode_out = threading.Event()
-        waiter = threading.Thread(target=lambda: (outage_of(client).ride_out(raised.value, client), rode_out.set()),
-                                  daemon=True)
+        waiter = threading.Thread(
+            target=lambda: (outage_of(client).ride_out(raised.value, client), rode_out.set()), daemon=True
+        )
         waiter.start()
         assert not rode_out.wait(1.5), "the wait ended while the server was still busy"
         busy.kill()
@@ -160,9 +161,27 @@ def test_a_server_that_comes_back_evicting_keys_is_refused_on_reconnect(server_f
     client.set("k", "v")
     server.stop()
     # The same address comes back as a server configured to evict (restarted by hand, say).
-    evicting = subprocess.Popen([kind_binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                                 "no", "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru", "--dir",
-                                 str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    evicting = subprocess.Popen(
+        [
+            kind_binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--maxmemory",
+            "64mb",
+            "--maxmemory-policy",
+            "allkeys-lru",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         probe = redis.Redis(port=port)
         wait_until(lambda: _answers(probe), timeout=20, message="the evicting server to answer")
@@ -185,14 +204,21 @@ def _answers(probe: redis.Redis) -> bool:
 @pytest.mark.slow
 @pytest.mark.one_server_kind
 def test_every_role_waits_while_a_script_holds_the_server_and_the_run_finishes_after_script_kill(
-        server_factory, run_name, tmp_path):
+    server_factory, run_name, tmp_path
+):
     server = server_factory(tmp_path / "data")
     client = connect(server.url)
     run = join_run(client, run_name, RunConfig(n_samples=4, dp_size=2, batch_size=4, max_staleness=2))
     prompts = 120
     dataset = write_dataset(tmp_path / "prompts.jsonl", prompts, tokens=16, reject_rate=0.1, sleep_s=0.01)
-    pipeline = Pipeline(server.url, run_name, tmp_path, dataset,
-                        ["--n-samples", "4", "--dp-size", "2", "--batch-size", "4", "--max-staleness", "2"], dp_size=2)
+    pipeline = Pipeline(
+        server.url,
+        run_name,
+        tmp_path,
+        dataset,
+        ["--n-samples", "4", "--dp-size", "2", "--batch-size", "4", "--max-staleness", "2"],
+        dp_size=2,
+    )
     pipeline.start()
     try:
         wait_until(lambda: client.xlen(run.keys.steps) >= 3, timeout=60, message="the run to be under way")
@@ -209,14 +235,21 @@ def test_every_role_waits_while_a_script_holds_the_server_and_the_run_finishes_a
 
         wait_until(done, timeout=180, interval=0.5, message="the run to finish")
         assert pipeline.batcher.proc.wait(timeout=30) == 0, pipeline.batcher.output()[-3000:]
-        wait_until(lambda: client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0, timeout=30,
-                   message="every task acknowledged")
+        wait_until(
+            lambda: client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0,
+            timeout=30,
+            message="every task acknowledged",
+        )
         codes = pipeline.stop()
         assert set(codes.values()) == {0}, codes
         check_run(client, run, prompts=prompts)
-        report = subprocess.run([sys.executable, "-m", "streamgrp", "verify", "--redis-url", server.url, "--run",
-                                 run_name], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, **CHILD_ENV})
+        report = subprocess.run(
+            [sys.executable, "-m", "streamgrp", "verify", "--redis-url", server.url, "--run", run_name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **CHILD_ENV},
+        )
         assert report.returncode == 0, report.stdout + report.stderr
     finally:
         pipeline.stop()

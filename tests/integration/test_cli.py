@@ -12,9 +12,17 @@ from streamgrp.core import codec
 from streamgrp.store.keys import RunKeys
 
 
-def streamgrp(*args: str, env: dict[str, str] | None = None, cwd=None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamgrp", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
+def streamgrp(
+    *args: str, env: dict[str, str] | None = None, cwd=None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streamgrp", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 def test_version_and_help_show_environment_variables():
@@ -26,8 +34,10 @@ def test_version_and_help_show_environment_variables():
 
 def test_toml_file_and_environment_configure_a_run_and_a_burst_drain(client, redis_url, run_name, tmp_path, issuer):
     config = tmp_path / "streamgrp.toml"
-    config.write_text(f'[connection]\nrun = "{run_name}"\n\n[run]\nn_samples = 3\nreward_norm = '
-                      '{ mean_level = "group", std_level = "group" }\n\n[worker]\nconcurrency = 2\n')
+    config.write_text(
+        f'[connection]\nrun = "{run_name}"\n\n[run]\nn_samples = 3\nreward_norm = '
+        '{ mean_level = "group", std_level = "group" }\n\n[worker]\nconcurrency = 2\n'
+    )
     env = {"STREAMGRP_CONFIG": str(config), "STREAMGRP_REDIS_URL": redis_url, "STREAMGRP_GROUP_TIMEOUT_S": "120"}
     result = streamgrp("batcher", "--burst", env=env)  # the batcher creates the run; the others only open it
     assert result.returncode == 0, result.stderr
@@ -46,8 +56,18 @@ def test_toml_file_and_environment_configure_a_run_and_a_burst_drain(client, red
 def test_a_process_with_a_different_policy_refuses_to_start(redis_url, run_name):
     first = streamgrp("batcher", "--burst", "--redis-url", redis_url, "--run", run_name, "--n-samples", "4")
     assert first.returncode == 0, first.stderr
-    refused = streamgrp("worker", "--burst", "--redis-url", redis_url, "--run", run_name, "--n-samples", "8",
-                        "--reward-norm", "group,group")
+    refused = streamgrp(
+        "worker",
+        "--burst",
+        "--redis-url",
+        redis_url,
+        "--run",
+        run_name,
+        "--n-samples",
+        "8",
+        "--reward-norm",
+        "group,group",
+    )
     assert refused.returncode == 2
     assert "refuses to join" in refused.stderr
     assert "n_samples: recorded 4, this process 8" in refused.stderr
@@ -78,8 +98,14 @@ def test_without_a_url_the_embedded_server_starts_and_keeps_runs_across_commands
 def test_an_inspection_command_with_no_server_anywhere_says_where_it_looked_and_starts_nothing(tmp_path):
     done = streamgrp("steps", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith(
-        f"streamgrp steps: no server to read: no --redis-url (STREAMGRP_REDIS_URL) was given and {tmp_path / '.streamgrp'}")
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "streamgrp steps: no server to read: no --redis-url (STREAMGRP_REDIS_URL) was given and "
+            f"{tmp_path / '.streamgrp'}"
+        )
+    )
     assert not (tmp_path / ".streamgrp").exists()  # no empty server, no empty data directory
 
 
@@ -87,8 +113,24 @@ def test_only_the_batcher_creates_a_run_and_the_others_wait_for_it(client, redis
     refused = streamgrp("assembler", "--burst", "--redis-url", redis_url, "--run", run_name)
     assert refused.returncode == 2 and "does not exist" in refused.stderr and "batcher" in refused.stderr
     assert not client.exists(RunKeys(run_name).control)  # it wrote nothing
-    waiting = subprocess.Popen([sys.executable, "-m", "streamgrp", "worker", "--redis-url", redis_url, "--run",
-                                run_name, "--max-tasks", "1", "--n-samples", "2"], stderr=subprocess.PIPE, text=True)
+    waiting = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "worker",
+            "--redis-url",
+            redis_url,
+            "--run",
+            run_name,
+            "--max-tasks",
+            "1",
+            "--n-samples",
+            "2",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(2.0)
         assert waiting.poll() is None  # waiting for the run, not failing

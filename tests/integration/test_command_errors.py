@@ -39,7 +39,8 @@ def test_a_url_that_is_not_a_redis_url_is_one_line_naming_the_schemes():
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
         "streamgrp steps: invalid [connection] settings: redis_url: Value error, 'http://127.0.0.1:6379/0' is not a "
-        "Redis URL: give redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS) or unix:///PATH"]
+        "Redis URL: give redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS) or unix:///PATH"
+    ]
 
 
 def test_a_trainer_for_a_run_that_does_not_exist_says_so_lists_the_runs_and_stops_with_0(redis_url, make_run, tmp_path):
@@ -51,8 +52,11 @@ def test_a_trainer_for_a_run_that_does_not_exist_says_so_lists_the_runs_and_stop
     trainer = RoleProcess("trainer", ["--redis-url", redis_url, "--run", "no-such-run"], tmp_path)
     trainer.start()
     try:
-        wait_until(lambda: "waits for run no-such-run to be created by its batcher" in trainer.output(), timeout=60,
-                   message="the trainer to say what it waits for")
+        wait_until(
+            lambda: "waits for run no-such-run to be created by its batcher" in trainer.output(),
+            timeout=60,
+            message="the trainer to say what it waits for",
+        )
         line = next(line for line in trainer.output().splitlines() if "waits for run no-such-run" in line)
         assert "runs on this server: " in line and existing.name in line.split("runs on this server: ")[1]
     finally:

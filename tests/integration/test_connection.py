@@ -85,8 +85,11 @@ def test_wait_replicas_waits_for_a_replica_and_warns_when_too_few_confirm(server
     primary, replica = server_factory(), server_factory(appendfsync="always")
     replica_client = redis.Redis.from_url(replica.url)
     replica_client.replicaof(primary.host, primary.port)
-    wait_until(lambda: replica_client.info("replication").get("master_link_status") == "up", timeout=20,
-               message="the replica to sync")
+    wait_until(
+        lambda: replica_client.info("replication").get("master_link_status") == "up",
+        timeout=20,
+        message="the replica to sync",
+    )
     client = connect(primary.url, wait_replicas=1, wait_timeout_ms=5000)
     with caplog.at_level(logging.WARNING, logger="streamgrp.store.connection"):
         for i in range(20):
@@ -127,8 +130,11 @@ def test_a_role_stopped_while_the_server_is_gone_exits_quietly(server_factory, r
     (tmp_path / "worker").mkdir()
     worker = RoleProcess("worker", ["--redis-url", server.url, "--run", run_name], tmp_path / "worker").start()
     try:
-        wait_until(lambda: "waiting for tasks" in worker.output() or "worker" in worker.output(), timeout=30,
-                   message="the worker to start")
+        wait_until(
+            lambda: "waiting for tasks" in worker.output() or "worker" in worker.output(),
+            timeout=30,
+            message="the worker to start",
+        )
         time.sleep(1)
         server.kill()
         wait_until(lambda: "is unavailable" in worker.output(), timeout=30, message="the worker to see the outage")

@@ -11,7 +11,9 @@ from streamgrp.store.runs import join_run
 
 
 def advance(client, keys, version: int) -> None:
-    client.xadd(keys.control, codec.encode(VersionAdvanced(version=version, step=version - 1, producer="t", seq=version)))
+    client.xadd(
+        keys.control, codec.encode(VersionAdvanced(version=version, step=version - 1, producer="t", seq=version))
+    )
 
 
 def test_each_entry_is_read_once_across_chunks_and_damage_is_dead_lettered_once(client, run_name):

@@ -40,20 +40,28 @@ def test_sigkill_assembler_and_worker_mid_group_loses_and_doubles_nothing(client
 
     # A worker that runs one slot at a time and hangs in slot 2, so its SIGKILL lands mid-group.
     here = str(Path(__file__).parent)
-    victim = RoleProcess("worker", [*common, "--concurrency", "1", "--claim-idle-s", "1",
-                                    "--rollout", "rollouts:stalls_at_slot_two"], tmp_path / "victim",
-                         env={"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    victim = RoleProcess(
+        "worker",
+        [*common, "--concurrency", "1", "--claim-idle-s", "1", "--rollout", "rollouts:stalls_at_slot_two"],
+        tmp_path / "victim",
+        env={"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )
     (tmp_path / "victim").mkdir()
     victim.start()
-    workers = [RoleProcess("worker", [*common, "--concurrency", "4", "--claim-idle-s", "1"], tmp_path / f"w{i}")
-               for i in range(2)]
+    workers = [
+        RoleProcess("worker", [*common, "--concurrency", "4", "--claim-idle-s", "1"], tmp_path / f"w{i}")
+        for i in range(2)
+    ]
     assembler = RoleProcess("assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"], tmp_path / "asm")
     for process in (*workers, assembler):
         process.log_dir.mkdir()
 
     try:
-        wait_until(lambda: _victim_partial_tasks(client, run, victim.pid), timeout=30,
-                   message="the victim worker to be in the middle of a group")
+        wait_until(
+            lambda: _victim_partial_tasks(client, run, victim.pid),
+            timeout=30,
+            message="the victim worker to be in the middle of a group",
+        )
         victim.kill()
         half_done = _victim_partial_tasks(client, run, victim.pid)
         assert half_done, "the victim was killed with no partially published task"
@@ -62,8 +70,11 @@ def test_sigkill_assembler_and_worker_mid_group_loses_and_doubles_nothing(client
 
         kills = 0
         while kills < 3 or _decided(client, run) < GROUPS // 2:
-            wait_until(lambda: _holds_lease(client, run, assembler.pid), timeout=30,
-                       message=f"assembler start {assembler.starts} to take the lease")
+            wait_until(
+                lambda: _holds_lease(client, run, assembler.pid),
+                timeout=30,
+                message=f"assembler start {assembler.starts} to take the lease",
+            )
             before = _decided(client, run)
             wait_until(lambda: _decided(client, run) > before, timeout=30, message="the assembler to decide something")
             if _decided(client, run) >= GROUPS - 50 and kills >= 3:
@@ -77,8 +88,11 @@ def test_sigkill_assembler_and_worker_mid_group_loses_and_doubles_nothing(client
         assert kills >= 3
 
         wait_until(lambda: _decided(client, run) == GROUPS, timeout=180, interval=0.2, message="every task decided")
-        wait_until(lambda: client.xpending(run.keys.slots, ASSEMBLER_GROUP)["pending"] == 0, timeout=30,
-                   message="the slot log fully acknowledged")
+        wait_until(
+            lambda: client.xpending(run.keys.slots, ASSEMBLER_GROUP)["pending"] == 0,
+            timeout=30,
+            message="the slot log fully acknowledged",
+        )
     finally:
         for process in (*workers, assembler):
             if process.proc is not None and process.proc.poll() is None:

@@ -45,21 +45,57 @@ class Group:
 
     started: list[Group] = []
 
-    def __init__(self, redis_url: str, run_name: str, checkpoints: Path, logs: Path, crash: dict[int, str], *,
-                 ranks: tuple[int, ...] = (0, 1), extra: tuple[str, ...] = (), dist_url: str | None = None) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        run_name: str,
+        checkpoints: Path,
+        logs: Path,
+        crash: dict[int, str],
+        *,
+        ranks: tuple[int, ...] = (0, 1),
+        extra: tuple[str, ...] = (),
+        dist_url: str | None = None,
+    ) -> None:
         self.dist_url = dist_url or f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
         self.ranks = []
         self.logs: list[Path] = []
         for rank in ranks:
             log_path = logs / f"start{len(list(logs.iterdir()))}-rank{rank}.log"
-            args = [sys.executable, "-m", "streamgrp", "trainer", "--redis-url", redis_url, "--run", run_name,
-                    "--rank", str(rank), "--world-size", "2", "--dist-url", self.dist_url, "--lr", str(LR), *extra,
-                    "--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(EVERY),
-                    *(["--crash-at", crash[rank]] if rank in crash else [])]
+            args = [
+                sys.executable,
+                "-m",
+                "streamgrp",
+                "trainer",
+                "--redis-url",
+                redis_url,
+                "--run",
+                run_name,
+                "--rank",
+                str(rank),
+                "--world-size",
+                "2",
+                "--dist-url",
+                self.dist_url,
+                "--lr",
+                str(LR),
+                *extra,
+                "--checkpoint-dir",
+                str(checkpoints),
+                "--checkpoint-every",
+                str(EVERY),
+                *(["--crash-at", crash[rank]] if rank in crash else []),
+            ]
             self.logs.append(log_path)
             with open(log_path, "wb") as log:  # the child writes through its own copy of the descriptor
-                self.ranks.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                                   env={**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"}))
+                self.ranks.append(
+                    subprocess.Popen(
+                        args,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env={**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"},
+                    )
+                )
         Group.started.append(self)
 
     def wait(self, timeout: float) -> list[int | None]:
@@ -95,7 +131,8 @@ def _events(client, run):
 
 
 def test_a_trainer_group_killed_again_and_again_ends_with_the_weights_of_one_uninterrupted_pass(
-        client, redis_url, make_run, tmp_path):
+    client, redis_url, make_run, tmp_path
+):
     run = make_run(n_samples=3, dp_size=2, batch_size=2)
     make_steps(client, run, groups=2 * STEPS + 20, steps=STEPS, rollout=toy_rollout)  # some groups are dropped
     assert client.xlen(run.keys.steps) == STEPS
@@ -161,8 +198,11 @@ def test_a_trainer_group_killed_again_and_again_ends_with_the_weights_of_one_uni
     newest = sorted((e.step, e.attempt) for e in events if isinstance(e, CheckpointSaved))[-1]
     assert newest[0] == STEPS - 1
     kept = sorted(path.name for path in checkpoints.iterdir() if not path.name.startswith("."))
-    assert len(kept) == 2 and kept[-1] == f"step-{newest[0]:08d}-a{newest[1]}" and kept[0].startswith(
-        f"step-{STEPS - 1 - EVERY:08d}-"), kept
+    assert (
+        len(kept) == 2
+        and kept[-1] == f"step-{newest[0]:08d}-a{newest[1]}"
+        and kept[0].startswith(f"step-{STEPS - 1 - EVERY:08d}-")
+    ), kept
 
     trained = WeightCache(client, run.keys).get(int(client.get(run.keys.version)))
     assert trained is not None
@@ -177,8 +217,9 @@ def _wait_for_a_commit_of_a_new_attempt(client, run, attempts_before: int, group
     while time.monotonic() < deadline and all(rank.poll() is None for rank in group.ranks):
         events = _events(client, run)
         attempts = [e for e in events if isinstance(e, TrainingResumed)]
-        if len(attempts) > attempts_before and any(isinstance(e, StepCommitted) and e.attempt == attempts[-1].attempt
-                                                   for e in events):
+        if len(attempts) > attempts_before and any(
+            isinstance(e, StepCommitted) and e.attempt == attempts[-1].attempt for e in events
+        ):
             return True
         time.sleep(0.02)
     return False

@@ -53,6 +53,7 @@ def test_a_step_whose_sample_was_deleted_fails_every_rank_with_one_message(clien
             out = [max(a, b) for a, b in zip(*votes)]
             barrier.wait(timeout=30)
             return out
+
         return reduce
 
     outcomes: dict[int, object] = {}
@@ -97,8 +98,10 @@ def test_a_trainer_records_its_step_figures_for_the_report_and_a_replay_cannot(c
             if batch.step == 1:
                 break
     recorded = trainer_metrics(client.hgetall(run.keys.trainer_metrics))
-    assert recorded == {0: {"loss": 1.0, "logprob_abs_diff_mean": 0.01, "note": "ok", "step": 0},
-                        1: {"loss": 0.5, "logprob_abs_diff_mean": 0.01, "note": "ok", "step": 1}}
+    assert recorded == {
+        0: {"loss": 1.0, "logprob_abs_diff_mean": 0.01, "note": "ok", "step": 0},
+        1: {"loss": 0.5, "logprob_abs_diff_mean": 0.01, "note": "ok", "step": 1},
+    }
     assert orjson.loads(client.hget(run.keys.trainer_metrics, "1"))["loss"] == 0.5
     with pytest.raises(ReadOnlyBatch, match="cannot record metrics of step 0"):
         replay_step(client, run.keys, 0, 0).record_metrics(loss=2.0)

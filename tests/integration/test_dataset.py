@@ -34,8 +34,16 @@ def test_a_dataloader_yields_each_step_once_and_commits_on_advance(client, redis
     for item in DataLoader(dataset, batch_size=None):
         # The previous step was committed when this one was asked for; this one is not yet.
         assert committed(client, run) == (item["step"] - 1 if item["step"] else None)
-        assert set(item) == {*ITEM_TENSORS, "advantages", "step", "rank", "version", "step_loss_tokens",
-                             "stale_masked_tokens", "task_ids"}
+        assert set(item) == {
+            *ITEM_TENSORS,
+            "advantages",
+            "step",
+            "rank",
+            "version",
+            "step_loss_tokens",
+            "stale_masked_tokens",
+            "task_ids",
+        }
         rows, longest = item["token_ids"].shape
         assert item["attention_mask"].shape == item["loss_mask"].shape == item["logprobs"].shape == (rows, longest)
         assert item["token_versions"].shape == (rows, longest)
@@ -55,8 +63,16 @@ def test_a_dataloader_yields_each_step_once_and_commits_on_advance(client, redis
 def test_each_rank_gets_its_shard_and_the_step_wide_loss_tokens(client, redis_url, make_run, issuer):
     run = make_run(n_samples=3, dp_size=2, batch_size=3)
     make_steps(client, run, groups=3, steps=1)
-    items = [next(iter(StepDataset(TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1), rank=rank,
-                                   world_size=2).loader())) for rank in (0, 1)]
+    items = [
+        next(
+            iter(
+                StepDataset(
+                    TrainerClient(redis.Redis.from_url(redis_url), run, poll_s=0.1), rank=rank, world_size=2
+                ).loader()
+            )
+        )
+        for rank in (0, 1)
+    ]
     assert [item["rank"] for item in items] == [0, 1]
     assert sorted(len(item["task_ids"]) for item in items) == [1, 2]
     total = sum(int(item["loss_mask"].sum()) for item in items)

@@ -21,8 +21,23 @@ DEMO = ["--steps", "6", "--workers", "2", "--ranks", "2", "--json", "--timeout-s
 
 
 def _demo(redis_url, tmp_path, *extra) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "streamgrp", "demo", "--redis-url", redis_url, "--data-dir",
-                             str(tmp_path), *DEMO, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "demo",
+            "--redis-url",
+            redis_url,
+            "--data-dir",
+            str(tmp_path),
+            *DEMO,
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _check_accounting(summary, steps=6, ranks=2):
@@ -33,8 +48,9 @@ def _check_accounting(summary, steps=6, ranks=2):
     # unread or belong to groups still open, and never more than the undecided tasks could hold
     assert accounted + summary["slots"]["unread"] + summary["slots"]["open"] == summary["slots_published"]
     assert 0 <= summary["slots"]["open"] <= (summary["tasks"] - summary["tasks_decided"]) * 6
-    assert summary["groups"]["dropped"] == sum(v for k, v in summary["dropped_reasons"].items()
-                                               if k not in ("stale", "filtered", "leftover"))
+    assert summary["groups"]["dropped"] == sum(
+        v for k, v in summary["dropped_reasons"].items() if k not in ("stale", "filtered", "leftover")
+    )
     folded = summary["slots"]["sample"] + summary["slots"]["rejected"] + summary["slots"]["failed"]
     target = folded + summary["slots"]["timeout"]
     assert summary["usable_slot_yield"] == pytest.approx(summary["slots"]["sample"] / target)
@@ -137,10 +153,29 @@ def test_no_password_in_any_log_printed_line_argv_record_or_metric(tmp_path):
     password = "pw-" + os.urandom(8).hex()
     data = tmp_path / "data"
     prometheus = ["--prometheus"] if shutil.which("prometheus") else []
-    demo = subprocess.Popen([sys.executable, "-m", "streamgrp", "demo", "--data-dir", str(data), "--steps", "4",
-                             "--workers", "1", "--ranks", "2", "--timeout-s", "240", *prometheus],
-                            env={**os.environ, "STREAMGRP_PASSWORD": password}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "demo",
+            "--data-dir",
+            str(data),
+            "--steps",
+            "4",
+            "--workers",
+            "1",
+            "--ranks",
+            "2",
+            "--timeout-s",
+            "240",
+            *prometheus,
+        ],
+        env={**os.environ, "STREAMGRP_PASSWORD": password},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     argvs, metrics = [], []
     try:
         while demo.poll() is None:

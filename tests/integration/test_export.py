@@ -37,33 +37,43 @@ def test_export_from_the_server_writes_what_the_run_recorded(client, redis_url, 
     client.zadd(RUNS, {run_name: 1.0})
     code, out, err = cli(capsys, "export", run_name, "--redis-url", redis_url, "--out", str(tmp_path / "x"))
     assert code == 0, err
-    assert out.strip() == (f"run {run_name}: decisions.parquet 13 rows, slots.parquet 53 rows, steps.parquet 3 rows, "
-                           f"step_members.parquet 45 rows, run.json; written to {tmp_path / 'x'}")
+    assert out.strip() == (
+        f"run {run_name}: decisions.parquet 13 rows, slots.parquet 53 rows, steps.parquet 3 rows, "
+        f"step_members.parquet 45 rows, run.json; written to {tmp_path / 'x'}"
+    )
     check_against_the_record(read_export(tmp_path / "x"), RedisSource(client, keys), run_name)
 
 
-def test_export_after_retention_reads_the_archive_and_equals_the_untrimmed_export(client, redis_url, run_name,
-                                                                                  tmp_path, capsys, monkeypatch):
+def test_export_after_retention_reads_the_archive_and_equals_the_untrimmed_export(
+    client, redis_url, run_name, tmp_path, capsys, monkeypatch
+):
     keys = load_run(client, GOLDEN, run_name)
     client.zadd(RUNS, {run_name: 1.0})
     connection = ["--redis-url", redis_url]
     assert main(["export", run_name, *connection, "--out", str(tmp_path / "whole")]) == 0
     whole = read_export(tmp_path / "whole")
     data_dir = tmp_path / "data"
-    code, _, err = cli(capsys, "archiver", "--burst", "--retention", *connection, "--run", run_name,
-                       "--data-dir", str(data_dir))
+    code, _, err = cli(
+        capsys, "archiver", "--burst", "--retention", *connection, "--run", run_name, "--data-dir", str(data_dir)
+    )
     assert code == 0, err
     assert client.xlen(keys.steps) == 2 and client.xlen(keys.commits) == 0  # step 0 and the commits were trimmed
 
     # The server alone has lost part of the run; its archive (found at the default place) fills it in.
-    assert main(["export", run_name, *connection, "--data-dir", str(tmp_path / "none"), "--out",
-                 str(tmp_path / "trimmed")]) == 0
+    assert (
+        main(
+            ["export", run_name, *connection, "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path / "trimmed")]
+        )
+        == 0
+    )
     assert len(read_export(tmp_path / "trimmed")["steps"]) == 2
     assert main(["export", run_name, *connection, "--data-dir", str(data_dir), "--out", str(tmp_path / "fb")]) == 0
     assert read_export(tmp_path / "fb") == whole
 
     # The run deleted from the server: the archive alone answers, its run the default, flags from the environment.
-    assert main(["delete", run_name, "--yes", *connection, "--data-dir", str(tmp_path / "none")]) == 0  # keeps the archive
+    assert (
+        main(["delete", run_name, "--yes", *connection, "--data-dir", str(tmp_path / "none")]) == 0
+    )  # keeps the archive
     monkeypatch.setenv("STREAMGRP_ARCHIVE", str(data_dir / "archive" / run_name))
     monkeypatch.setenv("STREAMGRP_OUT", str(tmp_path / "archived"))
     capsys.readouterr()
@@ -79,9 +89,18 @@ def test_a_samples_recorded_text_is_a_column_of_the_export_and_a_line_of_inspect
     worker = WorkerClient(client, run.keys)
     written = "多字节 🙂 text"
     for slot, meta in enumerate(({"text": written}, {})):
-        worker.publish(task.task_id, slot, Sample.from_rows(token_ids=[[1, 2, 3]], loss_mask=[[0, 1, 1]],
-                                                            logprobs=[[0.0, -0.5, -0.25]], rewards=[1.0], version=0,
-                                                            meta=meta))
+        worker.publish(
+            task.task_id,
+            slot,
+            Sample.from_rows(
+                token_ids=[[1, 2, 3]],
+                loss_mask=[[0, 1, 1]],
+                logprobs=[[0.0, -0.5, -0.25]],
+                rewards=[1.0],
+                version=0,
+                meta=meta,
+            ),
+        )
     export_run(client, run.keys, tmp_path / "out")
     slots = pq.read_table(tmp_path / "out" / "slots.parquet").to_pylist()
     assert [(row["slot"], row["text"]) for row in slots] == [(0, written), (1, None)]

@@ -20,8 +20,10 @@ from streamgrp.store.keys import BATCHER_GROUP
 
 
 def _decided(client, run, issuer, drain, count: int, first: int = 0) -> list[str]:
-    issuer(run).issue([{"seed": i, "tokens": 8} for i in range(first, first + count)],
-                      task_ids=[f"t{i:04d}" for i in range(first, first + count)])
+    issuer(run).issue(
+        [{"seed": i, "tokens": 8} for i in range(first, first + count)],
+        task_ids=[f"t{i:04d}" for i in range(first, first + count)],
+    )
     drain(client, run, synthetic_rollout)
     return [e.decode() for e, _ in client.xrange(run.keys.decisions)]
 
@@ -84,9 +86,15 @@ def test_the_position_function_checks_its_input_and_only_moves_forward(client, m
     assert mine.ack("decisions", ids[0]) == ids[2]  # an older ack changes nothing
     assert mine.register("decisions", ids[1]) == ids[2]  # a restart keeps the recorded one
     before = client.hgetall(run.keys.follow)
-    for args in (["ack", "eval", "decisions", "01-0"], ["ack", "eval", "decisions", "1-2-3"],
-                 ["ack", "e|v", "decisions", "1-0"], ["ack", "eval", "decisions*", "1-0"], ["drop", "eval", "x", "1-0"],
-                 ["ack", "eval", "decisions"], ["ack", "nobody", "decisions", "5-0"]):
+    for args in (
+        ["ack", "eval", "decisions", "01-0"],
+        ["ack", "eval", "decisions", "1-2-3"],
+        ["ack", "e|v", "decisions", "1-0"],
+        ["ack", "eval", "decisions*", "1-0"],
+        ["drop", "eval", "x", "1-0"],
+        ["ack", "eval", "decisions"],
+        ["ack", "nobody", "decisions", "5-0"],
+    ):
         with pytest.raises(redis.ResponseError, match="BAD_INPUT|NOT_REGISTERED"):
             mine._call(keys=[run.keys.follow], args=args)
     assert client.hgetall(run.keys.follow) == before
@@ -96,7 +104,8 @@ def test_the_position_function_checks_its_input_and_only_moves_forward(client, m
 
 @pytest.mark.one_server_kind
 def test_retention_keeps_what_the_slower_follower_has_not_read_and_records_a_skip_past_the_bound(
-        client, make_run, issuer, drain):
+    client, make_run, issuer, drain
+):
     run = make_run(n_samples=2, batch_size=2)
     ids = _decided(client, run, issuer, drain, 12)
     client.xgroup_create(run.keys.decisions, BATCHER_GROUP, id="$")  # the batcher read everything

@@ -32,12 +32,22 @@ from streamgrp.store.runs import open_run
 from streamgrp.store.sources import decode_all, open_run_source
 
 PROMPTS = 48
-RUN_FLAGS = ["--n-samples", "4", "--dp-size", "1", "--batch-size", "4", "--group-timeout-s", "300",
-             "--max-staleness", "1000000"]
+RUN_FLAGS = [
+    "--n-samples",
+    "4",
+    "--dp-size",
+    "1",
+    "--batch-size",
+    "4",
+    "--group-timeout-s",
+    "300",
+    "--max-staleness",
+    "1000000",
+]
 
 # A trainer rank that logs, per group it trains, a digest of exactly its rows (padding removed; not the
 # versions, which depend on when a worker took the task).
-TRAINER = '''
+TRAINER = """
 import hashlib, sys, orjson
 from streamgrp.store.runs import connect, open_run
 from streamgrp.train.trainer import TrainerClient
@@ -58,7 +68,7 @@ with open(out, "ab") as log, TrainerClient(client, open_run(client, run_name), p
             row += size
             log.write(orjson.dumps({"task": task, "rows": size, "digest": h.hexdigest()}) + b"\\n")
         log.flush()
-'''
+"""
 
 
 class EvalProcess(RoleProcess):
@@ -67,26 +77,40 @@ class EvalProcess(RoleProcess):
     def start(self) -> EvalProcess:
         self.starts += 1
         with open(self.log_dir / f"{self.role}-{self.starts}.log", "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "streamgrp.consumers.live_eval", *self.args],
-                                         stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streamgrp.consumers.live_eval", *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
         return self
 
 
 def _run(url: str, run_name: str, tmp_path: Path, *, followers: bool) -> dict:
     tmp_path.mkdir()
     common = ["--redis-url", url, "--run", run_name]
-    dataset = write_dataset(tmp_path / "prompts.jsonl", PROMPTS, tokens=12, reject_rate=0.15, fail_rate=0.05,
-                             sleep_s=0.1)
-    roles = [RoleProcess("batcher", [*common, *RUN_FLAGS, "--dataset", str(dataset), "--round-s", "0.1",
-                                     "--lease-ttl-s", "1"], tmp_path, env=CHILD_ENV),
-             RoleProcess("assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"], tmp_path,
-                         env=CHILD_ENV),
-             RoleProcess("worker", [*common, "--concurrency", "4"], tmp_path, env=CHILD_ENV)]
+    dataset = write_dataset(
+        tmp_path / "prompts.jsonl", PROMPTS, tokens=12, reject_rate=0.15, fail_rate=0.05, sleep_s=0.1
+    )
+    roles = [
+        RoleProcess(
+            "batcher",
+            [*common, *RUN_FLAGS, "--dataset", str(dataset), "--round-s", "0.1", "--lease-ttl-s", "1"],
+            tmp_path,
+            env=CHILD_ENV,
+        ),
+        RoleProcess("assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"], tmp_path, env=CHILD_ENV),
+        RoleProcess("worker", [*common, "--concurrency", "4"], tmp_path, env=CHILD_ENV),
+    ]
     (tmp_path / "trainer.py").write_text(TRAINER)
     trained = tmp_path / "trained.jsonl"
     with open(tmp_path / "trainer.log", "wb") as log:  # the child keeps its own fd
-        trainer = subprocess.Popen([sys.executable, str(tmp_path / "trainer.py"), url, run_name, str(trained)],
-                                   env={**os.environ, **CHILD_ENV}, stdout=log, stderr=subprocess.STDOUT)
+        trainer = subprocess.Popen(
+            [sys.executable, str(tmp_path / "trainer.py"), url, run_name, str(trained)],
+            env={**os.environ, **CHILD_ENV},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     for role in roles:
         role.start()
     out: dict = {}
@@ -111,13 +135,46 @@ def _with_followers(url, run_name, tmp_path, common, roles, trainer) -> dict:
     import redis
 
     client = redis.Redis.from_url(url)
-    archiver = RoleProcess("archiver", [*common, "--archive-dir", str(tmp_path / "archive"), "--retention", "true",
-                                        "--retention-interval-s", "0.2", "--poll-s", "0.1"], tmp_path, env=CHILD_ENV)
-    evaluation = EvalProcess("live-eval", ["--redis-url", url, "--run", run_name, "--state",
-                                           str(tmp_path / "eval.json"), "--keep-ids", "--delay-s", "0.3", "--batch", "4"],
-                             tmp_path, env=CHILD_ENV)
-    export = RoleProcess("export", [run_name, "--redis-url", url, "--follow", "true", "--flush-s", "0.3",
-                                    "--out", str(tmp_path / "export")], tmp_path, env=CHILD_ENV)
+    archiver = RoleProcess(
+        "archiver",
+        [
+            *common,
+            "--archive-dir",
+            str(tmp_path / "archive"),
+            "--retention",
+            "true",
+            "--retention-interval-s",
+            "0.2",
+            "--poll-s",
+            "0.1",
+        ],
+        tmp_path,
+        env=CHILD_ENV,
+    )
+    evaluation = EvalProcess(
+        "live-eval",
+        [
+            "--redis-url",
+            url,
+            "--run",
+            run_name,
+            "--state",
+            str(tmp_path / "eval.json"),
+            "--keep-ids",
+            "--delay-s",
+            "0.3",
+            "--batch",
+            "4",
+        ],
+        tmp_path,
+        env=CHILD_ENV,
+    )
+    export = RoleProcess(
+        "export",
+        [run_name, "--redis-url", url, "--follow", "true", "--flush-s", "0.3", "--out", str(tmp_path / "export")],
+        tmp_path,
+        env=CHILD_ENV,
+    )
     for process in (archiver, evaluation, export):
         process.start()
         roles.append(process)
@@ -127,8 +184,11 @@ def _with_followers(url, run_name, tmp_path, common, roles, trainer) -> dict:
         path = tmp_path / "eval.json"
         return len(orjson.loads(path.read_bytes())["ids"]) if path.exists() else 0
 
-    wait_until(lambda: list((tmp_path / "export" / "decisions").glob("*.parquet")), timeout=120,
-               message="the export to write a file")
+    wait_until(
+        lambda: list((tmp_path / "export" / "decisions").glob("*.parquet")),
+        timeout=120,
+        message="the export to write a file",
+    )
     export.kill()
     export.start()
     wait_until(lambda: state_ids() >= 10, timeout=120, message="the live evaluation to apply 10 decisions")
@@ -165,7 +225,8 @@ def _with_followers(url, run_name, tmp_path, common, roles, trainer) -> dict:
 @pytest.mark.slow
 @pytest.mark.one_server_kind
 def test_two_followers_one_killed_each_apply_every_decision_once_in_order_and_training_is_unchanged(
-        redis_url, run_name, tmp_path):
+    redis_url, run_name, tmp_path
+):
     alone = _run(redis_url, run_name + "-alone", tmp_path / "alone", followers=False)
     followed = _run(redis_url, run_name, tmp_path / "followed", followers=True)
     assert followed["trained"] == alone["trained"] and len(alone["trained"]) >= PROMPTS // 2
@@ -188,8 +249,10 @@ def test_two_followers_one_killed_each_apply_every_decision_once_in_order_and_tr
     # The export: every decision in exactly one file, files in order, rows in order.
     import pyarrow.parquet as pq
 
-    files = sorted((tmp_path / "followed" / "export" / "decisions").glob("part-*.parquet"),
-                   key=lambda p: id_key(p.stem.rsplit("-", 2)[-2] + "-" + p.stem.rsplit("-", 2)[-1]))
+    files = sorted(
+        (tmp_path / "followed" / "export" / "decisions").glob("part-*.parquet"),
+        key=lambda p: id_key(p.stem.rsplit("-", 2)[-2] + "-" + p.stem.rsplit("-", 2)[-1]),
+    )
     exported = [entry for f in files for entry in pq.read_table(f).column("entry_id").to_pylist()]
     assert exported == ids
     assert {p.name for p in positions(client, run.keys)} == {"live-eval", "export"}

@@ -46,8 +46,10 @@ def test_the_trainer_functions_check_their_whole_input_before_writing(client, ma
     keys = run.keys
     commit = scripts.register(client, "trainer_commit.lua")
     with pytest.raises(redis.ResponseError, match="BAD_INPUT"):
-        commit(keys=[keys.committed, keys.commits, keys.version, keys.control, keys.attempt],
-               args=[0, 0, 1, "{}", "{}", 0, "x"])  # a version that is no number
+        commit(
+            keys=[keys.committed, keys.commits, keys.version, keys.control, keys.attempt],
+            args=[0, 0, 1, "{}", "{}", 0, "x"],
+        )  # a version that is no number
     record = scripts.register(client, "checkpoint_record.lua")
     with pytest.raises(redis.ResponseError, match="BAD_INPUT"):
         record(keys=[keys.checkpoint, keys.commits, keys.attempt], args=["last", 0, "{}"])

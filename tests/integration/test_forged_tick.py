@@ -45,8 +45,9 @@ def test_a_tick_at_a_future_entry_id_is_dead_lettered_with_the_workers_own_user(
     worker = role_users.client("worker")
     publisher = WorkerClient(worker, run.keys)
     publisher.publish(task.task_id, 0, make_sample(tokens=8))
-    forged = worker.xadd(run.keys.slots, codec.encode(Tick(now=4_000_000_000.0, producer="forger", seq=1)),
-                         id="4000000000000-0").decode()
+    forged = worker.xadd(
+        run.keys.slots, codec.encode(Tick(now=4_000_000_000.0, producer="forger", seq=1)), id="4000000000000-0"
+    ).decode()
     config = AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)
     Assembler(role_users.client("assembler"), run, config).run(burst=True)
     assert _decisions(client, run) == []  # the forged tick closed nothing

@@ -92,9 +92,17 @@ def test_hostile_entries_in_every_stream_are_dead_lettered_and_valid_traffic_tra
     client = connect(redis_url)
     run = join_run(client, run_name, RunConfig(n_samples=2, dp_size=1, batch_size=2))
     keys = {"slots": run.keys.slots, "tasks": run.keys.tasks, "control": run.keys.control}
-    pipeline = Pipeline(redis_url, run_name, tmp_path, None, ["--n-samples", "2", "--dp-size", "1", "--batch-size", "2"],
-                        dp_size=1, workers=1, trainer_step_s=0.02,
-                        assembler_flags=("--max-entry-bytes", str(MAX_ENTRY_BYTES)))
+    pipeline = Pipeline(
+        redis_url,
+        run_name,
+        tmp_path,
+        None,
+        ["--n-samples", "2", "--dp-size", "1", "--batch-size", "2"],
+        dp_size=1,
+        workers=1,
+        trainer_step_s=0.02,
+        assembler_flags=("--max-entry-bytes", str(MAX_ENTRY_BYTES)),
+    )
     rng = random.Random(5)
     issuer = TaskIssuer(client, run.keys)
     valid: list[str] = []
@@ -122,13 +130,22 @@ def test_hostile_entries_in_every_stream_are_dead_lettered_and_valid_traffic_tra
                 inject(stream, pairs, reason)
         # classes that only a running service can judge
         some_task = valid[0]
-        inject("slots", list(codec.encode(SlotResult(task_id="never-issued", slot=0, outcome="rejected")).items()),
-               "unknown_task")
-        inject("slots", list(codec.encode(SlotResult(task_id=some_task, slot=7, outcome="rejected")).items()),
-               "slot_out_of_range")
+        inject(
+            "slots",
+            list(codec.encode(SlotResult(task_id="never-issued", slot=0, outcome="rejected")).items()),
+            "unknown_task",
+        )
+        inject(
+            "slots",
+            list(codec.encode(SlotResult(task_id=some_task, slot=7, outcome="rejected")).items()),
+            "slot_out_of_range",
+        )
         inject("slots", list(codec.encode(StepCommitted(step=0, rank=0, world_size=1)).items()), "unexpected_kind")
-        inject("tasks", list(codec.encode(SlotResult(task_id=some_task, slot=0, outcome="rejected")).items()),
-               "unexpected_kind")
+        inject(
+            "tasks",
+            list(codec.encode(SlotResult(task_id=some_task, slot=0, outcome="rejected")).items()),
+            "unexpected_kind",
+        )
         # a schema-1 slot result, its sample inline: what a large entry in the slot log can still be
         big = SlotResultV1(task_id=some_task, slot=1, outcome="sample", sample=make_sample(tokens=40_000))
         inject("slots", list(codec.encode(big).items()), "oversized")
@@ -136,11 +153,18 @@ def test_hostile_entries_in_every_stream_are_dead_lettered_and_valid_traffic_tra
 
         def all_handled() -> bool:
             assert not pipeline.exited(), pipeline.exited()
-            return client.xlen(run.keys.deadletter) >= len(expected) and client.hlen(run.keys.decided) >= len(valid) \
+            return (
+                client.xlen(run.keys.deadletter) >= len(expected)
+                and client.hlen(run.keys.decided) >= len(valid)
                 and client.xlen(run.keys.steps) >= len(valid) // 2
+            )
+
         wait_until(all_handled, timeout=240, interval=0.5, message="every hostile entry dead-lettered")
-        wait_until(lambda: len(events(client, run.keys.commits, StepCommitted)) >= len(valid) // 2, timeout=60,
-                   message="the trainer to commit every step")
+        wait_until(
+            lambda: len(events(client, run.keys.commits, StepCommitted)) >= len(valid) // 2,
+            timeout=60,
+            message="the trainer to commit every step",
+        )
         assert not pipeline.exited(), pipeline.exited()
     finally:
         codes = pipeline.stop()
@@ -179,11 +203,12 @@ def test_hostile_entries_in_every_stream_are_dead_lettered_and_valid_traffic_tra
     for decision in decisions:
         assert isinstance(decision, GroupDecided) and decision.decision == "complete", decision
         members = [codec.decode(client.xrange(run.keys.slots, e, e)[0][1]) for e in (m.entry for m in decision.members)]
-        assert [(m.task_id, m.slot, m.outcome) for m in members] == \
-            [(decision.task_id, 0, "sample"), (decision.task_id, 1, "sample")]
+        assert [(m.task_id, m.slot, m.outcome) for m in members] == [
+            (decision.task_id, 0, "sample"),
+            (decision.task_id, 1, "sample"),
+        ]
     manifests = [codec.decode(fields) for _, fields in client.xrange(run.keys.steps)]
     assert all(isinstance(m, StepManifest) for m in manifests)
     batched = [g.task_id for m in manifests for s in m.shards for g in s.groups]
     assert sorted(batched) == sorted(valid)
-    assert Counter(e.step for e in events(client, run.keys.commits, StepCommitted)) == \
-        Counter(range(len(manifests)))
+    assert Counter(e.step for e in events(client, run.keys.commits, StepCommitted)) == Counter(range(len(manifests)))

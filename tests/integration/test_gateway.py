@@ -34,8 +34,16 @@ from streamgrp.store.runs import join_run
 from streamgrp.store.streams import entry_id_str
 from streamgrp.store.tasks import TaskIssuer
 
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "arithmetic",
-                                           "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "arithmetic",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+        },
+    }
+]
 CALL = '<tool_call>{"name": "calc", "arguments": {"x": "2+2"}}</tool_call>'
 
 
@@ -68,8 +76,9 @@ def gateway_for(client, run_name, fake):
     running: list[Running] = []
 
     def make(tasks: int = 1, metrics=None, **run_settings) -> Running:
-        run = join_run(client, f"{run_name}-{len(running)}",
-                       RunConfig(**{"n_samples": 2, "group_timeout_s": 60.0, **run_settings}))
+        run = join_run(
+            client, f"{run_name}-{len(running)}", RunConfig(**{"n_samples": 2, "group_timeout_s": 60.0, **run_settings})
+        )
         TaskIssuer(client, run.keys).issue([{"question": f"q{i}"} for i in range(tasks)])
         running.append(Running(client, run, fake, metrics=metrics))
         return running[-1]
@@ -104,8 +113,10 @@ def test_a_two_turn_session_with_a_tool_message_is_one_row_of_the_servers_own_to
     [call] = reply.choices[0].message.tool_calls
     assert (call.function.name, orjson.loads(call.function.arguments)) == ("calc", {"x": "2+2"})
     assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content == "Let me compute."
-    messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "4"}]
+    messages += [
+        reply.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "4"},
+    ]
     again = chat.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
     assert again.choices[0].message.content == "It is 4." and again.choices[0].finish_reason == "stop"
     assert again.usage.completion_tokens == len("It is 4.") + 1  # and the end-of-generation token
@@ -124,8 +135,10 @@ def test_a_two_turn_session_with_a_tool_message_is_one_row_of_the_servers_own_to
     one, two = turns
     # The second prompt continues the first turn's prompt and completion exactly: only the tool message and
     # the template's markers were tokenized, without a BOS (the continuation of a prompt, not a new one).
-    assert two.prompt_ids.to_list()[:len(one.prompt_ids.to_list()) + len(one.completion_ids.to_list())] == \
-        one.prompt_ids.to_list() + one.completion_ids.to_list()
+    assert (
+        two.prompt_ids.to_list()[: len(one.prompt_ids.to_list()) + len(one.completion_ids.to_list())]
+        == one.prompt_ids.to_list() + one.completion_ids.to_list()
+    )
     tokenized = [body for path, body in fake.requests if path == "/tokenize"]
     assert [body["add_special"] for body in tokenized] == [True, False]
     assert tokenized[1]["content"] == "\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n"
@@ -137,9 +150,12 @@ def test_a_two_turn_session_with_a_tool_message_is_one_row_of_the_servers_own_to
     assert value("streamgrp_gateway_turns_total", {"endpoint": "chat"}) == 2
     assert value("streamgrp_gateway_sessions_total", {"outcome": "sample"}) == 1
     assert value("streamgrp_gateway_sessions_total", {"outcome": "rejected"}) == 1
-    assert value("streamgrp_gateway_tokens_total", {"kind": "completion"}) == sum(len(t.completion_ids.to_list())
-                                                                                  for t in turns)
-    assert value("streamgrp_gateway_overhead_seconds_count") == 2 and value("streamgrp_gateway_sessions_opened_total") == 2
+    assert value("streamgrp_gateway_tokens_total", {"kind": "completion"}) == sum(
+        len(t.completion_ids.to_list()) for t in turns
+    )
+    assert (
+        value("streamgrp_gateway_overhead_seconds_count") == 2 and value("streamgrp_gateway_sessions_opened_total") == 2
+    )
     sample = _payload(client, gw.run, decision.members[0].entry)
     ids, mask, values = sample.token_ids.to_list(), sample.loss_mask.to_list(), sample.logprobs.to_list()
     assert sample.row_lengths == (len(ids),) and sample.rewards == (1.0,) and sample.meta["row_turns"] == [[1, 2]]
@@ -152,23 +168,28 @@ def test_a_two_turn_session_with_a_tool_message_is_one_row_of_the_servers_own_to
     assert all(values[i] == 0.0 for i in range(len(ids)) if i not in generated)
 
     # `streamgrp inspect` tells the task's sessions: opened, each turn, how each ended.
-    lines = [(e.what, e.data) for e in inspect_task(client, gw.run.keys, opened["task_id"])
-             if e.what in ("session", "turn", "session end")]
+    lines = [
+        (e.what, e.data)
+        for e in inspect_task(client, gw.run.keys, opened["task_id"])
+        if e.what in ("session", "turn", "session end")
+    ]
     assert [what for what, _ in lines] == ["session", "session", "turn", "turn", "session end", "session end"]
     shown_turns = [data for what, data in lines if what == "turn"]
-    assert [(d["turn"], d["completion_tokens"], d["text"]) for d in shown_turns] == \
-        [(1, len(one.completion_ids.to_list()), one.meta["text"]), (2, len(two.completion_ids.to_list()), "It is 4.")]
+    assert [(d["turn"], d["completion_tokens"], d["text"]) for d in shown_turns] == [
+        (1, len(one.completion_ids.to_list()), one.meta["text"]),
+        (2, len(two.completion_ids.to_list()), "It is 4."),
+    ]
     assert {d["outcome"] for what, d in lines if what == "session end"} == {"sample", "rejected"}
 
 
-def test_retention_keeps_the_turns_of_open_sessions_and_trims_ended_ones_behind_the_archive(client, gateway_for,
-                                                                                            fake):
+def test_retention_keeps_the_turns_of_open_sessions_and_trims_ended_ones_behind_the_archive(client, gateway_for, fake):
     gw = gateway_for(tasks=1)
 
     def one_turn(opened: dict) -> None:
         fake.script.append("Hello.")
         openai_client(opened["sessions"][0]).chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": "hi"}])
+            model="policy", messages=[{"role": "user", "content": "hi"}]
+        )
 
     ended_task = gw.open()
     one_turn(ended_task)
@@ -179,8 +200,11 @@ def test_retention_keeps_the_turns_of_open_sessions_and_trims_ended_ones_behind_
     open_task = gw.open()
     one_turn(open_task)
     keys = gw.run.keys
-    everything = {stream: entry_id_str(client.xrevrange(key, count=1)[0][0])
-                  for stream, key in gw.run.streams().items() if client.exists(key)}
+    everything = {
+        stream: entry_id_str(client.xrevrange(key, count=1)[0][0])
+        for stream, key in gw.run.streams().items()
+        if client.exists(key)
+    }
     assert "sessions" in everything  # archived and trimmed like every stream of the run
     floors_ = floors(client, keys, everything)
     floor, why = floors_["sessions"]
@@ -202,14 +226,23 @@ def test_streamed_chat_and_completions_answer_in_openais_shape(gateway_for, fake
     chat = openai_client(session)
     assert [m.id for m in chat.models.list()] == ["policy"]
     fake.script.extend(["Streamed answer.", "abc", "def"])
-    chunks = list(chat.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
-                                               stream=True, stream_options={"include_usage": True}, logprobs=True))
+    chunks = list(
+        chat.chat.completions.create(
+            model="policy",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+            logprobs=True,
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Streamed answer."
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].usage.completion_tokens == len("Streamed answer.") + 1
     content = [c for c in chunks if c.choices and c.choices[0].logprobs]
-    assert [entry.token for c in content for entry in c.choices[0].logprobs.content][:2] == \
-        [f"token_id:{ord('S') + 16}", f"token_id:{ord('t') + 16}"]
+    assert [entry.token for c in content for entry in c.choices[0].logprobs.content][:2] == [
+        f"token_id:{ord('S') + 16}",
+        f"token_id:{ord('t') + 16}",
+    ]
     # /v1/completions: a text prompt that continues the last turn's prompt and completion, then a prompt of ids.
     text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nStreamed answer.<|im_end|>\nmore"
     done = chat.completions.create(model="policy", prompt=text, max_tokens=8, extra_body={"return_token_ids": True})
@@ -218,9 +251,11 @@ def test_streamed_chat_and_completions_answer_in_openais_shape(gateway_for, fake
     assert ids.choices[0].text == "de" and ids.choices[0].finish_reason == "length"
     assert ids.choices[0].logprobs.token_logprobs == [logprob(ord("d") + 16), logprob(ord("e") + 16)]
     turns = gw.events(TurnRecorded)
-    assert [t.prompt_ids.to_list()[-len("more"):] for t in turns[1:2]] == [[ord(c) + 16 for c in "more"]]
-    assert turns[1].prompt_ids.to_list()[:len(turns[0].prompt_ids.to_list()) + len(turns[0].completion_ids.to_list())] \
+    assert [t.prompt_ids.to_list()[-len("more") :] for t in turns[1:2]] == [[ord(c) + 16 for c in "more"]]
+    assert (
+        turns[1].prompt_ids.to_list()[: len(turns[0].prompt_ids.to_list()) + len(turns[0].completion_ids.to_list())]
         == turns[0].prompt_ids.to_list() + turns[0].completion_ids.to_list()
+    )
     assert turns[2].prompt_ids.to_list() == [5, 6, 7] and turns[2].finish == "length"
 
 
@@ -231,8 +266,9 @@ def test_a_streamed_turn_reaches_the_client_as_it_is_generated_and_ends_once_it_
     session = gw.open()["sessions"][0]
     fake.script.append("Tokens as they come.")
     fake.hold_last = threading.Event()
-    stream = openai_client(session).chat.completions.create(model="policy", stream=True,
-                                                             messages=[{"role": "user", "content": "go"}])
+    stream = openai_client(session).chat.completions.create(
+        model="policy", stream=True, messages=[{"role": "user", "content": "go"}]
+    )
     parts = []
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -262,14 +298,16 @@ def test_a_session_key_reaches_only_its_own_sessions_openai_endpoints(gateway_fo
     for key in (forged, "sk-nothing", altered):
         with pytest.raises(openai.AuthenticationError):
             openai_client({**mine, "api_key": key}, max_retries=0).chat.completions.create(
-                model="p", messages=[{"role": "user", "content": "x"}])
+                model="p", messages=[{"role": "user", "content": "x"}]
+            )
     openai_client(other).chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])
     assert [(t.session, t.slot) for t in gw.events(TurnRecorded)] == [(other["session_id"], 1)]
     gw.end(other["session_id"], reward=0.5)
     asked = len(fake.generations)
     with pytest.raises(openai.APIStatusError) as ended:  # 410, and not retried: a retry cannot help
-        openai_client(other, max_retries=3).chat.completions.create(model="p",
-                                                                    messages=[{"role": "user", "content": "y"}])
+        openai_client(other, max_retries=3).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "y"}]
+        )
     assert ended.value.status_code == 410 and "ended" in ended.value.message and len(fake.generations) == asked
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         openai_client(mine).chat.completions.create(model="p", n=2, messages=[{"role": "user", "content": "z"}])
@@ -283,8 +321,9 @@ def test_a_retried_request_gets_its_recorded_answer_and_no_second_generation(gat
     headers = {"Authorization": f"Bearer {session['api_key']}"}
     first = httpx2.post(gw.url + "/v1/chat/completions", json=body, headers=headers).json()
     # What a client sends again after the answer was lost (the gateway died after recording the turn).
-    retried = httpx2.post(gw.url + "/v1/chat/completions", json=body,
-                          headers={**headers, "x-stainless-retry-count": "1"}).json()
+    retried = httpx2.post(
+        gw.url + "/v1/chat/completions", json=body, headers={**headers, "x-stainless-retry-count": "1"}
+    ).json()
     assert retried == {**first, "created": retried["created"]} and len(fake.generations) == 1
     keyed = {**headers, "Idempotency-Key": "abc"}
     asked = httpx2.post(gw.url + "/v1/chat/completions", json=body, headers=keyed).json()  # asked again on purpose
@@ -308,8 +347,9 @@ def test_turns_that_do_not_continue_are_rows_and_the_one_row_contract_refuses_th
     armed = gateway_for(n_samples=2, reward_norm=NormSpec("group", "group"))
     ended = two_conversations(armed)
     assert ended["outcome"] == "failed" and "make 2 rows" in ended["error"] and "append-only" in ended["error"]
-    [result] = [codec.decode(f) for _, f in armed.client.xrange(armed.run.keys.slots)
-                if codec.decode(f).kind == "slot_result"]
+    [result] = [
+        codec.decode(f) for _, f in armed.client.xrange(armed.run.keys.slots) if codec.decode(f).kind == "slot_result"
+    ]
     assert isinstance(result, SlotResult) and result.outcome == "failed" and "one-sample-per-slot" in result.error
 
 
@@ -320,13 +360,17 @@ def test_an_abandoned_session_times_out_with_its_group_and_publishes_nothing(cli
     for session in (abandoned, ended):
         openai_client(session).chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
     gw.end(ended["session_id"], reward=1.0)
-    wait_until(lambda: gw.events(SessionEnded) and len(gw.events(SessionEnded)) == 2, timeout=10,
-               message="the gateway to time the abandoned session out")
+    wait_until(
+        lambda: gw.events(SessionEnded) and len(gw.events(SessionEnded)) == 2,
+        timeout=10,
+        message="the gateway to time the abandoned session out",
+    )
     timed_out = [e for e in gw.events(SessionEnded) if e.session == abandoned["session_id"]]
     assert [(e.outcome, e.turns) for e in timed_out] == [("timeout", 1)]
     with pytest.raises(openai.APIStatusError) as late:
-        openai_client(abandoned, max_retries=0).chat.completions.create(model="p",
-                                                                        messages=[{"role": "user", "content": "x"}])
+        openai_client(abandoned, max_retries=0).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "x"}]
+        )
     assert late.value.status_code == 410
     assert gw.control(f"/sessions/{abandoned['session_id']}/end", {"reward": 1.0}).status_code == 410
     [decision] = _decide(client, gw.run)
@@ -344,8 +388,10 @@ def solve(session):
     reply = session.client.chat.completions.create(model=session.model, messages=messages, tools=TOOLS)
     if session.slot == 2:
         raise ValueError(f"boom after {reply.choices[0].message.content}")
-    messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": "c", "content": "4"}]
+    messages += [
+        reply.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": "c", "content": "4"},
+    ]
     session.client.chat.completions.create(model=session.model, messages=messages, tools=TOOLS)
     return 1.0 if session.slot == 0 else None
 
@@ -370,8 +416,9 @@ def test_the_agent_runner_runs_each_slots_agent_and_reports_its_verdict(client, 
     assert client.xpending(gw.run.keys.tasks, "workers")["pending"] == 0  # opening the sessions acknowledged it
 
     other = gateway_for(tasks=2, n_samples=2)
-    runner = AgentProcess(WorkerClient(client, other.run.keys), solve_async, gateway_url=other.url, token=TOKEN,
-                          n_samples=2, burst=True)
+    runner = AgentProcess(
+        WorkerClient(client, other.run.keys), solve_async, gateway_url=other.url, token=TOKEN, n_samples=2, burst=True
+    )
     assert runner.run() == 2 and runner.outcomes == {"sample": 4}
     assert {d.decision for d in _decide(client, other.run)} == {"complete"}
 

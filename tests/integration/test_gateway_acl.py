@@ -32,8 +32,16 @@ def test_the_gateway_works_under_its_own_acl_user_and_may_do_nothing_else(kind_b
     rule = template_for((OPS_ACL / "gateway.acl").read_text(), run_name).strip()
     users = tmp_path / "users.acl"
     gateway_rule = rule.replace(" resetpass ", f" resetpass {password_hash(gateway_password)} ", 1)
-    users.write_text("\n".join([(OPS_ACL / "default.acl").read_text().strip(),
-                                f"user admin on {password_hash(admin_password)} ~* &* +@all", gateway_rule]) + "\n")
+    users.write_text(
+        "\n".join(
+            [
+                (OPS_ACL / "default.acl").read_text().strip(),
+                f"user admin on {password_hash(admin_password)} ~* &* +@all",
+                gateway_rule,
+            ]
+        )
+        + "\n"
+    )
     server = EmbeddedServer(tmp_path / "server", binary=kind_binary, acl_file=users)
     server.start()
     fake, fake_server = start_fake()
@@ -42,8 +50,9 @@ def test_the_gateway_works_under_its_own_acl_user_and_may_do_nothing_else(kind_b
         load_library(admin)  # the administrator's step: roles call functions, never load them
         run = join_run(admin, run_name, RunConfig(n_samples=2, group_timeout_s=4.0))
         TaskIssuer(admin, run.keys).issue([{"q": 1}, {"q": 2}])
-        client = connect(f"redis://{user_name(run_name, 'gateway')}@127.0.0.1:{server.port}/0",
-                         password=gateway_password)
+        client = connect(
+            f"redis://{user_name(run_name, 'gateway')}@127.0.0.1:{server.port}/0", password=gateway_password
+        )
         gateway = Running(client, run, fake)
         try:
             done, later = gateway.open()["sessions"]
@@ -54,8 +63,11 @@ def test_the_gateway_works_under_its_own_acl_user_and_may_do_nothing_else(kind_b
             gateway.end(later["session_id"], reward_pending=True)
             assert gateway.control(f"/sessions/{later['session_id']}/reward", {"reward": 0.5}).status_code == 200
             gateway.open()  # the second task's sessions: left to time out
-            wait_until(lambda: len(gateway.events(SessionEnded)) == 4, timeout=20,
-                       message="the second task's sessions to time out")
+            wait_until(
+                lambda: len(gateway.events(SessionEnded)) == 4,
+                timeout=20,
+                message="the second task's sessions to time out",
+            )
         finally:
             gateway.close()
         assert admin.execute_command("ACL", "LOG") == [], "the gateway was refused a command its rules should allow"
@@ -65,13 +77,21 @@ def test_the_gateway_works_under_its_own_acl_user_and_may_do_nothing_else(kind_b
         def allowed(*command: str) -> bool:
             return admin.execute_command("ACL", "DRYRUN", user, *command) in (b"OK", "OK")
 
-        assert allowed("XADD", keys.sessions, "*", "h", "x") and allowed("HSET", keys.session("p0-0123456789abcdef"),
-                                                                         "a", "b")
-        for command in (("XADD", keys.control, "*", "h", "x"), ("XADD", keys.decisions, "*", "h", "x"),
-                        ("XADD", keys.steps, "*", "h", "x"), ("SET", keys.version, "9"),
-                        ("HSET", keys.counts, "a", "1"),
-                        ("XADD", "sg:{other-run}:sessions", "*", "h", "x"), ("CONFIG", "GET", "*"), ("FLUSHALL",),
-                        ("EVAL", "return 1", "0"), ("KEYS", "*")):
+        assert allowed("XADD", keys.sessions, "*", "h", "x") and allowed(
+            "HSET", keys.session("p0-0123456789abcdef"), "a", "b"
+        )
+        for command in (
+            ("XADD", keys.control, "*", "h", "x"),
+            ("XADD", keys.decisions, "*", "h", "x"),
+            ("XADD", keys.steps, "*", "h", "x"),
+            ("SET", keys.version, "9"),
+            ("HSET", keys.counts, "a", "1"),
+            ("XADD", "sg:{other-run}:sessions", "*", "h", "x"),
+            ("CONFIG", "GET", "*"),
+            ("FLUSHALL",),
+            ("EVAL", "return 1", "0"),
+            ("KEYS", "*"),
+        ):
             assert not allowed(*command), command
     finally:
         admin.close()

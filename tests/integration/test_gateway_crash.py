@@ -34,8 +34,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.one_server_kind]
 PROMPTS, N_SAMPLES, TURNS = 8, 4, 3
 #: Sessions the agent runner drives at once.
 AGENTS = 8
-RUN_FLAGS = ["--n-samples", str(N_SAMPLES), "--batch-size", "2", "--dp-size", "1", "--group-timeout-s", "120",
-             "--max-staleness", "100"]
+RUN_FLAGS = [
+    "--n-samples",
+    str(N_SAMPLES),
+    "--batch-size",
+    "2",
+    "--dp-size",
+    "1",
+    "--group-timeout-s",
+    "120",
+    "--max-staleness",
+    "100",
+]
 
 AGENT = '''
 import os, threading
@@ -58,8 +68,9 @@ def three_turns(session):
 '''
 
 
-def test_a_gateway_killed_mid_session_resumes_every_session_and_trains_nothing_twice(client, redis_url, run_name,
-                                                                                      tmp_path):
+def test_a_gateway_killed_mid_session_resumes_every_session_and_trains_nothing_twice(
+    client, redis_url, run_name, tmp_path
+):
     fake, server = start_fake()
     fake.delay_s = 0.05  # generations in flight when the test's kill comes
     (tmp_path / "agents").mkdir()
@@ -69,21 +80,64 @@ def test_a_gateway_killed_mid_session_resumes_every_session_and_trains_nothing_t
     answers = tmp_path / "answers.jsonl"
     port = free_port("127.0.0.1")
     common = ["--redis-url", redis_url, "--run", run_name]
-    env = {**CHILD_ENV, "PYTHONPATH": os.pathsep.join([CHILD_ENV["PYTHONPATH"], str(tmp_path / "agents")]),
-           "ANSWERS": str(answers)}
-    roles = {
-        "batcher": RoleProcess("batcher", [*common, *RUN_FLAGS, "--round-s", "0.1", "--lease-ttl-s", "1",
-                                           "--dataset", str(write_dataset(tmp_path / "prompts.jsonl", PROMPTS))],
-                               tmp_path / "batcher", env=env),
-        "assembler": RoleProcess("assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"],
-                                 tmp_path / "assembler", env=env),
-        "agent": RoleProcess("agent", [*common, "--agent", "crash_agents:three_turns", "--gateway-url",
-                                       f"http://127.0.0.1:{port}", "--gateway-token-file", str(token),
-                                       "--concurrency", str(AGENTS), "--agent-retries", "10", "--burst", "false"],
-                             tmp_path / "agent", env=env),
+    env = {
+        **CHILD_ENV,
+        "PYTHONPATH": os.pathsep.join([CHILD_ENV["PYTHONPATH"], str(tmp_path / "agents")]),
+        "ANSWERS": str(answers),
     }
-    gateway_args = [*common, "--server-url", fake.url, "--gateway-port", str(port), "--gateway-token-file",
-                    str(token), "--refresh-s", "0.2", "--max-tokens", "32"]
+    roles = {
+        "batcher": RoleProcess(
+            "batcher",
+            [
+                *common,
+                *RUN_FLAGS,
+                "--round-s",
+                "0.1",
+                "--lease-ttl-s",
+                "1",
+                "--dataset",
+                str(write_dataset(tmp_path / "prompts.jsonl", PROMPTS)),
+            ],
+            tmp_path / "batcher",
+            env=env,
+        ),
+        "assembler": RoleProcess(
+            "assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"], tmp_path / "assembler", env=env
+        ),
+        "agent": RoleProcess(
+            "agent",
+            [
+                *common,
+                "--agent",
+                "crash_agents:three_turns",
+                "--gateway-url",
+                f"http://127.0.0.1:{port}",
+                "--gateway-token-file",
+                str(token),
+                "--concurrency",
+                str(AGENTS),
+                "--agent-retries",
+                "10",
+                "--burst",
+                "false",
+            ],
+            tmp_path / "agent",
+            env=env,
+        ),
+    }
+    gateway_args = [
+        *common,
+        "--server-url",
+        fake.url,
+        "--gateway-port",
+        str(port),
+        "--gateway-token-file",
+        str(token),
+        "--refresh-s",
+        "0.2",
+        "--max-tokens",
+        "32",
+    ]
     gateway = RoleProcess("gateway", [*gateway_args, "--crash-after-turn", "10"], tmp_path / "gateway", env=env)
     trainer = TrainerRank(redis_url, run_name, 0, 1, tmp_path / "trainer", step_s=0.05)
     for role in (*roles.values(), gateway):
@@ -99,14 +153,21 @@ def test_a_gateway_killed_mid_session_resumes_every_session_and_trains_nothing_t
         recorded = len(events(client, run.keys.sessions, TurnRecorded))
         gateway.args = gateway_args
         gateway.start()
-        wait_until(lambda: len(events(client, run.keys.sessions, TurnRecorded)) >= recorded + 25, timeout=90,
-                   message="turns after the first restart")
+        wait_until(
+            lambda: len(events(client, run.keys.sessions, TurnRecorded)) >= recorded + 25,
+            timeout=90,
+            message="turns after the first restart",
+        )
         time.sleep(random.Random(7).uniform(0.0, 0.3))
         gateway.kill()  # the test's: at a random moment, generations in flight
         gateway.start()
 
-        wait_until(lambda: trainer.proc.poll() is not None, timeout=180, interval=0.2,
-                   message="the trainer to train every step")
+        wait_until(
+            lambda: trainer.proc.poll() is not None,
+            timeout=180,
+            interval=0.2,
+            message="the trainer to train every step",
+        )
         assert trainer.proc.returncode == 0 and trainer.out.read_text().endswith("done\n"), trainer.output()[-3000:]
     finally:
         for role in (roles["agent"], gateway, roles["assembler"], roles["batcher"]):
@@ -140,13 +201,25 @@ def test_a_gateway_killed_mid_session_resumes_every_session_and_trains_nothing_t
     # Nothing published or trained twice; the run's own checks; verify re-folds and re-shards it all.
     results = events(client, run.keys.slots, SlotResult)
     assert Counter((r.task_id, r.slot) for r in results) == Counter(
-        {(f"t{i:08d}", slot): 1 for i in range(PROMPTS) for slot in range(N_SAMPLES)})
-    trained = [(group.task_id, member.slot) for manifest in events(client, run.keys.steps, StepManifest)
-               for shard in manifest.shards for group in shard.groups for member in group.members]
+        {(f"t{i:08d}", slot): 1 for i in range(PROMPTS) for slot in range(N_SAMPLES)}
+    )
+    trained = [
+        (group.task_id, member.slot)
+        for manifest in events(client, run.keys.steps, StepManifest)
+        for shard in manifest.shards
+        for group in shard.groups
+        for member in group.members
+    ]
     assert sorted(trained) == sorted(set(trained)) and len(trained) == PROMPTS * N_SAMPLES
     assert check_run(client, open_run(client, run_name), prompts=PROMPTS) == PROMPTS // 2
-    verify = subprocess.run([sys.executable, "-m", "streamgrp", "verify", "--redis-url", redis_url, "--run", run_name],
-                            capture_output=True, text=True, timeout=120, env={**os.environ, **CHILD_ENV}, check=False)
+    verify = subprocess.run(
+        [sys.executable, "-m", "streamgrp", "verify", "--redis-url", redis_url, "--run", run_name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **CHILD_ENV},
+        check=False,
+    )
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
@@ -155,4 +228,3 @@ def _opened(client, run_name):
         return open_run(client, run_name)
     except Exception:  # noqa: BLE001 - not created yet
         return None
-

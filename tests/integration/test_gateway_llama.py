@@ -44,8 +44,20 @@ from streamgrp.store.tasks import TaskIssuer
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 GROUPS, N_SAMPLES, MAX_TOKENS = 20, 4, 6
-RUN_FLAGS = ["--n-samples", str(N_SAMPLES), "--batch-size", "4", "--dp-size", "1", "--group-timeout-s", "600",
-             "--max-staleness", "100", "--stall-timeout-s", "600"]
+RUN_FLAGS = [
+    "--n-samples",
+    str(N_SAMPLES),
+    "--batch-size",
+    "4",
+    "--dp-size",
+    "1",
+    "--group-timeout-s",
+    "600",
+    "--max-staleness",
+    "100",
+    "--stall-timeout-s",
+    "600",
+]
 AGENT = '''
 WORD = {"type": "object", "properties": {"word": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "look a word up", "parameters": WORD}}]
@@ -72,8 +84,9 @@ def valkey_url(redis_server) -> str:
 
 
 @pytest.mark.timeout(660)
-def test_smollm2_sessions_through_the_gateway_are_llama_servers_own_tokens_trained_once(valkey_url, client, run_name,
-                                                                                       tmp_path):
+def test_smollm2_sessions_through_the_gateway_are_llama_servers_own_tokens_trained_once(
+    valkey_url, client, run_name, tmp_path
+):
     binary, model = binary_and_model()
     llama = start_llama(binary, model, tmp_path / "llama-server.log")
     proxy, proxy_server = start_proxy(llama.url)
@@ -81,17 +94,35 @@ def test_smollm2_sessions_through_the_gateway_are_llama_servers_own_tokens_train
     (tmp_path / "agents" / "llama_agents.py").write_text(AGENT)
     (tmp_path / "token").write_text(TOKEN + "\n")
     dataset = tmp_path / "prompts.jsonl"
-    dataset.write_text("".join(f'{{"seed": {i}, "question": "{QUESTIONS[i % len(QUESTIONS)]}"}}\n'
-                               for i in range(GROUPS)))
+    dataset.write_text(
+        "".join(f'{{"seed": {i}, "question": "{QUESTIONS[i % len(QUESTIONS)]}"}}\n' for i in range(GROUPS))
+    )
     port = free_port("127.0.0.1")
     env = {**CHILD_ENV, "PYTHONPATH": os.pathsep.join([CHILD_ENV["PYTHONPATH"], str(tmp_path / "agents")])}
     common = ["--redis-url", valkey_url, "--run", run_name]
     pipeline = Pipeline(valkey_url, run_name, tmp_path, dataset, RUN_FLAGS, dp_size=1, workers=0, trainer_step_s=0.0)
     token = ["--gateway-token-file", str(tmp_path / "token")]
-    gateway = RoleProcess("gateway", [*common, *token, "--server-url", proxy.url, "--gateway-port", str(port),
-                                      "--max-tokens", str(MAX_TOKENS)], tmp_path / "gateway", env=env)
-    agent = RoleProcess("agent", [*common, *token, "--agent", "llama_agents:two_turns", "--gateway-url",
-                                  f"http://127.0.0.1:{port}", "--concurrency", "16"], tmp_path / "agent", env=env)
+    gateway = RoleProcess(
+        "gateway",
+        [*common, *token, "--server-url", proxy.url, "--gateway-port", str(port), "--max-tokens", str(MAX_TOKENS)],
+        tmp_path / "gateway",
+        env=env,
+    )
+    agent = RoleProcess(
+        "agent",
+        [
+            *common,
+            *token,
+            "--agent",
+            "llama_agents:two_turns",
+            "--gateway-url",
+            f"http://127.0.0.1:{port}",
+            "--concurrency",
+            "16",
+        ],
+        tmp_path / "agent",
+        env=env,
+    )
     verdicts = None
     try:
         pipeline.start()
@@ -100,8 +131,12 @@ def test_smollm2_sessions_through_the_gateway_are_llama_servers_own_tokens_train
             role.start()
         verdicts = Verdicts(client, run_name, proxy)
         app_task = verdicts.online_app()
-        wait_until(lambda: pipeline.trainers_done() or _failed(*pipeline.roles, gateway, agent), timeout=480,
-                   interval=0.5, message="the trainer to train every group")
+        wait_until(
+            lambda: pipeline.trainers_done() or _failed(*pipeline.roles, gateway, agent),
+            timeout=480,
+            interval=0.5,
+            message="the trainer to train every group",
+        )
         assert pipeline.trainers_done(), "\n".join(_failed(*pipeline.roles, gateway, agent))
         run = open_run(client, run_name)
         steps = check_run(client, run, prompts=GROUPS)
@@ -124,8 +159,11 @@ def test_smollm2_sessions_through_the_gateway_are_llama_servers_own_tokens_train
 
 
 def _failed(*roles) -> list[str]:
-    return [f"{role.role} exited with {role.proc.returncode}:\n{role.output()[-3000:]}" for role in roles
-            if role.proc is not None and role.proc.poll() not in (None, 0)]
+    return [
+        f"{role.role} exited with {role.proc.returncode}:\n{role.output()[-3000:]}"
+        for role in roles
+        if role.proc is not None and role.proc.poll() not in (None, 0)
+    ]
 
 
 def _check_against_llama(client, run, completions) -> None:
@@ -160,8 +198,9 @@ def _check_against_llama(client, run, completions) -> None:
     # generated; only a first answer cut off inside a character (its text ends in a replacement character,
     # which the agent sends back) starts a second row.
     first = {t.session: t.meta["text"] for t in turns if t.turn == 1}
-    assert all(e.rows == 1 or (e.rows == 2 and "\ufffd" in first[e.session]) for e in ended), \
-        [(e.rows, first[e.session]) for e in ended if e.rows != 1]
+    assert all(e.rows == 1 or (e.rows == 2 and "\ufffd" in first[e.session]) for e in ended), [
+        (e.rows, first[e.session]) for e in ended if e.rows != 1
+    ]
     assert sum(e.rows == 1 for e in ended) >= 0.9 * len(ended)
 
 
@@ -169,8 +208,13 @@ def _check_trained_rows(client, run, steps: int) -> None:
     turns = defaultdict(dict)
     for turn in events(client, run.keys.sessions, TurnRecorded):
         turns[(turn.task_id, turn.slot)][turn.turn] = turn
-    trained = [(group.task_id, member) for manifest in events(client, run.keys.steps, StepManifest)
-               for shard in manifest.shards for group in shard.groups for member in group.members]
+    trained = [
+        (group.task_id, member)
+        for manifest in events(client, run.keys.steps, StepManifest)
+        for shard in manifest.shards
+        for group in shard.groups
+        for member in group.members
+    ]
     assert len(trained) == GROUPS * N_SAMPLES and len({(t, m.slot) for t, m in trained}) == len(trained)
     assert len(events(client, run.keys.steps, StepManifest)) == steps
     for task_id, member in trained:
@@ -183,7 +227,7 @@ def _check_trained_rows(client, run, steps: int) -> None:
         if payload.sample.rows == 2:  # the first answer was cut inside a character: two rows, each as recorded
             assert ids == p1 + c1 + p2 + c2 and payload.sample.row_lengths == (len(p1) + len(c1), len(p2) + len(c2))
             continue
-        assert p2[:len(p1) + len(c1)] == p1 + c1 and ids == p2 + c2
+        assert p2[: len(p1) + len(c1)] == p1 + c1 and ids == p2 + c2
         assert mask == [0] * len(p1) + [1] * len(c1) + [0] * (len(p2) - len(p1) - len(c1)) + [1] * len(c2)
 
 
@@ -191,8 +235,9 @@ async def verdicts(session):
     """Slots 0 and 1 answer once; slot 2 raises after its turn; slot 3 is still running at the group's deadline."""
     import asyncio
 
-    reply = await session.client.chat.completions.create(model=session.model,
-                                                         messages=[{"role": "user", "content": "Name an animal."}])
+    reply = await session.client.chat.completions.create(
+        model=session.model, messages=[{"role": "user", "content": "Name an animal."}]
+    )
     if session.slot == 2:
         raise RuntimeError(f"the agent gave up after {reply.usage.completion_tokens} tokens")
     if session.slot == 3:
@@ -209,8 +254,15 @@ class Verdicts:
         self.run = join_run(client, f"{run_name}-verdicts", RunConfig(n_samples=N_SAMPLES, group_timeout_s=60.0))
         TaskIssuer(client, self.run.keys).issue([{"question": "animals"}, {"question": "plants"}])
         self.gateway = Running(client, self.run, proxy, max_tokens=MAX_TOKENS)
-        self.runner = AgentProcess(WorkerClient(client, self.run.keys), verdicts, gateway_url=self.gateway.url,
-                                   token=TOKEN, n_samples=N_SAMPLES, max_tasks=1, retries=2)
+        self.runner = AgentProcess(
+            WorkerClient(client, self.run.keys),
+            verdicts,
+            gateway_url=self.gateway.url,
+            token=TOKEN,
+            n_samples=N_SAMPLES,
+            max_tasks=1,
+            retries=2,
+        )
         self.thread = threading.Thread(target=self.runner.run, daemon=True)
         self.thread.start()
 
@@ -238,8 +290,11 @@ class Verdicts:
         try:
             self.thread.join(timeout=150)
             assert not self.thread.is_alive() and self.runner.tasks_done == 1
-            wait_until(lambda: len(self.gateway.events(SessionEnded)) == 2 * N_SAMPLES, timeout=30,
-                       message="the abandoned session to time out")
+            wait_until(
+                lambda: len(self.gateway.events(SessionEnded)) == 2 * N_SAMPLES,
+                timeout=30,
+                message="the abandoned session to time out",
+            )
         finally:
             self.close()
         Assembler(self.client, self.run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)).run(burst=True)

@@ -24,8 +24,9 @@ def fake_llama():
 
 
 def _generate(fake, max_tokens: int = 8):
-    upstream = Upstream.from_config("llamacpp", InferenceConfig(server_url=fake.url, max_tokens=max_tokens,
-                                                                restart_wait_s=5.0))
+    upstream = Upstream.from_config(
+        "llamacpp", InferenceConfig(server_url=fake.url, max_tokens=max_tokens, restart_wait_s=5.0)
+    )
 
     async def once():
         try:
@@ -37,9 +38,14 @@ def _generate(fake, max_tokens: int = 8):
 
 
 def test_a_weight_sync_between_generating_and_scoring_generates_the_turn_again_on_the_new_weights(fake_llama):
-    fake_llama.then(Action(text="中", model="smollm2@v1"), Action(),  # the anchor's /tokenize
-                    Action("restart", seconds=0.3), Action(model="smollm2@v2"),  # scoring: restarted, now v2
-                    Action(text="é", model="smollm2@v2"), Action(model="smollm2@v2"))  # again, scored on v2
+    fake_llama.then(
+        Action(text="中", model="smollm2@v1"),
+        Action(),  # the anchor's /tokenize
+        Action("restart", seconds=0.3),
+        Action(model="smollm2@v2"),  # scoring: restarted, now v2
+        Action(text="é", model="smollm2@v2"),
+        Action(model="smollm2@v2"),
+    )  # again, scored on v2
     completion = _generate(fake_llama)
     assert completion.token_ids == byte_tokens("é") and completion.regenerated == 1
     assert close_enough(completion.logprobs, [logprob_of(t) for t in byte_tokens("é")])

@@ -37,8 +37,15 @@ def _limited() -> None:
 
 def _command(*argv: str) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([sys.executable, "-m", "streamgrp", *argv], capture_output=True, text=True, timeout=60,
-                              cwd=ROOT, preexec_fn=_limited, env={**os.environ, "STREAMGRP_LOG_LEVEL": "ERROR"})
+        return subprocess.run(
+            [sys.executable, "-m", "streamgrp", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            preexec_fn=_limited,
+            env={**os.environ, "STREAMGRP_LOG_LEVEL": "ERROR"},
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"streamgrp {' '.join(argv)} hung for 60 s")
 
@@ -70,17 +77,23 @@ def _forged_tail(segment: Path) -> Path:
     return segment
 
 
-@pytest.mark.parametrize("tamper, expect", [
-    (_link_index_to_dev_zero, "is a symbolic link, not a regular file"),
-    (_fifo_for_segment, "is a FIFO, not a regular file"),
-    (_forged_tail, "checksum matches but its entry id is 'not-an-id'"),
-], ids=["index-links-to-dev-zero", "segment-is-a-fifo", "checksummed-undecodable-record"])
-def test_commands_reading_a_hostile_archive_print_one_line_and_exit_2(client, redis_url, run_name, tmp_path, capsys,
-                                                                     tamper, expect):
+@pytest.mark.parametrize(
+    "tamper, expect",
+    [
+        (_link_index_to_dev_zero, "is a symbolic link, not a regular file"),
+        (_fifo_for_segment, "is a FIFO, not a regular file"),
+        (_forged_tail, "checksum matches but its entry id is 'not-an-id'"),
+    ],
+    ids=["index-links-to-dev-zero", "segment-is-a-fifo", "checksummed-undecodable-record"],
+)
+def test_commands_reading_a_hostile_archive_print_one_line_and_exit_2(
+    client, redis_url, run_name, tmp_path, capsys, tamper, expect
+):
     keys = load_run(client, GOLDEN, run_name)
     archive = tmp_path / "archive"
-    assert main(["archiver", "--burst", "--redis-url", redis_url, "--run", run_name,
-                 "--archive-dir", str(archive)]) == 0
+    assert (
+        main(["archiver", "--burst", "--redis-url", redis_url, "--run", run_name, "--archive-dir", str(archive)]) == 0
+    )
     capsys.readouterr()
     client.delete(*keys.all_streams().values(), keys.committed, keys.decided, keys.counts)  # the archive alone answers
     segments = sorted((archive / "segments").glob("*.seg"))

@@ -51,10 +51,15 @@ def fake(request):
 
 
 def rollout(fake, *, urls=None, max_tokens=6, attempts=3, timeout_s=2.0, reward=None, **kwargs) -> InferenceRollout:
-    return InferenceRollout(make_dialect(fake.dialect), ServerPool(urls or [fake.url]),
-                            Sampling(max_tokens=max_tokens, model="policy"),
-                            reward or (lambda prompt, ids, text: float(len(ids))),
-                            retry=Retry(attempts, 0.01, 0.05), request_timeout_s=timeout_s, **kwargs)
+    return InferenceRollout(
+        make_dialect(fake.dialect),
+        ServerPool(urls or [fake.url]),
+        Sampling(max_tokens=max_tokens, model="policy"),
+        reward or (lambda prompt, ids, text: float(len(ids))),
+        retry=Retry(attempts, 0.01, 0.05),
+        request_timeout_s=timeout_s,
+        **kwargs,
+    )
 
 
 def slot(prompt=None, version=3):
@@ -124,8 +129,15 @@ def test_resubmissions_are_bounded(fake):
     assert len(fake.generations()) == 3
 
 
-@pytest.mark.parametrize("failure", [Action("status", status=503), Action("raw", raw=b'{"choices": [tr'),
-                                     Action("close"), Action("status", status=429)])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        Action("status", status=503),
+        Action("raw", raw=b'{"choices": [tr'),
+        Action("close"),
+        Action("status", status=429),
+    ],
+)
 def test_transport_errors_are_retried_then_succeed(fake, failure):
     fake.then(failure, failure)
     sample = rollout(fake, attempts=3)(slot())
@@ -198,8 +210,7 @@ def test_a_dead_server_among_live_ones_is_failed_over(fake):
 
 
 def test_bad_prompts_say_what_to_give():
-    adapter = InferenceRollout(SGLang(), ServerPool(["http://127.0.0.1:9"]), Sampling(max_tokens=4),
-                               lambda *a: 0.0)
+    adapter = InferenceRollout(SGLang(), ServerPool(["http://127.0.0.1:9"]), Sampling(max_tokens=4), lambda *a: 0.0)
     with pytest.raises(ValueError, match="give prompt_ids"):
         adapter(slot({"messages": [{"role": "user", "content": "hi"}]}))
     with pytest.raises(ValueError, match="non-empty list of token ids"):
@@ -243,7 +254,8 @@ def test_llama_cpp_tokens_of_multi_byte_characters_get_their_own_log_probabiliti
     scored = fake_llama.scorings()
     assert len(scored) == held_back
     assert sorted(len(body["prompt"]) - len(PROMPT) for body in scored) == [
-        i for i, _ in enumerate(completion) if i not in _positions_with_entries(MULTI_BYTE)]
+        i for i, _ in enumerate(completion) if i not in _positions_with_entries(MULTI_BYTE)
+    ]
 
 
 def _positions_with_entries(text: str) -> set[int]:
@@ -276,8 +288,11 @@ def test_llama_cpp_a_token_found_only_among_all_log_probabilities_is_still_score
 def test_llama_cpp_a_token_no_request_can_score_fails_the_slot_saying_why(fake_llama):
     nothing = Action("raw", raw=b'{"content": "", "tokens": [1], "stop_type": "limit", "model": "smollm2"}')
     fake_llama.then(Action(text="中"), Action(), nothing, nothing, nothing)  # Action(): the anchor's /tokenize
-    with pytest.raises(ProtocolError, match="completion token 0 \\(id 2228\\) came without a log-probability, and "
-                                            "scoring it again teacher-forced gave none either"):
+    with pytest.raises(
+        ProtocolError,
+        match="completion token 0 \\(id 2228\\) came without a log-probability, and "
+        "scoring it again teacher-forced gave none either",
+    ):
         rollout(fake_llama, max_tokens=8)(slot())
 
 
@@ -286,9 +301,14 @@ def test_llama_cpp_a_weight_sync_between_generating_and_scoring_generates_the_se
     version 2 before the held-back tokens were scored again. The scoring request meets the restart (the
     connection dropped, then 503 while loading), waits it through, and is answered by version 2: the
     segment is generated again on version 2, and nothing of version 1's reply is recorded."""
-    fake_llama.then(Action(text="中", model="smollm2@v1"), Action(),  # the anchor's /tokenize
-                    Action("restart", seconds=0.3), Action(model="smollm2@v2"),  # scoring: restarted, now v2
-                    Action(text="é", model="smollm2@v2"), Action(model="smollm2@v2"))  # again, scored on v2
+    fake_llama.then(
+        Action(text="中", model="smollm2@v1"),
+        Action(),  # the anchor's /tokenize
+        Action("restart", seconds=0.3),
+        Action(model="smollm2@v2"),  # scoring: restarted, now v2
+        Action(text="é", model="smollm2@v2"),
+        Action(model="smollm2@v2"),
+    )  # again, scored on v2
     sample = rollout(fake_llama, max_tokens=8)(slot())
     ids, mask, logprobs = rows(sample)
     assert ids == PROMPT + byte_tokens("é") and close_enough(logprobs[3:], [logprob_of(t) for t in byte_tokens("é")])
@@ -306,8 +326,11 @@ def test_llama_cpp_a_server_whose_model_keeps_changing_before_scoring_fails_the_
     fake_llama.then(Action(text="中", model="smollm2@v1"), Action())
     for version in range(2, MAX_REGENERATIONS + 3):
         fake_llama.then(Action(model=f"smollm2@v{version}"), Action(text="中", model=f"smollm2@v{version}"))
-    with pytest.raises(GenerationFailed, match=f"changed models between generating \\('smollm2@v{MAX_REGENERATIONS + 1}'"
-                                               f"\\) and scoring .*after {MAX_REGENERATIONS} generations again"):
+    with pytest.raises(
+        GenerationFailed,
+        match=f"changed models between generating \\('smollm2@v{MAX_REGENERATIONS + 1}'"
+        f"\\) and scoring .*after {MAX_REGENERATIONS} generations again",
+    ):
         rollout(fake_llama, max_tokens=8)(slot())
     assert len(fake_llama.generations()) == MAX_REGENERATIONS + 1
 

@@ -46,12 +46,22 @@ def fake(request):
 
 
 def rollout(fake, *, max_tokens=20, segment_tokens=8, request_timeout_s=5.0, **kwargs) -> InferenceRollout:
-    dialect = {"vllm": VLLM(version_pattern=PATTERN),
-               "vllm-old": VLLM(token_ids="tokens_as_token_ids", version_pattern=PATTERN),
-               "sglang": SGLang(version_pattern=PATTERN), "llamacpp": LlamaCpp(version_pattern=PATTERN)}[fake.dialect]
-    return InferenceRollout(dialect, ServerPool([fake.url]), Sampling(max_tokens=max_tokens, model="policy"),
-                            lambda prompt, ids, text: 1.0, retry=Retry(3, 0.01, 0.05), request_timeout_s=request_timeout_s,
-                            segment_tokens=segment_tokens, **kwargs)
+    dialect = {
+        "vllm": VLLM(version_pattern=PATTERN),
+        "vllm-old": VLLM(token_ids="tokens_as_token_ids", version_pattern=PATTERN),
+        "sglang": SGLang(version_pattern=PATTERN),
+        "llamacpp": LlamaCpp(version_pattern=PATTERN),
+    }[fake.dialect]
+    return InferenceRollout(
+        dialect,
+        ServerPool([fake.url]),
+        Sampling(max_tokens=max_tokens, model="policy"),
+        lambda prompt, ids, text: 1.0,
+        retry=Retry(3, 0.01, 0.05),
+        request_timeout_s=request_timeout_s,
+        segment_tokens=segment_tokens,
+        **kwargs,
+    )
 
 
 def test_a_streamed_generation_is_one_request_cut_into_segments_with_the_servers_logprobs(fake):
@@ -59,8 +69,10 @@ def test_a_streamed_generation_is_one_request_cut_into_segments_with_the_servers
     completion = rollout(fake).complete(PROMPT, slot=segments)
     expected = next_tokens(PROMPT, 20)
     assert completion.token_ids == expected and close_enough(completion.logprobs, [logprob_of(t) for t in expected])
-    assert [(body["stream"], body.get("max_tokens") or body.get("n_predict")
-             or body["sampling_params"]["max_new_tokens"]) for body in fake.generations()] == [(True, 20)]
+    assert [
+        (body["stream"], body.get("max_tokens") or body.get("n_predict") or body["sampling_params"]["max_new_tokens"])
+        for body in fake.generations()
+    ] == [(True, 20)]
     assert segments.shape() == [(8, None, "chunk"), (8, None, "chunk"), (4, None, "length")]
     assert [t for ids, *_ in segments.segments for t in ids] == expected  # the segments are the completion, in order
     assert completion.finish == "length" and completion.streams == 1 and len(fake.generated) == 20
@@ -137,8 +149,10 @@ def test_a_stream_that_breaks_before_its_first_token_is_retried_like_any_request
     fake.then(Action("close"), Action(cut_after=0))
     segments = Recorder()
     completion = rollout(fake, max_tokens=10).complete(PROMPT, slot=segments)
-    assert completion.token_ids == next_tokens(PROMPT, 10) and segments.shape() == [(8, None, "chunk"),
-                                                                                    (2, None, "length")]
+    assert completion.token_ids == next_tokens(PROMPT, 10) and segments.shape() == [
+        (8, None, "chunk"),
+        (2, None, "length"),
+    ]
     assert completion.attempts == 3 and completion.interrupted == 0
 
 

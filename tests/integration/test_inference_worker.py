@@ -31,21 +31,26 @@ def _events(client, stream, kind):
 
 def test_a_worker_with_the_sglang_adapter_publishes_samples_and_failures(client, make_run, issuer, fake_sglang):
     run = make_run(n_samples=2)
-    fake_sglang.then(Action(version=2), Action(version=2), Action("status", status=400,
-                                                                  body={"error": {"message": "input too long"}}))
+    fake_sglang.then(
+        Action(version=2),
+        Action(version=2),
+        Action("status", status=400, body={"error": {"message": "input too long"}}),
+    )
     fake_sglang.default = Action(version=2)
     issuer(run).issue([{"prompt_ids": [5, 6], "answer": "x"}, {"prompt_ids": [7]}])
     config = InferenceConfig(server_url=fake_sglang.url, max_tokens=3, max_attempts=2, backoff_s=0.01)
     worker = WorkerClient(client, run.keys)
-    done = WorkerProcess(worker, build_rollout("sglang", config), WorkerConfig(burst=True, concurrency=1),
-                         n_samples=2).run()
+    done = WorkerProcess(
+        worker, build_rollout("sglang", config), WorkerConfig(burst=True, concurrency=1), n_samples=2
+    ).run()
     assert done == 2
     results = _events(client, run.keys.slots, SlotResult)
     assert sorted(r.outcome for r in results) == ["failed", "sample", "sample", "sample"]
     [failed] = [r for r in results if r.outcome == "failed"]
     assert "HTTP 400: input too long" in failed.error
-    payloads = [e for e in (codec.decode(f) for _, f in payload_entries(client, run.keys))
-                if isinstance(e, SamplePayload)]
+    payloads = [
+        e for e in (codec.decode(f) for _, f in payload_entries(client, run.keys)) if isinstance(e, SamplePayload)
+    ]
     assert {p.sample.version for p in payloads} == {2}  # SGLang's weight_version, not the run's 0
     assert sorted(p.sample.token_ids.to_list() for p in payloads)[0] == [5, 6, *next_tokens([5, 6], 3)]
 
@@ -71,11 +76,18 @@ def test_weight_sync_loads_each_new_version_on_every_server_and_records_it(clien
         assert sync.sync(3) == 0
         served = _events(client, run.keys.control, WeightsServed)
         assert [(e.server, e.version, e.ok) for e in served] == [
-            (urls[0], 1, True), (urls[1], 1, False), (urls[0], 2, True), (urls[1], 2, True)]
+            (urls[0], 1, True),
+            (urls[1], 1, False),
+            (urls[0], 2, True),
+            (urls[1], 2, True),
+        ]
         assert "shape mismatch in lm_head" in served[1].detail and served[0].dialect == "sglang"
         bodies = [body for path, body in servers[0][0].requests if path == "/update_weights_from_disk"]
-        assert bodies[-1] == {"model_path": str(version_dir(tmp_path, 2)), "weight_version": "2",
-                              "abort_all_requests": True}
+        assert bodies[-1] == {
+            "model_path": str(version_dir(tmp_path, 2)),
+            "weight_version": "2",
+            "abort_all_requests": True,
+        }
     finally:
         for _, stop in servers:
             stop()
@@ -91,15 +103,20 @@ def test_vllm_weight_loading_pauses_reloads_and_always_resumes(tmp_path):
             dialect.load_weights(fake.url, "/w/v000001", 1, timeout_s=5)
         assert [path for path, _ in fake.requests] == ["/pause?mode=abort", "/collective_rpc", "/resume"]
         dialect.load_weights(fake.url, "/w/v000001", 1, timeout_s=5)
-        assert [path for path, _ in fake.requests][3:] == ["/pause?mode=abort", "/collective_rpc",
-                                                          "/update_weight_version", "/resume"]
+        assert [path for path, _ in fake.requests][3:] == [
+            "/pause?mode=abort",
+            "/collective_rpc",
+            "/update_weight_version",
+            "/resume",
+        ]
         assert fake.requests[4][1] == {"method": "reload_weights", "kwargs": {"weights_path": "/w/v000001"}}
     finally:
         stop()
 
 
-def test_the_weight_sync_command_in_burst_mode_loads_the_version_and_serves_until_the_run_ends(client, make_run,
-                                                                                                 redis_url, tmp_path):
+def test_the_weight_sync_command_in_burst_mode_loads_the_version_and_serves_until_the_run_ends(
+    client, make_run, redis_url, tmp_path
+):
     import subprocess
     import sys
     import time
@@ -110,10 +127,23 @@ def test_the_weight_sync_command_in_burst_mode_loads_the_version_and_serves_unti
         fake.default = Action("raw", raw=b'{"success": true, "message": "ok"}')
         version_dir(tmp_path, 3).mkdir(parents=True)
         client.set(run.keys.version, 3)
-        base = [sys.executable, "-m", "streamgrp", "weight-sync", "--redis-url", redis_url, "--run", run.name,
-                "--weights-dir", str(tmp_path), "--server-url", fake.url]
-        sync = subprocess.Popen([*base, "--dialect", "sglang", "--burst"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        base = [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "weight-sync",
+            "--redis-url",
+            redis_url,
+            "--run",
+            run.name,
+            "--weights-dir",
+            str(tmp_path),
+            "--server-url",
+            fake.url,
+        ]
+        sync = subprocess.Popen(
+            [*base, "--dialect", "sglang", "--burst"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         try:
             deadline = time.monotonic() + 60
             while not _events(client, run.keys.control, WeightsServed) and time.monotonic() < deadline:
@@ -130,8 +160,9 @@ def test_the_weight_sync_command_in_burst_mode_loads_the_version_and_serves_unti
                 sync.wait()
             sync.stdout.close()
             sync.stderr.close()
-        refused = subprocess.run([*base, "--dialect", "llamacpp", "--burst"], capture_output=True, text=True,
-                                 timeout=60)
+        refused = subprocess.run(
+            [*base, "--dialect", "llamacpp", "--burst"], capture_output=True, text=True, timeout=60
+        )
         assert refused.returncode != 0 and "--llama-server-cmd" in refused.stderr
     finally:
         stop()
@@ -148,12 +179,33 @@ def test_weight_sync_shows_why_llama_server_did_not_start_and_exits_non_zero(cli
     version_dir(tmp_path, 0).mkdir(parents=True)
     (version_dir(tmp_path, 0) / "model.gguf").write_bytes(b"GGUF")
     # A "llama-server" that prints its complaint and exits, as a bad flag makes the real one do.
-    fake_server = f"{sys.executable} -c " + shlex.quote("import sys; print('error: invalid argument: --bogus'); "
-                                                        "sys.exit(1)")
-    done = subprocess.run([sys.executable, "-m", "streamgrp", "weight-sync", "--redis-url", redis_url, "--run",
-                           run.name, "--weights-dir", str(tmp_path), "--dialect", "llamacpp", "--llama-server-cmd", fake_server,
-                           "--server-url", f"http://127.0.0.1:{free_port('127.0.0.1')}", "--burst"],
-                          capture_output=True, text=True, timeout=60)
+    fake_server = f"{sys.executable} -c " + shlex.quote(
+        "import sys; print('error: invalid argument: --bogus'); sys.exit(1)"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "weight-sync",
+            "--redis-url",
+            redis_url,
+            "--run",
+            run.name,
+            "--weights-dir",
+            str(tmp_path),
+            "--dialect",
+            "llamacpp",
+            "--llama-server-cmd",
+            fake_server,
+            "--server-url",
+            f"http://127.0.0.1:{free_port('127.0.0.1')}",
+            "--burst",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0
     assert "exited with code 1" in done.stderr and "error: invalid argument: --bogus" in done.stderr
     [event] = _events(client, run.keys.control, WeightsServed)
@@ -194,11 +246,29 @@ def test_the_llama_server_of_a_sigkilled_weight_sync_dies_with_it(client, make_r
     pid_file = tmp_path / "server.pid"
     port = free_port("127.0.0.1")
     command = f"{sys.executable} -c {shlex.quote(_HEALTHY_SERVER)} --port {port}"
-    sync = subprocess.Popen([sys.executable, "-m", "streamgrp", "weight-sync", "--redis-url", redis_url, "--run",
-                             run.name, "--weights-dir", str(tmp_path), "--dialect", "llamacpp", "--llama-server-cmd",
-                             command, "--server-url", f"http://127.0.0.1:{port}"],
-                            env={**os.environ, "FAKE_PID_FILE": str(pid_file)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    sync = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "weight-sync",
+            "--redis-url",
+            redis_url,
+            "--run",
+            run.name,
+            "--weights-dir",
+            str(tmp_path),
+            "--dialect",
+            "llamacpp",
+            "--llama-server-cmd",
+            command,
+            "--server-url",
+            f"http://127.0.0.1:{port}",
+        ],
+        env={**os.environ, "FAKE_PID_FILE": str(pid_file)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_until(lambda: _events(client, run.keys.control, WeightsServed), timeout=60, message="version 0 served")
         [event] = _events(client, run.keys.control, WeightsServed)

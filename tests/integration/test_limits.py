@@ -39,11 +39,19 @@ def counts(client, run) -> dict[str, int]:
 
 def decision(task: int) -> GroupDecided:
     digest = hashlib.blake2b(str(task).encode(), digest_size=16).hexdigest()
-    return GroupDecided(task_id=f"t{task:06d}", decision="complete", slots=(0, 1),
-                        member_entries=(f"{task + 1}-0", f"{task + 1}-1"), member_digests=(digest, digest),
-                        member_rows=(1, 1), member_tokens=(8 + task % 5, 8), member_versions=(0, 0),
-                        slot_outcomes={"0": "sample", "1": "sample"}, stats=GroupStats.of(2, 2, 2),
-                        closed_by="all_slots")
+    return GroupDecided(
+        task_id=f"t{task:06d}",
+        decision="complete",
+        slots=(0, 1),
+        member_entries=(f"{task + 1}-0", f"{task + 1}-1"),
+        member_digests=(digest, digest),
+        member_rows=(1, 1),
+        member_tokens=(8 + task % 5, 8),
+        member_versions=(0, 0),
+        slot_outcomes={"0": "sample", "1": "sample"},
+        stats=GroupStats.of(2, 2, 2),
+        closed_by="all_slots",
+    )
 
 
 def write_decisions(client, run, n: int) -> None:
@@ -69,8 +77,11 @@ def batcher_for(client, run) -> Batcher:
 @pytest.mark.one_server_kind
 @pytest.mark.parametrize("max_batch_size, sizes", [(10_000, [9000]), (4096, [4096, 4096, 808])])
 def test_a_dynamic_batch_of_9000_groups_puts_each_group_in_exactly_one_step(client, run_name, max_batch_size, sizes):
-    run = join_run(client, run_name, RunConfig(n_samples=2, dp_size=2, batch_mode="dynamic",
-                                               max_batch_size=max_batch_size, max_staleness=100))
+    run = join_run(
+        client,
+        run_name,
+        RunConfig(n_samples=2, dp_size=2, batch_mode="dynamic", max_batch_size=max_batch_size, max_staleness=100),
+    )
     batcher = batcher_for(client, run)
     write_decisions(client, run, 9000)
     batcher.round()  # one round reads all 9,000 (512 per read) and writes the steps
@@ -151,8 +162,21 @@ def test_a_commit_with_malformed_input_writes_nothing(client, run_name):
     header = codec.encode(decision(1))[codec.HEADER]
     script_keys = [keys.slots, keys.decisions, keys.deadletter, keys.decided, keys.counts, keys.assembler_lease]
     # a good decision first, then an acknowledgement list that claims more ids than it carries
-    args = ["me", ASSEMBLER_GROUP, "decide", "t000001", header, 0, 1, "decisions:complete", 1, "ack_count", "", 50,
-            "1-0"]
+    args = [
+        "me",
+        ASSEMBLER_GROUP,
+        "decide",
+        "t000001",
+        header,
+        0,
+        1,
+        "decisions:complete",
+        1,
+        "ack_count",
+        "",
+        50,
+        "1-0",
+    ]
     with pytest.raises(redis.ResponseError, match="BAD_INPUT"):
         commit(keys=script_keys, args=args)
     assert client.xlen(keys.decisions) == 0 and not client.exists(keys.decided) and not client.exists(keys.counts)
@@ -168,8 +192,15 @@ def test_the_batch_commit_refuses_a_wrong_step_before_writing(client, run_name):
     keys = run.keys
     client.set(keys.batcher_lease, "me")
     commit = scripts.register_fenced(client, "batch_commit.lua")
-    script_keys = [keys.decisions, keys.steps, keys.discarded, keys.counts, keys.batcher_lease, keys.batcher_state,
-                   keys.control]
+    script_keys = [
+        keys.decisions,
+        keys.steps,
+        keys.discarded,
+        keys.counts,
+        keys.batcher_lease,
+        keys.batcher_state,
+        keys.control,
+    ]
     ops = ["step", 0, b"{}", 1, 1, "1-0", "step", 2, b"{}", 1, 1, "2-0"]  # step 2 does not follow step 0
     # a step already written means another batcher owns the run now: the typed error, not a text match
     with pytest.raises(LeaseLost, match="STEP 2 is not the next step 1"):
@@ -257,8 +288,13 @@ def test_a_100_mb_entry_costs_the_assembler_one_copy_and_the_dead_letter_a_stub(
     size = 100 * 1024 * 1024
     header = codec.encode(SlotResult(task_id="t", slot=0, outcome="rejected"))[codec.HEADER]
     client.xadd(run.keys.slots, {b"h": header, b"b": os.urandom(1024) * (size // 1024)})
-    out = subprocess.run([sys.executable, "-c", RSS_PROBE, redis_url, run_name, str(64 * 1024 * 1024)],
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_PROBE, redis_url, run_name, str(64 * 1024 * 1024)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     before_kib, peak_kib = map(int, out.stdout.split())
     growth = (peak_kib - before_kib) * 1024
     # receiving a stream entry means holding it (redis has no partial read); before this bound a

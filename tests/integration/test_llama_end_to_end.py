@@ -55,10 +55,34 @@ def valkey_url(redis_server) -> str:
 @pytest.mark.timeout(900)
 def test_the_model_demo_feeds_smollm2s_own_tokens_and_logprobs_to_a_torch_trainer(valkey_url, run_name, tmp_path):
     binary, model = binary_and_model()
-    done = subprocess.run([sys.executable, "-m", "streamgrp", "demo", "--redis-url", valkey_url, "--run", run_name,
-                           "--data-dir", str(tmp_path), "--model", str(model), "--llama-server", binary,
-                           "--steps", str(STEPS), "--workers", "1", "--json",
-                           "--timeout-s", "800"], capture_output=True, text=True, timeout=850)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "demo",
+            "--redis-url",
+            valkey_url,
+            "--run",
+            run_name,
+            "--data-dir",
+            str(tmp_path),
+            "--model",
+            str(model),
+            "--llama-server",
+            binary,
+            "--steps",
+            str(STEPS),
+            "--workers",
+            "1",
+            "--json",
+            "--timeout-s",
+            "800",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["steps"] == STEPS and summary["committed_steps"] == {"0": STEPS}
@@ -166,14 +190,16 @@ def test_weight_sync_restarts_llama_server_on_the_new_version(client, make_run, 
     for version in (0, 1):
         version_dir(tmp_path, version).mkdir(parents=True)
         (version_dir(tmp_path, version) / "model.gguf").symlink_to(model)
-    llama = LlamaServerProcess(" ".join(server_command(binary, port)), url, alias="smollm2",
-                               log_path=tmp_path / "llama.log")
+    llama = LlamaServerProcess(
+        " ".join(server_command(binary, port)), url, alias="smollm2", log_path=tmp_path / "llama.log"
+    )
     sync = WeightSync(client, run.keys, make_dialect("llamacpp", InferenceConfig()), [url], tmp_path, llama=llama)
     rollout = build_rollout("llamacpp", InferenceConfig(server_url=url, max_tokens=3))
     try:
         assert sync.sync(0) == 1
-        request = type("Slot", (), {"task_id": "t", "slot": 0, "n_samples": 1, "prompt": {"prompt_ids": [1, 4093]},
-                                    "version": 5})()
+        request = type(
+            "Slot", (), {"task_id": "t", "slot": 0, "n_samples": 1, "prompt": {"prompt_ids": [1, 4093]}, "version": 5}
+        )()
         assert rollout(request).version == 0
         assert sync.sync(1) == 1
         assert rollout(request).version == 1  # the restarted server's alias, not the run's version 5
@@ -184,10 +210,18 @@ def test_weight_sync_restarts_llama_server_on_the_new_version(client, make_run, 
 
 
 # Prompts that ask for text llama-server spreads over several byte tokens: CJK characters and emoji.
-MULTI_BYTE_PROMPTS = ["请用中文写一句话。", "Write one short sentence in Chinese.", "用中文说“谢谢”和“你好”。",
-                      "Reply with three emoji.", "写一首关于月亮的短诗。", "What is 'cat' in Chinese characters?",
-                      "Describe the sea with emoji only 🌊🐟", "把“good morning”翻译成中文。",
-                      "Send a heart and a smiley emoji.", "中国的首都是哪里？请用中文回答。"]
+MULTI_BYTE_PROMPTS = [
+    "请用中文写一句话。",
+    "Write one short sentence in Chinese.",
+    "用中文说“谢谢”和“你好”。",
+    "Reply with three emoji.",
+    "写一首关于月亮的短诗。",
+    "What is 'cat' in Chinese characters?",
+    "Describe the sea with emoji only 🌊🐟",
+    "把“good morning”翻译成中文。",
+    "Send a heart and a smiley emoji.",
+    "中国的首都是哪里？请用中文回答。",
+]
 MULTI_BYTE_SAMPLES, MULTI_BYTE_MAX_TOKENS = 4, 12  # 40 replies: about half hold multi-byte text
 #: How far a recorded log-probability may be from llama-server's teacher-forced one, in nats.
 MULTI_BYTE_TOLERANCE = 1e-3
@@ -198,8 +232,9 @@ def _chat(question: str) -> str:
 
 
 @pytest.mark.timeout(900)
-def test_replies_with_multi_byte_characters_are_samples_with_every_tokens_own_logprob(valkey_url, client,
-                                                                                       make_run, issuer, tmp_path):
+def test_replies_with_multi_byte_characters_are_samples_with_every_tokens_own_logprob(
+    valkey_url, client, make_run, issuer, tmp_path
+):
     from streamgrp.config import InferenceConfig, WorkerConfig
     from streamgrp.services.inference import build_rollout
     from streamgrp.services.worker import WorkerClient, WorkerProcess
@@ -210,8 +245,12 @@ def test_replies_with_multi_byte_characters_are_samples_with_every_tokens_own_lo
         run = make_run(n_samples=MULTI_BYTE_SAMPLES)
         issuer(run).issue([{"text": _chat(question)} for question in MULTI_BYTE_PROMPTS])
         rollout = build_rollout("llamacpp", InferenceConfig(server_url=server.url, max_tokens=MULTI_BYTE_MAX_TOKENS))
-        WorkerProcess(WorkerClient(client, run.keys), rollout, WorkerConfig(burst=True, concurrency=4),
-                      n_samples=MULTI_BYTE_SAMPLES).run()
+        WorkerProcess(
+            WorkerClient(client, run.keys),
+            rollout,
+            WorkerConfig(burst=True, concurrency=4),
+            n_samples=MULTI_BYTE_SAMPLES,
+        ).run()
         results = events(client, run.keys.slots, SlotResult)
         assert len(results) == len(MULTI_BYTE_PROMPTS) * MULTI_BYTE_SAMPLES
         assert [r.error for r in results if r.outcome != "sample"] == []
@@ -226,16 +265,28 @@ def test_replies_with_multi_byte_characters_are_samples_with_every_tokens_own_lo
             completion = ids[n_prompt:]
             assert 0 < len(completion) <= MULTI_BYTE_MAX_TOKENS and len(logprobs) == len(ids)
             _check_text(server, sample, completion)
-            return [abs(teacher_forced(server, ids[:position], ids[position], anchor) - logprobs[position])
-                    for position in range(n_prompt, len(ids))]
+            return [
+                abs(teacher_forced(server, ids[:position], ids[position], anchor) - logprobs[position])
+                for position in range(n_prompt, len(ids))
+            ]
 
         with ThreadPoolExecutor(4) as pool:  # one thread per llama-server slot
             compared = [diff for diffs in pool.map(differences, samples) for diff in diffs]
         worst = max(compared)
         multi_byte = [s for s in samples if any(ord(c) > 0x7F for c in s.meta["text"])]
         rescored = sum(s.meta.get("rescored", 0) for s in samples)
-        print(json.dumps({"slots": len(results), "samples": len(samples), "with_multi_byte_text": len(multi_byte),
-                          "tokens_rescored": rescored, "tokens_compared": len(compared), "max_abs_diff": worst}))
+        print(
+            json.dumps(
+                {
+                    "slots": len(results),
+                    "samples": len(samples),
+                    "with_multi_byte_text": len(multi_byte),
+                    "tokens_rescored": rescored,
+                    "tokens_compared": len(compared),
+                    "max_abs_diff": worst,
+                }
+            )
+        )
         # The prompts did what they are for: many replies hold characters llama-server held back tokens of.
         assert len(multi_byte) >= len(samples) // 4 and rescored >= len(multi_byte)
         assert worst <= MULTI_BYTE_TOLERANCE, f"a recorded log-probability is {worst:.2e} nats off llama-server's"

@@ -64,8 +64,9 @@ def _predicted(url: str) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_a_stream_interrupted_by_weight_sync_resumes_from_its_prefix_on_the_new_version(one_kind, client, make_run,
-                                                                                       issuer, tmp_path):
+def test_a_stream_interrupted_by_weight_sync_resumes_from_its_prefix_on_the_new_version(
+    one_kind, client, make_run, issuer, tmp_path
+):
     binary, model = binary_and_model()
     run = make_run(n_samples=1)
     port = free_port("127.0.0.1")
@@ -73,17 +74,23 @@ def test_a_stream_interrupted_by_weight_sync_resumes_from_its_prefix_on_the_new_
     for version in (0, 1):
         version_dir(tmp_path, version).mkdir(parents=True)
         (version_dir(tmp_path, version) / "model.gguf").symlink_to(model)
-    llama = LlamaServerProcess(" ".join([*server_command(binary, port), "--metrics"]), url, alias="smollm2",
-                               log_path=tmp_path / "llama.log")
+    llama = LlamaServerProcess(
+        " ".join([*server_command(binary, port), "--metrics"]), url, alias="smollm2", log_path=tmp_path / "llama.log"
+    )
     sync = WeightSync(client, run.keys, make_dialect("llamacpp", InferenceConfig()), [url], tmp_path, llama=llama)
     started = time.monotonic()
     try:
         assert sync.sync(0) == 1
         issuer(run).issue([{"text": PROMPT}])
-        config = InferenceConfig(server_url=url, max_tokens=MAX_TOKENS, segment_tokens=SEGMENT, top_k=1,
-                                 max_attempts=2, backoff_s=0.05)
-        worker = WorkerProcess(WorkerClient(client, run.keys), build_rollout("llamacpp", config),
-                               WorkerConfig(burst=True, concurrency=1), n_samples=1)
+        config = InferenceConfig(
+            server_url=url, max_tokens=MAX_TOKENS, segment_tokens=SEGMENT, top_k=1, max_attempts=2, backoff_s=0.05
+        )
+        worker = WorkerProcess(
+            WorkerClient(client, run.keys),
+            build_rollout("llamacpp", config),
+            WorkerConfig(burst=True, concurrency=1),
+            n_samples=1,
+        )
         done: list[int] = []
         thread = threading.Thread(target=lambda: done.append(worker.run()), daemon=True)
         thread.start()
@@ -106,17 +113,20 @@ def test_a_stream_interrupted_by_weight_sync_resumes_from_its_prefix_on_the_new_
         chain = chain_of(task_segments(client, run.keys.segments, payload.task_id)[0])
         assert check_sample(sample, chain) is None  # the sample is exactly its segments' concatenation
         causes = [(s.version, s.cause) for s in chain]
-        assert ("abort" in {c for v, c in causes if v == 0} and causes[-1][1] in ("length", "stop")
-                and {v for v, _ in causes} == {0, 1}), causes
+        assert (
+            "abort" in {c for v, c in causes if v == 0}
+            and causes[-1][1] in ("length", "stop")
+            and {v for v, _ in causes} == {0, 1}
+        ), causes
         print({"before": before, "after": after, "segments": causes, "seconds": round(time.monotonic() - started, 1)})
     finally:
         llama.stop()
 
 
 @pytest.mark.timeout(300)
-def test_a_streaming_worker_sigkilled_mid_generation_is_continued_from_its_last_segment(one_kind, client, redis_url,
-                                                                                       run_name, make_run, issuer,
-                                                                                       tmp_path):
+def test_a_streaming_worker_sigkilled_mid_generation_is_continued_from_its_last_segment(
+    one_kind, client, redis_url, run_name, make_run, issuer, tmp_path
+):
     from streamgrp.config import AssemblerConfig
     from streamgrp.replay.verifier import verify
     from streamgrp.services.assembler import Assembler
@@ -128,16 +138,33 @@ def test_a_streaming_worker_sigkilled_mid_generation_is_continued_from_its_last_
     try:
         run = make_run(n_samples=1, group_timeout_s=3600.0)
         issuer(run).issue([{"text": PROMPT}])
-        common = ["--redis-url", redis_url, "--run", run_name, "--rollout", "llamacpp", "--server-url", server.url,
-                  "--max-tokens", str(KILL_MAX_TOKENS), "--segment-tokens", str(SEGMENT), "--top-k", "1"]
+        common = [
+            "--redis-url",
+            redis_url,
+            "--run",
+            run_name,
+            "--rollout",
+            "llamacpp",
+            "--server-url",
+            server.url,
+            "--max-tokens",
+            str(KILL_MAX_TOKENS),
+            "--segment-tokens",
+            str(SEGMENT),
+            "--top-k",
+            "1",
+        ]
         first = RoleProcess("worker", [*common, "--claim-idle-s", "30"], tmp_path / "first")
-        second = RoleProcess("worker", [*common, "--claim-idle-s", str(CLAIM_IDLE_S), "--burst"],
-                             tmp_path / "second")
+        second = RoleProcess("worker", [*common, "--claim-idle-s", str(CLAIM_IDLE_S), "--burst"], tmp_path / "second")
         for process in (first, second):
             process.log_dir.mkdir()
         first.start()
-        wait_until(lambda: client.xlen(run.keys.segments) >= 2, timeout=120, interval=0.005,
-                   message=f"two segments\n{first.output()}")
+        wait_until(
+            lambda: client.xlen(run.keys.segments) >= 2,
+            timeout=120,
+            interval=0.005,
+            message=f"two segments\n{first.output()}",
+        )
         first.kill()
         # llama-server cancels the stream once it finds the connection gone, and counts its tokens then
         wait_until(lambda: _metric(server.url, "requests_processing") == 0, timeout=60, message="the stream ended")
@@ -147,12 +174,27 @@ def test_a_streaming_worker_sigkilled_mid_generation_is_continued_from_its_last_
         assert 0 < durable < KILL_MAX_TOKENS, "the kill came after the generation ended"
         from streamgrp.store.keys import WORKERS_GROUP
 
-        wait_until(lambda: client.xpending_range(run.keys.tasks, WORKERS_GROUP, "-", "+", 1)[0][
-            "time_since_delivered"] > CLAIM_IDLE_S * 1000 + 100, timeout=30, message="the task idle")
+        wait_until(
+            lambda: (
+                client.xpending_range(run.keys.tasks, WORKERS_GROUP, "-", "+", 1)[0]["time_since_delivered"]
+                > CLAIM_IDLE_S * 1000 + 100
+            ),
+            timeout=30,
+            message="the task idle",
+        )
         assert second.start().proc.wait(timeout=120) == 0, second.output()
         payloads = [codec.decode(f) for _, f in payload_entries(client, run.keys)]
-        assert len(payloads) == 1, [(p.producer, p.seq, p.slot, p.sample.meta.get("resumed_tokens"),
-                                     p.sample.meta.get("segments"), p.sample.meta.get("streams")) for p in payloads]
+        assert len(payloads) == 1, [
+            (
+                p.producer,
+                p.seq,
+                p.slot,
+                p.sample.meta.get("resumed_tokens"),
+                p.sample.meta.get("segments"),
+                p.sample.meta.get("streams"),
+            )
+            for p in payloads
+        ]
         sample = payloads[0].sample
         assert sample.meta["resumed_tokens"] == durable and "unstreamed" not in sample.meta
         generated = len(sample.token_ids.to_list()) - sample.meta["prompt_tokens"]

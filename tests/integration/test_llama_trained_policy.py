@@ -74,8 +74,9 @@ def test_lm_trainer_publishes_each_version_as_gguf_and_llama_server_serves_exact
     weights = tmp_path / "weights"
     port = free_port("127.0.0.1")
     url = f"http://127.0.0.1:{port}"
-    llama = LlamaServerProcess(" ".join(server_command(binary, port)), url, alias="smollm2",
-                               log_path=tmp_path / "llama-server.log")
+    llama = LlamaServerProcess(
+        " ".join(server_command(binary, port)), url, alias="smollm2", log_path=tmp_path / "llama-server.log"
+    )
     run = make_run(n_samples=N_SAMPLES, batch_size=GROUPS_PER_STEP, max_staleness=STEPS)
     sync = WeightSync(client, run.keys, make_dialect("llamacpp", InferenceConfig()), [url], weights, llama=llama)
     server = SimpleNamespace(url=url, post=lambda path, body: _post(url, path, body))
@@ -95,13 +96,22 @@ def test_lm_trainer_publishes_each_version_as_gguf_and_llama_server_serves_exact
         anchor = anchor_token(server)
 
         # Real samples: llama-server generates every slot, rewards vary within each group.
-        rollout = InferenceRollout(make_dialect("llamacpp", InferenceConfig()), ServerPool([url]),
-                                   Sampling(max_tokens=MAX_TOKENS, temperature=1.0),
-                                   lambda prompt, completion, text: float(sum(completion) % 5))
+        rollout = InferenceRollout(
+            make_dialect("llamacpp", InferenceConfig()),
+            ServerPool([url]),
+            Sampling(max_tokens=MAX_TOKENS, temperature=1.0),
+            lambda prompt, completion, text: float(sum(completion) % 5),
+        )
         prompts = [server.post("/tokenize", {"content": _chat(q), "add_special": False})["tokens"] for q in QUESTIONS]
-        make_steps(client, run, groups=STEPS * GROUPS_PER_STEP, steps=STEPS,
-                   rollout=lambda request: rollout(SimpleNamespace(prompt={"prompt_ids": prompts[request.prompt["i"]]},
-                                                                   version=request.version)))
+        make_steps(
+            client,
+            run,
+            groups=STEPS * GROUPS_PER_STEP,
+            steps=STEPS,
+            rollout=lambda request: rollout(
+                SimpleNamespace(prompt={"prompt_ids": prompts[request.prompt["i"]]}, version=request.version)
+            ),
+        )
         trainer.join(300)
         assert trained == [STEPS]
         trained_s = time.monotonic() - started
@@ -121,32 +131,50 @@ def test_lm_trainer_publishes_each_version_as_gguf_and_llama_server_serves_exact
             assert worst <= TOLERANCE_NATS, f"version {version}: llama-server is {worst:.4f} nats off the trainer's"
         base = versions[0][0]
         moved = {v: max(abs(a - b) for a, b in zip(served, base)) for v, (served, _) in versions.items() if v}
-        print(json.dumps({"trained_s": round(trained_s, 1), "export_seconds": [m["export_seconds"] for m in
-                          metrics.values()], "served_vs_own": {v: max(abs(a - b) for a, b in zip(*pair))
-                                                               for v, pair in versions.items()},
-                          "served_vs_v0": moved}))
+        print(
+            json.dumps(
+                {
+                    "trained_s": round(trained_s, 1),
+                    "export_seconds": [m["export_seconds"] for m in metrics.values()],
+                    "served_vs_own": {v: max(abs(a - b) for a, b in zip(*pair)) for v, pair in versions.items()},
+                    "served_vs_v0": moved,
+                }
+            )
+        )
         assert all(change > 5 * TOLERANCE_NATS for change in moved.values()), f"training barely moved: {moved}"
         reply = server.post("/completion", {"prompt": ids[:5], "n_predict": 1})
         assert reply["model"] == f"smollm2@v{STEPS}"
         _a_restarted_trainer_takes_a_version_written_before_the_crash_as_the_steps_result(
-            client, run.name, tmp_path, weights, source, lambda request: rollout(SimpleNamespace(
-                prompt={"prompt_ids": prompts[request.prompt["i"]]}, version=request.version)))
+            client,
+            run.name,
+            tmp_path,
+            weights,
+            source,
+            lambda request: rollout(
+                SimpleNamespace(prompt={"prompt_ids": prompts[request.prompt["i"]]}, version=request.version)
+            ),
+        )
     finally:
         llama.stop()
-    served_events = [e for e in (codec.decode(f) for _, f in client.xrange(run.keys.control))
-                     if isinstance(e, WeightsServed)]
+    served_events = [
+        e for e in (codec.decode(f) for _, f in client.xrange(run.keys.control)) if isinstance(e, WeightsServed)
+    ]
     assert [(e.version, e.ok) for e in served_events] == [(v, True) for v in range(STEPS + 1)]
 
 
-def _a_restarted_trainer_takes_a_version_written_before_the_crash_as_the_steps_result(client, run_name, tmp_path,
-                                                                                      trained, source, rollout):
+def _a_restarted_trainer_takes_a_version_written_before_the_crash_as_the_steps_result(
+    client, run_name, tmp_path, trained, source, rollout
+):
     """A trainer that wrote version 1 and died before committing step 0: restarted, it loads that version as
     step 0's result instead of training the step again into other weights (a version names one state)."""
     from streamgrp.consumers.lm_trainer import train
 
     run = join_run(client, f"{run_name}-restarted", RunConfig(n_samples=N_SAMPLES, batch_size=GROUPS_PER_STEP))
     weights = tmp_path / "restarted"
-    for version, written in ((0, 0), (1, STEPS)):  # version 1 "written before the crash": the last trained version's file
+    for version, written in (
+        (0, 0),
+        (1, STEPS),
+    ):  # version 1 "written before the crash": the last trained version's file
         version_dir(weights, version).mkdir(parents=True)
         for name in ("model.gguf", "state.json"):
             (version_dir(weights, version) / name).symlink_to(version_dir(trained, written) / name)

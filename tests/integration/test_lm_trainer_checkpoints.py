@@ -46,8 +46,13 @@ def tiny_rollout(request):
     rng = random.Random(f"{request.prompt['i']}:{request.slot}")
     tokens = [rng.randrange(3, VOCAB) for _ in range(5)]
     logprobs = [0.0, *(-rng.uniform(2.0, 5.0) for _ in range(4))]
-    return Sample.from_rows(token_ids=[tokens], loss_mask=[[0, 1, 1, 1, 1]], logprobs=[logprobs],
-                            rewards=[float(rng.random())], version=request.version)
+    return Sample.from_rows(
+        token_ids=[tokens],
+        loss_mask=[[0, 1, 1, 1, 1]],
+        logprobs=[logprobs],
+        rewards=[float(rng.random())],
+        version=request.version,
+    )
 
 
 def _events(client, run):
@@ -56,7 +61,8 @@ def _events(client, run):
 
 @pytest.mark.timeout(240)
 def test_the_lm_trainer_killed_after_a_checkpoint_resumes_bit_for_bit_and_keeps_two_checkpoints(
-        client, redis_url, make_run, tmp_path):
+    client, redis_url, make_run, tmp_path
+):
     from made_steps import make_steps
 
     from streamgrp.config import TrainerConfig
@@ -67,15 +73,37 @@ def test_the_lm_trainer_killed_after_a_checkpoint_resumes_bit_for_bit_and_keeps_
     make_steps(client, run, groups=STEPS * GROUPS_PER_STEP, steps=STEPS, rollout=tiny_rollout)
     assert client.xlen(run.keys.steps) == STEPS
     checkpoints, weights = tmp_path / "checkpoints", tmp_path / "weights"
-    flags = {"model_gguf": source, "lm_lr": LR, "weights_dir": weights, "gguf_outtype": "f32",
-             "checkpoint_dir": checkpoints, "checkpoint_every": EVERY, "keep_checkpoints": KEEP}
+    flags = {
+        "model_gguf": source,
+        "lm_lr": LR,
+        "weights_dir": weights,
+        "gguf_outtype": "f32",
+        "checkpoint_dir": checkpoints,
+        "checkpoint_every": EVERY,
+        "keep_checkpoints": KEEP,
+    }
 
     # 1. A trainer process, killed after training step 3 (version 4 on disk), before committing it.
-    args = [sys.executable, "-m", "streamgrp", "trainer", "--redis-url", redis_url, "--run", run.keys.run,
-            "--train-fn", "streamgrp.consumers.lm_trainer:train", "--world-size", "1", "--crash-at", "train:3",
-            *(item for name, value in flags.items() for item in (f"--{name.replace('_', '-')}", str(value)))]
-    killed = subprocess.run(args, capture_output=True, timeout=180,
-                            env={**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"})
+    args = [
+        sys.executable,
+        "-m",
+        "streamgrp",
+        "trainer",
+        "--redis-url",
+        redis_url,
+        "--run",
+        run.keys.run,
+        "--train-fn",
+        "streamgrp.consumers.lm_trainer:train",
+        "--world-size",
+        "1",
+        "--crash-at",
+        "train:3",
+        *(item for name, value in flags.items() for item in (f"--{name.replace('_', '-')}", str(value))),
+    ]
+    killed = subprocess.run(
+        args, capture_output=True, timeout=180, env={**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"}
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stdout.decode()[-3000:] + killed.stderr.decode()[-3000:]
     assert {int(s) for s in client.hgetall(run.keys.committed).values()} == {2}
     assert [e.step for e in _events(client, run) if isinstance(e, CheckpointSaved)] == [1]

@@ -73,8 +73,9 @@ def query(base: str, expr: str, at: float | None = None) -> list:
 
 
 def query_range(base: str, expr: str, start: float, end: float, step: float = 1.0) -> list:
-    return api(base, "/api/v1/query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}",
-               step=f"{step:g}")["result"]
+    return api(base, "/api/v1/query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}")[
+        "result"
+    ]
 
 
 def fetch(url: str) -> bytes | None:
@@ -92,8 +93,12 @@ class Role:
         self.role = role
         self.log_path = log_dir / f"{role}{tag}.log"
         with open(self.log_path, "wb") as output:
-            self.proc = subprocess.Popen([sys.executable, "-m", "streamgrp", "--log-level", "INFO", role, *args],
-                                         stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streamgrp", "--log-level", "INFO", role, *args],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -113,17 +118,41 @@ class Role:
 #: no other role's (assembler: slot and group accounting; batcher: steps written, the stall, staleness;
 #: trainers: steps committed, failures, batch wait; workers: what they published).
 EXPORTS = {
-    "worker": {"streamgrp_slots_published_total", "streamgrp_policy_version", "streamgrp_rollouts_in_flight",
-               "streamgrp_rollout_seconds_count"},
-    "assembler": {"streamgrp_slots_total", "streamgrp_groups_total", "streamgrp_target_slots_total",
-                  "streamgrp_usable_slots_total", "streamgrp_trainable_slots_total", "streamgrp_open_groups",
-                  "streamgrp_group_assembly_seconds_count", "streamgrp_consumer_lag_entries",
-                  "streamgrp_pending_entries"},
-    "batcher": {"streamgrp_steps_written_total", "streamgrp_stall_seconds", "streamgrp_empty_rounds",
-                "streamgrp_batch_imbalance_ratio", "streamgrp_staleness_versions_count", "streamgrp_policy_version",
-                "streamgrp_consumer_lag_entries", "streamgrp_pending_entries"},
-    "trainer": {"streamgrp_steps_total", "streamgrp_trainer_step", "streamgrp_batch_wait_seconds_count",
-                "streamgrp_step_failures_total", "streamgrp_policy_version", "streamgrp_steps_retrained_total"},
+    "worker": {
+        "streamgrp_slots_published_total",
+        "streamgrp_policy_version",
+        "streamgrp_rollouts_in_flight",
+        "streamgrp_rollout_seconds_count",
+    },
+    "assembler": {
+        "streamgrp_slots_total",
+        "streamgrp_groups_total",
+        "streamgrp_target_slots_total",
+        "streamgrp_usable_slots_total",
+        "streamgrp_trainable_slots_total",
+        "streamgrp_open_groups",
+        "streamgrp_group_assembly_seconds_count",
+        "streamgrp_consumer_lag_entries",
+        "streamgrp_pending_entries",
+    },
+    "batcher": {
+        "streamgrp_steps_written_total",
+        "streamgrp_stall_seconds",
+        "streamgrp_empty_rounds",
+        "streamgrp_batch_imbalance_ratio",
+        "streamgrp_staleness_versions_count",
+        "streamgrp_policy_version",
+        "streamgrp_consumer_lag_entries",
+        "streamgrp_pending_entries",
+    },
+    "trainer": {
+        "streamgrp_steps_total",
+        "streamgrp_trainer_step",
+        "streamgrp_batch_wait_seconds_count",
+        "streamgrp_step_failures_total",
+        "streamgrp_policy_version",
+        "streamgrp_steps_retrained_total",
+    },
 }
 
 
@@ -166,8 +195,9 @@ def observer(tmp_path):
 
     def start(targets_file: Path, rules_file: Path | None = None, scrape_interval_s: float = 1.0) -> str:
         directory = tmp_path / f"observer-{len(started)}"
-        config = prom.write_config(directory, targets_file=targets_file, rules_file=rules_file,
-                                   scrape_interval_s=scrape_interval_s)
+        config = prom.write_config(
+            directory, targets_file=targets_file, rules_file=rules_file, scrape_interval_s=scrape_interval_s
+        )
         server = prom.Prometheus(config, directory)
         started.append(server)
         return server.start()
@@ -217,8 +247,11 @@ def test_the_demo_configuration_with_a_runs_bounds_is_valid(tmp_path):
 def test_every_dashboard_query_and_alert_keeps_runs_apart():
     """Every series of a run's process carries ``run``: each dashboard selector of a streamgrp metric picks
     the chosen run, and each alert aggregation keeps ``run`` (two runs in one Prometheus never add up)."""
-    selectors = [(expr, m.group(1), m.group(2)) for _, expr, _ in dashboard_queries()
-                 for m in re.finditer(r"(streamgrp_\w+)\{([^}]*)\}", expr)]
+    selectors = [
+        (expr, m.group(1), m.group(2))
+        for _, expr, _ in dashboard_queries()
+        for m in re.finditer(r"(streamgrp_\w+)\{([^}]*)\}", expr)
+    ]
     assert len(selectors) >= 30
     assert [(expr, metric) for expr, metric, labels in selectors if 'run=~".+"' not in labels] == []
     dashboard = json.loads(DASHBOARD.read_text())
@@ -237,8 +270,13 @@ def test_a_missing_prometheus_binary_says_how_to_install_it(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match="apt-get install prometheus"):
         prom.prometheus_binary()
     # `streamgrp demo --prometheus` refuses before it starts anything
-    result = subprocess.run([sys.executable, "-m", "streamgrp", "demo", "--prometheus", "--data-dir", str(tmp_path)],
-                            capture_output=True, text=True, timeout=60, env={"PATH": str(tmp_path)})
+    result = subprocess.run(
+        [sys.executable, "-m", "streamgrp", "demo", "--prometheus", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": str(tmp_path)},
+    )
     assert result.returncode == 2 and "apt-get install prometheus" in result.stderr, result.stderr
     assert not (tmp_path / "server.json").exists()
 
@@ -254,16 +292,23 @@ def test_every_role_serves_metrics_that_promtool_accepts(client, redis_url, run_
     dataset = tmp_path / "prompts.jsonl"
     prompt = {"reject_rate": 0.5, "fail_rate": 0.2}
     dataset.write_text("".join(json.dumps({"p": i % 8, **prompt}) + "\n" for i in range(5000)))
-    extra = {"worker": ["--rollout", "streamgrp.consumers.toy_task:rollout", "--concurrency", "2"],
-             "assembler": ["--tick-interval-s", "0.2"], "batcher": ["--dataset", str(dataset), "--round-s", "0.5"],
-             "trainer": []}
+    extra = {
+        "worker": ["--rollout", "streamgrp.consumers.toy_task:rollout", "--concurrency", "2"],
+        "assembler": ["--tick-interval-s", "0.2"],
+        "batcher": ["--dataset", str(dataset), "--round-s", "0.5"],
+        "trainer": [],
+    }
     ports = {role: free_port("127.0.0.1") for role in ROLES}
     roles = [Role(role, [*common, *extra[role], "--metrics-port", str(ports[role])], tmp_path) for role in ROLES]
     try:
         for role in roles:
             url = f"http://127.0.0.1:{ports[role.role]}/metrics"
-            served = wait_until(lambda r=role, u=url: fetch(u) or r.proc.poll() is not None, timeout=90,
-                                message=f"{role.role} {url}", interval=0.25)
+            served = wait_until(
+                lambda r=role, u=url: fetch(u) or r.proc.poll() is not None,
+                timeout=90,
+                message=f"{role.role} {url}",
+                interval=0.25,
+            )
             assert isinstance(served, bytes), f"{role.role} exited:\n{role.output()}"
         time.sleep(2.0)  # let work flow, so labelled series and histogram samples appear
         for role in roles:
@@ -301,23 +346,62 @@ def test_demo_with_prometheus_gives_every_dashboard_query_data(client, redis_url
     started = time.time()
     out, err = tmp_path / "demo.out", tmp_path / "demo.err"
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        demo = subprocess.Popen([sys.executable, "-m", "streamgrp", "--log-level", "WARNING", "demo",
-                                 "--redis-url", redis_url, "--data-dir", str(tmp_path), "--run", run_name,
-                                 "--steps", str(DEMO_STEPS), "--workers", "2", "--ranks", "2", "--reject-rate", "0.5",
-                                 "--prometheus", "--timeout-s", "240"], stdout=stdout, stderr=stderr)
+        demo = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streamgrp",
+                "--log-level",
+                "WARNING",
+                "demo",
+                "--redis-url",
+                redis_url,
+                "--data-dir",
+                str(tmp_path),
+                "--run",
+                run_name,
+                "--steps",
+                str(DEMO_STEPS),
+                "--workers",
+                "2",
+                "--ranks",
+                "2",
+                "--reject-rate",
+                "0.5",
+                "--prometheus",
+                "--timeout-s",
+                "240",
+            ],
+            stdout=stdout,
+            stderr=stderr,
+        )
     try:
         targets_file = targets_dir / "targets.json"
         wait_until(targets_file.exists, timeout=60, message="the demo's targets file", interval=0.25)
         listed = json.loads(targets_file.read_text())
-        assert sorted(e["labels"]["role"] for e in listed) == ["assembler", "batcher", "trainer", "trainer",
-                                                               "worker", "worker"]
+        assert sorted(e["labels"]["role"] for e in listed) == [
+            "assembler",
+            "batcher",
+            "trainer",
+            "trainer",
+            "worker",
+            "worker",
+        ]
         # An entry that does not decode: the assembler dead-letters it, so the dead-letter panels have data.
         client.xadd(RunKeys(run_name).slots, {"garbage": "1"})
         # The demo's own Prometheus is up and scrapes every process.
-        url = wait_until(lambda: re.search(r"Prometheus at (http://\S+)", err.read_text()), timeout=60,
-                         message="the demo to print its Prometheus URL", interval=0.25).group(1)
-        wait_until(lambda: demo.poll() is not None or len(api(url, "/api/v1/targets")["activeTargets"]) == len(listed),
-                   timeout=30, message="the demo's Prometheus to discover every process", interval=0.25)
+        url = wait_until(
+            lambda: re.search(r"Prometheus at (http://\S+)", err.read_text()),
+            timeout=60,
+            message="the demo to print its Prometheus URL",
+            interval=0.25,
+        ).group(1)
+        wait_until(
+            lambda: demo.poll() is not None or len(api(url, "/api/v1/targets")["activeTargets"]) == len(listed),
+            timeout=30,
+            message="the demo's Prometheus to discover every process",
+            interval=0.25,
+        )
         assert demo.poll() is None, "the demo ended before its Prometheus could be checked"
         assert demo.wait(timeout=240) == 0, err.read_text()
     finally:
@@ -333,10 +417,16 @@ def test_demo_with_prometheus_gives_every_dashboard_query_data(client, redis_url
     assert scraped, "Prometheus never scraped a process of the demo"
     last = max(float(t) for t, _ in scraped[0]["values"])
     # The demo runs no rewarder and no follower: their panels stay empty for it.
-    demo_queries = [(title, expr, instant) for title, expr, instant in dashboard_queries()
-                    if not any(name in expr for name in NOT_IN_DEMO)]
-    empty = [f"{title}: {expr}" for title, expr, instant in demo_queries
-             if not (query(base, expr, last) if instant else query_range(base, expr, started, end, step=0.25))]
+    demo_queries = [
+        (title, expr, instant)
+        for title, expr, instant in dashboard_queries()
+        if not any(name in expr for name in NOT_IN_DEMO)
+    ]
+    empty = [
+        f"{title}: {expr}"
+        for title, expr, instant in demo_queries
+        if not (query(base, expr, last) if instant else query_range(base, expr, started, end, step=0.25))
+    ]
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
     dead = query_range(base, 'sum(streamgrp_dead_letters_total{role="assembler"})', started, end)
     assert max(float(v) for _, v in dead[0]["values"]) == 1
@@ -350,18 +440,21 @@ def test_demo_with_prometheus_gives_every_dashboard_query_data(client, redis_url
 @pytest.mark.slow
 @needs_prometheus
 @on_valkey
-def test_a_run_that_rejects_everything_shows_the_stall_and_fires_the_stall_alert(client, redis_url, run_name,
-                                                                                  tmp_path):
+def test_a_run_that_rejects_everything_shows_the_stall_and_fires_the_stall_alert(client, redis_url, run_name, tmp_path):
     bounds = {"max_empty_rounds": 4, "stall_timeout_s": 12.0}  # alert at >= 3 rounds and > 9 s; failure at 12 s
     join_run(client, run_name, RunConfig(n_samples=2, group_timeout_s=5.0, **bounds))
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"p": i % 8, "reject_rate": 1.0}) + "\n" for i in range(20000)))
     common = ["--redis-url", redis_url, "--run", run_name]
-    specs = {"worker": ["--rollout", "streamgrp.consumers.toy_task:rollout", "--concurrency", "2"],
-             "assembler": ["--tick-interval-s", "0.2"], "batcher": ["--dataset", str(dataset), "--round-s", "0.5"]}
+    specs = {
+        "worker": ["--rollout", "streamgrp.consumers.toy_task:rollout", "--concurrency", "2"],
+        "assembler": ["--tick-interval-s", "0.2"],
+        "batcher": ["--dataset", str(dataset), "--round-s", "0.5"],
+    }
     ports = {role: free_port("127.0.0.1") for role in specs}
-    config = prom.prepare(tmp_path / "prometheus", [prom.Target(role, 0, port) for role, port in ports.items()],
-                          **bounds)
+    config = prom.prepare(
+        tmp_path / "prometheus", [prom.Target(role, 0, port) for role, port in ports.items()], **bounds
+    )
     server = prom.Prometheus(config, tmp_path / "prometheus")
     base = server.start()
     start = time.time()
@@ -372,8 +465,12 @@ def test_a_run_that_rejects_everything_shows_the_stall_and_fires_the_stall_alert
             roles[role] = Role(role, [*common, *specs[role], "--metrics-port", str(ports[role])], tmp_path)
             if role != "batcher":
                 url = f"http://127.0.0.1:{ports[role]}/metrics"
-                wait_until(lambda r=role, u=url: fetch(u) or roles[r].proc.poll() is not None, timeout=90,
-                           message=f"the {role} to serve metrics", interval=0.25)
+                wait_until(
+                    lambda r=role, u=url: fetch(u) or roles[r].proc.poll() is not None,
+                    timeout=90,
+                    message=f"the {role} to serve metrics",
+                    interval=0.25,
+                )
                 assert roles[role].proc.poll() is None, roles[role].output()
         batcher = roles["batcher"]
         assert batcher.proc.wait(timeout=120) == 1, batcher.output()
@@ -394,8 +491,12 @@ def test_a_run_that_rejects_everything_shows_the_stall_and_fires_the_stall_alert
         assert dropped and dropped[-1] > 0, "the workers' rejections never reached a group decision"
         # The stall alert's own expression, as Prometheus loaded it (the run's bounds rendered in), became
         # true, and Prometheus fired the alert, before the run failed.
-        rules = [r for g in api(base, "/api/v1/rules")["groups"] for r in g["rules"]
-                 if r.get("name") == "StreamgrpStallApproaching"]
+        rules = [
+            r
+            for g in api(base, "/api/v1/rules")["groups"]
+            for r in g["rules"]
+            if r.get("name") == "StreamgrpStallApproaching"
+        ]
         assert len(rules) == 1
         assert query_range(base, rules[0]["query"], start, end), "the stall alert's expression never held"
         assert query_range(base, 'ALERTS{alertname="StreamgrpStallApproaching", alertstate="firing"}', start, end)

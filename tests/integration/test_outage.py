@@ -37,20 +37,29 @@ def _finished(client, run) -> bool:
 
 
 def _verify(url: str, run_name: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamgrp", "verify", "--redis-url", url, "--run", run_name],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **CHILD_ENV})
+    return subprocess.run(
+        [sys.executable, "-m", "streamgrp", "verify", "--redis-url", url, "--run", run_name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **CHILD_ENV},
+    )
 
 
 def _finish_and_check(client, run, pipeline: Pipeline, url: str, *, prompts: int) -> int:
     """Wait for the run to end with every live role still up, stop them, and check SPEC section 5."""
+
     def done() -> bool:
         assert not [e for e in pipeline.exited() if not e.startswith(("batcher", "trainer"))], pipeline.exited()
         return _finished(client, run) and pipeline.trainers_done()
 
     wait_until(done, timeout=180, interval=0.5, message="the run to finish")
     assert pipeline.batcher.proc.wait(timeout=30) == 0, pipeline.batcher.output()[-3000:]
-    wait_until(lambda: client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0, timeout=30,
-               message="every task acknowledged")
+    wait_until(
+        lambda: client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0,
+        timeout=30,
+        message="every task acknowledged",
+    )
     codes = pipeline.stop()
     assert set(codes.values()) == {0}, codes  # SIGTERM is a clean stop for every role
     n_steps = check_run(client, run, prompts=prompts)
@@ -97,16 +106,16 @@ def test_every_role_rides_out_a_paused_then_killed_and_restarted_server(server_f
         assert "Traceback" not in out, (role.role, out[-3000:])
 
 
-def test_chaos_twenty_role_kills_and_two_server_restarts_lose_and_double_nothing(server_factory, run_name,
-                                                                                  tmp_path):
+def test_chaos_twenty_role_kills_and_two_server_restarts_lose_and_double_nothing(server_factory, run_name, tmp_path):
     port = free_port("127.0.0.1")
     server = server_factory(tmp_path / "data", port=port, appendfsync="always")
     url = server.url
     client = connect(url)
     run = join_run(client, run_name, RunConfig(**RUN))
     prompts = 240
-    dataset = write_dataset(tmp_path / "prompts.jsonl", prompts, tokens=16, reject_rate=0.1, fail_rate=0.05,
-                            sleep_s=0.02)
+    dataset = write_dataset(
+        tmp_path / "prompts.jsonl", prompts, tokens=16, reject_rate=0.1, fail_rate=0.05, sleep_s=0.02
+    )
     pipeline = Pipeline(url, run_name, tmp_path, dataset, RUN_FLAGS, dp_size=2)
     rng = random.Random(31)
     kills: dict[str, int] = {}

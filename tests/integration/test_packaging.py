@@ -33,9 +33,11 @@ from streamgrp.cli.children import free_port
 ROOT = Path(__file__).resolve().parents[2]
 #: What the core install leaves out; each is an extra's.
 OPTIONAL = ("torch", "numpy", "matplotlib", "pyarrow")
-BLOCKER = ("import sys\n"
-           f"for name in {OPTIONAL!r}:\n"
-           "    sys.modules[name] = None  # import fails, importlib.util.find_spec says None: as if not installed\n")
+BLOCKER = (
+    "import sys\n"
+    f"for name in {OPTIONAL!r}:\n"
+    "    sys.modules[name] = None  # import fails, importlib.util.find_spec says None: as if not installed\n"
+)
 TORCH_HINT = "pip install 'streamgrp[trainer]'"
 #: What a build reads (the links inside streamgrp/ point into consumers/ and ops/). The wheel is built from
 #: a copy of these, so a stale build/ or egg-info of the checkout cannot leak into it, nor the build litter it.
@@ -52,9 +54,24 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             shutil.copy2(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                            "--disable-pip-version-check", "-q", "-w", str(out), str(source)],
-                           capture_output=True, text=True, timeout=240)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-q",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     [path] = out.glob("streamgrp-*.whl")
     return path
@@ -90,8 +107,16 @@ def test_torch_is_the_trainer_extra_without_an_upper_bound(wheel):
     def extra(name: str) -> dict[str, Requirement]:
         return {r.name: r for r in requirements if r.marker is not None and r.marker.evaluate({"extra": name})}
 
-    assert set(metadata.get_all("Provides-Extra")) == {"trainer", "report", "export", "trl", "llm", "docs", "gateway",
-                                                       "dev"}
+    assert set(metadata.get_all("Provides-Extra")) == {
+        "trainer",
+        "report",
+        "export",
+        "trl",
+        "llm",
+        "docs",
+        "gateway",
+        "dev",
+    }
     assert set(extra("gateway")) == {"aiohttp", "openai"}  # the gateway's server and the agents' client
     trainer = extra("trainer")
     assert set(trainer) == {"torch", "numpy", "safetensors"}  # safetensors: the reference trainer's checkpoints
@@ -118,16 +143,25 @@ def _without_optional(tmp_path: Path) -> dict[str, str]:
 
 
 def _cli(env: dict[str, str], *args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamgrp", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "streamgrp", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
+    )
 
 
 @pytest.mark.one_server_kind
 def test_the_core_commands_run_without_torch_numpy_matplotlib_or_pyarrow(redis_url, run_name, tmp_path):
     env = _without_optional(tmp_path)
-    probe = subprocess.run([sys.executable, "-c", "import importlib.util as u, streamgrp.cli.extras as x; "
-                            "print(x.missing('trainer'), u.find_spec('numpy'))"],
-                           capture_output=True, text=True, env=env, cwd=tmp_path)
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util as u, streamgrp.cli.extras as x; print(x.missing('trainer'), u.find_spec('numpy'))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert probe.stdout.split() == ["['torch']", "None"], probe.stderr  # the blocker works
 
     def ok(*args: str) -> str:
@@ -149,10 +183,13 @@ def test_the_core_commands_run_without_torch_numpy_matplotlib_or_pyarrow(redis_u
     assert run_name in [line.split()[0] for line in ok("runs").splitlines() if line.strip()]
     ok("archiver", "--burst", "--data-dir", str(tmp_path / "data"))
 
-    needs = {("trainer",): TORCH_HINT, ("demo", "--data-dir", str(tmp_path / "demo")): TORCH_HINT,
-             ("replay", "0", "--redis-url", redis_url, "--run", run_name): TORCH_HINT,
-             ("report", "--format", "png", "--redis-url", redis_url, "--run", run_name): "'streamgrp[report]'",
-             ("export", run_name, "--redis-url", redis_url): "'streamgrp[export]'"}
+    needs = {
+        ("trainer",): TORCH_HINT,
+        ("demo", "--data-dir", str(tmp_path / "demo")): TORCH_HINT,
+        ("replay", "0", "--redis-url", redis_url, "--run", run_name): TORCH_HINT,
+        ("report", "--format", "png", "--redis-url", redis_url, "--run", run_name): "'streamgrp[report]'",
+        ("export", run_name, "--redis-url", redis_url): "'streamgrp[export]'",
+    }
     for args, hint in needs.items():
         result = _cli(env, *args, cwd=tmp_path)
         assert result.returncode == 2 and hint in result.stderr, f"streamgrp {' '.join(args)}:\n{result.stderr}"
@@ -165,8 +202,13 @@ def test_the_server_runs_without_torch(tmp_path):
     env = _without_optional(tmp_path)
     assert _cli(env, "server", "--help", cwd=tmp_path).returncode == 0
     port = free_port("127.0.0.1")
-    server = subprocess.Popen([sys.executable, "-m", "streamgrp", "server", "--port", str(port), "--data-dir",
-                               str(tmp_path / "data")], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamgrp", "server", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        env=env,
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         client = redis.Redis(port=port)
         deadline = time.monotonic() + 30
@@ -197,22 +239,52 @@ def test_the_wheel_in_a_fresh_environment_runs_without_torch(wheel, redis_url, r
     """pip installs the wheel and its core dependencies (from the configured index) into a new venv."""
     venv.create(tmp_path / "venv", with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
-                               capture_output=True, text=True, timeout=300)
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stdout + installed.stderr
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    listed = subprocess.run([str(python), "-m", "pip", "list", "--format", "freeze", "--disable-pip-version-check"],
-                            capture_output=True, text=True, env=env, check=True).stdout.lower()
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format", "freeze", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.lower()
     assert not any(line.startswith(f"{name}==") for name in OPTIONAL for line in listed.split())
     command = str(tmp_path / "venv" / "bin" / "streamgrp")
-    layout = subprocess.run([str(python), "-c", "import importlib.util as u; from streamgrp.cli import prom; "
-                             "print(u.find_spec('consumers'), u.find_spec('streamgrp.consumers.grpo_trainer') is not None,"
-                             " prom.default_rules_file().is_file())"],
-                            capture_output=True, text=True, env=env, cwd=tmp_path)
+    layout = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.util as u; from streamgrp.cli import prom; "
+            "print(u.find_spec('consumers'), u.find_spec('streamgrp.consumers.grpo_trainer') is not None,"
+            " prom.default_rules_file().is_file())",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert layout.stdout.split() == ["None", "True", "True"], layout.stderr
-    batcher = subprocess.run([command, "batcher", "--burst", "--redis-url", redis_url, "--run", run_name],
-                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    batcher = subprocess.run(
+        [command, "batcher", "--burst", "--redis-url", redis_url, "--run", run_name],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert batcher.returncode == 0, batcher.stderr
-    trainer = subprocess.run([command, "trainer", "--redis-url", redis_url, "--run", run_name],
-                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    trainer = subprocess.run(
+        [command, "trainer", "--redis-url", redis_url, "--run", run_name],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert trainer.returncode == 2 and TORCH_HINT in trainer.stderr, trainer.stderr

@@ -50,19 +50,28 @@ def _decided(client, run) -> int:
     return sum(client.hlen(part.decided) for part in run.partitions)
 
 
-def test_sigkill_a_partitions_assembler_and_another_partitions_node_loses_and_doubles_nothing(own_cluster, tmp_path,
-                                                                                             run_name):
+def test_sigkill_a_partitions_assembler_and_another_partitions_node_loses_and_doubles_nothing(
+    own_cluster, tmp_path, run_name
+):
     rng = random.Random(7)
     client = connect(own_cluster.url, cluster=True)
     run = join_run(client, run_name, RunConfig(n_samples=4, group_timeout_s=3600.0, partitions=PARTITIONS))
     issued = TaskIssuer(client, run.keys, partitions=run.partitions).issue([PROMPT] * GROUPS)
     env = {"STREAMGRP_CLUSTER": "1", "STREAMGRP_REDIS_URL": own_cluster.url}
     common = ["--run", run_name]
-    workers = [RoleProcess("worker", [*common, "--concurrency", "4", "--claim-idle-s", "2"], tmp_path / f"w{i}", env)
-               for i in range(2)]
-    assemblers = [RoleProcess("assembler", [*common, "--partition", str(p), "--lease-ttl-s", "1",
-                                            "--tick-interval-s", "0.1"], tmp_path / f"asm{p}", env)
-                  for p in range(PARTITIONS)]
+    workers = [
+        RoleProcess("worker", [*common, "--concurrency", "4", "--claim-idle-s", "2"], tmp_path / f"w{i}", env)
+        for i in range(2)
+    ]
+    assemblers = [
+        RoleProcess(
+            "assembler",
+            [*common, "--partition", str(p), "--lease-ttl-s", "1", "--tick-interval-s", "0.1"],
+            tmp_path / f"asm{p}",
+            env,
+        )
+        for p in range(PARTITIONS)
+    ]
     processes = [*workers, *assemblers]
     for process in processes:
         process.log_dir.mkdir()
@@ -70,12 +79,18 @@ def test_sigkill_a_partitions_assembler_and_another_partitions_node_loses_and_do
     victim_node = client.get_node_from_key(run.partitions[2].slots).port
     assert victim_node != client.get_node_from_key(run.partitions[1].slots).port  # two nodes hit, not one twice
     try:
-        wait_until(lambda: client.hlen(run.partitions[1].decided) > 10, timeout=60,
-                   message="partition 1's assembler to decide something")
+        wait_until(
+            lambda: client.hlen(run.partitions[1].decided) > 10,
+            timeout=60,
+            message="partition 1's assembler to decide something",
+        )
         time.sleep(rng.uniform(0.05, 0.3))
         assemblers[1].kill()  # mid-fold, holding its lease
-        wait_until(lambda: client.hlen(run.partitions[2].decided) > 10, timeout=60,
-                   message="partition 2's assembler to decide something")
+        wait_until(
+            lambda: client.hlen(run.partitions[2].decided) > 10,
+            timeout=60,
+            message="partition 2's assembler to decide something",
+        )
         own_cluster.kill(victim_node)  # the node of partition 2's keys, with its assembler mid-round
         time.sleep(1.0)
         own_cluster.restart(victim_node)
@@ -83,8 +98,11 @@ def test_sigkill_a_partitions_assembler_and_another_partitions_node_loses_and_do
 
         wait_until(lambda: _decided(client, run) == GROUPS, timeout=240, interval=0.2, message="every task decided")
         for part in run.partitions:
-            wait_until(lambda part=part: client.xpending(part.slots, ASSEMBLER_GROUP)["pending"] == 0, timeout=60,
-                       message=f"partition {part.index}'s slot log fully acknowledged")
+            wait_until(
+                lambda part=part: client.xpending(part.slots, ASSEMBLER_GROUP)["pending"] == 0,
+                timeout=60,
+                message=f"partition {part.index}'s slot log fully acknowledged",
+            )
     finally:
         for process in processes:
             if process.proc is not None and process.proc.poll() is None:
@@ -128,7 +146,10 @@ def test_a_publish_whose_node_is_down_rides_the_outage_and_lands_once(own_cluste
         restart.join()
     assert client.outage.count > outages
     # The group log holds the task's own entry too: only its slot results count.
-    results = {entry_id.decode(): event for entry_id, fields in client.xrange(run.keys.slots)
-               if isinstance(event := codec.decode(fields), SlotResult) and event.task_id == task.task_id}
+    results = {
+        entry_id.decode(): event
+        for entry_id, fields in client.xrange(run.keys.slots)
+        if isinstance(event := codec.decode(fields), SlotResult) and event.task_id == task.task_id
+    }
     assert sorted(event.slot for event in results.values()) == [0, 1]
     assert sorted(ids) == sorted(results)

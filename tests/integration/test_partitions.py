@@ -34,26 +34,37 @@ TASKS = 30
 def _rollout(request):
     if request.slot == 1 and int(request.task_id[1:]) % 4 == 0:
         return None  # a partial group now and then: ragged shards
-    return make_sample(tokens=3 + request.slot + int(request.task_id[1:]) % 5, prompt_tokens=1,
-                       reward=float(request.slot), version=request.version, seed=int(request.task_id[1:]) * 10 + request.slot)
+    return make_sample(
+        tokens=3 + request.slot + int(request.task_id[1:]) % 5,
+        prompt_tokens=1,
+        reward=float(request.slot),
+        version=request.version,
+        seed=int(request.task_id[1:]) * 10 + request.slot,
+    )
 
 
 def _run(client, run_name, **settings):
-    return join_run(client, run_name, RunConfig(n_samples=3, batch_size=4, dp_size=2, max_staleness=1000,
-                                                partitions=PARTITIONS, **settings))
+    return join_run(
+        client,
+        run_name,
+        RunConfig(n_samples=3, batch_size=4, dp_size=2, max_staleness=1000, partitions=PARTITIONS, **settings),
+    )
 
 
 def _work(client, run) -> None:
     worker = WorkerClient(client, run.keys, partitions=run.partitions)
     while tasks := worker.take(8, block_ms=None):
-        worker.publish_many([(r.task_id, r.slot, _rollout(r)) for task in tasks
-                             for r in task.requests(run.config.n_samples, 0)])
+        worker.publish_many(
+            [(r.task_id, r.slot, _rollout(r)) for task in tasks for r in task.requests(run.config.n_samples, 0)]
+        )
         worker.done(*tasks)
 
 
 def _assemble(client, run) -> int:
-    return sum(Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05), partition=p).run(burst=True)
-               for p in range(PARTITIONS))
+    return sum(
+        Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05), partition=p).run(burst=True)
+        for p in range(PARTITIONS)
+    )
 
 
 def _batcher(client, run, dataset=None, **config) -> Batcher:
@@ -161,8 +172,9 @@ def test_a_task_a_partition_decides_again_after_its_step_is_not_trained_twice(cl
     # What a partition whose server lost its last second of writes does: its assembler, finding the
     # slots unacknowledged and no decided marker, decides a task again, after a step used the first.
     part = run.partitions[0]
-    first = next((entry, fields) for entry, fields in client.xrange(part.decisions)
-                 if codec.decode(fields).task_id in trained)
+    first = next(
+        (entry, fields) for entry, fields in client.xrange(part.decisions) if codec.decode(fields).task_id in trained
+    )
     client.xadd(part.decisions, first[1])
     Assembler(client, run, config, partition=2).run(burst=True)
     while batcher.outcome == "running":
@@ -179,8 +191,13 @@ def test_a_dropped_task_decided_again_is_not_trained(client, run_name):
     worker = WorkerClient(client, run.keys)  # no partitions given: the run's record names them
     assert len(worker.partitions) == PARTITIONS
     while tasks := worker.take(8, block_ms=None):
-        worker.publish_many([(r.task_id, r.slot, RuntimeError("down") if r.task_id == victim else _rollout(r))
-                             for task in tasks for r in task.requests(run.config.n_samples, 0)])
+        worker.publish_many(
+            [
+                (r.task_id, r.slot, RuntimeError("down") if r.task_id == victim else _rollout(r))
+                for task in tasks
+                for r in task.requests(run.config.n_samples, 0)
+            ]
+        )
         worker.done(*tasks)
     config = AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)
     Assembler(client, run, config, partition=0).run(burst=True)
@@ -189,8 +206,7 @@ def test_a_dropped_task_decided_again_is_not_trained(client, run_name):
     dropped = next(f for _, f in client.xrange(part.decisions) if codec.decode(f).task_id == victim)
     assert codec.decode(dropped).decision == "dropped"
     # Its partition's server loses the decision and the task runs again: now it is decided complete.
-    trained = next(codec.decode(f) for _, f in client.xrange(part.decisions)
-                   if codec.decode(f).decision == "complete")
+    trained = next(codec.decode(f) for _, f in client.xrange(part.decisions) if codec.decode(f).decision == "complete")
     again = trained.replace(task_id=victim)
     client.xadd(part.decisions, codec.encode(again))
     for partition in (1, 2):
@@ -251,15 +267,18 @@ def test_workers_take_only_from_the_partitions_they_are_given_and_publish_to_eac
 
 def test_partition_keys_spread_over_the_slot_space_and_one_partition_is_the_unpartitioned_layout(client, run_name):
     run = _run(client, run_name)
-    slots = [int(client.execute_command("CLUSTER KEYSLOT", part.slots)) if _is_cluster(client) else tag_slot(part.tag)
-             for part in run.partitions]
+    slots = [
+        int(client.execute_command("CLUSTER KEYSLOT", part.slots)) if _is_cluster(client) else tag_slot(part.tag)
+        for part in run.partitions
+    ]
     assert slots == [tag_slot(part.tag) for part in run.partitions]
     assert [s * PARTITIONS // 16384 for s in slots] == list(range(PARTITIONS))
     if _is_cluster(client):  # three partitions, three primaries
         assert len({client.get_node_from_key(part.slots).name for part in run.partitions}) == PARTITIONS
     single = join_run(client, run_name + "-one", RunConfig())
-    assert single.partitions[0].all_streams() == {name: key for name, key in single.keys.all_streams().items()
-                                                 if name in single.partitions[0].all_streams()}
+    assert single.partitions[0].all_streams() == {
+        name: key for name, key in single.keys.all_streams().items() if name in single.partitions[0].all_streams()
+    }
 
 
 def _is_cluster(client) -> bool:
@@ -333,12 +352,16 @@ def test_every_role_of_a_partitioned_run_works_under_its_own_acl_user(server_kin
         pytest.skip("an ACL file is loaded by one server")
     roles = list(ROLES)
     passwords = {role: secrets.token_urlsafe(12) for role in [*roles, "admin"]}
-    lines = ["user default off", f"user admin on {password_hash(passwords['admin'])} ~* &* +@all",
-             *render_run(run_name, roles, passwords=passwords, partitions=PARTITIONS)]
+    lines = [
+        "user default off",
+        f"user admin on {password_hash(passwords['admin'])} ~* &* +@all",
+        *render_run(run_name, roles, passwords=passwords, partitions=PARTITIONS),
+    ]
     (tmp_path / "users.acl").write_text("\n".join(lines) + "\n")
     server = EmbeddedServer(tmp_path / "server", binary=kind_binary, acl_file=tmp_path / "users.acl")
     server.start()
     try:
+
         def as_(role):
             return connect(f"redis://sg-{run_name}-{role}@127.0.0.1:{server.port}/0", password=passwords[role])
 
@@ -397,7 +420,8 @@ def test_the_archiver_and_retention_cover_every_partition_and_every_step_still_r
     for part in run.partitions:  # each partition's streams archived under their own names, then trimmed
         assert sum(1 for _ in reader.scan(f"slots@{part.index}")) >= client.xlen(part.slots)
         assert sum(1 for _ in reader.scan(f"decisions@{part.index}")) == len(
-            [t for t in range(TASKS) if task_partition(f"t{t:08d}", PARTITIONS) == part.index])
+            [t for t in range(TASKS) if task_partition(f"t{t:08d}", PARTITIONS) == part.index]
+        )
     report = archiver.last_trim
     assert report is not None and report.removed > 0
     assert {f"slots@{p}" for p in range(PARTITIONS)} <= set(report.streams)
@@ -415,8 +439,9 @@ def test_the_archiver_and_retention_cover_every_partition_and_every_step_still_r
     for manifest in manifests:  # every step, trimmed or not, replays bit for bit through the archive
         recorded = codec.decode(source("steps", [step_entry_id(manifest.step)])[0])
         for rank in (0, 1):
-            assert replay_step(client, run.keys, manifest.step, rank, source=source).digest == \
-                recorded.shards[rank].digest
+            assert (
+                replay_step(client, run.keys, manifest.step, rank, source=source).digest == recorded.shards[rank].digest
+            )
     summary = run_summary(client, run.keys, source=source)
     assert summary["tasks"] == summary["tasks_decided"] == TASKS and summary["steps"] == len(manifests)
     alone = ArchiveSource(tmp_path / "archive")  # the archive by itself knows the run's partitions
@@ -430,12 +455,12 @@ def test_verify_refolds_every_partition_and_checks_every_step(client, run_name):
     report = verify(client, run.keys)
     assert report.ok, report.differences
     assert report.decisions_checked == TASKS and report.steps_checked == len(_manifests(client, run))
-    assert report.payloads_checked == sum(m.rows > 0 for p in run.partitions for _, f in client.xrange(p.decisions)
-                                          for m in codec.decode(f).members)
+    assert report.payloads_checked == sum(
+        m.rows > 0 for p in run.partitions for _, f in client.xrange(p.decisions) for m in codec.decode(f).members
+    )
 
     # A partition's decision written twice: the re-fold of that partition has it once.
     part = run.partitions[1]
     client.xadd(part.decisions, client.xrange(part.decisions, count=1)[0][1])
     kinds = {difference.kind for difference in verify(client, run.keys).differences}
     assert "decision_duplicate" in kinds
-

@@ -108,20 +108,26 @@ def test_a_staged_payload_that_is_gone_refuses_the_whole_call_writing_nothing(cl
     never = payloads.staged_key(keys.payloads)
     for gone in (expiring, never):
         with pytest.raises(redis.ResponseError, match=r"STAGED the staged payload .* is gone"):
-            publish(keys=[keys.slots, keys.payloads, keys.tasks, live, gone],
-                    args=[WORKERS_GROUP, 1, taken.entry_id, header, "1", rejected, "", header, "1"])
-    for bad_keys, args in (([keys.slots, keys.payloads, keys.tasks, keys.slots], [header, "1"]),  # not a staging key
-                           ([keys.slots, keys.payloads, keys.tasks, live, live], [header, "1", header, "1"]),
-                           ([keys.slots, keys.payloads, keys.tasks, live], [header, "1", header, "1"]),
-                           ([keys.slots, keys.payloads, keys.tasks, live], [header, ""])):
+            publish(
+                keys=[keys.slots, keys.payloads, keys.tasks, live, gone],
+                args=[WORKERS_GROUP, 1, taken.entry_id, header, "1", rejected, "", header, "1"],
+            )
+    for bad_keys, args in (
+        ([keys.slots, keys.payloads, keys.tasks, keys.slots], [header, "1"]),  # not a staging key
+        ([keys.slots, keys.payloads, keys.tasks, live, live], [header, "1", header, "1"]),
+        ([keys.slots, keys.payloads, keys.tasks, live], [header, "1", header, "1"]),
+        ([keys.slots, keys.payloads, keys.tasks, live], [header, ""]),
+    ):
         with pytest.raises(redis.ResponseError, match="BAD_INPUT"):
             publish(keys=bad_keys, args=["", 0, *args])
     # nothing was written: no slot entry, no payload key, the live staged key as it was, the task pending
     assert client.xlen(keys.slots) == before
     assert _payload_keys(client, keys) == [live]
     assert client.xpending(keys.tasks, WORKERS_GROUP)["pending"] == 1
-    [entry, _] = publish(keys=[keys.slots, keys.payloads, keys.tasks, live],
-                         args=[WORKERS_GROUP, 1, taken.entry_id, header, "1", rejected, ""])
+    [entry, _] = publish(
+        keys=[keys.slots, keys.payloads, keys.tasks, live],
+        args=[WORKERS_GROUP, 1, taken.entry_id, header, "1", rejected, ""],
+    )
     assert _payload_keys(client, keys) == [payloads.key(keys.payloads, entry.decode())]
     assert client.xpending(keys.tasks, WORKERS_GROUP)["pending"] == 0
 
@@ -132,8 +138,14 @@ def test_the_workers_user_may_stage_only_and_overwrite_no_slot_log(client, make_
     worker = role_users.client("worker")
     staged = payloads.staged_key(keys.payloads)
     assert worker.set(staged, b"x", nx=True, px=60_000)
-    for key in (payloads.key(keys.payloads, "1-1"), keys.slots, keys.payloads, keys.tasks, keys.control,
-                keys.pattern.replace("*", "elsewhere")):
+    for key in (
+        payloads.key(keys.payloads, "1-1"),
+        keys.slots,
+        keys.payloads,
+        keys.tasks,
+        keys.control,
+        keys.pattern.replace("*", "elsewhere"),
+    ):
         refused(lambda key=key: worker.set(key, b"x"))
     refused(lambda: worker.rename(staged, keys.slots))  # a staged value cannot replace the slot log
     refused(lambda: worker.xadd(keys.payloads, {"h": b"{}"}))
@@ -151,8 +163,13 @@ def _full_run(client, run, issuer, tasks: int) -> int:
     for _ in range(tasks):
         issuer(run).issue([{}])
         [task] = worker.take(1, block_ms=None)
-        worker.publish_many([(r.task_id, r.slot, make_sample(tokens=16 + r.slot, reward=float(r.slot), seed=r.slot))
-                             for r in task.requests(run.config.n_samples, 0)], done=[task])
+        worker.publish_many(
+            [
+                (r.task_id, r.slot, make_sample(tokens=16 + r.slot, reward=float(r.slot), seed=r.slot))
+                for r in task.requests(run.config.n_samples, 0)
+            ],
+            done=[task],
+        )
     Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)).run(burst=True)
     batcher = Batcher(client, run, BatcherConfig(round_s=0.05, lease_ttl_s=5))
     assert batcher.lease.acquire()
@@ -178,8 +195,9 @@ def _each_payload_key_has_its_slot_entry(client, keys) -> int:
 
 
 @pytest.mark.cluster
-def test_after_a_run_with_retention_and_archive_no_payload_key_outlives_its_slot_entry(client, make_run, issuer,
-                                                                                       tmp_path):
+def test_after_a_run_with_retention_and_archive_no_payload_key_outlives_its_slot_entry(
+    client, make_run, issuer, tmp_path
+):
     run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=100)
     keys = run.keys
     # A writer killed between its two commands leaves a staged payload, which expires by itself.
@@ -209,7 +227,8 @@ def test_after_a_run_with_retention_and_archive_no_payload_key_outlives_its_slot
 
 
 def test_retention_behind_a_partial_archive_deletes_exactly_the_payloads_of_the_slot_entries_it_trims(
-        client, make_run, issuer, tmp_path):
+    client, make_run, issuer, tmp_path
+):
     run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=100)
     keys = run.keys
     _full_run(client, run, issuer, 4)

@@ -29,11 +29,25 @@ KILL_AT = 2
 
 def _start_group(redis_url: str, run_name: str, record: Path, kill_at: dict[int, int]) -> list[subprocess.Popen]:
     dist_url = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
-    return [subprocess.Popen([sys.executable, str(HERE / "own_loop_rank.py"), redis_url, run_name, str(rank), "2",
-                              dist_url, str(record), *([str(kill_at[rank])] if rank in kill_at else [])],
-                             env={**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            for rank in (0, 1)]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "own_loop_rank.py"),
+                redis_url,
+                run_name,
+                str(rank),
+                "2",
+                dist_url,
+                str(record),
+                *([str(kill_at[rank])] if rank in kill_at else []),
+            ],
+            env={**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for rank in (0, 1)
+    ]
 
 
 def _records(path: Path) -> list[dict]:
@@ -43,7 +57,8 @@ def _records(path: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.one_server_kind
 def test_after_a_rank_dies_between_training_and_commit_the_restarted_ranks_train_the_same_steps(
-        client, redis_url, make_run, tmp_path):
+    client, redis_url, make_run, tmp_path
+):
     run = make_run(n_samples=3, dp_size=2, batch_size=2)
     make_steps(client, run, groups=2 * STEPS, steps=STEPS)
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
@@ -71,7 +86,9 @@ def test_after_a_rank_dies_between_training_and_commit_the_restarted_ranks_train
     events = [codec.decode(f) for _, f in client.xrange(run.keys.commits)]
     resumed = [e for e in events if isinstance(e, TrainingResumed)]
     assert [(e.attempt, e.step, e.reason, e.retrain_through) for e in resumed] == [
-        (1, 0, "start", -1), (2, KILL_AT, "lowest_rank", KILL_AT)]
+        (1, 0, "start", -1),
+        (2, KILL_AT, "lowest_rank", KILL_AT),
+    ]
     last_commits = {}
     for e in events:
         if isinstance(e, StepCommitted):
@@ -95,9 +112,12 @@ def test_after_a_rank_dies_between_training_and_commit_the_restarted_ranks_train
     client.xadd(run.keys.commits, codec.encode(apart))
     differences = verify(client, run.keys).differences
     assert [(d.kind, d.subject, d.recorded) for d in differences] == [
-        ("step_ranks_apart", f"step {STEPS - 1}", {0: 2, 1: 1})]
+        ("step_ranks_apart", f"step {STEPS - 1}", {0: 2, 1: 1})
+    ]
     # verify reports a trained sample's payload that was deleted (a credential that may XDEL payloads)
     member = codec.decode(client.xrange(run.keys.steps)[-1][1]).shards[0].groups[0].members[0]
     delete_payload(client, run.keys, member.entry)
     assert [(d.kind, d.field) for d in verify(client, run.keys).differences] == [
-        ("payload_missing", f"payload {member.entry}"), ("step_ranks_apart", "attempt")]
+        ("payload_missing", f"payload {member.entry}"),
+        ("step_ranks_apart", "attempt"),
+    ]

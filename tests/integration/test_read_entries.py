@@ -40,7 +40,11 @@ def test_an_entry_that_repeats_a_field_name_keeps_every_pair(client, run_name):
 
 def test_only_certainly_adjacent_ids_share_a_range():
     assert streams._adjacent_runs(["5-2", "5-1", "6-0", "5-3", "5-5", "5-2", "7-1", "7-2"]) == [
-        ("5-1", "5-3"), ("5-5", "5-5"), ("6-0", "6-0"), ("7-1", "7-2")]
+        ("5-1", "5-3"),
+        ("5-5", "5-5"),
+        ("6-0", "6-0"),
+        ("7-1", "7-2"),
+    ]
 
 
 def test_entries_between_asked_ids_are_never_returned_in_their_place(client, run_name):
@@ -102,16 +106,18 @@ def test_a_connection_killed_between_parts_is_read_again_and_nothing_is_handed_o
         if len(got) in (2, 9):  # mid-part: the next part's request (or reply) is in flight
             # Only this client's connections: the server may be shared with other tests running meanwhile.
             pool = client.connection_pool
-            ours = [conn._sock.getsockname() for conn in [*pool._available_connections, *pool._in_use_connections]
-                    if conn._sock is not None]
+            ours = [
+                conn._sock.getsockname()
+                for conn in [*pool._available_connections, *pool._in_use_connections]
+                if conn._sock is not None
+            ]
             killer = redis.Redis.from_url(redis_url)
             assert sum(killer.client_kill_filter(addr=f"{host}:{port}") for host, port in ours) >= 1
             killer.close()
     assert got == [str(i).encode() for i in range(14)]
 
 
-def test_a_server_down_when_a_streamed_read_begins_is_waited_for_under_the_retry(server_factory, run_name,
-                                                                                 server_kind):
+def test_a_server_down_when_a_streamed_read_begins_is_waited_for_under_the_retry(server_factory, run_name, server_kind):
     """The connection a streamed read takes is connected (or checked) as it is taken: that too runs under
     ``retry``, as the trainer's outage policy would (here: the first failure restarts the server)."""
     if server_kind == "cluster":

@@ -33,10 +33,33 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 def failed_demo(redis_url, run_name, tmp_path):
     """A finished demo run (2 ranks, 5 steps) whose trainers raised at step 3."""
     demo = subprocess.run(
-        [sys.executable, "-m", "streamgrp", "demo", "--redis-url", redis_url, "--data-dir", str(tmp_path / "demo"),
-         "--run", run_name, "--steps", "5", "--ranks", "2", "--workers", "2",
-         "--trainer-fail-at-step", str(FAILED_STEP), "--json", "--timeout-s", "120"],
-        capture_output=True, text=True, timeout=200)
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "demo",
+            "--redis-url",
+            redis_url,
+            "--data-dir",
+            str(tmp_path / "demo"),
+            "--run",
+            run_name,
+            "--steps",
+            "5",
+            "--ranks",
+            "2",
+            "--workers",
+            "2",
+            "--trainer-fail-at-step",
+            str(FAILED_STEP),
+            "--json",
+            "--timeout-s",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert demo.returncode == 2, demo.stderr[-3000:]
     assert "injected fault" in demo.stderr
     return RunKeys(run_name)
@@ -59,8 +82,18 @@ def test_a_failed_step_is_listed_replayed_and_verified(failed_demo, client, redi
     manifest = read_manifest(RedisSource(client, keys), FAILED_STEP)
     for rank in failed_ranks:
         out_file = tmp_path / f"step3-rank{rank}.safetensors"
-        code, out, err = _cli(capsys, "replay", str(FAILED_STEP), "--rank", str(rank), "--out", str(out_file),
-                              "--run-fn", "replay_fns:shard_stats", *connection)
+        code, out, err = _cli(
+            capsys,
+            "replay",
+            str(FAILED_STEP),
+            "--rank",
+            str(rank),
+            "--out",
+            str(out_file),
+            "--run-fn",
+            "replay_fns:shard_stats",
+            *connection,
+        )
         assert code == 0, err
         shard = manifest.shards[rank]
         assert f"digest {shard.digest} matches" in out
@@ -75,11 +108,13 @@ def test_a_failed_step_is_listed_replayed_and_verified(failed_demo, client, redi
             live.commit()
 
     # The user function's exception is shown, with a failing exit status; commit is refused.
-    code, _, err = _cli(capsys, "replay", str(FAILED_STEP), "--rank", "0", "--run-fn", "replay_fns:explode",
-                        *connection)
+    code, _, err = _cli(
+        capsys, "replay", str(FAILED_STEP), "--rank", "0", "--run-fn", "replay_fns:explode", *connection
+    )
     assert code == 1 and "replayed fault at step 3 on rank 0" in err
-    code, _, err = _cli(capsys, "replay", str(FAILED_STEP), "--rank", "0", "--run-fn", "replay_fns:commit_it",
-                        *connection)
+    code, _, err = _cli(
+        capsys, "replay", str(FAILED_STEP), "--rank", "0", "--run-fn", "replay_fns:commit_it", *connection
+    )
     assert code == 1 and "ReadOnlyBatch" in err
     code, _, err = _cli(capsys, "replay", "99", *connection)
     assert code == 2 and "step 99 is not recorded" in err
@@ -113,8 +148,9 @@ def test_a_failed_step_is_listed_replayed_and_verified(failed_demo, client, redi
     assert code == 1, out
     assert f"decision_differs: task {target.task_id} members" in out
     assert f"step {FAILED_STEP}" in out  # the step's shard no longer matches its groups' decisions
-    code, out, _ = _cli(capsys, "verify", "--redis-url", redis_url, "--run", forged_run,
-                        "--from", "0", "--to", str(FAILED_STEP - 1))
+    code, out, _ = _cli(
+        capsys, "verify", "--redis-url", redis_url, "--run", forged_run, "--from", "0", "--to", str(FAILED_STEP - 1)
+    )
     assert code == 1 and f"step {FAILED_STEP}" not in out  # the decision still differs; step 3 not re-sharded
 
     victim = target.members[0].entry
@@ -128,8 +164,9 @@ def test_a_failed_step_is_listed_replayed_and_verified(failed_demo, client, redi
 
     flipped_run = run_name + "-flipped"
     load_run(client, dump, flipped_run, edit=flip_a_byte)
-    code, _, err = _cli(capsys, "replay", str(FAILED_STEP), "--rank", "0", "--redis-url", redis_url,
-                        "--run", flipped_run)
+    code, _, err = _cli(
+        capsys, "replay", str(FAILED_STEP), "--rank", "0", "--redis-url", redis_url, "--run", flipped_run
+    )
     assert code == 1
     assert "digest mismatch" in err and target.task_id in err
     code, out, _ = _cli(capsys, "verify", "--redis-url", redis_url, "--run", flipped_run)

@@ -23,8 +23,12 @@ def rollout(request):
     """Rejects the slots a prompt lists in ``reject``; else a sample sized by the slot."""
     if request.slot in request.prompt.get("reject", ()):
         return None
-    return make_sample(tokens=4 + 3 * request.slot, version=request.version, reward=float(request.slot),
-                       seed=hash((request.task_id, request.slot)) % 10_000)
+    return make_sample(
+        tokens=4 + 3 * request.slot,
+        version=request.version,
+        reward=float(request.slot),
+        seed=hash((request.task_id, request.slot)) % 10_000,
+    )
 
 
 #: One round of tasks: two complete, one partial, one dropped below the minimum, one dropped
@@ -78,8 +82,11 @@ class Page(HTMLParser):
         self._key = None
 
     def points(self, series: str) -> list[int]:
-        return sorted(int(a["data-step"]) for tag, a in self.elements
-                      if "point" in a.get("class", "").split() and a.get("data-series") == series)
+        return sorted(
+            int(a["data-step"])
+            for tag, a in self.elements
+            if "point" in a.get("class", "").split() and a.get("data-series") == series
+        )
 
     def bars(self, chart: str) -> list[int]:
         steps, current = [], None
@@ -136,12 +143,23 @@ def test_the_report_draws_every_series_per_step_and_its_totals_match_the_summary
     page = parse(html)
     assert_self_contained(page, html)
     # no trainer ran: no loss or logprob mismatch, and the page says so instead of drawing empty charts
-    assert [a["data-chart"] for tag, a in page.elements if tag == "svg"] == \
-        [chart for chart in CHART_IDS if chart not in ("loss", "logprob-mismatch")]
-    assert [a["id"] for tag, a in page.elements if a.get("id", "").startswith("omitted-")] == \
-        ["omitted-loss", "omitted-logprob-mismatch"]
-    for series in ("usable", "trainable", "usable (cumulative)", "trainable (cumulative)", "since previous step",
-                   "longest gap without a trainable decision", "imbalance", "mean reward"):
+    assert [a["data-chart"] for tag, a in page.elements if tag == "svg"] == [
+        chart for chart in CHART_IDS if chart not in ("loss", "logprob-mismatch")
+    ]
+    assert [a["id"] for tag, a in page.elements if a.get("id", "").startswith("omitted-")] == [
+        "omitted-loss",
+        "omitted-logprob-mismatch",
+    ]
+    for series in (
+        "usable",
+        "trainable",
+        "usable (cumulative)",
+        "trainable (cumulative)",
+        "since previous step",
+        "longest gap without a trainable decision",
+        "imbalance",
+        "mean reward",
+    ):
         assert page.points(series) == steps, series
     for chart in ("decisions", "drop-reasons"):
         assert page.bars(chart) == steps, chart
@@ -187,25 +205,36 @@ def test_reward_comes_from_the_decisions_and_loss_and_mismatch_from_the_trainer_
     assert all(row.loss is None and row.logprob_mismatch is None for row in data.steps)
 
     # what a trainer records for a step (here by hand, as a trainer of one's own would) is charted at that step
-    client.hset(built_run.keys.trainer_metrics, mapping={
-        1: orjson.dumps({"loss": -0.5, "logprob_abs_diff_mean": 0.25}), 4: orjson.dumps({"loss": 1.5}),
-        "junk": b"{", 5: b"not json"})
+    client.hset(
+        built_run.keys.trainer_metrics,
+        mapping={
+            1: orjson.dumps({"loss": -0.5, "logprob_abs_diff_mean": 0.25}),
+            4: orjson.dumps({"loss": 1.5}),
+            "junk": b"{",
+            5: b"not json",
+        },
+    )
     data = build_report(client, built_run.keys)
     assert [row.loss for row in data.steps] == [None, -0.5, None, None, 1.5, None]
     assert [row.logprob_mismatch for row in data.steps] == [None, 0.25, None, None, None, None]
     page = parse(render_html(data))
     assert [a["data-chart"] for tag, a in page.elements if tag == "svg"] == list(CHART_IDS)
     assert page.points("loss") == list(range(6))  # one marker per step; steps without a loss are hollow
-    missing = sorted(int(a["data-step"]) for tag, a in page.elements
-                     if a.get("data-series") == "loss" and "missing" in a.get("class", "").split())
+    missing = sorted(
+        int(a["data-step"])
+        for tag, a in page.elements
+        if a.get("data-series") == "loss" and "missing" in a.get("class", "").split()
+    )
     assert missing == [0, 2, 3, 5]
 
 
 # -- the command -----------------------------------------------------------------------------------------------
 
+
 def streamgrp(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamgrp", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "streamgrp", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
 
 
 def test_the_command_writes_report_run_html_by_default(client, redis_url, built_run, tmp_path):
@@ -235,8 +264,22 @@ def test_the_command_names_what_to_fix(redis_url, run_name, tmp_path):
 @pytest.mark.slow
 def test_a_demo_run_renders_one_point_per_step(redis_url, tmp_path):
     name = "report-" + tmp_path.name[-20:].strip("_-").replace("_", "-")
-    demo = streamgrp("demo", "--redis-url", redis_url, "--data-dir", str(tmp_path / "data"), "--steps", "4",
-                     "--ranks", "1", "--workers", "1", "--run", name, timeout=240)
+    demo = streamgrp(
+        "demo",
+        "--redis-url",
+        redis_url,
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--steps",
+        "4",
+        "--ranks",
+        "1",
+        "--workers",
+        "1",
+        "--run",
+        name,
+        timeout=240,
+    )
     assert demo.returncode == 0, demo.stderr
     out = tmp_path / "report.html"
     result = streamgrp("report", "--redis-url", redis_url, "--run", name, "--out", str(out))

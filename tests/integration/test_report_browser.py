@@ -54,12 +54,35 @@ def demo_report(redis_url, server_kind, tmp_path) -> bytes:
         pytest.skip("the page does not depend on the server kind; the report's reading is tested on both")
     name = "browser-" + tmp_path.name[-20:].strip("_-").replace("_", "-")
     run = [sys.executable, "-m", "streamgrp"]
-    demo = subprocess.run([*run, "demo", "--redis-url", redis_url, "--data-dir", str(tmp_path / "data"), "--steps", "4",
-                           "--ranks", "1", "--workers", "1", "--run", name], capture_output=True, text=True, timeout=240)
+    demo = subprocess.run(
+        [
+            *run,
+            "demo",
+            "--redis-url",
+            redis_url,
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--steps",
+            "4",
+            "--ranks",
+            "1",
+            "--workers",
+            "1",
+            "--run",
+            name,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert demo.returncode == 0, demo.stderr
     out = tmp_path / "report.html"
-    report = subprocess.run([*run, "report", "--redis-url", redis_url, "--run", name, "--out", str(out)],
-                            capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [*run, "report", "--redis-url", redis_url, "--run", name, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     return out.read_bytes()
 
@@ -85,14 +108,18 @@ def test_every_chart_renders_in_chromium_and_the_page_requests_only_itself(demo_
     # Only the page, once: no icon, stylesheet, font or image from anywhere, here or elsewhere.
     assert browser.page_requests == [browser.url]
     origin = browser.url.removesuffix(PAGE_PATH)
-    here = [(method, target.removeprefix(origin)) for method, target in browser.served
-            if target.startswith(("/", origin + "/"))]  # a proxy is asked for whole URLs, a server for paths
+    here = [
+        (method, target.removeprefix(origin))
+        for method, target in browser.served
+        if target.startswith(("/", origin + "/"))
+    ]  # a proxy is asked for whole URLs, a server for paths
     assert here == [("GET", PAGE_PATH)]
 
 
 LEAKY = b"""<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">
 <link rel="stylesheet" href="https://cdn.example.com/report.css"></head>
-<body><svg id="chart-yields" width="10" height="10"></svg><img src="http://example.invalid/pixel.png" alt=""></body></html>"""
+<body><svg id="chart-yields" width="10" height="10"></svg>
+<img src="http://example.invalid/pixel.png" alt=""></body></html>"""
 
 
 def test_the_request_check_catches_a_page_that_loads_from_elsewhere(tmp_path: Path):

@@ -22,8 +22,18 @@ from streamgrp.store.runs import open_run
 
 
 PROMPTS = 24
-RUN_FLAGS = ["--n-samples", "4", "--dp-size", "1", "--batch-size", "4", "--group-timeout-s", "300",
-             "--max-staleness", "1000000"]
+RUN_FLAGS = [
+    "--n-samples",
+    "4",
+    "--dp-size",
+    "1",
+    "--batch-size",
+    "4",
+    "--group-timeout-s",
+    "300",
+    "--max-staleness",
+    "1000000",
+]
 HERE = str(Path(__file__).parent)
 ENV = {"PYTHONPATH": os.pathsep.join([HERE, CHILD_ENV["PYTHONPATH"]])}
 
@@ -32,12 +42,18 @@ def _roles(url: str, run_name: str, tmp_path: Path, rollout: str) -> dict:
     common = ["--redis-url", url, "--run", run_name]
     dataset = write_dataset(tmp_path / "prompts.jsonl", PROMPTS, tokens=16, reject_rate=0.15, fail_rate=0.05)
     roles = {
-        "batcher": RoleProcess("batcher", [*common, *RUN_FLAGS, "--dataset", str(dataset), "--round-s", "0.1",
-                                           "--lease-ttl-s", "1"], tmp_path / "batcher", env=ENV),
-        "assembler": RoleProcess("assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"],
-                                 tmp_path / "assembler", env=ENV),
-        "worker": RoleProcess("worker", [*common, "--concurrency", "8", "--rollout", rollout], tmp_path / "worker",
-                              env=ENV),
+        "batcher": RoleProcess(
+            "batcher",
+            [*common, *RUN_FLAGS, "--dataset", str(dataset), "--round-s", "0.1", "--lease-ttl-s", "1"],
+            tmp_path / "batcher",
+            env=ENV,
+        ),
+        "assembler": RoleProcess(
+            "assembler", [*common, "--lease-ttl-s", "1", "--tick-interval-s", "0.1"], tmp_path / "assembler", env=ENV
+        ),
+        "worker": RoleProcess(
+            "worker", [*common, "--concurrency", "8", "--rollout", rollout], tmp_path / "worker", env=ENV
+        ),
     }
     for role in roles.values():
         role.log_dir.mkdir()
@@ -45,9 +61,23 @@ def _roles(url: str, run_name: str, tmp_path: Path, rollout: str) -> dict:
 
 
 def _rewarder(url: str, run_name: str, tmp_path: Path, label: str) -> RoleProcess:
-    process = RoleProcess("rewarder", ["--redis-url", url, "--run", run_name, "--reward",
-                                       "rollouts:slow_synthetic_score", "--concurrency", "16", "--claim-idle-s", "1"],
-                          tmp_path / label, env=ENV)
+    process = RoleProcess(
+        "rewarder",
+        [
+            "--redis-url",
+            url,
+            "--run",
+            run_name,
+            "--reward",
+            "rollouts:slow_synthetic_score",
+            "--concurrency",
+            "16",
+            "--claim-idle-s",
+            "1",
+        ],
+        tmp_path / label,
+        env=ENV,
+    )
     process.log_dir.mkdir()
     return process
 
@@ -70,8 +100,10 @@ def _story(client, run_name: str) -> tuple[dict, dict]:
     """Per task: the decision (kind, slot outcomes, each member's mean reward), and the per-row rewards
     every step trained, read back as the trainer read them (`replay_step`)."""
     run = open_run(client, run_name)
-    decisions = {d.task_id: (d.decision, d.slot_outcomes, [(m.slot, round(m.reward, 9)) for m in d.members])
-                 for d in events(client, run.keys.decisions, GroupDecided)}
+    decisions = {
+        d.task_id: (d.decision, d.slot_outcomes, [(m.slot, round(m.reward, 9)) for m in d.members])
+        for d in events(client, run.keys.decisions, GroupDecided)
+    }
     [finished] = events(client, run.keys.control, RunFinished)
     trained: dict[str, list[float]] = {}
     for step in range(finished.steps):
@@ -79,7 +111,7 @@ def _story(client, run_name: str) -> tuple[dict, dict]:
         rows = batch.rewards.tolist()
         at = 0
         for task_id, size in zip(batch.task_ids, batch.group_sizes.tolist()):
-            trained[task_id] = [round(r, 6) for r in rows[at:at + size]]
+            trained[task_id] = [round(r, 6) for r in rows[at : at + size]]
             at += size
     return decisions, trained
 
@@ -87,7 +119,8 @@ def _story(client, run_name: str) -> tuple[dict, dict]:
 @pytest.mark.slow
 @pytest.mark.one_server_kind
 def test_a_separate_rewarder_killed_mid_run_gives_the_inline_runs_decisions_and_trained_rewards(
-        client, redis_url, run_name, tmp_path):
+    client, redis_url, run_name, tmp_path
+):
     # The run with inline rewards: the reference.
     inline_name = run_name + "-inline"
     (tmp_path / "inline").mkdir()
@@ -145,11 +178,18 @@ def test_a_separate_rewarder_killed_mid_run_gives_the_inline_runs_decisions_and_
     # A reward for a decided group's slot is late: counted, not folded.
     task_id, slot = pending[0]
     post_reward(client, run.keys, task_id=task_id, slot=slot, reward=1.0, scorer="a human, too late")
-    assembler = RoleProcess("assembler", ["--redis-url", redis_url, "--run", run_name, "--tick-interval-s", "0.1"],
-                            tmp_path / "later" / "assembler", env=ENV).start()
+    assembler = RoleProcess(
+        "assembler",
+        ["--redis-url", redis_url, "--run", run_name, "--tick-interval-s", "0.1"],
+        tmp_path / "later" / "assembler",
+        env=ENV,
+    ).start()
     try:
-        wait_until(lambda: client.hget(run.keys.counts, "rewards:late") == b"1", timeout=30,
-                   message="the late reward to be counted")
+        wait_until(
+            lambda: client.hget(run.keys.counts, "rewards:late") == b"1",
+            timeout=30,
+            message="the late reward to be counted",
+        )
     finally:
         assembler.stop()
     assert _story(client, run_name)[0] == expected_decisions

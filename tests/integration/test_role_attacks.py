@@ -27,8 +27,9 @@ from streamgrp.store.runs import server_time
 
 
 def _forged(task_id: str, seq: int, issued_at: float) -> dict:
-    return codec.encode(TaskIssued(task_id=task_id, prompt={"tokens": 8}, version=0, issued_at=issued_at,
-                                   producer="forger", seq=seq))
+    return codec.encode(
+        TaskIssued(task_id=task_id, prompt={"tokens": 8}, version=0, issued_at=issued_at, producer="forger", seq=seq)
+    )
 
 
 def test_forged_task_entries_open_no_group_and_issued_tasks_are_not_refused(client, make_run, issuer, role_users):
@@ -97,6 +98,7 @@ def test_each_roles_writes_reach_only_the_keys_that_need_them(client, make_run, 
 
     # A worker cannot read or acknowledge the assembler's slot entries, nor create groups on them.
     from streamgrp.store.keys import ASSEMBLER_GROUP
+
     for role_client in (worker, gateway):
         refused(lambda: role_client.xreadgroup(ASSEMBLER_GROUP, "w", {keys.slots: "0"}))
         refused(lambda: role_client.xack(keys.slots, ASSEMBLER_GROUP, "1-1"))
@@ -142,8 +144,13 @@ def test_a_run_record_the_trainer_appends_before_the_batcher_is_not_adopted(clie
 
     keys = RunKeys(run_name)
     trainer = role_users.client("trainer")
-    forged = RunStarted(run=run_name, policy=RunConfig(n_samples=2).policy(), settings={"n_samples": 2},
-                        started_at=1.0, producer="forger")
+    forged = RunStarted(
+        run=run_name,
+        policy=RunConfig(n_samples=2).policy(),
+        settings={"n_samples": 2},
+        started_at=1.0,
+        producer="forger",
+    )
     trainer.xadd(keys.control, codec.encode(forged))
     refused(lambda: trainer.delete(keys.control))
     with pytest.raises(ConfigError, match="was not written by a batcher"):

@@ -64,8 +64,7 @@ def test_runs_sizes_shows_each_runs_keys_memory_entries_and_archive(client, redi
     memory = sum(client.memory_usage(name, samples=0) for name in names)
     usage = run_usage(client, keys)
     assert (usage.keys, usage.bytes) == (len(names), memory)
-    assert usage.entries == {name: client.xlen(key) for name, key in keys.all_streams().items()
-                             if client.exists(key)}
+    assert usage.entries == {name: client.xlen(key) for name, key in keys.all_streams().items() if client.exists(key)}
     assert usage.entries["slots"] == 67 and usage.entries["payloads"] == 48
 
     code, out, err = cli(capsys, "runs", "--sizes", "--redis-url", redis_url, "--data-dir", str(data_dir))
@@ -73,8 +72,11 @@ def test_runs_sizes_shows_each_runs_keys_memory_entries_and_archive(client, redi
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith(run_name + " "))
     archived = human_bytes(archive_bytes(data_dir / "archive" / run_name))
-    assert re.fullmatch(rf"{run_name} +{STARTED} +{len(names)} +{re.escape(human_bytes(memory))} +"
-                        rf"{re.escape(archived)}", lines[at]), lines[at]
+    assert re.fullmatch(
+        rf"{run_name} +{STARTED} +{len(names)} +{re.escape(human_bytes(memory))} +"
+        rf"{re.escape(archived)}",
+        lines[at],
+    ), lines[at]
     assert lines[at + 1] == "  entries  " + ", ".join(f"{s} {n}" for s, n in usage.entries.items())
     assert lines[-1].startswith("total: ") and lines[0].split() == ["RUN", "STARTED", "KEYS", "MEMORY", "ARCHIVE"]
 
@@ -89,8 +91,9 @@ def test_runs_sizes_shows_each_runs_keys_memory_entries_and_archive(client, redi
     assert re.search(rf"^{run_name} +archive only +0 +0 B", out, re.M), out
 
 
-def test_delete_removes_every_key_of_the_run_and_its_registry_entry_and_nothing_else(client, redis_url, run_name,
-                                                                                    capsys, monkeypatch):
+def test_delete_removes_every_key_of_the_run_and_its_registry_entry_and_nothing_else(
+    client, redis_url, run_name, capsys, monkeypatch
+):
     keys, other = golden(client, run_name), golden(client, run_name + "-other")
     pipe = client.pipeline(transaction=False)
     for version in range(1200):  # more keys than one UNLINK takes, under names no stream list knows
@@ -114,8 +117,9 @@ def test_delete_removes_every_key_of_the_run_and_its_registry_entry_and_nothing_
     code, out, err = cli(capsys, "delete", run_name, "--redis-url", redis_url)
     assert code == 0, err
     assert asked and f"Delete run {run_name!r} ({len(before)} keys" in asked[0] and "[y/N]" in asked[0]
-    assert out.splitlines()[0] == (f"run {run_name}: deleted {len(before)} keys ({human_bytes(memory)}) and its "
-                                   "registry entry")
+    assert out.splitlines()[0] == (
+        f"run {run_name}: deleted {len(before)} keys ({human_bytes(memory)}) and its registry entry"
+    )
     assert key_names(client, keys) == set() and client.zscore(RUNS, run_name) is None
     assert {name: client.dump(name) for name in key_names(client, other)} == kept  # the other run is untouched
     assert client.zscore(RUNS, run_name + "-other") is not None
@@ -132,7 +136,9 @@ def test_delete_refuses_a_live_run_and_force_deletes_it(client, redis_url, make_
     lease = Lease(client, run.keys.batcher_lease, "batcher-test", ttl_s=30)
     assert lease.acquire()
     connection = ["--redis-url", redis_url]
-    code, _, err = cli(capsys, "delete", run_name, "--yes", *connection, "--idle-s", "0")  # a lease counts whatever the idle
+    code, _, err = cli(
+        capsys, "delete", run_name, "--yes", *connection, "--idle-s", "0"
+    )  # a lease counts whatever the idle
     assert code == 2 and f"run {run_name!r} is live: a batcher process holds the run's batcher lease" in err
     assert "--force" in err and client.exists(run.keys.control)
     lease.release()
@@ -150,8 +156,7 @@ def test_delete_refuses_a_live_run_and_force_deletes_it(client, redis_url, make_
     assert main(["delete", run_name, "--yes", *connection, "--idle-s", "0"]) == 0
 
 
-def test_an_ended_run_is_deleted_without_force_once_every_rank_committed(client, redis_url, make_run, run_name,
-                                                                         capsys):
+def test_an_ended_run_is_deleted_without_force_once_every_rank_committed(client, redis_url, make_run, run_name, capsys):
     run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=10)
     batcher = Batcher(client, run, BatcherConfig(round_s=0.05, lease_ttl_s=5), dataset=iter([{}, {}]))
     assert batcher.lease.acquire()
@@ -176,8 +181,9 @@ def test_an_ended_run_is_deleted_without_force_once_every_rank_committed(client,
     assert code == 0 and "deleted" in out, err
 
 
-def test_delete_keeps_the_archive_unless_asked_and_waits_for_its_archiver(client, redis_url, run_name, tmp_path,
-                                                                          capsys):
+def test_delete_keeps_the_archive_unless_asked_and_waits_for_its_archiver(
+    client, redis_url, run_name, tmp_path, capsys
+):
     keys = golden(client, run_name)
     data_dir = tmp_path / "data"
     archive = data_dir / "archive" / run_name
@@ -204,11 +210,29 @@ def test_delete_keeps_the_archive_unless_asked_and_waits_for_its_archiver(client
 
     other = golden(client, run_name + "-b")
     Archiver(client, other, tmp_path / "elsewhere").run(burst=True)
-    code, _, err = cli(capsys, "delete", run_name, "--yes", "--redis-url", redis_url, "--archive", str(tmp_path / "elsewhere"),
-                       "--delete-archive")
+    code, _, err = cli(
+        capsys,
+        "delete",
+        run_name,
+        "--yes",
+        "--redis-url",
+        redis_url,
+        "--archive",
+        str(tmp_path / "elsewhere"),
+        "--delete-archive",
+    )
     assert code == 2 and f"is the archive of run {run_name + '-b'!r}, not {run_name!r}" in err
-    code, out, err = cli(capsys, "delete", other.run, "--yes", "--redis-url", redis_url, "--archive",
-                         str(tmp_path / "elsewhere"), "--delete-archive")
+    code, out, err = cli(
+        capsys,
+        "delete",
+        other.run,
+        "--yes",
+        "--redis-url",
+        redis_url,
+        "--archive",
+        str(tmp_path / "elsewhere"),
+        "--delete-archive",
+    )
     assert code == 0 and "removed" in out and not (tmp_path / "elsewhere").exists(), err
 
 
@@ -231,9 +255,13 @@ def test_a_role_user_is_told_which_user_may_size_and_delete(client, redis_url, r
 
 def test_deleting_on_the_embedded_server_rewrites_its_append_only_file(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    created = subprocess.run([sys.executable, "-m", "streamgrp", "batcher", "--burst", "--run", "doomed",
-                              "--n-samples", "2"], capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    created = subprocess.run(
+        [sys.executable, "-m", "streamgrp", "batcher", "--burst", "--run", "doomed", "--n-samples", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     assert created.returncode == 0, created.stderr
 
     def aof() -> bytes:

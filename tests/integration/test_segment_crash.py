@@ -40,16 +40,33 @@ def test_a_worker_killed_mid_generation_is_continued_from_its_segments(client, r
     TaskIssuer(client, run.keys).issue([{"prompt_ids": PROMPT}])
     fake, stop_fake = start("llamacpp")
     fake.default = Action(token_delay=0.03)  # a slow server: a segment of 8 tokens takes a quarter second
-    common = ["--redis-url", redis_url, "--run", run_name, "--rollout", "llamacpp", "--server-url", fake.url,
-              "--max-tokens", str(MAX_TOKENS), "--segment-tokens", str(SEGMENT), "--concurrency", str(N_SAMPLES)]
+    common = [
+        "--redis-url",
+        redis_url,
+        "--run",
+        run_name,
+        "--rollout",
+        "llamacpp",
+        "--server-url",
+        fake.url,
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--segment-tokens",
+        str(SEGMENT),
+        "--concurrency",
+        str(N_SAMPLES),
+    ]
     first = RoleProcess("worker", [*common, "--claim-idle-s", "30"], tmp_path / "first")
     second = RoleProcess("worker", [*common, "--claim-idle-s", "0.5", "--burst"], tmp_path / "second")
     for process in (first, second):
         process.log_dir.mkdir()
     try:
         first.start()
-        wait_until(lambda: all(len(_chains(client, run).get(slot, ())) >= 2 for slot in range(N_SAMPLES)),
-                   timeout=60, message=f"two segments of each slot\n{first.output()}")
+        wait_until(
+            lambda: all(len(_chains(client, run).get(slot, ())) >= 2 for slot in range(N_SAMPLES)),
+            timeout=60,
+            message=f"two segments of each slot\n{first.output()}",
+        )
         first.kill()
         time.sleep(0.5)  # the fake notices the streams it writes to are gone (the tokens it wrote since are lost)
         durable = {slot: sum(s.tokens for s in chain) for slot, chain in _chains(client, run).items()}
@@ -68,7 +85,7 @@ def test_a_worker_killed_mid_generation_is_continued_from_its_segments(client, r
         chains = _chains(client, run)
         for slot in range(N_SAMPLES):
             ids, _, _ = chain_values(chains[slot])
-            prefix = PROMPT + ids[:durable[slot]]
+            prefix = PROMPT + ids[: durable[slot]]
             assert any(body["prompt"] == prefix for body in resumed), f"slot {slot} did not continue from its prefix"
         payloads = [codec.decode(f) for _, f in payload_entries(client, run.keys)]
         assert sorted(p.slot for p in payloads) == list(range(N_SAMPLES))

@@ -275,7 +275,10 @@ def test_concurrent_ensure_server_calls_share_one_server(tmp_path):
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code, str(data_dir)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=repo,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=repo,
         )
         for _ in range(4)
     ]

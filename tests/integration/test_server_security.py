@@ -24,19 +24,24 @@ PASSWORD = "s3cret pass:w/rd"
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamgrp", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "streamgrp", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _redis_cli(port: int, *command: str, password: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **({"REDISCLI_AUTH": password} if password else {})}  # never -a: argv is public
-    return subprocess.run(["redis-cli", "-p", str(port), *command], capture_output=True, text=True, env=env,
-                          timeout=10)
+    return subprocess.run(["redis-cli", "-p", str(port), *command], capture_output=True, text=True, env=env, timeout=10)
 
 
 def test_a_bind_other_machines_reach_without_a_password_is_refused_naming_the_fix(tmp_path):
-    result = _cli("server", "--bind", "0.0.0.0", "--port", str(free_port("127.0.0.1")), "--data-dir",
-                  str(tmp_path / "data"))
+    result = _cli(
+        "server", "--bind", "0.0.0.0", "--port", str(free_port("127.0.0.1")), "--data-dir", str(tmp_path / "data")
+    )
     assert result.returncode == 2, result.stderr
     for fix in ("--password-file", "STREAMGRP_PASSWORD", "--acl-file", "bind 127.0.0.1"):
         assert fix in result.stderr
@@ -54,10 +59,26 @@ def test_with_a_password_redis_cli_without_it_is_refused_and_config_is_not_for_t
     secret.write_text(PASSWORD + "\n")
     port = free_port("127.0.0.1")
     data = tmp_path / "data"
-    server = subprocess.Popen([sys.executable, "-m", "streamgrp", "server", "--bind", "0.0.0.0", "--port", str(port),
-                               "--data-dir", str(data), "--password-file", str(secret)],
-                              env={**os.environ, "STREAMGRP_SERVER_BINARY": kind_binary},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "server",
+            "--bind",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data),
+            "--password-file",
+            str(secret),
+        ],
+        env={**os.environ, "STREAMGRP_SERVER_BINARY": kind_binary},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_for_state(data, server)
         refused = _redis_cli(port, "PING")
@@ -68,7 +89,9 @@ def test_with_a_password_redis_cli_without_it_is_refused_and_config_is_not_for_t
         assert "NOPERM" in _redis_cli(port, "FLUSHALL", password=PASSWORD).stdout
         state = json.loads((data / STATE_FILE).read_text())
         assert _redis_cli(port, "CONFIG", "GET", "protected-mode", password=PASSWORD).stdout.split() == [
-            "protected-mode", "yes"]
+            "protected-mode",
+            "yes",
+        ]
         assert PASSWORD.encode() not in Path(f"/proc/{state['pid']}/cmdline").read_bytes()
         assert PASSWORD not in (data / STATE_FILE).read_text() and state["password_set"] is True
         assert oct((data).stat().st_mode & 0o777) == "0o700"
@@ -96,8 +119,9 @@ def test_an_acl_file_must_say_what_the_default_user_may_do(tmp_path):
 
 def test_an_acl_server_lets_no_anonymous_client_in(server_factory, tmp_path):
     users = tmp_path / "users.acl"
-    users.write_text("user default off\n" + "\n".join(render_run("r1", ["inspector"],
-                                                                  passwords={"inspector": "pw"})) + "\n")
+    users.write_text(
+        "user default off\n" + "\n".join(render_run("r1", ["inspector"], passwords={"inspector": "pw"})) + "\n"
+    )
     server = server_factory(acl_file=users)
     anonymous = redis.Redis(port=server.port)
     with pytest.raises(redis.AuthenticationError):

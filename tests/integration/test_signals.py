@@ -29,8 +29,9 @@ from streamgrp.config import RunConfig
 from streamgrp.store.runs import join_run
 
 on_valkey = pytest.mark.parametrize("server_kind", ["valkey"], indirect=True)
-STOPS = pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
-                                ids=["SIGINT", "SIGTERM"])
+STOPS = pytest.mark.parametrize(
+    "signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,13 @@ def _assert_background_jobs_ignore_sigint() -> None:
     """The premise: a Python started as a script's background job finds SIGINT ignored (and so installs no
     KeyboardInterrupt handler of its own)."""
     probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
-    shown = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)} & wait"],
-                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    shown = subprocess.run(
+        ["bash", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)} & wait"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
     assert shown.stdout.strip() == "True", shown
 
 
@@ -111,9 +117,14 @@ class Backgrounded:
         command = shlex.join([sys.executable, "-m", "streamgrp", *args])
         with open(log_path, "wb") as log:
             script = f"{command} >>{shlex.quote(str(log_path))} 2>&1 & echo $!; wait $!"
-            self.shell = subprocess.Popen(["bash", "-c", script],
-                                          stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, text=True)
+            self.shell = subprocess.Popen(
+                ["bash", "-c", script],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+            )
         with self.shell.stdout:  # the shell prints nothing after the pid
             self.pid = int(self.shell.stdout.readline())
 
@@ -144,17 +155,41 @@ class Backgrounded:
 def test_the_demo_started_by_a_script_stops_everything_and_exits_128_plus_the_signal(tmp_path, signum, code):
     _assert_background_jobs_ignore_sigint()
     prometheus = ["--prometheus"] if shutil.which("prometheus") else []
-    demo = Backgrounded(["--log-level", "INFO", "demo", "--data-dir", str(tmp_path), "--steps", "500", "--workers", "2",
-                         "--ranks", "2", "--timeout-s", "300", *prometheus], tmp_path / "demo.log")
+    demo = Backgrounded(
+        [
+            "--log-level",
+            "INFO",
+            "demo",
+            "--data-dir",
+            str(tmp_path),
+            "--steps",
+            "500",
+            "--workers",
+            "2",
+            "--ranks",
+            "2",
+            "--timeout-s",
+            "300",
+            *prometheus,
+        ],
+        tmp_path / "demo.log",
+    )
     try:
         # every role in its loop: both ranks have trained a step
-        wait_until(lambda: all("step 0:" in p.read_text(errors="replace") for p in tmp_path.glob("logs/*/trainer-*.log"))
-                   and len(list(tmp_path.glob("logs/*/trainer-*.log"))) == 2 or demo.shell.poll() is not None,
-                   timeout=180, message="both trainer ranks to train a step", interval=0.2)
+        wait_until(
+            lambda: (
+                all("step 0:" in p.read_text(errors="replace") for p in tmp_path.glob("logs/*/trainer-*.log"))
+                and len(list(tmp_path.glob("logs/*/trainer-*.log"))) == 2
+                or demo.shell.poll() is not None
+            ),
+            timeout=180,
+            message="both trainer ranks to train a step",
+            interval=0.2,
+        )
         assert demo.shell.poll() is None, demo.output()
         started = _descendants(demo.pid)
         commands = " ".join(p.command for p in started)
-        for role in ("batcher", "assembler", "worker", "trainer", "valkey-server", *["prometheus"][:len(prometheus)]):
+        for role in ("batcher", "assembler", "worker", "trainer", "valkey-server", *["prometheus"][: len(prometheus)]):
             assert role in commands, f"no {role} among the demo's processes: {commands}"
         assert len(started) == 6 + 1 + len(prometheus)  # 6 roles, the server, Prometheus
 
@@ -189,8 +224,9 @@ ROLES = {
 
 @on_valkey
 @STOPS
-def test_every_role_started_by_a_script_stops_on_the_signal_and_exits_0(client, redis_url, run_name, tmp_path,
-                                                                           signum, code):
+def test_every_role_started_by_a_script_stops_on_the_signal_and_exits_0(
+    client, redis_url, run_name, tmp_path, signum, code
+):
     _assert_background_jobs_ignore_sigint()
     join_run(client, run_name, RunConfig(n_samples=2))
     common = ["--redis-url", redis_url, "--run", run_name]
@@ -202,12 +238,15 @@ def test_every_role_started_by_a_script_stops_on_the_signal_and_exits_0(client, 
         "trainer": common,
         "archiver": [*common, "--archive-dir", str(tmp_path / "archive")],
     }
-    roles = {role: Backgrounded(["--log-level", "INFO", role, *args[role]], tmp_path / f"{role}.log")
-             for role in ROLES}
+    roles = {role: Backgrounded(["--log-level", "INFO", role, *args[role]], tmp_path / f"{role}.log") for role in ROLES}
     try:
         for role, process in roles.items():
-            wait_until(lambda p=process, r=role: ROLES[r][0] in p.output() or p.shell.poll() is not None, timeout=120,
-                       message=f"the {role} to start", interval=0.2)
+            wait_until(
+                lambda p=process, r=role: ROLES[r][0] in p.output() or p.shell.poll() is not None,
+                timeout=120,
+                message=f"the {role} to start",
+                interval=0.2,
+            )
             assert process.shell.poll() is None, f"{role} exited:\n{process.output()}"
         time.sleep(0.5)  # in the loop, past the line that said so
         for process in roles.values():

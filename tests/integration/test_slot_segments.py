@@ -20,8 +20,16 @@ from streamgrp.store.segments import SegmentStore, SegmentTaken, chain_of, check
 
 
 def _segment(index: int, start: int, ids: list[int], *, task: str = "t0", slot: int = 0, cause: str = "chunk"):
-    return SlotSegment(task_id=task, slot=slot, index=index, start=start, token_ids=RawArray.from_values(ids, "int32"),
-                       logprobs=RawArray.from_values([-0.5] * len(ids), "float32"), version=1, cause=cause)
+    return SlotSegment(
+        task_id=task,
+        slot=slot,
+        index=index,
+        start=start,
+        token_ids=RawArray.from_values(ids, "int32"),
+        logprobs=RawArray.from_values([-0.5] * len(ids), "float32"),
+        version=1,
+        cause=cause,
+    )
 
 
 def _held_task(client, run, issuer, consumer: str) -> str:
@@ -38,14 +46,16 @@ def test_the_segment_function_refuses_bad_input_and_other_holders_writing_nothin
     header, blob = fields[codec.HEADER], fields[codec.BLOB]
     function = scripts.register(client, "segment.lua")
     keys = [run.keys.tasks, run.keys.segments]
-    for args, code in (([WORKERS_GROUP, entry, "w1", header], "BAD_INPUT"),  # no tensors
-                       ([WORKERS_GROUP, entry, "w1", "", blob], "BAD_INPUT"),
-                       ([WORKERS_GROUP, "not-an-id", "w1", header, blob], "BAD_INPUT"),
-                       (["", entry, "w1", header, blob], "BAD_INPUT"),
-                       ([WORKERS_GROUP, entry, "", header, blob], "BAD_INPUT"),
-                       ([WORKERS_GROUP, entry, "w1", header, blob, "extra"], "BAD_INPUT"),
-                       ([WORKERS_GROUP, entry, "w2", header, blob], "TAKEN"),  # another worker holds it
-                       ([WORKERS_GROUP, "1-1", "w1", header, blob], "TAKEN")):  # not pending at all
+    for args, code in (
+        ([WORKERS_GROUP, entry, "w1", header], "BAD_INPUT"),  # no tensors
+        ([WORKERS_GROUP, entry, "w1", "", blob], "BAD_INPUT"),
+        ([WORKERS_GROUP, "not-an-id", "w1", header, blob], "BAD_INPUT"),
+        (["", entry, "w1", header, blob], "BAD_INPUT"),
+        ([WORKERS_GROUP, entry, "", header, blob], "BAD_INPUT"),
+        ([WORKERS_GROUP, entry, "w1", header, blob, "extra"], "BAD_INPUT"),
+        ([WORKERS_GROUP, entry, "w2", header, blob], "TAKEN"),  # another worker holds it
+        ([WORKERS_GROUP, "1-1", "w1", header, blob], "TAKEN"),
+    ):  # not pending at all
         with pytest.raises(redis.ResponseError) as refused:
             function(keys=keys, args=args)
         assert scripts.error_code(refused.value) == code, (args[:3], str(refused.value))
@@ -91,11 +101,16 @@ def test_a_worker_generating_in_chunks_records_each_and_its_sample_is_their_conc
     fake, stop = start("llamacpp")
     try:
         issuer(run).issue([{"prompt_ids": [5, 6]}])
-        config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01,
-                                 segment_stream=False)
+        config = InferenceConfig(
+            server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01, segment_stream=False
+        )
         worker = WorkerClient(client, run.keys)
-        assert WorkerProcess(worker, build_rollout("llamacpp", config), WorkerConfig(burst=True, concurrency=2),
-                             n_samples=2).run() == 1
+        assert (
+            WorkerProcess(
+                worker, build_rollout("llamacpp", config), WorkerConfig(burst=True, concurrency=2), n_samples=2
+            ).run()
+            == 1
+        )
         # 20 tokens in chunks of at most 8, each asked for from prompt + the tokens so far
         assert sorted(body["n_predict"] for body in fake.generations()) == [4, 4, 8, 8, 8, 8]
         found = task_segments(client, run.keys.segments, _task_id(client, run))
@@ -104,7 +119,10 @@ def test_a_worker_generating_in_chunks_records_each_and_its_sample_is_their_conc
         for payload in payloads:
             chain = chain_of(found[payload.slot])
             assert [(s.index, s.start, s.tokens, s.cause) for s in chain] == [
-                (0, 0, 8, "chunk"), (1, 8, 8, "chunk"), (2, 16, 4, "length")]
+                (0, 0, 8, "chunk"),
+                (1, 8, 8, "chunk"),
+                (2, 16, 4, "length"),
+            ]
             assert check_sample(payload.sample, chain) is None
             assert payload.sample.meta["segments"] == {"count": 3, "tokens": 20}
             ids = payload.sample.token_ids.to_list()
@@ -124,8 +142,15 @@ def test_a_streamed_generation_is_one_request_cut_into_segments_as_it_arrives(cl
     try:
         issuer(run).issue([{"prompt_ids": [5, 6]}])
         config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01)
-        assert WorkerProcess(WorkerClient(client, run.keys), build_rollout(dialect, config),
-                             WorkerConfig(burst=True, concurrency=2), n_samples=2).run() == 1
+        assert (
+            WorkerProcess(
+                WorkerClient(client, run.keys),
+                build_rollout(dialect, config),
+                WorkerConfig(burst=True, concurrency=2),
+                n_samples=2,
+            ).run()
+            == 1
+        )
         generations = fake.generations()
         assert len(generations) == 2 and all(body["stream"] for body in generations)  # one stream per slot
         assert len(fake.generated) == 40  # nothing generated twice: no chunk prefilled the context again
@@ -133,7 +158,10 @@ def test_a_streamed_generation_is_one_request_cut_into_segments_as_it_arrives(cl
         for payload in (codec.decode(f) for _, f in payload_entries(client, run.keys)):
             chain = chain_of(found[payload.slot])
             assert [(s.index, s.start, s.tokens, s.cause) for s in chain] == [
-                (0, 0, 8, "chunk"), (1, 8, 8, "chunk"), (2, 16, 4, "length")]
+                (0, 0, 8, "chunk"),
+                (1, 8, 8, "chunk"),
+                (2, 16, 4, "length"),
+            ]
             assert check_sample(payload.sample, chain) is None
             assert payload.sample.token_ids.to_list() == [5, 6, *next_tokens([5, 6], 20)]
             assert payload.sample.meta["streams"] == 1
@@ -152,8 +180,15 @@ def test_without_segment_tokens_nothing_is_recorded(client, make_run, issuer):
         fake.default = Action()
         issuer(run).issue([{"prompt_ids": [5, 6]}])
         config = InferenceConfig(server_url=fake.url, max_tokens=20, max_attempts=2, backoff_s=0.01)
-        assert WorkerProcess(WorkerClient(client, run.keys), build_rollout("llamacpp", config),
-                             WorkerConfig(burst=True, concurrency=1), n_samples=1).run() == 1
+        assert (
+            WorkerProcess(
+                WorkerClient(client, run.keys),
+                build_rollout("llamacpp", config),
+                WorkerConfig(burst=True, concurrency=1),
+                n_samples=1,
+            ).run()
+            == 1
+        )
         assert [body["n_predict"] for body in fake.generations()] == [20] and client.xlen(run.keys.segments) == 0
     finally:
         stop()
@@ -175,17 +210,31 @@ def test_a_worker_taking_a_task_over_continues_from_its_segments_and_verify_chec
         one = next_tokens(prompt, 8)
         two = next_tokens(prompt + one, 8)
         for index, (start_at, ids) in enumerate(((0, one), (8, two))):
-            store.record(0, task.entry_id, SlotSegment(
-                task_id=task.event.task_id, slot=0, index=index, start=start_at,
-                token_ids=RawArray.from_values(ids, "int32"),
-                logprobs=RawArray.from_values([logprob_of(t) for t in ids], "float32"), version=0, cause="chunk"))
+            store.record(
+                0,
+                task.entry_id,
+                SlotSegment(
+                    task_id=task.event.task_id,
+                    slot=0,
+                    index=index,
+                    start=start_at,
+                    token_ids=RawArray.from_values(ids, "int32"),
+                    logprobs=RawArray.from_values([logprob_of(t) for t in ids], "float32"),
+                    version=0,
+                    cause="chunk",
+                ),
+            )
         config = InferenceConfig(server_url=fake.url, max_tokens=20, segment_tokens=8, max_attempts=2, backoff_s=0.01)
         second = WorkerClient(client, run.keys, name="w2", claim_idle_s=0.05)
         import time
 
         time.sleep(0.1)  # the task idles past w2's claim time
-        assert WorkerProcess(second, build_rollout("llamacpp", config), WorkerConfig(burst=True, concurrency=1),
-                             n_samples=1).run() == 1
+        assert (
+            WorkerProcess(
+                second, build_rollout("llamacpp", config), WorkerConfig(burst=True, concurrency=1), n_samples=1
+            ).run()
+            == 1
+        )
         assert len(fake.generated) == 4  # only the 4 tokens no segment held
         [body] = fake.generations()
         assert body["prompt"] == prompt + one + two and body["n_predict"] == 4
@@ -224,9 +273,16 @@ def test_a_worker_records_segments_under_its_own_acl_user(kind_binary, tmp_path,
     admin_password, worker_password = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     rule = template_for((ops_acl / "worker.acl").read_text(), run_name).strip()
     users = tmp_path / "users.acl"
-    users.write_text("\n".join([(ops_acl / "default.acl").read_text().strip(),
-                                f"user admin on {password_hash(admin_password)} ~* &* +@all",
-                                rule.replace(" resetpass ", f" resetpass {password_hash(worker_password)} ", 1)]) + "\n")
+    users.write_text(
+        "\n".join(
+            [
+                (ops_acl / "default.acl").read_text().strip(),
+                f"user admin on {password_hash(admin_password)} ~* &* +@all",
+                rule.replace(" resetpass ", f" resetpass {password_hash(worker_password)} ", 1),
+            ]
+        )
+        + "\n"
+    )
     server = EmbeddedServer(tmp_path / "server", binary=kind_binary, acl_file=users)
     server.start()
     fake, stop = start("llamacpp")
@@ -235,11 +291,17 @@ def test_a_worker_records_segments_under_its_own_acl_user(kind_binary, tmp_path,
         load_library(admin)
         run = join_run(admin, run_name, RunConfig(n_samples=1))
         TaskIssuer(admin, run.keys).issue([{"prompt_ids": [5, 6]}])
-        client = connect(f"redis://{user_name(run_name, 'worker')}@127.0.0.1:{server.port}/0",
-                         password=worker_password)
+        client = connect(f"redis://{user_name(run_name, 'worker')}@127.0.0.1:{server.port}/0", password=worker_password)
         config = InferenceConfig(server_url=fake.url, max_tokens=12, segment_tokens=8, max_attempts=2, backoff_s=0.01)
-        assert WorkerProcess(WorkerClient(client, run.keys), build_rollout("llamacpp", config),
-                             WorkerConfig(burst=True, concurrency=1), n_samples=1).run() == 1
+        assert (
+            WorkerProcess(
+                WorkerClient(client, run.keys),
+                build_rollout("llamacpp", config),
+                WorkerConfig(burst=True, concurrency=1),
+                n_samples=1,
+            ).run()
+            == 1
+        )
         assert admin.xlen(run.keys.segments) == 2 and len(payload_entries(admin, run.keys)) == 1
         with pytest.raises(redis.exceptions.NoPermissionError):  # its selectors name no other stream for XADD
             client.xadd(run.keys.decisions, {"h": b"x"})
@@ -269,7 +331,8 @@ def test_retention_keeps_the_segments_of_tasks_the_workers_hold(client, make_run
 
 
 def test_aborted_parts_are_segments_and_a_partitioned_run_keeps_each_tasks_segments_in_its_partition(
-        client, make_run, issuer):
+    client, make_run, issuer
+):
     from streamgrp.config import AssemblerConfig
     from streamgrp.replay.verifier import verify
     from streamgrp.services.assembler import Assembler
@@ -283,15 +346,21 @@ def test_aborted_parts_are_segments_and_a_partitioned_run_keeps_each_tasks_segme
         issuer(run).issue([{"prompt_ids": [5, 6]}, {"prompt_ids": [7]}, {"prompt_ids": [8]}])
         config = InferenceConfig(server_url=fake.url, max_tokens=12, segment_tokens=8, max_attempts=2, backoff_s=0.01)
         worker = WorkerClient(client, run.keys, partitions=run.partitions)
-        assert WorkerProcess(worker, build_rollout("sglang", config), WorkerConfig(burst=True, concurrency=1),
-                             n_samples=1).run() == 3
+        assert (
+            WorkerProcess(
+                worker, build_rollout("sglang", config), WorkerConfig(burst=True, concurrency=1), n_samples=1
+            ).run()
+            == 3
+        )
         causes = []
         for part in run.partitions:
             tasks = {codec.decode(f).task_id for _, f in client.xrange(part.tasks)}
             segments = [codec.decode(f) for _, f in client.xrange(part.segments)]
             assert {s.task_id for s in segments} == tasks  # each task's segments in its own partition
-            causes += [[(s.tokens, s.cause, s.version) for s in chain_of([x for x in segments if x.task_id == t])]
-                       for t in tasks]
+            causes += [
+                [(s.tokens, s.cause, s.version) for s in chain_of([x for x in segments if x.task_id == t])]
+                for t in tasks
+            ]
         assert [(5, "abort", 1), (7, "length", 2)] in causes  # aborted at 5, then 7 more (under 8: the end)
         assert causes.count([(8, "chunk", 2), (4, "length", 2)]) == 2
         samples = [codec.decode(f).sample for part in run.partitions for _, f in payload_entries(client, part)]
@@ -299,7 +368,8 @@ def test_aborted_parts_are_segments_and_a_partitioned_run_keeps_each_tasks_segme
         assert spanning.version == 1  # the oldest
         for partition in range(2):
             Assembler(client, run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05), partition=partition).run(
-                burst=True)
+                burst=True
+            )
         report = verify(client, run.keys)
         assert report.ok and report.segments_checked == 3, report.differences
     finally:
@@ -320,7 +390,8 @@ def test_a_tasks_chains_are_read_once_for_its_slots_and_afresh_when_it_is_taken_
 
 
 def test_queued_segments_gather_in_one_pipeline_until_a_slot_cuts_a_second_or_waits_for_its_writes(
-        client, make_run, issuer):
+    client, make_run, issuer
+):
     import time
 
     from streamgrp.services.inference.segments import SlotSegments

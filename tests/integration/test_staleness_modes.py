@@ -25,7 +25,7 @@ HERE = str(Path(__file__).parent)
 ENV = {**CHILD_ENV, "PYTHONPATH": os.pathsep.join([HERE, CHILD_ENV["PYTHONPATH"]])}
 
 # A trainer rank that records, for every step, each row's token versions and loss mask as it got them.
-RECORDING_TRAINER = '''
+RECORDING_TRAINER = """
 import json, sys, time
 from streamgrp.store.runs import connect, open_run
 from streamgrp.train.trainer import TrainerClient
@@ -41,11 +41,20 @@ with open(out, "a") as log, trainer.batches(rank=0, world_size=1) as batches:
                               "attention": batch.attention_mask.tolist()}) + "\\n")
         log.flush()
         batch.commit()
-'''
+"""
 
 
-def _run(url: str, run_name: str, tmp_path: Path, settings: dict, prompts: list[dict], *, rollout: str | None,
-         step_s: float, workers: int = 2) -> tuple[list[dict], dict[str, int]]:
+def _run(
+    url: str,
+    run_name: str,
+    tmp_path: Path,
+    settings: dict,
+    prompts: list[dict],
+    *,
+    rollout: str | None,
+    step_s: float,
+    workers: int = 2,
+) -> tuple[list[dict], dict[str, int]]:
     """A whole run to its end; the trainer's records and the run's counters."""
     from streamgrp.store.runs import connect
 
@@ -55,24 +64,40 @@ def _run(url: str, run_name: str, tmp_path: Path, settings: dict, prompts: list[
     dataset.write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in prompts))
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
     common = ["--redis-url", url, "--run", run_name]
-    roles = [RoleProcess("batcher", [*common, *flags, "--dataset", str(dataset), "--round-s", "0.1"],
-                         tmp_path / "batcher", env=ENV),
-             RoleProcess("assembler", [*common, "--tick-interval-s", "0.1"], tmp_path / "assembler", env=ENV),
-             *(RoleProcess("worker", [*common, "--concurrency", "4", *(["--rollout", rollout] if rollout else [])],
-                           tmp_path / f"worker{i}", env=ENV) for i in range(workers))]
+    roles = [
+        RoleProcess(
+            "batcher", [*common, *flags, "--dataset", str(dataset), "--round-s", "0.1"], tmp_path / "batcher", env=ENV
+        ),
+        RoleProcess("assembler", [*common, "--tick-interval-s", "0.1"], tmp_path / "assembler", env=ENV),
+        *(
+            RoleProcess(
+                "worker",
+                [*common, "--concurrency", "4", *(["--rollout", rollout] if rollout else [])],
+                tmp_path / f"worker{i}",
+                env=ENV,
+            )
+            for i in range(workers)
+        ),
+    ]
     script, out = tmp_path / "trainer.py", tmp_path / "trainer.jsonl"
     script.write_text(RECORDING_TRAINER)
     for role in roles:
         role.log_dir.mkdir(exist_ok=True)
         role.start()
     with open(tmp_path / "t.err", "wb") as err:  # the child keeps its own copy of the fd
-        trainer = subprocess.Popen([sys.executable, str(script), url, run_name, str(out), str(step_s)],
-                                   env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=err)
+        trainer = subprocess.Popen(
+            [sys.executable, str(script), url, run_name, str(out), str(step_s)],
+            env={**os.environ, **ENV},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
+
         def finished() -> bool:
             dead = [r for r in roles if r.proc.poll() not in (None, 0)]
             assert not dead, "\n".join(r.output()[-3000:] for r in dead)
             return bool(events(client, run.keys.control, RunFinished)) and trainer.poll() is not None
+
         wait_until(finished, timeout=240, interval=0.5, message="the run to finish")
         assert trainer.returncode == 0, (tmp_path / "t.err").read_text()[-3000:]
     finally:
@@ -80,8 +105,13 @@ def _run(url: str, run_name: str, tmp_path: Path, settings: dict, prompts: list[
             role.stop()
         if trainer.poll() is None:
             trainer.kill()
-    verify = subprocess.run([sys.executable, "-m", "streamgrp", "verify", *common], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, **ENV})
+    verify = subprocess.run(
+        [sys.executable, "-m", "streamgrp", "verify", *common],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **ENV},
+    )
     assert verify.returncode == 0, verify.stdout + verify.stderr
     counts: dict[str, int] = {}
     for key in dict.fromkeys([run.keys.counts, *(part.counts for part in run.partitions)]):
@@ -94,8 +124,9 @@ def test_wait_drops_nothing_as_stale_and_trains_every_long_generation(redis_url,
     # One prompt in four takes 40 times as long as the others: long enough for the trainer (a step per
     # 0.3 s) to move the version past max_staleness 1 while it runs, were the batcher not holding steps
     # (with --staleness drop this run discards about a fifth of its groups as stale, most of them long).
-    prompts = [{"seed": i, "tokens": 512 if i % 4 == 0 else 32, "sleep_s": 1.2 if i % 4 == 0 else 0.03}
-               for i in range(48)]
+    prompts = [
+        {"seed": i, "tokens": 512 if i % 4 == 0 else 32, "sleep_s": 1.2 if i % 4 == 0 else 0.03} for i in range(48)
+    ]
     settings = {"n_samples": 2, "batch_size": 4, "max_staleness": 1, "staleness": "wait", "group_timeout_s": 120}
     records, counts = _run(redis_url, run_name, tmp_path, settings, prompts, rollout=None, step_s=0.3)
     from streamgrp.store.runs import connect
@@ -114,8 +145,9 @@ def test_wait_drops_nothing_as_stale_and_trains_every_long_generation(redis_url,
 def test_mask_clears_the_loss_of_tokens_older_than_the_window_and_keeps_their_groups(redis_url, run_name, tmp_path):
     prompts = [{"seed": i} for i in range(40)]
     settings = {"n_samples": 2, "batch_size": 4, "max_staleness": 1, "staleness": "mask"}
-    records, counts = _run(redis_url, run_name, tmp_path, settings, prompts, rollout="version_rollouts:spanning",
-                           step_s=0.1)
+    records, counts = _run(
+        redis_url, run_name, tmp_path, settings, prompts, rollout="version_rollouts:spanning", step_s=0.1
+    )
     assert counts.get("dropped:stale", 0) == 0, counts
     assert sum(r["masked"] for r in records) > 0, "no step had a token older than the window"
     masked_rows = kept_rows = 0

@@ -23,10 +23,20 @@ def _counts(client, key) -> dict[str, int]:
 
 
 def _decision(task_id: str, entries: tuple[str, ...]) -> GroupDecided:
-    return GroupDecided(task_id=task_id, decision="complete", slots=(0, 1), member_entries=entries[1:],
-                        member_rows=(1, 1), member_tokens=(8, 8), member_versions=(0, 0),
-                        slot_outcomes={"0": "sample", "1": "sample"}, stats=GroupStats.of(2, 2, 2),
-                        closed_by="all_slots", producer="assembler-x", seq=1)
+    return GroupDecided(
+        task_id=task_id,
+        decision="complete",
+        slots=(0, 1),
+        member_entries=entries[1:],
+        member_rows=(1, 1),
+        member_tokens=(8, 8),
+        member_versions=(0, 0),
+        slot_outcomes={"0": "sample", "1": "sample"},
+        stats=GroupStats.of(2, 2, 2),
+        closed_by="all_slots",
+        producer="assembler-x",
+        seq=1,
+    )
 
 
 def _pending(client, stream: str, group: str, consumer: str, n: int) -> tuple[str, ...]:
@@ -43,8 +53,9 @@ def test_an_assembler_round_decides_once_and_acknowledges_what_it_accounts_for(c
     entries = _pending(client, keys.slots, ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, 4)
     store = AssemblerStore(client, keys)
     decision = _decision("t1", entries[:3])
-    committed = store.commit("me", [Closed(decision, entries[:3]), Acknowledge(counters.slots("duplicate"),
-                                                                                (entries[3],))])
+    committed = store.commit(
+        "me", [Closed(decision, entries[:3]), Acknowledge(counters.slots("duplicate"), (entries[3],))]
+    )
     assert committed.written == 1 and committed.redundant == 0
     assert committed.counts == {**counters.decision_increments(decision), "slots:duplicate": 1}
     assert _counts(client, keys.counts) == committed.counts

@@ -39,8 +39,12 @@ def _decisions(client, run) -> list[GroupDecided]:
 
 def _run_through(client, run, role_users, n_tasks: int, issuer) -> list[GroupDecided]:
     issuer(run).issue([{"tokens": 8}] * n_tasks)
-    worker = WorkerProcess(WorkerClient(role_users.client("worker"), run.keys), _rollout,
-                           WorkerConfig(burst=True, concurrency=4), n_samples=run.config.n_samples)
+    worker = WorkerProcess(
+        WorkerClient(role_users.client("worker"), run.keys),
+        _rollout,
+        WorkerConfig(burst=True, concurrency=4),
+        n_samples=run.config.n_samples,
+    )
     worker.run()  # returns: it did not exit on a publish error
     Assembler(role_users.client("assembler"), run, AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)).run(burst=True)
     return _decisions(client, run)
@@ -125,8 +129,9 @@ def test_a_group_log_at_the_largest_id_stops_no_role(client, make_run, issuer, r
     assert feeder.feed(0, lease.token) == 0 and feeder.window_full
     assert client.xlen(run.keys.tasks) == tasks_before and feeder.cursor == 0  # nothing half-issued
 
-    process = WorkerProcess(WorkerClient(role_users.client("worker"), run.keys), _rollout,
-                            WorkerConfig(concurrency=2), n_samples=2)
+    process = WorkerProcess(
+        WorkerClient(role_users.client("worker"), run.keys), _rollout, WorkerConfig(concurrency=2), n_samples=2
+    )
     stop, failed = threading.Event(), []
     thread = threading.Thread(target=lambda: _capture(failed, process.run, stop), daemon=True)
     thread.start()

@@ -30,10 +30,13 @@ def tls_server(kind_binary, server_kind, tmp_path):
         server.stop()
 
 
-@pytest.mark.parametrize("which, refusal", [
-    ("server", r"cannot verify .*not retried.*--tls-ca-cert-file"),  # the client trusts another CA
-    ("client", r"refused this client's TLS certificate .*--tls-cert-file"),  # another CA signed the client's
-])
+@pytest.mark.parametrize(
+    "which, refusal",
+    [
+        ("server", r"cannot verify .*not retried.*--tls-ca-cert-file"),  # the client trusts another CA
+        ("client", r"refused this client's TLS certificate .*--tls-cert-file"),  # another CA signed the client's
+    ],
+)
 def test_a_certificate_either_side_cannot_verify_fails_at_once(tls_server, which, refusal):
     url, certs, other = tls_server
     if which == "server":

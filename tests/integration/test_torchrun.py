@@ -32,8 +32,9 @@ from streamgrp.store.runs import join_run
 pytestmark = pytest.mark.slow
 
 STEPS = 5
-RUN = RunConfig(dp_size=2, batch_size=3, n_samples=4, reward_norm=NormSpec("group", "group"), max_staleness=1,
-                group_timeout_s=30.0)
+RUN = RunConfig(
+    dp_size=2, batch_size=3, n_samples=4, reward_norm=NormSpec("group", "group"), max_staleness=1, group_timeout_s=30.0
+)
 STEP_LINE = re.compile(r"rank (\d) step (\d+): .* collectives (.+)$")
 
 
@@ -58,20 +59,50 @@ def test_torchrun_two_ranks_consume_every_step_in_order_with_equal_collectives(c
     common = ["--redis-url", redis_url, "--run", run_name]
     dataset = _prompts(tmp_path / "prompts.jsonl", 400)
     roles = [
-        RoleProcess("batcher", [*common, "--dataset", str(dataset), "--max-steps", str(STEPS),
-                                "--round-s", "0.1"], tmp_path, env=CHILD_ENV),
+        RoleProcess(
+            "batcher",
+            [*common, "--dataset", str(dataset), "--max-steps", str(STEPS), "--round-s", "0.1"],
+            tmp_path,
+            env=CHILD_ENV,
+        ),
         RoleProcess("assembler", [*common, "--tick-interval-s", "0.1"], tmp_path, env=CHILD_ENV),
-        RoleProcess("worker", [*common, "--rollout", "streamgrp.consumers.toy_task:rollout", "--concurrency", "8"], tmp_path,
-                    env=CHILD_ENV),
+        RoleProcess(
+            "worker",
+            [*common, "--rollout", "streamgrp.consumers.toy_task:rollout", "--concurrency", "8"],
+            tmp_path,
+            env=CHILD_ENV,
+        ),
     ]
     log_dir = tmp_path / "torchrun"
     # No rank, world size or rendezvous flag: each process learns them from torchrun's environment.
     # "--" ends torchrun's own flags: its parser would take --run for an abbreviation of its --run-path.
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "--redirects", "3", "--log-dir", str(log_dir), "-m", "streamgrp.consumers.grpo_trainer", "--", *common]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--redirects",
+        "3",
+        "--log-dir",
+        str(log_dir),
+        "-m",
+        "streamgrp.consumers.grpo_trainer",
+        "--",
+        *common,
+    ]
     env = {**os.environ, **CHILD_ENV, "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "OMP_NUM_THREADS": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "STREAMGRP_RANK",
-                 "STREAMGRP_WORLD_SIZE", "STREAMGRP_DIST_URL"):
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "STREAMGRP_RANK",
+        "STREAMGRP_WORLD_SIZE",
+        "STREAMGRP_DIST_URL",
+    ):
         env.pop(name, None)
     for role in roles:
         role.start()
@@ -80,8 +111,9 @@ def test_torchrun_two_ranks_consume_every_step_in_order_with_equal_collectives(c
     finally:
         codes = {role.role: role.stop() for role in roles}
     logs = _rank_logs(log_dir)
-    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stderr[-3000:]}\n" + \
-        "\n".join(f"--- rank {r}\n{text[-3000:]}" for r, text in logs.items())
+    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stderr[-3000:]}\n" + "\n".join(
+        f"--- rank {r}\n{text[-3000:]}" for r, text in logs.items()
+    )
     assert codes["batcher"] == 0, roles[0].output()[-3000:]
 
     manifests = [codec.decode(fields) for _, fields in client.xrange(run.keys.steps)]
@@ -92,7 +124,9 @@ def test_torchrun_two_ranks_consume_every_step_in_order_with_equal_collectives(c
     committed = defaultdict(list)
     for event in events(client, run.keys.commits, StepCommitted):
         committed[event.rank].append(event.step)
-    assert dict(committed) == {0: list(range(STEPS)), 1: list(range(STEPS))}, "each rank commits each step once, in order"
+    assert dict(committed) == {0: list(range(STEPS)), 1: list(range(STEPS))}, (
+        "each rank commits each step once, in order"
+    )
 
     per_rank = {}
     for rank, text in logs.items():
@@ -118,21 +152,47 @@ def test_torchrun_max_restarts_resumes_the_group_from_its_checkpoint(client, red
     run = make_run(n_samples=3, dp_size=2, batch_size=2)
     make_steps(client, run, groups=16, steps=STEPS, rollout=toy_rollout)
     log_dir = tmp_path / "torchrun"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "--max-restarts", "1", "--redirects", "3", "--log-dir", str(log_dir),
-                "-m", "streamgrp.consumers.grpo_trainer", "--", "--redis-url", redis_url, "--run", run.keys.run,
-                "--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "2", "--crash-at", "checkpoint:3"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--redirects",
+        "3",
+        "--log-dir",
+        str(log_dir),
+        "-m",
+        "streamgrp.consumers.grpo_trainer",
+        "--",
+        "--redis-url",
+        redis_url,
+        "--run",
+        run.keys.run,
+        "--checkpoint-dir",
+        str(tmp_path / "checkpoints"),
+        "--checkpoint-every",
+        "2",
+        "--crash-at",
+        "checkpoint:3",
+    ]
     env = {**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     done = subprocess.run(torchrun, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stderr[-3000:]}"
     assert "crash injected halfway through the checkpoint of step 3" in "".join(
-        p.read_text() for p in log_dir.rglob("stderr.log"))
+        p.read_text() for p in log_dir.rglob("stderr.log")
+    )
 
     resumed = events(client, run.keys.commits, TrainingResumed)
     assert [(e.attempt, e.step, e.reason, e.retrain_through) for e in resumed] == [
-        (1, 0, "start", -1), (2, 2, "checkpoint", 3)]
+        (1, 0, "start", -1),
+        (2, 2, "checkpoint", 3),
+    ]
     committed = defaultdict(list)
     for event in events(client, run.keys.commits, StepCommitted):
         committed[event.rank].append((event.step, event.attempt))

@@ -39,8 +39,9 @@ pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).parent
 MAX_STEPS = 3  # of 4 samples each: 12 rows, one step of 8 (or fewer: partial groups) and part of the next
-RUN = RunConfig(dp_size=1, batch_size=2, n_samples=4, reward_norm=NormSpec("group", "group"), max_staleness=2,
-                group_timeout_s=30.0)
+RUN = RunConfig(
+    dp_size=1, batch_size=2, n_samples=4, reward_norm=NormSpec("group", "group"), max_staleness=2, group_timeout_s=30.0
+)
 
 
 @pytest.fixture
@@ -64,14 +65,25 @@ def pipeline(trl_installed, client, redis_url, server_kind, run_name, tmp_path):
     roles = [
         RoleProcess("batcher", [*common, "--dataset", str(dataset), "--round-s", "0.1"], tmp_path, env=env),
         RoleProcess("assembler", [*common, "--tick-interval-s", "0.1"], tmp_path, env=env),
-        RoleProcess("worker", [*common, "--rollout", "rollouts:tiny_vocab_rollout", "--concurrency", "8"], tmp_path,
-                    env=env),
+        RoleProcess(
+            "worker", [*common, "--rollout", "rollouts:tiny_vocab_rollout", "--concurrency", "8"], tmp_path, env=env
+        ),
     ]
 
     def command(name: str, max_steps: int, *extra: str) -> dict:
-        return dict(args=[sys.executable, str(HERE / "trl_train.py"), redis_url, run_name, str(tmp_path),
-                          str(max_steps), str(tmp_path / f"{name}.json"), *extra],
-                    env={**os.environ, **env, "OMP_NUM_THREADS": "1"})
+        return dict(
+            args=[
+                sys.executable,
+                str(HERE / "trl_train.py"),
+                redis_url,
+                run_name,
+                str(tmp_path),
+                str(max_steps),
+                str(tmp_path / f"{name}.json"),
+                *extra,
+            ],
+            env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
+        )
 
     def start(name: str, max_steps: int, *extra: str) -> dict:
         done = subprocess.run(**command(name, max_steps, *extra), capture_output=True, text=True, timeout=240)
@@ -126,8 +138,9 @@ def test_trl_async_grpo_commits_only_what_it_trained_and_a_second_start_trains_t
     done = sum(len(r) for r in rows[:-1])
     assert done <= len(trained) < done + len(rows[-1]), "max_steps stopped TRL inside the next step"
     # (TRL orders the groups of a micro-batch by cost: compare as multisets.)
-    assert sorted(trained) == sorted([ids for r in rows[:-1] for ids in r] + rows[-1][:len(trained) - done]), \
+    assert sorted(trained) == sorted([ids for r in rows[:-1] for ids in r] + rows[-1][: len(trained) - done]), (
         "the committed steps are exactly the fully trained ones"
+    )
     recorded = events(client, run.keys.commits, StepRowsTrained)[-1]
     assert (recorded.step, recorded.rows) == (len(commits), tuple(range(len(trained) - done)))
 
@@ -137,11 +150,14 @@ def test_trl_async_grpo_commits_only_what_it_trained_and_a_second_start_trains_t
     both = trained + second["trained"]
     done = sum(len(r) for r in rows[:-1])
     assert len(commits) > recorded.step, "the second start completed the step the first stopped in"
-    assert sorted(both) == sorted([ids for r in rows[:-1] for ids in r] + rows[-1][:len(both) - done]), \
+    assert sorted(both) == sorted([ids for r in rows[:-1] for ids in r] + rows[-1][: len(both) - done]), (
         "across both starts each row is trained exactly once, and the steps committed are the fully trained ones"
+    )
     assert second["retrained_rows"] == 0
-    assert [(e.step, e.reason) for e in events(client, run.keys.commits, TrainingResumed)][-1] == \
-        (recorded.step, "lowest_rank")
+    assert [(e.step, e.reason) for e in events(client, run.keys.commits, TrainingResumed)][-1] == (
+        recorded.step,
+        "lowest_rank",
+    )
 
 
 def test_trl_resumed_from_its_checkpoint_trains_again_what_followed_it(pipeline, client, tmp_path):
@@ -155,8 +171,9 @@ def test_trl_resumed_from_its_checkpoint_trains_again_what_followed_it(pipeline,
     second = start("second", MAX_STEPS + 1, "0", str(tmp_path / "out" / "checkpoint-1"))
     assert second["global_step"] == MAX_STEPS + 1
     after = [ids for r in rows for ids in r][4:]
-    assert sorted(second["trained"]) == sorted(after[:len(second["trained"])]), \
+    assert sorted(second["trained"]) == sorted(after[: len(second["trained"])]), (
         "resumed at the row after what checkpoint-1 holds"
+    )
     # Everything the first start trained after checkpoint-1 is trained again, counted as retrained.
     assert second["retrained_rows"] == len(first["trained"]) - 4
     resumed = events(client, run.keys.commits, TrainingResumed)[-1]
@@ -170,9 +187,16 @@ def test_trl_killed_mid_step_hands_again_exactly_the_rows_not_recorded_as_traine
     trl = subprocess.Popen(**start.command("killed", 200), stdout=log, stderr=subprocess.STDOUT)
     try:
         # Some step partly trained: its rows recorded, the step not committed. Then the machine is lost.
-        wait_until(lambda: trl.poll() is None and (recorded_rows(client, run.keys, 0) or Position(-1)).step
-                   == int(client.hget(run.keys.committed, "0") or -1) + 1, timeout=180, interval=0.02,
-                   message="a partly trained step")
+        wait_until(
+            lambda: (
+                trl.poll() is None
+                and (recorded_rows(client, run.keys, 0) or Position(-1)).step
+                == int(client.hget(run.keys.committed, "0") or -1) + 1
+            ),
+            timeout=180,
+            interval=0.02,
+            message="a partly trained step",
+        )
     finally:
         trl.send_signal(signal.SIGKILL)
         trl.wait()
@@ -184,6 +208,8 @@ def test_trl_killed_mid_step_hands_again_exactly_the_rows_not_recorded_as_traine
 
     second = start("second", 2)
     handed = [ids for row, ids in enumerate(rows[0]) if row not in partial] + rows[1]
-    assert second["taken"][:len(handed)] == handed[:len(second["taken"])], \
-        "the next start hands the step's rows not recorded as trained (never lost), and not those recorded (never twice)"
+    assert second["taken"][: len(handed)] == handed[: len(second["taken"])], (
+        "the next start hands the step's rows not recorded as trained (never lost), "
+        "and not those recorded (never twice)"
+    )
     assert events(client, run.keys.commits, TrainingResumed)[-1].step == committed + 1

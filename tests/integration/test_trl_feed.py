@@ -69,8 +69,9 @@ def rows_of(batch) -> list[list[int]]:
     return [ids[:n] for ids, n in zip(batch.token_ids.tolist(), batch.attention_mask.sum(1).tolist())]
 
 
-def test_samples_are_the_step_rows_and_a_step_commits_once_every_row_was_trained(rolloutsample, client, redis_url,
-                                                                              make_run):
+def test_samples_are_the_step_rows_and_a_step_commits_once_every_row_was_trained(
+    rolloutsample, client, redis_url, make_run
+):
     run = make_run(n_samples=3, dp_size=1, batch_size=2, reward_norm=GROUP, max_batch_size=16)
     make_steps(client, run, groups=4, steps=2)
     steps = [replay_step(client, run.keys, step, 0) for step in (0, 1)]
@@ -98,15 +99,17 @@ def test_samples_are_the_step_rows_and_a_step_commits_once_every_row_was_trained
             group_of_row = [g for g, size in enumerate(batch.group_sizes.tolist()) for _ in range(size)]
             for row, sample in enumerate(samples):
                 assert isinstance(sample, rolloutsample)
-                assert sample.input_ids.tolist() == batch.token_ids[row, :lengths[row]].tolist()
-                assert sample.completion_mask.tolist() == batch.loss_mask[row, :lengths[row]].long().tolist()
-                assert sample.old_log_probs.tolist() == batch.logprobs[row, :lengths[row]].tolist()
+                assert sample.input_ids.tolist() == batch.token_ids[row, : lengths[row]].tolist()
+                assert sample.completion_mask.tolist() == batch.loss_mask[row, : lengths[row]].long().tolist()
+                assert sample.old_log_probs.tolist() == batch.logprobs[row, : lengths[row]].tolist()
                 assert sample.advantage == pytest.approx(advantages[row])
                 # Stamped with TRL's version as taken: TRL's own staleness check never drops a row.
                 assert (sample.model_version, sample.group_id) == (7, step * 16 + group_of_row[row])
-                assert sample.metrics == {"reward": batch.rewards[row].item(),
-                                          "version_oldest": float(batch.versions[row]),
-                                          "version_newest": float(batch.versions[row] + batch.version_spans[row])}
+                assert sample.metrics == {
+                    "reward": batch.rewards[row].item(),
+                    "version_oldest": float(batch.versions[row]),
+                    "version_newest": float(batch.versions[row] + batch.version_spans[row]),
+                }
         # The run wrote its two steps and TRL took everything: asking for more is an error that says so.
         wait_until(lambda: not feed._thread.is_alive(), timeout=5, message="the feed to finish")
         with pytest.raises(RunEnded, match="finished after 2 steps .* lower AsyncGRPOConfig.max_steps"):
@@ -174,8 +177,12 @@ def test_a_trl_checkpoint_resumes_the_run_after_the_rows_it_holds(rolloutsample,
         again.stop()
     resumed = events(client, run.keys.commits, TrainingResumed)
     assert [(e.step, e.reason, e.retrain_through) for e in resumed][-1] == (0, "checkpoint", 0)
-    assert [(e.step, e.attempt) for e in events(client, run.keys.commits, StepCommitted)] == [(0, 1), (0, 2), (1, 2),
-                                                                                             (2, 2)]
+    assert [(e.step, e.attempt) for e in events(client, run.keys.commits, StepCommitted)] == [
+        (0, 1),
+        (0, 2),
+        (1, 2),
+        (2, 2),
+    ]
 
 
 def test_what_the_feed_refuses_and_reports(client, make_run):
@@ -199,8 +206,13 @@ def test_the_rows_record_checks_its_whole_input_before_writing(client, make_run)
     record = scripts.register(client, "trainer_rows.lua")
     keys = [run.keys.committed, run.keys.commits, run.keys.attempt]
     header = b"h"
-    for args, code in (([0, -1, 0, header], "BAD_INPUT"), ([0, 0, "x", header], "BAD_INPUT"), ([0, 0, 0, ""], "BAD_INPUT"),
-                       ([0, 0, 3, header], "STALE_ATTEMPT"), ([0, 2, 0, header], "OUT_OF_ORDER")):
+    for args, code in (
+        ([0, -1, 0, header], "BAD_INPUT"),
+        ([0, 0, "x", header], "BAD_INPUT"),
+        ([0, 0, 0, ""], "BAD_INPUT"),
+        ([0, 0, 3, header], "STALE_ATTEMPT"),
+        ([0, 2, 0, header], "OUT_OF_ORDER"),
+    ):
         with pytest.raises(redis.ResponseError, match=code):
             record(keys=keys, args=args)
     assert client.xlen(run.keys.commits) == 0 and client.hget(run.keys.attempt, "rows:0") is None
@@ -208,13 +220,16 @@ def test_the_rows_record_checks_its_whole_input_before_writing(client, make_run)
     from streamgrp.core import codec
     from streamgrp.core.events import StepRowsTrained
 
-    record(keys=keys, args=[0, 0, 0, codec.encode(StepRowsTrained(step=0, rank=0, attempt=0, rows=(1,), total=2))[
-        codec.HEADER]])
+    record(
+        keys=keys,
+        args=[0, 0, 0, codec.encode(StepRowsTrained(step=0, rank=0, attempt=0, rows=(1,), total=2))[codec.HEADER]],
+    )
     assert recorded_rows(client, run.keys, 0) == Position(0, frozenset({1}))
 
 
-def test_health_says_when_an_optimizer_step_needs_more_rows_than_the_window_holds(rolloutsample, client, redis_url,
-                                                                                   make_run):
+def test_health_says_when_an_optimizer_step_needs_more_rows_than_the_window_holds(
+    rolloutsample, client, redis_url, make_run
+):
     run = make_run(n_samples=2, dp_size=1, batch_size=1, max_staleness=0)
     make_steps(client, run, groups=1, steps=5)  # one step formed, the run not finished; the window: one step
     feed = started(redis_url, run, ahead_steps=1)

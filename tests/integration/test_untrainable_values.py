@@ -33,8 +33,13 @@ ASSEMBLER = AssemblerConfig(lease_ttl_s=2, tick_interval_s=0.05)
 
 
 def good_sample(slot: int, *, version: int = 0, tokens=(3, 4, 5, 6)) -> Sample:
-    return Sample.from_rows(token_ids=[list(tokens)], loss_mask=[[0, 1, 1, 1]], logprobs=[[0.0, -0.7, -1.2, -0.3]],
-                            rewards=[float(slot)], version=version)
+    return Sample.from_rows(
+        token_ids=[list(tokens)],
+        loss_mask=[[0, 1, 1, 1]],
+        logprobs=[[0.0, -0.7, -1.2, -0.3]],
+        rewards=[float(slot)],
+        version=version,
+    )
 
 
 def nan_on_slot_one(request):
@@ -86,12 +91,18 @@ def counts(client, run) -> dict[str, int]:
 
 
 def test_a_rollout_returning_nan_logprobs_is_refused_by_the_worker_and_the_run_trains_finite_weights(
-        client, redis_url, make_run, issuer):
+    client, redis_url, make_run, issuer
+):
     run = make_run(n_samples=4, batch_size=2, dp_size=1)
     issuer(run).issue([{} for _ in range(4)])
     metrics = Metrics(role="worker")
-    worker = WorkerProcess(WorkerClient(client, run.keys), nan_on_slot_one, WorkerConfig(burst=True, concurrency=4),
-                           n_samples=4, metrics=metrics)
+    worker = WorkerProcess(
+        WorkerClient(client, run.keys),
+        nan_on_slot_one,
+        WorkerConfig(burst=True, concurrency=4),
+        n_samples=4,
+        metrics=metrics,
+    )
     assert worker.run() == 4  # no slot stopped the worker
     assert metrics.registry.get_sample_value("streamgrp_slots_published_total", {"outcome": "invalid"}) == 4
     assert metrics.registry.get_sample_value("streamgrp_slots_published_total", {"outcome": "sample"}) == 12
@@ -105,8 +116,9 @@ def test_a_rollout_returning_nan_logprobs_is_refused_by_the_worker_and_the_run_t
     Assembler(client, run, ASSEMBLER).run(burst=True)
     decided = decisions(client, run)
     assert len(decided) == 4
-    assert all(d.decision == "partial" and d.slot_outcomes["1"] == "failed" and d.slots == (0, 2, 3)
-               for d in decided.values())
+    assert all(
+        d.decision == "partial" and d.slot_outcomes["1"] == "failed" and d.slots == (0, 2, 3) for d in decided.values()
+    )
 
     weights = train(client, redis_url, run, steps=2)
     assert torch.isfinite(weights).all()
@@ -125,8 +137,10 @@ def test_a_token_id_beyond_the_runs_vocabulary_is_refused_by_the_worker(client, 
     assert WorkerProcess(worker, beyond, WorkerConfig(burst=True), n_samples=2).run() == 1
     by_slot = {slot: result for (_, slot), result in slot_results(client, run).items()}
     assert by_slot[0].outcome == "sample"
-    assert by_slot[1].outcome == "failed" and f"token_ids[2] is {VOCAB}, not below the run's vocab_size {VOCAB}" \
-        in by_slot[1].error
+    assert (
+        by_slot[1].outcome == "failed"
+        and f"token_ids[2] is {VOCAB}, not below the run's vocab_size {VOCAB}" in by_slot[1].error
+    )
 
 
 def test_a_run_without_a_vocabulary_checks_only_the_sign(client, make_run):
@@ -141,8 +155,11 @@ def foreign_publish(client, run, result: SlotResult, payload: dict[bytes, bytes]
     """Publish a slot result and its payload as they are, through the publish function (no worker checks)."""
     pipe = client.pipeline(transaction=False)
     staged = payloads.stage(pipe, run.keys.payloads, payload[codec.HEADER], payload[codec.BLOB])
-    scripts.register(client, "publish_staged.lua")(keys=[run.keys.slots, run.keys.payloads, run.keys.tasks, staged],
-                                                   args=["", 0, codec.encode(result)[codec.HEADER], "1"], client=pipe)
+    scripts.register(client, "publish_staged.lua")(
+        keys=[run.keys.slots, run.keys.payloads, run.keys.tasks, staged],
+        args=["", 0, codec.encode(result)[codec.HEADER], "1"],
+        client=pipe,
+    )
     [entry] = pipe.execute()[-1]
     return entry.decode() if isinstance(entry, bytes) else entry
 
@@ -171,16 +188,19 @@ def rows_disagree(result, payload):
     return result.replace(sample=result.sample.replace(rows=3)), payload
 
 
-FORGERIES = {"nan_logprob": (nan_logprob, "logprobs[3] is nan"),
-             "beyond_vocabulary": (beyond_vocabulary, f"token_ids[0] is 5000, not below the run's vocab_size {VOCAB}"),
-             "tokens_disagree": (tokens_disagree, "says rows, tokens, version [1, 1000000000000, 0]"),
-             "rows_disagree": (rows_disagree, "says rows, tokens, version [3, 3, 0]"),
-             "payload_deleted": (None, "its payload entry is not in the payloads stream")}
+FORGERIES = {
+    "nan_logprob": (nan_logprob, "logprobs[3] is nan"),
+    "beyond_vocabulary": (beyond_vocabulary, f"token_ids[0] is 5000, not below the run's vocab_size {VOCAB}"),
+    "tokens_disagree": (tokens_disagree, "says rows, tokens, version [1, 1000000000000, 0]"),
+    "rows_disagree": (rows_disagree, "says rows, tokens, version [3, 3, 0]"),
+    "payload_deleted": (None, "its payload entry is not in the payloads stream"),
+}
 
 
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
 def test_a_foreign_sample_that_cannot_train_is_dead_lettered_folded_as_failed_and_never_trained(
-        client, redis_url, make_run, issuer, forgery):
+    client, redis_url, make_run, issuer, forgery
+):
     forge, detail = FORGERIES[forgery]
     vocabulary = {"vocab_size": VOCAB} if forgery == "beyond_vocabulary" else {}
     run = make_run(n_samples=2, batch_size=2, dp_size=1, **vocabulary)
@@ -199,8 +219,12 @@ def test_a_foreign_sample_that_cannot_train_is_dead_lettered_folded_as_failed_an
     Assembler(client, run, ASSEMBLER).run(burst=True)
     decided = decisions(client, run)
     bad = decided[bad_task]
-    assert (bad.decision, bad.slot_outcomes, bad.slots, bad.closed_by) == \
-        ("partial", {"0": "sample", "1": "failed"}, (0,), "all_slots")  # refused at once, not by the deadline
+    assert (bad.decision, bad.slot_outcomes, bad.slots, bad.closed_by) == (
+        "partial",
+        {"0": "sample", "1": "failed"},
+        (0,),
+        "all_slots",
+    )  # refused at once, not by the deadline
     assert decided[good_task].decision == "complete"
     [(_, letter)] = client.xrange(run.keys.deadletter)
     assert (letter[b"reason"], letter[b"entry"].decode()) == (b"invalid_sample", entry)
@@ -216,7 +240,8 @@ def test_a_foreign_sample_that_cannot_train_is_dead_lettered_folded_as_failed_an
 
 
 def test_a_refused_sample_stays_pending_until_its_group_is_decided_and_a_restarted_assembler_refuses_it_again(
-        client, make_run, issuer):
+    client, make_run, issuer
+):
     run = make_run(n_samples=2)
     [task] = [issued.task_id for issued in issuer(run).issue([{}])]
     entry = foreign_publish(client, run, *nan_logprob(*codec.sample_result(task, 1, good_sample(1))))

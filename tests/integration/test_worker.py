@@ -40,9 +40,18 @@ def test_worker_publishes_sample_rejected_and_failed_then_acks(client, make_run,
     done = WorkerProcess(worker, rollout, WorkerConfig(burst=True), n_samples=3).run()
     assert done == 2
     results = slot_results(client, run)
-    assert sorted((r.slot, r.outcome) for r in results) == [(0, "sample"), (0, "sample"), (1, "rejected"),
-                                                             (1, "rejected"), (2, "failed"), (2, "failed")]
-    assert {r.error for r in results if r.outcome == "failed"} == {"ValueError: bad prompt x", "ValueError: bad prompt y"}
+    assert sorted((r.slot, r.outcome) for r in results) == [
+        (0, "sample"),
+        (0, "sample"),
+        (1, "rejected"),
+        (1, "rejected"),
+        (2, "failed"),
+        (2, "failed"),
+    ]
+    assert {r.error for r in results if r.outcome == "failed"} == {
+        "ValueError: bad prompt x",
+        "ValueError: bad prompt y",
+    }
     assert all(r.producer == worker.name for r in results)
     assert sorted(r.seq for r in results) == list(range(6))
     assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
@@ -51,15 +60,18 @@ def test_worker_publishes_sample_rejected_and_failed_then_acks(client, make_run,
 def test_async_rollout_functions_are_awaited(client, make_run, issuer):
     run = make_run(n_samples=2)
     issuer(run).issue([{}] * 3)
-    assert WorkerProcess(WorkerClient(client, run.keys), async_rollout, WorkerConfig(burst=True), n_samples=2).run() == 3
+    assert (
+        WorkerProcess(WorkerClient(client, run.keys), async_rollout, WorkerConfig(burst=True), n_samples=2).run() == 3
+    )
     assert [r.outcome for r in slot_results(client, run)] == ["sample"] * 6
 
 
 def test_wrong_return_type_becomes_a_failed_slot(client, make_run, issuer):
     run = make_run(n_samples=1)
     issuer(run).issue([{}])
-    WorkerProcess(WorkerClient(client, run.keys), lambda request: {"tokens": [1]}, WorkerConfig(burst=True),
-                  n_samples=1).run()
+    WorkerProcess(
+        WorkerClient(client, run.keys), lambda request: {"tokens": [1]}, WorkerConfig(burst=True), n_samples=1
+    ).run()
     [result] = slot_results(client, run)
     assert result.outcome == "failed" and "return a streamgrp.Sample, a RewardLater or None" in result.error
 
@@ -145,8 +157,10 @@ def test_publish_many_acknowledges_the_done_tasks_in_the_same_call_and_none_when
     client.xadd(run.keys.payloads, {"h": "not ours"}, id="18446744073709551615-18446744073709551615")
     header, payload, blob = codec.encode_sample(third.event.task_id, 0, make_sample(), producer="p", seq=1)
     with pytest.raises(redis.ResponseError, match="PAYLOAD cannot be written"):
-        worker._publish(keys=[run.keys.slots, run.keys.payloads, run.keys.tasks],
-                        args=[WORKERS_GROUP, 1, third.entry_id, header, payload, blob])
+        worker._publish(
+            keys=[run.keys.slots, run.keys.payloads, run.keys.tasks],
+            args=[WORKERS_GROUP, 1, third.entry_id, header, payload, blob],
+        )
     assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 1
     # ...and publish_many then publishes the results as failed slots saying why, acknowledging the task.
     worker.publish_many([(third.event.task_id, slot, make_sample()) for slot in range(2)], done=[third])
@@ -179,12 +193,16 @@ def test_a_rollout_that_raises_is_logged_with_its_text_once_a_minute_at_most(cli
         return make_sample(tokens=4)
 
     with caplog.at_level(logging.WARNING, logger="streamgrp.services.worker"):
-        WorkerProcess(WorkerClient(client, run.keys), rollout, WorkerConfig(concurrency=4, burst=True),
-                      n_samples=4).run()
+        WorkerProcess(
+            WorkerClient(client, run.keys), rollout, WorkerConfig(concurrency=4, burst=True), n_samples=4
+        ).run()
     warnings = [r.getMessage() for r in caplog.records if "rollout(s) raised" in r.getMessage()]
     assert len(warnings) == 1, warnings
-    assert warnings[0].startswith("1 rollout(s) raised since the last warning") and "KeyError: \"no field 'answer'" \
-        in warnings[0] and " slot " in warnings[0]
+    assert (
+        warnings[0].startswith("1 rollout(s) raised since the last warning")
+        and "KeyError: \"no field 'answer'" in warnings[0]
+        and " slot " in warnings[0]
+    )
 
 
 def test_a_worker_and_the_assembler_exit_once_the_run_has_ended(client, make_run, issuer, caplog):
@@ -202,8 +220,10 @@ def test_a_worker_and_the_assembler_exit_once_the_run_has_ended(client, make_run
     worker.run_end.interval_s = 0.1
     assembler = Assembler(client, run, AssemblerConfig(lease_ttl_s=1, tick_interval_s=0.05))
     exited = {}
-    threads = [threading.Thread(target=lambda: exited.setdefault("worker", worker.run()), daemon=True),
-               threading.Thread(target=lambda: exited.setdefault("assembler", assembler.run()), daemon=True)]
+    threads = [
+        threading.Thread(target=lambda: exited.setdefault("worker", worker.run()), daemon=True),
+        threading.Thread(target=lambda: exited.setdefault("assembler", assembler.run()), daemon=True),
+    ]
     for thread in threads:
         thread.start()
     time.sleep(1.0)
@@ -215,4 +235,3 @@ def test_a_worker_and_the_assembler_exit_once_the_run_has_ended(client, make_run
     said = " ".join(r.getMessage() for r in caplog.records)
     assert f"run {run.keys.run} finished: no task will come; worker" in said
     assert f"run {run.keys.run} finished: no slot result will be needed; assembler" in said
-

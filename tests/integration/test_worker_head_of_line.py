@@ -34,8 +34,7 @@ def test_one_slow_rollout_holds_no_finished_result_past_its_round(client, make_r
         return make_sample(tokens=4)
 
     # concurrency 8 over groups of 4: two tasks at once, so the worker is at capacity with a third waiting
-    worker = WorkerProcess(SlowPublish(client, run.keys), rollout, WorkerConfig(concurrency=8, burst=True),
-                           n_samples=4)
+    worker = WorkerProcess(SlowPublish(client, run.keys), rollout, WorkerConfig(concurrency=8, burst=True), n_samples=4)
     worker.run()
     assert worker.tasks_done == 3
     published = {}

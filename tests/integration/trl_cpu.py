@@ -12,8 +12,19 @@ import torch
 import torch.nn.functional as F
 
 
-def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                     causal=True, window_size=(-1, -1), **_):
+def varlen_attention(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale=None,
+    causal=True,
+    window_size=(-1, -1),
+    **_,
+):
     """``flash_attn_varlen_func``: [total, heads, dim] per segment, causal aligned to the key end."""
     out = torch.empty_like(q)
     repeat = q.shape[1] // k.shape[1]  # grouped-query attention: each key head serves `repeat` query heads
@@ -23,8 +34,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         key, value = (x[k0:k1].repeat_interleave(repeat, 1).transpose(0, 1) for x in (k, v))
         # A segment's keys are its ancestors' tokens then its own: query j sees keys up to its own position.
         visible = torch.arange(k1 - k0)[None, :] <= torch.arange(q1 - q0)[:, None] + ((k1 - k0) - (q1 - q0))
-        out[q0:q1] = F.scaled_dot_product_attention(query, key, value, attn_mask=visible,
-                                                    scale=softmax_scale).transpose(0, 1)
+        out[q0:q1] = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=visible, scale=softmax_scale
+        ).transpose(0, 1)
     return out
 
 

@@ -39,13 +39,27 @@ from streamgrp.train.trl_async import StreamgrpRollouts, StreamgrpWeights  # noq
 
 def tiny_model(directory: str) -> PreTrainedTokenizerFast:
     vocab = {f"t{i}": i for i in range(TINY_VOCAB)}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0")),
-                                        pad_token="t0", eos_token="t1", bos_token="t2", unk_token="t0",
-                                        padding_side="left")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0")),
+        pad_token="t0",
+        eos_token="t1",
+        bos_token="t2",
+        unk_token="t0",
+        padding_side="left",
+    )
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     LlamaForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return tokenizer
@@ -90,11 +104,12 @@ class Trained(TrainerCallback):
         self.through = self.steps
 
     def trained(self) -> list[list[int]]:
-        return [ids for batch in self.packed[:self.through] for ids in batch]
+        return [ids for batch in self.packed[: self.through] for ids in batch]
 
 
-def main(url: str, run_name: str, workdir: str, max_steps: int, out: str, save_steps: int = 0,
-         resume: str | None = None) -> None:
+def main(
+    url: str, run_name: str, workdir: str, max_steps: int, out: str, save_steps: int = 0, resume: str | None = None
+) -> None:
     trl_cpu.install()
     model_dir = os.path.join(workdir, "model")
     tokenizer = tiny_model(model_dir)
@@ -111,28 +126,60 @@ def main(url: str, run_name: str, workdir: str, max_steps: int, out: str, save_s
 
     rollouts.rollout_buffer.get = recording_get
     weights = StreamgrpWeights(client, run.keys)
-    args = AsyncGRPOConfig(output_dir=os.path.join(workdir, "out"), max_steps=max_steps, per_device_train_batch_size=4,
-                           token_budget=0, bf16=False, use_cpu=True, activation_checkpointing=False, report_to=[],
-                           save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
-                           learning_rate=1e-2, logging_steps=1, disable_tqdm=True)
+    args = AsyncGRPOConfig(
+        output_dir=os.path.join(workdir, "out"),
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        token_budget=0,
+        bf16=False,
+        use_cpu=True,
+        activation_checkpointing=False,
+        report_to=[],
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        learning_rate=1e-2,
+        logging_steps=1,
+        disable_tqdm=True,
+    )
     losses = Losses()
-    trainer = AsyncGRPOTrainer(model=model_dir, args=args, train_dataset=Dataset.from_dict({"prompt": ["-"]}),
-                               processing_class=tokenizer, rollout_worker=rollouts, weight_transfer=weights,
-                               callbacks=[rollouts.callback, losses])
+    trainer = AsyncGRPOTrainer(
+        model=model_dir,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["-"]}),
+        processing_class=tokenizer,
+        rollout_worker=rollouts,
+        weight_transfer=weights,
+        callbacks=[rollouts.callback, losses],
+    )
     trained = Trained(trainer)
     trainer.add_callback(trained)  # after the feed's callback: it wraps the collator the feed already watches
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train(resume_from_checkpoint=resume)
     moved = sum(float((p.detach() - before[n]).abs().sum()) for n, p in trainer.model.named_parameters())
-    result = {"global_step": trainer.state.global_step, "taken": taken, "published": weights.published,
-              "skipped": weights.skipped, "logs": losses.logs, "moved": moved, "committed_by_feed": rollouts.committed_steps,
-              "trained": trained.trained(), "retrained_rows": rollouts.retrained_rows,
-              "model_version": trainer.model_version}
+    result = {
+        "global_step": trainer.state.global_step,
+        "taken": taken,
+        "published": weights.published,
+        "skipped": weights.skipped,
+        "logs": losses.logs,
+        "moved": moved,
+        "committed_by_feed": rollouts.committed_steps,
+        "trained": trained.trained(),
+        "retrained_rows": rollouts.retrained_rows,
+        "model_version": trainer.model_version,
+    }
     with open(out, "wb") as handle:
         handle.write(orjson.dumps(result))
 
 
 if __name__ == "__main__":
     url, run_name, workdir, max_steps, out = sys.argv[1:6]
-    main(url, run_name, workdir, int(max_steps), out, int(sys.argv[6]) if len(sys.argv) > 6 else 0,
-         sys.argv[7] if len(sys.argv) > 7 else None)
+    main(
+        url,
+        run_name,
+        workdir,
+        int(max_steps),
+        out,
+        int(sys.argv[6]) if len(sys.argv) > 6 else 0,
+        sys.argv[7] if len(sys.argv) > 7 else None,
+    )

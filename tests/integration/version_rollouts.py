@@ -19,7 +19,11 @@ def spanning(request):
     rng = random.Random(f"{request.task_id}:{request.slot}")
     time.sleep(0.02)
     total = PROMPT_TOKENS + GENERATED
-    return Sample.from_rows(token_ids=[[rng.randrange(1, 1000) for _ in range(total)]],
-                            loss_mask=[[0] * PROMPT_TOKENS + [1] * GENERATED], logprobs=[[-0.5] * total],
-                            rewards=[rng.random()], version=old,
-                            meta={"token_versions": [[old, GENERATED // 2], [now, GENERATED // 2]]})
+    return Sample.from_rows(
+        token_ids=[[rng.randrange(1, 1000) for _ in range(total)]],
+        loss_mask=[[0] * PROMPT_TOKENS + [1] * GENERATED],
+        logprobs=[[-0.5] * total],
+        rewards=[rng.random()],
+        version=old,
+        meta={"token_versions": [[old, GENERATED // 2], [now, GENERATED // 2]]},
+    )

@@ -24,20 +24,46 @@ from streamgrp.core.rank_split import check_split_invariants
 
 def _group(task: str, version: int, tokens: int, dropped: bool) -> GroupDecided:
     if dropped:
-        return GroupDecided.of(task_id=task, decision="dropped", reason="below_minimum", members=(), slot_outcomes={},
-                            stats=GroupStats.of(2, 1, 0), closed_by="all_slots")
-    members = (DecidedMember(slot=0, entry=f"{task}a", rows=1, tokens=tokens, version=version),
-               DecidedMember(slot=1, entry=f"{task}b", rows=1, tokens=tokens + 1, version=version + 1))
-    return GroupDecided.of(task_id=task, decision="partial", members=members, slot_outcomes={},
-                        stats=GroupStats.of(2, 2, 2), closed_by="all_slots")
+        return GroupDecided.of(
+            task_id=task,
+            decision="dropped",
+            reason="below_minimum",
+            members=(),
+            slot_outcomes={},
+            stats=GroupStats.of(2, 1, 0),
+            closed_by="all_slots",
+        )
+    members = (
+        DecidedMember(slot=0, entry=f"{task}a", rows=1, tokens=tokens, version=version),
+        DecidedMember(slot=1, entry=f"{task}b", rows=1, tokens=tokens + 1, version=version + 1),
+    )
+    return GroupDecided.of(
+        task_id=task,
+        decision="partial",
+        members=members,
+        slot_outcomes={},
+        stats=GroupStats.of(2, 2, 2),
+        closed_by="all_slots",
+    )
 
 
 GROUPS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 50), st.booleans()), min_size=0, max_size=60)
 RULES = st.builds(
-    lambda mode, dp, batch, extra, staleness: BatchRules(batch_mode=mode, dp_size=dp, batch_size=max(batch, dp),
-                                                         max_batch_size=max(batch, dp) + extra, max_staleness=staleness,
-                                                         max_empty_rounds=10**6, stall_timeout_s=1e12),
-    st.sampled_from(["fixed", "dynamic"]), st.integers(1, 4), st.integers(1, 8), st.integers(0, 6), st.integers(0, 2))
+    lambda mode, dp, batch, extra, staleness: BatchRules(
+        batch_mode=mode,
+        dp_size=dp,
+        batch_size=max(batch, dp),
+        max_batch_size=max(batch, dp) + extra,
+        max_staleness=staleness,
+        max_empty_rounds=10**6,
+        stall_timeout_s=1e12,
+    ),
+    st.sampled_from(["fixed", "dynamic"]),
+    st.integers(1, 4),
+    st.integers(1, 8),
+    st.integers(0, 6),
+    st.integers(0, 2),
+)
 
 
 @settings(max_examples=examples(300), deadline=None)

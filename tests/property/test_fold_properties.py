@@ -11,12 +11,14 @@ from streamgrp.core.group_fold import Closed, run_fold
 from streamgrp.services.synthetic import make_sample
 
 OUTCOMES = st.sampled_from(["sample", "sample", "multi", "rejected", "failed"])
-POLICIES = st.sampled_from([
-    GroupPolicy(n_samples=4, reward_norm=NormSpec("group", "group")),
-    GroupPolicy(n_samples=4, reward_norm=NormSpec("batch", "batch")),
-    GroupPolicy(n_samples=4, drop_incomplete_group=True),
-    GroupPolicy(n_samples=4, min_usable_group_size=3),
-])
+POLICIES = st.sampled_from(
+    [
+        GroupPolicy(n_samples=4, reward_norm=NormSpec("group", "group")),
+        GroupPolicy(n_samples=4, reward_norm=NormSpec("batch", "batch")),
+        GroupPolicy(n_samples=4, drop_incomplete_group=True),
+        GroupPolicy(n_samples=4, min_usable_group_size=3),
+    ]
+)
 
 
 def _result(slot, outcome):

@@ -31,17 +31,32 @@ from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats
 
 def _group(task: str, version: int) -> GroupDecided:
     members = (DecidedMember(slot=0, entry=f"{task}a", rows=1, tokens=4, version=version),)
-    return GroupDecided.of(task_id=task, decision="complete", members=members, slot_outcomes={},
-                           stats=GroupStats.of(1, 1, 1), closed_by="all_slots")
+    return GroupDecided.of(
+        task_id=task,
+        decision="complete",
+        members=members,
+        slot_outcomes={},
+        stats=GroupStats.of(1, 1, 1),
+        closed_by="all_slots",
+    )
 
 
-def simulate(staleness: str, durations: list[int], batch_size: int, max_staleness: int, step_time: int,
-             batch_mode: str = "fixed") -> dict:
+def simulate(
+    staleness: str, durations: list[int], batch_size: int, max_staleness: int, step_time: int, batch_mode: str = "fixed"
+) -> dict:
     """Integer time; the feeder issues as the batcher's does (the count window, and `may_issue`); a task
     generates at the version it was issued at (workers keep up) for its duration; the trainer trains
     written steps in order, ``step_time`` each, each commit raising the version by one."""
-    rules = BatchRules(batch_mode=batch_mode, batch_size=batch_size, max_batch_size=batch_size, dp_size=1,
-                       max_staleness=max_staleness, max_empty_rounds=10**9, stall_timeout_s=1e18, staleness=staleness)
+    rules = BatchRules(
+        batch_mode=batch_mode,
+        batch_size=batch_size,
+        max_batch_size=batch_size,
+        dp_size=1,
+        max_staleness=max_staleness,
+        max_empty_rounds=10**9,
+        stall_timeout_s=1e18,
+        staleness=staleness,
+    )
     state = BatchState(rules)
     version, committed, now = 0, -1, 0
     cursor = 0
@@ -71,8 +86,11 @@ def simulate(staleness: str, durations: list[int], batch_size: int, max_stalenes
 
     for _ in range(100_000):
         # the feeder: issue while the window has room (nothing is dropped here, so issued = outstanding)
-        while cursor < len(durations) and cursor < feeder_capacity(version, max_staleness, batch_size) \
-                + len(stale) and may_issue(state):
+        while (
+            cursor < len(durations)
+            and cursor < feeder_capacity(version, max_staleness, batch_size) + len(stale)
+            and may_issue(state)
+        ):
             in_flight[cursor] = version
             heapq.heappush(finishing, (now + durations[cursor], cursor))
             cursor += 1
@@ -98,12 +116,21 @@ def simulate(staleness: str, durations: list[int], batch_size: int, max_stalenes
     else:
         raise AssertionError("the simulated run did not end")
     trained = [decision.task_id for step in steps for _, decision in step.groups]
-    return {"stale": stale, "trained": trained, "finished": any(isinstance(o, Finished) for o in outputs),
-            "steps": steps}
+    return {
+        "stale": stale,
+        "trained": trained,
+        "finished": any(isinstance(o, Finished) for o in outputs),
+        "steps": steps,
+    }
 
 
-RUNS = st.tuples(st.lists(st.sampled_from([1, 1, 1, 2, 3, 20, 60]), min_size=4, max_size=80),
-                 st.integers(1, 4), st.integers(0, 2), st.integers(1, 10), st.sampled_from(["fixed", "dynamic"]))
+RUNS = st.tuples(
+    st.lists(st.sampled_from([1, 1, 1, 2, 3, 20, 60]), min_size=4, max_size=80),
+    st.integers(1, 4),
+    st.integers(0, 2),
+    st.integers(1, 10),
+    st.sampled_from(["fixed", "dynamic"]),
+)
 
 
 @settings(max_examples=examples(200), deadline=None)

@@ -23,11 +23,14 @@ def test_ranks_in_step_train_together_and_leave_together():
     assert GroupVote(pair(peer_vote(leaving=True, digest=0)), 0).step(leaving=False, attempt=2, step=5, digest=77)
 
 
-@pytest.mark.parametrize(("peer", "names"), [
-    (peer_vote(step=6), "steps 5 to 6"),
-    (peer_vote(attempt=1), "attempts 1 to 2"),
-    (peer_vote(digest=78), "the manifest of step 5"),
-])
+@pytest.mark.parametrize(
+    ("peer", "names"),
+    [
+        (peer_vote(step=6), "steps 5 to 6"),
+        (peer_vote(attempt=1), "attempts 1 to 2"),
+        (peer_vote(digest=78), "the manifest of step 5"),
+    ],
+)
 def test_ranks_apart_both_raise_the_same_error(peer, names):
     mine = peer_vote()
     messages = []

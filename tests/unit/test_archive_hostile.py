@@ -58,8 +58,9 @@ print("seconds", round(time.monotonic() - started, 2))
 def _in_child(directory: Path, action: str = "read") -> str:
     """What ``action`` on the archive at ``directory`` printed, in a child limited to 512 MiB and 20 s."""
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, str(directory), action], capture_output=True, text=True,
-                              timeout=20, cwd=ROOT)
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(directory), action], capture_output=True, text=True, timeout=20, cwd=ROOT
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{action} of {directory} hung for 20 s")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -93,8 +94,9 @@ def _to_fifo(path: Path) -> None:
 # -- links and special files ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where, seal", [("seg", False), ("idx", True), ("seg", True)], ids=["open-segment",
-                                                                                            "index", "sealed-segment"])
+@pytest.mark.parametrize(
+    "where, seal", [("seg", False), ("idx", True), ("seg", True)], ids=["open-segment", "index", "sealed-segment"]
+)
 @pytest.mark.parametrize("make", [_to_dev_zero, _to_fifo], ids=["link-to-dev-zero", "fifo"])
 def test_a_segment_or_index_that_is_a_link_or_a_fifo_is_refused_at_once(tmp_path, where, seal, make):
     segment = _archive(tmp_path, seal=seal)
@@ -127,11 +129,18 @@ def test_a_directory_named_like_a_segment_is_refused(tmp_path):
         list(ArchiveReader(tmp_path).scan("slots"))
 
 
-@pytest.mark.parametrize("snapshot", [[1, 2], {"hashes": []}, {"hashes": {"decided": [1]}},
-                                      {"hashes": {"c": {"0": 3}}}, {"groups": {"slots": {"name": "x"}}},
-                                      {"groups": {"slots": [{"last_delivered": 5}]}}],
-                         ids=["a-list", "hashes-a-list", "a-hash-a-list", "a-number-value", "groups-an-object",
-                              "position-a-number"])
+@pytest.mark.parametrize(
+    "snapshot",
+    [
+        [1, 2],
+        {"hashes": []},
+        {"hashes": {"decided": [1]}},
+        {"hashes": {"c": {"0": 3}}},
+        {"groups": {"slots": {"name": "x"}}},
+        {"groups": {"slots": [{"last_delivered": 5}]}},
+    ],
+    ids=["a-list", "hashes-a-list", "a-hash-a-list", "a-number-value", "groups-an-object", "position-a-number"],
+)
 def test_a_snapshot_of_the_wrong_shape_is_refused(tmp_path, snapshot):
     _archive(tmp_path)
     (tmp_path / "snapshot.json").write_bytes(orjson.dumps(snapshot))
@@ -203,8 +212,11 @@ def test_a_checksummed_record_that_does_not_decode_is_refused_naming_file_and_of
         handle.write(_forged(header, body))
         if at == "middle":
             handle.write(encode_record("slots", "5000-0", {b"h": b"after"}))
-    for read in (lambda: scan_segment(segment, 1), lambda: list(ArchiveReader(tmp_path).scan("slots")),
-                 lambda: ArchiveWriter(tmp_path, run="r1")):  # a torn tail would be sealed; this is refused
+    for read in (
+        lambda: scan_segment(segment, 1),
+        lambda: list(ArchiveReader(tmp_path).scan("slots")),
+        lambda: ArchiveWriter(tmp_path, run="r1"),
+    ):  # a torn tail would be sealed; this is refused
         with pytest.raises(ArchiveError) as info:
             read()
         message = str(info.value)

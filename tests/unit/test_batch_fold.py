@@ -24,15 +24,30 @@ from streamgrp.core.batch_fold import (
 from streamgrp.core.events import DecidedMember, GroupDecided, GroupStats
 
 
-def group(task: str, *, version: int = 0, tokens: int = 4, decision: str = "complete", members: int = 2,
-          reward: float = 1.0) -> GroupDecided:
+def group(
+    task: str, *, version: int = 0, tokens: int = 4, decision: str = "complete", members: int = 2, reward: float = 1.0
+) -> GroupDecided:
     if decision == "dropped":
-        return GroupDecided.of(task_id=task, decision="dropped", reason="all_unusable", members=(), slot_outcomes={},
-                            stats=GroupStats.of(2, 0, 0), closed_by="all_slots")
-    return GroupDecided.of(task_id=task, decision=decision,
-                        members=tuple(DecidedMember(slot=i, entry=f"{task}-s{i}", rows=1, tokens=tokens, version=version,
-                                                    reward=reward) for i in range(members)),
-                        slot_outcomes={}, stats=GroupStats.of(members, members, members), closed_by="all_slots")
+        return GroupDecided.of(
+            task_id=task,
+            decision="dropped",
+            reason="all_unusable",
+            members=(),
+            slot_outcomes={},
+            stats=GroupStats.of(2, 0, 0),
+            closed_by="all_slots",
+        )
+    return GroupDecided.of(
+        task_id=task,
+        decision=decision,
+        members=tuple(
+            DecidedMember(slot=i, entry=f"{task}-s{i}", rows=1, tokens=tokens, version=version, reward=reward)
+            for i in range(members)
+        ),
+        slot_outcomes={},
+        stats=GroupStats.of(members, members, members),
+        closed_by="all_slots",
+    )
 
 
 def decided(n: int, start: int = 0, **kwargs) -> list[Decided]:
@@ -52,6 +67,7 @@ def state(**rules) -> BatchState:
 
 
 # -- fixed mode ------------------------------------------------------------------------------------
+
 
 def test_fixed_mode_emits_exactly_batch_size_groups_in_arrival_order():
     _, outputs = run_batch_fold(state(), decided(10))
@@ -84,6 +100,7 @@ def test_a_dropped_decision_is_only_acknowledged():
 
 # -- dynamic mode ----------------------------------------------------------------------------------
 
+
 def test_dynamic_mode_takes_whatever_a_round_produced_at_least_dp_size():
     s = state(batch_mode="dynamic", dp_size=3)
     s, outputs = run_batch_fold(s, [*decided(2), RoundEnded(1.0)])
@@ -107,11 +124,15 @@ def test_max_steps_finishes_the_run():
 
 # -- staleness -------------------------------------------------------------------------------------
 
+
 def test_a_group_older_than_max_staleness_is_discarded_and_never_trained():
     s = state(max_staleness=1)
     s, outputs = run_batch_fold(s, [VersionSet(3), *decided(2, version=1), *decided(4, start=2, version=2)])
     stale = [o for o in outputs if isinstance(o, Discarded)]
-    assert [(o.decision.task_id, o.reason, o.current_version) for o in stale] == [("t0", "stale", 3), ("t1", "stale", 3)]
+    assert [(o.decision.task_id, o.reason, o.current_version) for o in stale] == [
+        ("t0", "stale", 3),
+        ("t1", "stale", 3),
+    ]
     [step] = steps(outputs)
     assert tasks(step) == ["t2", "t3", "t4", "t5"] and step.version == 3
 
@@ -129,6 +150,7 @@ def test_the_feeder_window_is_max_staleness_plus_version_plus_one_batches():
 
 # -- the user's filter -----------------------------------------------------------------------------
 
+
 def test_filtered_groups_are_discarded_with_the_reason_and_a_raising_filter_does_not_stop_the_fold():
     def keep(decision):
         if decision.task_id == "t1":
@@ -138,13 +160,16 @@ def test_filtered_groups_are_discarded_with_the_reason_and_a_raising_filter_does
     s = BatchState(BatchRules(batch_size=2, dp_size=1), group_filter=keep)
     _, outputs = run_batch_fold(s, decided(4))
     filtered = [(o.decision.task_id, o.detail) for o in outputs if isinstance(o, Discarded)]
-    assert filtered == [("t1", "the group filter raised RuntimeError: bad reward"),
-                        ("t2", "the group filter returned False")]
+    assert filtered == [
+        ("t1", "the group filter raised RuntimeError: bad reward"),
+        ("t2", "the group filter returned False"),
+    ]
     [step] = steps(outputs)
     assert tasks(step) == ["t0", "t3"]
 
 
 # -- the stall bound -------------------------------------------------------------------------------
+
 
 def test_the_run_fails_only_when_both_bounds_are_reached():
     s = state(max_empty_rounds=3, stall_timeout_s=10.0)
@@ -197,8 +222,7 @@ def test_progress_warnings_are_rate_limited_to_one_a_minute():
 
 def test_a_contract_violation_decision_fails_the_run_at_the_next_step():
     s, _ = run_batch_fold(state(), decided(4))
-    violation = group("bad", decision="dropped").replace(reason="contract_violation",
-                                                           error="slot sizes [2, 1]")
+    violation = group("bad", decision="dropped").replace(reason="contract_violation", error="slot sizes [2, 1]")
     s, outputs = fold(s, Decided("9-0", violation))
     assert outputs == [Acked(("9-0",)), Failed("contract_violation", "slot sizes [2, 1]", 1)]
     assert s.outcome == "failed"

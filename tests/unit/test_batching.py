@@ -19,8 +19,9 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def decision(task: int, tokens: list[int], versions: list[int] | None = None,
-             rows: list[int] | None = None) -> tuple[str, GroupDecided]:
+def decision(
+    task: int, tokens: list[int], versions: list[int] | None = None, rows: list[int] | None = None
+) -> tuple[str, GroupDecided]:
     """A trainable group of ``len(tokens)`` members and the decision-entry id it would have."""
     n = len(tokens)
     members = tuple(range(n))
@@ -56,8 +57,9 @@ def assert_manifest_invariants(manifest, groups, dp_size):
             entry, source = by_task[group.task_id]
             # whole: the shard carries every member of the group, nothing from another group
             assert group.decision_entry == entry
-            assert [(m.slot, m.entry, m.rows, m.tokens, m.version) for m in group.members] == \
-                [(m.slot, m.entry, m.rows, m.tokens, m.version) for m in source.members]
+            assert [(m.slot, m.entry, m.rows, m.tokens, m.version) for m in group.members] == [
+                (m.slot, m.entry, m.rows, m.tokens, m.version) for m in source.members
+            ]
             assert group.digest == combine_digests(m.digest for m in source.members)
         assert shard.digest == combine_digests(g.digest for g in shard.groups)
         assert shard.tokens == sum(g.valid_tokens for g in shard.groups)
@@ -102,8 +104,12 @@ def test_groups_stay_whole_even_when_splitting_would_balance_better():
 def test_shard_digest_depends_on_member_digests_and_order():
     groups = [decision(0, [3]), decision(1, [3])]
     one = make_manifest(0, 0, groups, 1, 0.0).shards[0]
-    assert one.digest == combine_digests([combine_digests(m.digest for m in groups[0][1].members),
-                                          combine_digests(m.digest for m in groups[1][1].members)])
+    assert one.digest == combine_digests(
+        [
+            combine_digests(m.digest for m in groups[0][1].members),
+            combine_digests(m.digest for m in groups[1][1].members),
+        ]
+    )
     other_member = groups[1][1].members[0].replace(digest=_digest("other"))
     changed = [groups[0], (groups[1][0], groups[1][1].with_members((other_member,)))]
     assert make_manifest(0, 0, changed, 1, 0.0).shards[0].digest != one.digest

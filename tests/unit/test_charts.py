@@ -58,6 +58,7 @@ def assert_chart_invariants(root: ET.Element, chart_id: str, title: str, x_label
 
 # -- ticks -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("lo, hi", [(0, 1), (0, 12), (1, 1.0346), (-3, 7), (0, 0.003), (5, 5), (0, 1e6)])
 def test_nice_ticks_cover_the_range_with_even_round_steps(lo, hi):
     ticks = nice_ticks(lo, hi)
@@ -83,9 +84,15 @@ def test_format_number():
 
 # -- line charts ------------------------------------------------------------------------------------------
 
+
 def test_a_line_chart_has_one_point_per_step_and_series_and_breaks_at_missing_values():
-    svg = line_chart(chart_id="yields", title="Yields", steps=[0, 1, 2, 3, 4], y_label="fraction",
-                     series=[Series("usable", [0.5, 0.75, None, 1.0, 0.25]), Series("trainable", [0.5, 0.5, 0.5, 0.5, 0.5])])
+    svg = line_chart(
+        chart_id="yields",
+        title="Yields",
+        steps=[0, 1, 2, 3, 4],
+        y_label="fraction",
+        series=[Series("usable", [0.5, 0.75, None, 1.0, 0.25]), Series("trainable", [0.5, 0.5, 0.5, 0.5, 0.5])],
+    )
     root = parse(svg)
     assert_chart_invariants(root, "yields", "Yields", "step", "fraction")
     for name in ("usable", "trainable"):
@@ -100,8 +107,9 @@ def test_a_line_chart_has_one_point_per_step_and_series_and_breaks_at_missing_va
 
 
 def test_higher_values_are_drawn_higher_and_the_missing_marker_sits_on_the_x_axis():
-    root = parse(line_chart(chart_id="c", title="t", steps=[0, 1, 2], y_label="y",
-                            series=[Series("s", [1.0, 3.0, None])]))
+    root = parse(
+        line_chart(chart_id="c", title="t", steps=[0, 1, 2], y_label="y", series=[Series("s", [1.0, 3.0, None])])
+    )
     low, high, missing = sorted(points(root, "s"), key=lambda p: int(p.get("data-step")))
     assert float(high.get("data-y")) < float(low.get("data-y"))  # SVG y grows downwards
     x_axis = next(e for e in root.iter("line") if e.get("class") == "x-axis")
@@ -130,8 +138,11 @@ def test_all_missing_values_draw_only_hollow_markers():
 
 
 def test_values_outside_a_fixed_range_are_clamped_to_the_plot():
-    root = parse(line_chart(chart_id="c", title="t", steps=[0, 1], y_label="y", y_min=0.0, y_max=1.0,
-                            series=[Series("s", [-1.0, 5.0])]))
+    root = parse(
+        line_chart(
+            chart_id="c", title="t", steps=[0, 1], y_label="y", y_min=0.0, y_max=1.0, series=[Series("s", [-1.0, 5.0])]
+        )
+    )
     ys = [float(p.get("data-y")) for p in points(root, "s")]
     axis = next(e for e in root.iter("line") if e.get("class") == "y-axis")
     assert all(float(axis.get("y1")) <= y <= float(axis.get("y2")) for y in ys)
@@ -151,15 +162,25 @@ def style(root: ET.Element, series: str) -> tuple[str, set[str]]:
 
 
 def legend_labels(root: ET.Element) -> dict[str, str]:
-    return {e.get("data-series"): "".join(e.find("text").itertext()) for e in root.iter("g")
-            if e.get("class") == "legend-item"}
+    return {
+        e.get("data-series"): "".join(e.find("text").itertext())
+        for e in root.iter("g")
+        if e.get("class") == "legend-item"
+    }
 
 
 def test_series_that_coincide_stay_distinguishable_and_the_legend_says_they_coincide():
     # the report's usual case: trainable yield equal to usable at every step, so one line lies on the other
     values = [0.5, 0.75, 0.25, 1.0]
-    root = parse(line_chart(chart_id="yields", title="Yields", steps=[0, 1, 2, 3], y_label="fraction",
-                            series=[Series("usable", values, width=3.6), Series("trainable", list(values))]))
+    root = parse(
+        line_chart(
+            chart_id="yields",
+            title="Yields",
+            steps=[0, 1, 2, 3],
+            y_label="fraction",
+            series=[Series("usable", values, width=3.6), Series("trainable", list(values))],
+        )
+    )
     usable, trainable = style(root, "usable"), style(root, "trainable")
     assert usable[0] != trainable[0]  # distinct dash patterns
     assert len(usable[1]) == len(trainable[1]) == 1 and usable[1] != trainable[1]  # one marker shape each, distinct
@@ -175,8 +196,13 @@ def test_series_that_coincide_stay_distinguishable_and_the_legend_says_they_coin
 
 
 def test_a_partial_coincidence_is_counted_and_distinct_series_get_no_note():
-    series = [Series("a", [1.0, 2.0, 3.0, None]), Series("b", [1.0, 5.0, 3.0, 4.0]), Series("c", [9.0, 9.0, 9.0, 9.0]),
-              Series("d", [None, 5.0, None, None]), Series("e", [1.0, 7.0, 8.0, 6.0])]
+    series = [
+        Series("a", [1.0, 2.0, 3.0, None]),
+        Series("b", [1.0, 5.0, 3.0, 4.0]),
+        Series("c", [9.0, 9.0, 9.0, 9.0]),
+        Series("d", [None, 5.0, None, None]),
+        Series("e", [1.0, 7.0, 8.0, 6.0]),
+    ]
     # e equals a and b at one step of four only: a lone shared point gets no note (its tooltip says so)
     assert coincidences(series) == [None, "= a at 2 of 4 steps", None, "= b", None]
     root = parse(line_chart(chart_id="c", title="t", steps=[0, 1, 2, 3], y_label="y", series=series))
@@ -204,10 +230,12 @@ def test_text_is_escaped():
 
 # -- stacked bars ------------------------------------------------------------------------------------------
 
+
 def test_stacked_bars_have_one_bar_per_step_stacked_in_series_order():
     series = [Series("complete", [2, 0, 1]), Series("partial", [3, 0, None]), Series("dropped", [1, 0, 4])]
-    root = parse(stacked_bar_chart(chart_id="decisions", title="Decisions", steps=[0, 1, 2], y_label="groups",
-                                   series=series))
+    root = parse(
+        stacked_bar_chart(chart_id="decisions", title="Decisions", steps=[0, 1, 2], y_label="groups", series=series)
+    )
     assert_chart_invariants(root, "decisions", "Decisions", "step", "groups")
     by_step = {int(b.get("data-step")): b for b in bars(root)}
     assert sorted(by_step) == [0, 1, 2]
@@ -216,7 +244,9 @@ def test_stacked_bars_have_one_bar_per_step_stacked_in_series_order():
     segments = list(by_step[0])
     assert [s.get("data-series") for s in segments] == ["complete", "partial", "dropped"]
     heights = [float(s.get("height")) for s in segments]
-    assert heights[1] == pytest.approx(1.5 * heights[0], abs=0.2) and heights[2] == pytest.approx(heights[0] / 2, abs=0.2)
+    assert heights[1] == pytest.approx(1.5 * heights[0], abs=0.2) and heights[2] == pytest.approx(
+        heights[0] / 2, abs=0.2
+    )
     tops = [float(s.get("y")) for s in segments]
     assert tops[0] > tops[1] > tops[2]  # each segment sits on the one before it
     assert [s.get("data-series") for s in by_step[2]] == ["complete", "dropped"]  # None counts as 0
@@ -246,8 +276,9 @@ def test_negative_values_cannot_be_stacked():
 
 def test_a_long_legend_wraps_and_pushes_the_plot_down_instead_of_covering_it():
     names = [f"a fairly long series name {i}" for i in range(8)]
-    root = parse(stacked_bar_chart(chart_id="c", title="t", steps=[0], y_label="g",
-                                   series=[Series(name, [1]) for name in names]))
+    root = parse(
+        stacked_bar_chart(chart_id="c", title="t", steps=[0], y_label="g", series=[Series(name, [1]) for name in names])
+    )
     items = [e for e in root.iter("g") if e.get("class") == "legend-item"]
     lowest_legend = max(float(item.find("text").get("y")) for item in items)
     y_axis = next(e for e in root.iter("line") if e.get("class") == "y-axis")
@@ -257,7 +288,9 @@ def test_a_long_legend_wraps_and_pushes_the_plot_down_instead_of_covering_it():
 
 
 def test_the_chart_module_imports_nothing_heavy():
-    code = ("import sys, streamgrp.replay.charts\n"
-            "print(','.join(m for m in ('redis', 'torch', 'prometheus_client', 'matplotlib') if m in sys.modules))")
+    code = (
+        "import sys, streamgrp.replay.charts\n"
+        "print(','.join(m for m in ('redis', 'torch', 'prometheus_client', 'matplotlib') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""

@@ -42,8 +42,17 @@ def _trained(steps: int) -> tuple[Tied, torch.optim.Adam]:
 
 
 def _saved(path, files, step=0) -> CheckpointSaved:
-    return CheckpointSaved(step=step, version=step + 1, path=str(path), ranks=(0,), world_size=1, attempt=1,
-                           files=files, producer="test", seq=1)
+    return CheckpointSaved(
+        step=step,
+        version=step + 1,
+        path=str(path),
+        ranks=(0,),
+        world_size=1,
+        attempt=1,
+        files=files,
+        producer="test",
+        seq=1,
+    )
 
 
 def test_a_tied_model_and_its_adam_state_round_trip_bit_for_bit(tmp_path):
@@ -70,16 +79,20 @@ def test_a_tied_model_and_its_adam_state_round_trip_bit_for_bit(tmp_path):
 
 @pytest.mark.parametrize("keep", [1, 2, 3])
 def test_retention_keeps_the_newest_k_up_to_the_recorded_one_and_drops_a_lost_attempts(tmp_path, keep):
-    names = [checkpoint_name(1, 1), checkpoint_name(3, 1), checkpoint_name(5, 1),  # recorded by attempt 1
-             checkpoint_name(7, 1),  # written by attempt 1, killed before recording it
-             checkpoint_name(7, 2),  # the step trained again by attempt 2, recorded
-             checkpoint_name(9, 1)]  # attempt 1's, never recorded, after it
+    names = [
+        checkpoint_name(1, 1),
+        checkpoint_name(3, 1),
+        checkpoint_name(5, 1),  # recorded by attempt 1
+        checkpoint_name(7, 1),  # written by attempt 1, killed before recording it
+        checkpoint_name(7, 2),  # the step trained again by attempt 2, recorded
+        checkpoint_name(9, 1),
+    ]  # attempt 1's, never recorded, after it
     for name in names:
         (tmp_path / name).mkdir()
     (tmp_path / "notes").mkdir()  # not a checkpoint: never touched
     removed = prune_checkpoints(tmp_path, newest=_saved(tmp_path / checkpoint_name(7, 2), {}, 7), keep=keep)
     kept = sorted(path.name for path in tmp_path.iterdir())
-    expected = [checkpoint_name(s, 1) for s in (1, 3, 5)][3 - (keep - 1):] if keep > 1 else []
+    expected = [checkpoint_name(s, 1) for s in (1, 3, 5)][3 - (keep - 1) :] if keep > 1 else []
     assert kept == sorted([*expected, checkpoint_name(7, 2), "notes"])
     assert {path.name for path in removed} == set(names) - set(kept)
     with pytest.raises(ValueError, match="at least the newest"):

@@ -46,8 +46,10 @@ def test_a_misspelled_flag_names_the_subcommand_and_the_closest_flag(capsys):
     assert exit_info.value.code == 2
     assert "streamgrp demo: error: unrecognized arguments: --step 3 (did you mean --steps?)" in err
     # two lines, not the command's whole usage block before the one line that helps
-    assert err.splitlines() == ["streamgrp demo: error: unrecognized arguments: --step 3 (did you mean --steps?)",
-                                "(see 'streamgrp demo --help' for its flags)"]
+    assert err.splitlines() == [
+        "streamgrp demo: error: unrecognized arguments: --step 3 (did you mean --steps?)",
+        "(see 'streamgrp demo --help' for its flags)",
+    ]
 
 
 def test_a_misspelled_command_names_the_closest_command(capsys):
@@ -101,8 +103,11 @@ def test_every_flag_of_every_subcommand_names_one_environment_variable():
         for action in sub._actions:
             if not action.option_strings or isinstance(action, argparse._HelpAction):
                 continue
-            names = [word for word in (action.help or "").replace(";", " ").replace("]", " ").split()
-                     if word.startswith("STREAMGRP_")]
+            names = [
+                word
+                for word in (action.help or "").replace(";", " ").replace("]", " ").split()
+                if word.startswith("STREAMGRP_")
+            ]
             assert len(names) == 1, (command, action.option_strings, action.help)
 
 
@@ -124,8 +129,15 @@ def test_a_bad_variable_is_an_error_naming_it_and_only_for_its_own_command(monke
 
 def test_unknown_streamgrp_variables_are_reported_with_the_closest_name():
     parser = build_parser()
-    environ = {"STREAMGRP_N_SAMPLE": "3", "STREAMGRP_PASSWORD": "x", "STREAMGRP_TEST_REDIS_URL": "redis://",
-               "STREAMGRP_JSON": "1", "STREAMGRP_PORT": "1", "HOME": "/root", "STREAMGRP_ZZZ": "1"}
+    environ = {
+        "STREAMGRP_N_SAMPLE": "3",
+        "STREAMGRP_PASSWORD": "x",
+        "STREAMGRP_TEST_REDIS_URL": "redis://",
+        "STREAMGRP_JSON": "1",
+        "STREAMGRP_PORT": "1",
+        "HOME": "/root",
+        "STREAMGRP_ZZZ": "1",
+    }
     messages = unknown_environment([parser, *parser.subcommands.values()], environ)
     assert len(messages) == 2
     assert "STREAMGRP_N_SAMPLE is not a streamgrp setting" in messages[0] and "STREAMGRP_N_SAMPLES?" in messages[0]
@@ -133,8 +145,16 @@ def test_unknown_streamgrp_variables_are_reported_with_the_closest_name():
 
 
 def test_the_command_warns_about_an_unknown_variable():
-    done = subprocess.run([sys.executable, "-m", "streamgrp", "acl", "run-a"], capture_output=True, text=True,
-                          timeout=60, env={"PATH": "/usr/bin:/bin", "STREAMGRP_BATCH_SIZ": "8"}, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "streamgrp", "acl", "run-a"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "STREAMGRP_BATCH_SIZ": "8"},
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
-    assert "STREAMGRP_BATCH_SIZ is not a streamgrp setting and is ignored; did you mean STREAMGRP_BATCH_SIZE?" \
+    assert (
+        "STREAMGRP_BATCH_SIZ is not a streamgrp setting and is ignored; did you mean STREAMGRP_BATCH_SIZE?"
         in done.stderr
+    )

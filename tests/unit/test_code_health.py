@@ -11,8 +11,11 @@ MAX_LINES = 450
 
 def _line_counts(root: Path) -> dict[str, int]:
     # consumers/ is a link to the examples beside the package, which are not the library's modules
-    return {path.relative_to(root).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
-            for path in root.rglob("*.py") if path.relative_to(root).parts[0] != "consumers"}
+    return {
+        path.relative_to(root).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for path in root.rglob("*.py")
+        if path.relative_to(root).parts[0] != "consumers"
+    }
 
 
 def _over(root: Path) -> dict[str, int]:
@@ -21,8 +24,10 @@ def _over(root: Path) -> dict[str, int]:
 
 def test_no_module_is_over_the_line_limit():
     over = _over(LIBRARY)
-    assert not over, (f"modules over {MAX_LINES} lines: {over}; split each by responsibility (one module per "
-                      "thing it owns, its public names still importable from where they were)")
+    assert not over, (
+        f"modules over {MAX_LINES} lines: {over}; split each by responsibility (one module per "
+        "thing it owns, its public names still importable from where they were)"
+    )
 
 
 def test_the_check_reports_a_module_one_line_over_the_limit_and_skips_the_examples(tmp_path):

@@ -32,8 +32,9 @@ def slot_event(**overrides):
     """A sample's payload event (the one that carries tensors); ``outcome``/``error`` make a slot result."""
     if "outcome" in overrides:
         return SlotResult(task_id="task-1", slot=2, producer="worker-a", seq=17, **overrides)
-    fields = dict(task_id="task-1", slot=2, sample=make_sample(tokens=16, rows=2, version=3), producer="worker-a",
-                  seq=17)
+    fields = dict(
+        task_id="task-1", slot=2, sample=make_sample(tokens=16, rows=2, version=3), producer="worker-a", seq=17
+    )
     fields.update(overrides)
     return SamplePayload(**fields)
 
@@ -46,11 +47,20 @@ def slot_event(**overrides):
         slot_event(outcome="failed", sample=None, error="ValueError: boom"),
         TaskIssued(task_id="t", prompt={"text": "2+2?", "nested": [1, {"a": None}]}, issued_at=12.5, version=4),
         Tick(now=1_700_000_000.125),
-        GroupDecided(task_id="t", decision="partial", slots=(0, 2), member_entries=("1-0", "1-2"),
-                     member_rows=(1, 1), member_tokens=(5, 7), member_versions=(3, 2),
-                     slot_outcomes={"0": "sample", "1": "failed", "2": "sample"},
-                     stats=GroupStats.of(3, 2, 2),
-                     closed_by="deadline", issued_at=1.0, decided_at=2.0),
+        GroupDecided(
+            task_id="t",
+            decision="partial",
+            slots=(0, 2),
+            member_entries=("1-0", "1-2"),
+            member_rows=(1, 1),
+            member_tokens=(5, 7),
+            member_versions=(3, 2),
+            slot_outcomes={"0": "sample", "1": "failed", "2": "sample"},
+            stats=GroupStats.of(3, 2, 2),
+            closed_by="deadline",
+            issued_at=1.0,
+            decided_at=2.0,
+        ),
     ],
 )
 def test_round_trip_is_exact(event):
@@ -61,10 +71,15 @@ def test_round_trip_is_exact(event):
 
 def test_tensor_bytes_round_trip_bit_exact_including_negative_zero_and_subnormals():
     # -0.0, the smallest negative subnormal, the most negative float32, +0.0 (NaN cannot train: refused)
-    special = RawArray(dtype="float32", shape=(4,), data=bytes.fromhex("00000080" "01000080" "ffff7fff" "00000000"))
-    sample = Sample(token_ids=RawArray.from_values([1, 2, 3, 4], "int32"),
-                    loss_mask=RawArray.from_values([0, 1, 1, 1], "uint8"), logprobs=special,
-                    row_lengths=(4,), rewards=(0.1,), version=0)
+    special = RawArray(dtype="float32", shape=(4,), data=bytes.fromhex("0000008001000080ffff7fff00000000"))
+    sample = Sample(
+        token_ids=RawArray.from_values([1, 2, 3, 4], "int32"),
+        loss_mask=RawArray.from_values([0, 1, 1, 1], "uint8"),
+        logprobs=special,
+        row_lengths=(4,),
+        rewards=(0.1,),
+        version=0,
+    )
     decoded = codec.decode(codec.encode(slot_event(sample=sample)))
     assert decoded.sample.logprobs.data == special.data
     assert decoded.sample.rewards == (0.1,)
@@ -131,8 +146,14 @@ def test_sample_validation_catches_inconsistent_rows():
     with pytest.raises(ValueError, match="one reward per row"):
         Sample(**{**msgspec.structs.asdict(make_sample()), "rewards": (1.0, 2.0)})
     with pytest.raises(ValueError, match="sum of row_lengths"):
-        Sample(token_ids=RawArray.from_values([1, 2], "int32"), loss_mask=RawArray.from_values([1, 1, 1], "uint8"),
-               logprobs=RawArray.from_values([0.0, 0.0, 0.0], "float32"), row_lengths=(3,), rewards=(1.0,), version=0)
+        Sample(
+            token_ids=RawArray.from_values([1, 2], "int32"),
+            loss_mask=RawArray.from_values([1, 1, 1], "uint8"),
+            logprobs=RawArray.from_values([0.0, 0.0, 0.0], "float32"),
+            row_lengths=(3,),
+            rewards=(1.0,),
+            version=0,
+        )
     with pytest.raises(ValueError, match="finite"):
         make_sample(reward=math.nan)
     with pytest.raises(ValueError, match="needs a sample"):
@@ -208,14 +229,28 @@ def test_float_fields_still_take_ints():
 
 
 def test_members_are_records_in_python_and_aligned_columns_on_the_wire():
-    members = (DecidedMember(slot=0, entry="1-0", rows=1, tokens=5, version=3, digest="d0", reward=0.5),
-               DecidedMember(slot=2, entry="1-2", rows=2, tokens=7, version=2, digest="d2", reward=-1.0))
-    decision = GroupDecided.of(task_id="t", decision="partial", members=members, slot_outcomes={"0": "sample"},
-                            stats=GroupStats.of(3, 2, 2), closed_by="all_slots")
+    members = (
+        DecidedMember(slot=0, entry="1-0", rows=1, tokens=5, version=3, digest="d0", reward=0.5),
+        DecidedMember(slot=2, entry="1-2", rows=2, tokens=7, version=2, digest="d2", reward=-1.0),
+    )
+    decision = GroupDecided.of(
+        task_id="t",
+        decision="partial",
+        members=members,
+        slot_outcomes={"0": "sample"},
+        stats=GroupStats.of(3, 2, 2),
+        closed_by="all_slots",
+    )
     header = orjson.loads(codec.encode(decision)[codec.HEADER])
-    assert (header["members"], header["member_entries"], header["member_rows"], header["member_tokens"],
-            header["member_versions"], header["member_digests"], header["member_rewards"]) == (
-        [0, 2], ["1-0", "1-2"], [1, 2], [5, 7], [3, 2], ["d0", "d2"], [0.5, -1.0])
+    assert (
+        header["members"],
+        header["member_entries"],
+        header["member_rows"],
+        header["member_tokens"],
+        header["member_versions"],
+        header["member_digests"],
+        header["member_rewards"],
+    ) == ([0, 2], ["1-0", "1-2"], [1, 2], [5, 7], [3, 2], ["d0", "d2"], [0.5, -1.0])
     assert codec.decode(codec.encode(decision)) == decision
     # optional columns nobody recorded are written empty and read back as defaults
     bare = decision.with_members(tuple(m.replace(digest="", reward=None) for m in members))
@@ -224,13 +259,22 @@ def test_members_are_records_in_python_and_aligned_columns_on_the_wire():
     assert codec.decode(codec.encode(bare)) == bare
 
 
-@pytest.mark.parametrize("column", ["member_entries", "member_rows", "member_tokens", "member_versions",
-                                    "member_digests", "member_rewards"])
+@pytest.mark.parametrize(
+    "column", ["member_entries", "member_rows", "member_tokens", "member_versions", "member_digests", "member_rewards"]
+)
 def test_a_column_of_the_wrong_length_is_refused_naming_it(column):
-    members = (DecidedMember(slot=0, entry="1-0", rows=1, tokens=5, version=3, digest="d0", reward=0.5),
-               DecidedMember(slot=1, entry="1-1", rows=1, tokens=7, version=2, digest="d1", reward=1.0))
-    decision = GroupDecided.of(task_id="t", decision="complete", members=members, slot_outcomes={},
-                            stats=GroupStats.of(2, 2, 2), closed_by="all_slots")
+    members = (
+        DecidedMember(slot=0, entry="1-0", rows=1, tokens=5, version=3, digest="d0", reward=0.5),
+        DecidedMember(slot=1, entry="1-1", rows=1, tokens=7, version=2, digest="d1", reward=1.0),
+    )
+    decision = GroupDecided.of(
+        task_id="t",
+        decision="complete",
+        members=members,
+        slot_outcomes={},
+        stats=GroupStats.of(2, 2, 2),
+        closed_by="all_slots",
+    )
     header = orjson.loads(codec.encode(decision)[codec.HEADER])
     header[column] = header[column][:1]
     with pytest.raises(DecodeError, match=f"{column} has 1 items for 2 members"):
@@ -244,8 +288,9 @@ def test_a_schema_1_slot_result_is_upcast_with_its_entry_digest_and_keeps_its_in
     event = codec.decode(fields)
     assert isinstance(event, SlotResult) and (event.task_id, event.slot, event.producer, event.seq) == ("t", 1, "w", 4)
     # the digest schema 1's assemblers recorded for the entry: untagged BLAKE2b
-    assert event.sample == SampleSummary(rows=2, tokens=sample.valid_tokens, version=3, reward=0.25,
-                                         digest=_digest("blake2b", fields))
+    assert event.sample == SampleSummary(
+        rows=2, tokens=sample.valid_tokens, version=3, reward=0.25, digest=_digest("blake2b", fields)
+    )
     assert codec.decode_v1_slot_result(fields).sample == sample
     with pytest.raises(DecodeError, match="carries no inline sample"):
         codec.decode_v1_slot_result(codec.encode(event))
@@ -257,7 +302,9 @@ def test_a_sample_result_carries_the_digest_of_its_payload():
     assert event.sample.digest == codec.entry_digest(payload)
     assert (event.sample.rows, event.sample.tokens, event.sample.version) == (3, sample.valid_tokens, 2)
     decoded = codec.decode(payload)
-    assert isinstance(decoded, SamplePayload) and decoded.sample == sample and (decoded.task_id, decoded.slot) == ("t", 0)
+    assert (
+        isinstance(decoded, SamplePayload) and decoded.sample == sample and (decoded.task_id, decoded.slot) == ("t", 0)
+    )
     assert len(codec.encode(event)[codec.HEADER]) < 300 and codec.BLOB not in codec.encode(event)  # header only
 
 
@@ -289,14 +336,33 @@ def test_a_newer_schema_is_refused_naming_what_this_build_reads():
 
 
 def _derived_events():
-    members = [DecidedMember(slot=i, entry=f"1-{i}", rows=1, tokens=5, version=3, digest=f"d{i}", reward=0.5)
-               for i in range(2)]
-    decision = GroupDecided.of(task_id="t", decision="complete", members=members, slot_outcomes={"0": "sample",
-                               "1": "sample"}, stats=GroupStats.of(2, 2, 2), closed_by="all_slots")
-    segment = SlotSegment(task_id="t", slot=1, index=0, start=0, token_ids=RawArray.from_values([5, 6, 7], "int32"),
-                          logprobs=RawArray.from_values([-0.5, -1.0, -0.25], "float32"), version=2, cause="chunk")
-    return [decision, make_manifest(4, 3, [("9-0", decision)], 1, 12.5), segment,
-            GroupDiscarded(task_id="t", reason="stale", decision_entry="9-0", group_version=1, current_version=4)]
+    members = [
+        DecidedMember(slot=i, entry=f"1-{i}", rows=1, tokens=5, version=3, digest=f"d{i}", reward=0.5) for i in range(2)
+    ]
+    decision = GroupDecided.of(
+        task_id="t",
+        decision="complete",
+        members=members,
+        slot_outcomes={"0": "sample", "1": "sample"},
+        stats=GroupStats.of(2, 2, 2),
+        closed_by="all_slots",
+    )
+    segment = SlotSegment(
+        task_id="t",
+        slot=1,
+        index=0,
+        start=0,
+        token_ids=RawArray.from_values([5, 6, 7], "int32"),
+        logprobs=RawArray.from_values([-0.5, -1.0, -0.25], "float32"),
+        version=2,
+        cause="chunk",
+    )
+    return [
+        decision,
+        make_manifest(4, 3, [("9-0", decision)], 1, 12.5),
+        segment,
+        GroupDiscarded(task_id="t", reason="stale", decision_entry="9-0", group_version=1, current_version=4),
+    ]
 
 
 def test_events_streamgrp_derives_are_written_without_being_decoded_again(monkeypatch):
@@ -305,8 +371,9 @@ def test_events_streamgrp_derives_are_written_without_being_decoded_again(monkey
     decoded = []
     for name in ("_decode", "decoder"):
         real = getattr(codec, name)
-        monkeypatch.setattr(codec, name, lambda *args, real=real, **options: decoded.append(args) or real(*args,
-                                                                                                       **options))
+        monkeypatch.setattr(
+            codec, name, lambda *args, real=real, **options: decoded.append(args) or real(*args, **options)
+        )
     written = [codec.encode(event) for event in _derived_events()]
     assert decoded == []
     assert [codec.decode(fields) for fields in written] == _derived_events()

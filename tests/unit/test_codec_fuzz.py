@@ -115,10 +115,15 @@ def test_a_safety_net_turns_unexpected_errors_into_decode_errors():
 # ------------------------------------------------------------------------ (c) a hypothesis property
 
 JSONISH = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.floats(allow_nan=False)
-    | st.text(max_size=8) | st.sampled_from(["int32", "uint8", "__raw__", "sample", "slot_result"]),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6) | st.just("__raw__"), inner,
-                                                                max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.sampled_from(["int32", "uint8", "__raw__", "sample", "slot_result"]),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6) | st.just("__raw__"), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -169,5 +174,5 @@ def test_the_payload_reader_agrees_with_decode_on_mutated_payloads(seed):
                 raw = getattr(view.sample, name).raw
                 tensor = getattr(event.sample, name)
                 assert (raw.dtype, raw.shape) == (tensor.dtype, tensor.shape)
-                assert bytes(memoryview(blob)[raw.offset:raw.offset + raw.nbytes]) == tensor.data
+                assert bytes(memoryview(blob)[raw.offset : raw.offset + raw.nbytes]) == tensor.data
     assert read > 0

@@ -38,12 +38,15 @@ def test_the_shipped_role_configuration_loads_for_every_role():
     assert load(BatcherConfig, toml=toml, env={}).dataset == "ops/prompts.jsonl"
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("group,group", NormSpec("group", "group")),
-    ("batch, none", NormSpec("batch", None)),
-    ('{"mean_level": "group", "std_level": null, "leave_one_out": true}', NormSpec("group", None, True)),
-    ("none", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("group,group", NormSpec("group", "group")),
+        ("batch, none", NormSpec("batch", None)),
+        ('{"mean_level": "group", "std_level": null, "leave_one_out": true}', NormSpec("group", None, True)),
+        ("none", None),
+    ],
+)
 def test_normalization_shorthands(text, expected):
     assert parse_norm(text) == expected
 

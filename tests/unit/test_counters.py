@@ -39,18 +39,36 @@ def test_unknown_names_are_not_known():
 
 
 def test_a_decision_adds_its_slot_outcomes_kind_reason_and_slot_counts():
-    decision = GroupDecided.of(task_id="t", decision="dropped", reason="below_minimum",
-                            members=(DecidedMember(slot=1, entry="1-1", rows=1, tokens=4, version=0),),
-                            slot_outcomes={"0": "failed", "1": "sample", "2": "timeout", "3": "failed"},
-                            stats=GroupStats.of(4, 1, 0), closed_by="deadline")
+    decision = GroupDecided.of(
+        task_id="t",
+        decision="dropped",
+        reason="below_minimum",
+        members=(DecidedMember(slot=1, entry="1-1", rows=1, tokens=4, version=0),),
+        slot_outcomes={"0": "failed", "1": "sample", "2": "timeout", "3": "failed"},
+        stats=GroupStats.of(4, 1, 0),
+        closed_by="deadline",
+    )
     assert counters.decision_increments(decision) == {
-        "slots:failed": 2, "slots:sample": 1, "slots:timeout": 1, "decisions:dropped": 1, "dropped:below_minimum": 1,
-        "target_slots": 4, "usable_slots": 1, "trainable_slots": 0}
+        "slots:failed": 2,
+        "slots:sample": 1,
+        "slots:timeout": 1,
+        "decisions:dropped": 1,
+        "dropped:below_minimum": 1,
+        "target_slots": 4,
+        "usable_slots": 1,
+        "trainable_slots": 0,
+    }
 
 
 def test_families_and_yields_read_the_hash():
-    counts = {"dropped:stale": 3, "dropped:filtered": 0, "slots:sample": 5, "target_slots": 8, "usable_slots": 6,
-              "trainable_slots": 4}
+    counts = {
+        "dropped:stale": 3,
+        "dropped:filtered": 0,
+        "slots:sample": 5,
+        "target_slots": 8,
+        "usable_slots": 6,
+        "trainable_slots": 4,
+    }
     assert counters.family(counts, counters.DROPPED) == {"stale": 3}
     assert counters.slot_yields(counts) == (0.75, 0.5)
     assert counters.slot_yields({}) is None

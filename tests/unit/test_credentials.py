@@ -9,13 +9,16 @@ from streamgrp.errors import ConfigError
 from streamgrp.store.credentials import auth_options, safe_url, url_without_password
 
 
-@pytest.mark.parametrize(("url", "shown", "handed_on"), [
-    ("redis://h:1/0", "redis://h:1/0", "redis://h:1/0"),
-    ("redis://:p%40ss@h:1/0", "redis://:***@h:1/0", "redis://h:1/0"),
-    ("rediss://alice:secret@h:1/0", "rediss://alice:***@h:1/0", "rediss://alice@h:1/0"),
-    ("redis://alice@h:1/0", "redis://alice@h:1/0", "redis://alice@h:1/0"),
-    ("redis://h:1/0?password=secret&db=1", "redis://h:1/0?password=***&db=1", "redis://h:1/0?db=1"),
-])
+@pytest.mark.parametrize(
+    ("url", "shown", "handed_on"),
+    [
+        ("redis://h:1/0", "redis://h:1/0", "redis://h:1/0"),
+        ("redis://:p%40ss@h:1/0", "redis://:***@h:1/0", "redis://h:1/0"),
+        ("rediss://alice:secret@h:1/0", "rediss://alice:***@h:1/0", "rediss://alice@h:1/0"),
+        ("redis://alice@h:1/0", "redis://alice@h:1/0", "redis://alice@h:1/0"),
+        ("redis://h:1/0?password=secret&db=1", "redis://h:1/0?password=***&db=1", "redis://h:1/0?db=1"),
+    ],
+)
 def test_urls_are_shown_and_handed_on_without_their_password(url, shown, handed_on):
     assert safe_url(url) == shown
     assert url_without_password(url) == handed_on

@@ -48,10 +48,18 @@ def test_the_checked_in_dashboard_loads_every_panel_and_target_into_typed_models
         assert len(panel.targets) == len(raw["targets"]) > 0, panel.title
         for target, raw_target in zip(panel.targets, raw["targets"]):
             assert isinstance(target, prometheus.Dataquery), panel.title
-            assert (target.expr, target.ref_id, target.legend_format) == \
-                (raw_target["expr"], raw_target["refId"], raw_target.get("legendFormat")), panel.title
-    assert [v.name for v in dashboard.templating.list_val] == ["datasource", "job", "run", "stall_timeout_s",
-                                                               "max_empty_rounds"]
+            assert (target.expr, target.ref_id, target.legend_format) == (
+                raw_target["expr"],
+                raw_target["refId"],
+                raw_target.get("legendFormat"),
+            ), panel.title
+    assert [v.name for v in dashboard.templating.list_val] == [
+        "datasource",
+        "job",
+        "run",
+        "stall_timeout_s",
+        "max_empty_rounds",
+    ]
 
 
 def test_the_generator_output_matches_the_schema():
@@ -69,6 +77,7 @@ def first(data: dict, kind: str) -> dict:
 def _set(path: str, value):
     """A mutation setting ``value`` at ``path`` (keys and list indexes separated by dots, from a panel when
     the path starts with "timeseries." or "stat.")."""
+
     def mutate(data: dict) -> None:
         parts = path.split(".")
         node = first(data, parts.pop(0)) if parts[0] in ("timeseries", "stat") else data
@@ -76,6 +85,7 @@ def _set(path: str, value):
             node = node[int(part)] if isinstance(node, list) else node[part]
         last = parts[-1]
         node[int(last) if isinstance(node, list) else last] = value
+
     return mutate
 
 
@@ -89,14 +99,23 @@ BROKEN = {
     "panel title as a number": (_set("stat.title", 7), ".title: 7 is not of type str"),
     "target refId as a number": (_set("timeseries.targets.0.refId", 1), "targets[0].ref_id: 1 is not of type str"),
     "target expr as a list": (_set("timeseries.targets.0.expr", ["up"]), "targets[0].expr: ['up'] is not of type str"),
-    "legend switch as a word": (_set("timeseries.options.legend.showLegend", "yes"),
-                                "options.legend.show_legend: 'yes' is not of type bool"),
-    "unit as a number": (_set("timeseries.fieldConfig.defaults.unit", 1), "field_config.defaults.unit: 1 is not of type str"),
-    "axis minimum as a string": (_set("timeseries.fieldConfig.defaults.min", "0"), "field_config.defaults.min_val: '0' is not of type float"),
-    "line width as a string": (_set("timeseries.fieldConfig.defaults.custom.lineWidth", "1"),
-                               "custom.line_width: '1'"),
-    "draw style not one Grafana has": (_set("timeseries.fieldConfig.defaults.custom.drawStyle", "curvy"),
-                                       "custom.draw_style: 'curvy' is not one of"),
+    "legend switch as a word": (
+        _set("timeseries.options.legend.showLegend", "yes"),
+        "options.legend.show_legend: 'yes' is not of type bool",
+    ),
+    "unit as a number": (
+        _set("timeseries.fieldConfig.defaults.unit", 1),
+        "field_config.defaults.unit: 1 is not of type str",
+    ),
+    "axis minimum as a string": (
+        _set("timeseries.fieldConfig.defaults.min", "0"),
+        "field_config.defaults.min_val: '0' is not of type float",
+    ),
+    "line width as a string": (_set("timeseries.fieldConfig.defaults.custom.lineWidth", "1"), "custom.line_width: '1'"),
+    "draw style not one Grafana has": (
+        _set("timeseries.fieldConfig.defaults.custom.drawStyle", "curvy"),
+        "custom.draw_style: 'curvy' is not one of",
+    ),
     "variable hide as a word": (_set("templating.list.0.hide", "no"), "templating.list_val[0].hide: 'no'"),
     "shared crosshair out of range": (_set("graphTooltip", 5), "graph_tooltip: 5 is not one of [0, 1, 2]"),
     "a misspelt target key": (_misspell_legend_format, "targets[0].legendFromat: no model has this field"),

@@ -12,12 +12,24 @@ GENERATOR = ROOT / "grafana" / "build_dashboards.py"
 DASHBOARD = ROOT / "grafana" / "dashboards" / "streamgrp.json"
 PROVISIONING = ROOT / "grafana" / "provisioning"
 SPEC_METRICS = {
-    "streamgrp_slots_total", "streamgrp_groups_total", "streamgrp_groups_dropped_total",
-    "streamgrp_target_slots_total", "streamgrp_usable_slots_total", "streamgrp_trainable_slots_total",
-    "streamgrp_steps_total", "streamgrp_step_failures_total", "streamgrp_dead_letters_total",
-    "streamgrp_stall_seconds", "streamgrp_empty_rounds", "streamgrp_open_groups",
-    "streamgrp_consumer_lag_entries", "streamgrp_pending_entries", "streamgrp_policy_version",
-    "streamgrp_batch_imbalance_ratio", "streamgrp_group_assembly_seconds", "streamgrp_batch_wait_seconds",
+    "streamgrp_slots_total",
+    "streamgrp_groups_total",
+    "streamgrp_groups_dropped_total",
+    "streamgrp_target_slots_total",
+    "streamgrp_usable_slots_total",
+    "streamgrp_trainable_slots_total",
+    "streamgrp_steps_total",
+    "streamgrp_step_failures_total",
+    "streamgrp_dead_letters_total",
+    "streamgrp_stall_seconds",
+    "streamgrp_empty_rounds",
+    "streamgrp_open_groups",
+    "streamgrp_consumer_lag_entries",
+    "streamgrp_pending_entries",
+    "streamgrp_policy_version",
+    "streamgrp_batch_imbalance_ratio",
+    "streamgrp_group_assembly_seconds",
+    "streamgrp_batch_wait_seconds",
     "streamgrp_staleness_versions",
 }
 
@@ -34,8 +46,9 @@ def _panels(dashboard: dict) -> list[dict]:
 
 
 def test_checked_in_dashboard_equals_the_generator_output():
-    assert DASHBOARD.read_text() == _generator().render(), \
+    assert DASHBOARD.read_text() == _generator().render(), (
         "grafana/dashboards/streamgrp.json is stale: run python grafana/build_dashboards.py"
+    )
 
 
 def test_every_panel_has_a_target_with_an_expression():

@@ -81,8 +81,13 @@ def test_stats_are_recorded_for_every_decision_kind():
     policy = GroupPolicy(n_samples=2, reward_norm=GROUP)
     for counts in ([1, 1], [None, None], [1, None], [2, 1]):
         assert set(decide_group(policy, counts).stats.to_builtins()) == {
-            "target_slot_count", "usable_slot_count", "trainable_slot_count", "fully_masked_group",
-            "singleton_slot_group", "pre_filter_usable_slot_yield", "pre_filter_trainable_slot_yield",
+            "target_slot_count",
+            "usable_slot_count",
+            "trainable_slot_count",
+            "fully_masked_group",
+            "singleton_slot_group",
+            "pre_filter_usable_slot_yield",
+            "pre_filter_trainable_slot_yield",
         }
 
 

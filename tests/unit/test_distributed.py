@@ -1,4 +1,5 @@
-"""Where a trainer rank's identity comes from (`streamgrp.train.distributed`): settings, then torchrun, then defaults."""
+"""Where a trainer rank's identity comes from (`streamgrp.train.distributed`): settings, then torchrun, then
+defaults."""
 
 from __future__ import annotations
 
@@ -49,12 +50,15 @@ def test_env_rendezvous_needs_both_master_variables():
     assert resolve(env={"MASTER_ADDR": "h", "MASTER_PORT": "1"}).init_method == "env://"
 
 
-@pytest.mark.parametrize("env, flags, message", [
-    ({"RANK": "2", "WORLD_SIZE": "2"}, {}, "rank 2 (from torchrun) is outside 0..1 (world size from torchrun)"),
-    ({}, {"rank": 1}, "rank 1 (from flag) is outside 0..0 (world size from default)"),
-    ({"RANK": "one"}, {}, "$RANK='one' is not an integer"),
-    ({"WORLD_SIZE": "0"}, {}, "$WORLD_SIZE=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "env, flags, message",
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, {}, "rank 2 (from torchrun) is outside 0..1 (world size from torchrun)"),
+        ({}, {"rank": 1}, "rank 1 (from flag) is outside 0..0 (world size from default)"),
+        ({"RANK": "one"}, {}, "$RANK='one' is not an integer"),
+        ({"WORLD_SIZE": "0"}, {}, "$WORLD_SIZE=0 must be >= 1"),
+    ],
+)
 def test_bad_identities_say_what_to_change(env, flags, message):
     with pytest.raises(ConfigError) as caught:
         resolve(env=env, **flags)
@@ -97,8 +101,12 @@ def test_any_rank_is_true_on_every_rank_when_one_rank_votes_true():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         url = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
-    ranks = [subprocess.Popen([sys.executable, "-c", VOTE_RANK, str(rank), url], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", VOTE_RANK, str(rank), url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for rank in (0, 1)
+    ]
     outputs = [rank.communicate(timeout=120) for rank in ranks]
     assert [rank.returncode for rank in ranks] == [0, 0], outputs
     # The votes are not a step's training calls: nothing recorded for the collectives log line.

@@ -23,8 +23,11 @@ def test_a_missing_torch_names_the_trainer_extra_and_the_cpu_build(monkeypatch):
 def test_several_missing_modules_are_named_together(monkeypatch):
     for name in EXTRAS["llm"]:
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(ConfigError, match=r"^demo --model needs transformers and gguf, which are not installed: "
-                                          r"pip install 'streamgrp\[llm\]'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^demo --model needs transformers and gguf, which are not installed: "
+        r"pip install 'streamgrp\[llm\]'$",
+    ):
         require("demo --model", "llm")
 
 

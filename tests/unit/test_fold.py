@@ -26,8 +26,15 @@ def failed(task="t1", slot=0):
 
 
 def test_group_closes_when_every_slot_has_a_result():
-    _, outputs = run_fold(POLICY, [("1-0", issued()), ("2-0", sample(slot=0, tokens=5, version=2)),
-                                   ("3-0", rejected(slot=1)), ("4-0", sample(slot=2, tokens=7, version=1))])
+    _, outputs = run_fold(
+        POLICY,
+        [
+            ("1-0", issued()),
+            ("2-0", sample(slot=0, tokens=5, version=2)),
+            ("3-0", rejected(slot=1)),
+            ("4-0", sample(slot=2, tokens=7, version=1)),
+        ],
+    )
     [closed] = outputs
     assert isinstance(closed, Closed)
     d = closed.decision
@@ -56,14 +63,25 @@ def test_no_deadline_means_ticks_never_close():
 
 
 def test_deadlines_close_in_deadline_then_task_order():
-    events = [("1", issued("b", at=10.0)), ("2", issued("a", at=10.0)), ("3", issued("c", at=5.0)), ("4", Tick(now=100.0))]
+    events = [
+        ("1", issued("b", at=10.0)),
+        ("2", issued("a", at=10.0)),
+        ("3", issued("c", at=5.0)),
+        ("4", Tick(now=100.0)),
+    ]
     _, outputs = run_fold(POLICY, events, group_timeout_s=1.0)
     assert [o.decision.task_id for o in outputs] == ["c", "a", "b"]
 
 
 def test_duplicates_and_late_results_are_ignored_never_folded():
-    events = [("1", issued()), ("2", sample(slot=0)), ("3", rejected(slot=0)), ("4", sample(slot=1)),
-              ("5", sample(slot=2)), ("6", sample(slot=1))]
+    events = [
+        ("1", issued()),
+        ("2", sample(slot=0)),
+        ("3", rejected(slot=0)),
+        ("4", sample(slot=1)),
+        ("5", sample(slot=2)),
+        ("6", sample(slot=1)),
+    ]
     state, outputs = run_fold(POLICY, events)
     ignored = [o for o in outputs if isinstance(o, Ignored)]
     closed = [o for o in outputs if isinstance(o, Closed)]
@@ -79,7 +97,9 @@ def test_unknown_task_out_of_range_slot_and_reissued_task():
 
 
 def test_contract_violation_is_a_dropped_decision_with_error():
-    _, outputs = run_fold(POLICY, [("1", issued()), ("2", sample(slot=0, rows=2)), ("3", sample(slot=1)), ("4", failed(slot=2))])
+    _, outputs = run_fold(
+        POLICY, [("1", issued()), ("2", sample(slot=0, rows=2)), ("3", sample(slot=1)), ("4", failed(slot=2))]
+    )
     d = outputs[0].decision
     assert (d.decision, d.reason) == ("dropped", "contract_violation")
     assert "slot sizes [2, 1]" in d.error

@@ -28,17 +28,32 @@ CALL = '<tool_call>\n{"name": "calc", "arguments": {"x": "2+2"}}\n</tool_call>'
 
 
 def _answer(**changes) -> Answer:
-    values = {"reply_id": "chatcmpl-p0-0123456789abcdef-1", "created": 1, "model": "policy", "text": "Hello",
-              "content": "Hello", "tool_calls": [], "finish": "stop", "prompt_ids": [1, 2, 3], "completion_ids": [4, 5],
-              "logprobs": [-0.5, -0.25]}
+    values = {
+        "reply_id": "chatcmpl-p0-0123456789abcdef-1",
+        "created": 1,
+        "model": "policy",
+        "text": "Hello",
+        "content": "Hello",
+        "tool_calls": [],
+        "finish": "stop",
+        "prompt_ids": [1, 2, 3],
+        "completion_ids": [4, 5],
+        "logprobs": [-0.5, -0.25],
+    }
     return Answer(**{**values, **changes})
 
 
 def test_replies_are_what_the_openai_client_parses():
     content, calls = parse_tool_calls(f"Let me see. {CALL}", "hermes", call_prefix="call_x_1")
     answer = _answer(text=f"Let me see. {CALL}", content=content, tool_calls=calls)
-    report = parse_chat({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "return_token_ids": True,
-                         "stream_options": {"include_usage": True}}).report
+    report = parse_chat(
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "logprobs": True,
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).report
     reply = chat_types.ChatCompletion.model_validate(chat_reply(answer, report))
     assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content == "Let me see."
     assert reply.choices[0].message.tool_calls[0].id == "call_x_1_0"
@@ -58,28 +73,40 @@ def test_replies_are_what_the_openai_client_parses():
     assert types.Completion.model_validate(streamed[-1]).choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize(("body", "match"), [
-    ({"messages": []}, "non-empty"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n must be 1"),
-    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, "another distribution"),
-    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}}, "another distribution"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "at least 1"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "a number"),
-    ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop must be"),
-])
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ({"messages": []}, "non-empty"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n must be 1"),
+        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, "another distribution"),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}}, "another distribution"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "at least 1"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "a number"),
+        ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop must be"),
+    ],
+)
 def test_a_chat_request_a_session_cannot_honour_is_refused_saying_why(body, match):
     with pytest.raises(RequestError, match=match):
         parse_chat(body)
 
 
 def test_requests_are_read_as_one_turn_needs_them():
-    request = parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text",
-                                                                                                  "text": "b"}]},
-                                       {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}],
-                          "max_completion_tokens": 7, "max_tokens": 99, "stop": "END", "temperature": 0.5,
-                          "presence_penalty": 0, "tools": [{"type": "function"}]})
+    request = parse_chat(
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+            ],
+            "max_completion_tokens": 7,
+            "max_tokens": 99,
+            "stop": "END",
+            "temperature": 0.5,
+            "presence_penalty": 0,
+            "tools": [{"type": "function"}],
+        }
+    )
     assert request.messages[0]["content"] == "ab" and request.messages[1]["content"] is None
     assert (request.sampled.max_tokens, request.sampled.stop, request.sampled.temperature) == (7, ("END",), 0.5)
     assert parse_completion({"prompt": [[1, 2, 3]]}).prompt == [1, 2, 3]
@@ -90,8 +117,12 @@ def test_requests_are_read_as_one_turn_needs_them():
 
 def test_tool_calls_are_parsed_only_where_the_format_holds_one():
     assert parse_tool_calls(f"a {CALL} b {CALL}", "hermes", call_prefix="c") == (
-        "a  b", [{"id": f"c_{i}", "type": "function", "function": {"name": "calc", "arguments": '{"x":"2+2"}'}}
-                 for i in range(2)])
+        "a  b",
+        [
+            {"id": f"c_{i}", "type": "function", "function": {"name": "calc", "arguments": '{"x":"2+2"}'}}
+            for i in range(2)
+        ],
+    )
     assert parse_tool_calls(CALL, "hermes", call_prefix="c")[0] is None  # only calls: no content
     assert parse_tool_calls(CALL, "none", call_prefix="c") == (CALL, [])
     broken = "<tool_call>{not json}</tool_call>"
@@ -99,11 +130,29 @@ def test_tool_calls_are_parsed_only_where_the_format_holds_one():
 
 
 def _session(*texts: str) -> LiveSession:
-    session = LiveSession(session_id="p0-0123456789abcdef", task_id="t", slot=0, task_entry="1-0", deadline=None,
-                          version=0, status="open", key_digest="")
+    session = LiveSession(
+        session_id="p0-0123456789abcdef",
+        task_id="t",
+        slot=0,
+        task_entry="1-0",
+        deadline=None,
+        version=0,
+        status="open",
+        key_digest="",
+    )
     for number, text in enumerate(texts, start=1):
-        turn = LiveTurn(number=number, prompt_ids=[number], completion_ids=[number + 100], logprobs=[-1.0], version=0,
-                        finish="stop", text=text, endpoint="chat", model="m", tools=True)
+        turn = LiveTurn(
+            number=number,
+            prompt_ids=[number],
+            completion_ids=[number + 100],
+            logprobs=[-1.0],
+            version=0,
+            finish="stop",
+            text=text,
+            endpoint="chat",
+            model="m",
+            tools=True,
+        )
         turn.answer_from_text(session.session_id, "hermes")
         session.turns.append(turn)
     return session
@@ -137,12 +186,25 @@ def test_only_a_retry_of_the_last_turn_is_answered_from_its_record():
 
 
 def test_a_session_read_back_from_its_events_answers_as_before():
-    event = TurnRecorded(session="p0-0123456789abcdef", task_id="t", slot=0, turn=1,
-                         prompt_ids=RawArray.from_values([1, 2], "int32"),
-                         completion_ids=RawArray.from_values([3], "int32"),
-                         logprobs=RawArray.from_values([-0.5], "float32"), version=4, finish="stop",
-                         meta={"text": f"x {CALL}", "endpoint": "chat", "tools": True, "prefix_chars": 9,
-                               "prefix_digest": "d", "idempotency": "k"})
+    event = TurnRecorded(
+        session="p0-0123456789abcdef",
+        task_id="t",
+        slot=0,
+        turn=1,
+        prompt_ids=RawArray.from_values([1, 2], "int32"),
+        completion_ids=RawArray.from_values([3], "int32"),
+        logprobs=RawArray.from_values([-0.5], "float32"),
+        version=4,
+        finish="stop",
+        meta={
+            "text": f"x {CALL}",
+            "endpoint": "chat",
+            "tools": True,
+            "prefix_chars": 9,
+            "prefix_digest": "d",
+            "idempotency": "k",
+        },
+    )
     turn = LiveTurn.of(event, "hermes")
     assert (turn.prompt_ids, turn.completion_ids, turn.logprobs, turn.version) == ((1, 2), (3,), (-0.5,), 4)
     assert turn.content == "x" and turn.tool_calls[0]["id"] == "call_89abcdef_1_0"
@@ -195,12 +257,17 @@ def test_a_hugging_face_tokenizer_renders_and_tokenizes_as_vllm_and_sglang_serve
     template = TokenizerTemplate("org/model")
 
     async def use() -> tuple:
-        return (await template.render([{"role": "user", "content": "x"}], [{"type": "function"}], None, {"k": 1}),
-                await template.tokenize("a", special=True), await template.tokenize("b", special=False),
-                await template.detokenize([1, 2]))
+        return (
+            await template.render([{"role": "user", "content": "x"}], [{"type": "function"}], None, {"k": 1}),
+            await template.tokenize("a", special=True),
+            await template.tokenize("b", special=False),
+            await template.detokenize([1, 2]),
+        )
 
     assert asyncio.run(use()) == ("<s>rendered", [7, 8], [7, 8], "text</s>")
-    assert calls == [("render", 1, {"tools": [{"type": "function"}], "tokenize": False, "add_generation_prompt": True,
-                                    "k": 1}),
-                     ("encode", "a", True), ("encode", "b", False),
-                     ("decode", [1, 2], {"skip_special_tokens": False, "clean_up_tokenization_spaces": False})]
+    assert calls == [
+        ("render", 1, {"tools": [{"type": "function"}], "tokenize": False, "add_generation_prompt": True, "k": 1}),
+        ("encode", "a", True),
+        ("encode", "b", False),
+        ("decode", [1, 2], {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}),
+    ]

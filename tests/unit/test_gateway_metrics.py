@@ -43,8 +43,22 @@ def test_the_gateway_exports_its_figures_with_the_run_on_every_series():
 
 
 def test_a_reachable_gateway_without_a_token_does_not_start():
-    done = subprocess.run([sys.executable, "-m", "streamgrp", "gateway", "--gateway-host", "0.0.0.0",
-                           "--redis-url", "redis://127.0.0.1:1/0"], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamgrp",
+            "gateway",
+            "--gateway-host",
+            "0.0.0.0",
+            "--redis-url",
+            "redis://127.0.0.1:1/0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
     assert done.returncode == 2, done.stderr
     assert "reachable from other machines" in done.stderr and "--gateway-token-file" in done.stderr

@@ -29,14 +29,17 @@ def _state() -> dict[str, torch.Tensor]:
     state = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN), "model.norm.weight": rand(HIDDEN)}
     for layer in range(LAYERS):
         prefix = f"model.layers.{layer}."
-        state |= {prefix + "self_attn.q_proj.weight": rand(HIDDEN, HIDDEN),
-                  prefix + "self_attn.k_proj.weight": rand(KV_HEADS * head, HIDDEN),
-                  prefix + "self_attn.v_proj.weight": rand(KV_HEADS * head, HIDDEN),
-                  prefix + "self_attn.o_proj.weight": rand(HIDDEN, HIDDEN),
-                  prefix + "mlp.gate_proj.weight": rand(FFN, HIDDEN), prefix + "mlp.up_proj.weight": rand(FFN, HIDDEN),
-                  prefix + "mlp.down_proj.weight": rand(HIDDEN, FFN),
-                  prefix + "input_layernorm.weight": rand(HIDDEN),
-                  prefix + "post_attention_layernorm.weight": rand(HIDDEN)}
+        state |= {
+            prefix + "self_attn.q_proj.weight": rand(HIDDEN, HIDDEN),
+            prefix + "self_attn.k_proj.weight": rand(KV_HEADS * head, HIDDEN),
+            prefix + "self_attn.v_proj.weight": rand(KV_HEADS * head, HIDDEN),
+            prefix + "self_attn.o_proj.weight": rand(HIDDEN, HIDDEN),
+            prefix + "mlp.gate_proj.weight": rand(FFN, HIDDEN),
+            prefix + "mlp.up_proj.weight": rand(FFN, HIDDEN),
+            prefix + "mlp.down_proj.weight": rand(HIDDEN, FFN),
+            prefix + "input_layernorm.weight": rand(HIDDEN),
+            prefix + "post_attention_layernorm.weight": rand(HIDDEN),
+        }
     state["lm_head.weight"] = state["model.embed_tokens.weight"]
     return state
 
@@ -71,8 +74,9 @@ def test_an_f32_file_is_the_source_model_with_the_trained_tensors_bit_for_bit(so
     assert set(back) == set(state) - {"lm_head.weight"}  # tied: stored once, as the embedding
     assert all(torch.equal(back[name], state[name]) for name in back)
     stored = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}
-    assert not torch.equal(torch.from_numpy(stored["blk.0.attn_q.weight"].data.copy()),
-                           state["model.layers.0.self_attn.q_proj.weight"])  # llama.cpp's rotary layout
+    assert not torch.equal(
+        torch.from_numpy(stored["blk.0.attn_q.weight"].data.copy()), state["model.layers.0.self_attn.q_proj.weight"]
+    )  # llama.cpp's rotary layout
 
 
 def test_an_f16_file_keeps_norms_in_f32_and_the_rest_within_half_precision(source, tmp_path):

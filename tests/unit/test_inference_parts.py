@@ -17,9 +17,20 @@ from streamgrp.services.inference.pool import ServerPool
 from streamgrp.train.weights import save_version
 
 
-@pytest.mark.parametrize(("value", "pattern", "expected"), [
-    ("12", None, 12), (3, None, 3), ("v7", None, 7), ("default", None, None), (True, None, None),
-    (-1, None, None), ("policy@v12", r"@v(\d+)$", 12), ("policy", r"@v(\d+)$", None), (None, None, None)])
+@pytest.mark.parametrize(
+    ("value", "pattern", "expected"),
+    [
+        ("12", None, 12),
+        (3, None, 3),
+        ("v7", None, 7),
+        ("default", None, None),
+        (True, None, None),
+        (-1, None, None),
+        ("policy@v12", r"@v(\d+)$", 12),
+        ("policy", r"@v(\d+)$", None),
+        (None, None, None),
+    ],
+)
 def test_weight_versions_are_read_only_when_they_are_integers(value, pattern, expected):
     assert version_from(value, pattern) == expected
 
@@ -76,17 +87,25 @@ def test_the_lm_trainers_mismatch_counts_only_completion_tokens():
 
 
 def _llama_reply(tokens: list[int], entries: list[int], stop_type: str = "limit") -> dict:
-    return {"tokens": tokens, "content": "ab", "stop_type": stop_type, "model": "policy@v0",
-            "completion_probabilities": [{"id": t, "logprob": -0.5 - t / 100} for t in entries]}
+    return {
+        "tokens": tokens,
+        "content": "ab",
+        "stop_type": stop_type,
+        "model": "policy@v0",
+        "completion_probabilities": [{"id": t, "logprob": -0.5 - t / 100} for t in entries],
+    }
 
 
-@pytest.mark.parametrize(("tokens", "entries", "unscored"), [
-    ([5, 6, 200], [5, 6], (2,)),  # a character cut off at the end: its byte token has no entry
-    ([5, 201, 202, 7], [5, 202, 7], (1,)),  # a 2-token character inside the text: the first has none
-    ([201, 202, 203], [203], (0, 1)),  # a 3-byte character, the only one
-    ([201], [], (0,)),  # nothing kept at all
-    ([5, 6], [5, 6], ()),
-])
+@pytest.mark.parametrize(
+    ("tokens", "entries", "unscored"),
+    [
+        ([5, 6, 200], [5, 6], (2,)),  # a character cut off at the end: its byte token has no entry
+        ([5, 201, 202, 7], [5, 202, 7], (1,)),  # a 2-token character inside the text: the first has none
+        ([201, 202, 203], [203], (0, 1)),  # a 3-byte character, the only one
+        ([201], [], (0,)),  # nothing kept at all
+        ([5, 6], [5, 6], ()),
+    ],
+)
 def test_llama_cpp_tokens_without_a_probability_entry_are_kept_and_named_for_scoring(tokens, entries, unscored):
     from streamgrp.services.inference.llamacpp import LlamaCpp
 
@@ -126,14 +145,23 @@ def test_llama_cpp_entries_that_are_not_its_tokens_in_order_are_refused():
     with pytest.raises(ProtocolError, match="no numeric logprob.*post_sampling_probs must stay off"):
         LlamaCpp().parse({**_llama_reply([1], []), "completion_probabilities": [{"id": 1, "prob": 0.5}]})
     with pytest.raises(ProtocolError, match="ignored the request's n_probs"):
-        LlamaCpp().parse({**_llama_reply([1], []), "completion_probabilities": None,
-                          "generation_settings": {"n_probs": 0}})
+        LlamaCpp().parse(
+            {**_llama_reply([1], []), "completion_probabilities": None, "generation_settings": {"n_probs": 0}}
+        )
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    (1e308, "not a finite float32"), (-1e39, "not a finite float32"), (float("nan"), "not a finite float32"),
-    (float("-inf"), "not a finite float32"), (-3.4028234663852886e38, "not a finite float32"),
-    (0.5, "above 0 by more than"), (0.0011, "above 0 by more than")])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (1e308, "not a finite float32"),
+        (-1e39, "not a finite float32"),
+        (float("nan"), "not a finite float32"),
+        (float("-inf"), "not a finite float32"),
+        (-3.4028234663852886e38, "not a finite float32"),
+        (0.5, "above 0 by more than"),
+        (0.0011, "above 0 by more than"),
+    ],
+)
 def test_log_probabilities_that_cannot_train_fail_the_slot(value, message):
     from streamgrp.services.inference.dialect import ProtocolError, checked_logprobs
 
@@ -147,10 +175,18 @@ def test_float_noise_above_zero_is_recorded_as_zero():
     assert checked_logprobs([-2.5, LOGPROB_TOLERANCE / 2, 0.0, -3e38], "r") == [-2.5, 0.0, 0.0, -3e38]
 
 
-@pytest.mark.parametrize(("dialect", "extra", "field"), [
-    ("llamacpp", {"stream": True}, "stream"), ("llamacpp", {"post_sampling_probs": True}, "post_sampling_probs"),
-    ("llamacpp", {"n_probs": 5}, "n_probs"), ("vllm", {"logprobs": 5}, "logprobs"), ("vllm", {"echo": True}, "echo"),
-    ("sglang", {"stream": True}, "stream"), ("sglang", {"sampling_params": {"max_new_tokens": 9}}, "max_new_tokens")])
+@pytest.mark.parametrize(
+    ("dialect", "extra", "field"),
+    [
+        ("llamacpp", {"stream": True}, "stream"),
+        ("llamacpp", {"post_sampling_probs": True}, "post_sampling_probs"),
+        ("llamacpp", {"n_probs": 5}, "n_probs"),
+        ("vllm", {"logprobs": 5}, "logprobs"),
+        ("vllm", {"echo": True}, "echo"),
+        ("sglang", {"stream": True}, "stream"),
+        ("sglang", {"sampling_params": {"max_new_tokens": 9}}, "max_new_tokens"),
+    ],
+)
 def test_sampling_extras_that_would_change_the_replys_shape_are_refused(dialect, extra, field):
     from streamgrp.config import InferenceConfig
     from streamgrp.errors import ConfigError
@@ -171,8 +207,15 @@ def test_the_lm_trainers_grpo_step_moves_a_real_causal_lm_and_records_loss_and_m
     from streamgrp.core.policy import NormSpec
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     model = transformers.LlamaForCausalLM(config)
     token_ids = torch.randint(0, 64, (4, 6))
     attention = torch.ones(4, 6)
@@ -182,9 +225,16 @@ def test_the_lm_trainers_grpo_step_moves_a_real_causal_lm_and_records_loss_and_m
     loss_mask[3, 5] = False
     with torch.no_grad():  # the "server's" log-probabilities: the same weights, so the mismatch starts near 0
         served = token_logprobs(model, token_ids, attention) * loss_mask
-    batch = SimpleNamespace(token_ids=token_ids, attention_mask=attention, loss_mask=loss_mask, logprobs=served,
-                            rewards=torch.tensor([1.0, 0.0, 0.5, 0.0]), group_sizes=[2, 2], rows=4,
-                            step_loss_tokens=int(loss_mask.sum()))
+    batch = SimpleNamespace(
+        token_ids=token_ids,
+        attention_mask=attention,
+        loss_mask=loss_mask,
+        logprobs=served,
+        rewards=torch.tensor([1.0, 0.0, 0.5, 0.0]),
+        group_sizes=[2, 2],
+        rows=4,
+        step_loss_tokens=int(loss_mask.sum()),
+    )
     before = [p.detach().clone() for p in model.parameters()]
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     metrics = _step(model, optimizer, batch, NormSpec("group", "group"))

@@ -28,51 +28,89 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    ({"streamgrp/core/fold.py": "import redis\n"}, "core must not import redis"),
-    ({"streamgrp/core/fold.py": "import time\n"}, "core must not import time"),
-    ({"streamgrp/core/fold.py": "def f():\n    import logging\n"}, "core must not import logging"),
-    ({"streamgrp/core/fold.py": "from streamgrp.store import keys\n", "streamgrp/store/keys.py": ""},
-     "core may import store never"),
-    ({"streamgrp/services/batcher.py": "import prometheus_client\n"}, "services must not import prometheus_client"),
-    ({"streamgrp/services/batcher.py": "from streamgrp.cli.metrics import Metrics\n", "streamgrp/cli/metrics.py": ""},
-     "services may import cli never"),
-    ({"streamgrp/replay/steps.py": "from streamgrp.train.loader import build_batch\n",
-      "streamgrp/train/loader.py": ""}, "replay may import train only inside a function"),
-    ({"streamgrp/replay/steps.py": "try:\n    import torch\nexcept ImportError:\n    pass\n"},
-     "replay must not import torch"),
-    ({"streamgrp/cli/demo.py": "from consumers.toy_task import prompts\n"},
-     "the library never imports streamgrp.consumers"),
-    ({"streamgrp/cli/demo.py": "from streamgrp.consumers import toy_task\n", "streamgrp/consumers/__init__.py": "",
-      "streamgrp/consumers/toy_task.py": ""}, "the library never imports streamgrp.consumers"),
-    ({"streamgrp/cli/demo.py": "def f():\n    import streamgrp.consumers.toy_task\n",
-      "streamgrp/consumers/__init__.py": "", "streamgrp/consumers/toy_task.py": ""},
-     "the library never imports streamgrp.consumers"),
-    ({"streamgrp/consumers/grpo_trainer.py": "from consumers import toy_task\n", "streamgrp/consumers/__init__.py": ""},
-     "a wheel installs no top-level consumers package"),
-    ({"streamgrp/store/keys.py": "from .. import cli\n"}, "store may import cli never"),
-    ({"streamgrp/plugins/x.py": ""}, "layer 'plugins' has no import rule"),
-])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"streamgrp/core/fold.py": "import redis\n"}, "core must not import redis"),
+        ({"streamgrp/core/fold.py": "import time\n"}, "core must not import time"),
+        ({"streamgrp/core/fold.py": "def f():\n    import logging\n"}, "core must not import logging"),
+        (
+            {"streamgrp/core/fold.py": "from streamgrp.store import keys\n", "streamgrp/store/keys.py": ""},
+            "core may import store never",
+        ),
+        ({"streamgrp/services/batcher.py": "import prometheus_client\n"}, "services must not import prometheus_client"),
+        (
+            {
+                "streamgrp/services/batcher.py": "from streamgrp.cli.metrics import Metrics\n",
+                "streamgrp/cli/metrics.py": "",
+            },
+            "services may import cli never",
+        ),
+        (
+            {
+                "streamgrp/replay/steps.py": "from streamgrp.train.loader import build_batch\n",
+                "streamgrp/train/loader.py": "",
+            },
+            "replay may import train only inside a function",
+        ),
+        (
+            {"streamgrp/replay/steps.py": "try:\n    import torch\nexcept ImportError:\n    pass\n"},
+            "replay must not import torch",
+        ),
+        (
+            {"streamgrp/cli/demo.py": "from consumers.toy_task import prompts\n"},
+            "the library never imports streamgrp.consumers",
+        ),
+        (
+            {
+                "streamgrp/cli/demo.py": "from streamgrp.consumers import toy_task\n",
+                "streamgrp/consumers/__init__.py": "",
+                "streamgrp/consumers/toy_task.py": "",
+            },
+            "the library never imports streamgrp.consumers",
+        ),
+        (
+            {
+                "streamgrp/cli/demo.py": "def f():\n    import streamgrp.consumers.toy_task\n",
+                "streamgrp/consumers/__init__.py": "",
+                "streamgrp/consumers/toy_task.py": "",
+            },
+            "the library never imports streamgrp.consumers",
+        ),
+        (
+            {
+                "streamgrp/consumers/grpo_trainer.py": "from consumers import toy_task\n",
+                "streamgrp/consumers/__init__.py": "",
+            },
+            "a wheel installs no top-level consumers package",
+        ),
+        ({"streamgrp/store/keys.py": "from .. import cli\n"}, "store may import cli never"),
+        ({"streamgrp/plugins/x.py": ""}, "layer 'plugins' has no import rule"),
+    ],
+)
 def test_a_broken_rule_is_reported(tmp_path, files, expected):
     violations = check_tree(_tree(tmp_path, files))
     assert any(expected in str(v) for v in violations), violations
 
 
 def test_allowed_imports_are_not_reported(tmp_path):
-    tree = _tree(tmp_path, {
-        "streamgrp/core/codec.py": "import hashlib\nimport orjson\nfrom streamgrp.errors import DecodeError\n",
-        "streamgrp/store/keys.py": "import redis\nfrom streamgrp.core import codec\n",
-        "streamgrp/replay/steps.py": "def rebuild():\n    from streamgrp.train.loader import build_batch\n",
-        "streamgrp/train/loader.py": "import torch\n",
-        "streamgrp/cli/main.py": "from streamgrp.services import batcher\n"
-                                 "LOAD = 'streamgrp.consumers.toy_task:rollout'\n",
-        "streamgrp/services/batcher.py": "",
-        "streamgrp/consumers/__init__.py": "",
-        "streamgrp/consumers/toy_task.py": "import torch\n",
-        "streamgrp/consumers/grpo_trainer.py": "import torch\nfrom streamgrp.consumers import toy_task\n"
-                                               "from streamgrp.train.loader import build_batch\n"
-                                               "from streamgrp.cli.main import main\n",
-    })
+    tree = _tree(
+        tmp_path,
+        {
+            "streamgrp/core/codec.py": "import hashlib\nimport orjson\nfrom streamgrp.errors import DecodeError\n",
+            "streamgrp/store/keys.py": "import redis\nfrom streamgrp.core import codec\n",
+            "streamgrp/replay/steps.py": "def rebuild():\n    from streamgrp.train.loader import build_batch\n",
+            "streamgrp/train/loader.py": "import torch\n",
+            "streamgrp/cli/main.py": "from streamgrp.services import batcher\n"
+            "LOAD = 'streamgrp.consumers.toy_task:rollout'\n",
+            "streamgrp/services/batcher.py": "",
+            "streamgrp/consumers/__init__.py": "",
+            "streamgrp/consumers/toy_task.py": "import torch\n",
+            "streamgrp/consumers/grpo_trainer.py": "import torch\nfrom streamgrp.consumers import toy_task\n"
+            "from streamgrp.train.loader import build_batch\n"
+            "from streamgrp.cli.main import main\n",
+        },
+    )
     assert check_tree(tree) == []
 
 
@@ -82,8 +120,10 @@ def test_the_examples_are_checked_through_their_link(tmp_path):
     tree = _tree(tmp_path, {"consumers/__init__.py": "", "consumers/trainer.py": "from consumers import x\n"})
     (tree / "streamgrp" / "consumers").symlink_to("../consumers", target_is_directory=True)
     violations = check_tree(tree)
-    assert [(v.module, v.imported) for v in violations] == [("streamgrp.consumers.trainer", "consumers.x"),
-                                                           ("streamgrp.consumers.trainer", "consumers")]
+    assert [(v.module, v.imported) for v in violations] == [
+        ("streamgrp.consumers.trainer", "consumers.x"),
+        ("streamgrp.consumers.trainer", "consumers"),
+    ]
 
 
 def test_light_entry_points_load_nothing_heavy_at_run_time():

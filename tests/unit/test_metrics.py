@@ -12,28 +12,64 @@ from streamgrp.cli.metrics import MAX_EXCEPTION_TYPES, OWNED, Metrics
 
 # Written out here rather than derived from OWNED, so the test says what each role is for.
 ONLY = {
-    "worker": {"streamgrp_slots_published_total", "streamgrp_policy_version", "streamgrp_rollouts_in_flight",
-               "streamgrp_rollout_seconds"},
-    "assembler": {"streamgrp_slots_total", "streamgrp_groups_total", "streamgrp_target_slots_total",
-                  "streamgrp_usable_slots_total", "streamgrp_trainable_slots_total", "streamgrp_open_groups",
-                  "streamgrp_group_assembly_seconds"},
-    "batcher": {"streamgrp_steps_written_total", "streamgrp_groups_discarded_total", "streamgrp_stall_seconds",
-                "streamgrp_empty_rounds",
-                "streamgrp_trainer_wait_rounds_total", "streamgrp_policy_version", "streamgrp_batch_imbalance_ratio",
-                "streamgrp_staleness_versions", "streamgrp_served_version", "streamgrp_served_behind_seconds",
-                "streamgrp_generations_total", "streamgrp_held_rounds_total"},
-    "trainer": {"streamgrp_steps_total", "streamgrp_trainer_step", "streamgrp_step_failures_total",
-                "streamgrp_batch_wait_seconds", "streamgrp_policy_version", "streamgrp_steps_retrained_total",
-                "streamgrp_sample_version_span", "streamgrp_token_staleness_versions",
-                "streamgrp_stale_masked_tokens_total"},
+    "worker": {
+        "streamgrp_slots_published_total",
+        "streamgrp_policy_version",
+        "streamgrp_rollouts_in_flight",
+        "streamgrp_rollout_seconds",
+    },
+    "assembler": {
+        "streamgrp_slots_total",
+        "streamgrp_groups_total",
+        "streamgrp_target_slots_total",
+        "streamgrp_usable_slots_total",
+        "streamgrp_trainable_slots_total",
+        "streamgrp_open_groups",
+        "streamgrp_group_assembly_seconds",
+    },
+    "batcher": {
+        "streamgrp_steps_written_total",
+        "streamgrp_groups_discarded_total",
+        "streamgrp_stall_seconds",
+        "streamgrp_empty_rounds",
+        "streamgrp_trainer_wait_rounds_total",
+        "streamgrp_policy_version",
+        "streamgrp_batch_imbalance_ratio",
+        "streamgrp_staleness_versions",
+        "streamgrp_served_version",
+        "streamgrp_served_behind_seconds",
+        "streamgrp_generations_total",
+        "streamgrp_held_rounds_total",
+    },
+    "trainer": {
+        "streamgrp_steps_total",
+        "streamgrp_trainer_step",
+        "streamgrp_step_failures_total",
+        "streamgrp_batch_wait_seconds",
+        "streamgrp_policy_version",
+        "streamgrp_steps_retrained_total",
+        "streamgrp_sample_version_span",
+        "streamgrp_token_staleness_versions",
+        "streamgrp_stale_masked_tokens_total",
+    },
     "weight-sync": set(),
-    "rewarder": {"streamgrp_rewards_total", "streamgrp_reward_latency_seconds", "streamgrp_rewards_in_flight",
-                 "streamgrp_reward_failures_total"},
+    "rewarder": {
+        "streamgrp_rewards_total",
+        "streamgrp_reward_latency_seconds",
+        "streamgrp_rewards_in_flight",
+        "streamgrp_reward_failures_total",
+    },
     "follower": set(),  # its series are labelled by the follower's name and stream: none before it reads
-    "gateway": {"streamgrp_gateway_turns_total", "streamgrp_gateway_replayed_turns_total",
-                "streamgrp_gateway_tokens_total", "streamgrp_gateway_sessions_opened_total",
-                "streamgrp_gateway_sessions_total", "streamgrp_gateway_open_sessions",
-                "streamgrp_gateway_overhead_seconds", "streamgrp_gateway_upstream_seconds"},
+    "gateway": {
+        "streamgrp_gateway_turns_total",
+        "streamgrp_gateway_replayed_turns_total",
+        "streamgrp_gateway_tokens_total",
+        "streamgrp_gateway_sessions_opened_total",
+        "streamgrp_gateway_sessions_total",
+        "streamgrp_gateway_open_sessions",
+        "streamgrp_gateway_overhead_seconds",
+        "streamgrp_gateway_upstream_seconds",
+    },
 }
 EVERY = set().union(*ONLY.values())
 
@@ -52,8 +88,10 @@ def _exported(metrics: Metrics) -> dict[str, list]:
 def test_a_role_exports_its_own_metrics_its_process_and_its_run(role):
     metrics = Metrics(role=role, run="run-a")
     exported = _exported(metrics)
-    streamgrp = {name for name in exported if name.startswith("streamgrp_")} - {"streamgrp_run_info",
-                                                                                 "streamgrp_build_info"}
+    streamgrp = {name for name in exported if name.startswith("streamgrp_")} - {
+        "streamgrp_run_info",
+        "streamgrp_build_info",
+    }
     assert streamgrp == ONLY[role]
     assert not (EVERY - ONLY[role]) & set(exported)
     assert "process_cpu_seconds_total" in exported and "process_resident_memory_bytes" in exported
@@ -73,8 +111,15 @@ def test_the_worker_counts_what_it_publishes_and_the_assembler_every_outcome():
 
 
 def test_counts_mirror_only_into_the_roles_own_metrics():
-    increments = {"slots:sample": 3, "decisions:partial": 1, "dropped:stale": 2, "steps": 1, "target_slots": 6,
-                  "groups:batched": 8, "deadletter:bad_header": 1}
+    increments = {
+        "slots:sample": 3,
+        "decisions:partial": 1,
+        "dropped:stale": 2,
+        "steps": 1,
+        "target_slots": 6,
+        "groups:batched": 8,
+        "deadletter:bad_header": 1,
+    }
     assembler, batcher = Metrics(role="assembler"), Metrics(role="batcher")
     for metrics in (assembler, batcher):
         metrics.apply_counts(increments)
@@ -124,8 +169,12 @@ def test_a_trainer_ranks_series_carry_its_rank_and_its_steps():
     exported = _exported(trainer)
     assert all(s.labels["rank"] == "1" for samples in exported.values() for s in samples)
     value = lambda name: trainer.registry.get_sample_value(name, {"run": "run-a", "rank": "1"})  # noqa: E731
-    assert (value("streamgrp_trainer_step"), value("streamgrp_steps_total"),
-            value("streamgrp_steps_retrained_total"), value("streamgrp_policy_version")) == (7, 1, 1, 8)
+    assert (
+        value("streamgrp_trainer_step"),
+        value("streamgrp_steps_total"),
+        value("streamgrp_steps_retrained_total"),
+        value("streamgrp_policy_version"),
+    ) == (7, 1, 1, 8)
 
 
 def test_a_worker_counts_rollout_exceptions_by_type_under_a_bounded_label():
@@ -167,21 +216,36 @@ def test_the_bias_monitor_counts_each_generation_once_by_outcome_and_length():
     from streamgrp.services import outcomes
 
     def group(task, tokens, outcomes_=None, decision="complete"):
-        members = tuple(DecidedMember(slot=i, entry=f"{i}-0", rows=1, tokens=n, version=0, reward=0.0)
-                        for i, n in enumerate(tokens))
-        return GroupDecided.of(task_id=task, decision=decision, reason="all_unusable" if decision == "dropped" else None,
-                            members=members, slot_outcomes=outcomes_ or {},
-                            stats=GroupStats.of(3, len(members), len(members)), closed_by="deadline")
+        members = tuple(
+            DecidedMember(slot=i, entry=f"{i}-0", rows=1, tokens=n, version=0, reward=0.0) for i, n in enumerate(tokens)
+        )
+        return GroupDecided.of(
+            task_id=task,
+            decision=decision,
+            reason="all_unusable" if decision == "dropped" else None,
+            members=members,
+            slot_outcomes=outcomes_ or {},
+            stats=GroupStats.of(3, len(members), len(members)),
+            closed_by="deadline",
+        )
 
     metrics = Metrics(role="batcher")
     short_and_long = group("a", [100, 5000], {"0": "sample", "1": "sample", "2": "timeout"})
     outcomes.decided(metrics, [short_and_long, group("b", [300], decision="dropped")])
     outcomes.batched(metrics, 3, [short_and_long])
     outcomes.discarded(metrics, group("c", [20000]), "stale")
-    counted = {tuple(sample.labels.values()): sample.value for sample in metrics.generations.collect()[0].samples
-               if sample.value}
-    assert counted == {("timeout", "none"): 1, ("dropped", "1k"): 1, ("trained", "256"): 1, ("trained", "16k"): 1,
-                       ("stale", "more"): 1}
+    counted = {
+        tuple(sample.labels.values()): sample.value
+        for sample in metrics.generations.collect()[0].samples
+        if sample.value
+    }
+    assert counted == {
+        ("timeout", "none"): 1,
+        ("dropped", "1k"): 1,
+        ("trained", "256"): 1,
+        ("trained", "16k"): 1,
+        ("stale", "more"): 1,
+    }
     assert [length_bucket(n) for n in (1, 256, 257, 4096, 16385)] == ["256", "256", "1k", "4k", "more"]
 
 
@@ -191,5 +255,6 @@ def test_many_observations_at_once_are_what_as_many_observe_calls_give():
         for _ in range(count):
             one.token_staleness.observe(value)
         many.observe_many(many.token_staleness, value, count)
-    assert [s.value for s in one.token_staleness.collect()[0].samples] == \
-        [s.value for s in many.token_staleness.collect()[0].samples]
+    assert [s.value for s in one.token_staleness.collect()[0].samples] == [
+        s.value for s in many.token_staleness.collect()[0].samples
+    ]

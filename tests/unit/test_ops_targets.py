@@ -55,8 +55,11 @@ def test_every_scraped_process_of_the_procfile_is_a_target_and_back():
 
 
 def test_the_example_in_prometheus_yml_is_the_targets_file():
-    comment = [line.strip().removeprefix("#").strip() for line in (OPS / "prometheus.yml").read_text().splitlines()
-               if line.strip().startswith("#")]
+    comment = [
+        line.strip().removeprefix("#").strip()
+        for line in (OPS / "prometheus.yml").read_text().splitlines()
+        if line.strip().startswith("#")
+    ]
     start = comment.index("[")
-    shown = json.loads(" ".join(comment[start:comment.index("]", start) + 1]))
+    shown = json.loads(" ".join(comment[start : comment.index("]", start) + 1]))
     assert shown == json.loads((OPS / "targets" / "example.json").read_text())

@@ -72,20 +72,24 @@ def test_errors_that_are_not_outages_are_raised_at_once():
     assert flaky.calls == 1 and outage.count == 0
 
 
-@pytest.mark.parametrize("error", [
-    redis.ConnectionError("refused"),
-    redis.exceptions.BusyLoadingError("LOADING Redis is loading the dataset in memory"),
-    redis.TimeoutError("Timeout reading from socket"),
-    redis.exceptions.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'."),
-    redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'. script: abc, on @user_script:12."),
-    redis.exceptions.ReadOnlyError("READONLY You can't write against a read only replica."),
-    redis.exceptions.TryAgainError("TRYAGAIN"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.ConnectionError("refused"),
+        redis.exceptions.BusyLoadingError("LOADING Redis is loading the dataset in memory"),
+        redis.TimeoutError("Timeout reading from socket"),
+        redis.exceptions.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'."),
+        redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'. script: abc, on @user_script:12."),
+        redis.exceptions.ReadOnlyError("READONLY You can't write against a read only replica."),
+        redis.exceptions.TryAgainError("TRYAGAIN"),
+    ],
+)
 def test_what_counts_as_an_outage(error):
     assert is_outage(error)
 
 
-@pytest.mark.parametrize("error", [redis.ResponseError("ERR syntax error"), redis.AuthenticationError("WRONGPASS"),
-                                   ValueError("x")])
+@pytest.mark.parametrize(
+    "error", [redis.ResponseError("ERR syntax error"), redis.AuthenticationError("WRONGPASS"), ValueError("x")]
+)
 def test_what_does_not(error):
     assert not is_outage(error)

@@ -9,6 +9,7 @@ def _reader(ready: dict[str, list[int]], calls: list):
     def read(source, block):
         calls.append((source, block))
         return ready.get(source, [])
+
     return read
 
 
@@ -20,8 +21,10 @@ def test_one_source_is_one_read_with_the_whole_wait():
 
 def test_every_ready_source_without_waiting_or_the_first_one():
     calls = []
-    assert read_in_turn(["a", "b", "c"], _reader({"b": [1], "c": [2]}, calls), 900, first=False) == \
-        [("b", [1]), ("c", [2])]
+    assert read_in_turn(["a", "b", "c"], _reader({"b": [1], "c": [2]}, calls), 900, first=False) == [
+        ("b", [1]),
+        ("c", [2]),
+    ]
     assert calls == [("a", None), ("b", None), ("c", None)]
     calls.clear()
     assert read_in_turn(["a", "b", "c"], _reader({"b": [1], "c": [2]}, calls), 900, first=True) == [("b", [1])]

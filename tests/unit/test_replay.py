@@ -34,8 +34,11 @@ POLICY = GroupPolicy(n_samples=2, reward_norm=NormSpec("group", "group"))
 
 
 def _samples(tasks: int = 4) -> dict[tuple[int, int], Sample]:
-    return {(task, slot): make_sample(tokens=2 + task + slot, reward=slot, seed=10 * task + slot, prompt_tokens=1)
-            for task in range(tasks) for slot in range(2)}
+    return {
+        (task, slot): make_sample(tokens=2 + task + slot, reward=slot, seed=10 * task + slot, prompt_tokens=1)
+        for task in range(tasks)
+        for slot in range(2)
+    }
 
 
 def _log(tasks: int = 4, *, schema: int = 2) -> dict[str, dict[str, dict[bytes, bytes]]]:
@@ -48,8 +51,9 @@ def _log(tasks: int = 4, *, schema: int = 2) -> dict[str, dict[str, dict[bytes, 
     for (task, slot), sample in _samples(tasks).items():
         entry = f"{task + 1}-{slot + 1}"
         if schema == 1:
-            log["slots"][entry] = codec.encode(SlotResultV1(task_id=f"t{task}", slot=slot, outcome="sample",
-                                                            sample=sample))
+            log["slots"][entry] = codec.encode(
+                SlotResultV1(task_id=f"t{task}", slot=slot, outcome="sample", sample=sample)
+            )
         else:
             event, payload = codec.sample_result(f"t{task}", slot, sample)
             log["slots"][entry], log["payloads"][entry] = codec.encode(event), payload
@@ -92,8 +96,11 @@ def test_the_tensors_hold_each_samples_rows_exactly_padded_with_zeros():
             assert batch.logprobs[row, :n].tolist() == sample.logprobs.to_list()
             assert not batch.token_ids[row, n:].any() and not batch.loss_mask[row, n:].any()
             assert batch.rewards[row].item() == sample.rewards[0] and batch.versions[row].item() == sample.version
-        assert (batch.token_ids.dtype, batch.loss_mask.dtype, batch.logprobs.dtype) == (torch.int64, torch.bool,
-                                                                                       torch.float32)
+        assert (batch.token_ids.dtype, batch.loss_mask.dtype, batch.logprobs.dtype) == (
+            torch.int64,
+            torch.bool,
+            torch.float32,
+        )
 
 
 def test_a_schema_1_log_with_samples_in_the_slot_log_rebuilds_the_same_tensors():
@@ -149,22 +156,39 @@ def test_a_group_published_across_the_digest_change_checks_each_member_as_its_de
             build_batch(manifest, rank, 2, _fetch(changed))
 
 
-@pytest.mark.parametrize("damage", [
-    lambda h, b: (h.replace(b'"sample_payload"', b'"slot_result"'), b),
-    lambda h, b: (h.replace(b'"slot":0', b'"slot":1'), b),
-    lambda h, b: (h, b[:-1]),
-    lambda h, b: (h.replace(b'"row_lengths":[', b'"row_lengths":[0,'), b),
-    lambda h, b: (h.replace(b'"int32"', b'"float99"'), b),
-    lambda h, b: (b"{not json", b),
-    lambda h, b: (b"[1, 2]", b),
-    lambda h, b: (h.replace(b'"row_lengths":[', b'"row_lengths":[true,'), b),
-    lambda h, b: (h.replace(b'"rewards":[', b'"rewards":["1",'), b),
-    lambda h, b: (h.replace(b'"version":0', b'"version":-1'), b),
-    lambda h, b: (h.replace(b'"__raw__":["uint8"', b'"x":1,"__raw__":["uint8"'), b),
-    lambda h, b: (h.replace(b'"__raw__":["int32",[', b'"__raw__":["int32",[1,'), b),
-    lambda h, b: (h.replace(b'"__raw__":["int32",[', b'"__raw__":["int64",['), b),
-], ids=["kind", "slot", "short-blob", "zero-row", "dtype", "not-json", "not-object", "bool-row", "text-reward",
-        "negative-version", "descriptor-key", "shape", "dtype-size"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda h, b: (h.replace(b'"sample_payload"', b'"slot_result"'), b),
+        lambda h, b: (h.replace(b'"slot":0', b'"slot":1'), b),
+        lambda h, b: (h, b[:-1]),
+        lambda h, b: (h.replace(b'"row_lengths":[', b'"row_lengths":[0,'), b),
+        lambda h, b: (h.replace(b'"int32"', b'"float99"'), b),
+        lambda h, b: (b"{not json", b),
+        lambda h, b: (b"[1, 2]", b),
+        lambda h, b: (h.replace(b'"row_lengths":[', b'"row_lengths":[true,'), b),
+        lambda h, b: (h.replace(b'"rewards":[', b'"rewards":["1",'), b),
+        lambda h, b: (h.replace(b'"version":0', b'"version":-1'), b),
+        lambda h, b: (h.replace(b'"__raw__":["uint8"', b'"x":1,"__raw__":["uint8"'), b),
+        lambda h, b: (h.replace(b'"__raw__":["int32",[', b'"__raw__":["int32",[1,'), b),
+        lambda h, b: (h.replace(b'"__raw__":["int32",[', b'"__raw__":["int64",['), b),
+    ],
+    ids=[
+        "kind",
+        "slot",
+        "short-blob",
+        "zero-row",
+        "dtype",
+        "not-json",
+        "not-object",
+        "bool-row",
+        "text-reward",
+        "negative-version",
+        "descriptor-key",
+        "shape",
+        "dtype-size",
+    ],
+)
 def test_a_payload_that_does_not_fit_its_description_is_refused_naming_the_entry(damage):
     log = _log()
     manifest = _step(log)
@@ -191,8 +215,17 @@ def test_batch_files_round_trip_bit_for_bit(tmp_path):
     for name in (*TENSOR_FIELDS, *OPTIONAL_FIELDS):
         mine, theirs = getattr(batch, name), getattr(loaded, name)
         assert mine.dtype == theirs.dtype and mine.equal(theirs), name
-    for name in ("run", "step", "rank", "world_size", "version", "task_ids", "digest", "step_loss_tokens",
-                 "stale_masked_tokens"):
+    for name in (
+        "run",
+        "step",
+        "rank",
+        "world_size",
+        "version",
+        "task_ids",
+        "digest",
+        "step_loss_tokens",
+        "stale_masked_tokens",
+    ):
         assert getattr(loaded, name) == getattr(batch, name), name
     with pytest.raises(ReadOnlyBatch):
         loaded.commit()
@@ -203,7 +236,7 @@ def test_batch_files_use_the_safetensors_layout(tmp_path):
     raw = save_batch(_batch(), tmp_path / "b.safetensors").read_bytes()
     (size,) = struct.unpack("<Q", raw[:8])
     assert size % 8 == 0
-    header = json.loads(raw[8:8 + size])
+    header = json.loads(raw[8 : 8 + size])
     meta = header.pop("__metadata__")
     assert meta["format"] == BATCH_FORMAT and json.loads(meta["streamgrp"])["step"] == 7
     assert all(isinstance(value, str) for value in meta.values())  # safetensors metadata is str -> str
@@ -230,8 +263,9 @@ def test_empty_tensors_and_other_dtypes_round_trip(tmp_path):
     assert loaded.rewards.shape == (0,)
 
 
-@pytest.mark.parametrize("content", [b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{}", b"\xff" * 16,
-                                     struct.pack("<Q", 2) + b"{}"])
+@pytest.mark.parametrize(
+    "content", [b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{}", b"\xff" * 16, struct.pack("<Q", 2) + b"{}"]
+)
 def test_other_files_are_refused_with_a_clear_error(tmp_path, content):
     path = tmp_path / "not-a-batch"
     path.write_bytes(content)
@@ -263,7 +297,8 @@ def test_samples_of_other_dtypes_are_widened_to_the_batch_dtypes():
     wide = sample.replace(
         token_ids=RawArray.from_values(sample.token_ids.to_list(), "int64"),
         loss_mask=RawArray.from_values([bool(v) for v in sample.loss_mask.to_list()], "bool"),
-        logprobs=RawArray.from_values(sample.logprobs.to_list(), "float64"))
+        logprobs=RawArray.from_values(sample.logprobs.to_list(), "float64"),
+    )
     _, log["payloads"][victim.entry] = codec.sample_result(task, victim.slot, wide)
     mixed, plain = build_batch(manifest, 0, 2, _fetch(log), check_digests=False), _batch()
     for name in ("token_ids", "loss_mask", "logprobs", "attention_mask", "rewards", "versions"):
@@ -276,7 +311,9 @@ def test_a_shard_is_built_on_one_thread_and_the_callers_thread_count_is_restored
 
     seen = []
     build = loader._shard_tensors
-    monkeypatch.setattr(loader, "_shard_tensors", lambda samples: seen.append(torch.get_num_threads()) or build(samples))
+    monkeypatch.setattr(
+        loader, "_shard_tensors", lambda samples: seen.append(torch.get_num_threads()) or build(samples)
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -294,8 +331,10 @@ def test_a_run_that_masks_stale_tokens_gets_the_same_masked_shard_every_time_it_
     plain, masked, again = _batch(), _batch(run_config=masking), _batch(run_config=masking)
     assert masked.stale_masked_tokens == int(plain.loss_mask.sum()) > 0  # every sample is of version 0 < 3 - 1
     assert not masked.loss_mask.any() and torch.equal(masked.loss_mask, again.loss_mask)
-    assert torch.equal(_batch(run_config=RunConfig(n_samples=2, dp_size=2, max_staleness=3,
-                                                   staleness="mask")).loss_mask, plain.loss_mask)
+    assert torch.equal(
+        _batch(run_config=RunConfig(n_samples=2, dp_size=2, max_staleness=3, staleness="mask")).loss_mask,
+        plain.loss_mask,
+    )
 
 
 @pytest.mark.parametrize("check_digests", [False, True])
@@ -311,9 +350,15 @@ def test_payload_bytes_in_any_buffer_give_the_same_shard(check_digests):
         spans[entry] = slice(len(arena), len(arena) + len(fields[codec.BLOB]))
         arena += fields[codec.BLOB]
     view = memoryview(bytes(arena))
-    sliced = {"payloads": {entry: {codec.HEADER: fields[codec.HEADER],
-                                   codec.BLOB: view[spans[entry]] if i % 2 else bytearray(fields[codec.BLOB])}
-                           for i, (entry, fields) in enumerate(log["payloads"].items())}}
+    sliced = {
+        "payloads": {
+            entry: {
+                codec.HEADER: fields[codec.HEADER],
+                codec.BLOB: view[spans[entry]] if i % 2 else bytearray(fields[codec.BLOB]),
+            }
+            for i, (entry, fields) in enumerate(log["payloads"].items())
+        }
+    }
     for rank in (0, 1):
         plain = build_batch(manifest, rank, 2, _fetch(log), check_digests=check_digests)
         other = build_batch(manifest, rank, 2, _fetch(sliced), check_digests=check_digests)

@@ -35,26 +35,44 @@ from streamgrp.replay.report_series import (
 ALWAYS_DRAWN = [chart for chart in CHART_IDS if chart not in RECORDED_CHARTS]
 
 
-def decided(task: str, kind: str = "complete", usable: int = 3, target: int = 3, reason: str | None = None,
-            rewards: tuple[float, ...] = ()) -> GroupDecided:
+def decided(
+    task: str,
+    kind: str = "complete",
+    usable: int = 3,
+    target: int = 3,
+    reason: str | None = None,
+    rewards: tuple[float, ...] = (),
+) -> GroupDecided:
     trainable = 0 if kind == "dropped" else usable
-    return GroupDecided(task_id=task, decision=kind, reason=reason, slots=tuple(range(usable)),
-                        member_entries=("1-0",) * usable, member_rows=(1,) * usable, member_tokens=(4,) * usable,
-                        member_versions=(0,) * usable, member_rewards=rewards,
-                        slot_outcomes={str(i): "sample" for i in range(target)},
-                        stats=GroupStats.of(target, usable, trainable), closed_by="all_slots")
+    return GroupDecided(
+        task_id=task,
+        decision=kind,
+        reason=reason,
+        slots=tuple(range(usable)),
+        member_entries=("1-0",) * usable,
+        member_rows=(1,) * usable,
+        member_tokens=(4,) * usable,
+        member_versions=(0,) * usable,
+        member_rewards=rewards,
+        slot_outcomes={str(i): "sample" for i in range(target)},
+        stats=GroupStats.of(target, usable, trainable),
+        closed_by="all_slots",
+    )
 
 
 def discarded(task: str, reason: str = "stale") -> GroupDiscarded:
     return GroupDiscarded(task_id=task, reason=reason, decision_entry="1-0")
 
 
-def manifest(step: int, created_at: float, tokens: tuple[int, ...] = (10, 10), tasks: tuple[str, ...] = ()) -> StepManifest:
+def manifest(
+    step: int, created_at: float, tokens: tuple[int, ...] = (10, 10), tasks: tuple[str, ...] = ()
+) -> StepManifest:
     """A manifest whose first shard trains ``tasks`` (members are not looked at: rewards come from decisions)."""
     groups = tuple(ShardGroup.of(task_id=task, decision_entry="1-0", members=(), digest="") for task in tasks)
     shards = tuple(Shard(rank=r, groups=groups if r == 0 else (), tokens=t, digest="") for r, t in enumerate(tokens))
-    return StepManifest(step=step, version=step, shards=shards, imbalance=max(tokens) * len(tokens) / sum(tokens),
-                        created_at=created_at)
+    return StepManifest(
+        step=step, version=step, shards=shards, imbalance=max(tokens) * len(tokens) / sum(tokens), created_at=created_at
+    )
 
 
 MANIFESTS = [manifest(0, 10.0), manifest(1, 14.0, (30, 10)), manifest(2, 14.5)]
@@ -76,11 +94,16 @@ def rows_and_tail():
 def test_each_event_counts_in_the_first_window_ending_at_or_after_it():
     rows, tail = rows_and_tail()
     assert [r.step for r in rows] == [0, 1, 2]
-    assert [r.tally.decisions for r in rows] == [{"complete": 1, "partial": 1, "dropped": 1},
-                                                 {"complete": 0, "partial": 1, "dropped": 1},
-                                                 {"complete": 0, "partial": 0, "dropped": 0}]
-    assert [r.tally.drop_reasons for r in rows] == [{"all_unusable": 1},
-                                                    {"below_minimum": 1, "filtered": 1, "stale": 1}, {}]
+    assert [r.tally.decisions for r in rows] == [
+        {"complete": 1, "partial": 1, "dropped": 1},
+        {"complete": 0, "partial": 1, "dropped": 1},
+        {"complete": 0, "partial": 0, "dropped": 0},
+    ]
+    assert [r.tally.drop_reasons for r in rows] == [
+        {"all_unusable": 1},
+        {"below_minimum": 1, "filtered": 1, "stale": 1},
+        {},
+    ]
     assert tail.decisions == {"complete": 1, "partial": 0, "dropped": 0}
     assert tail.drop_reasons == {"leftover": 1}
 
@@ -88,8 +111,9 @@ def test_each_event_counts_in_the_first_window_ending_at_or_after_it():
 def test_per_step_counts_plus_the_remainder_are_every_event_once():
     rows, tail = rows_and_tail()
     for kind in ("complete", "partial", "dropped"):
-        assert sum(r.tally.decisions[kind] for r in rows) + tail.decisions[kind] == \
-            sum(d.decision == kind for _, d in DECISIONS)
+        assert sum(r.tally.decisions[kind] for r in rows) + tail.decisions[kind] == sum(
+            d.decision == kind for _, d in DECISIONS
+        )
     drops = sum(sum(r.tally.drop_reasons.values()) for r in rows) + sum(tail.drop_reasons.values())
     assert drops == len(DISCARDS) + sum(d.decision == "dropped" for _, d in DECISIONS)
 
@@ -130,8 +154,9 @@ def test_without_a_run_start_step_0_starts_at_the_first_event():
 
 
 def test_a_clock_stepping_back_never_makes_windows_overlap():
-    rows, _ = step_rows(started_at=0.0, manifests=[manifest(0, 10.0), manifest(1, 9.0)],
-                        decisions=[(9.5, decided("a"))], discards=[])
+    rows, _ = step_rows(
+        started_at=0.0, manifests=[manifest(0, 10.0), manifest(1, 9.0)], decisions=[(9.5, decided("a"))], discards=[]
+    )
     assert rows[1].step_seconds == 0.0 and rows[0].tally.groups_decided == 1
 
 
@@ -152,6 +177,7 @@ def test_run_status_prefers_a_terminal_event():
 
 # -- the page ---------------------------------------------------------------------------------------------------
 
+
 class Elements(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -169,10 +195,23 @@ def page(data: ReportData) -> list[tuple[str, dict]]:
 
 
 def report(rows, tail, **extra) -> ReportData:
-    totals = {"run": "r", "steps": len(rows), "groups": {"complete": 1}, "dropped_reasons": {}, "reward_first": None,
-              "usable_slot_yield": 0.5}
-    return ReportData(run="r", started_at=3.0, steps=tuple(rows), after_last_step=tail, totals=totals,
-                      status=extra.pop("status", "finished after 3 steps"), **extra)
+    totals = {
+        "run": "r",
+        "steps": len(rows),
+        "groups": {"complete": 1},
+        "dropped_reasons": {},
+        "reward_first": None,
+        "usable_slot_yield": 0.5,
+    }
+    return ReportData(
+        run="r",
+        started_at=3.0,
+        steps=tuple(rows),
+        after_last_step=tail,
+        totals=totals,
+        status=extra.pop("status", "finished after 3 steps"),
+        **extra,
+    )
 
 
 def test_the_page_draws_every_chart_with_one_point_or_bar_per_step():
@@ -203,8 +242,9 @@ def test_the_page_shows_the_totals_the_remainder_and_failures():
 def test_an_empty_run_renders_a_complete_page():
     elements = page(report([], Tally(), status="running (0 steps so far)"))
     assert [a["data-chart"] for tag, a in elements if tag == "svg"] == ALWAYS_DRAWN
-    assert [a["id"] for tag, a in elements if tag == "p" and a.get("id", "").startswith("omitted-")] == \
-        [f"omitted-{chart}" for chart in RECORDED_CHARTS]
+    assert [a["id"] for tag, a in elements if tag == "p" and a.get("id", "").startswith("omitted-")] == [
+        f"omitted-{chart}" for chart in RECORDED_CHARTS
+    ]
     assert not any(tag in ("script", "img") for tag, _ in elements)
     # the one link is an empty data: icon, so a browser asks for nothing but the page
     assert [a for tag, a in elements if tag == "link"] == [{"rel": "icon", "href": "data:,"}]
@@ -226,12 +266,18 @@ def test_png_renders_when_matplotlib_is_installed(empty):
 
 # -- reward, loss and logprob mismatch -------------------------------------------------------------------------
 
-REWARDED = [(1.0, decided("a", rewards=(0.0, 0.5, 1.0))), (2.0, decided("b", "partial", usable=2, rewards=(1.0, 1.0))),
-            (3.0, decided("c", rewards=(0.25, 0.25, 0.25))), (3.5, decided("old"))]  # "old": recorded no rewards
+REWARDED = [
+    (1.0, decided("a", rewards=(0.0, 0.5, 1.0))),
+    (2.0, decided("b", "partial", usable=2, rewards=(1.0, 1.0))),
+    (3.0, decided("c", rewards=(0.25, 0.25, 0.25))),
+    (3.5, decided("old")),
+]  # "old": recorded no rewards
 STEPS = [manifest(0, 2.5, tasks=("a", "b")), manifest(1, 4.0, tasks=("c", "old")), manifest(2, 5.0, tasks=("old",))]
-METRICS = {0: {"loss": -0.25, "logprob_abs_diff_mean": 0.0, "reward_mean": 0.7},
-           1: {"loss": 0.5, "logprob_abs_diff_mean": 0.125},
-           2: {"loss": "nan?", "logprob_abs_diff_mean": float("inf")}}
+METRICS = {
+    0: {"loss": -0.25, "logprob_abs_diff_mean": 0.0, "reward_mean": 0.7},
+    1: {"loss": 0.5, "logprob_abs_diff_mean": 0.125},
+    2: {"loss": "nan?", "logprob_abs_diff_mean": float("inf")},
+}
 
 
 def test_reward_is_the_mean_over_the_steps_samples_and_trainer_figures_come_from_the_metrics():
@@ -257,7 +303,8 @@ def series_points(elements, chart: str) -> dict[str, list[tuple[int, bool]]]:
             current = attributes["data-chart"]
         elif current == chart and "point" in (attributes.get("class") or "").split():
             out.setdefault(attributes["data-series"], []).append(
-                (int(attributes["data-step"]), "missing" in attributes["class"]))
+                (int(attributes["data-step"]), "missing" in attributes["class"])
+            )
     return out
 
 
@@ -267,15 +314,18 @@ def test_the_page_draws_reward_loss_and_mismatch_when_recorded():
     assert [a["data-chart"] for tag, a in elements if tag == "svg"] == list(CHART_IDS)
     assert series_points(elements, "reward") == {"mean reward": [(0, False), (1, False), (2, True)]}
     assert series_points(elements, "loss") == {"loss": [(0, False), (1, False), (2, True)]}
-    assert series_points(elements, "logprob-mismatch") == {"mean |rollout - trainer|": [(0, False), (1, False), (2, True)]}
+    assert series_points(elements, "logprob-mismatch") == {
+        "mean |rollout - trainer|": [(0, False), (1, False), (2, True)]
+    }
     html = render_html(report(rows, tail))
     assert 'data-value="-0.25"' in html and "omitted-" not in html
     assert "<th>reward</th><th>loss</th><th>logprob mismatch</th>" in html
 
 
 def test_a_chart_is_omitted_with_a_note_only_when_no_step_has_its_value():
-    rows, tail = step_rows(started_at=0.0, manifests=STEPS, decisions=REWARDED, discards=[],
-                           metrics={1: {"logprob_abs_diff_mean": 0.5}})
+    rows, tail = step_rows(
+        started_at=0.0, manifests=STEPS, decisions=REWARDED, discards=[], metrics={1: {"logprob_abs_diff_mean": 0.5}}
+    )
     html = render_html(report(rows, tail))
     assert 'id="chart-reward"' in html and 'id="chart-logprob-mismatch"' in html
     assert 'id="chart-loss"' not in html
@@ -287,11 +337,16 @@ def test_the_bias_series_say_what_share_of_each_length_was_trained_and_dropped_a
     def sized(task: str, tokens: int) -> GroupDecided:
         return decided(task).with_members(tuple(m.replace(tokens=tokens) for m in decided(task).members))
 
-    decisions = [(1.0, sized("short1", 100)), (2.0, sized("short2", 100)), (3.0, sized("long1", 5000)),
-                 (6.0, sized("long2", 5000))]
+    decisions = [
+        (1.0, sized("short1", 100)),
+        (2.0, sized("short2", 100)),
+        (3.0, sized("long1", 5000)),
+        (6.0, sized("long2", 5000)),
+    ]
     manifests = [manifest(0, 5.0, tasks=("short1", "short2")), manifest(1, 9.0, tasks=("long2",))]
-    rows, _ = step_rows(started_at=0.0, manifests=manifests, decisions=decisions,
-                        discards=[(5.001, discarded("long1", "stale"))])
+    rows, _ = step_rows(
+        started_at=0.0, manifests=manifests, decisions=decisions, discards=[(5.001, discarded("long1", "stale"))]
+    )
     series = ReportData("r", 0.0, tuple(rows), Tally(), {}, "running").series()
     assert series["trained_share:256"] == [1.0, 1.0]
     assert series["trained_share:16k"] == [0.0, 0.5] and series["stale_share:16k"] == [0.0, 0.5]

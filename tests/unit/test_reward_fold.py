@@ -47,8 +47,15 @@ def test_a_pending_result_waits_for_its_reward_and_the_reward_reaches_the_decisi
 
 
 def test_the_rewards_survive_the_wire_into_a_steps_manifest():
-    _, [closed] = run_fold(POLICY, [("1-0", issued()), ("2-0", pending(slot=0, rows=2)), ("3-0", plain(slot=1)),
-                                    ("4-0", reward("t1", 0, 1.0, 0.5))])
+    _, [closed] = run_fold(
+        POLICY,
+        [
+            ("1-0", issued()),
+            ("2-0", pending(slot=0, rows=2)),
+            ("3-0", plain(slot=1)),
+            ("4-0", reward("t1", 0, 1.0, 0.5)),
+        ],
+    )
     decision = codec.decode(codec.encode(closed.decision))
     assert isinstance(decision, GroupDecided) and decision.members[0].rewards == (1.0, 0.5)
     manifest = codec.decode(codec.encode(make_manifest(0, 0, [("5-0", decision)], 1, 0.0)))
@@ -63,8 +70,9 @@ def test_a_decision_without_late_rewards_is_written_as_before():
 
 
 def test_first_reward_wins_and_a_second_is_a_duplicate():
-    state, _ = run_fold(POLICY, [("1-0", issued()), ("2-0", pending(slot=0)), ("3-0", pending(slot=1)),
-                                 ("4-0", reward("t1", 0, 1.0))])
+    state, _ = run_fold(
+        POLICY, [("1-0", issued()), ("2-0", pending(slot=0)), ("3-0", pending(slot=1)), ("4-0", reward("t1", 0, 1.0))]
+    )
     state, outputs = fold(state, reward("t1", 0, 0.0), "5-0")
     [ignored] = outputs
     assert isinstance(ignored, Ignored) and ignored.reason == REWARD_DUPLICATE and "4-0" in ignored.detail
@@ -72,12 +80,15 @@ def test_first_reward_wins_and_a_second_is_a_duplicate():
     assert [m.reward for m in closed.decision.members] == [1.0, 0.5]
 
 
-@pytest.mark.parametrize("events, why", [
-    ([("1-0", issued()), ("2-0", plain(slot=0))], "its result carried its reward"),
-    ([("1-0", issued())], "no result of it waits"),
-    ([], "no task with this id"),
-    ([("1-0", issued()), ("2-0", plain(slot=0)), ("3-0", plain(slot=1))], "already decided"),
-])
+@pytest.mark.parametrize(
+    "events, why",
+    [
+        ([("1-0", issued()), ("2-0", plain(slot=0))], "its result carried its reward"),
+        ([("1-0", issued())], "no result of it waits"),
+        ([], "no task with this id"),
+        ([("1-0", issued()), ("2-0", plain(slot=0)), ("3-0", plain(slot=1))], "already decided"),
+    ],
+)
 def test_a_reward_for_a_slot_that_is_not_waiting_is_late(events, why):
     state, _ = run_fold(POLICY, events)
     _, [ignored] = fold(state, reward("t1", 0, 1.0), "9-0")
@@ -99,8 +110,9 @@ def test_one_reward_is_every_rows_reward():
 
 
 def test_a_slot_still_waiting_at_the_deadline_times_out():
-    state, _ = run_fold(POLICY, [("1-0", issued(at=100.0)), ("2-0", pending(slot=0)), ("3-0", plain(slot=1))],
-                        group_timeout_s=30.0)
+    state, _ = run_fold(
+        POLICY, [("1-0", issued(at=100.0)), ("2-0", pending(slot=0)), ("3-0", plain(slot=1))], group_timeout_s=30.0
+    )
     _, [closed] = fold(state, Tick(now=130.0))
     decision = closed.decision
     assert decision.slot_outcomes == {"0": "timeout", "1": "sample"} and decision.slots == (1,)
@@ -115,12 +127,15 @@ def test_a_scorer_can_reject_or_fail_a_slot():
     assert closed.decision.decision == "dropped"
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({}, "exactly one of"),
-    ({"rewards": (1.0,), "reason": "no"}, "exactly one of"),
-    ({"rewards": (float("nan"),)}, r"\$\.rewards\[0\]"),
-    ({"rewards": ()}, "length >= 1"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({}, "exactly one of"),
+        ({"rewards": (1.0,), "reason": "no"}, "exactly one of"),
+        ({"rewards": (float("nan"),)}, r"\$\.rewards\[0\]"),
+        ({"rewards": ()}, "length >= 1"),
+    ],
+)
 def test_a_reward_event_carries_exactly_one_finite_outcome(fields, message):
     # the rule between fields holds as the event is built, its values' bounds as it is encoded
     with pytest.raises(ValueError, match=message):

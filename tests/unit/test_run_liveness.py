@@ -24,8 +24,9 @@ def test_a_run_that_has_not_ended_is_live_while_something_happened_within_idle_s
     entry = Activity(newest_entry=("slots", 12.0), recent_consumer=("tasks/workers/w1", OLD))
     assert live_reason(entry) == "it has not finished and its slots stream got an entry 12s ago (within --idle-s 60)"
     consumer = Activity(newest_entry=("slots", OLD), recent_consumer=("tasks/workers/w1", 0.5))
-    assert live_reason(consumer) == ("it has not finished and the consumer tasks/workers/w1 read 0s ago "
-                                     "(within --idle-s 60)")
+    assert live_reason(consumer) == (
+        "it has not finished and the consumer tasks/workers/w1 read 0s ago (within --idle-s 60)"
+    )
     assert live_reason(Activity(newest_entry=("slots", -2.0))).startswith("it has not finished")  # clock skew: recent
     assert live_reason(Activity(newest_entry=("slots", 12.0)), idle_s=10) is None
     assert live_reason(Activity(newest_entry=("slots", OLD), recent_consumer=("x/y/z", OLD))) is None
@@ -40,7 +41,14 @@ def test_an_ended_run_is_not_live_without_a_lease_whatever_its_workers_still_pol
 
 def test_sizes_read_like_du():
     assert [human_bytes(n) for n in (0, 1023, 1024, 1536, 4_400_000, 3 * 1024**3, 5 * 1024**4)] == [
-        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "4.2 MiB", "3.0 GiB", "5120.0 GiB"]
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "1.5 KiB",
+        "4.2 MiB",
+        "3.0 GiB",
+        "5120.0 GiB",
+    ]
 
 
 def _archive(directory, run: str) -> ArchiveWriter:

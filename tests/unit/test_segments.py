@@ -71,7 +71,7 @@ def test_segments_rotate_by_size_and_the_index_finds_entries_across_them(tmp_pat
     writer = ArchiveWriter(tmp_path, run="r1", segment_bytes=4096)
     entries = _entries("slots", 300, size=200)
     for start in range(0, 300, 10):  # the archiver syncs after each pass; rotation happens at a sync
-        for entry_id, fields in entries[start:start + 10]:
+        for entry_id, fields in entries[start : start + 10]:
             writer.append("slots", entry_id, fields)
         writer.sync()
     writer.close()
@@ -212,20 +212,26 @@ def _flip(data: bytearray, at: int) -> None:
 
 
 def _zero_run(data: bytearray, at: int) -> None:
-    data[at + 4:at + 36] = bytes(32)
+    data[at + 4 : at + 36] = bytes(32)
 
 
 def _bad_magic(data: bytearray, at: int) -> None:
-    data[at:at + 4] = b"XXXX"
+    data[at : at + 4] = b"XXXX"
 
 
 def _huge_body_length(data: bytearray, at: int) -> None:
     struct.pack_into("<I", data, at + 8, 2**31)  # the record now seems to run past the end, like a torn one
 
 
-@pytest.mark.parametrize("damage, where", [
-    (_flip, 40), (_zero_run, 0), (_bad_magic, 0), (_huge_body_length, 0),
-])
+@pytest.mark.parametrize(
+    "damage, where",
+    [
+        (_flip, 40),
+        (_zero_run, 0),
+        (_bad_magic, 0),
+        (_huge_body_length, 0),
+    ],
+)
 def test_damage_in_the_middle_of_an_unsealed_segment_is_refused_and_never_sealed(tmp_path, damage, where):
     entries = _entries("slots", 120)
     path, offsets = _unsealed(tmp_path, entries)
@@ -285,13 +291,17 @@ def test_damage_is_found_when_reading_resumes_in_a_segment_being_written(tmp_pat
     assert not path.with_suffix(".idx").exists()
 
 
-@pytest.mark.parametrize("tail", [
-    lambda record: record[:len(record) // 2],  # the write stopped half way
-    lambda record: record[:10],  # inside the prefix
-    lambda record: record[:-1],  # one byte short
-    lambda record: record[:16] + bytes(len(record) - 16),  # the length reached the disk, the data did not
-    lambda record: bytes(4096),  # a block allocated but never written
-], ids=["half", "in-prefix", "one-short", "zeroed-body", "zero-block"])
+@pytest.mark.parametrize(
+    "tail",
+    [
+        lambda record: record[: len(record) // 2],  # the write stopped half way
+        lambda record: record[:10],  # inside the prefix
+        lambda record: record[:-1],  # one byte short
+        lambda record: record[:16] + bytes(len(record) - 16),  # the length reached the disk, the data did not
+        lambda record: bytes(4096),  # a block allocated but never written
+    ],
+    ids=["half", "in-prefix", "one-short", "zeroed-body", "zero-block"],
+)
 def test_a_torn_tail_of_any_shape_still_resumes(tmp_path, tail):
     entries = _entries("slots", 40)
     path, _ = _unsealed(tmp_path, entries[:30])
@@ -344,16 +354,19 @@ def _read_all(directory) -> dict:
 
 def _edit(change):
     """An index mutation from a function that edits the index's JSON in place."""
+
     def mutate(raw: bytes) -> bytes:
         index = orjson.loads(raw)
         change(index)
         return orjson.dumps(index)
+
     return mutate
 
 
 def _set_record(field, value):
     def change(index):
         index["records"]["slots"][0][field] = value
+
     return _edit(change)
 
 
@@ -428,7 +441,7 @@ def test_byte_flips_in_a_sealed_segment_or_its_index_read_correctly_or_raise_arc
             file.write_bytes(raw)
         damaged = bytearray(pristine[victim])
         if attempt % 7 == 0:
-            del damaged[rng.randrange(len(damaged)):]
+            del damaged[rng.randrange(len(damaged)) :]
         else:
             damaged[rng.randrange(len(damaged))] ^= rng.randrange(1, 256)
         victim.write_bytes(bytes(damaged))

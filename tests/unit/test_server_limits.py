@@ -22,21 +22,27 @@ from streamgrp.store.credentials import command_line_url_warning, tls_refusal, u
 GiB = 1024**3
 
 
-@pytest.mark.parametrize("reply", [
-    "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
-    "BUSY Valkey is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
-    "BUSY Redis is busy running a script. You can only call FUNCTION KILL or SHUTDOWN NOSAVE.",
-    "Command # 1 (MULTI) of pipeline caused error: BUSY Redis is busy running a script.",
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        "BUSY Valkey is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        "BUSY Redis is busy running a script. You can only call FUNCTION KILL or SHUTDOWN NOSAVE.",
+        "Command # 1 (MULTI) of pipeline caused error: BUSY Redis is busy running a script.",
+    ],
+)
 def test_busy_is_an_outage(reply):
     assert is_outage(redis.ResponseError(reply))
 
 
-@pytest.mark.parametrize("reply", [
-    "BUSYKEY Target key name already exists.",
-    "BUSYGROUP Consumer Group name already exists",
-    "ERR Error running script: the word BUSY in a message",
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "BUSYKEY Target key name already exists.",
+        "BUSYGROUP Consumer Group name already exists",
+        "ERR Error running script: the word BUSY in a message",
+    ],
+)
 def test_replies_about_keys_that_start_like_busy_are_not(reply):
     assert not is_outage(redis.ResponseError(reply))
 

@@ -37,8 +37,13 @@ def test_drop_discards_a_stale_group_and_mask_keeps_it_while_some_of_its_tokens_
 def test_mask_discards_a_group_whose_every_token_is_stale_instead_of_giving_it_a_steps_place():
     # t0: one version, 1 (all its tokens 2 behind); t1: continued from 0 to 1 (its newest token 2 behind): under
     # mask the loader would clear every loss token of both, so they are discarded as stale, as drop would
-    events = [VersionSet(3), *decided(1, version=1), _spanning("t1", 0, 1), _spanning("t2", 1, 2),
-              *decided(4, start=3, version=3)]
+    events = [
+        VersionSet(3),
+        *decided(1, version=1),
+        _spanning("t1", 0, 1),
+        _spanning("t2", 1, 2),
+        *decided(4, start=3, version=3),
+    ]
     _, masked = run_batch_fold(state(staleness="mask", max_staleness=1), events)
     discarded = [o for o in masked if isinstance(o, Discarded)]
     assert [(o.decision.task_id, o.reason) for o in discarded] == [("t0", "stale"), ("t1", "stale")]
@@ -159,10 +164,14 @@ def test_a_samples_newest_token_version_travels_from_its_result_to_its_decision_
     assert "newest" not in codec.encode(result(0, [[1, 4]]))[codec.HEADER].decode()  # one version: as before
     spanning = result(1, [[1, 2], [3, 2]])
     assert spanning.sample is not None and spanning.sample.newest == 3
-    _, [closed] = run_fold(GroupPolicy(n_samples=2), [("1-0", TaskIssued(task_id="t1", issued_at=1.0)),
-                                                      ("2-0", result(0, [[1, 4]])), ("3-0", spanning)])
+    _, [closed] = run_fold(
+        GroupPolicy(n_samples=2),
+        [("1-0", TaskIssued(task_id="t1", issued_at=1.0)), ("2-0", result(0, [[1, 4]])), ("3-0", spanning)],
+    )
     decision = codec.decode(codec.encode(closed.decision))
     assert (decision.version, decision.newest_version, decision.newest_token_version) == (1, 3, 3)
-    _, [plain] = run_fold(GroupPolicy(n_samples=2), [("1-0", TaskIssued(task_id="t1", issued_at=1.0)),
-                                                     ("2-0", result(0, None)), ("3-0", result(1, [[1, 4]]))])
+    _, [plain] = run_fold(
+        GroupPolicy(n_samples=2),
+        [("1-0", TaskIssued(task_id="t1", issued_at=1.0)), ("2-0", result(0, None)), ("3-0", result(1, [[1, 4]]))],
+    )
     assert "newest" not in codec.encode(plain.decision)[codec.HEADER].decode()

@@ -70,8 +70,12 @@ def test_warnings_at_most_once_a_minute():
         tracker.round(0, now)
         if tracker.should_warn(now):
             warned.append(now)
-    assert warned == [1000.0, 1000.0 + WARNING_INTERVAL_S, 1000.0 + 2 * WARNING_INTERVAL_S,
-                      1000.0 + 3 * WARNING_INTERVAL_S]
+    assert warned == [
+        1000.0,
+        1000.0 + WARNING_INTERVAL_S,
+        1000.0 + 2 * WARNING_INTERVAL_S,
+        1000.0 + 3 * WARNING_INTERVAL_S,
+    ]
     assert WARNING_INTERVAL_S == 60.0
 
 
@@ -86,15 +90,24 @@ def test_no_warning_after_progress():
 def test_message_names_causes_yields_and_drop_reasons():
     tracker = StallTracker(max_empty_rounds=3, stall_timeout_s=0)
     _empty_rounds(tracker, [10.0, 20.0, 30.0])
-    counts = {"target_slots": 40, "usable_slots": 10, "trainable_slots": 4, "dropped:below_minimum": 6,
-              "dropped:all_unusable": 4, "dropped:stale": 0, "slots:rejected": 25, "slots:failed": 5,
-              "slots:sample": 10, "decisions:dropped": 10, "steps": 2}
+    counts = {
+        "target_slots": 40,
+        "usable_slots": 10,
+        "trainable_slots": 4,
+        "dropped:below_minimum": 6,
+        "dropped:all_unusable": 4,
+        "dropped:stale": 0,
+        "slots:rejected": 25,
+        "slots:failed": 5,
+        "slots:sample": 10,
+        "decisions:dropped": 10,
+        "steps": 2,
+    }
     message = stall_message(tracker, 30.0, counts)
     assert message.startswith("run stalled: 3 consecutive batcher rounds added no trainable group")
     assert "20s passed without progress" in message
     assert "max_empty_rounds=3" in message and "stall_timeout_s=0" in message
-    for cause in ("reward function", "rejects or fails every sample", "min_usable_group_size",
-                  "no worker is running"):
+    for cause in ("reward function", "rejects or fails every sample", "min_usable_group_size", "no worker is running"):
         assert cause in message
     assert "usable_slot_yield=0.250" in message
     assert "trainable_slot_yield=0.100" in message
@@ -113,13 +126,16 @@ def test_message_with_nothing_decided_says_so():
 
 
 def test_stall_module_is_pure():
-    code = ("import sys, streamgrp.core.stall, streamgrp.core.manifest\n"
-            "print(','.join(sorted(m for m in ('redis', 'torch', 'prometheus_client') if m in sys.modules)))\n")
+    code = (
+        "import sys, streamgrp.core.stall, streamgrp.core.manifest\n"
+        "print(','.join(sorted(m for m in ('redis', 'torch', 'prometheus_client') if m in sys.modules)))\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""
 
 
 # -- rounds that wait for trainers, and time the server was away ------------------------------------
+
 
 def test_rounds_waiting_for_trainers_are_not_empty_and_restart_the_timer():
     tracker = StallTracker(max_empty_rounds=3, stall_timeout_s=2)

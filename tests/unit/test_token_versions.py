@@ -13,16 +13,30 @@ from streamgrp.train.loader import StaleMask, mask_stale, row_runs, sample_rows,
 
 def _sample(rows: list[int], *, prompt: int, version: int, runs=None) -> Sample:
     """``rows`` row lengths; each row's first ``prompt`` tokens are the prompt (loss mask 0)."""
-    return Sample.from_rows(token_ids=[[1] * n for n in rows], loss_mask=[[i >= prompt for i in range(n)] for n in rows],
-                            logprobs=[[-0.5] * n for n in rows], rewards=[1.0] * len(rows), version=version,
-                            meta={"token_versions": runs} if runs is not None else None)
+    return Sample.from_rows(
+        token_ids=[[1] * n for n in rows],
+        loss_mask=[[i >= prompt for i in range(n)] for n in rows],
+        logprobs=[[-0.5] * n for n in rows],
+        rewards=[1.0] * len(rows),
+        version=version,
+        meta={"token_versions": runs} if runs is not None else None,
+    )
 
 
 def _batch(samples: list[Sample], version: int = 5) -> Batch:
     rows = [sample_rows(s) for s in samples]
-    return Batch(step=0, rank=0, world_size=1, version=version, task_ids=["t"] * len(rows),
-                 group_sizes=torch.ones(len(rows), dtype=torch.int64), step_loss_tokens=0, digest="",
-                 version_runs=row_runs(rows), **shard_tensors(rows))
+    return Batch(
+        step=0,
+        rank=0,
+        world_size=1,
+        version=version,
+        task_ids=["t"] * len(rows),
+        group_sizes=torch.ones(len(rows), dtype=torch.int64),
+        step_loss_tokens=0,
+        digest="",
+        version_runs=row_runs(rows),
+        **shard_tensors(rows),
+    )
 
 
 def test_each_token_has_its_run_version_and_the_prompt_the_samples_version():
@@ -46,8 +60,9 @@ def test_without_any_per_token_versions_rows_are_their_version_throughout():
     assert batch.token_versions.tolist() == [[2, 2, 0], [1, 1, 1]]
 
 
-@pytest.mark.parametrize("value", [None, [], "x", [[1]], [[1, 0]], [[-1, 2]], [[1.5, 2]], [[1, 2], [2, 99]],
-                                   [[True, 2]]])
+@pytest.mark.parametrize(
+    "value", [None, [], "x", [[1]], [[1, 0]], [[-1, 2]], [[1.5, 2]], [[1, 2], [2, 99]], [[True, 2]]]
+)
 def test_runs_that_are_not_streamgrps_mean_no_per_token_versions(value):
     assert version_runs(value, 10) is None
 
@@ -58,8 +73,11 @@ def test_the_mask_clears_tokens_older_than_the_window_and_counts_them():
     fresh = _sample([4], prompt=1, version=4)
     batch = _batch([mixed, old, fresh], version=5)
     assert mask_stale(batch, StaleMask(oldest=3)) == 2 + 4
-    assert batch.loss_mask.tolist() == [[False, False, False, False, True, True],
-                                        [False] * 6, [False, True, True, True, False, False]]
+    assert batch.loss_mask.tolist() == [
+        [False, False, False, False, True, True],
+        [False] * 6,
+        [False, True, True, True, False, False],
+    ]
 
 
 def test_a_row_left_with_fewer_than_min_tokens_loses_them_all():

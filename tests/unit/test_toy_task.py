@@ -75,7 +75,7 @@ def test_each_sample_is_generated_by_the_weights_of_the_version_it_names(fresh_m
         states[version] = {name: torch.randn_like(tensor) for name, tensor in shapes.items()}
     fresh_module.setattr(toy_task.WeightCache, "from_env", lambda: Published(states))
     requests = [_request(i, version=1 + i % 2) for i in range(4 * THREADS)]
-    samples = [s for chunk in range(0, len(requests), THREADS) for s in _all_at_once(requests[chunk:chunk + THREADS])]
+    samples = [s for chunk in range(0, len(requests), THREADS) for s in _all_at_once(requests[chunk : chunk + THREADS])]
     policies = {}
     for version, state in states.items():
         policies[version] = toy_task.initial_policy()
@@ -96,7 +96,9 @@ def test_the_reference_trainer_refuses_rows_of_another_task_saying_what_to_do():
     assert toy_task.batch_problem(fits % toy_task.VOCAB) is None
     foreign = fits.clone()
     foreign[0, 4] = 17  # a real tokenizer's id: out of the toy policy's embedding
-    assert toy_task.batch_problem(foreign) == f"it holds token id 17, the toy task's vocabulary is 0..{toy_task.VOCAB - 1}"
+    assert (
+        toy_task.batch_problem(foreign) == f"it holds token id 17, the toy task's vocabulary is 0..{toy_task.VOCAB - 1}"
+    )
     assert "rows hold 3 tokens" in toy_task.batch_problem(fits[:, :3])
     with pytest.raises(ConfigError, match=r"step 4 is not the demo's toy task \(it holds token id 17.*--train-fn"):
         grpo_trainer._step(toy_task.ToyPolicy(), None, SimpleNamespace(step=4, token_ids=foreign), None, None)

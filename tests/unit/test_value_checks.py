@@ -20,15 +20,25 @@ from streamgrp.services.synthetic import make_sample
 
 
 def sample(*, tokens=(5, 6, 7), mask=(0, 1, 1), logprobs=(-0.5, -1.0, -2.0), rewards=(1.0,)) -> Sample:
-    return Sample.from_rows(token_ids=[list(tokens)], loss_mask=[list(mask)], logprobs=[list(logprobs)],
-                            rewards=list(rewards), version=0)
+    return Sample.from_rows(
+        token_ids=[list(tokens)], loss_mask=[list(mask)], logprobs=[list(logprobs)], rewards=list(rewards), version=0
+    )
 
 
 def raw_sample(**tensors: RawArray) -> Sample:
     """A one-row sample of three tokens, with the given tensors in place of the plain ones."""
     plain = sample()
-    return Sample(**{"token_ids": plain.token_ids, "loss_mask": plain.loss_mask, "logprobs": plain.logprobs,
-                     "row_lengths": (3,), "rewards": (1.0,), "version": 0, **tensors})
+    return Sample(
+        **{
+            "token_ids": plain.token_ids,
+            "loss_mask": plain.loss_mask,
+            "logprobs": plain.logprobs,
+            "row_lengths": (3,),
+            "rewards": (1.0,),
+            "version": 0,
+            **tensors,
+        }
+    )
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0.5, 2 * LOGPROB_TOLERANCE, 3e38])
@@ -37,13 +47,16 @@ def test_a_logprob_that_is_not_finite_or_above_zero_is_refused_naming_its_positi
         sample(logprobs=(-0.5, value, -2.0))
 
 
-@pytest.mark.parametrize(("dtype", "fmt", "bad"), [
-    ("float64", "<3d", (-1.0, math.nan, 0.0)),
-    ("float64", "<3d", (-1.0, -math.inf, 0.0)),
-    ("float64", "<3d", (-1.0, 1e300, 0.0)),
-    ("float16", "<3e", (-1.0, math.inf, 0.0)),
-    ("float16", "<3e", (-1.0, 0.5, 0.0)),
-])
+@pytest.mark.parametrize(
+    ("dtype", "fmt", "bad"),
+    [
+        ("float64", "<3d", (-1.0, math.nan, 0.0)),
+        ("float64", "<3d", (-1.0, -math.inf, 0.0)),
+        ("float64", "<3d", (-1.0, 1e300, 0.0)),
+        ("float16", "<3e", (-1.0, math.inf, 0.0)),
+        ("float16", "<3e", (-1.0, 0.5, 0.0)),
+    ],
+)
 def test_every_logprob_dtype_is_checked(dtype, fmt, bad):
     with pytest.raises(ValueError, match=r"logprobs\[1\]"):
         raw_sample(logprobs=RawArray(dtype=dtype, shape=(3,), data=struct.pack(fmt, *bad)))
@@ -52,7 +65,7 @@ def test_every_logprob_dtype_is_checked(dtype, fmt, bad):
 def test_bfloat16_nan_and_positive_logprobs_are_refused():
     def bf16(*values: float) -> RawArray:  # the high half of each float32
         data = struct.pack(f"<{len(values)}f", *values)
-        high = b"".join(data[at + 2:at + 4] for at in range(0, len(data), 4))
+        high = b"".join(data[at + 2 : at + 4] for at in range(0, len(data), 4))
         return RawArray(dtype="bfloat16", shape=(len(values),), data=high)
 
     raw_sample(logprobs=bf16(-1.0, -0.0, -3e38))
@@ -148,24 +161,29 @@ def test_a_foreign_payload_with_a_token_id_beyond_the_vocabulary_is_refused():
     result, fields = forged(blob_edit=lambda blob: struct.pack("<i", 1_000_000) + blob[4:])
     assert codec.payload_problem(fields, result) is None
     assert codec.payload_problem(fields, result, vocab_size=1000).startswith(
-        "token_ids[0] is 1000000, not below the run's vocab_size 1000")
+        "token_ids[0] is 1000000, not below the run's vocab_size 1000"
+    )
 
 
 def test_a_payload_that_disagrees_with_its_slot_result_is_refused():
     result, payload = published(sample())
     more_tokens = result.replace(sample=result.sample.replace(tokens=10**12))
-    assert "says rows, tokens, version [1, 1000000000000, 0] but its payload holds [1, 2, 0]" in \
-        codec.payload_problem(payload, more_tokens)
+    assert "says rows, tokens, version [1, 1000000000000, 0] but its payload holds [1, 2, 0]" in codec.payload_problem(
+        payload, more_tokens
+    )
     other_reward = result.replace(sample=result.sample.replace(reward=5.0))
     assert "reward 5.0" in codec.payload_problem(payload, other_reward)
     other_digest = result.replace(sample=result.sample.replace(digest="sha256:00"))
-    assert codec.payload_problem(payload, other_digest) == \
-        "its payload does not hash to the digest its slot result recorded"
+    assert (
+        codec.payload_problem(payload, other_digest)
+        == "its payload does not hash to the digest its slot result recorded"
+    )
     other_slot = result.replace(slot=2)
     assert codec.payload_problem(payload, other_slot).startswith("the payloads entry at its id is slot 1 of task")
     assert codec.payload_problem(None, result).startswith("its payload entry is not in the payloads stream")
     assert codec.payload_problem(codec.encode(result), result).startswith(
-        "the payloads entry at its id is a slot_result event")
+        "the payloads entry at its id is a slot_result event"
+    )
 
 
 # -- the run's vocabulary ---------------------------------------------------------------------------------

@@ -28,10 +28,14 @@ def test_one_row_with_its_oldest_token_version():
 
 
 def test_padded_rows_are_trimmed_and_padding_versions_ignored():
-    padded = episode(input_ids=torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]]),
-                     loss_mask=torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1]]),
-                     logprobs=torch.zeros(2, 4), versions=torch.tensor([[-1, 4, 4, 0], [-1, 5, 5, 5]]),
-                     attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), rewards=torch.tensor([[1.0], [0.0]]))
+    padded = episode(
+        input_ids=torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]]),
+        loss_mask=torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1]]),
+        logprobs=torch.zeros(2, 4),
+        versions=torch.tensor([[-1, 4, 4, 0], [-1, 5, 5, 5]]),
+        attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
+        rewards=torch.tensor([[1.0], [0.0]]),
+    )
     sample = sample_from_episode(padded, version=9)
     assert (sample.row_lengths, sample.rewards, sample.version) == ((3, 4), (1.0, 0.0), 4)
 
@@ -42,13 +46,16 @@ def test_lists_and_no_versions_fall_back_to_the_requested_version():
     assert sample_from_episode({**plain, "versions": [[-1, -1]]}, version=7).version == 7
 
 
-@pytest.mark.parametrize("result, message", [
-    ([1, 2], "returned list, not a dict"),
-    ({"input_ids": [[1]]}, "lacks ['loss_mask', 'logprobs', 'rewards']"),
-    (episode(loss_mask=torch.tensor([[0, 1, 1]])), "loss_mask has shape [1, 3] but input_ids has [1, 4]"),
-    (episode(rewards=torch.tensor([0.5, 1.0])), "rewards has 2 values for 1 rows"),
-    (episode(attention_mask=torch.tensor([[0, 1, 1, 1]])), "attention_mask row 0 is not ones then zeros"),
-])
+@pytest.mark.parametrize(
+    "result, message",
+    [
+        ([1, 2], "returned list, not a dict"),
+        ({"input_ids": [[1]]}, "lacks ['loss_mask', 'logprobs', 'rewards']"),
+        (episode(loss_mask=torch.tensor([[0, 1, 1]])), "loss_mask has shape [1, 3] but input_ids has [1, 4]"),
+        (episode(rewards=torch.tensor([0.5, 1.0])), "rewards has 2 values for 1 rows"),
+        (episode(attention_mask=torch.tensor([[0, 1, 1, 1]])), "attention_mask row 0 is not ones then zeros"),
+    ],
+)
 def test_malformed_episodes_say_what_to_return(result, message):
     with pytest.raises((TypeError, ValueError), match=message.replace("[", r"\[").replace("]", r"\]")):
         sample_from_episode(result, version=0)

@@ -98,8 +98,11 @@ class GatewayControl:
                     if response.status < 300:
                         return payload
                     error = (payload or {}).get("error", {}) if isinstance(payload, dict) else {}
-                    failure = GatewayError(f"{path}: HTTP {response.status}: {error.get('message', payload)}",
-                                           response.status, error.get("code"))
+                    failure = GatewayError(
+                        f"{path}: HTTP {response.status}: {error.get('message', payload)}",
+                        response.status,
+                        error.get("code"),
+                    )
                     if response.headers.get("x-should-retry") != "true":
                         raise failure
             except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
@@ -114,9 +117,21 @@ class AgentProcess:
     """The `streamgrp agent` loop: keeps up to ``concurrency`` sessions running (whole tasks: their
     ``n_samples`` sessions together) and ends each with its agent's verdict."""
 
-    def __init__(self, worker: WorkerClient, agent: Callable[..., Any], *, gateway_url: str, token: str,
-                 n_samples: int, concurrency: int = 16, max_tasks: int | None = None, burst: bool = False,
-                 retries: int = 6, request_timeout_s: float = 600.0, open_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        worker: WorkerClient,
+        agent: Callable[..., Any],
+        *,
+        gateway_url: str,
+        token: str,
+        n_samples: int,
+        concurrency: int = 16,
+        max_tasks: int | None = None,
+        burst: bool = False,
+        retries: int = 6,
+        request_timeout_s: float = 600.0,
+        open_timeout_s: float = 60.0,
+    ) -> None:
         self.worker = worker
         self.agent = agent
         self.gateway_url = gateway_url
@@ -186,8 +201,11 @@ class AgentProcess:
 
     async def _run_task(self, control: GatewayControl, task: Task) -> None:
         try:
-            opened = await control.call("/sessions", {"task_entry": task.entry_id, "partition": task.partition},
-                                        until=time.monotonic() + self.open_timeout_s)
+            opened = await control.call(
+                "/sessions",
+                {"task_entry": task.entry_id, "partition": task.partition},
+                until=time.monotonic() + self.open_timeout_s,
+            )
         except GatewayError as exc:
             # TAKEN: another runner opened it. Otherwise the task stays pending and is reclaimed later.
             log.warning("task %s: the gateway opened no sessions (%s)", task.event.task_id, exc)
@@ -196,11 +214,18 @@ class AgentProcess:
         until = time.monotonic() + (left if isinstance(left, (int, float)) else 365 * 86400.0)
         await asyncio.gather(*(self._run_session(control, opened, session, until) for session in opened["sessions"]))
 
-    async def _run_session(self, control: GatewayControl, opened: dict[str, Any], spec: dict[str, Any],
-                           until: float) -> None:
-        session = AgentSession(task_id=opened["task_id"], slot=spec["slot"], prompt=dict(opened["prompt"]),
-                               session_id=spec["session_id"], base_url=spec["base_url"], api_key=spec["api_key"],
-                               version=opened.get("version", 0))
+    async def _run_session(
+        self, control: GatewayControl, opened: dict[str, Any], spec: dict[str, Any], until: float
+    ) -> None:
+        session = AgentSession(
+            task_id=opened["task_id"],
+            slot=spec["slot"],
+            prompt=dict(opened["prompt"]),
+            session_id=spec["session_id"],
+            base_url=spec["base_url"],
+            api_key=spec["api_key"],
+            version=opened.get("version", 0),
+        )
         session.client = self._client(session)
         body: dict[str, Any]
         try:
@@ -210,12 +235,19 @@ class AgentProcess:
                 future = asyncio.get_running_loop().run_in_executor(self._threads, self.agent, session)
                 verdict = await asyncio.wait_for(future, timeout=max(0.0, until - time.monotonic()))
             if verdict is not None and (type(verdict) is bool or not isinstance(verdict, (int, float))):
-                raise TypeError(f"the agent returned {type(verdict).__name__}; return a reward (a number), or None "
-                                "to reject the slot")
+                raise TypeError(
+                    f"the agent returned {type(verdict).__name__}; return a reward (a number), or None "
+                    "to reject the slot"
+                )
             body = {"reward": None if verdict is None else float(verdict)}
         except TimeoutError:
-            log.warning("session %s (task %s, slot %d): the agent was still running at the group's deadline; "
-                        "abandoned, its slot times out", session.session_id, session.task_id, session.slot)
+            log.warning(
+                "session %s (task %s, slot %d): the agent was still running at the group's deadline; "
+                "abandoned, its slot times out",
+                session.session_id,
+                session.task_id,
+                session.slot,
+            )
             self._count("timeout")
             await self._close(session.client)
             return
@@ -225,8 +257,13 @@ class AgentProcess:
         try:
             ended = await control.call(f"/sessions/{session.session_id}/end", body, until=until)
         except GatewayError as exc:
-            log.warning("session %s (task %s, slot %d) could not be ended: %s", session.session_id, session.task_id,
-                        session.slot, exc)
+            log.warning(
+                "session %s (task %s, slot %d) could not be ended: %s",
+                session.session_id,
+                session.task_id,
+                session.slot,
+                exc,
+            )
             self._count("timeout" if exc.code == "expired" else "unended")
             return
         self._count(ended.get("outcome", "?"))
@@ -235,8 +272,9 @@ class AgentProcess:
         import openai
 
         kind = openai.AsyncOpenAI if self.is_async else openai.OpenAI
-        return kind(base_url=session.base_url, api_key=session.api_key, max_retries=self.retries,
-                    timeout=self.request_timeout_s)
+        return kind(
+            base_url=session.base_url, api_key=session.api_key, max_retries=self.retries, timeout=self.request_timeout_s
+        )
 
     @staticmethod
     async def _close(client: Any) -> None:

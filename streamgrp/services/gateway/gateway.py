@@ -21,7 +21,8 @@ Owns the lifecycle of agent sessions over a run's tasks:
 
 Requests to inference servers are made on the event loop (`streamgrp.services.gateway.upstream`); the
 store's calls, which block, run on a thread pool. `TurnTimer` keeps the time a turn spent waiting for
-the inference server apart, so the gateway's own time per turn (its overhead) can be measured. Several gateways may serve one run:
+the inference server apart, so the gateway's own time per turn (its overhead) can be measured. Several gateways may
+serve one run:
 the store numbers each session's turns and refuses a second writer, which then reads the session again.
 """
 
@@ -91,10 +92,22 @@ class Gateway:
 
     ``metrics``: the gateway's `streamgrp.cli.metrics.Metrics` (role ``gateway``), or None."""
 
-    def __init__(self, client: redis.Redis, run: Run, upstream: Upstream, template: ChatTemplate, *, public_url: str,
-                 tool_parser: str = "hermes", max_entry_bytes: int | None = None, metrics: Any = None,
-                 threads: int = 32, claim_idle_s: float = 30.0, vocab_size: int | None = None,
-                 crash_after_turn: int | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        run: Run,
+        upstream: Upstream,
+        template: ChatTemplate,
+        *,
+        public_url: str,
+        tool_parser: str = "hermes",
+        max_entry_bytes: int | None = None,
+        metrics: Any = None,
+        threads: int = 32,
+        claim_idle_s: float = 30.0,
+        vocab_size: int | None = None,
+        crash_after_turn: int | None = None,
+    ) -> None:
         self.client = client
         self.run = run
         self.upstream = upstream
@@ -105,9 +118,14 @@ class Gateway:
         self.metrics = metrics
         self.name = producer_name("gateway")
         self.store = SessionStore(client, run.partitions, producer=self.name)
-        self.worker = WorkerClient(client, run.keys, name=self.name, claim_idle_s=claim_idle_s,
-                                   partitions=run.partitions,
-                                   vocab_size=vocab_size if vocab_size is not None else "recorded")
+        self.worker = WorkerClient(
+            client,
+            run.keys,
+            name=self.name,
+            claim_idle_s=claim_idle_s,
+            partitions=run.partitions,
+            vocab_size=vocab_size if vocab_size is not None else "recorded",
+        )
         # The worker client resolved its "recorded" marker to the run's number: no text remains.
         self.vocab_size = None if isinstance(self.worker.vocab_size, str) else self.worker.vocab_size
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix="gateway")
@@ -131,8 +149,9 @@ class Gateway:
 
     async def blocking(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``function(*args, **kwargs)`` on the thread pool."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor,
-                                                                functools.partial(function, *args, **kwargs))
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, functools.partial(function, *args, **kwargs)
+        )
 
     @staticmethod
     async def _waited(timer: TurnTimer, awaitable: Awaitable[Any]) -> Any:
@@ -149,14 +168,16 @@ class Gateway:
 
     # -- control: open and end sessions ------------------------------------------------------------------
 
-    async def open_sessions(self, *, task_entry: str | None = None, partition: int = 0,
-                            wait_s: float = 0.0) -> dict[str, Any] | None:
+    async def open_sessions(
+        self, *, task_entry: str | None = None, partition: int = 0, wait_s: float = 0.0
+    ) -> dict[str, Any] | None:
         """Open the sessions of a task: the one at ``task_entry`` (taken by the caller), or, without one, the
         next task of the run's queue, waiting up to ``wait_s`` for one (None: none came)."""
         if task_entry is None:
             async with self._taking:  # one take at a time: the worker client's reclaim cursors are not shared
-                taken = await self.blocking(self.worker.take, 1,
-                                            block_ms=int(min(wait_s, MAX_TAKE_WAIT_S) * 1000) or None)
+                taken = await self.blocking(
+                    self.worker.take, 1, block_ms=int(min(wait_s, MAX_TAKE_WAIT_S) * 1000) or None
+                )
             if not taken:
                 return None
             task_entry, partition, task = taken[0].entry_id, taken[0].partition, taken[0].event
@@ -168,24 +189,48 @@ class Gateway:
                 raise SessionRefused("UNKNOWN", f"no task at entry {task_entry} of partition {partition}'s queue")
         config = self.run.config
         deadline = None if config.group_timeout_s is None else task.issued_at + config.group_timeout_s
-        opened = [(sid, slot, new_key(sid)) for slot, sid in
-                  ((slot, new_session_id(partition)) for slot in range(config.n_samples))]
+        opened = [
+            (sid, slot, new_key(sid))
+            for slot, sid in ((slot, new_session_id(partition)) for slot in range(config.n_samples))
+        ]
         version = self.version
-        await self.blocking(self.store.open_task, partition, task_entry, task, opened, deadline=deadline,
-                            version=version)
+        await self.blocking(
+            self.store.open_task, partition, task_entry, task, opened, deadline=deadline, version=version
+        )
         for session_id, slot, key in opened:
-            self.table.add(LiveSession(session_id=session_id, task_id=task.task_id, slot=slot, task_entry=task_entry,
-                                       deadline=deadline, version=version, status="open", key_digest=key_digest(key)))
+            self.table.add(
+                LiveSession(
+                    session_id=session_id,
+                    task_id=task.task_id,
+                    slot=slot,
+                    task_entry=task_entry,
+                    deadline=deadline,
+                    version=version,
+                    status="open",
+                    key_digest=key_digest(key),
+                )
+            )
         if self.metrics is not None:
             self.metrics.gateway_sessions_opened.inc(len(opened))
         left = None if deadline is None else round(deadline - self.server_now(), 3)
-        return {"task_id": task.task_id, "task_entry": task_entry, "partition": partition, "prompt": task.prompt,
-                "n_samples": config.n_samples, "version": version, "deadline": deadline, "deadline_in_s": left,
-                "sessions": [{"session_id": sid, "slot": slot, "api_key": key, "base_url": f"{self.public_url}/v1"}
-                             for sid, slot, key in opened]}
+        return {
+            "task_id": task.task_id,
+            "task_entry": task_entry,
+            "partition": partition,
+            "prompt": task.prompt,
+            "n_samples": config.n_samples,
+            "version": version,
+            "deadline": deadline,
+            "deadline_in_s": left,
+            "sessions": [
+                {"session_id": sid, "slot": slot, "api_key": key, "base_url": f"{self.public_url}/v1"}
+                for sid, slot, key in opened
+            ],
+        }
 
-    async def end_session(self, session_id: str, *, reward: float | None, error: str | None = None,
-                          reward_pending: bool = False) -> dict[str, Any]:
+    async def end_session(
+        self, session_id: str, *, reward: float | None, error: str | None = None, reward_pending: bool = False
+    ) -> dict[str, Any]:
         """End a session: with a reward its turns become the slot's sample; None rejects it; ``error`` fails it.
         With ``reward_pending`` the sample is published waiting for its reward (`post_reward`, later), which
         its group's deadline bounds."""
@@ -194,15 +239,17 @@ class Gateway:
         session = await self.table.get(session_id)
         async with session.lock:
             if session.status != "open":
-                return await self._ended_before(session, "failed" if error is not None else
-                                                "rejected" if reward is None else "sample")
+                return await self._ended_before(
+                    session, "failed" if error is not None else "rejected" if reward is None else "sample"
+                )
             turns = list(session.turns)
             sample, rows = None, 0
             if error is None and reward is not None:
                 try:
                     recorded = [Turn(t.prompt_ids, t.completion_ids, t.logprobs, t.version) for t in turns]
-                    sample = session_sample(recorded, reward,
-                                            meta={"session": session_id, "model": turns[-1].model if turns else ""})
+                    sample = session_sample(
+                        recorded, reward, meta={"session": session_id, "model": turns[-1].model if turns else ""}
+                    )
                 except ValueError as exc:
                     error = f"SessionError: {exc}"
                 if sample is not None:
@@ -211,31 +258,47 @@ class Gateway:
                     if problem is not None:
                         error, sample = f"SessionError: {problem}", None
             try:
-                outcome, entry, error = await self._end(session.stored, len(turns), sample, error,
-                                                        reward=None if reward_pending else reward,
-                                                        reward_pending=reward_pending)
+                outcome, entry, error = await self._end(
+                    session.stored,
+                    len(turns),
+                    sample,
+                    error,
+                    reward=None if reward_pending else reward,
+                    reward_pending=reward_pending,
+                )
             except SessionRefused as refused:
                 if refused.code != "EXPIRED":
                     raise
                 await self._time_out(session.stored)
                 session.status = "timeout"
                 self.table.drop(session_id)
-                raise SessionRefused("EXPIRED", f"session {session_id}'s group deadline passed before it ended; it "
-                                     "timed out and its slot counts as timeout") from None
+                raise SessionRefused(
+                    "EXPIRED",
+                    f"session {session_id}'s group deadline passed before it ended; it "
+                    "timed out and its slot counts as timeout",
+                ) from None
             session.status = outcome
             self.table.drop(session_id)
         self._count_end(outcome)
-        return {"session_id": session_id, "outcome": outcome, "entry": entry, "turns": len(turns),
-                "rows": rows if outcome == "sample" else 0, "error": error if outcome == "failed" else None,
-                "reward_pending": reward_pending and outcome == "sample"}
+        return {
+            "session_id": session_id,
+            "outcome": outcome,
+            "entry": entry,
+            "turns": len(turns),
+            "rows": rows if outcome == "sample" else 0,
+            "error": error if outcome == "failed" else None,
+            "reward_pending": reward_pending and outcome == "sample",
+        }
 
-    async def _end(self, stored: StoredSession, turns: int, sample: Sample | None, error: str | None,
-                   **options: Any) -> tuple[str, str, str | None]:
+    async def _end(
+        self, stored: StoredSession, turns: int, sample: Sample | None, error: str | None, **options: Any
+    ) -> tuple[str, str, str | None]:
         """`SessionStore.end`: (the outcome, the slot result's entry id, the error published). A sample the
         payloads stream can never take (a foreign entry at the largest id there is) is published as a failed
         slot saying so, as a worker does, and the session still ends."""
-        end = functools.partial(self.blocking, self.store.end, stored, turns=turns,
-                                max_entry_bytes=self.max_entry_bytes, **options)
+        end = functools.partial(
+            self.blocking, self.store.end, stored, turns=turns, max_entry_bytes=self.max_entry_bytes, **options
+        )
         try:
             return (*await end(sample=sample, error=error), error)
         except SessionRefused as refused:
@@ -253,11 +316,22 @@ class Gateway:
         if stored is None:
             raise SessionRefused("UNKNOWN", f"no session {session_id} in this run")
         if stored.status != "sample" or not stored.reward_pending:
-            raise SessionRefused("ENDED", f"session {session_id} did not end waiting for its reward "
-                                 f"({stored.status}); end it with reward_pending to post the reward later")
-        entry = await self.blocking(post_reward, self.client, self.run.keys, task_id=stored.task_id, slot=stored.slot,
-                                    reward=reward, reason=None if reward is not None else (reason or "rejected"),
-                                    scorer=self.name, partitions=self.run.partitions)
+            raise SessionRefused(
+                "ENDED",
+                f"session {session_id} did not end waiting for its reward "
+                f"({stored.status}); end it with reward_pending to post the reward later",
+            )
+        entry = await self.blocking(
+            post_reward,
+            self.client,
+            self.run.keys,
+            task_id=stored.task_id,
+            slot=stored.slot,
+            reward=reward,
+            reason=None if reward is not None else (reason or "rejected"),
+            scorer=self.name,
+            partitions=self.run.partitions,
+        )
         return {"session_id": session_id, "entry": entry, "task_id": stored.task_id, "slot": stored.slot}
 
     async def _ended_before(self, session: LiveSession, asked: str) -> dict[str, Any]:
@@ -265,37 +339,56 @@ class Gateway:
         from a gateway that died): what it published then. Any other end of an ended session is refused."""
         stored = await self.blocking(self.store.load, session.session_id, turns=False)
         if stored is None or stored.status != asked:
-            raise SessionRefused("ENDED", f"session {session.session_id} ended already "
-                                 f"({stored.status if stored is not None else session.status})")
-        return {"session_id": session.session_id, "outcome": stored.status, "entry": stored.result,
-                "turns": stored.turn_count, "rows": None, "error": None, "repeat": True}
+            raise SessionRefused(
+                "ENDED",
+                f"session {session.session_id} ended already "
+                f"({stored.status if stored is not None else session.status})",
+            )
+        return {
+            "session_id": session.session_id,
+            "outcome": stored.status,
+            "entry": stored.result,
+            "turns": stored.turn_count,
+            "rows": None,
+            "error": None,
+            "repeat": True,
+        }
 
     async def session_info(self, session_id: str) -> dict[str, Any]:
         stored = await self.blocking(self.store.load, session_id, turns=False)
         if stored is None:
             raise SessionRefused("UNKNOWN", f"no session {session_id} in this run")
-        return {"session_id": session_id, "task_id": stored.task_id, "slot": stored.slot, "status": stored.status,
-                "turns": stored.turn_count, "deadline": stored.deadline, "entry": stored.result or None}
+        return {
+            "session_id": session_id,
+            "task_id": stored.task_id,
+            "slot": stored.slot,
+            "status": stored.status,
+            "turns": stored.turn_count,
+            "deadline": stored.deadline,
+            "entry": stored.result or None,
+        }
 
     # -- turns ----------------------------------------------------------------------------------------------
 
-    async def chat(self, key: str, body: Any, headers: Mapping[str, str], timer: TurnTimer,
-                   live: LiveReply | None = None) -> tuple[Answer, Report]:
+    async def chat(
+        self, key: str, body: Any, headers: Mapping[str, str], timer: TurnTimer, live: LiveReply | None = None
+    ) -> tuple[Answer, Report]:
         """One turn of ``/v1/chat/completions``; with ``live``, streamed to it as generated (without tools)."""
         request = parse_chat(body)
         session = await self.table.authenticate(key)
         async with session.lock:
             session.check_open(self.server_now())
             messages = session.with_own_words(request.messages)
-            text = await self._waited(timer, self.template.render(messages, request.tools, request.tool_choice,
-                                                                  request.extra_template))
+            text = await self._waited(
+                timer, self.template.render(messages, request.tools, request.tool_choice, request.extra_template)
+            )
             prompt_ids = await self._prompt_ids(session, text, timer)
             live = None if request.tools else live  # a tool call is parsed from the whole text: sent at the end
-            return (await self._turn(session, request, prompt_ids, text, "chat", headers, timer, live),
-                    request.report)
+            return (await self._turn(session, request, prompt_ids, text, "chat", headers, timer, live), request.report)
 
-    async def complete(self, key: str, body: Any, headers: Mapping[str, str], timer: TurnTimer,
-                       live: LiveReply | None = None) -> tuple[Answer, Report]:
+    async def complete(
+        self, key: str, body: Any, headers: Mapping[str, str], timer: TurnTimer, live: LiveReply | None = None
+    ) -> tuple[Answer, Report]:
         """One turn of ``/v1/completions``: a text prompt is tokenized (continuing earlier turns where it
         does), a prompt of token ids is taken as it is."""
         request = parse_completion(body)
@@ -307,26 +400,39 @@ class Gateway:
                 prompt_ids = await self._prompt_ids(session, request.prompt, timer)
             else:
                 text, prompt_ids = None, list(request.prompt)
-            return (await self._turn(session, request, prompt_ids, text, "completions", headers, timer, live),
-                    request.report)
+            return (
+                await self._turn(session, request, prompt_ids, text, "completions", headers, timer, live),
+                request.report,
+            )
 
     async def _prompt_ids(self, session: LiveSession, text: str, timer: TurnTimer) -> list[int]:
         base = session.continued(text)
         if base is None:
             return await self._waited(timer, self.template.tokenize(text, special=True))
-        rest = text[base.prefix_chars:]
+        rest = text[base.prefix_chars :]
         tail = await self._waited(timer, self.template.tokenize(rest, special=False)) if rest else []
         return [*base.prompt_ids, *base.completion_ids, *tail]
 
-    async def _turn(self, session: LiveSession, request: ChatRequest | CompletionRequest, prompt_ids: list[int],
-                    text: str | None, endpoint: str, headers: Mapping[str, str], timer: TurnTimer,
-                    live: LiveReply | None = None) -> Answer:
+    async def _turn(
+        self,
+        session: LiveSession,
+        request: ChatRequest | CompletionRequest,
+        prompt_ids: list[int],
+        text: str | None,
+        endpoint: str,
+        headers: Mapping[str, str],
+        timer: TurnTimer,
+        live: LiveReply | None = None,
+    ) -> Answer:
         idempotency = headers.get(IDEMPOTENCY_HEADER, "")[:200]
         retried = headers.get(RETRY_HEADER, "0").strip() not in ("", "0")
         turn = session.replayable(prompt_ids, retried=retried, idempotency=idempotency)
         if turn is not None:
-            log.info("session %s: turn %d answered again from its record (the client retried it)",
-                     session.session_id, turn.number)
+            log.info(
+                "session %s: turn %d answered again from its record (the client retried it)",
+                session.session_id,
+                turn.number,
+            )
             if self.metrics is not None:
                 self.metrics.gateway_replayed_turns.inc()
         reply_id, created = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{session.session_id}-", int(time.time())
@@ -334,45 +440,94 @@ class Gateway:
             live = live if request.report.stream else None
             if live is not None:
                 live.begin(f"{reply_id}{len(session.turns) + 1}", created, request.report)
-            turn = await self._generate(session, request, prompt_ids, text, endpoint, idempotency, timer,
-                                        live.delta if live is not None else None)
-        return Answer(reply_id=f"{reply_id}{turn.number}", created=created, model=request.report.model or turn.model,
-                      text=turn.text, content=turn.content, tool_calls=turn.tool_calls, finish=turn.finish,
-                      prompt_ids=turn.prompt_ids, completion_ids=turn.completion_ids, logprobs=turn.logprobs)
+            turn = await self._generate(
+                session,
+                request,
+                prompt_ids,
+                text,
+                endpoint,
+                idempotency,
+                timer,
+                live.delta if live is not None else None,
+            )
+        return Answer(
+            reply_id=f"{reply_id}{turn.number}",
+            created=created,
+            model=request.report.model or turn.model,
+            text=turn.text,
+            content=turn.content,
+            tool_calls=turn.tool_calls,
+            finish=turn.finish,
+            prompt_ids=turn.prompt_ids,
+            completion_ids=turn.completion_ids,
+            logprobs=turn.logprobs,
+        )
 
-    async def _generate(self, session: LiveSession, request: ChatRequest | CompletionRequest, prompt_ids: list[int],
-                        text: str | None, endpoint: str, idempotency: str, timer: TurnTimer,
-                        on_delta: OnDelta | None = None) -> LiveTurn:
-        completion: Completion = await self._waited(timer, self.upstream.generate(
-            prompt_ids, self.upstream.sampling(request.sampled), on_delta))
+    async def _generate(
+        self,
+        session: LiveSession,
+        request: ChatRequest | CompletionRequest,
+        prompt_ids: list[int],
+        text: str | None,
+        endpoint: str,
+        idempotency: str,
+        timer: TurnTimer,
+        on_delta: OnDelta | None = None,
+    ) -> LiveTurn:
+        completion: Completion = await self._waited(
+            timer, self.upstream.generate(prompt_ids, self.upstream.sampling(request.sampled), on_delta)
+        )
         if not completion.token_ids:
-            raise ProtocolError(f"the {self.upstream.dialect.name} server generated no token for session "
-                                f"{session.session_id}'s turn (is the prompt as long as its context?)")
+            raise ProtocolError(
+                f"the {self.upstream.dialect.name} server generated no token for session "
+                f"{session.session_id}'s turn (is the prompt as long as its context?)"
+            )
         generated = await self._waited(timer, self.template.completion_text(completion)) if text is not None else ""
         versions = [v for v in completion.versions if v is not None]
         tools = isinstance(request, ChatRequest) and bool(request.tools)
-        turn = LiveTurn(number=len(session.turns) + 1, prompt_ids=tuple(prompt_ids),
-                        completion_ids=tuple(completion.token_ids), logprobs=tuple(completion.logprobs),
-                        version=min(versions) if versions else self.version,
-                        finish="length" if completion.finish == "length" else "stop", text=completion.text,
-                        endpoint=endpoint, model=completion.model, tools=tools, idempotency=idempotency)
+        turn = LiveTurn(
+            number=len(session.turns) + 1,
+            prompt_ids=tuple(prompt_ids),
+            completion_ids=tuple(completion.token_ids),
+            logprobs=tuple(completion.logprobs),
+            version=min(versions) if versions else self.version,
+            finish="length" if completion.finish == "length" else "stop",
+            text=completion.text,
+            endpoint=endpoint,
+            model=completion.model,
+            tools=tools,
+            idempotency=idempotency,
+        )
         if text is not None:
             turn.prefix_chars, turn.prefix_digest = len(text) + len(generated), text_digest(text + generated)
         turn.answer_from_text(session.session_id, self.tool_parser)
-        meta: dict[str, Any] = {"text": turn.text, "endpoint": endpoint, "model": turn.model, "tools": tools,
-                                "server": completion.servers[-1] if completion.servers else ""}
+        meta: dict[str, Any] = {
+            "text": turn.text,
+            "endpoint": endpoint,
+            "model": turn.model,
+            "tools": tools,
+            "server": completion.servers[-1] if completion.servers else "",
+        }
         if turn.prefix_chars is not None:
             meta.update(prefix_chars=turn.prefix_chars, prefix_digest=turn.prefix_digest)
         if idempotency:
             meta["idempotency"] = idempotency
         if completion.resubmits or completion.rescored:
             meta.update(resubmits=completion.resubmits, rescored=completion.rescored)
-        event = TurnRecorded(session=session.session_id, task_id=session.task_id, slot=session.slot, turn=turn.number,
-                             prompt_ids=RawArray.from_values(prompt_ids, "int32"),
-                             completion_ids=RawArray.from_values(turn.completion_ids, "int32"),
-                             logprobs=RawArray.from_values(turn.logprobs, "float32"), version=turn.version,
-                             finish=turn.finish,  # type: ignore[arg-type]  # a literal, checked as it is encoded
-                             meta=meta, producer=self.name, seq=self.store.next_seq())
+        event = TurnRecorded(
+            session=session.session_id,
+            task_id=session.task_id,
+            slot=session.slot,
+            turn=turn.number,
+            prompt_ids=RawArray.from_values(prompt_ids, "int32"),
+            completion_ids=RawArray.from_values(turn.completion_ids, "int32"),
+            logprobs=RawArray.from_values(turn.logprobs, "float32"),
+            version=turn.version,
+            finish=turn.finish,  # type: ignore[arg-type]  # a literal, checked as it is encoded
+            meta=meta,
+            producer=self.name,
+            seq=self.store.next_seq(),
+        )
         try:
             await self._record(event)
         except SessionRefused as refused:
@@ -381,8 +536,9 @@ class Gateway:
             raise
         self.turns_recorded += 1
         if self.turns_recorded == self.crash_after_turn:  # the crash tests' point: recorded, never answered
-            log.warning("crash_after_turn: SIGKILL after recording turn %d of session %s", turn.number,
-                        session.session_id)
+            log.warning(
+                "crash_after_turn: SIGKILL after recording turn %d of session %s", turn.number, session.session_id
+            )
             os.kill(os.getpid(), signal.SIGKILL)
         session.turns.append(turn)
         if self.metrics is not None:
@@ -431,8 +587,9 @@ class Gateway:
             if refused.code in ("ENDED", "UNKNOWN"):
                 return 0  # another gateway ended it first
             raise
-        log.info("session %s (task %s, slot %d) timed out with its group", stored.session_id, stored.task_id,
-                 stored.slot)
+        log.info(
+            "session %s (task %s, slot %d) timed out with its group", stored.session_id, stored.task_id, stored.slot
+        )
         self._count_end("timeout")
         return 1
 

@@ -68,22 +68,30 @@ class LiveTurn:
     @classmethod
     def of(cls, event: TurnRecorded, tool_parser: str) -> LiveTurn:
         meta = event.meta
-        turn = cls(number=event.turn, prompt_ids=tuple(event.prompt_ids.to_list()),
-                   completion_ids=tuple(event.completion_ids.to_list()), logprobs=tuple(event.logprobs.to_list()),
-                   version=event.version, finish=event.finish,
-                   text=str(meta.get("text", "")), endpoint=str(meta.get("endpoint", "chat")),
-                   model=str(meta.get("model", "")),
-                   prefix_chars=meta.get("prefix_chars") if isinstance(meta.get("prefix_chars"), int) else None,
-                   prefix_digest=str(meta.get("prefix_digest", "")), tools=bool(meta.get("tools")),
-                   idempotency=str(meta.get("idempotency", "")))
+        turn = cls(
+            number=event.turn,
+            prompt_ids=tuple(event.prompt_ids.to_list()),
+            completion_ids=tuple(event.completion_ids.to_list()),
+            logprobs=tuple(event.logprobs.to_list()),
+            version=event.version,
+            finish=event.finish,
+            text=str(meta.get("text", "")),
+            endpoint=str(meta.get("endpoint", "chat")),
+            model=str(meta.get("model", "")),
+            prefix_chars=meta.get("prefix_chars") if isinstance(meta.get("prefix_chars"), int) else None,
+            prefix_digest=str(meta.get("prefix_digest", "")),
+            tools=bool(meta.get("tools")),
+            idempotency=str(meta.get("idempotency", "")),
+        )
         turn.answer_from_text(event.session, tool_parser)
         return turn
 
     def answer_from_text(self, session_id: str, tool_parser: str) -> None:
         """What the reply says, from the generated text: content and tool calls, and their `signature`."""
         parser = tool_parser if self.tools and self.endpoint == "chat" else "none"
-        self.content, self.tool_calls = parse_tool_calls(self.text, parser,
-                                                         call_prefix=f"call_{session_id[-8:]}_{self.number}")
+        self.content, self.tool_calls = parse_tool_calls(
+            self.text, parser, call_prefix=f"call_{session_id[-8:]}_{self.number}"
+        )
         self.signature = assistant_signature({"content": self.content, "tool_calls": self.tool_calls})
 
     def continued_by(self, text: str) -> bool:
@@ -110,16 +118,32 @@ class LiveSession:
 
     @classmethod
     def of(cls, stored: StoredSession, tool_parser: str) -> LiveSession:
-        return cls(session_id=stored.session_id, task_id=stored.task_id, slot=stored.slot, task_entry=stored.task_entry,
-                   deadline=stored.deadline, version=stored.version, status=stored.status, key_digest=stored.key_digest,
-                   turns=[LiveTurn.of(turn, tool_parser) for turn in stored.turns])
+        return cls(
+            session_id=stored.session_id,
+            task_id=stored.task_id,
+            slot=stored.slot,
+            task_entry=stored.task_entry,
+            deadline=stored.deadline,
+            version=stored.version,
+            status=stored.status,
+            key_digest=stored.key_digest,
+            turns=[LiveTurn.of(turn, tool_parser) for turn in stored.turns],
+        )
 
     @property
     def stored(self) -> StoredSession:
         """What the store's `end` needs to know of the session."""
-        return StoredSession(session_id=self.session_id, task_id=self.task_id, slot=self.slot,
-                             task_entry=self.task_entry, deadline=self.deadline, version=self.version,
-                             status=self.status, key_digest=self.key_digest, turn_count=len(self.turns))
+        return StoredSession(
+            session_id=self.session_id,
+            task_id=self.task_id,
+            slot=self.slot,
+            task_entry=self.task_entry,
+            deadline=self.deadline,
+            version=self.version,
+            status=self.status,
+            key_digest=self.key_digest,
+            turn_count=len(self.turns),
+        )
 
     def check_open(self, now: float) -> None:
         """`SessionRefused` unless a turn may still be taken: the session is open and its deadline ahead."""
@@ -143,7 +167,7 @@ class LiveSession:
     def _returned(self) -> dict[tuple[str, tuple[tuple[str, str, str], ...]], str]:
         """Each chat answer's signature -> the text generated for it (kept up to date as turns are added)."""
         if self._answers_seen != len(self.turns):
-            for turn in self.turns[self._answers_seen:]:
+            for turn in self.turns[self._answers_seen :]:
                 if turn.endpoint == "chat":
                     self._answers.setdefault(turn.signature, turn.text)
             self._answers_seen = len(self.turns)

@@ -86,8 +86,14 @@ def parse_chat(body: Any) -> ChatRequest:
     extra = body.get("chat_template_kwargs")
     if extra is not None and not isinstance(extra, dict):
         raise RequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
-    return ChatRequest([_message(m, i) for i, m in enumerate(messages)], tools or None, body.get("tool_choice"),
-                       _sampled(body, "max_completion_tokens"), _report(body, chat=True), extra or {})
+    return ChatRequest(
+        [_message(m, i) for i, m in enumerate(messages)],
+        tools or None,
+        body.get("tool_choice"),
+        _sampled(body, "max_completion_tokens"),
+        _report(body, chat=True),
+        extra or {},
+    )
 
 
 def parse_completion(body: Any) -> CompletionRequest:
@@ -130,8 +136,9 @@ def _prompt(prompt: Any) -> str | list[int]:
         return prompt
     if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
         return prompt
-    raise RequestError("prompt must be a non-empty string or list of token ids (one prompt: a session is one "
-                       "trajectory)", "prompt")
+    raise RequestError(
+        "prompt must be a non-empty string or list of token ids (one prompt: a session is one trajectory)", "prompt"
+    )
 
 
 def _sampled(body: dict[str, Any], alias: str | None) -> Sampled:
@@ -139,20 +146,30 @@ def _sampled(body: dict[str, Any], alias: str | None) -> Sampled:
         raise RequestError("n must be 1: a session is one trajectory; open one session per sample", "n")
     for name, neutral in _NEUTRAL.items():
         if body.get(name) not in (None, neutral):
-            raise RequestError(f"{name} is not supported: it would sample tokens from another distribution than "
-                               "the log-probabilities the turn records", name)
+            raise RequestError(
+                f"{name} is not supported: it would sample tokens from another distribution than "
+                "the log-probabilities the turn records",
+                name,
+            )
     if body.get("logit_bias"):
-        raise RequestError("logit_bias is not supported: it would sample tokens from another distribution than the "
-                           "log-probabilities the turn records", "logit_bias")
+        raise RequestError(
+            "logit_bias is not supported: it would sample tokens from another distribution than the "
+            "log-probabilities the turn records",
+            "logit_bias",
+        )
     max_tokens = body.get(alias) if alias and body.get(alias) is not None else body.get("max_tokens")
     stop = body.get("stop")
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if len(stops) > MAX_STOP or not all(isinstance(s, str) and s for s in stops):
         raise RequestError(f"stop must be a string or a list of at most {MAX_STOP} non-empty strings", "stop")
-    return Sampled(max_tokens=_number(max_tokens, "max_tokens", int, 1), temperature=_number(body.get("temperature"),
-                   "temperature", float, 0.0), top_p=_number(body.get("top_p"), "top_p", float, 0.0),
-                   top_k=_number(body.get("top_k"), "top_k", int, 0), stop=stops,
-                   seed=_number(body.get("seed"), "seed", int, None))
+    return Sampled(
+        max_tokens=_number(max_tokens, "max_tokens", int, 1),
+        temperature=_number(body.get("temperature"), "temperature", float, 0.0),
+        top_p=_number(body.get("top_p"), "top_p", float, 0.0),
+        top_k=_number(body.get("top_k"), "top_k", int, 0),
+        stop=stops,
+        seed=_number(body.get("seed"), "seed", int, None),
+    )
 
 
 def _number(value: Any, name: str, kind: type, minimum: float | None) -> Any:
@@ -168,10 +185,13 @@ def _number(value: Any, name: str, kind: type, minimum: float | None) -> Any:
 def _report(body: dict[str, Any], *, chat: bool) -> Report:
     options = body.get("stream_options")
     logprobs = body.get("logprobs")
-    return Report(model=str(body.get("model") or ""), stream=bool(body.get("stream")),
-                  include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
-                  logprobs=bool(logprobs) if chat else (logprobs is not None and logprobs is not False),
-                  token_ids=bool(body.get("return_token_ids")))
+    return Report(
+        model=str(body.get("model") or ""),
+        stream=bool(body.get("stream")),
+        include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+        logprobs=bool(logprobs) if chat else (logprobs is not None and logprobs is not False),
+        token_ids=bool(body.get("return_token_ids")),
+    )
 
 
 # -- replies ------------------------------------------------------------------------------------------------
@@ -197,19 +217,31 @@ class Answer:
         return "tool_calls" if self.tool_calls else self.finish
 
     def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.completion_ids),
-                "total_tokens": len(self.prompt_ids) + len(self.completion_ids)}
+        return {
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": len(self.completion_ids),
+            "total_tokens": len(self.prompt_ids) + len(self.completion_ids),
+        }
 
 
 def chat_reply(answer: Answer, report: Report) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": answer.content}
     if answer.tool_calls:
         message["tool_calls"] = answer.tool_calls
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": answer.finish_reason,
-                              "logprobs": (_chat_logprobs(answer.completion_ids, answer.logprobs)
-                                           if report.logprobs else None)}
-    reply = {"id": answer.reply_id, "object": "chat.completion", "created": answer.created, "model": answer.model,
-             "choices": [choice], "usage": answer.usage()}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": answer.finish_reason,
+        "logprobs": (_chat_logprobs(answer.completion_ids, answer.logprobs) if report.logprobs else None),
+    }
+    reply = {
+        "id": answer.reply_id,
+        "object": "chat.completion",
+        "created": answer.created,
+        "model": answer.model,
+        "choices": [choice],
+        "usage": answer.usage(),
+    }
     return _with_ids(reply, answer, report)
 
 
@@ -217,8 +249,11 @@ def chat_chunks(answer: Answer, report: Report) -> list[dict[str, Any]]:
     """The answer as ``chat.completion.chunk`` objects: the role, the content, the tool calls, the finish
     (and the usage, when ``stream_options.include_usage`` asked for it)."""
     base = chunk_base("chat", answer.reply_id, answer.created, answer.model)
-    content = ([delta_chunk("chat", base, answer.content, answer.completion_ids, answer.logprobs, report)]
-               if answer.content else [])
+    content = (
+        [delta_chunk("chat", base, answer.content, answer.completion_ids, answer.logprobs, report)]
+        if answer.content
+        else []
+    )
     return [*opening_chunks("chat", base), *content, *closing_chunks("chat", base, answer, report)]
 
 
@@ -232,17 +267,26 @@ def opening_chunks(endpoint: str, base: dict[str, Any]) -> list[dict[str, Any]]:
     """A chat stream opens with the role; a completion stream with its text."""
     if endpoint != "chat":
         return []
-    return [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}]}]
+    return [
+        {
+            **base,
+            "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            ],
+        }
+    ]
 
 
-def delta_chunk(endpoint: str, base: dict[str, Any], text: str, token_ids: Sequence[int], logprobs: Sequence[float],
-                report: Report) -> dict[str, Any]:
+def delta_chunk(
+    endpoint: str, base: dict[str, Any], text: str, token_ids: Sequence[int], logprobs: Sequence[float], report: Report
+) -> dict[str, Any]:
     """One part of the generated text (with its tokens' log-probabilities when the request asked for them)."""
     if endpoint == "chat":
         values = _chat_logprobs(token_ids, logprobs) if report.logprobs else None
-        return {**base, "choices": [{"index": 0, "delta": {"content": text}, "logprobs": values,
-                                     "finish_reason": None}]}
+        return {
+            **base,
+            "choices": [{"index": 0, "delta": {"content": text}, "logprobs": values, "finish_reason": None}],
+        }
     values = _completion_logprobs(token_ids, logprobs) if report.logprobs else None
     return {**base, "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": values}]}
 
@@ -253,41 +297,64 @@ def closing_chunks(endpoint: str, base: dict[str, Any], answer: Answer, report: 
     if endpoint == "chat":
         if answer.tool_calls:
             calls = [{"index": i, **call} for i, call in enumerate(answer.tool_calls)]
-            chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
-                                                "finish_reason": None}]})
-        chunks.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                            "finish_reason": answer.finish_reason}]})
+            chunks.append(
+                {
+                    **base,
+                    "choices": [{"index": 0, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}],
+                }
+            )
+        chunks.append(
+            {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": answer.finish_reason}]}
+        )
     else:
-        chunks.append({**base, "choices": [{"index": 0, "text": "", "finish_reason": answer.finish,
-                                            "logprobs": None}]})
+        chunks.append({**base, "choices": [{"index": 0, "text": "", "finish_reason": answer.finish, "logprobs": None}]})
     if report.include_usage:
         chunks.append({**base, "choices": [], "usage": answer.usage()})
     return chunks
 
 
 def completion_reply(answer: Answer, report: Report) -> dict[str, Any]:
-    choice = {"index": 0, "text": answer.text, "finish_reason": answer.finish,
-              "logprobs": (_completion_logprobs(answer.completion_ids, answer.logprobs)
-                           if report.logprobs else None)}
-    reply = {"id": answer.reply_id, "object": "text_completion", "created": answer.created, "model": answer.model,
-             "choices": [choice], "usage": answer.usage()}
+    choice = {
+        "index": 0,
+        "text": answer.text,
+        "finish_reason": answer.finish,
+        "logprobs": (_completion_logprobs(answer.completion_ids, answer.logprobs) if report.logprobs else None),
+    }
+    reply = {
+        "id": answer.reply_id,
+        "object": "text_completion",
+        "created": answer.created,
+        "model": answer.model,
+        "choices": [choice],
+        "usage": answer.usage(),
+    }
     return _with_ids(reply, answer, report)
 
 
 def completion_chunks(answer: Answer, report: Report) -> list[dict[str, Any]]:
     base = chunk_base("completions", answer.reply_id, answer.created, answer.model)
-    return [delta_chunk("completions", base, answer.text, answer.completion_ids, answer.logprobs, report),
-            *closing_chunks("completions", base, answer, report)]
+    return [
+        delta_chunk("completions", base, answer.text, answer.completion_ids, answer.logprobs, report),
+        *closing_chunks("completions", base, answer, report),
+    ]
 
 
 def _chat_logprobs(token_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:
-    return {"content": [{"token": f"token_id:{t}", "logprob": value, "bytes": None, "top_logprobs": []}
-                        for t, value in zip(token_ids, logprobs)]}
+    return {
+        "content": [
+            {"token": f"token_id:{t}", "logprob": value, "bytes": None, "top_logprobs": []}
+            for t, value in zip(token_ids, logprobs)
+        ]
+    }
 
 
 def _completion_logprobs(token_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:
-    return {"tokens": [f"token_id:{t}" for t in token_ids], "token_logprobs": list(logprobs), "top_logprobs": None,
-            "text_offset": None}
+    return {
+        "tokens": [f"token_id:{t}" for t in token_ids],
+        "token_logprobs": list(logprobs),
+        "top_logprobs": None,
+        "text_offset": None,
+    }
 
 
 def _with_ids(reply: dict[str, Any], answer: Answer, report: Report) -> dict[str, Any]:

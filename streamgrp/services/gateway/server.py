@@ -51,32 +51,46 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 #: Refusal code -> (HTTP status, OpenAI error type, whether a retry can help).
-_REFUSALS = {"UNKNOWN": (401, "authentication_error", False), "ENDED": (410, "session_ended", False),
-             "EXPIRED": (410, "session_expired", False), "TURN": (409, "conflict", True),
-             "TAKEN": (409, "task_taken", False), "EXISTS": (409, "conflict", False),
-             "BAD_INPUT": (400, "invalid_request_error", False), "EARLY": (409, "conflict", False)}
+_REFUSALS = {
+    "UNKNOWN": (401, "authentication_error", False),
+    "ENDED": (410, "session_ended", False),
+    "EXPIRED": (410, "session_expired", False),
+    "TURN": (409, "conflict", True),
+    "TAKEN": (409, "task_taken", False),
+    "EXISTS": (409, "conflict", False),
+    "BAD_INPUT": (400, "invalid_request_error", False),
+    "EARLY": (409, "conflict", False),
+}
 
 
 class GatewayServer:
     """The aiohttp application of one `Gateway`; ``token`` guards the control endpoints (None: none may be
     used, unless ``open_control`` says a loopback-only gateway leaves them open)."""
 
-    def __init__(self, gateway: Gateway, *, token: str | None, max_request_bytes: int = 16 * 1024 * 1024,
-                 models: tuple[str, ...] = ("policy",)) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        token: str | None,
+        max_request_bytes: int = 16 * 1024 * 1024,
+        models: tuple[str, ...] = ("policy",),
+    ) -> None:
         self.gateway = gateway
         self.token = token
         self.models = models
         self.app = web.Application(client_max_size=max_request_bytes)
-        self.app.add_routes([
-            web.get("/health", self.health),
-            web.get("/v1/models", self.list_models),
-            web.post("/v1/chat/completions", self.chat),
-            web.post("/v1/completions", self.completions),
-            web.post("/sessions", self.open_sessions),
-            web.get("/sessions/{session_id}", self.session_info),
-            web.post("/sessions/{session_id}/end", self.end_session),
-            web.post("/sessions/{session_id}/reward", self.post_reward),
-        ])
+        self.app.add_routes(
+            [
+                web.get("/health", self.health),
+                web.get("/v1/models", self.list_models),
+                web.post("/v1/chat/completions", self.chat),
+                web.post("/v1/completions", self.completions),
+                web.post("/sessions", self.open_sessions),
+                web.get("/sessions/{session_id}", self.session_info),
+                web.post("/sessions/{session_id}/end", self.end_session),
+                web.post("/sessions/{session_id}/reward", self.post_reward),
+            ]
+        )
 
     # -- the OpenAI endpoints ------------------------------------------------------------------------------
 
@@ -86,8 +100,9 @@ class GatewayServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._turn(request, "completions", self.gateway.complete)
 
-    async def _turn(self, request: web.Request, endpoint: str,
-                    handler: Callable[..., Awaitable[tuple[Answer, Report]]]) -> web.StreamResponse:
+    async def _turn(
+        self, request: web.Request, endpoint: str, handler: Callable[..., Awaitable[tuple[Answer, Report]]]
+    ) -> web.StreamResponse:
         timer = TurnTimer.start()
         live = LiveReply(request, endpoint)
         try:
@@ -122,8 +137,14 @@ class GatewayServer:
             await self.gateway.table.authenticate(_bearer(request))
         except Exception as exc:  # noqa: BLE001
             return self._error(exc)
-        return _reply({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                                   "owned_by": "streamgrp"} for name in self.models]})
+        return _reply(
+            {
+                "object": "list",
+                "data": [
+                    {"id": name, "object": "model", "created": 0, "owned_by": "streamgrp"} for name in self.models
+                ],
+            }
+        )
 
     # -- the control endpoints ------------------------------------------------------------------------------
 
@@ -134,8 +155,12 @@ class GatewayServer:
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
             entry, partition, wait_s = body.get("task_entry"), body.get("partition", 0), body.get("wait_s", 0.0)
-            if (entry is not None and not isinstance(entry, str)) or type(partition) is not int or \
-                    not isinstance(wait_s, (int, float)) or wait_s < 0:
+            if (
+                (entry is not None and not isinstance(entry, str))
+                or type(partition) is not int
+                or not isinstance(wait_s, (int, float))
+                or wait_s < 0
+            ):
                 raise RequestError("give task_entry (a task entry id you took) and partition, or wait_s (online mode)")
             opened = await self.gateway.open_sessions(task_entry=entry, partition=partition, wait_s=float(wait_s))
         except Exception as exc:  # noqa: BLE001
@@ -148,13 +173,16 @@ class GatewayServer:
             body = _json(await request.read())
             pending = isinstance(body, dict) and body.get("reward_pending") is True
             if not isinstance(body, dict) or ("reward" in body) + ("error" in body) + pending != 1:
-                raise RequestError('give "reward" (a number, or null to reject the session), "error" (its text), or '
-                                   '"reward_pending": true (the reward is posted later, to /sessions/ID/reward)')
+                raise RequestError(
+                    'give "reward" (a number, or null to reject the session), "error" (its text), or '
+                    '"reward_pending": true (the reward is posted later, to /sessions/ID/reward)'
+                )
             error = body.get("error")
             if "error" in body and (not isinstance(error, str) or not error):
                 raise RequestError("error must be the failure's text", "error")
-            ended = await self.gateway.end_session(request.match_info["session_id"], reward=_reward(body),
-                                                   error=error, reward_pending=pending)
+            ended = await self.gateway.end_session(
+                request.match_info["session_id"], reward=_reward(body), error=error, reward_pending=pending
+            )
         except Exception as exc:  # noqa: BLE001
             return self._error(exc)
         return _reply(ended)
@@ -168,8 +196,9 @@ class GatewayServer:
             reason = body.get("reason")
             if reason is not None and not isinstance(reason, str):
                 raise RequestError("reason must be text", "reason")
-            posted = await self.gateway.post_reward(request.match_info["session_id"], reward=_reward(body),
-                                                    reason=reason)
+            posted = await self.gateway.post_reward(
+                request.match_info["session_id"], reward=_reward(body), reason=reason
+            )
         except Exception as exc:  # noqa: BLE001
             return self._error(exc)
         return _reply(posted)
@@ -188,15 +217,21 @@ class GatewayServer:
     def _control(self, request: web.Request) -> None:
         given = _bearer(request)
         if self.token is None or not hmac.compare_digest(given.encode(), self.token.encode()):
-            raise _Unauthorized("the control endpoints take the gateway's token (Authorization: Bearer TOKEN); a "
-                                "session key reaches only its own session's OpenAI endpoints")
+            raise _Unauthorized(
+                "the control endpoints take the gateway's token (Authorization: Bearer TOKEN); a "
+                "session key reaches only its own session's OpenAI endpoints"
+            )
 
     # -- errors ------------------------------------------------------------------------------------------------
 
     def _error(self, exc: BaseException) -> web.Response:
         (status, retry), body = self._error_body(exc)
-        return web.Response(status=status, body=orjson.dumps(body), content_type=JSON,
-                            headers={"x-should-retry": "true" if retry else "false"})
+        return web.Response(
+            status=status,
+            body=orjson.dumps(body),
+            content_type=JSON,
+            headers={"x-should-retry": "true" if retry else "false"},
+        )
 
     def _error_body(self, exc: BaseException) -> tuple[tuple[int, bool], dict[str, Any]]:
         """((status, whether a retry can help), OpenAI's error object) for a failure, logged and counted."""
@@ -259,8 +294,15 @@ def _reply(value: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(value), content_type=JSON)
 
 
-async def serve(server: GatewayServer, host: str, port: int, stop: threading.Event, *, refresh_s: float = 1.0,
-                ready: Callable[[int], None] | None = None) -> None:
+async def serve(
+    server: GatewayServer,
+    host: str,
+    port: int,
+    stop: threading.Event,
+    *,
+    refresh_s: float = 1.0,
+    ready: Callable[[int], None] | None = None,
+) -> None:
     """Serve until ``stop`` is set: the sessions' upkeep (`Gateway.refresh`) every ``refresh_s`` seconds;
     ``ready`` gets the port once listening. In-flight requests finish before it returns."""
     # In-flight turns get a few seconds to finish; a client whose turn is cut off asks again (its retry is
@@ -270,8 +312,13 @@ async def serve(server: GatewayServer, host: str, port: int, stop: threading.Eve
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port
-    log.info("gateway for run %s on http://%s:%d (OpenAI base URL %s/v1)", server.gateway.run.name, host, bound,
-             server.gateway.public_url)
+    log.info(
+        "gateway for run %s on http://%s:%d (OpenAI base URL %s/v1)",
+        server.gateway.run.name,
+        host,
+        bound,
+        server.gateway.public_url,
+    )
     heap.settle()  # imports and set-up out of the collector's way: its full passes were the latency tail
     if ready is not None:
         ready(bound)

@@ -37,8 +37,15 @@ if TYPE_CHECKING:
 OnDelta = Callable[[list[int], list[float], str, str], Awaitable[None]]
 
 
-async def stream_turn(requests: AsyncRequests, dialect: Dialect, context: list[int], sampling: Sampling, *,
-                      max_bytes: int, on_delta: OnDelta) -> tuple[Generation, str, bool] | None:
+async def stream_turn(
+    requests: AsyncRequests,
+    dialect: Dialect,
+    context: list[int],
+    sampling: Sampling,
+    *,
+    max_bytes: int,
+    on_delta: OnDelta,
+) -> tuple[Generation, str, bool] | None:
     """(what streamed, the server, whether the stream was cut: it broke or lost tokens, rather than the server
     ending it) for ``context`` within ``sampling.max_tokens``; None when no stream started (the dialect cannot
     stream, or the server did not answer: ask for it plainly then, with retries)."""
@@ -67,15 +74,27 @@ async def stream_turn(requests: AsyncRequests, dialect: Dialect, context: list[i
     if turn.finish is None:
         turn.end("abort", "the stream ended before its last event", cut=True)
     assert turn.finish is not None
-    return (Generation(turn.ids, turn.logprobs, "".join(turn.text), turn.finish, reason=turn.reason,
-                       weight_version=turn.version, model=turn.model), url, turn.cut)
+    return (
+        Generation(
+            turn.ids,
+            turn.logprobs,
+            "".join(turn.text),
+            turn.finish,
+            reason=turn.reason,
+            weight_version=turn.version,
+            model=turn.model,
+        ),
+        url,
+        turn.cut,
+    )
 
 
 async def _read(requests: AsyncRequests, url: str, body: dict, max_bytes: int, turn: _StreamedTurn) -> None:
     """POST ``body`` asking for a stream and fold its events into ``turn``; a reply that is one JSON body (a
     server that did not stream) is folded as one event; an error status raises for the plain request to retry."""
-    async with requests.http().post(url, data=orjson.dumps(body), headers={"Content-Type": "application/json",
-                                                                          "Accept": "text/event-stream"}) as response:
+    async with requests.http().post(
+        url, data=orjson.dumps(body), headers={"Content-Type": "application/json", "Accept": "text/event-stream"}
+    ) as response:
         if not 200 <= response.status < 300:
             raise InferenceError(f"POST {url} (streamed): HTTP {response.status}")
         if "event-stream" not in response.headers.get("Content-Type", ""):
@@ -85,8 +104,10 @@ async def _read(requests: AsyncRequests, url: str, body: dict, max_bytes: int, t
         async for chunk in response.content.iter_any():
             size += len(chunk)
             if size > max_bytes:
-                raise ProtocolError(f"{turn.where} is over the {max_bytes} bytes its request could need; the server "
-                                    "is not answering what was asked")
+                raise ProtocolError(
+                    f"{turn.where} is over the {max_bytes} bytes its request could need; the server "
+                    "is not answering what was asked"
+                )
             for event in events.feed(chunk):
                 if await turn.take(event):
                     return
@@ -117,8 +138,10 @@ class _StreamedTurn:
         if delta.weight_version is not None:
             self.version = delta.weight_version if self.version is None else min(self.version, delta.weight_version)
         if len(self.ids) + len(delta.token_ids) > self.budget:
-            raise ProtocolError(f"{self.where} has {len(self.ids) + len(delta.token_ids)} tokens, more than the "
-                                f"{self.budget} the request allowed")
+            raise ProtocolError(
+                f"{self.where} has {len(self.ids) + len(delta.token_ids)} tokens, more than the "
+                f"{self.budget} the request allowed"
+            )
         values = checked_logprobs(delta.logprobs, f"{self.where}, after {len(self.ids)} tokens")
         if delta.token_ids or delta.text:
             self.ids += delta.token_ids

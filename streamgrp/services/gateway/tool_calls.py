@@ -34,7 +34,7 @@ def parse_tool_calls(text: str, parser: str, *, call_prefix: str) -> tuple[str |
         call = _call(match.group(1), f"{call_prefix}_{len(calls)}")
         if call is None:
             continue  # not a call the format allows: it stays in the content
-        kept.append(text[position:match.start()])
+        kept.append(text[position : match.start()])
         position = match.end()
         calls.append(call)
     if not calls:

@@ -67,12 +67,14 @@ class AsyncRequests:
         import aiohttp
 
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                                  connector=aiohttp.TCPConnector(limit=0))
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s), connector=aiohttp.TCPConnector(limit=0)
+            )
         return self._session
 
-    async def post(self, path: str, body: dict[str, Any], *, max_bytes: int,
-                   server: str | None = None) -> tuple[Any, str]:
+    async def post(
+        self, path: str, body: dict[str, Any], *, max_bytes: int, server: str | None = None
+    ) -> tuple[Any, str]:
         """(the JSON reply, the server that gave it), to ``server`` or one the pool picks."""
         payload, avoid, last = orjson.dumps(body), None, None
         budget, waited, attempt = self.restart_wait_s, 0, 0
@@ -98,16 +100,19 @@ class AsyncRequests:
                     waited += 1
                     continue
             if attempt - waited >= self.retry.attempts:
-                raise GenerationFailed(f"{self.retry.attempts} attempts failed, the last with: {last}; check the "
-                                       "servers (--server-url), or raise --max-attempts / --request-timeout-s")
+                raise GenerationFailed(
+                    f"{self.retry.attempts} attempts failed, the last with: {last}; check the "
+                    "servers (--server-url), or raise --max-attempts / --request-timeout-s"
+                )
             await asyncio.sleep(self.retry.pause(attempt - waited, self._rng))
 
     async def _once(self, url: str, path: str, payload: bytes, max_bytes: int) -> Any:
         import aiohttp
 
         try:
-            async with self.http().post(url + path, data=payload,
-                                         headers={"Content-Type": "application/json"}) as response:
+            async with self.http().post(
+                url + path, data=payload, headers={"Content-Type": "application/json"}
+            ) as response:
                 raw = await response.content.read(max_bytes + 1)
                 status = response.status
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
@@ -115,14 +120,18 @@ class AsyncRequests:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise TransportError(f"POST {url}{path}: {type(exc).__name__}: {exc}") from None
         if len(raw) > max_bytes:
-            raise ReplyTooLarge(f"POST {url}{path}: the reply is over the {max_bytes} bytes its request could need; "
-                                "the server is not answering what was asked (check --server-url); not retried")
+            raise ReplyTooLarge(
+                f"POST {url}{path}: the reply is over the {max_bytes} bytes its request could need; "
+                "the server is not answering what was asked (check --server-url); not retried"
+            )
         if 200 <= status < 300:
             try:
                 return orjson.loads(raw)
             except orjson.JSONDecodeError:
-                raise TransportError(f"POST {url}{path}: HTTP {status} with a body that is not JSON: "
-                                     f"{raw[:500].decode('utf-8', 'replace')!r}") from None
+                raise TransportError(
+                    f"POST {url}{path}: HTTP {status} with a body that is not JSON: "
+                    f"{raw[:500].decode('utf-8', 'replace')!r}"
+                ) from None
         text = raw[:500].decode("utf-8", "replace")
         if status == 429 or status >= 500:
             raise TransportError(f"POST {url}{path}: HTTP {status}: {text}", server_away=status == 503)
@@ -160,9 +169,18 @@ class AsyncRequests:
 class Upstream:
     """One dialect's servers (a pool of URLs) and the gateway's default sampling for them."""
 
-    def __init__(self, dialect: Dialect, pool: ServerPool, defaults: Sampling, *, retry: Retry | None = None,
-                 request_timeout_s: float = 120.0, on_abort: str = "resubmit", max_resubmits: int = 4,
-                 restart_wait_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        pool: ServerPool,
+        defaults: Sampling,
+        *,
+        retry: Retry | None = None,
+        request_timeout_s: float = 120.0,
+        on_abort: str = "resubmit",
+        max_resubmits: int = 4,
+        restart_wait_s: float = 60.0,
+    ) -> None:
         self.dialect = dialect
         self.pool = pool
         self.defaults = defaults
@@ -179,14 +197,26 @@ class Upstream:
                 extra = orjson.loads(config.sampling)
             except orjson.JSONDecodeError as exc:
                 raise ConfigError(f"--sampling {config.sampling!r} is not JSON: {exc}") from None
-        defaults = Sampling(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p,
-                            top_k=config.top_k, extra=extra, model=config.server_model)
+        defaults = Sampling(
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            extra=extra,
+            model=config.server_model,
+        )
         dialect = make_dialect(dialect_name, config)
         dialect.check_extra(extra)
-        return cls(dialect, ServerPool(server_urls(config), config.server_choice), defaults,
-                   retry=Retry(config.max_attempts, config.backoff_s, config.backoff_max_s),
-                   request_timeout_s=config.request_timeout_s, on_abort=config.on_abort,
-                   max_resubmits=config.max_resubmits, restart_wait_s=config.restart_wait_s)
+        return cls(
+            dialect,
+            ServerPool(server_urls(config), config.server_choice),
+            defaults,
+            retry=Retry(config.max_attempts, config.backoff_s, config.backoff_max_s),
+            request_timeout_s=config.request_timeout_s,
+            on_abort=config.on_abort,
+            max_resubmits=config.max_resubmits,
+            restart_wait_s=config.restart_wait_s,
+        )
 
     def sampling(self, sampled: Any) -> Sampling:
         """The turn's sampling (`openai_api.Sampled`): what it asked for over the gateway's defaults;
@@ -202,8 +232,10 @@ class Upstream:
             extra["sampling_params"] = {**extra.get("sampling_params", {}), **wanted}
         else:
             extra.update(wanted)
-        chosen = {name: getattr(self.defaults, name) if getattr(sampled, name) is None else getattr(sampled, name)
-                  for name in ("temperature", "top_p", "top_k")}
+        chosen = {
+            name: getattr(self.defaults, name) if getattr(sampled, name) is None else getattr(sampled, name)
+            for name in ("temperature", "top_p", "top_k")
+        }
         sampling = replace(self.defaults, max_tokens=min(cap, sampled.max_tokens or cap), extra=extra or None, **chosen)
         self.dialect.check_extra(sampling.extra)
         return sampling
@@ -225,16 +257,21 @@ class Upstream:
             streamed = None
             if stream and on_delta is not None:
                 stream = False
-                streamed = await stream_turn(self.requests, self.dialect, context, asked,
-                                             max_bytes=STREAM_BYTES_FACTOR * limit, on_delta=on_delta)
+                streamed = await stream_turn(
+                    self.requests,
+                    self.dialect,
+                    context,
+                    asked,
+                    max_bytes=STREAM_BYTES_FACTOR * limit,
+                    on_delta=on_delta,
+                )
             cut = False
             if streamed is not None:
                 generation, server, cut = streamed
             else:
                 reply, server = await self.requests.post(path, body, max_bytes=limit)
                 try:
-                    generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server,
-                                                           sampling)
+                    generation = await self._every_logprob(self.dialect.parse(reply), context, budget, server, sampling)
                 except WeightsChanged as changed:  # a weight sync between generating and scoring: the worker's rule
                     regenerate(completion, changed, 1)
                     continue
@@ -243,25 +280,41 @@ class Upstream:
             completion.add(generation, server, 1)
             if cut and len(completion.token_ids) < sampling.max_tokens:
                 continue  # the stream broke or lost tokens (not an abort the server chose): the rest, plainly
-            if finished_or_resubmit(completion, generation, server, self.dialect.name, sampling.max_tokens,
-                                    self.on_abort, self.max_resubmits):
+            if finished_or_resubmit(
+                completion,
+                generation,
+                server,
+                self.dialect.name,
+                sampling.max_tokens,
+                self.on_abort,
+                self.max_resubmits,
+            ):
                 return completion
 
-    async def _every_logprob(self, generation: Generation, context: list[int], budget: int, server: str,
-                             sampling: Sampling) -> Generation:
+    async def _every_logprob(
+        self, generation: Generation, context: list[int], budget: int, server: str, sampling: Sampling
+    ) -> Generation:
         where = f"the {self.dialect.name} reply from {server}"
         if len(generation.token_ids) > budget:
-            raise ProtocolError(f"{where} has {len(generation.token_ids)} tokens, more than the {budget} the request "
-                                "allowed; the server does not honour the token limit")
+            raise ProtocolError(
+                f"{where} has {len(generation.token_ids)} tokens, more than the {budget} the request "
+                "allowed; the server does not honour the token limit"
+            )
         values = list(generation.logprobs)
         for position in generation.unscored:
-            values[position] = await self._score(context + generation.token_ids[:position],
-                                                 generation.token_ids[position], server, generation.model, sampling,
-                                                 where=f"{where}, completion token {position}")
+            values[position] = await self._score(
+                context + generation.token_ids[:position],
+                generation.token_ids[position],
+                server,
+                generation.model,
+                sampling,
+                where=f"{where}, completion token {position}",
+            )
         return replace(generation, logprobs=checked_logprobs(values, where))
 
-    async def _score(self, context: list[int], token: int, server: str, model: str, sampling: Sampling, *,
-                     where: str) -> float:
+    async def _score(
+        self, context: list[int], token: int, server: str, model: str, sampling: Sampling, *, where: str
+    ) -> float:
         """``token``'s log-probability after ``context``, teacher-forced on the server that sampled it."""
         if self.dialect.anchor_text and self._anchor is None:
             request = self.dialect.tokenize({"text": self.dialect.anchor_text}, sampling.model)
@@ -269,15 +322,18 @@ class Upstream:
                 reply, _ = await self.requests.post(request[0], request[1], max_bytes=REPLY_BASE_BYTES, server=server)
                 self._anchor = self.dialect.parse_tokens(reply)[-1]
         for path, body, entries in self.dialect.score_requests(context, token, self._anchor, sampling):
-            reply, _ = await self.requests.post(path, body, max_bytes=_reply_limit(body, len(context) + entries),
-                                                server=server)
+            reply, _ = await self.requests.post(
+                path, body, max_bytes=_reply_limit(body, len(context) + entries), server=server
+            )
             value, scored_by = self.dialect.parse_score(reply, token)
             if scored_by != model:
                 raise WeightsChanged(where, model, scored_by)
             if value is not None:
                 return value
-        raise ProtocolError(f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
-                            f"gave none either; check the {self.dialect.name} server's version and flags")
+        raise ProtocolError(
+            f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
+            f"gave none either; check the {self.dialect.name} server's version and flags"
+        )
 
 
 #: A stream carries each token in an event of its own (ids, log-probabilities, text, framing): room for that.
@@ -292,8 +348,13 @@ class ChatTemplate(ABC):
     """Messages to text, text to token ids and back, as the model's server does it."""
 
     @abstractmethod
-    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any,
-                     extra: dict[str, Any]) -> str:
+    async def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        extra: dict[str, Any],
+    ) -> str:
         """The conversation as the chat template writes it, ending with the assistant's generation prompt."""
 
     @abstractmethod
@@ -323,8 +384,13 @@ class ServerTemplate(ChatTemplate):
     async def _post(self, path: str, body: dict[str, Any], max_bytes: int) -> Any:
         return (await self.upstream.requests.post(path, body, max_bytes=max_bytes))[0]
 
-    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any,
-                     extra: dict[str, Any]) -> str:
+    async def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        extra: dict[str, Any],
+    ) -> str:
         body: dict[str, Any] = {"messages": messages}
         if tools:
             body["tools"] = tools
@@ -338,8 +404,11 @@ class ServerTemplate(ChatTemplate):
         return reply["prompt"]
 
     async def tokenize(self, text: str, *, special: bool) -> list[int]:
-        reply = await self._post("/tokenize", {"content": text, "add_special": special, "parse_special": True},
-                                 REPLY_BASE_BYTES + 16 * len(text))
+        reply = await self._post(
+            "/tokenize",
+            {"content": text, "add_special": special, "parse_special": True},
+            REPLY_BASE_BYTES + 16 * len(text),
+        )
         return self.upstream.dialect.parse_tokens(reply)
 
     async def detokenize(self, ids: list[int]) -> str:
@@ -375,21 +444,35 @@ class TokenizerTemplate(ChatTemplate):
         except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad path
             raise ConfigError(f"--tokenizer {name_or_path!r} could not be loaded: {exc}") from None
 
-    async def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tool_choice: Any,
-                     extra: dict[str, Any]) -> str:
+    async def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        extra: dict[str, Any],
+    ) -> str:
         # transformers' hints: ``tools`` is a list of one item type (a list's item type is invariant) and the
         # overloads keyed by ``tokenize`` do not pass through to_thread's ParamSpec.
-        return await asyncio.to_thread(self.tokenizer.apply_chat_template,  # type: ignore[arg-type]
-                                       messages, tools=tools,  # type: ignore[arg-type]
-                                       tokenize=False, add_generation_prompt=True, **extra)
+        return await asyncio.to_thread(
+            self.tokenizer.apply_chat_template,  # type: ignore[arg-type]
+            messages,
+            tools=tools,  # type: ignore[arg-type]
+            tokenize=False,
+            add_generation_prompt=True,
+            **extra,
+        )
 
     async def tokenize(self, text: str, *, special: bool) -> list[int]:
         return list(await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=special))
 
     async def detokenize(self, ids: list[int]) -> str:
         # transformers' hint for decode's ``**kwargs`` does not pass through to_thread's ParamSpec.
-        return await asyncio.to_thread(self.tokenizer.decode, ids, skip_special_tokens=False,  # type: ignore[arg-type]
-                                       clean_up_tokenization_spaces=False)
+        return await asyncio.to_thread(
+            self.tokenizer.decode,
+            ids,
+            skip_special_tokens=False,  # type: ignore[arg-type]
+            clean_up_tokenization_spaces=False,
+        )
 
 
 def make_template(upstream: Upstream, tokenizer: str | None) -> ChatTemplate:
@@ -397,7 +480,9 @@ def make_template(upstream: Upstream, tokenizer: str | None) -> ChatTemplate:
     if tokenizer:
         return TokenizerTemplate(tokenizer)
     if upstream.dialect.name != "llamacpp":
-        raise ConfigError(f"the {upstream.dialect.name} server has no chat template endpoint: give --tokenizer (the "
-                          "model's Hugging Face tokenizer directory or name) so the gateway renders and tokenizes "
-                          "conversations as the server would")
+        raise ConfigError(
+            f"the {upstream.dialect.name} server has no chat template endpoint: give --tokenizer (the "
+            "model's Hugging Face tokenizer directory or name) so the gateway renders and tokenizes "
+            "conversations as the server would"
+        )
     return ServerTemplate(upstream)

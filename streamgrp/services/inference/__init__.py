@@ -60,12 +60,26 @@ def build_rollout(name: str, config: InferenceConfig) -> InferenceRollout:
             raise ConfigError(f"--sampling {config.sampling!r} is not JSON: {exc}") from None
         if not isinstance(extra, dict):
             raise ConfigError(f"--sampling must be a JSON object of sampling parameters, not {config.sampling!r}")
-    sampling = Sampling(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p,
-                        top_k=config.top_k, extra=extra, model=config.server_model)
-    return InferenceRollout(make_dialect(name, config), ServerPool(server_urls(config), config.server_choice), sampling,
-                            load_callable(config.reward),
-                            retry=Retry(config.max_attempts, config.backoff_s, config.backoff_max_s),
-                            request_timeout_s=config.request_timeout_s, on_abort=config.on_abort,
-                            max_resubmits=config.max_resubmits, keep_text=config.keep_text,
-                            restart_wait_s=config.restart_wait_s, segment_tokens=config.segment_tokens,
-                            segment_s=config.segment_s, segment_stream=config.segment_stream)
+    sampling = Sampling(
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        extra=extra,
+        model=config.server_model,
+    )
+    return InferenceRollout(
+        make_dialect(name, config),
+        ServerPool(server_urls(config), config.server_choice),
+        sampling,
+        load_callable(config.reward),
+        retry=Retry(config.max_attempts, config.backoff_s, config.backoff_max_s),
+        request_timeout_s=config.request_timeout_s,
+        on_abort=config.on_abort,
+        max_resubmits=config.max_resubmits,
+        keep_text=config.keep_text,
+        restart_wait_s=config.restart_wait_s,
+        segment_tokens=config.segment_tokens,
+        segment_s=config.segment_s,
+        segment_stream=config.segment_stream,
+    )

@@ -112,12 +112,26 @@ class Retry:
 class InferenceRollout:
     """A rollout function (``SlotRequest -> Sample | None``) backed by inference servers of one dialect."""
 
-    def __init__(self, dialect: Dialect, pool: ServerPool, sampling: Sampling, reward: RewardFn, *,
-                 retry: Retry = Retry(), request_timeout_s: float = 120.0, on_abort: str = "resubmit",
-                 max_resubmits: int = 4, keep_text: bool = True, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None, restart_wait_s: float = 60.0, segment_tokens: int = 0,
-                 segment_s: float = 30.0, segment_stream: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        pool: ServerPool,
+        sampling: Sampling,
+        reward: RewardFn,
+        *,
+        retry: Retry = Retry(),
+        request_timeout_s: float = 120.0,
+        on_abort: str = "resubmit",
+        max_resubmits: int = 4,
+        keep_text: bool = True,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        restart_wait_s: float = 60.0,
+        segment_tokens: int = 0,
+        segment_s: float = 30.0,
+        segment_stream: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         dialect.check_extra(sampling.extra)
         self.dialect = dialect
         self.pool = pool
@@ -162,10 +176,15 @@ class InferenceRollout:
             return None
         version = min(request.version if v is None else v for v in completion.versions)
         n_prompt, n_completion = len(prompt_ids), len(completion.token_ids)
-        meta: dict[str, Any] = {"server": completion.servers[-1] if completion.servers else "",
-                                "finish": completion.finish,
-                                "versions": completion.versions, "resubmits": completion.resubmits,
-                                "attempts": completion.attempts, "prompt_tokens": n_prompt, "model": completion.model}
+        meta: dict[str, Any] = {
+            "server": completion.servers[-1] if completion.servers else "",
+            "finish": completion.finish,
+            "versions": completion.versions,
+            "resubmits": completion.resubmits,
+            "attempts": completion.attempts,
+            "prompt_tokens": n_prompt,
+            "model": completion.model,
+        }
         if completion.reason:
             meta["reason"] = completion.reason
         if completion.rescored:
@@ -181,10 +200,14 @@ class InferenceRollout:
             meta["text"] = completion.text  # of what this worker generated: not of a prefix it continued from
         if slot is not None:
             meta.update(slot.meta())
-        return Sample.from_rows(token_ids=[prompt_ids + completion.token_ids],
-                                loss_mask=[[0] * n_prompt + [1] * n_completion],
-                                logprobs=[[0.0] * n_prompt + completion.logprobs],
-                                rewards=[float(reward)], version=version, meta=meta)
+        return Sample.from_rows(
+            token_ids=[prompt_ids + completion.token_ids],
+            loss_mask=[[0] * n_prompt + [1] * n_completion],
+            logprobs=[[0.0] * n_prompt + completion.logprobs],
+            rewards=[float(reward)],
+            version=version,
+            meta=meta,
+        )
 
     # -- the prompt ---------------------------------------------------------------------------------------
 
@@ -199,8 +222,10 @@ class InferenceRollout:
                 return ids
         request = self.dialect.tokenize(prompt, self.sampling.model)
         if request is None:
-            raise ValueError(f"the prompt has neither prompt_ids nor a form the {self.dialect.name} adapter "
-                             f"tokenizes (keys: {sorted(prompt)[:10]}); give prompt_ids")
+            raise ValueError(
+                f"the prompt has neither prompt_ids nor a form the {self.dialect.name} adapter "
+                f"tokenizes (keys: {sorted(prompt)[:10]}); give prompt_ids"
+            )
         key = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
         with self._lock:
             cached = self._tokenized.get(key)
@@ -227,8 +252,11 @@ class InferenceRollout:
             if slot.ended:
                 completion.finish = slot.chain[-1].cause
                 return completion
-        streaming = (slot is not None and self.segment_stream
-                     and self.dialect.stream_generate(prompt_ids, self.sampling) is not None)
+        streaming = (
+            slot is not None
+            and self.segment_stream
+            and self.dialect.stream_generate(prompt_ids, self.sampling) is not None
+        )
         unstreamed = False  # the next part is asked for without streaming: a stream lost tokens it cannot carry
         while True:
             left = self.sampling.max_tokens - len(completion.token_ids)
@@ -240,8 +268,15 @@ class InferenceRollout:
                 unstreamed = part.lost
                 if part.lost or part.broke is not None:
                     continue  # from the tokens kept: unstreamed, or streamed again (after a restart)
-                if finished_or_resubmit(completion, part.generation, completion.servers[-1], self.dialect.name,
-                                        self.sampling.max_tokens, self.on_abort, self.max_resubmits):
+                if finished_or_resubmit(
+                    completion,
+                    part.generation,
+                    completion.servers[-1],
+                    self.dialect.name,
+                    self.sampling.max_tokens,
+                    self.on_abort,
+                    self.max_resubmits,
+                ):
                     return completion
                 continue
             if unstreamed:
@@ -250,8 +285,9 @@ class InferenceRollout:
             budget = min(left, self.segment_tokens) if slot is not None else left
             context = prompt_ids + completion.token_ids
             path, body = self.dialect.generate(context, replace(self.sampling, max_tokens=budget))
-            generation, server, attempts = self._with_retries(path, body, self.dialect.parse,
-                                                              reply_tokens=len(context) + budget)
+            generation, server, attempts = self._with_retries(
+                path, body, self.dialect.parse, reply_tokens=len(context) + budget
+            )
             try:
                 generation = self._every_logprob(generation, context, budget, server)
             except WeightsChanged as changed:
@@ -261,16 +297,28 @@ class InferenceRollout:
             # a chunk: the server stopped at the chunk's budget, not the slot's; go on from prompt + tokens so far
             chunk = generation.finish == "length" and len(generation.token_ids) == budget < left
             if slot is not None:
-                slot.record(generation.token_ids, generation.logprobs, generation.weight_version,
-                            "chunk" if chunk else generation.finish)
+                slot.record(
+                    generation.token_ids,
+                    generation.logprobs,
+                    generation.weight_version,
+                    "chunk" if chunk else generation.finish,
+                )
             if chunk:
                 continue
-            if finished_or_resubmit(completion, generation, server, self.dialect.name, self.sampling.max_tokens,
-                                    self.on_abort, self.max_resubmits):
+            if finished_or_resubmit(
+                completion,
+                generation,
+                server,
+                self.dialect.name,
+                self.sampling.max_tokens,
+                self.on_abort,
+                self.max_resubmits,
+            ):
                 return completion
 
-    def _stream_part(self, prompt_ids: list[int], completion: Completion, left: int,
-                     slot: SlotSegments | None) -> StreamedPart:
+    def _stream_part(
+        self, prompt_ids: list[int], completion: Completion, left: int, slot: SlotSegments | None
+    ) -> StreamedPart:
         """One stream of the rest of the generation (from prompt + tokens so far), added to ``completion``; a
         stream broken by a lone server going away waits for it to come back, as a request would."""
         context = prompt_ids + completion.token_ids
@@ -281,8 +329,19 @@ class InferenceRollout:
         limit = self._reply_limit(body, len(context) + left)
 
         def send(url: str) -> StreamedPart:
-            return read_stream(self.dialect, url, context, body, path, budget=left, timeout_s=self.request_timeout_s,
-                               max_bytes=limit, slot=slot, cutter=cutter, clock=self.clock)
+            return read_stream(
+                self.dialect,
+                url,
+                context,
+                body,
+                path,
+                budget=left,
+                timeout_s=self.request_timeout_s,
+                max_bytes=limit,
+                slot=slot,
+                cutter=cutter,
+                clock=self.clock,
+            )
 
         part, server, attempts = self._with_retries(path, body, None, reply_tokens=len(context) + left, send=send)
         completion.add(part.generation, server, attempts)
@@ -301,12 +360,19 @@ class InferenceRollout:
         """``generation`` within its budget, with the log-probabilities its reply lacked scored again, all checked."""
         where = f"the {self.dialect.name} reply from {server}"
         if len(generation.token_ids) > budget:
-            raise ProtocolError(f"{where} has {len(generation.token_ids)} tokens, more than the {budget} the request "
-                                "allowed; the server does not honour the token limit, so the slot fails")
+            raise ProtocolError(
+                f"{where} has {len(generation.token_ids)} tokens, more than the {budget} the request "
+                "allowed; the server does not honour the token limit, so the slot fails"
+            )
         values = list(generation.logprobs)
         for position in generation.unscored:
-            values[position] = self._score(context + generation.token_ids[:position], generation.token_ids[position],
-                                           server, generation.model, where=f"{where}, completion token {position}")
+            values[position] = self._score(
+                context + generation.token_ids[:position],
+                generation.token_ids[position],
+                server,
+                generation.model,
+                where=f"{where}, completion token {position}",
+            )
         return replace(generation, logprobs=checked_logprobs(values, where))
 
     def _score(self, context: list[int], token: int, server: str, model: str, *, where: str) -> float:
@@ -315,15 +381,21 @@ class InferenceRollout:
         anchor = self.prompt_ids({"text": self.dialect.anchor_text})[-1] if self.dialect.anchor_text else None
         for path, body, entries in self.dialect.score_requests(context, token, anchor, self.sampling):
             (value, scored_by), _, _ = self._with_retries(
-                path, body, lambda reply: self.dialect.parse_score(reply, token), reply_tokens=len(context) + entries,
-                server=server)
+                path,
+                body,
+                lambda reply: self.dialect.parse_score(reply, token),
+                reply_tokens=len(context) + entries,
+                server=server,
+            )
             if scored_by != model:
                 raise WeightsChanged(where, model, scored_by)
             if value is not None:
                 return value
-        raise ProtocolError(f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
-                            f"gave none either, so it cannot be trained on; check the {self.dialect.name} server's "
-                            "version and flags (it must report log-probabilities, n_probs)")
+        raise ProtocolError(
+            f"{where} (id {token}) came without a log-probability, and scoring it again teacher-forced "
+            f"gave none either, so it cannot be trained on; check the {self.dialect.name} server's "
+            "version and flags (it must report log-probabilities, n_probs)"
+        )
 
     def _await_restart(self, url: str, budget_s: float) -> tuple[bool, float]:
         """(whether ``url`` was down and came back, seconds waited): poll ``GET url/health`` (every dialect's
@@ -338,9 +410,16 @@ class InferenceRollout:
                     self.sleep(HEALTH_POLL_S)
         return False, polls * HEALTH_POLL_S
 
-    def _with_retries(self, path: str, body: dict[str, Any], parse: Callable[[Any], Any] | None, *,
-                      reply_tokens: int, server: str | None = None,
-                      send: Callable[[str], Any] | None = None) -> tuple[Any, str, int]:
+    def _with_retries(
+        self,
+        path: str,
+        body: dict[str, Any],
+        parse: Callable[[Any], Any] | None,
+        *,
+        reply_tokens: int,
+        server: str | None = None,
+        send: Callable[[str], Any] | None = None,
+    ) -> tuple[Any, str, int]:
         """(parsed reply, server, attempts) of one request, to ``server`` or one from the pool; transport errors
         retried with backoff. The reply may hold ``reply_tokens`` tokens' worth of bytes, no more. ``send``
         (a server URL -> its result) replaces the request and ``parse``: a stream."""
@@ -354,17 +433,20 @@ class InferenceRollout:
                     if send is not None:
                         result = send(url)
                     else:
-                        reply = request_json("POST", url + path, body, timeout_s=self.request_timeout_s,
-                                             max_bytes=limit)
+                        reply = request_json(
+                            "POST", url + path, body, timeout_s=self.request_timeout_s, max_bytes=limit
+                        )
                 except TransportError as exc:
                     if server is None:
                         self.pool.failed(url)
                     avoid, last = url, exc
                     restarting = exc.server_away and (server is not None or len(self.pool.urls) == 1)
                 except ReplyTooLarge as exc:
-                    raise ReplyTooLarge(f"{exc}, which is {reply_tokens} tokens' worth (prompt and --max-tokens) and "
-                                        "more than such a reply needs: the server is not answering what was asked "
-                                        "(check --server-url and --sampling); not retried") from None
+                    raise ReplyTooLarge(
+                        f"{exc}, which is {reply_tokens} tokens' worth (prompt and --max-tokens) and "
+                        "more than such a reply needs: the server is not answering what was asked "
+                        "(check --server-url and --sampling); not retried"
+                    ) from None
                 else:
                     if server is None:
                         self.pool.succeeded(url)
@@ -378,5 +460,7 @@ class InferenceRollout:
             if attempt - waited_through >= self.retry.attempts:
                 break
             self.sleep(self.retry.pause(attempt - waited_through, self.rng))
-        raise GenerationFailed(f"{self.retry.attempts} attempts failed, the last with: {last}; check the servers "
-                               "(--server-url), or raise --max-attempts / --request-timeout-s")
+        raise GenerationFailed(
+            f"{self.retry.attempts} attempts failed, the last with: {last}; check the servers "
+            "(--server-url), or raise --max-attempts / --request-timeout-s"
+        )

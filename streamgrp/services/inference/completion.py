@@ -28,8 +28,10 @@ class WeightsChanged(InferenceError):
     between): the segment's tokens and the scores cannot be of one policy, so it is generated again."""
 
     def __init__(self, where: str, generated_by: str, scored_by: str) -> None:
-        super().__init__(f"{where}: the server changed models between generating ({generated_by!r}) and scoring "
-                         f"the token again ({scored_by!r})")
+        super().__init__(
+            f"{where}: the server changed models between generating ({generated_by!r}) and scoring "
+            f"the token again ({scored_by!r})"
+        )
         self.generated_by, self.scored_by = generated_by, scored_by
 
 
@@ -72,15 +74,24 @@ def regenerate(completion: Completion, changed: WeightsChanged, attempts: int) -
     `MAX_REGENERATIONS` are spent. The segment's tokens were never added to ``completion``, so none of
     its values, of either model, is recorded."""
     if completion.regenerated >= MAX_REGENERATIONS:
-        raise GenerationFailed(f"{changed}, after {completion.regenerated} generations again already for the same "
-                               "reason; the slot fails rather than mix two policies' log-probabilities. Is the "
-                               "server's model name changing without a weight sync?") from None
+        raise GenerationFailed(
+            f"{changed}, after {completion.regenerated} generations again already for the same "
+            "reason; the slot fails rather than mix two policies' log-probabilities. Is the "
+            "server's model name changing without a weight sync?"
+        ) from None
     completion.regenerated += 1
     completion.attempts += attempts
 
 
-def finished_or_resubmit(completion: Completion, generation: Generation, server: str, dialect: str, max_tokens: int,
-                         on_abort: str, max_resubmits: int) -> bool:
+def finished_or_resubmit(
+    completion: Completion,
+    generation: Generation,
+    server: str,
+    dialect: str,
+    max_tokens: int,
+    on_abort: str,
+    max_resubmits: int,
+) -> bool:
     """After ``generation`` was added to ``completion``: True when the completion is done (the server stopped
     by itself, or aborted exactly at the token budget), False to resubmit an abort with the tokens so far
     (counted); `GenerationFailed` when ``on_abort`` is ``fail`` or ``max_resubmits`` are spent. The one rule
@@ -90,12 +101,16 @@ def finished_or_resubmit(completion: Completion, generation: Generation, server:
     if len(completion.token_ids) >= max_tokens:
         completion.finish = "length"  # aborted exactly at the budget: nothing left to resubmit
         return True
-    where = (f"the {dialect} server at {server} aborted the generation after "
-             f"{len(completion.token_ids)} tokens ({generation.reason or 'no reason given'})")
+    where = (
+        f"the {dialect} server at {server} aborted the generation after "
+        f"{len(completion.token_ids)} tokens ({generation.reason or 'no reason given'})"
+    )
     if on_abort == "fail":
         raise GenerationFailed(f"{where}; --on-abort resubmit would continue it")
     if completion.resubmits >= max_resubmits:
-        raise GenerationFailed(f"{where}, after {completion.resubmits} resubmissions already; raise "
-                               "--max-resubmits or find what keeps aborting it")
+        raise GenerationFailed(
+            f"{where}, after {completion.resubmits} resubmissions already; raise "
+            "--max-resubmits or find what keeps aborting it"
+        )
     completion.resubmits += 1
     return False

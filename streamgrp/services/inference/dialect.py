@@ -119,9 +119,11 @@ class Dialect(ABC):
         """Refuse `--sampling` fields that would change the reply's shape (ids, log-probabilities, length)."""
         clash = sorted(set(extra or {}) & self.reserved)
         if clash:
-            raise ConfigError(f"--sampling sets {', '.join(clash)}, which the {self.name} adapter sets itself to get "
-                              "one log-probability per generated token id back; remove it (the length is "
-                              "--max-tokens)")
+            raise ConfigError(
+                f"--sampling sets {', '.join(clash)}, which the {self.name} adapter sets itself to get "
+                "one log-probability per generated token id back; remove it (the length is "
+                "--max-tokens)"
+            )
 
     @abstractmethod
     def generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]]:
@@ -157,8 +159,9 @@ class Dialect(ABC):
     #: could not be reported itself); None: the dialect needs none.
     anchor_text: str | None = None
 
-    def score_requests(self, context: list[int], token: int, anchor: int | None,
-                       sampling: Sampling) -> list[tuple[str, dict[str, Any], int]]:
+    def score_requests(
+        self, context: list[int], token: int, anchor: int | None, sampling: Sampling
+    ) -> list[tuple[str, dict[str, Any], int]]:
         """(path, body, entries the reply may list) requests, tried in order until one gives the log-probability
         of ``token`` right after ``context``; only dialects that leave `Generation.unscored` positions have any."""
         return []
@@ -192,14 +195,18 @@ def checked_logprobs(values: list[float], where: str) -> list[float]:
     checked = []
     for position, value in enumerate(values):
         if not (math.isfinite(value) and abs(value) < FLOAT32_MAX):
-            raise ProtocolError(f"{where}: the log-probability of completion token {position} is {value!r}, not a "
-                                "finite float32 (a token the server gives probability 0, or a broken reply); the "
-                                "slot fails rather than train on it")
+            raise ProtocolError(
+                f"{where}: the log-probability of completion token {position} is {value!r}, not a "
+                "finite float32 (a token the server gives probability 0, or a broken reply); the "
+                "slot fails rather than train on it"
+            )
         if value > LOGPROB_TOLERANCE:
-            raise ProtocolError(f"{where}: the log-probability of completion token {position} is {value!r}, above 0 "
-                                f"by more than the {LOGPROB_TOLERANCE} float-noise tolerance, so it is no "
-                                "log-probability; check that the server reports log-softmax values (not logits or "
-                                "probabilities after sampling)")
+            raise ProtocolError(
+                f"{where}: the log-probability of completion token {position} is {value!r}, above 0 "
+                f"by more than the {LOGPROB_TOLERANCE} float-noise tolerance, so it is no "
+                "log-probability; check that the server reports log-softmax values (not logits or "
+                "probabilities after sampling)"
+            )
         checked.append(min(value, 0.0))
     return checked
 

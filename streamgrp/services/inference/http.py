@@ -74,8 +74,15 @@ class Reply:
     body: Any
 
 
-def request_json(method: str, url: str, body: Any = None, *, timeout_s: float,
-                 headers: dict[str, str] | None = None, max_bytes: int = MAX_REPLY_BYTES) -> Reply:
+def request_json(
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+    max_bytes: int = MAX_REPLY_BYTES,
+) -> Reply:
     """``method url`` with ``body`` as JSON; the decoded JSON reply of a 2xx answer.
 
     Raises `TransportError`, `ClientError` or `ReplyTooLarge` as the module docstring says; never waits
@@ -110,12 +117,15 @@ class EventSplitter:
         """The events ``chunk`` completes, each as it is parsed; `TransportError` at an event that is not JSON."""
         self._pending += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
         while not self.done and (end := self._pending.find(b"\n\n")) >= 0:  # a blank line ends an event
-            block, self._pending = self._pending[:end], self._pending[end + 2:]
+            block, self._pending = self._pending[:end], self._pending[end + 2 :]
             if block.startswith(b"data: ") and b"\n" not in block:  # the usual event: one data line
                 payload = block[6:]
             else:  # several data lines are one payload; ":" comments (pings), event:, id: carry none
-                payload = b"\n".join(line[6:] if line[5:6] == b" " else line[5:]
-                                     for line in block.split(b"\n") if line.startswith(b"data:"))
+                payload = b"\n".join(
+                    line[6:] if line[5:6] == b" " else line[5:]
+                    for line in block.split(b"\n")
+                    if line.startswith(b"data:")
+                )
                 if not payload:
                     continue
             if payload.strip() == b"[DONE]":
@@ -133,7 +143,9 @@ class EventSplitter:
             raise TransportError(f"{self.what}: the stream ended inside an event", server_away=True)
 
 
-def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX_REPLY_BYTES) -> Generator[Any, None, None]:
+def stream_events(
+    url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX_REPLY_BYTES
+) -> Generator[Any, None, None]:
     """``POST url`` with ``body`` as JSON, asking for a stream: each server-sent event's decoded JSON, in order.
 
     A reply that is not an event stream (an error status, or a server that answered with one JSON body) is
@@ -161,8 +173,10 @@ def stream_events(url: str, body: Any, *, timeout_s: float, max_bytes: int = MAX
                 _set_timeout(connection, deadline)
                 chunk = response.read1(READ_CHUNK)
             except (OSError, http.client.HTTPException) as exc:  # a broken stream: a restart, a crash, the deadline
-                raise TransportError(f"{what}: broke after {size} bytes: {_describe(exc)}",
-                                     server_away=_away(exc) or isinstance(exc, http.client.IncompleteRead)) from None
+                raise TransportError(
+                    f"{what}: broke after {size} bytes: {_describe(exc)}",
+                    server_away=_away(exc) or isinstance(exc, http.client.IncompleteRead),
+                ) from None
             size += len(chunk)
             if size > max_bytes:
                 raise ReplyTooLarge(f"{what}: the stream is over the {max_bytes} bytes allowed; stopped reading it")
@@ -197,8 +211,7 @@ def _set_timeout(connection: http.client.HTTPConnection, deadline: float) -> Non
         connection.sock.settimeout(left)
 
 
-def _read_body(connection, response: http.client.HTTPResponse, deadline: float, what: str,
-               max_bytes: int) -> bytes:
+def _read_body(connection, response: http.client.HTTPResponse, deadline: float, what: str, max_bytes: int) -> bytes:
     declared = response.getheader("Content-Length")
     if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
         raise ReplyTooLarge(f"{what}: the reply announces {int(declared)} bytes, over the {max_bytes} bytes allowed")
@@ -220,8 +233,9 @@ def _classify(method: str, url: str, status: int, raw: bytes) -> Reply:
         try:
             return Reply(status, orjson.loads(raw))
         except orjson.JSONDecodeError as exc:
-            raise TransportError(f"{method} {url}: HTTP {status} with a body that is not JSON ({exc}); "
-                                 f"body starts {_text(raw)!r}") from None
+            raise TransportError(
+                f"{method} {url}: HTTP {status} with a body that is not JSON ({exc}); body starts {_text(raw)!r}"
+            ) from None
     text = _error_text(raw)
     if status == 429 or status >= 500:
         raise TransportError(f"{method} {url}: HTTP {status}: {text}", server_away=status == 503)

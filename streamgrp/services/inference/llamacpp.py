@@ -59,8 +59,16 @@ from streamgrp.services.inference.dialect import (
 )
 
 #: Samplers llama-server enables by default, set to their neutral values (see the module docstring).
-NEUTRAL_SAMPLERS = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
-                    "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0}
+NEUTRAL_SAMPLERS = {
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "repeat_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "dry_multiplier": 0.0,
+    "xtc_probability": 0.0,
+    "mirostat": 0,
+}
 STOP_TYPES: dict[str, Finish] = {"eos": "stop", "word": "stop", "limit": "length"}
 #: A logit bias no other token's logit overcomes: the scoring requests' way to force a token.
 FORCE_BIAS = 1000.0
@@ -71,18 +79,38 @@ SCORE_TOP, SCORE_ALL = 64, 1 << 17
 
 class LlamaCpp(Dialect):
     name = "llamacpp"
-    reserved = frozenset({"prompt", "n_predict", "max_tokens", "n_probs", "logprobs", "return_tokens", "stream",
-                          "post_sampling_probs", "response_fields", "n_cmpl", "n"})
+    reserved = frozenset(
+        {
+            "prompt",
+            "n_predict",
+            "max_tokens",
+            "n_probs",
+            "logprobs",
+            "return_tokens",
+            "stream",
+            "post_sampling_probs",
+            "response_fields",
+            "n_cmpl",
+            "n",
+        }
+    )
     anchor_text = "a"
 
     def __init__(self, *, version_pattern: str | None = None) -> None:
         self.version_pattern = version_pattern
 
     def generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]]:
-        body: dict[str, Any] = {"prompt": prompt_ids, "n_predict": sampling.max_tokens,
-                                "temperature": sampling.temperature, "top_p": sampling.top_p,
-                                "top_k": sampling.top_k, **NEUTRAL_SAMPLERS,
-                                "n_probs": 1, "return_tokens": True, "stream": False}
+        body: dict[str, Any] = {
+            "prompt": prompt_ids,
+            "n_predict": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            **NEUTRAL_SAMPLERS,
+            "n_probs": 1,
+            "return_tokens": True,
+            "stream": False,
+        }
         if sampling.model:
             body["model"] = sampling.model
         return "/completion", {**body, **(sampling.extra or {})}
@@ -97,16 +125,25 @@ class LlamaCpp(Dialect):
             raise ProtocolError(f"llama.cpp stop_type {stop_type!r} is not eos, word or limit")
         owners = align(ids, [entry["id"] for entry in entries])
         if owners is None:
-            raise ProtocolError(f"llama.cpp reply: its {len(entries)} completion_probabilities are not the ids of its "
-                                f"{len(ids)} tokens in order (ids {[e['id'] for e in entries][:20]} vs tokens "
-                                f"{ids[:20]}), so no log-probability can be matched to its token; is this "
-                                "llama-server's /completion?")
+            raise ProtocolError(
+                f"llama.cpp reply: its {len(entries)} completion_probabilities are not the ids of its "
+                f"{len(ids)} tokens in order (ids {[e['id'] for e in entries][:20]} vs tokens "
+                f"{ids[:20]}), so no log-probability can be matched to its token; is this "
+                "llama-server's /completion?"
+            )
         values = [math.nan if owner is None else entries[owner]["logprob"] for owner in owners]
         model = str(body.get("model", ""))
         reason = str(body.get("stopping_word") or "") + (" (context truncated)" if body.get("truncated") else "")
-        return Generation(ids, values, str(body.get("content", "")), STOP_TYPES[stop_type], reason=reason.strip(),
-                          weight_version=version_from(model, self.version_pattern) if self.version_pattern else None,
-                          model=model, unscored=tuple(i for i, owner in enumerate(owners) if owner is None))
+        return Generation(
+            ids,
+            values,
+            str(body.get("content", "")),
+            STOP_TYPES[stop_type],
+            reason=reason.strip(),
+            weight_version=version_from(model, self.version_pattern) if self.version_pattern else None,
+            model=model,
+            unscored=tuple(i for i, owner in enumerate(owners) if owner is None),
+        )
 
     def stream_generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]] | None:
         path, body = self.generate(prompt_ids, sampling)
@@ -132,12 +169,20 @@ class LlamaCpp(Dialect):
             return "/tokenize", {"content": prompt["text"], "add_special": True, "parse_special": True}
         return None
 
-    def score_requests(self, context: list[int], token: int, anchor: int | None,
-                       sampling: Sampling) -> list[tuple[str, dict[str, Any], int]]:
+    def score_requests(
+        self, context: list[int], token: int, anchor: int | None, sampling: Sampling
+    ) -> list[tuple[str, dict[str, Any], int]]:
         def forcing(forced: int, n_probs: int) -> tuple[str, dict[str, Any], int]:
-            body: dict[str, Any] = {"prompt": context, "n_predict": 1, "n_probs": n_probs, "return_tokens": True,
-                                    "stream": False, "temperature": 1.0, "top_k": 0,
-                                    "logit_bias": [[forced, FORCE_BIAS]]}
+            body: dict[str, Any] = {
+                "prompt": context,
+                "n_predict": 1,
+                "n_probs": n_probs,
+                "return_tokens": True,
+                "stream": False,
+                "temperature": 1.0,
+                "top_k": 0,
+                "logit_bias": [[forced, FORCE_BIAS]],
+            }
             return "/completion", ({**body, "model": sampling.model} if sampling.model else body), n_probs
 
         if anchor is None or anchor == token:
@@ -161,8 +206,10 @@ class LlamaCpp(Dialect):
         return None, model
 
     def load_weights(self, url: str, path: str, version: int, *, timeout_s: float) -> str:
-        raise InferenceError("llama.cpp cannot load weights over HTTP: run `streamgrp weight-sync --dialect llamacpp "
-                             "--llama-server-cmd ...`, which restarts the server on each version's model.gguf")
+        raise InferenceError(
+            "llama.cpp cannot load weights over HTTP: run `streamgrp weight-sync --dialect llamacpp "
+            "--llama-server-cmd ...`, which restarts the server on each version's model.gguf"
+        )
 
 
 class _Stream(StreamParser):
@@ -181,17 +228,31 @@ class _Stream(StreamParser):
             if event.get("tokens"):  # a whole reply (the server did not stream): its ids up to the first unscored
                 generation = self.dialect.parse(event)
                 kept = generation.unscored[0] if generation.unscored else len(generation.token_ids)
-                return Delta(generation.token_ids[:kept], generation.logprobs[:kept], "", generation.finish,
-                             reason=generation.reason, model=generation.model,
-                             weight_version=generation.weight_version, lost=kept < len(generation.token_ids))
+                return Delta(
+                    generation.token_ids[:kept],
+                    generation.logprobs[:kept],
+                    "",
+                    generation.finish,
+                    reason=generation.reason,
+                    model=generation.model,
+                    weight_version=generation.weight_version,
+                    lost=kept < len(generation.token_ids),
+                )
             stop_type = event.get("stop_type")
             if stop_type not in STOP_TYPES:
                 raise ProtocolError(f"llama.cpp stop_type {stop_type!r} is not eos, word or limit")
             model = str(event.get("model", ""))
             reason = str(event.get("stopping_word") or "") + (" (context truncated)" if event.get("truncated") else "")
-            return Delta([], [], "", STOP_TYPES[stop_type], reason=reason.strip(), model=model,
-                         weight_version=self.dialect._version(model),
-                         lost=type(predicted) is int and predicted > self.seen)
+            return Delta(
+                [],
+                [],
+                "",
+                STOP_TYPES[stop_type],
+                reason=reason.strip(),
+                model=model,
+                weight_version=self.dialect._version(model),
+                lost=type(predicted) is int and predicted > self.seen,
+            )
         ids = token_list(event.get("tokens") or [], "llama.cpp stream tokens")
         if not ids:
             return Delta([], [])  # progress, or a begin marker
@@ -199,8 +260,10 @@ class _Stream(StreamParser):
             return Delta([], [], lost=True)  # tokens of a split character came before these, never streamed
         entries = _entries(event, ids)
         if [entry["id"] for entry in entries] != ids:
-            raise ProtocolError(f"llama.cpp stream event's completion_probabilities {str(entries)[:200]} are not "
-                                f"one per token of {ids}: is n_probs set?")
+            raise ProtocolError(
+                f"llama.cpp stream event's completion_probabilities {str(entries)[:200]} are not "
+                f"one per token of {ids}: is n_probs set?"
+            )
         self.seen += len(ids)
         return Delta(ids, [entry["logprob"] for entry in entries], str(event.get("content") or ""))
 
@@ -242,9 +305,11 @@ def _entries(body: dict[str, Any], ids: list[int]) -> list[dict[str, Any]]:
         # a server that ignored n_probs says so in the settings it echoes.
         settings = body.get("generation_settings")
         if isinstance(settings, dict) and settings.get("n_probs") == 0:
-            raise ProtocolError("llama.cpp reply has no completion_probabilities and its generation_settings say "
-                                "n_probs 0: the server ignored the request's n_probs (is it llama-server's "
-                                "/completion?)")
+            raise ProtocolError(
+                "llama.cpp reply has no completion_probabilities and its generation_settings say "
+                "n_probs 0: the server ignored the request's n_probs (is it llama-server's "
+                "/completion?)"
+            )
         return []
     if not isinstance(entries, list):
         raise ProtocolError(f"llama.cpp completion_probabilities is not a list: {str(entries)[:200]}")

@@ -20,8 +20,14 @@ Choice = Literal["round_robin", "least_loaded"]
 class ServerPool:
     """Hands out one server URL per request (`lease`) and learns from how each request went."""
 
-    def __init__(self, urls: list[str], choice: Choice = "round_robin", *, cooldown_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        choice: Choice = "round_robin",
+        *,
+        cooldown_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not urls:
             raise ValueError("no inference server URL; give --server-url (several: comma-separated)")
         self.urls = [url.rstrip("/") for url in urls]
@@ -59,11 +65,19 @@ class ServerPool:
             if self.choice == "least_loaded":
                 # Ties go round-robin, so equal servers share the load instead of the first taking all.
                 start = self._next
-                order = sorted(candidates, key=lambda u: (self.in_flight[u], (self.urls.index(u) - start) % len(self.urls)))
+                order = sorted(
+                    candidates, key=lambda u: (self.in_flight[u], (self.urls.index(u) - start) % len(self.urls))
+                )
                 url = order[0]
             else:
-                url = next((u for i in range(len(self.urls))
-                            if (u := self.urls[(self._next + i) % len(self.urls)]) in candidates), candidates[0])
+                url = next(
+                    (
+                        u
+                        for i in range(len(self.urls))
+                        if (u := self.urls[(self._next + i) % len(self.urls)]) in candidates
+                    ),
+                    candidates[0],
+                )
             self._next = (self.urls.index(url) + 1) % len(self.urls)
             self.in_flight[url] += 1
             return url

@@ -10,7 +10,8 @@ batched with other slots'), so a stream is not held up by them; a segment cut wh
 is still queued ends the writer's window, so the slot never has two waiting. `settle` (and `meta`),
 called once the generation is done, sends what is queued from the slot's own thread and waits for the
 slot's writes, so its segments are durable before its result is published, and raises the error a write
-met (the slot fails, as it would have writing synchronously). When the task was taken over from this worker (``TAKEN``), the
+met (the slot fails, as it would have writing synchronously). When the task was taken over from this worker
+(``TAKEN``), the
 slot goes on without segments: its result is published as any slot's (the first result of a slot wins), only
 it no longer says it is built on segments.
 """
@@ -33,8 +34,11 @@ class SlotSegments:
     def __init__(self, store: SegmentStore, request: Any) -> None:
         self.store = store
         self.request = request
-        self.chain = (store.chain(request.partition, request.task_entry, request.task_id, request.slot,
-                                  request.n_samples) if request.reclaimed else [])
+        self.chain = (
+            store.chain(request.partition, request.task_entry, request.task_id, request.slot, request.n_samples)
+            if request.reclaimed
+            else []
+        )
         self.resumed_tokens = sum(segment.tokens for segment in self.chain)
         self.tokens = self.resumed_tokens
         self.count = len(self.chain)
@@ -71,26 +75,35 @@ class SlotSegments:
             if self.taken:
                 return
             self._pending += 1
-        segment = SlotSegment(task_id=self.request.task_id, slot=self.request.slot, index=self.count,
-                              start=self.tokens, token_ids=RawArray.from_values(token_ids, "int32"),
-                              logprobs=RawArray.from_values(logprobs, "float32"), version=version, cause=cause,  # type: ignore[arg-type]  # a literal, checked as it is encoded
-                              **self.store.stamp())
+        segment = SlotSegment(
+            task_id=self.request.task_id,
+            slot=self.request.slot,
+            index=self.count,
+            start=self.tokens,
+            token_ids=RawArray.from_values(token_ids, "int32"),
+            logprobs=RawArray.from_values(logprobs, "float32"),
+            version=version,
+            cause=cause,  # type: ignore[arg-type]  # a literal, checked as it is encoded
+            **self.store.stamp(),
+        )
         self.count += 1
         self.tokens += len(token_ids)
         # the slot's last segment still waits in the queue: the writer sends now, not at its window's end, so a
         # slot never has two waiting (a killed worker loses at most one segment's tokens, besides those not cut)
         now = self._last_seq is not None and self.store.waiting(self._last_seq)
         self._last_seq = segment.seq
-        self.store.submit(self.request.partition, self.request.task_entry, segment, self._written, stamped=True,
-                          now=now)
+        self.store.submit(
+            self.request.partition, self.request.task_entry, segment, self._written, stamped=True, now=now
+        )
 
     def _written(self, outcome: str | BaseException) -> None:
         with self._settled:
             self._pending -= 1
             if isinstance(outcome, SegmentTaken):
                 if not self.taken:
-                    log.warning("task %s slot %d goes on without segments: %s", self.request.task_id,
-                                self.request.slot, outcome)
+                    log.warning(
+                        "task %s slot %d goes on without segments: %s", self.request.task_id, self.request.slot, outcome
+                    )
                 self.taken = True
             elif isinstance(outcome, BaseException) and self._failed is None:
                 self._failed = outcome
@@ -118,4 +131,3 @@ class SlotSegments:
         if self.resumed_tokens:
             out["resumed_tokens"] = self.resumed_tokens
         return out
-

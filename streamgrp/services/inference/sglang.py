@@ -57,12 +57,18 @@ class SGLang(Dialect):
         nested = (extra or {}).get("sampling_params")
         clash = sorted(set(nested) & self.reserved_sampling) if isinstance(nested, dict) else []
         if clash:
-            raise ConfigError(f"--sampling sets sampling_params {', '.join(clash)}, which the sglang adapter sets "
-                              "itself; remove it (the length is --max-tokens)")
+            raise ConfigError(
+                f"--sampling sets sampling_params {', '.join(clash)}, which the sglang adapter sets "
+                "itself; remove it (the length is --max-tokens)"
+            )
 
     def generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]]:
-        params: dict[str, Any] = {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-                                  "top_p": sampling.top_p, "top_k": sampling.top_k or -1}
+        params: dict[str, Any] = {
+            "max_new_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k or -1,
+        }
         extra = dict(sampling.extra or {})
         params.update(extra.pop("sampling_params", {}))
         body: dict[str, Any] = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
@@ -80,8 +86,9 @@ class SGLang(Dialect):
         check_lengths(ids, values, "SGLang reply")
         finish, reason = _finish(meta.get("finish_reason"))
         model, version = self._model(body, meta)
-        return Generation(ids, values, str(body.get("text", "")), finish, reason=reason, weight_version=version,
-                          model=model)
+        return Generation(
+            ids, values, str(body.get("text", "")), finish, reason=reason, weight_version=version, model=model
+        )
 
     def stream_generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]] | None:
         path, body = self.generate(prompt_ids, sampling)
@@ -103,9 +110,12 @@ class SGLang(Dialect):
         return None
 
     def load_weights(self, url: str, path: str, version: int, *, timeout_s: float) -> str:
-        reply = request_json("POST", f"{url}/update_weights_from_disk",
-                             {"model_path": path, "weight_version": str(version), "abort_all_requests": True},
-                             timeout_s=timeout_s).body
+        reply = request_json(
+            "POST",
+            f"{url}/update_weights_from_disk",
+            {"model_path": path, "weight_version": str(version), "abort_all_requests": True},
+            timeout_s=timeout_s,
+        ).body
         if not isinstance(reply, dict) or not reply.get("success"):
             message = reply.get("message") if isinstance(reply, dict) else reply
             raise InferenceError(f"SGLang at {url} did not load {path}: {message}")
@@ -131,17 +141,21 @@ class _Stream(StreamParser):
         ids, values = _triples(meta)
         total = meta.get("completion_tokens")
         if type(total) is not int or total < self.seen:
-            raise ProtocolError(f"SGLang stream event's meta_info.completion_tokens is {total!r} after {self.seen} "
-                                "tokens: the stream cannot say which of its tokens are new")
+            raise ProtocolError(
+                f"SGLang stream event's meta_info.completion_tokens is {total!r} after {self.seen} "
+                "tokens: the stream cannot say which of its tokens are new"
+            )
         new = total - self.seen
         if len(ids) not in (new, total):
-            raise ProtocolError(f"SGLang stream event lists {len(ids)} output_token_logprobs for {total} tokens so "
-                                f"far, {self.seen} of them seen: neither all nor the new ones")
+            raise ProtocolError(
+                f"SGLang stream event lists {len(ids)} output_token_logprobs for {total} tokens so "
+                f"far, {self.seen} of them seen: neither all nor the new ones"
+            )
         cumulative = len(ids) == total
-        ids, values = ids[len(ids) - new:], values[len(values) - new:]
+        ids, values = ids[len(ids) - new :], values[len(values) - new :]
         text = event.get("text") if isinstance(event.get("text"), str) else ""
         if cumulative and text.startswith(self.text):  # all so far: the new text is what follows the known
-            text = text[len(self.text):]
+            text = text[len(self.text) :]
         self.seen, self.text = total, self.text + text
         model, version = self.dialect._model(event, meta)
         return Delta(ids, values, text, kind, reason=reason, model=model, weight_version=version)
@@ -157,14 +171,21 @@ def _meta(body: Any) -> dict[str, Any]:
 def _triples(meta: dict[str, Any]) -> tuple[list[int], list[float]]:
     triples = meta.get("output_token_logprobs")
     if not isinstance(triples, list):
-        raise ProtocolError("SGLang meta_info has no output_token_logprobs; the request sets return_logprob, "
-                            "so this server ignores it (is it SGLang's native /generate?)")
+        raise ProtocolError(
+            "SGLang meta_info has no output_token_logprobs; the request sets return_logprob, "
+            "so this server ignores it (is it SGLang's native /generate?)"
+        )
     ids, values = [], []
     for triple in triples:
-        if (not isinstance(triple, (list, tuple)) or len(triple) < 2 or type(triple[0]) not in (int, float)
-                or type(triple[1]) is not int):
-            raise ProtocolError(f"SGLang output_token_logprobs entry {str(triple)[:80]} is not "
-                                "[logprob, token_id, ...]")
+        if (
+            not isinstance(triple, (list, tuple))
+            or len(triple) < 2
+            or type(triple[0]) not in (int, float)
+            or type(triple[1]) is not int
+        ):
+            raise ProtocolError(
+                f"SGLang output_token_logprobs entry {str(triple)[:80]} is not [logprob, token_id, ...]"
+            )
         values.append(float(triple[0]))
         ids.append(triple[1])
     return ids, values

@@ -51,8 +51,9 @@ class SegmentCutter:
     def due(self, now: float) -> bool:
         if not self.ids:
             return False
-        return ((self.segment_tokens > 0 and len(self.ids) >= self.segment_tokens)
-                or (self.segment_s > 0 and now - self.started >= self.segment_s))
+        return (self.segment_tokens > 0 and len(self.ids) >= self.segment_tokens) or (
+            self.segment_s > 0 and now - self.started >= self.segment_s
+        )
 
     def take(self, now: float) -> tuple[list[int], list[float]]:
         taken = self.ids, self.logprobs
@@ -71,15 +72,27 @@ class StreamedPart:
     segments: int = 0
 
 
-def read_stream(dialect: Dialect, url: str, context: list[int], body: dict[str, Any], path: str, *, budget: int,
-                timeout_s: float, max_bytes: int, slot: SlotSegments | None, cutter: SegmentCutter,
-                clock: Callable[[], float] = time.monotonic) -> StreamedPart:
+def read_stream(
+    dialect: Dialect,
+    url: str,
+    context: list[int],
+    body: dict[str, Any],
+    path: str,
+    *,
+    budget: int,
+    timeout_s: float,
+    max_bytes: int,
+    slot: SlotSegments | None,
+    cutter: SegmentCutter,
+    clock: Callable[[], float] = time.monotonic,
+) -> StreamedPart:
     """Stream ``body`` to ``url + path``; at most ``budget`` tokens; segments through ``slot`` as they are due."""
     where = f"the {dialect.name} stream from {url}"
     model, version = "", None
     if dialect.model_path:
-        model, version = dialect.parse_model(request_json("GET", url + dialect.model_path,
-                                                          timeout_s=min(timeout_s, MODEL_TIMEOUT_S)).body)
+        model, version = dialect.parse_model(
+            request_json("GET", url + dialect.model_path, timeout_s=min(timeout_s, MODEL_TIMEOUT_S)).body
+        )
     parser = dialect.stream_parser()
     ids: list[int] = []
     logprobs: list[float] = []
@@ -94,9 +107,11 @@ def read_stream(dialect: Dialect, url: str, context: list[int], body: dict[str, 
                 version = delta.weight_version if version is None else min(version, delta.weight_version)
             last = delta.finish is not None or delta.lost
             if len(ids) + len(delta.token_ids) > budget:
-                raise ProtocolError(f"{where} has {len(ids) + len(delta.token_ids)} tokens, more than the {budget} "
-                                    "the request allowed; the server does not honour the token limit, so the slot "
-                                    "fails")
+                raise ProtocolError(
+                    f"{where} has {len(ids) + len(delta.token_ids)} tokens, more than the {budget} "
+                    "the request allowed; the server does not honour the token limit, so the slot "
+                    "fails"
+                )
             values = checked_logprobs(delta.logprobs, f"{where}, after {len(ids)} tokens")
             now = clock()
             if slot is not None and not last and delta.token_ids and cutter.due(now):
@@ -125,6 +140,13 @@ def read_stream(dialect: Dialect, url: str, context: list[int], body: dict[str, 
         slot.record(*cutter.take(clock()), version, str(cause))
         segments += 1
     kept_finish: Finish = "abort" if broke is not None or lost or finish is None else finish
-    generation = Generation(ids, logprobs, "".join(text), kept_finish,
-                            reason=reason if broke is None else str(broke), weight_version=version, model=model)
+    generation = Generation(
+        ids,
+        logprobs,
+        "".join(text),
+        kept_finish,
+        reason=reason if broke is None else str(broke),
+        weight_version=version,
+        model=model,
+    )
     return StreamedPart(generation, broke=broke, lost=lost, segments=segments)

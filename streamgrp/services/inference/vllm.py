@@ -50,16 +50,35 @@ FINISH: dict[str | None, Finish] = {"stop": "stop", "length": "length", "abort":
 
 class VLLM(Dialect):
     name = "vllm"
-    reserved = frozenset({"prompt", "max_tokens", "max_completion_tokens", "logprobs", "n", "best_of", "echo",
-                          "stream", "use_beam_search", "return_token_ids", "return_tokens_as_token_ids"})
+    reserved = frozenset(
+        {
+            "prompt",
+            "max_tokens",
+            "max_completion_tokens",
+            "logprobs",
+            "n",
+            "best_of",
+            "echo",
+            "stream",
+            "use_beam_search",
+            "return_token_ids",
+            "return_tokens_as_token_ids",
+        }
+    )
 
     def __init__(self, *, token_ids: str = "return_token_ids", version_pattern: str | None = None) -> None:
         self.token_ids = token_ids
         self.version_pattern = version_pattern
 
     def generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]]:
-        body: dict[str, Any] = {"prompt": prompt_ids, "max_tokens": sampling.max_tokens, "n": 1,
-                                "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 0}
+        body: dict[str, Any] = {
+            "prompt": prompt_ids,
+            "max_tokens": sampling.max_tokens,
+            "n": 1,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": 0,
+        }
         if sampling.model:
             body["model"] = sampling.model
         if sampling.top_k:
@@ -74,8 +93,15 @@ class VLLM(Dialect):
         if finish not in FINISH:
             raise ProtocolError(f"vLLM finish_reason {finish!r} is not one of stop, length, abort")
         model = str(body.get("model", ""))
-        return Generation(ids, values, str(choice.get("text", "")), FINISH[finish],
-                          reason=str(choice.get("stop_reason") or ""), model=model, weight_version=self._version(model))
+        return Generation(
+            ids,
+            values,
+            str(choice.get("text", "")),
+            FINISH[finish],
+            reason=str(choice.get("stop_reason") or ""),
+            model=model,
+            weight_version=self._version(model),
+        )
 
     def stream_generate(self, prompt_ids: list[int], sampling: Sampling) -> tuple[str, dict[str, Any]] | None:
         path, body = self.generate(prompt_ids, sampling)
@@ -97,13 +123,16 @@ class VLLM(Dialect):
     def _values(self, choice: dict[str, Any]) -> tuple[list[int], list[float]]:
         logprobs = choice.get("logprobs")
         if not isinstance(logprobs, dict):
-            raise ProtocolError("vLLM reply has no logprobs; the request asks for logprobs: 0, so this server "
-                                "ignores it (is it vLLM?)")
+            raise ProtocolError(
+                "vLLM reply has no logprobs; the request asks for logprobs: 0, so this server ignores it (is it vLLM?)"
+            )
         values = float_list(logprobs.get("token_logprobs"), "vLLM logprobs.token_logprobs")
         if self.token_ids == "return_token_ids":
             if choice.get("token_ids") is None:
-                raise ProtocolError("vLLM reply has no token_ids: this vLLM predates return_token_ids (0.10.2); "
-                                    "use --vllm-token-ids tokens_as_token_ids")
+                raise ProtocolError(
+                    "vLLM reply has no token_ids: this vLLM predates return_token_ids (0.10.2); "
+                    "use --vllm-token-ids tokens_as_token_ids"
+                )
             ids = token_list(choice["token_ids"], "vLLM choices[0].token_ids")
         else:
             ids = [_token_id(token) for token in logprobs.get("tokens") or []]
@@ -121,8 +150,12 @@ class VLLM(Dialect):
     def load_weights(self, url: str, path: str, version: int, *, timeout_s: float) -> str:
         request_json("POST", f"{url}/pause?mode=abort", {}, timeout_s=timeout_s)
         try:
-            request_json("POST", f"{url}/collective_rpc",
-                         {"method": "reload_weights", "kwargs": {"weights_path": path}}, timeout_s=timeout_s)
+            request_json(
+                "POST",
+                f"{url}/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": path}},
+                timeout_s=timeout_s,
+            )
             request_json("POST", f"{url}/update_weight_version", {"new_version": str(version)}, timeout_s=timeout_s)
         finally:
             request_json("POST", f"{url}/resume", {}, timeout_s=timeout_s)
@@ -147,13 +180,21 @@ class _Stream(StreamParser):
         empty = choice.get("logprobs") is None and not choice.get("token_ids") and not choice.get("text")
         ids, values = ([], []) if empty else self.dialect._values(choice)
         model = str(event.get("model", ""))
-        return Delta(ids, values, str(choice.get("text") or ""), None if finish is None else FINISH[finish],
-                     reason=str(choice.get("stop_reason") or ""), model=model,
-                     weight_version=self.dialect._version(model))
+        return Delta(
+            ids,
+            values,
+            str(choice.get("text") or ""),
+            None if finish is None else FINISH[finish],
+            reason=str(choice.get("stop_reason") or ""),
+            model=model,
+            weight_version=self.dialect._version(model),
+        )
 
 
 def _token_id(token: Any) -> int:
     if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
         return int(token[9:])
-    raise ProtocolError(f"vLLM token {str(token)[:50]!r} is not 'token_id:N': the server ignored "
-                        "return_tokens_as_token_ids; newer vLLM: use --vllm-token-ids return_token_ids")
+    raise ProtocolError(
+        f"vLLM token {str(token)[:50]!r} is not 'token_id:N': the server ignored "
+        "return_tokens_as_token_ids; newer vLLM: use --vllm-token-ids return_token_ids"
+    )

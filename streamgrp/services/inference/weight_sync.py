@@ -65,9 +65,18 @@ def version_dir(root: Path, version: int) -> Path:
 class LlamaServerProcess:
     """The llama-server this process starts, replaces by a new one per GGUF file (restart or hand-over), and stops."""
 
-    def __init__(self, command: str, url: str, *, alias: str = "policy", log_path: Path | None = None,
-                 ready_timeout_s: float = 120.0, handover: bool = False, restart_grace_s: float = 0.0,
-                 stop_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        command: str,
+        url: str,
+        *,
+        alias: str = "policy",
+        log_path: Path | None = None,
+        ready_timeout_s: float = 120.0,
+        handover: bool = False,
+        restart_grace_s: float = 0.0,
+        stop_timeout_s: float = 2.0,
+    ) -> None:
         self.command = shlex.split(command)
         self.url = url.rstrip("/")
         self.alias = alias
@@ -83,8 +92,10 @@ class LlamaServerProcess:
         start the new one first), and return once it answers. Raises `InferenceError` with the tail of the
         new server's output when it does not come up (after a hand-over the old one is left serving)."""
         if not Path(model).is_file():
-            raise InferenceError(f"no GGUF file at {model}: llama.cpp serves GGUF only; have the trainer export "
-                                 "model.gguf into each version directory, or serve with vLLM or SGLang")
+            raise InferenceError(
+                f"no GGUF file at {model}: llama.cpp serves GGUF only; have the trainer export "
+                "model.gguf into each version directory, or serve with vLLM or SGLang"
+            )
         alias = f"{self.alias}@v{version}"
         old = self.proc if self.proc is not None and self.proc.poll() is None else None
         if old is not None and not self.handover:
@@ -96,12 +107,18 @@ class LlamaServerProcess:
             try:
                 # SIGKILLed when weight-sync dies, however it dies: an orphan would go on serving an old version
                 # (and holding its port); it keeps no state, and on SIGTERM it would wait for in-flight requests.
-                proc = subprocess.Popen([*self.command, *reuse, "--model", str(model), "--alias", alias],
-                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        preexec_fn=pdeathsig_preexec(signal.SIGKILL))
+                proc = subprocess.Popen(
+                    [*self.command, *reuse, "--model", str(model), "--alias", alias],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=pdeathsig_preexec(signal.SIGKILL),
+                )
             except OSError as exc:
-                raise InferenceError(f"cannot run {self.command[0]!r} ({exc}); fix --llama-server-cmd (eval "
-                                     "\"$(ops/llama-server.sh)\" builds llama-server and sets LLAMA_SERVER)") from None
+                raise InferenceError(
+                    f"cannot run {self.command[0]!r} ({exc}); fix --llama-server-cmd (eval "
+                    '"$(ops/llama-server.sh)" builds llama-server and sets LLAMA_SERVER)'
+                ) from None
         try:
             if old is None:
                 wait_healthy(self.url, self.ready_timeout_s, proc=proc)
@@ -109,8 +126,10 @@ class LlamaServerProcess:
                 wait_serving(self.url, alias, self.ready_timeout_s, proc=proc)
         except InferenceError as exc:
             _kill(proc)
-            raise InferenceError(f"llama-server did not come up on {model} ({exc}); its output "
-                                 f"({self.log_path}):\n{_tail(self.log_path, started_at)}") from None
+            raise InferenceError(
+                f"llama-server did not come up on {model} ({exc}); its output "
+                f"({self.log_path}):\n{_tail(self.log_path, started_at)}"
+            ) from None
         self.proc = proc
         if old is not None:
             _kill(old)  # in-flight generations break off; the workers' retries land on the new server
@@ -189,8 +208,17 @@ def wait_healthy(url: str, timeout_s: float, *, proc: subprocess.Popen | None = 
 class WeightSync:
     """Hands each new policy version to every server and records who serves what."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, dialect: Dialect, urls: list[str], weights_dir: Path, *,
-                 load_timeout_s: float = 600.0, llama: LlamaServerProcess | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        dialect: Dialect,
+        urls: list[str],
+        weights_dir: Path,
+        *,
+        load_timeout_s: float = 600.0,
+        llama: LlamaServerProcess | None = None,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.dialect = dialect
@@ -258,13 +286,25 @@ class WeightSync:
                 return candidate, path
             if candidate == version and candidate not in self._missing_warned:
                 self._missing_warned.add(candidate)
-                log.warning("no weights directory %s for version %d (yet); serving the newest older one on disk, if "
-                            "any", path, candidate)
+                log.warning(
+                    "no weights directory %s for version %d (yet); serving the newest older one on disk, if any",
+                    path,
+                    candidate,
+                )
         return None
 
     def _record(self, url: str, version: int, ok: bool, detail: str, seconds: float) -> None:
         self._seq += 1
-        event = WeightsServed(server=url, version=version, dialect=self.dialect.name, ok=ok, detail=detail[:2000],
-                              seconds=round(seconds, 3), at=time.time(), producer=self.name, seq=self._seq)
+        event = WeightsServed(
+            server=url,
+            version=version,
+            dialect=self.dialect.name,
+            ok=ok,
+            detail=detail[:2000],
+            seconds=round(seconds, 3),
+            at=time.time(),
+            producer=self.name,
+            seq=self._seq,
+        )
         # redis-py's stubs want a dict of its own (invariant) union type; fields are bytes to bytes
         self.client.xadd(self.keys.control, cast("dict[Any, Any]", codec.encode(event)))
