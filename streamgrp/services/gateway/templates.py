@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from streamgrp.errors import ConfigError
-from streamgrp.services.inference.adapter import REPLY_BASE_BYTES, Completion
+from streamgrp.services.inference.adapter import Completion
 from streamgrp.services.inference.dialect import ProtocolError
+from streamgrp.services.inference.retries import REPLY_BASE_BYTES
 
 if TYPE_CHECKING:
     from streamgrp.services.gateway.upstream import Upstream

@@ -30,13 +30,8 @@ from streamgrp.errors import ConfigError
 from streamgrp.services.gateway.streamed import OnDelta, stream_turn
 from streamgrp.services.inference import make_dialect, server_urls
 from streamgrp.services.inference.adapter import (
-    HEALTH_POLL_S,
-    MAX_RESTARTS_WAITED,
-    REPLY_BASE_BYTES,
-    REPLY_BYTES_PER_TOKEN,
     Completion,
     GenerationFailed,
-    Retry,
     WeightsChanged,
     finished_or_resubmit,
     regenerate,
@@ -44,6 +39,13 @@ from streamgrp.services.inference.adapter import (
 from streamgrp.services.inference.dialect import Dialect, Generation, ProtocolError, Sampling, checked_logprobs
 from streamgrp.services.inference.http import ClientError, ReplyTooLarge, TransportError
 from streamgrp.services.inference.pool import ServerPool
+from streamgrp.services.inference.retries import (
+    HEALTH_POLL_S,
+    MAX_RESTARTS_WAITED,
+    REPLY_BASE_BYTES,
+    REPLY_BYTES_PER_TOKEN,
+    Retry,
+)
 
 
 class AsyncRequests:
