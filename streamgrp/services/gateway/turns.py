@@ -68,7 +68,7 @@ class GatewayTurns:
     turns_recorded: int
     _aclient: Any
 
-    if TYPE_CHECKING:
+    if TYPE_CHECKING:  # `Gateway`'s own methods, declared for the type checker only (so they do not shadow them)
 
         async def blocking(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
 
