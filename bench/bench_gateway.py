@@ -175,7 +175,8 @@ def gateway_child(
 ) -> None:
     from streamgrp.config import InferenceConfig
     from streamgrp.services.gateway.gateway import Gateway
-    from streamgrp.services.gateway.upstream import Upstream, make_template
+    from streamgrp.services.gateway.templates import make_template
+    from streamgrp.services.gateway.upstream import Upstream
     from streamgrp.store.runs import connect, open_run
 
     client = connect(redis_url)

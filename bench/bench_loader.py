@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    torch.set_num_threads(1)  # build_batch runs on one thread (loader._one_thread): the baseline too
+    torch.set_num_threads(1)  # build_batch runs on one thread (shard_tensors._one_thread): the baseline too
     print(
         f"{platform.machine()}, CPython {platform.python_version()}, torch {torch.__version__}, numpy "
         f"{np.__version__}; {args.groups} groups x {args.members} rows; median of {args.repeats} runs"

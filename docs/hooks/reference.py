@@ -190,7 +190,7 @@ def _type_name(annotation: object) -> str:
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
     text = re.sub(
         r"\b(typing|pathlib|pydantic\.types|streamgrp\.core\.policy|streamgrp\.core\.values|"
-        r"streamgrp\.core\.members|streamgrp\.core\.events)\.",
+        r"streamgrp\.core\.members|streamgrp\.core\.events|streamgrp\.core\.step_events)\.",
         "",
         text,
     )

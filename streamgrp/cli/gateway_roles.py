@@ -53,7 +53,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     require("the gateway", "gateway")
     from streamgrp.services.gateway.gateway import Gateway
     from streamgrp.services.gateway.server import GatewayServer, serve
-    from streamgrp.services.gateway.upstream import Upstream, make_template
+    from streamgrp.services.gateway.templates import make_template
+    from streamgrp.services.gateway.upstream import Upstream
 
     config = settings(args, GatewayConfig)
     inference = settings(args, InferenceConfig)

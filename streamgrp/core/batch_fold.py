@@ -40,18 +40,31 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from streamgrp.core.batch_records import (  # noqa: F401 - the fold's records, importable from here as before
+    FILTERED,
+    LEFTOVER,
+    STALE,
+    Acked,
+    Buffered,
+    DatasetEnded,
+    Decided,
+    Discarded,
+    DiscardReason,
+    Event,
+    Failed,
+    Finished,
+    Output,
+    RoundEnded,
+    Stalling,
+    StepDue,
+    VersionSet,
+    WindowSet,
+)
 from streamgrp.core.decision import CONTRACT_VIOLATION
 from streamgrp.core.events import GroupDecided
 from streamgrp.core.stall import StallTracker
 
 GroupFilter = Callable[[GroupDecided], bool]
-Buffered = tuple[str, GroupDecided]
-
-# Why a trainable group was discarded instead of trained.
-DiscardReason = Literal["stale", "filtered", "leftover"]
-STALE: DiscardReason = "stale"
-FILTERED: DiscardReason = "filtered"
-LEFTOVER: DiscardReason = "leftover"
 
 
 Staleness = Literal["drop", "wait", "mask"]
@@ -109,113 +122,6 @@ class BatchRules:
             stall_timeout_s=run_config.stall_timeout_s,
             staleness=getattr(run_config, "staleness", "drop"),
         )
-
-
-# -- events ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Decided:
-    """A decision entry read from the decisions stream; ``decision`` is None when its fields are gone."""
-
-    entry_id: str
-    decision: GroupDecided | None
-
-
-@dataclass(frozen=True, slots=True)
-class VersionSet:
-    """The policy version now (read from the server before steps may be due)."""
-
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class RoundEnded:
-    """A collection round ended at ``now`` (the driver's monotonic clock).
-
-    ``window_full``: the feeder had no room to issue; ``lowest_committed``: the lowest step every
-    rank has committed (-1 when some rank has none); together they say whether the round waited for
-    trainers (SPEC section 4). ``server_away``: the server was unreachable during the round, so the
-    round says nothing about rollouts; its ``duration`` is not stall time.
-    """
-
-    now: float
-    window_full: bool = False
-    lowest_committed: int = -1
-    server_away: bool = False
-    duration: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class DatasetEnded:
-    """The feeder issued the whole dataset and every issued task is decided and read."""
-
-
-@dataclass(frozen=True, slots=True)
-class WindowSet:
-    """What ``staleness="wait"`` holds steps by: ``oldest_in_flight``, the oldest version a task still
-    undecided was issued at (None: none is), and ``lowest_committed``, the last step every rank has
-    committed (-1: none). Folding it writes the steps it lets through."""
-
-    oldest_in_flight: int | None
-    lowest_committed: int = -1
-
-
-Event = Decided | VersionSet | RoundEnded | DatasetEnded | WindowSet
-
-
-# -- outputs ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Acked:
-    """Decision entries that need only an acknowledgement (groups the assembler dropped)."""
-
-    entry_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Discarded:
-    """A trainable group that will not train, and why (``stale``, ``filtered``, ``leftover``)."""
-
-    entry_id: str
-    decision: GroupDecided
-    reason: DiscardReason
-    detail: str
-    current_version: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StepDue:
-    """Step ``step`` is due with ``groups`` (decision entry, decision), at policy ``version``."""
-
-    step: int
-    version: int
-    groups: tuple[Buffered, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    steps: int
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    reason: str
-    message: str
-    step: int
-
-
-@dataclass(frozen=True, slots=True)
-class Stalling:
-    """Rounds without a trainable group, the run not stalled for good yet: at most one a minute, for
-    the driver to warn with (the streak itself is `BatchState.stall`)."""
-
-    empty_rounds: int
-    stall_seconds: float
-
-
-Output = Acked | Discarded | StepDue | Finished | Failed | Stalling
 
 
 @dataclass(slots=True)

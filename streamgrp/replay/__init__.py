@@ -1,6 +1,6 @@
 """Read-only history, and the replay API (SPEC section 6).
 
-Modules: `steps` (list steps, rebuild a rank's batch, inspect a task), `verifier` (re-fold and
+Modules: `steps` (list steps, rebuild a rank's batch), `task_timeline` (inspect a task), `verifier` (re-fold and
 re-batch the log, report every difference), `summary` (one run's totals), `report_series` (the
 per-step series of the timeline), `report` (the timeline as an HTML page or PNG) and `charts` (its
 inline SVG). Importing this package loads no torch: the names that need it (`replay_step`,
@@ -18,11 +18,11 @@ _API = {
     "read_manifest": "steps",
     "replay_step": "steps",
     "format_batch": "steps",
-    "inspect_task": "steps",
-    "format_timeline": "steps",
+    "inspect_task": "task_timeline",
+    "format_timeline": "task_timeline",
     "RankStatus": "steps",
     "StepStatus": "steps",
-    "TimelineEvent": "steps",
+    "TimelineEvent": "task_timeline",
     "verify": "verifier",
     "format_report": "verifier",
     "VerifyReport": "verifier",

@@ -28,7 +28,8 @@ import orjson
 from streamgrp.core.events import GroupDecided
 from streamgrp.core.manifest import decision_ref
 from streamgrp.errors import ConfigError
-from streamgrp.replay.export import TABLES, _arrow_type, _decision_row, require_pyarrow
+from streamgrp.replay.export import require_pyarrow
+from streamgrp.replay.export_tables import TABLES, arrow_type, decision_row
 from streamgrp.store.follower import Followed, Follower, Skipped
 from streamgrp.store.runs import Run
 
@@ -65,7 +66,7 @@ def follow_export(
         ) from None
     columns = TABLES["decisions"][1]
     schema = pyarrow.schema(
-        [pyarrow.field(c, _arrow_type(pyarrow, kind), metadata={"description": about}) for c, kind, about in columns],
+        [pyarrow.field(c, arrow_type(pyarrow, kind), metadata={"description": about}) for c, kind, about in columns],
         metadata={"streamgrp.run": run.name, "streamgrp.table": "decisions"},
     )
     follower = Follower(client, run, name, "decisions", poll_s=poll_s, metrics=metrics)
@@ -84,7 +85,7 @@ def follow_export(
         for stream, items in by_stream.items():
             partition = int(stream.partition("@")[2] or 0) if partitioned else 0
             table = [
-                _decision_row(run.name, decision_ref(partition, i.entry_id), i.event, None, None, None)
+                decision_row(run.name, decision_ref(partition, i.entry_id), i.event, None, None, None)
                 for i in items
                 if isinstance(i.event, GroupDecided)
             ]

@@ -99,8 +99,8 @@ class Rewarder:
         self._clock = clock
         self._is_async = inspect.iscoroutinefunction(reward) or (
             # mypy takes ``reward.__call__`` of a Callable-typed value for a call of it (not a library's hint).
-            callable(reward) and inspect.iscoroutinefunction(reward.__call__)
-        )  # type: ignore[operator]
+            callable(reward) and inspect.iscoroutinefunction(reward.__call__)  # type: ignore[operator]
+        )
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="reward")
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="reward-loop", daemon=True)

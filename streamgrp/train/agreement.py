@@ -1,6 +1,6 @@
 """The ranks of a trainer group agree, once per step, on what they train: one small collective.
 
-Owns the vote a `streamgrp.train.trainer.BatchStream` casts before each step: one element-wise MAX
+Owns the vote a `streamgrp.train.batch_stream.BatchStream` casts before each step: one element-wise MAX
 all-reduce of seven int64 ``[leaving, attempt, -attempt, step, -step, digest, -digest]``. The maximum of
 ``x`` and of ``-x`` over the ranks are equal exactly when every rank holds the same ``x``, so one
 reduction both tells every rank whether any is leaving and proves that all train the same step of the

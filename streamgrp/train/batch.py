@@ -26,7 +26,7 @@ class BatchOwner(Protocol):
 
 
 class ShardTensors(TypedDict):
-    """The tensors of a `Batch` made from its samples (`streamgrp.train.loader.shard_tensors`), by field name."""
+    """The tensors of a `Batch` made from its samples (`streamgrp.train.shard_tensors.shard_tensors`), by field name."""
 
     token_ids: torch.Tensor
     loss_mask: torch.Tensor
@@ -70,7 +70,7 @@ class Batch:
     #: Per row: the newest minus the oldest version among its sample's tokens, [rows] int64.
     version_spans: torch.Tensor | None = None
     #: Per row, its tokens' ``(version, count)`` runs (None: the row's version throughout); None when no
-    #: sample has per-token versions. What `token_versions` is made from (`streamgrp.train.loader.row_runs`).
+    #: sample has per-token versions. What `token_versions` is made from (`streamgrp.train.shard_tensors.row_runs`).
     version_runs: tuple[tuple[tuple[int, int], ...] | None, ...] | None = field(default=None, repr=False)
     #: Loss tokens the run's ``staleness="mask"`` cleared from this shard (their version was older than
     #: ``version - max_staleness``); ``step_loss_tokens`` counts the tokens as published, before it.
@@ -89,7 +89,7 @@ class Batch:
         versions (``meta["token_versions"]``) where it has them, else its version. ``versions`` stays
         the per-row one (the sample's oldest). Made on first use: a loop that never asks pays nothing."""
         if self._token_versions is None:
-            from streamgrp.train.loader import token_versions  # the loader imports this module
+            from streamgrp.train.shard_tensors import token_versions  # that module imports this one
 
             self._token_versions = token_versions(self.versions, self.attention_mask, self.version_runs)
         return self._token_versions

@@ -18,8 +18,8 @@ groups and forms steps, and every step can be replayed. TRL only trains.
 Owns, on one background thread started by ``start``: reading the run's steps in order as rank 0
 of 1, turning each row into TRL's ``RolloutSample`` (whole row as ``input_ids``, ``loss_mask`` as
 ``completion_mask``, ``logprobs`` as ``old_log_probs``, one advantage per row by
-`streamgrp.normalize` over the actual group sizes, ``group_id`` unique per group of the run). At most
-``ahead_steps`` steps sit in the buffer not fully taken.
+`streamgrp.normalize` over the actual group sizes, ``group_id`` unique per group of the run;
+`streamgrp.train.trl_samples`). At most ``ahead_steps`` steps sit in the buffer not fully taken.
 
 Commits only what was trained. `StreamgrpProgress` (``callbacks=[rollouts.callback]``) watches TRL's
 collator, which packs each micro-batch just before its forward pass, and TRL's optimizer steps: a
@@ -64,43 +64,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
-
 from streamgrp.core.events import StepRowsTrained
 from streamgrp.core.policy import NormSpec
 from streamgrp.errors import ConfigError, RunEnded, StreamgrpError
-from streamgrp.train.advantages import normalize
 from streamgrp.train.agreement import GroupVote
 from streamgrp.train.batch import Batch
 from streamgrp.train.trainer import TrainerClient
 from streamgrp.train.trl_progress import Position, record_rows, recorded_rows
+from streamgrp.train.trl_samples import GRPO_NORM, TakenCounter, rollout_sample_type, rollout_samples, step_logs
 from streamgrp.train.trl_weights import StreamgrpWeights
 
 __all__ = ["StreamgrpRollouts", "StreamgrpWeights", "TakenCounter"]
 
 log = logging.getLogger(__name__)
-
-GRPO_NORM = NormSpec("group", "group")
-
-
-class TakenCounter(queue.Queue):
-    """The rollout buffer: a ``queue.Queue`` (what TRL drains) that counts the items taken from it and stamps
-    each with TRL's live version as it is taken."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.taken = 0
-        self.version = 0
-
-    def _get(self) -> Any:
-        # Queue calls _get under its own lock, once per item handed out: the count cannot race. The stamp
-        # makes TRL's own staleness check pass: streamgrp already dropped what was too old when it formed
-        # the step, and a sample TRL dropped here would never be trained, so its step never committed.
-        item = super()._get()
-        item.model_version = self.version
-        self.taken += 1
-        return item
 
 
 @dataclass
@@ -173,7 +149,7 @@ class StreamgrpRollouts:
     def callback(self) -> Any:
         """The TRL callback this feed needs: ``AsyncGRPOTrainer(..., callbacks=[rollouts.callback])``."""
         if self._callback is None:
-            _rollout_sample_type()  # a clear error when TRL is missing
+            rollout_sample_type()  # a clear error when TRL is missing
             from streamgrp.train.trl_progress import StreamgrpProgress
 
             self._callback = StreamgrpProgress(self)
@@ -192,7 +168,7 @@ class StreamgrpRollouts:
                 "rollouts.callback]) (and TrainingArguments.restore_callback_states_from_checkpoint "
                 "left False, which replaces callbacks with new, unconnected ones)"
             )
-        self._sample_type = _rollout_sample_type()
+        self._sample_type = rollout_sample_type()
         self._first = first = self._begin()
         self._beat = time.time()
         self._thread = threading.Thread(target=self._run, args=(first,), name="streamgrp-rollouts", daemon=True)
@@ -391,19 +367,8 @@ class StreamgrpRollouts:
         for _, sample in samples:
             sample.enqueued_at = time.time()
             self.rollout_buffer.put(sample)
-        staleness = int(batch.version - batch.versions.min()) if batch.rows else 0
-        spans = batch.version_spans
         try:
-            self.metrics_queue.put_nowait(
-                {
-                    "streamgrp/step": float(batch.step),
-                    "streamgrp/staleness_max": staleness,
-                    "streamgrp/version_span_max": float(spans.max()) if spans is not None and batch.rows else 0.0,
-                    "streamgrp/stale_masked_tokens": float(batch.stale_masked_tokens),
-                    "streamgrp/rows_per_step": float(batch.rows),
-                    "streamgrp/groups_per_step": float(len(batch.task_ids)),
-                }
-            )
+            self.metrics_queue.put_nowait(step_logs(batch))
         except queue.Full:
             pass  # TRL stopped logging; never block the feed for a metric
 
@@ -431,51 +396,12 @@ class StreamgrpRollouts:
         )
 
     def _samples(self, batch: Batch) -> Iterator[Any]:
-        """One TRL ``RolloutSample`` per row, unpadded, in group order."""
-        advantages = normalize(batch.rewards, batch.group_sizes, self.spec).tolist()
-        lengths = batch.attention_mask.sum(dim=1).tolist()
-        group_of_row = torch.repeat_interleave(torch.arange(len(batch.task_ids)), batch.group_sizes).tolist()
-        rewards = batch.rewards.tolist()
-        # TRL's RolloutSample has no per-token versions: each row's oldest and newest ride in its metrics,
-        # and the staleness mask is already in the loss mask it takes as ``completion_mask``.
-        oldest = batch.versions.tolist()
-        spans = batch.version_spans.tolist() if batch.version_spans is not None else [0] * len(oldest)
-        for row, (length, group) in enumerate(zip(lengths, group_of_row)):
-            ids = batch.token_ids[row, :length].numpy().astype(np.int64)
-            mask = batch.loss_mask[row, :length].numpy().astype(np.int64)
-            prompt, completion = self._messages(ids, mask, batch.task_ids[group])
-            yield self._sample_type(
-                prompt=prompt,
-                completion=completion,
-                input_ids=ids,
-                completion_mask=mask,
-                old_log_probs=batch.logprobs[row, :length].numpy().astype(np.float32),
-                advantage=advantages[row],
-                model_version=self.rollout_buffer.version,
-                group_id=batch.step * self._group_stride + group,
-                metrics={
-                    "reward": rewards[row],
-                    "version_oldest": float(oldest[row]),
-                    "version_newest": float(oldest[row] + spans[row]),
-                },
-            )
-
-    def _messages(self, ids: np.ndarray, mask: np.ndarray, task_id: str) -> tuple[list[dict], list[dict]]:
-        """What TRL shows in its traces: the decoded prompt and completion, or the task id."""
-        if self.decode is None:
-            return [{"role": "user", "content": task_id}], []
-        first = int(mask.argmax()) if mask.any() else len(ids)
-        return (
-            [{"role": "user", "content": self.decode(ids[:first].tolist())}],
-            [{"role": "assistant", "content": self.decode(ids[first:].tolist())}],
+        """One TRL ``RolloutSample`` per row, unpadded, in group order (`streamgrp.train.trl_samples`)."""
+        return rollout_samples(
+            batch,
+            self._sample_type,
+            spec=self.spec,
+            group_stride=self._group_stride,
+            buffer=self.rollout_buffer,
+            decode=self.decode,
         )
-
-
-def _rollout_sample_type() -> type:
-    try:
-        from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
-    except ImportError as exc:
-        raise ConfigError(
-            f"TRL's async GRPO trainer is not importable ({exc}); install it with pip install 'streamgrp[trl]'"
-        ) from None
-    return RolloutSample

@@ -34,7 +34,8 @@ from streamgrp.config import InferenceConfig
 from streamgrp.core import codec
 from streamgrp.services.gateway.gateway import Gateway
 from streamgrp.services.gateway.server import GatewayServer, serve
-from streamgrp.services.gateway.upstream import Upstream, make_template
+from streamgrp.services.gateway.templates import make_template
+from streamgrp.services.gateway.upstream import Upstream
 
 #: The control token of the gateways `Running` starts.
 TOKEN = "control-token"

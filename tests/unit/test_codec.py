@@ -369,7 +369,7 @@ def test_events_streamgrp_derives_are_written_without_being_decoded_again(monkey
     """A decision, a step manifest, a discarded group and a segment are made from checked values: encoding one
     decodes nothing (it did, at the cost of writing it twice); a reader still checks each, and gets it back."""
     decoded = []
-    for name in ("_decode", "decoder"):
+    for name in ("decode_entry", "decoder"):
         real = getattr(codec, name)
         monkeypatch.setattr(
             codec, name, lambda *args, real=real, **options: decoded.append(args) or real(*args, **options)

@@ -234,7 +234,7 @@ def test_a_hugging_face_tokenizer_renders_and_tokenizes_as_vllm_and_sglang_serve
     import sys
     import types as modules
 
-    from streamgrp.services.gateway.upstream import TokenizerTemplate
+    from streamgrp.services.gateway.templates import TokenizerTemplate
 
     calls: list[tuple] = []
 

@@ -307,12 +307,12 @@ def test_samples_of_other_dtypes_are_widened_to_the_batch_dtypes():
 
 
 def test_a_shard_is_built_on_one_thread_and_the_callers_thread_count_is_restored(monkeypatch):
-    from streamgrp.train import loader
+    from streamgrp.train import shard_tensors
 
     seen = []
-    build = loader._shard_tensors
+    build = shard_tensors._shard_tensors
     monkeypatch.setattr(
-        loader, "_shard_tensors", lambda samples: seen.append(torch.get_num_threads()) or build(samples)
+        shard_tensors, "_shard_tensors", lambda samples: seen.append(torch.get_num_threads()) or build(samples)
     )
     before = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamgrp.train.loader import SampleRows, shard_tensors
+from streamgrp.train.shard_tensors import SampleRows, shard_tensors
 
 _NUMPY = {
     "int32": np.int32,
@@ -85,7 +85,7 @@ CASES = {
     ],
     "bfloat16, padded": [{"row_lengths": [3, 5], "logprobs": "bfloat16"}, {"row_lengths": [2], "logprobs": "bfloat16"}],
     "mask bytes above 1": [{"row_lengths": [3, 6], "mask_bytes": True}, {"row_lengths": [6]}],
-    # wide enough that only each row's padding is zeroed, after its bytes are written (loader._WIDE_ROWS)
+    # wide enough that only each row's padding is zeroed, after its bytes are written (shard_tensors._WIDE_ROWS)
     "wide ragged rows": [
         {"row_lengths": [5000]},
         {"row_lengths": [4097, 6000]},

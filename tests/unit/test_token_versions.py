@@ -8,7 +8,8 @@ import torch
 
 from streamgrp.core.events import Sample
 from streamgrp.train.batch import Batch
-from streamgrp.train.loader import StaleMask, mask_stale, row_runs, sample_rows, shard_tensors, version_runs
+from streamgrp.train.loader import sample_rows, version_runs
+from streamgrp.train.shard_tensors import StaleMask, mask_stale, row_runs, shard_tensors
 
 
 def _sample(rows: list[int], *, prompt: int, version: int, runs=None) -> Sample:

@@ -11,7 +11,7 @@ sample: one row while each prompt continues the previous prompt and completion, 
 generated tokens only (`streamgrp.core.session_rows`).
 
 Layout: `openai_api` (request and reply shapes), `tool_calls` (tool-call parsers), `upstream` (the
-inference servers and chat templates), `live` (a session in memory: continuation, retries), `gateway`
+inference servers), `templates` (chat templates), `live` (a session in memory: continuation, retries), `gateway`
 (the sessions' lifecycle per request), `server` (the aiohttp server), `agent` (`streamgrp agent`).
 The store's side is `streamgrp.store.sessions`; the metrics are `streamgrp.cli.metrics`'s (role ``gateway``).
 Needs the ``gateway`` extra (aiohttp; ``openai`` for `streamgrp agent`).

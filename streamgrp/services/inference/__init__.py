@@ -7,7 +7,8 @@
 Layout: `http` (JSON over HTTP, one deadline, errors sorted into retry / do not retry), `pool`
 (round-robin or least-loaded server choice), `dialect` (the interface and the `Generation` every
 dialect parses into), `vllm`, `sglang`, `llamacpp` (request and reply shapes, weight loading),
-`adapter` (`InferenceRollout`: retries, aborts, versions, the `Sample`), `rewards` (defaults),
+`retries` (a request retried, waited through restarts, its reply bounded), `adapter`
+(`InferenceRollout`: aborts, log-probabilities, versions, the `Sample`), `rewards` (defaults),
 `weight_sync` (the `streamgrp weight-sync` role). No torch: a worker stays light.
 """
 

@@ -3,7 +3,7 @@
 A `Dialect` turns token ids into one server's request body and that server's reply into a
 `Generation`: the completion's token ids, the server's log-probability of each, its text, why it
 stopped, and the weight version it reports (if it reports one). Dialects are pure translation: no
-I/O, no retries (`streamgrp.services.inference.adapter` owns those), except `load_weights`, the
+I/O, no retries (`streamgrp.services.inference.retries` owns those), except `load_weights`, the
 weight-publishing call, which each dialect makes its own way.
 
 A reply may lack some log-probabilities it owes (llama-server leaves out the tokens that end inside a
