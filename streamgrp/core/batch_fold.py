@@ -16,12 +16,12 @@ Invariants, for any order of the same decisions: every trainable group is in at 
 discarded once, never both; a step holds between ``dp_size`` and ``max_batch_size`` groups (fixed
 mode: exactly ``batch_size`` except the final step); no group in a step is more than
 ``max_staleness`` versions behind the step's version, except under ``staleness="mask"``, which keeps
-such groups (the loader masks their old tokens) unless every token is (`wholly_stale`: the group would
-train nothing, so it is discarded as stale instead of taking a step's place); steps are numbered 0, 1, 2,
-... without gaps.
+such groups (the loader masks their old tokens) unless the mask would leave it no loss (`masked_out`: every
+token older than the window, or every row cut below ``mask_min_tokens``; it is discarded as stale instead
+of taking a step's place); steps are numbered 0, 1, 2, ... without gaps.
 
 The staleness policy (`BatchRules.staleness`, the run's recorded setting): ``drop`` discards a stale
-group; ``mask`` keeps it while some of its tokens are inside the window; ``wait`` holds tasks and
+group; ``mask`` keeps it while some of its rows still train; ``wait`` holds tasks and
 steps so that no pending work can turn stale. The feeder issues only while at most ``max_staleness`` written steps
 are uncommitted (`may_issue`), and
 a step is held (`window_allows`) while it could make pending work stale:
@@ -76,11 +76,11 @@ def is_stale(decision: GroupDecided, current_version: int, max_staleness: int) -
     return version is not None and current_version - version > max_staleness
 
 
-def wholly_stale(decision: GroupDecided, current_version: int, max_staleness: int) -> bool:
-    """Every token of the group is more than ``max_staleness`` versions behind (its newest token is): under
-    ``mask`` the loader would clear all of its loss, so the group would take a step's place and train nothing."""
-    newest = decision.newest_version
-    return newest is not None and current_version - newest > max_staleness
+def masked_out(decision: GroupDecided, current_version: int, max_staleness: int, min_tokens: int = 1) -> bool:
+    """Under ``mask`` the loader would clear all of the group's loss: no row keeps a loss token inside the
+    window, or ``min_tokens`` of them once the mask cut it (`streamgrp.core.fresh_tokens`), so the group would
+    take a step's place and train nothing."""
+    return bool(decision.slots) and not decision.freshness.trains_at(current_version - max_staleness, min_tokens)
 
 
 def discards_stale(staleness: str) -> bool:
@@ -107,6 +107,7 @@ class BatchRules:
     max_empty_rounds: int = 8
     stall_timeout_s: float = 1800.0
     staleness: Staleness = "drop"
+    mask_min_tokens: int = 1
 
     @classmethod
     def of(cls, run_config, max_steps: int | None = None) -> BatchRules:
@@ -121,6 +122,7 @@ class BatchRules:
             max_empty_rounds=run_config.max_empty_rounds,
             stall_timeout_s=run_config.stall_timeout_s,
             staleness=getattr(run_config, "staleness", "drop"),
+            mask_min_tokens=getattr(run_config, "mask_min_tokens", 1),
         )
 
 
@@ -256,10 +258,13 @@ def _emit(state: BatchState, candidates: list[Buffered], *, final: bool = False)
             detail = f"group version {decision.version}, policy version {version}, max_staleness {rules.max_staleness}"
             outputs.append(Discarded(entry_id, decision, STALE, detail, version))
             used.add(entry_id)
-        elif rules.staleness == "mask" and wholly_stale(decision, version, rules.max_staleness):
+        elif rules.staleness == "mask" and masked_out(decision, version, rules.max_staleness, rules.mask_min_tokens):
+            oldest = version - rules.max_staleness
             detail = (
-                f"every token is stale under mask: newest token version {decision.newest_version}, policy "
-                f"version {version}, max_staleness {rules.max_staleness}"
+                f"no row trains under mask: newest token version {decision.newest_version}, at most "
+                f"{decision.freshness.tokens_at(oldest)} loss tokens of one row at version {oldest} or newer "
+                f"(mask_min_tokens {rules.mask_min_tokens}), policy version {version}, max_staleness "
+                f"{rules.max_staleness}"
             )
             outputs.append(Discarded(entry_id, decision, STALE, detail, version))
             used.add(entry_id)

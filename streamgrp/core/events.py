@@ -22,6 +22,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from streamgrp.core import wire
 from streamgrp.core.event_base import READABLE_SCHEMAS, SCHEMA_VERSION
+from streamgrp.core.fresh_tokens import Freshness, check_freshness, group_freshness, sample_freshness, sample_runs
 from streamgrp.core.generation_events import (
     SessionEnded,
     SessionOpened,
@@ -147,6 +148,10 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     #: so such a result is written as before. What ``staleness="mask"`` needs to tell a group that would train
     #: nothing (every token older than the window) from one with tokens to train.
     newest: wire.NonNegInt | UnsetType = UNSET
+    #: With ``newest``: what the sample still trains under ``staleness="mask"`` at any window
+    #: (`streamgrp.core.fresh_tokens.Freshness`: ``whole_version`` and ``fresh_tokens``).
+    whole_version: wire.NonNegInt | UnsetType = UNSET
+    fresh_tokens: tuple[tuple[wire.NonNegInt, wire.NonNegInt], ...] | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.reward):  # the mean of finite rewards can still overflow
@@ -155,37 +160,31 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
             raise ValueError(
                 f"newest version {self.newest} is not past the sample's version {self.version}; leave it out"
             )
+        check_freshness(self, self.newest, self.tokens)
 
     @classmethod
     def of(cls, sample: Sample, digest: str) -> SampleSummary:
-        newest = newest_token_version(sample)
+        runs = sample_runs(sample)
+        newest = max(version for version, _ in runs) if runs else -1
+        spans = runs is not None and newest > sample.version
+        fresh = sample_freshness(sample, runs) if runs is not None and spans else None
         return cls(
             rows=sample.rows,
             tokens=sample.valid_tokens,
             version=sample.version,
             reward=sum(sample.rewards) / sample.rows,
             digest=digest,
-            newest=newest if newest is not None and newest > sample.version else UNSET,
+            newest=newest if spans else UNSET,
+            whole_version=fresh.whole if fresh else UNSET,
+            fresh_tokens=fresh.tokens if fresh else UNSET,
         )
 
-
-def newest_token_version(sample: Sample) -> int | None:
-    """The newest version in ``meta.token_versions`` (``[[version, tokens], ...]`` runs), None without such runs;
-    a malformed entry is not a version (the meta is the rollout's free-form record)."""
-    runs = sample.meta.get("token_versions") if isinstance(sample.meta, dict) else None
-    if not isinstance(runs, list):
-        return None
-    versions = [
-        run[0]
-        for run in runs
-        if isinstance(run, (list, tuple))
-        and len(run) == 2
-        and type(run[0]) is int
-        and run[0] >= 0
-        and type(run[1]) is int
-        and run[1] > 0
-    ]
-    return max(versions) if versions else None
+    @property
+    def freshness(self) -> Freshness:
+        """What the sample trains under ``staleness="mask"``: recorded, or all its tokens at its version."""
+        if self.whole_version is UNSET or self.fresh_tokens is UNSET:
+            return Freshness.flat(self.version, self.tokens)
+        return Freshness(self.whole_version, self.fresh_tokens)
 
 
 class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -302,9 +301,16 @@ class GroupDecided(WireEvent, frozen=True, kw_only=True, dict=True):
     #: The newest policy version among the members' tokens, when a member's per-token versions reach past
     #: every member's version (`SampleSummary.newest`); left out otherwise. See `newest_version`.
     newest_token_version: wire.NonNegInt | UnsetType = UNSET
+    #: What the group still trains under ``staleness="mask"`` at any window (`freshness`), when a member recorded
+    #: its own (`SampleSummary.fresh_tokens`: its tokens span versions); left out otherwise.
+    whole_version: wire.NonNegInt | UnsetType = UNSET
+    fresh_tokens: tuple[tuple[wire.NonNegInt, wire.NonNegInt], ...] | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         check_columns(self)
+        if self.whole_version is not UNSET or self.fresh_tokens is not UNSET:
+            newest = self.newest_version
+            check_freshness(self, UNSET if newest is None else newest, max(self.member_tokens, default=0))
 
     @classmethod
     def of(cls, *, members: Sequence[DecidedMember], **fields: Any) -> GroupDecided:
@@ -336,6 +342,17 @@ class GroupDecided(WireEvent, frozen=True, kw_only=True, dict=True):
     @property
     def valid_tokens(self) -> int:
         return sum(self.member_tokens)
+
+    @property
+    def freshness(self) -> Freshness:
+        """What the group still trains under ``staleness="mask"``: recorded, else its members' tokens each at its
+        version (a decision recorded before freshness was, with ``newest_token_version``, counts as whole up to
+        that version: kept while any token is inside the window, as it was batched then)."""
+        if self.whole_version is not UNSET and self.fresh_tokens is not UNSET:
+            return Freshness(self.whole_version, self.fresh_tokens)
+        flat = group_freshness([Freshness.flat(v, t) for v, t in zip(self.member_versions, self.member_tokens)])
+        newest = self.newest_version
+        return flat if newest is None else Freshness(newest, flat.tokens)
 
 
 class RunTerminated(WireEvent, frozen=True, kw_only=True):

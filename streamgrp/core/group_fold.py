@@ -29,6 +29,7 @@ from streamgrp.core.events import (
     TaskIssued,
     Tick,
 )
+from streamgrp.core.fresh_tokens import Freshness, group_freshness
 from streamgrp.core.policy import GroupPolicy
 
 # Why a slot entry was acknowledged without being folded.
@@ -59,6 +60,8 @@ class SlotRecord:
     reward_entry: str = ""
     #: The newest version among the sample's tokens, past ``version`` (`SampleSummary.newest`), else None.
     newest: int | None = None
+    #: What the sample trains under ``staleness="mask"``, when its summary recorded it (its tokens span versions).
+    fresh: Freshness | None = None
 
 
 @dataclass(slots=True)
@@ -180,6 +183,7 @@ def _on_slot(state: FoldState, event: SlotResult, entry_id: str) -> list[Output]
             entry_id,
             sample.digest,
             newest=None if sample.newest is UNSET else sample.newest,
+            fresh=None if sample.fresh_tokens is UNSET else sample.freshness,
         )
         return []
     else:
@@ -192,6 +196,7 @@ def _on_slot(state: FoldState, event: SlotResult, entry_id: str) -> list[Output]
             sample.digest,
             sample.reward,
             newest=None if sample.newest is UNSET else sample.newest,
+            fresh=None if sample.fresh_tokens is UNSET else sample.freshness,
         )
     if len(group.results) == n_samples:
         return [_close(state, group, "all_slots", None)]
@@ -298,6 +303,11 @@ def _close(
     rewards = tuple(result.reward for result in usable)
     row_rewards = tuple(result.rewards for result in usable)
     newest = max((result.newest for result in usable if result.newest is not None), default=None)
+    fresh = (
+        group_freshness([result.fresh or Freshness.flat(result.version, result.tokens) for result in usable])
+        if any(result.fresh for result in usable)
+        else None
+    )
     # The member columns straight from the slot results, validated when they were decoded (an optional column
     # no member recorded is empty, as `streamgrp.core.members.columns_of` writes it).
     decision = GroupDecided(
@@ -319,6 +329,8 @@ def _close(
         issued_at=group.issued_at,
         decided_at=now,
         newest_token_version=newest if newest is not None and newest > max(r.version for r in usable) else UNSET,
+        whole_version=fresh.whole if fresh else UNSET,
+        fresh_tokens=fresh.tokens if fresh else UNSET,
     )
     del state.open[group.task_id]
     state.decided.add(group.task_id)

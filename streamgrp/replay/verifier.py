@@ -77,8 +77,8 @@ from streamgrp.store.sources import (
 __all__ = ["DECISION_FIELDS", "Difference", "VerifyReport", "format_report", "verify"]
 
 #: GroupDecided fields the fold determines, by their recorded (wire) names so that a difference names
-#: what the header holds; ``decided_at`` too when the fold sets it (deadline closes). ``newest_token_version``
-#: is written only when set: absent on both sides is equal.
+#: what the header holds; ``decided_at`` too when the fold sets it (deadline closes). ``newest_token_version``,
+#: ``whole_version`` and ``fresh_tokens`` are written only when set: absent on both sides is equal.
 DECISION_FIELDS = (
     "decision",
     "reason",
@@ -95,6 +95,8 @@ DECISION_FIELDS = (
     "closed_by",
     "issued_at",
     "newest_token_version",
+    "whole_version",
+    "fresh_tokens",
 )
 
 

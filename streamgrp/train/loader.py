@@ -23,6 +23,7 @@ import torch
 
 from streamgrp.core import codec
 from streamgrp.core.events import GroupDecided, Sample, ShardGroup, StepManifest
+from streamgrp.core.fresh_tokens import sample_runs, version_runs
 from streamgrp.errors import DecodeError, DigestMismatch
 from streamgrp.train.batch import Batch, BatchOwner
 from streamgrp.train.shard_tensors import SampleRows, StaleMask, mask_stale, row_runs, shard_tensors
@@ -230,25 +231,6 @@ def _payload_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> Sam
     return SampleRows(data, lengths, sample.rewards, sample.version, runs)
 
 
-def version_runs(value: object, total: int) -> tuple[tuple[int, int], ...] | None:
-    """``meta["token_versions"]`` as ``(version, tokens)`` runs, or None when absent or not runs of at most
-    ``total`` tokens in all (the meta is free-form: a value that is not streamgrp's means no per-token
-    versions, never a failed step)."""
-    if value.__class__ is not list or not value:
-        return None
-    runs = []
-    covered = 0
-    for run in value:
-        if run.__class__ is not list or len(run) != 2:
-            return None
-        version, count = run
-        if version.__class__ is not int or count.__class__ is not int or version < 0 or count < 1:
-            return None
-        covered += count
-        runs.append((version, count))
-    return tuple(runs) if covered <= total else None
-
-
 def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows | None:
     """A schema-1 slot entry, which carried its sample inline: fully decoded (old logs only); None when the
     entry is no schema-1 slot result."""
@@ -264,5 +246,5 @@ def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> Samp
 def sample_rows(sample: Sample) -> SampleRows:
     """A validated `Sample` as the loader reads it (tests, and schema-1 entries)."""
     data = {name: (getattr(sample, name).data, getattr(sample, name).dtype) for name in _ALLOWED}
-    runs = version_runs(sample.meta.get("token_versions"), sum(sample.row_lengths)) if sample.meta else None
+    runs = sample_runs(sample)
     return SampleRows(data, sample.row_lengths, sample.rewards, sample.version, runs)

@@ -56,8 +56,9 @@ class SampleRows:
 
 @dataclass(frozen=True, slots=True)
 class StaleMask:
-    """The staleness mask (``staleness="mask"``): tokens of versions below ``oldest`` lose their loss;
-    a row left with fewer than ``min_tokens`` loss tokens (that had some) loses all of them."""
+    """The staleness mask (``staleness="mask"``): tokens of versions below ``oldest`` lose their loss; a row
+    the mask cut that is left with fewer than ``min_tokens`` loss tokens loses all of them (a row it did not
+    cut keeps its loss however short: the rule is the row's own, whatever else the step holds)."""
 
     oldest: int
     min_tokens: int = 1
@@ -131,16 +132,17 @@ def token_versions(
 
 
 def mask_stale(batch: Batch, stale: StaleMask) -> int:
-    """Clear the loss mask of tokens older than ``stale.oldest`` (and of rows left with fewer than
-    ``stale.min_tokens`` loss tokens) in place; returns how many loss tokens it cleared."""
+    """Clear the loss mask of tokens older than ``stale.oldest`` (and of rows it cut that are left with fewer
+    than ``stale.min_tokens`` loss tokens) in place; returns how many loss tokens it cleared. The batch fold
+    discards a group this would leave no loss (`streamgrp.core.fresh_tokens`), by the same rule."""
     mask = batch.loss_mask
     if not bool((batch.versions < stale.oldest).any()) and not _runs_older(batch.version_runs, stale.oldest):
         return 0  # every token is inside the window: nothing to look at token by token
     before = int(mask.sum())
     old = batch.token_versions < stale.oldest
-    had = mask.any(dim=1)
+    cut = (mask & old).any(dim=1)
     mask &= ~old
-    mask[had & (mask.sum(dim=1) < stale.min_tokens)] = False
+    mask[cut & (mask.sum(dim=1) < stale.min_tokens)] = False
     return before - int(mask.sum())
 
 

@@ -47,8 +47,25 @@ def test_mask_discards_a_group_whose_every_token_is_stale_instead_of_giving_it_a
     _, masked = run_batch_fold(state(staleness="mask", max_staleness=1), events)
     discarded = [o for o in masked if isinstance(o, Discarded)]
     assert [(o.decision.task_id, o.reason) for o in discarded] == [("t0", "stale"), ("t1", "stale")]
-    assert "every token is stale under mask: newest token version 1" in discarded[1].detail
+    assert "no row trains under mask: newest token version 1, at most 0 loss tokens" in discarded[1].detail
     assert [tasks(s) for s in steps(masked)] == [["t2", "t3", "t4", "t5"]]  # t2's version-2 tokens train
+
+
+def test_mask_discards_a_group_whose_rows_the_mask_cuts_below_mask_min_tokens():
+    # Versions 1..3, window from 2: t0's best row keeps 3 loss tokens of versions 2 and 3, t1's keeps 5.
+    def cut(task: str, fresh_at_2: int) -> Decided:
+        fresh = ((1, 8), (2, fresh_at_2), (3, 2))
+        spanning = group(task, version=1, tokens=8).replace(newest_token_version=3, whole_version=1, fresh_tokens=fresh)
+        return Decided(f"{task}-0", spanning)
+
+    events = [VersionSet(3), cut("t0", 3), cut("t1", 5), *decided(3, start=2, version=3)]
+    _, four = run_batch_fold(state(staleness="mask", max_staleness=1, mask_min_tokens=4), events)
+    discarded = [o for o in four if isinstance(o, Discarded)]
+    assert [(o.decision.task_id, o.reason) for o in discarded] == [("t0", "stale")]
+    assert "at most 3 loss tokens of one row at version 2 or newer (mask_min_tokens 4)" in discarded[0].detail
+    assert [tasks(s) for s in steps(four)] == [["t1", "t2", "t3", "t4"]]
+    _, three = run_batch_fold(state(staleness="mask", max_staleness=1, mask_min_tokens=3), events)
+    assert not [o for o in three if isinstance(o, Discarded)]  # 3 left in t0's row: enough
 
 
 def test_wait_holds_a_step_while_an_in_flight_task_would_turn_stale():
@@ -150,6 +167,7 @@ def test_a_samples_newest_token_version_travels_from_its_result_to_its_decision_
     from streamgrp import GroupPolicy
     from streamgrp.core import codec
     from streamgrp.core.events import SlotResult, TaskIssued
+    from streamgrp.core.fresh_tokens import Freshness
     from streamgrp.core.group_fold import run_fold
     from streamgrp.services.synthetic import make_sample
 
@@ -170,8 +188,11 @@ def test_a_samples_newest_token_version_travels_from_its_result_to_its_decision_
     )
     decision = codec.decode(codec.encode(closed.decision))
     assert (decision.version, decision.newest_version, decision.newest_token_version) == (1, 3, 3)
+    # its freshness with it: the spanning member's one row keeps 2 loss tokens of version 3, the plain one 4
+    assert decision.freshness == Freshness(1, ((1, 4), (3, 2)))
     _, [plain] = run_fold(
         GroupPolicy(n_samples=2),
         [("1-0", TaskIssued(task_id="t1", issued_at=1.0)), ("2-0", result(0, None)), ("3-0", result(1, [[1, 4]]))],
     )
     assert "newest" not in codec.encode(plain.decision)[codec.HEADER].decode()
+    assert "fresh" not in codec.encode(plain.decision)[codec.HEADER].decode()

@@ -8,7 +8,8 @@ import torch
 
 from streamgrp.core.events import Sample
 from streamgrp.train.batch import Batch
-from streamgrp.train.loader import sample_rows, version_runs
+from streamgrp.core.fresh_tokens import version_runs
+from streamgrp.train.loader import sample_rows
 from streamgrp.train.shard_tensors import StaleMask, mask_stale, row_runs, shard_tensors
 
 
