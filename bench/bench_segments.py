@@ -30,6 +30,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -89,15 +90,23 @@ def _worker(
     results.put((done, time.monotonic() - started, time.process_time() - cpu, batches, spent[0]))
 
 
+_depth = threading.local()
+
+
 def _timed(method, spent: list[float]):
-    """``method``, adding the CPU time its calls take on their thread to ``spent[0]`` (under the GIL: no lock)."""
+    """``method``, adding the CPU time its calls take on their thread to ``spent[0]`` (under the GIL: no lock).
+    A timed call inside another (a slot's `record` that sends the queue itself) is counted once, by the outer."""
 
     def timed(*args, **kwargs):
+        outer = not getattr(_depth, "inside", False)
+        _depth.inside = True
         started = time.thread_time()
         try:
             return method(*args, **kwargs)
         finally:
-            spent[0] += time.thread_time() - started
+            if outer:
+                _depth.inside = False
+                spent[0] += time.thread_time() - started
 
     return timed
 

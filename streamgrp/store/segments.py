@@ -10,16 +10,17 @@ indexes 0, 1, 2, ... and each one starting where the one before ended; a repeat 
 sent again after a lost reply) is skipped, and the chain ends at the first gap or after a segment that
 ends the generation (``stop``/``length``).
 
-A worker streaming several slots at once writes through `SegmentStore.submit`: one writer thread sends
-everything queued in one pipeline, in the order submitted (a slot's segments stay in index order: one batch
-is on the wire at a time), and tells each slot how its write went; `record` is the same write, synchronous.
-The writer wakes when a segment is queued and lets others gather for up to `LINGER_S`, a window that ends
-early when a slot queues a segment while its previous one is still queued (so a slot never has two waiting:
-a worker killed loses at most one segment of each slot, besides the tokens not cut yet and a batch already
-on the wire) or the queue holds `_BATCH`; a slot whose generation ended sends what is queued itself (`write_now`),
-so its
-result waits for no window. A pipeline costs the worker about what a few segments cost (a send and a
-receive, and the thread switches around them): gathering is what keeps the writes a small share of its CPU.
+A worker streaming several slots at once writes through `SegmentStore.submit`: segments gather in a queue and
+are sent in one pipeline, in the order submitted (a slot's segments stay in index order: one batch is on the
+wire at a time), and each slot is told how its write went; `record` is the same write, synchronous. The
+queue is sent by the slot thread that finds it due, on that thread: a slot that queues a segment while its
+previous one is still queued (so a slot never has two waiting: a worker killed loses at most one segment of
+each slot, besides the tokens not cut yet and a batch already on the wire), a queue of `_BATCH`, and a slot
+whose generation ended (`write_now`: its result waits for its writes). A flusher thread sends what is left
+queued every `LINGER_S`, which bounds how long a segment waits when the slots go quiet. A pipeline costs
+the worker about what a few segments cost (a send and a receive), and handing a batch to another thread
+costs it again (two wake-ups and the interpreter lock passed back and forth): gathering, and sending from a
+thread that is running anyway, is what keeps the writes a small share of its CPU.
 
 Segments are never folded as results: the slot's result (`streamgrp.services.worker`) is published as
 always, and a sample built on segments says so in its meta (``segments``: how many, and the tokens they
@@ -31,6 +32,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,11 +52,11 @@ log = logging.getLogger(__name__)
 _PAGE = 512
 #: Tasks whose chains a worker keeps read (a task's slots run at once, each asks for its chain).
 _CACHED_TASKS = 64
-#: Queued segments that end the writer's window at once (a pipeline holds everything queued).
+#: Queued segments that are sent at once (a pipeline holds everything queued).
 _BATCH = 64
-#: The writer's window: the longest a segment waits in the queue for others to join its pipeline. Long,
-#: since it is not what bounds the loss when a worker is killed: a slot's next segment ends the window (one
-#: segment of each slot at most ever waits in the queue), and a slot that ends sends at once.
+#: The flusher's period: the longest a segment waits in the queue for others to join its pipeline. Long,
+#: since it is not what bounds the loss when a worker is killed: a slot's next segment sends the queue (one
+#: segment of each slot at most ever waits in it), and a slot that ends sends at once.
 LINGER_S = 0.5
 
 
@@ -160,14 +162,11 @@ class SegmentStore:
         self._lock = threading.Lock()
         self._chains: OrderedDict[str, tuple[dict[int, list[SlotSegment]], set[int]]] = OrderedDict()
         self._seq = itertools.count(1)
-        # The hand-off to the writer thread: a deque (appends and pops need no lock), one Event that something
-        # is queued (set by the first submit after the writer took its batch, not by every one) and one that
-        # the window should end now.
+        # The queue: a deque (appends and pops need no lock), sent by whichever thread finds it due.
         self._queue: deque[tuple[int, str, SlotSegment, Callable[[str | BaseException], None]]] = deque()
-        self._queued = threading.Event()
-        self._due = threading.Event()
         self._waiting: set[int] = set()  # the seq of every segment queued and not yet taken into a batch
-        self._writer: threading.Thread | None = None
+        self._flusher: threading.Thread | None = None
+        self._connection: Any = None  # the writes' own connection to a single server (`_pipelined`)
         self._sending = threading.Lock()  # one batch on the wire at a time: a slot's segments stay in order
         #: Pipelines sent and segments written through them (what the batching achieves: see bench/README.md).
         self.batches = 0
@@ -197,32 +196,27 @@ class SegmentStore:
         stamped: bool = False,
         now: bool = False,
     ) -> None:
-        """Queue ``segment`` for the writer thread; it calls ``done`` with the entry id, `SegmentTaken` or the
-        error the write met. What one slot submits is written in that order. ``stamped``: built with `stamp`.
-        ``now``: end the writer's window at once (the slot has a segment still queued: see `LINGER_S`)."""
+        """Queue ``segment``; ``done`` is called with the entry id, `SegmentTaken` or the error the write met,
+        on the thread that sends it. What one slot submits is written in that order. ``stamped``: built with
+        `stamp`. ``now``: send the queue from this thread at once (the slot has a segment still queued: see
+        `LINGER_S`)."""
         if not stamped:
             segment = segment.replace(**self.stamp())
         self._waiting.add(segment.seq)
         self._queue.append((partition, task_entry, segment, done))
-        if self._writer is None:
-            with self._lock:
-                if self._writer is None:
-                    self._writer = threading.Thread(target=self._write_queued, name="segment-writer", daemon=True)
-                    self._writer.start()
         if now or len(self._queue) >= _BATCH:
-            self._due.set()
-        if not self._queued.is_set():
-            self._queued.set()
+            self.write_now()
+        elif self._flusher is None:
+            with self._lock:
+                if self._flusher is None:
+                    self._flusher = threading.Thread(target=self._flush, name="segment-flusher", daemon=True)
+                    self._flusher.start()
 
     def write_now(self) -> None:
-        """Send everything queued, on the caller's thread (a slot that waits for its writes: no hand-off to the
-        writer and back); returns once those writes, and any the writer had on the wire, are answered."""
+        """Send everything queued, on the caller's thread; returns once those writes, and any batch another
+        thread had on the wire, are answered."""
         with self._sending:
             batch = self._take()
-            # after the take, not before: a slot that asked for a send now had its previous segment queued, so
-            # the batch just taken holds it, and what was asked is done (cleared before, a request between the
-            # two would stay set and cut the next window short for nothing)
-            self._due.clear()
             if batch:
                 self._send(batch)
 
@@ -246,14 +240,13 @@ class SegmentStore:
             [WORKERS_GROUP, task_entry, self.name, fields[codec.HEADER], fields[codec.BLOB]],
         )
 
-    def _write_queued(self) -> None:
-        """The writer thread: sleeps until something is queued, lets the window (``linger_s``) pass unless it is
-        ended early, then sends everything queued in one pipeline, encoded here in one go."""
+    def _flush(self) -> None:
+        """The flusher thread: every ``linger_s``, sends what the slots left queued. It wakes on a timer only,
+        never per segment: at a server's pace the slots send almost every batch themselves."""
         while True:
-            self._queued.wait()
-            self._due.wait(self.linger_s)
-            self._queued.clear()  # before taking the batch: a submit after this sets it again for the next one
-            self.write_now()
+            time.sleep(self.linger_s)
+            if self._queue:
+                self.write_now()
 
     def _send(self, batch: list[tuple[int, str, SlotSegment, Callable[[str | BaseException], None]]]) -> None:
         calls: list[tuple[list[Any], list[Any]] | BaseException] = []
@@ -262,12 +255,9 @@ class SegmentStore:
                 calls.append(self._call(partition, task_entry, segment))
             except Exception as exc:  # a segment that does not encode fails its slot, not the batch
                 calls.append(exc)
+        sent = [call for call in calls if not isinstance(call, BaseException)]
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for call in calls:
-                if not isinstance(call, BaseException):
-                    self._write(keys=call[0], args=call[1], client=pipe)
-            replies = iter(pipe.execute(raise_on_error=False))
+            replies = iter(self._pipelined(sent))
         except Exception as exc:  # the connection: every write of the batch met it
             replies = iter([exc] * len(calls))
         self.batches += 1
@@ -291,6 +281,33 @@ class SegmentStore:
                 done(outcome)
             except Exception:  # a slot's hook failing must not stop the others' writes
                 log.exception("a segment write's hook failed")
+
+    def _pipelined(self, calls: list[tuple[list[Any], list[Any]]]) -> list[Any]:
+        """The replies to ``calls`` (an error reply as its exception), sent in one round trip. On one server,
+        through a connection of the store's own: the commands packed in one go and each reply read as it is,
+        which costs the worker about half what a redis-py pipeline does (its command stack, the pool and the
+        reply callbacks; `bench/README.md`). A cluster client keeps redis-py's pipeline, which routes each
+        call to its node."""
+        if isinstance(self.client, redis.RedisCluster):
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                self._write(keys=keys, args=args, client=pipe)
+            return pipe.execute(raise_on_error=False)
+        if self._connection is None:
+            self._connection = self.client.connection_pool.make_connection()
+        connection = self._connection
+        name = self._write.name
+        connection.send_packed_command(
+            connection.pack_commands([("FCALL", name, len(keys), *keys, *args) for keys, args in calls]),
+            check_health=False,
+        )
+        replies: list[Any] = []
+        for _ in calls:
+            try:
+                replies.append(connection.read_response())
+            except redis.ResponseError as exc:  # one call's error reply: the next replies are still to read
+                replies.append(exc)
+        return replies
 
     def chain(self, partition: int, task_entry: str, task_id: str, slot: int, slots: int = 1) -> list[SlotSegment]:
         """The chain of ``slot`` of the task at ``task_entry``, read once for its ``slots`` slots (the first to

@@ -419,3 +419,38 @@ def test_queued_segments_gather_in_one_pipeline_until_a_slot_cuts_a_second_or_wa
     assert [s.token_ids.to_list() for s in chains[0]] == [[7, 8], [10]]
     assert [(s.token_ids.to_list(), s.cause) for s in chains[1]] == [([9], "chunk"), ([11], "stop")]
     assert slots[1].meta()["segments"] == {"count": 2, "tokens": 2}
+
+
+def test_one_batch_tells_each_slot_its_own_outcome_and_rides_a_lost_library_and_a_dropped_connection(
+    client, make_run, issuer
+):
+    run = make_run(n_samples=1)
+    WorkerClient(client, run.keys)
+    held = _held_task(client, run, issuer, "w1")
+    taken = _held_task(client, run, issuer, "w2")  # another worker's: w1's write to it is refused
+    store = SegmentStore(client, run.partitions, name="w1", linger_s=30.0)
+    outcomes: list[object] = []
+
+    def write_batch(*segments) -> list[object]:
+        outcomes.clear()
+        for entry, segment in segments:
+            store.submit(0, entry, segment, outcomes.append)
+        store.write_now()
+        return list(outcomes)
+
+    first = write_batch((held, _segment(0, 0, [7, 8])), (taken, _segment(0, 0, [9])), (held, _segment(1, 2, [10])))
+    assert isinstance(first[0], str) and isinstance(first[1], SegmentTaken) and isinstance(first[2], str)
+    assert client.xlen(run.keys.segments) == 2
+    client.function_flush()  # the server lost the library: the batch's writes load it again and land
+    second = write_batch((held, _segment(2, 3, [11])), (held, _segment(3, 4, [12])))
+    assert all(isinstance(outcome, str) for outcome in second), second
+    own = store._connection  # a single server's writes go through the store's own connection; a cluster's not
+    if own is not None:  # it drops (killed by its address only: other tests share the server)
+        host, port = own._sock.getsockname()[:2]
+        assert client.client_kill_filter(addr=f"{host}:{port}") == 1
+        failed = write_batch((held, _segment(4, 5, [13])))
+        assert isinstance(failed[0], redis.ConnectionError), failed
+    again = write_batch((held, _segment(4, 5, [13])))  # sent again, as a slot whose write failed would be
+    assert isinstance(again[0], str), again
+    chain = chain_of(task_segments(client, run.keys.segments, "t0")[0])
+    assert [segment.token_ids.to_list() for segment in chain] == [[7, 8], [10], [11], [12], [13]]
