@@ -1,12 +1,12 @@
 """The group assembler: folds the run's slot log and emits each group decision exactly once.
 
-Owns delivery on the assembler side: reading the slot log through the `assembler` consumer group,
-turning fold outputs into the typed records of one atomic commit per read round (the decision, the
-"already decided" marker, the counters and the acknowledgement of every entry the round accounts
-for, fenced by a lease; `streamgrp.store.assembler_store` makes the call), ticking deadlines,
-dead-lettering what does not decode, and rebuilding open groups from pending entries after a
-restart or a takeover. Decisions themselves come from
-the pure fold (`streamgrp.core.group_fold`).
+Owns delivery on the assembler side: reading the slot log through the `assembler` consumer group
+(`streamgrp.services.slot_reader` reads and decodes it), turning fold outputs into the typed records of one
+atomic commit per read round (the decision, the "already decided" marker, the counters and the
+acknowledgement of every entry the round accounts for, fenced by a lease; `streamgrp.store.assembler_store`
+makes the call), ticking deadlines, dead-lettering what does not decode, and rebuilding open groups from
+pending entries after a restart or a takeover. Decisions themselves come from the pure fold
+(`streamgrp.core.group_fold`).
 
 Why a Lua script and not MULTI/EXEC: the write must be conditional (write the decision only if the
 task has no decision yet, and only while this process holds the lease). MULTI/EXEC cannot branch
@@ -51,12 +51,7 @@ import redis
 from streamgrp.config import AssemblerConfig
 from streamgrp.core import codec, counters
 from streamgrp.core.decision import CONTRACT_VIOLATION
-from streamgrp.core.events import (
-    SlotResult,
-    SlotRewarded,
-    TaskIssued,
-    Tick,
-)
+from streamgrp.core.events import SlotResult, TaskIssued, Tick
 from streamgrp.core.group_fold import (
     DUPLICATE,
     DUPLICATE_TASK,
@@ -73,22 +68,16 @@ from streamgrp.core.group_fold import (
 )
 from streamgrp.core.refusal import INVALID_SAMPLE, TICK_FROM_FUTURE
 from streamgrp.core.shown import show
-from streamgrp.errors import ConfigError, DecodeError
+from streamgrp.errors import ConfigError
 from streamgrp.services import heap
+from streamgrp.services.slot_reader import SlotReader
 from streamgrp.services.slot_screen import dead_letter as _dead_letter
 from streamgrp.services.slot_screen import refuse_unissued, refuse_untrainable
 from streamgrp.store.assembler_store import Acknowledge, AssemblerStore, LateOrUnknown, Record
-from streamgrp.store.keys import ASSEMBLER_CONSUMER, ASSEMBLER_GROUP
 from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.run_end import RunEndWatch
 from streamgrp.store.runs import Run, server_time
-from streamgrp.store.streams import (
-    ensure_group,
-    entry_id_str,
-    entry_size,
-    first_entries,
-    producer_name,
-)
+from streamgrp.store.streams import producer_name
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +91,6 @@ _IGNORED_COUNTER = {
     REWARD_DUPLICATE: counters.rewards("duplicate"),
     REWARD_LATE: counters.rewards("late"),
 }
-_FOLDED_KINDS = (TaskIssued, SlotResult, SlotRewarded, Tick)
 
 
 class Assembler:
@@ -139,12 +127,10 @@ class Assembler:
         self._last_tick_check = 0.0
         self._seq = 0
         self._round_now: float | None = None
-        self._largest_entry = 0
-        self._cluster = isinstance(client, redis.RedisCluster)
         #: Slot entries of open groups whose samples were refused: entry id -> (what is wrong, its fields),
         #: dead-lettered with their group's decision.
         self._refused: dict[str, tuple[str, Any]] = {}
-        ensure_group(client, self.keys.slots, ASSEMBLER_GROUP)
+        self.reader = SlotReader(client, self.keys, config)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -214,17 +200,8 @@ class Assembler:
             max_open=self.config.max_open_groups,
         )
         self._refused.clear()
-        self._claim_orphans()
-        last = "0"
         replayed = 0
-        while True:
-            reply = self.client.xreadgroup(
-                ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: last}, count=self._read_count()
-            )
-            entries = first_entries(reply)
-            if not entries:
-                break
-            last = entry_id_str(entries[-1][0])
+        for entries in self.reader.pending():
             replayed += len(entries)
             self._process(entries)
         log.info(
@@ -235,49 +212,11 @@ class Assembler:
         )
         heap.settle()  # imports and rebuilt groups: a full collection over them lands on the latency tail
 
-    def _claim_orphans(self) -> None:
-        """Move entries pending under any other consumer name to ours (assemblers that used --name)."""
-        cursor = "0-0"
-        while True:
-            cursor, _claimed, *_ = self.client.xautoclaim(
-                self.keys.slots, ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, 0, start_id=cursor, count=1000
-            )
-            cursor = entry_id_str(cursor)
-            if cursor == "0-0":
-                break
-
     def _round(self, start: str, *, block_ms: int | None) -> int:
-        if self._cluster:
-            # A cluster client sends a keyless TIME to any node: asked apart, only when a group closes.
-            reply, read_at = (
-                self.client.xreadgroup(
-                    ASSEMBLER_GROUP,
-                    ASSEMBLER_CONSUMER,
-                    {self.keys.slots: start},
-                    count=self._read_count(),
-                    block=block_ms,
-                ),
-                None,
-            )
-        else:
-            # The server's clock rides with the read (one round trip, not two): the moment the round's
-            # entries were read, which is when the groups they close were decided.
-            pipe = self.client.pipeline(transaction=False)
-            pipe.xreadgroup(
-                ASSEMBLER_GROUP, ASSEMBLER_CONSUMER, {self.keys.slots: start}, count=self._read_count(), block=block_ms
-            )
-            pipe.time()
-            reply, (seconds, micros) = pipe.execute()
-            read_at = seconds + micros / 1e6
-        entries = first_entries(reply)
+        entries, read_at = self.reader.new(start, block_ms=block_ms)
         if entries:
             self._process(entries, read_at)
         return len(entries)
-
-    def _read_count(self) -> int:
-        """Entries per read: ``read_count``, fewer once entries are large, so that a round brings in
-        about ``read_bytes`` at most (plus one entry: a stream entry cannot be read in parts)."""
-        return max(1, min(self.config.read_count, self.config.read_bytes // max(1, self._largest_entry)))
 
     # -- folding a round and committing it ---------------------------------------------------------
 
@@ -287,7 +226,7 @@ class Assembler:
         records: list[Record] = []
         decisions: list[Closed] = []
         acks: dict[str, list[str]] = {}
-        decoded = self._decode_round(entries, records, acks)
+        decoded = self.reader.decode(entries, records, acks)
         self._load_decided(decoded)
         decoded = self._refuse_unissued(decoded, records)
         self._refuse_untrainable(decoded)
@@ -323,34 +262,6 @@ class Assembler:
             self._commit(records, decisions)
         if self.metrics is not None:
             self.metrics.open_groups.set(len(self._fold.open))
-
-    def _decode_round(self, entries, records: list[Record], acks: dict[str, list[str]]) -> list[tuple[str, Any, Any]]:
-        """The round's foldable events; what does not decode or belong is dead-lettered into ``records``."""
-        decoded = []
-        largest = 0
-        for raw_id, fields in entries:
-            entry_id = entry_id_str(raw_id)
-            if fields is None:  # trimmed from the stream while pending: nothing left to fold
-                acks.setdefault(counters.slots("trimmed"), []).append(entry_id)
-                continue
-            largest = max(largest, entry_size(fields))
-            try:
-                event = codec.decode(fields, max_entry_bytes=self.config.max_entry_bytes)
-            except DecodeError as exc:
-                _dead_letter(records, exc.reason, entry_id, exc.detail, fields)
-                continue
-            if not isinstance(event, _FOLDED_KINDS):
-                _dead_letter(
-                    records,
-                    "unexpected_kind",
-                    entry_id,
-                    f"a {event.kind} event does not belong in the slot log",
-                    fields,
-                )
-                continue
-            decoded.append((entry_id, fields, event))
-        self._largest_entry = largest
-        return decoded
 
     def _from_future(self, tick: Tick, records: list[Record], entry_id: str, fields: Any) -> bool:
         """Dead-letter ``tick`` if it says a time after the server's clock now (where its entry id is in the

@@ -5,6 +5,9 @@ filtered groups, forming batches (fixed: ``batch_size`` groups; dynamic: the tra
 round produced, at least ``dp_size``), splitting them over ranks, the stall bound, the end of the
 run, and (through `streamgrp.services.feeder`) issuing tasks within the staleness window.
 
+Decisions are read and decoded by `streamgrp.services.decision_reader`; what the fold puts out is stamped
+and committed by `streamgrp.services.batch_writer`.
+
 Exactly once: a step's manifest, the next-step counter and the acknowledgement of the decision
 entries it uses are one function call (`batch_commit.lua`), fenced by the batcher lease; the fold's
 outputs reach it as typed records through the store adapter (`streamgrp.store.batcher_store`).
@@ -24,34 +27,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from streamgrp.config import BatcherConfig
-from streamgrp.core import batch_fold, codec, counters
+from streamgrp.core import batch_fold
 from streamgrp.core.batch_fold import BatchRules, BatchState, GroupFilter
-from streamgrp.core.events import (
-    GroupDecided,
-    GroupDiscarded,
-    RunFinished,
-    RunTerminated,
-)
-from streamgrp.core.manifest import decision_ref, make_manifest, ref_order
+from streamgrp.core.events import RunFinished
+from streamgrp.core.manifest import decision_ref
 from streamgrp.core.served import ServedTracker
-from streamgrp.core.stall import StallTracker, stall_message
+from streamgrp.core.stall import StallTracker
 from streamgrp.errors import LeaseLost
 from streamgrp.services import heap, outcomes
+from streamgrp.services.batch_writer import BatchWriter
+from streamgrp.services.decision_reader import Batches, DecisionReader
 from streamgrp.services.feeder import DatasetIdentity, Feeder, check_feed
 from streamgrp.store import batcher_store
-from streamgrp.store.batcher_store import BatcherStore, Settle, Step
+from streamgrp.store.batcher_store import Settle
 from streamgrp.store.connection import MAX_BLOCK_MS, outage_of
-from streamgrp.store.deadletter import DeadLetters
-from streamgrp.store.keys import BATCHER_CONSUMER, BATCHER_GROUP, PartitionKeys
 from streamgrp.store.lease import Lease, run_while_leased
-from streamgrp.store.runs import Run, server_time
-from streamgrp.store.streams import ensure_group, entry_id_str, first_entries, hash_reply, producer_name, read_in_turn
+from streamgrp.store.runs import Run
+from streamgrp.store.streams import hash_reply, producer_name
 from streamgrp.store.version import VersionReader
 
 log = logging.getLogger(__name__)
@@ -95,22 +93,17 @@ class Batcher:
         self.rules = BatchRules.of(self.settings, config.max_steps)
         self.state = BatchState(self.rules, group_filter)
         self.served = ServedTracker(self.settings.max_staleness)  # is the served policy keeping up?
-        self.steps_written = 0
         self._finished_outcome: str | None = None  # found already finished or failed at activation
         self._active = False
         self._feeder: Feeder | None = None
-        self._seq = 0
-        self._pending: list[batcher_store.Record] = []  # acks and discards of the read batch being folded
-        self._pending_steps: list[batch_fold.StepDue] = []
         self._inactive_since: float | None = None
         self.outage = outage_of(client)
         self.partitions = run.partitions
-        self.store = BatcherStore(client, run.keys, run.partitions)
-        # One server, one partition: the policy version rides with each read (one round trip, not two).
-        self._reads_with_version = len(self.partitions) == 1 and not isinstance(client, redis.RedisCluster)
-        self.dead_letters = {part.index: DeadLetters(client, part, metrics=metrics) for part in self.partitions}
-        for part in self.partitions:
-            ensure_group(client, part.decisions, BATCHER_GROUP)
+        self.writer = BatchWriter(
+            client, run.keys, run.partitions, self.settings, self.lease, name=self.name, metrics=metrics
+        )
+        self.store = self.writer.store
+        self.reader = DecisionReader(client, run.keys, run.partitions, self._version, metrics=metrics)
         self._check_feed(self._state())  # a standby with another dataset is refused at its start, not at takeover
 
     @property
@@ -121,6 +114,10 @@ class Batcher:
     @property
     def stall(self) -> StallTracker:
         return self.state.stall
+
+    @property
+    def steps_written(self) -> int:
+        return self.writer.steps_written
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -175,15 +172,8 @@ class Batcher:
                 partitions=self.partitions,
                 track_in_flight=self.rules.staleness == "wait",
             )
-        for part in self.partitions:
-            last = "0"
-            while True:
-                reply = self.client.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: last}, count=512)
-                entries = first_entries(reply)
-                if not entries:
-                    break
-                last = entry_id_str(entries[-1][0])
-                self._take([(part, entries)], replaying=True)
+        for batches in self.reader.pending():
+            self._take(batches, replaying=True)
         self._set_window()
         log.info(
             "batcher %s active at step %d with %d buffered groups",
@@ -213,7 +203,7 @@ class Batcher:
             if remaining <= 0 or (stop is not None and stop.is_set()):
                 break
             block = max(1, min(MAX_BLOCK_MS, int(min(remaining, self.config.lease_ttl_s / 3) * 1000)))
-            batches, version = self._read_new(block)
+            batches, version = self.reader.new(block)
             read += sum(len(entries) for _, entries in batches)
             self._take(batches, version=version)
             if self.settings.batch_mode == "fixed":
@@ -225,56 +215,17 @@ class Batcher:
 
     # -- from the server into the fold ----------------------------------------------------------------
 
-    def _read_new(self, block_ms: int) -> tuple[list[tuple[PartitionKeys, list]], int | None]:
-        """New decision entries of every partition that has some (`read_in_turn`), and the policy version
-        read with them (None when it could not ride along)."""
-        if self._reads_with_version:
-            [part] = self.partitions
-            pipe = self.client.pipeline(transaction=False)
-            pipe.xreadgroup(BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512, block=block_ms)
-            pipe.get(self.keys.version)  # run once the read returns: as fresh as a GET after it
-            reply, version = pipe.execute()
-            entries = first_entries(reply)
-            return ([(part, entries)] if entries else []), self._version.parse(version)
-
-        def read(part: PartitionKeys, block: int | None) -> list:
-            reply = self.client.xreadgroup(
-                BATCHER_GROUP, BATCHER_CONSUMER, {part.decisions: ">"}, count=512, block=block
-            )
-            return first_entries(reply)
-
-        return read_in_turn(self.partitions, read, block_ms, first=False), None
-
-    def _take(
-        self, batches: list[tuple[PartitionKeys, list]], *, replaying: bool = False, version: int | None = None
-    ) -> None:
+    def _take(self, batches: Batches, *, replaying: bool = False, version: int | None = None) -> None:
         """Fold read batches of decision entries (each from one partition), then see whether the dataset
         is done: only after every batch, since one partition's read being folded says nothing of the
         others'. Dead-letter the entries that are not decisions. ``version``: the policy version read
         with the batches (else read now)."""
         self._fold(batch_fold.VersionSet(self._current_version() if version is None else version))
         self._set_window()
-        decided: list[tuple[int, str, GroupDecided | None]] = []
-        for part, entries in batches:
-            dead_letters = self.dead_letters[part.index]
-            for raw_id, fields in entries:
-                entry_id = entry_id_str(raw_id)
-                decision: GroupDecided | None = None  # None: a pending entry the server no longer holds
-                if fields is not None:
-                    decision = dead_letters.decoded(
-                        part.decisions,
-                        entry_id,
-                        fields,
-                        GroupDecided,
-                        "the decisions stream",
-                        group=BATCHER_GROUP,
-                        counter=counters.INVALID_DECISIONS,
-                    )
-                    if decision is None:
-                        continue
-                decided.append((part.index, entry_id, decision))
-                if decision is not None and decision.members and not replaying:
-                    self.served.decided(max(member.version for member in decision.members), self.clock())
+        decided = self.reader.decode(batches)
+        for _, _, decision in decided:
+            if decision is not None and decision.members and not replaying:
+                self.served.decided(max(member.version for member in decision.members), self.clock())
         settled = (
             None
             if len(self.partitions) == 1
@@ -296,11 +247,11 @@ class Batcher:
                         partition,
                         entry_id,
                     )
-                    self._pending.append(batch_fold.Acked((ref,)))
+                    self.writer.pending.append(batch_fold.Acked((ref,)))
                     continue
                 settled.add(decision.task_id)
                 if decision.decision == "dropped":  # acknowledged now (the fold's Acked): used, so settled
-                    self._pending.append(Settle((decision.task_id,)))
+                    self.writer.pending.append(Settle((decision.task_id,)))
             self._fold(batch_fold.Decided(ref, decision), defer=True)
         self._flush()
         if self._feeder is not None and self._feeder.track_in_flight:
@@ -368,17 +319,17 @@ class Batcher:
         self.state, outputs = batch_fold.fold(self.state, event)
         for output in outputs:
             if isinstance(output, batch_fold.Acked):
-                self._pending.append(output)
+                self.writer.pending.append(output)
             elif isinstance(output, batch_fold.Discarded):
                 if output.reason == batch_fold.FILTERED and "raised" in output.detail:
                     log.warning("task %s: %s", output.decision.task_id, output.detail)
                 outcomes.discarded(self.metrics, output.decision, output.reason)
-                self._pending.append(self._discard(output))
+                self.writer.pending.append(self.writer.discard(output))
             elif isinstance(output, batch_fold.StepDue):
-                self._pending_steps.append(output)
+                self.writer.pending_steps.append(output)
             elif isinstance(output, batch_fold.Finished):
                 self._flush()
-                self._apply([self._stamped(RunFinished(steps=output.steps))])
+                self._apply([self.writer.stamped(RunFinished(steps=output.steps))])
                 log.info("run %s finished after %d steps", self.keys.run, output.steps)
             elif isinstance(output, batch_fold.Failed):
                 self._flush()
@@ -397,78 +348,24 @@ class Batcher:
             self._flush()
 
     def _flush(self) -> None:
-        records, self._pending = self._pending, []
-        self._apply(records)
-        steps, self._pending_steps = self._pending_steps, []
-        for due in steps:
-            self._apply([self._step(due)])
-
-    def _stamped(self, event: Any) -> Any:
-        """``event`` as this batcher writes it: its producer name and next sequence number."""
-        self._seq += 1
-        return codec.stamped(event, producer=self.name, seq=self._seq)
-
-    def _discard(self, output: batch_fold.Discarded) -> GroupDiscarded:
-        decision = output.decision
-        return self._stamped(
-            GroupDiscarded(
-                task_id=decision.task_id,
-                reason=output.reason,
-                decision_entry=output.entry_id,
-                group_version=decision.version,
-                current_version=output.current_version,
-                detail=output.detail,
-            )
-        )
-
-    def _step(self, due: batch_fold.StepDue) -> Step:
-        groups: Sequence[batch_fold.Buffered] = due.groups
-        if len(self.partitions) > 1:  # read order across partitions is not recorded; this order is (verify)
-            groups = sorted(groups, key=lambda group: ref_order(group[0]))
-        # Stamped with the server's clock now, after every discard this pass wrote before it: reports
-        # count a run's events into the windows between steps' created_at.
-        manifest = make_manifest(due.step, due.version, groups, self.settings.dp_size, server_time(self.client))
-        entries = tuple(entry for entry, _ in due.groups)
-        step = Step(self._stamped(manifest), entries, tuple(decision.task_id for _, decision in due.groups))
-        if self.metrics is not None:
-            self.metrics.batch_imbalance.set(manifest.imbalance)
-            self.metrics.policy_version.set(due.version)
-            outcomes.batched(self.metrics, due.version, [decision for _, decision in due.groups])
-        self.steps_written += 1
-        log.info(
-            "step %d: %d groups over %d ranks, imbalance %.3f",
-            manifest.step,
-            len(entries),
-            self.settings.dp_size,
-            manifest.imbalance,
-        )
-        return step
+        try:
+            self.writer.flush()
+        except LeaseLost:
+            self._active = False
+            raise
 
     def _write_failure(self, failed: batch_fold.Failed) -> None:
-        message = failed.message
-        if failed.reason == "stall" and not message:
-            counts = batcher_store.run_counts(self.client, self.keys, self.partitions)
-            message = stall_message(
-                self.state.stall, self.clock(), counts, server_note=batcher_store.memory_note(self.client)
-            )
-        event = RunTerminated(reason=failed.reason, message=message, step=failed.step)
-        self._apply([self._stamped(event)])
-        log.error("run %s failed at step %d: %s", self.keys.run, failed.step, message)
+        event = self.writer.failure(failed, self.state.stall, self.clock())
+        self._apply([event])
+        log.error("run %s failed at step %d: %s", self.keys.run, failed.step, event.message)
 
     def _apply(self, records: list[batcher_store.Record]) -> None:
-        """Commit ``records``; a lost lease (or a step already written) drops what is pending."""
-        if not records:
-            return
+        """Commit ``records`` (`BatchWriter.commit`); a lost lease makes this batcher stand by."""
         try:
-            committed = self.store.commit(self.lease.token, records)
+            self.writer.commit(records)
         except LeaseLost:
-            # Also raised when the step was written already (by a batcher that took over, or by this
-            # call's first attempt, whose reply an outage lost): rebuild from the server's record either way.
             self._active = False
-            self._pending, self._pending_steps = [], []
             raise
-        if self.metrics is not None:
-            self.metrics.apply_counts(committed.counts)
 
     # -- what the fold is told: version, trainers, dataset, others' terminal events ---------------------
 

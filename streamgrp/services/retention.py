@@ -53,6 +53,9 @@ stream removes exactly the prefix below the floor, with no list of ids to read f
 trimmed is always a prefix, which is what lets `streamgrp.store.sources.FallbackSource` find every
 trimmed entry in the archive by id range.
 
+Each kind of bound is read by a function of `streamgrp.services.retention_bounds`; this module puts them
+together per run (`floors`) and trims (`trim`).
+
 Deliberately ignores the hashes (``decided``, ``counts``, ``committed``...): they grow by one small
 field per task or step and every role reads them.
 """
@@ -60,17 +63,29 @@ field per task or step and every role reads them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
 from streamgrp.config import RunConfig
-from streamgrp.core import codec
-from streamgrp.core.events import GroupDecided, StepManifest
 from streamgrp.core.shown import show_names
-from streamgrp.errors import DecodeError
+from streamgrp.services.retention_bounds import (
+    KEEP_ALL,
+    NEVER_TRIMMED,
+    SESSION_CLOCK_MARGIN_S,
+    ConsumerState,
+    Floors,
+    archive_bounds,
+    consumer_bounds,
+    consumer_state,
+    held_segment_bounds,
+    id_text,
+    open_session_bounds,
+    queued_task_bounds,
+    unbatched_bounds,
+    uncommitted_step_bounds,
+)
 from streamgrp.store import payloads
 from streamgrp.store.follow import Position, follower_bounds, record_skips
 from streamgrp.store.keys import (
@@ -80,25 +95,14 @@ from streamgrp.store.keys import (
     IdKey,
     PartitionKeys,
     RunKeys,
-    id_key,
     run_streams,
-    step_entry_id,
 )
 from streamgrp.store.runs import read_record, recorded_layout, server_time
-from streamgrp.store.streams import entry_id_str, hash_reply, range_reply, read_entries
+from streamgrp.store.streams import hash_reply, range_reply
 
-__all__ = ["NEVER_TRIMMED", "StreamTrim", "TrimReport", "archive_progress", "floors", "trim"]
+__all__ = ["NEVER_TRIMMED", "SESSION_CLOCK_MARGIN_S", "StreamTrim", "TrimReport", "archive_progress", "floors", "trim"]
 
 log = logging.getLogger(__name__)
-
-NEVER_TRIMMED = ("control",)
-#: Pending decisions read one page at a time; more than this many falls back to a wider, safe range.
-PENDING_PAGE = 10_000
-_PAGE = 1000
-KEEP_ALL: IdKey = (0, 0)
-#: Seconds kept before an open session's task was issued: the issue time is the server's clock read just
-#: before its entry was written, and a second covers rounding to whole milliseconds with room to spare.
-SESSION_CLOCK_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -138,103 +142,9 @@ def archive_progress(
     }
 
 
-def _next(key: IdKey) -> IdKey:
-    return key[0], key[1] + 1
-
-
-def _text(key: IdKey) -> str:
-    return f"{key[0]}-{key[1]}"
-
-
-#: Streams whose entries share another's ids: a sample's payload sits at its slot result's id, so
-#: whatever slot entry must stay keeps its payload too.
-_SAME_IDS = {"slots": ("payloads",)}
-
-
-class _Floors:
-    def __init__(self, streams: Iterable[str]) -> None:
-        self.bounds: dict[str, list[tuple[IdKey, str]]] = {name: [] for name in streams}
-
-    def keep(self, stream: str, key: IdKey | None, why: str) -> None:
-        """Entries at or after ``key`` must stay (None: everything must stay)."""
-        self.bounds[stream].append((KEEP_ALL if key is None else key, why))
-        base, at, partition = stream.partition("@")  # a partition's slot log keeps that partition's payloads
-        for twin in _SAME_IDS.get(base, ()):
-            if twin + at + partition in self.bounds:
-                self.bounds[twin + at + partition].append((KEEP_ALL if key is None else key, f"{why} (slot log)"))
-
-    def result(self) -> dict[str, tuple[IdKey, str]]:
-        return {name: min(bounds) if bounds else (KEEP_ALL, "no bound") for name, bounds in self.bounds.items()}
-
-
-def _group(infos, name: str) -> dict | None:
-    if isinstance(infos, Exception):
-        return None
-    for info in infos:
-        if info["name"] in (name, name.encode()):
-            return info
-    return None
-
-
-def _pending_min(summary) -> IdKey | None:
-    if isinstance(summary, Exception) or not summary or not summary.get("pending"):
-        return None
-    return id_key(entry_id_str(summary["min"]))
-
-
-def _consumer_bounds(floors: _Floors, stream: str, infos, summary, group: str) -> bool:
-    """Keep what ``group`` has pending or was not delivered; False when the group does not exist."""
-    info = _group(infos, group)
-    if info is None:
-        floors.keep(stream, None, f"no {group} group yet")
-        return False
-    floors.keep(stream, _next(id_key(entry_id_str(info["last-delivered-id"]))), f"{group} undelivered")
-    pending = _pending_min(summary)
-    if pending is not None:
-        floors.keep(stream, pending, f"{group} pending")
-    return True
-
-
 def _recorded_config(client: redis.Redis, keys: RunKeys) -> RunConfig | None:
     first = range_reply(client.xrange(keys.control, "-", "+", count=1))
     return read_record(keys.run, first[0][1], "the control stream's first entry")[1] if first else None
-
-
-def _open_session_bounds(
-    floors_: _Floors, client: redis.Redis, part: PartitionKeys, group_timeout_s: float | None, suffix: str = ""
-) -> None:
-    """Open agent sessions' events: a restarted gateway reads their turns back. A session is opened for an
-    issued task and ends by its group's deadline (issue time + group timeout, its score in the deadlines
-    set), so the oldest deadline less the timeout is at or before every open session's first entry."""
-    oldest = client.zrange(part.session_deadlines, 0, 0, withscores=True)
-    if not oldest:
-        return  # none open with a deadline; ended ones are the archive's
-    if group_timeout_s is None:
-        floors_.keep("sessions" + suffix, None, "open agent sessions")
-        return
-    issued_ms = int((float(oldest[0][1]) - group_timeout_s - SESSION_CLOCK_MARGIN_S) * 1000)
-    floors_.keep("sessions" + suffix, (max(0, issued_ms), 0), "open agent sessions")
-
-
-def _scan(client: redis.Redis, key: str, start: str) -> Iterable[tuple[str, dict[bytes, bytes]]]:
-    """Entries of ``key`` from ``start`` (an XRANGE start, ``(`` for exclusive) to the end, in pages."""
-    while True:
-        page = range_reply(client.xrange(key, start, "+", count=_PAGE))
-        for raw_id, fields in page:
-            yield entry_id_str(raw_id), fields
-        if len(page) < _PAGE:
-            return
-        start = "(" + entry_id_str(page[-1][0])
-
-
-def _decoded(pairs: Iterable[tuple[str, dict[bytes, bytes] | None]]):
-    for entry_id, fields in pairs:
-        if not fields:
-            continue
-        try:
-            yield entry_id, codec.decode(fields)
-        except DecodeError:
-            continue
 
 
 def floors(
@@ -261,11 +171,11 @@ def _floors(
     dp_size: int | None,
     partitions: Sequence[PartitionKeys] | None,
     max_follow_lag_s: float,
-) -> tuple[_Floors, list[Position]]:
+) -> tuple[Floors, list[Position]]:
     partitions = tuple(partitions) if partitions else keys.partitions(1)
     streams = run_streams(keys, partitions)
-    floors_ = _Floors(streams)
-    _archive_bounds(floors_, streams, archive_progress)
+    floors_ = Floors(streams)
+    archive_bounds(floors_, streams, archive_progress)
     config = _recorded_config(client, keys)
     if dp_size is None:
         dp_size = config.dp_size if config is not None else 1
@@ -273,21 +183,21 @@ def _floors(
     committed = None
     for part in partitions:  # each partition's state one instant of its own; the steps' after every one
         suffix = f"@{part.index}" if len(partitions) > 1 else ""
-        state = _consumer_state(client, part, keys.committed if len(partitions) == 1 else None)
+        state = consumer_state(client, part, keys.committed if len(partitions) == 1 else None)
         committed = state.committed
         _warn_foreign_groups(part, state)
-        _consumer_bounds(floors_, "slots" + suffix, state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
-        _consumer_bounds(floors_, "tasks" + suffix, state.task_groups, state.task_pending, WORKERS_GROUP)
-        _queued_task_bounds(floors_, suffix)
-        _held_segment_bounds(floors_, suffix)
-        batcher = _consumer_bounds(
+        consumer_bounds(floors_, "slots" + suffix, state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
+        consumer_bounds(floors_, "tasks" + suffix, state.task_groups, state.task_pending, WORKERS_GROUP)
+        queued_task_bounds(floors_, suffix)
+        held_segment_bounds(floors_, suffix)
+        batcher = consumer_bounds(
             floors_, "decisions" + suffix, state.decision_groups, state.decision_pending, BATCHER_GROUP
         )
-        _unbatched_bounds(floors_, client, part, state, batcher=batcher, suffix=suffix)
-        _open_session_bounds(floors_, client, part, group_timeout_s, suffix)
+        unbatched_bounds(floors_, client, part, state, batcher=batcher, suffix=suffix)
+        open_session_bounds(floors_, client, part, group_timeout_s, suffix)
     if len(partitions) > 1:
         committed = client.hgetall(keys.committed)
-    _uncommitted_step_bounds(floors_, client, keys, committed, dp_size, partitioned=len(partitions) > 1)
+    uncommitted_step_bounds(floors_, client, keys, committed, dp_size, partitioned=len(partitions) > 1)
     # A follower's position only moves forward, so reading it after the rest can only keep less of what it read.
     kept, over = follower_bounds(client, keys, streams, max_follow_lag_s, server_time(client))
     for stream, key, why in kept:
@@ -299,7 +209,7 @@ def _floors(
 _OWN_GROUPS = {"tasks": {WORKERS_GROUP}, "slots": {ASSEMBLER_GROUP, "rewarders"}, "decisions": {BATCHER_GROUP}}
 
 
-def _warn_foreign_groups(part: PartitionKeys, state: _ConsumerState) -> None:
+def _warn_foreign_groups(part: PartitionKeys, state: ConsumerState) -> None:
     """Say so when a stream has consumer groups no role of streamgrp made. A role that may read a stream
     through its own group may create groups on it (Redis ACLs cannot name groups): such groups hold no
     entry back from trimming (the floors above name streamgrp's groups), but each costs server memory."""
@@ -325,123 +235,6 @@ def _text_name(name: bytes | str) -> str:
     return name.decode(errors="replace") if isinstance(name, bytes) else name
 
 
-def _queued_task_bounds(floors_: _Floors, suffix: str) -> None:
-    """A task the assembler has yet to fold, or folds again after a restart, is checked against its queue
-    entry: keep the task queue from the millisecond of the slot log's assembler bound."""
-    kept = [key for key, why in floors_.bounds["slots" + suffix] if ASSEMBLER_GROUP in why]
-    if kept:
-        floors_.keep("tasks" + suffix, (min(kept)[0], 0), "tasks the assembler checks")
-
-
-def _held_segment_bounds(floors_: _Floors, suffix: str) -> None:
-    """A task's segments are written while it is pending in the workers group (``segment.lua`` checks), so
-    after its queue entry: keep the segments stream from the millisecond of the task queue's workers bound."""
-    kept = [key for key, why in floors_.bounds["tasks" + suffix] if WORKERS_GROUP in why]
-    if kept:
-        floors_.keep("segments" + suffix, (min(kept)[0], 0), "segments of tasks the workers hold")
-
-
-def _archive_bounds(floors_: _Floors, streams: Iterable[str], archive_progress: Mapping[str, str]) -> None:
-    """Only what the archiver has fsynced may go; control never does."""
-    for name in streams:
-        if name in NEVER_TRIMMED:
-            floors_.keep(name, None, "never trimmed")
-        elif name in archive_progress:
-            floors_.keep(name, _next(id_key(archive_progress[name])), "archive")
-        else:
-            floors_.keep(name, None, "not archived yet")
-
-
-@dataclass(frozen=True)
-class _ConsumerState:
-    """The replies of one MULTI/EXEC; a reply can be the exception the server returned for it."""
-
-    slot_groups: Any
-    slot_pending: Any
-    decision_groups: Any
-    decision_pending: Any
-    pending_decisions: Any
-    task_groups: Any
-    task_pending: Any
-    committed: Any
-
-
-def _consumer_state(client: redis.Redis, part: PartitionKeys, committed: str | None) -> _ConsumerState:
-    """One instant's consumer state of a partition's streams, with the ``committed`` hash when it shares
-    their slot (see the module docstring for why this order of reads is safe)."""
-    pipe = client.pipeline(transaction=True)
-    pipe.xinfo_groups(part.slots)
-    pipe.xpending(part.slots, ASSEMBLER_GROUP)
-    pipe.xinfo_groups(part.decisions)
-    pipe.xpending(part.decisions, BATCHER_GROUP)
-    pipe.xpending_range(part.decisions, BATCHER_GROUP, "-", "+", PENDING_PAGE)
-    pipe.xinfo_groups(part.tasks)
-    pipe.xpending(part.tasks, WORKERS_GROUP)
-    if committed is not None:
-        pipe.hgetall(committed)
-    replies = pipe.execute(raise_on_error=False)
-    return _ConsumerState(*replies, *([] if committed is not None else [None]))
-
-
-def _unbatched_bounds(
-    floors_: _Floors,
-    client: redis.Redis,
-    keys: PartitionKeys,
-    state: _ConsumerState,
-    *,
-    batcher: bool,
-    suffix: str = "",
-) -> None:
-    """Decisions not batched yet: their member slot entries will be some step's."""
-    if not batcher:
-        floors_.keep("slots" + suffix, None, "no batcher group yet")
-        return
-    group = _group(state.decision_groups, BATCHER_GROUP)
-    assert group is not None, "batcher=True: the batcher's group exists"
-    delivered = entry_id_str(group["last-delivered-id"])
-    pending_decisions = state.pending_decisions
-    if not isinstance(pending_decisions, Exception) and len(pending_decisions) < PENDING_PAGE:
-        ids = [entry_id_str(p["message_id"]) for p in pending_decisions]
-        unbatched: Iterable[tuple[str, dict[bytes, bytes] | None]] = [
-            *zip(ids, read_entries(client, keys.decisions, ids)),
-            *_scan(client, keys.decisions, "(" + delivered),
-        ]
-    else:  # too many to list: every decision from the oldest pending one on (a superset)
-        low = _pending_min(state.decision_pending)
-        unbatched = _scan(client, keys.decisions, _text(low) if low is not None else "(" + delivered)
-    for _, decision in _decoded(unbatched):
-        if isinstance(decision, GroupDecided) and decision.decision != "dropped" and decision.members:
-            floors_.keep("slots" + suffix, min(id_key(m.entry) for m in decision.members), "unbatched decisions")
-
-
-def _uncommitted_step_bounds(
-    floors_: _Floors, client: redis.Redis, keys: RunKeys, committed: Any, dp_size: int, *, partitioned: bool = False
-) -> None:
-    """Steps some rank has not committed: their manifests, decisions and slot entries."""
-    if isinstance(committed, Exception):
-        raise committed
-    done = {int(rank): int(step) for rank, step in committed.items()}
-    lowest = min(done.get(rank, -1) for rank in range(dp_size))
-    why = f"steps after {lowest}, committed by every rank"
-    # A trainer group that crashes resumes after its newest checkpoint and trains the steps since again.
-    checkpointed = client.hget(keys.checkpoint, "step")
-    if checkpointed is not None and int(checkpointed) < lowest:
-        lowest = int(checkpointed)
-        why = f"steps after {lowest}, the newest checkpoint (a restarted trainer group trains them again)"
-    floors_.keep("steps", id_key(step_entry_id(lowest + 1)), why)
-    for _, manifest in _decoded(_scan(client, keys.steps, step_entry_id(lowest + 1))):
-        if not isinstance(manifest, StepManifest):
-            continue
-        for shard in manifest.shards:
-            for group in shard.groups:
-                suffix = f"@{group.partition}" if partitioned else ""
-                if "decisions" + suffix not in floors_.bounds:
-                    continue  # a partition the run does not have: nothing of it to keep
-                floors_.keep("decisions" + suffix, id_key(group.decision_entry), "uncommitted steps")
-                if group.members:
-                    floors_.keep("slots" + suffix, min(id_key(m.entry) for m in group.members), "uncommitted steps")
-
-
 def _same_floor_payload_keys(
     client: redis.Redis,
     keys: RunKeys,
@@ -458,7 +251,7 @@ def _same_floor_payload_keys(
         twin = name.replace("slots", "payloads")
         result[name] = result[twin] = (floor, _) = min(result[name], result[twin])
         if floor != KEEP_ALL and not dry_run:
-            unlinked[twin] = payloads.trim_below(client, streams[name], streams[twin], _text(floor))
+            unlinked[twin] = payloads.trim_below(client, streams[name], streams[twin], id_text(floor))
     return unlinked
 
 
@@ -496,8 +289,8 @@ def trim(
         if floor == KEEP_ALL:
             report.streams[name] = StreamTrim(name, None, why)
             continue
-        removed = 0 if dry_run else int(client.xtrim(streams[name], minid=_text(floor), approximate=False))
-        report.streams[name] = StreamTrim(name, _text(floor), why, removed + unlinked.get(name, 0))
+        removed = 0 if dry_run else int(client.xtrim(streams[name], minid=id_text(floor), approximate=False))
+        report.streams[name] = StreamTrim(name, id_text(floor), why, removed + unlinked.get(name, 0))
     if report.removed:
         log.info("retention on run %s: %s", keys.run, report)
     return report
