@@ -39,6 +39,7 @@ import math
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from streamgrp.core.digests import (  # noqa: F401 - the digests' names, importable from here as before
     DIGEST_PREFIX,
@@ -68,6 +69,7 @@ from streamgrp.core.events import (
     SlotResult,
     SlotSegment,
     StepManifest,
+    token_version_fields,
 )
 from streamgrp.core.shown import clip
 from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, importable from here as before
@@ -255,6 +257,12 @@ def payload_problem(
     reward = sum(sample.rewards) / sample.rows
     if not math.isclose(summary.reward, reward, rel_tol=1e-9, abs_tol=1e-12):
         return f"its slot result says reward {summary.reward!r} but its payload's rewards average {reward!r}"
+    versions = token_version_fields(sample)
+    told = {name: getattr(summary, name) for name in versions}
+    if told != versions:  # what the batch fold reads of its token versions under --staleness mask
+        shown = {name: (None if value is UNSET else value) for name, value in told.items()}
+        given = {name: (None if value is UNSET else value) for name, value in versions.items()}
+        return f"its slot result says token versions {shown} but its payload's give {given}"
     # Every other value was checked as the payload decoded; the vocabulary is the run's, not the sample's.
     return None if vocab_size is None else token_id_problem(sample.token_ids.dtype, sample.token_ids.data, vocab_size)
 

@@ -164,19 +164,13 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
 
     @classmethod
     def of(cls, sample: Sample, digest: str) -> SampleSummary:
-        runs = sample_runs(sample)
-        newest = max(version for version, _ in runs) if runs else -1
-        spans = runs is not None and newest > sample.version
-        fresh = sample_freshness(sample, runs) if runs is not None and spans else None
         return cls(
             rows=sample.rows,
             tokens=sample.valid_tokens,
             version=sample.version,
             reward=sum(sample.rewards) / sample.rows,
             digest=digest,
-            newest=newest if spans else UNSET,
-            whole_version=fresh.whole if fresh else UNSET,
-            fresh_tokens=fresh.tokens if fresh else UNSET,
+            **token_version_fields(sample),
         )
 
     @property
@@ -185,6 +179,17 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
         if self.whole_version is UNSET or self.fresh_tokens is UNSET:
             return Freshness.flat(self.version, self.tokens)
         return Freshness(self.whole_version, self.fresh_tokens)
+
+
+def token_version_fields(sample: Sample) -> dict[str, Any]:
+    """A summary's ``newest``, ``whole_version`` and ``fresh_tokens`` of ``sample``: set when its per-token
+    versions reach past its version, left out (UNSET) otherwise."""
+    runs = sample_runs(sample)
+    newest = max(version for version, _ in runs) if runs else -1
+    if runs is None or newest <= sample.version:
+        return {"newest": UNSET, "whole_version": UNSET, "fresh_tokens": UNSET}
+    fresh = sample_freshness(sample, runs)
+    return {"newest": newest, "whole_version": fresh.whole, "fresh_tokens": fresh.tokens}
 
 
 class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True):

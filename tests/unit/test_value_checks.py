@@ -10,6 +10,7 @@ import struct
 
 import msgspec
 import pytest
+from msgspec import UNSET
 
 from streamgrp.config import RunConfig
 from streamgrp.core import codec
@@ -184,6 +185,21 @@ def test_a_payload_that_disagrees_with_its_slot_result_is_refused():
     assert codec.payload_problem(codec.encode(result), result).startswith(
         "the payloads entry at its id is a slot_result event"
     )
+
+
+def test_a_slot_result_that_misstates_its_token_versions_is_refused():
+    # the batch fold reads a summary's token versions under --staleness mask: a publisher that claims fresher
+    # tokens than its payload holds would have a group kept that trains nothing
+    spanning = sample().replace(meta={"token_versions": [[0, 1], [2, 1]]})
+    result, payload = published(spanning)
+    assert result.sample.newest == 2 and codec.payload_problem(payload, result) is None
+    fresher = result.replace(sample=result.sample.replace(whole_version=2, fresh_tokens=((0, 2), (2, 2))))
+    assert "says token versions {'newest': 2, 'whole_version': 2" in codec.payload_problem(payload, fresher)
+    plain_result, _ = published(sample())
+    unclaimed = plain_result.replace(
+        sample=result.sample.replace(newest=UNSET, whole_version=UNSET, fresh_tokens=UNSET)
+    )
+    assert "says token versions {'newest': None" in codec.payload_problem(payload, unclaimed)
 
 
 # -- the run's vocabulary ---------------------------------------------------------------------------------
