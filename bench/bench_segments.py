@@ -218,10 +218,13 @@ def main() -> None:
             if way in medians:
                 writes = medians[way] - medians[base]
                 per_segment = writes / (tokens / args.segment_tokens)
+                # each repeat's pair (run back to back) on its own too: the spread says how far to trust it
+                paired = sorted(100 * (w - b) / w for w, b in zip(cpu[way], cpu[base]))
                 print(
                     f"\n{way}: the writes are {100 * writes / medians[way]:.1f}% of the worker's CPU "
                     f"({1e6 * per_segment:.0f} us per segment); against no segments at all (off): "
-                    f"+{100 * (medians[way] - medians['off']) / medians['off']:.0f}%"
+                    f"+{100 * (medians[way] - medians['off']) / medians['off']:.0f}%; "
+                    f"each repeat's pair: {', '.join(f'{share:.1f}%' for share in paired)}"
                 )
         if own and all(
             batches for _, _, batches in own
