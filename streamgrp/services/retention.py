@@ -188,7 +188,7 @@ def _floors(
         _warn_foreign_groups(part, state)
         consumer_bounds(floors_, "slots" + suffix, state.slot_groups, state.slot_pending, ASSEMBLER_GROUP)
         consumer_bounds(floors_, "tasks" + suffix, state.task_groups, state.task_pending, WORKERS_GROUP)
-        queued_task_bounds(floors_, suffix)
+        queued_task_bounds(floors_, client, part, suffix)
         held_segment_bounds(floors_, suffix)
         batcher = consumer_bounds(
             floors_, "decisions" + suffix, state.decision_groups, state.decision_pending, BATCHER_GROUP

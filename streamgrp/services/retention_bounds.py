@@ -156,12 +156,26 @@ def _decoded(pairs: Iterable[tuple[str, dict[bytes, bytes] | None]]):
             continue
 
 
-def queued_task_bounds(floors_: Floors, suffix: str) -> None:
+def queued_task_bounds(floors_: Floors, client: redis.Redis, part: PartitionKeys, suffix: str) -> None:
     """A task the assembler has yet to fold, or folds again after a restart, is checked against its queue
-    entry: keep the task queue from the millisecond of the slot log's assembler bound."""
+    entry: keep the task queue from the millisecond of the slot log's assembler bound, or from the queue
+    entry of the task logged there, whichever is older.
+
+    An issue writes the queue entry, then the log's, in one call; a log entry at or after the bound logs a
+    task queued in the same millisecond or later, except the entry at the bound itself: on a server whose
+    stream ids take the clock at each XADD (Redis 7.0; Valkey and Redis 7.2+ take it once a call) its queue
+    entry may be a millisecond older, so that one is read (its ``q`` field)."""
     kept = [key for key, why in floors_.bounds["slots" + suffix] if ASSEMBLER_GROUP in why]
-    if kept:
-        floors_.keep("tasks" + suffix, (min(kept)[0], 0), "tasks the assembler checks")
+    if not kept:
+        return
+    bound = min(kept)
+    floor: IdKey = (bound[0], 0)
+    if bound != KEEP_ALL:
+        first = range_reply(client.xrange(part.slots, id_text(bound), "+", count=1))
+        queued = first[0][1].get(b"q") if first else None
+        if queued:
+            floor = min(floor, id_key(queued.decode()))
+    floors_.keep("tasks" + suffix, floor, "tasks the assembler checks")
 
 
 def held_segment_bounds(floors_: Floors, suffix: str) -> None:
