@@ -44,6 +44,7 @@ from streamgrp.core.events import Sample, SlotSegment
 from streamgrp.errors import DecodeError
 from streamgrp.store import scripts
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys
+from streamgrp.store.outage import is_outage
 from streamgrp.store.streams import entry_id_str, range_reply
 
 log = logging.getLogger(__name__)
@@ -287,12 +288,17 @@ class SegmentStore:
         through a connection of the store's own: the commands packed in one go and each reply read as it is,
         which costs the worker about half what a redis-py pipeline does (its command stack, the pool and the
         reply callbacks; `bench/README.md`). A cluster client keeps redis-py's pipeline, which routes each
-        call to its node."""
+        call to its node. Either rides out an outage as the client's pipelines do (`Riding`): the batch is
+        sent again as a whole, and a segment written twice is one segment (`chain_of` skips a repeat)."""
         if isinstance(self.client, redis.RedisCluster):
             pipe = self.client.pipeline(transaction=False)
             for keys, args in calls:
                 self._write(keys=keys, args=args, client=pipe)
             return pipe.execute(raise_on_error=False)
+        outage = getattr(self.client, "outage", None) if getattr(self.client, "riding", False) else None
+        return self._send_own(calls) if outage is None else outage.call(self._send_own, calls)
+
+    def _send_own(self, calls: list[tuple[list[Any], list[Any]]]) -> list[Any]:
         if self._connection is None:
             self._connection = self.client.connection_pool.make_connection()
         connection = self._connection
@@ -307,6 +313,9 @@ class SegmentStore:
                 replies.append(connection.read_response())
             except redis.ResponseError as exc:  # one call's error reply: the next replies are still to read
                 replies.append(exc)
+        for reply in replies:  # every reply read: a LOADING or BUSY one is an outage, the batch sent again
+            if isinstance(reply, BaseException) and is_outage(reply):
+                raise reply
         return replies
 
     def chain(self, partition: int, task_entry: str, task_id: str, slot: int, slots: int = 1) -> list[SlotSegment]:

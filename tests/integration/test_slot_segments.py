@@ -421,7 +421,7 @@ def test_queued_segments_gather_in_one_pipeline_until_a_slot_cuts_a_second_or_wa
     assert slots[1].meta()["segments"] == {"count": 2, "tokens": 2}
 
 
-def test_one_batch_tells_each_slot_its_own_outcome_and_rides_a_lost_library_and_a_dropped_connection(
+def test_one_batch_tells_each_slot_its_own_outcome_and_survives_a_lost_library_and_a_dropped_connection(
     client, make_run, issuer
 ):
     run = make_run(n_samples=1)
@@ -454,3 +454,27 @@ def test_one_batch_tells_each_slot_its_own_outcome_and_rides_a_lost_library_and_
     assert isinstance(again[0], str), again
     chain = chain_of(task_segments(client, run.keys.segments, "t0")[0])
     assert [segment.token_ids.to_list() for segment in chain] == [[7, 8], [10], [11], [12], [13]]
+
+
+def test_a_riding_clients_segment_writes_are_sent_again_through_a_dropped_connection(
+    client, redis_url, make_run, issuer
+):
+    from streamgrp.store.connection import connect
+
+    run = make_run(n_samples=1)
+    WorkerClient(client, run.keys)
+    held = _held_task(client, run, issuer, "w1")
+    riding = connect(redis_url)  # a role's client: it rides out outages
+    store = SegmentStore(riding, run.partitions, name="w1", linger_s=30.0)
+    outcomes: list[object] = []
+    store.submit(0, held, _segment(0, 0, [7, 8]), outcomes.append)
+    store.write_now()
+    host, port = store._connection._sock.getsockname()[:2]
+    assert client.client_kill_filter(addr=f"{host}:{port}") == 1  # the store's own connection drops
+    store.submit(0, held, _segment(1, 2, [9]), outcomes.append)
+    store.write_now()
+    assert all(isinstance(outcome, str) for outcome in outcomes), outcomes  # sent again, not failed
+    assert riding.outage is not None and riding.outage.count == 1
+    chain = chain_of(task_segments(client, run.keys.segments, "t0")[0])
+    assert [segment.token_ids.to_list() for segment in chain] == [[7, 8], [9]]
+    riding.close()
