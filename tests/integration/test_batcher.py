@@ -178,9 +178,9 @@ def test_fast_empty_rounds_do_not_fail_with_the_default_timeout(client, make_run
 
 
 def test_a_slow_trainer_is_not_a_stall(client, redis_url, make_run, background):
-    # rollouts never reject, the trainer takes 2.5 s a step, and the bounds are 3 rounds and 2 s: every
+    # rollouts never reject, the trainer takes 1.5 s a step, and the bounds are 3 rounds and 1 s: every
     # round while the window is full waits for the trainer, and none of them counts as empty
-    run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=0, max_empty_rounds=3, stall_timeout_s=2)
+    run = make_run(n_samples=2, dp_size=1, batch_size=2, max_staleness=0, max_empty_rounds=3, stall_timeout_s=1)
     prompts = [{"tokens": 4, "seed": i} for i in range(6)]
     reader = client_for(redis_url)
     worker = WorkerProcess(
@@ -192,19 +192,19 @@ def test_a_slow_trainer_is_not_a_stall(client, redis_url, make_run, background):
     )
     background(worker.run)
     background(Assembler(client_for(redis_url), run, AssemblerConfig(lease_ttl_s=5, tick_interval_s=0.05)).run)
-    batcher = Batcher(client_for(redis_url), run, BatcherConfig(round_s=0.1, lease_ttl_s=5), dataset=iter(prompts))
+    batcher = Batcher(client_for(redis_url), run, BatcherConfig(round_s=0.05, lease_ttl_s=5), dataset=iter(prompts))
     outcome: list[str] = []
     background(lambda stop: outcome.append(batcher.run(stop)))
     trainer = TrainerClient(client_for(redis_url), run, poll_s=0.05)
     steps = []
     for batch in trainer.batches(rank=0, world_size=1):
-        time.sleep(2.5)
+        time.sleep(1.5)
         steps.append(batch.step)
         batch.commit()
     wait_until(lambda: outcome, timeout=10, message="the batcher to finish")
     assert outcome == ["finished"] and steps == [0, 1, 2]
     assert not events(client, run.keys.control, RunTerminated)
-    assert batcher.stall.trainer_wait_rounds >= 20  # most of the 0.1 s rounds in 2 x 2.5 s of steps 0 and 1
+    assert batcher.stall.trainer_wait_rounds >= 20  # most of the 0.05 s rounds in 2 x 1.5 s of steps 0 and 1
     assert batcher.stall.empty_rounds < 3
 
 

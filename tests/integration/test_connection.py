@@ -83,6 +83,8 @@ def test_a_full_noeviction_server_is_waited_out_and_nothing_is_written_twice(ser
 def test_wait_replicas_waits_for_a_replica_and_warns_when_too_few_confirm(server_factory, caplog):
     # WAITAOF (Valkey, Redis >= 7.2) waits for the replica's fsync: with appendfsync always that is at once
     primary, replica = server_factory(), server_factory(appendfsync="always")
+    # the full sync starts at once, not after the default 5 s wait for more replicas to sync together
+    redis.Redis.from_url(primary.url).config_set("repl-diskless-sync-delay", 0)
     replica_client = redis.Redis.from_url(replica.url)
     replica_client.replicaof(primary.host, primary.port)
     wait_until(

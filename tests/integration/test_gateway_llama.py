@@ -251,7 +251,7 @@ class Verdicts:
 
     def __init__(self, client, run_name: str, proxy) -> None:
         self.client = client
-        self.run = join_run(client, f"{run_name}-verdicts", RunConfig(n_samples=N_SAMPLES, group_timeout_s=60.0))
+        self.run = join_run(client, f"{run_name}-verdicts", RunConfig(n_samples=N_SAMPLES, group_timeout_s=30.0))
         TaskIssuer(client, self.run.keys).issue([{"question": "animals"}, {"question": "plants"}])
         self.gateway = Running(client, self.run, proxy, max_tokens=MAX_TOKENS)
         self.runner = AgentProcess(

@@ -441,7 +441,7 @@ def test_demo_with_prometheus_gives_every_dashboard_query_data(client, redis_url
 @needs_prometheus
 @on_valkey
 def test_a_run_that_rejects_everything_shows_the_stall_and_fires_the_stall_alert(client, redis_url, run_name, tmp_path):
-    bounds = {"max_empty_rounds": 4, "stall_timeout_s": 12.0}  # alert at >= 3 rounds and > 9 s; failure at 12 s
+    bounds = {"max_empty_rounds": 4, "stall_timeout_s": 6.0}  # alert at >= 3 rounds and > 4.5 s; failure at 6 s
     join_run(client, run_name, RunConfig(n_samples=2, group_timeout_s=5.0, **bounds))
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"p": i % 8, "reject_rate": 1.0}) + "\n" for i in range(20000)))
@@ -453,7 +453,10 @@ def test_a_run_that_rejects_everything_shows_the_stall_and_fires_the_stall_alert
     }
     ports = {role: free_port("127.0.0.1") for role in specs}
     config = prom.prepare(
-        tmp_path / "prometheus", [prom.Target(role, 0, port) for role, port in ports.items()], **bounds
+        tmp_path / "prometheus",
+        [prom.Target(role, 0, port) for role, port in ports.items()],
+        scrape_interval_s=0.5,  # as many scrapes and rule evaluations between alert and failure as 1 s at 12 s
+        **bounds,
     )
     server = prom.Prometheus(config, tmp_path / "prometheus")
     base = server.start()
@@ -475,7 +478,7 @@ def test_a_run_that_rejects_everything_shows_the_stall_and_fires_the_stall_alert
         batcher = roles["batcher"]
         assert batcher.proc.wait(timeout=120) == 1, batcher.output()
         assert "run stalled" in batcher.output()
-        time.sleep(2.0)  # the last rule evaluations
+        time.sleep(1.0)  # the last rule evaluations (two intervals)
         end = time.time()
 
         def series(expr: str) -> list[float]:

@@ -122,13 +122,13 @@ def _run(
 
 def test_wait_drops_nothing_as_stale_and_trains_every_long_generation(redis_url, run_name, tmp_path):
     # One prompt in four takes 40 times as long as the others: long enough for the trainer (a step per
-    # 0.3 s) to move the version past max_staleness 1 while it runs, were the batcher not holding steps
+    # 0.15 s) to move the version past max_staleness 1 while it runs, were the batcher not holding steps
     # (with --staleness drop this run discards about a fifth of its groups as stale, most of them long).
     prompts = [
-        {"seed": i, "tokens": 512 if i % 4 == 0 else 32, "sleep_s": 1.2 if i % 4 == 0 else 0.03} for i in range(48)
+        {"seed": i, "tokens": 512 if i % 4 == 0 else 32, "sleep_s": 0.6 if i % 4 == 0 else 0.015} for i in range(48)
     ]
     settings = {"n_samples": 2, "batch_size": 4, "max_staleness": 1, "staleness": "wait", "group_timeout_s": 120}
-    records, counts = _run(redis_url, run_name, tmp_path, settings, prompts, rollout=None, step_s=0.3)
+    records, counts = _run(redis_url, run_name, tmp_path, settings, prompts, rollout=None, step_s=0.15)
     from streamgrp.store.runs import connect
 
     client = connect(redis_url)

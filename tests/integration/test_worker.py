@@ -205,19 +205,24 @@ def test_a_rollout_that_raises_is_logged_with_its_text_once_a_minute_at_most(cli
     )
 
 
-def test_a_worker_and_the_assembler_exit_once_the_run_has_ended(client, make_run, issuer, caplog):
+def test_a_worker_and_the_assembler_exit_once_the_run_has_ended(client, make_run, issuer, caplog, monkeypatch):
+    import functools
     import logging
     import threading
 
     from streamgrp.config import AssemblerConfig
     from streamgrp.core.events import RunFinished
+    from streamgrp.services import assembler as assembler_module
     from streamgrp.services.assembler import Assembler
+    from streamgrp.store.run_end import RunEndWatch
 
     caplog.set_level(logging.INFO)
     run = make_run(n_samples=2)
     issuer(run).issue([{}])
     worker = WorkerProcess(WorkerClient(client, run.keys), lambda request: make_sample(), WorkerConfig(), n_samples=2)
     worker.run_end.interval_s = 0.1
+    # the assembler's watch reads the control stream every 5 s by default; as often as the worker's here
+    monkeypatch.setattr(assembler_module, "RunEndWatch", functools.partial(RunEndWatch, interval_s=0.1))
     assembler = Assembler(client, run, AssemblerConfig(lease_ttl_s=1, tick_interval_s=0.05))
     exited = {}
     threads = [
@@ -230,7 +235,7 @@ def test_a_worker_and_the_assembler_exit_once_the_run_has_ended(client, make_run
     assert exited == {}  # not burst: idle, they wait for more work while the run goes on
     client.xadd(run.keys.control, codec.encode(RunFinished(steps=1, producer="batcher-test")))
     for thread in threads:
-        thread.join(timeout=15)  # the assembler reads the control stream every 5 s
+        thread.join(timeout=15)
     assert exited == {"worker": 1, "assembler": 1}
     said = " ".join(r.getMessage() for r in caplog.records)
     assert f"run {run.keys.run} finished: no task will come; worker" in said

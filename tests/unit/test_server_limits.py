@@ -88,13 +88,13 @@ def test_no_warning_without_a_password():
 def test_the_cli_warns_for_the_flag_but_not_for_the_environment(caplog, monkeypatch):
     url = "redis://:s3cret@127.0.0.1:1/0"
     with caplog.at_level(logging.WARNING):
-        assert main(["runs", "--redis-url", url, "--outage-budget-s", "0.2"]) == 2  # nothing listens there
+        assert main(["runs", "--redis-url", url, "--command-budget-s", "0.2"]) == 2  # nothing listens there
     [warning] = [r.getMessage() for r in caplog.records if "carries a password" in r.getMessage()]
     assert "on the command line" in warning and "s3cret" not in warning
     caplog.clear()
     monkeypatch.setenv("STREAMGRP_REDIS_URL", url)
     with caplog.at_level(logging.WARNING):
-        assert main(["runs", "--outage-budget-s", "0.2"]) == 2
+        assert main(["runs", "--command-budget-s", "0.2"]) == 2
     assert not [r for r in caplog.records if "carries a password" in r.getMessage()]
 
 
