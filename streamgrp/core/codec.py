@@ -260,11 +260,14 @@ def payload_problem(
     versions = token_version_fields(sample)
     told = {name: getattr(summary, name) for name in versions}
     if told != versions:  # what the batch fold reads of its token versions under --staleness mask
-        shown = {name: (None if value is UNSET else value) for name, value in told.items()}
-        given = {name: (None if value is UNSET else value) for name, value in versions.items()}
-        return f"its slot result says token versions {shown} but its payload's give {given}"
+        return f"its slot result says token versions {_shown(told)} but its payload's give {_shown(versions)}"
     # Every other value was checked as the payload decoded; the vocabulary is the run's, not the sample's.
     return None if vocab_size is None else token_id_problem(sample.token_ids.dtype, sample.token_ids.data, vocab_size)
+
+
+def _shown(fields: dict[str, Any]) -> dict[str, Any]:
+    """Fields with the left-out ones (UNSET) shown as None."""
+    return {name: None if value is UNSET else value for name, value in fields.items()}
 
 
 def is_inline_sample(fields: Fields) -> bool:

@@ -348,7 +348,7 @@ class GroupDecided(WireEvent, frozen=True, kw_only=True, dict=True):
     def valid_tokens(self) -> int:
         return sum(self.member_tokens)
 
-    @property
+    @functools.cached_property
     def freshness(self) -> Freshness:
         """What the group still trains under ``staleness="mask"``: recorded, else its members' tokens each at its
         version (a decision recorded before freshness was, with ``newest_token_version``, counts as whole up to

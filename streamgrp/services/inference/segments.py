@@ -5,15 +5,14 @@ segment goes (`streamgrp.store.segments` owns the stream and its function).
 above 0): `resumed` is the slot's durable prefix (read only for a task taken over from a worker that stopped:
 a task delivered for the first time has none) as a `Completion` to continue, `record` the hook the adapter
 calls with every segment it cuts (from a stream, or a chunk asked for on its own, or an aborted part), and
-`meta` what the sample records of them. Writes go through the store's writer thread (`SegmentStore.submit`,
-batched with other slots'), so a stream is not held up by them; a segment cut while the slot's previous one
-is still queued ends the writer's window, so the slot never has two waiting. `settle` (and `meta`),
+`meta` what the sample records of them. Writes are queued in the store (`SegmentStore.submit`, batched with
+other slots'), so a stream is not held up by each one; a segment cut while the slot's previous one is still
+queued sends the queue from this slot's thread, so the slot never has two waiting. `settle` (and `meta`),
 called once the generation is done, sends what is queued from the slot's own thread and waits for the
 slot's writes, so its segments are durable before its result is published, and raises the error a write
 met (the slot fails, as it would have writing synchronously). When the task was taken over from this worker
-(``TAKEN``), the
-slot goes on without segments: its result is published as any slot's (the first result of a slot wins), only
-it no longer says it is built on segments.
+(``TAKEN``), the slot goes on without segments: its result is published as any slot's (the first result of
+a slot wins), only it no longer says it is built on segments.
 """
 
 from __future__ import annotations
@@ -88,8 +87,8 @@ class SlotSegments:
         )
         self.count += 1
         self.tokens += len(token_ids)
-        # the slot's last segment still waits in the queue: the writer sends now, not at its window's end, so a
-        # slot never has two waiting (a killed worker loses at most one segment's tokens, besides those not cut)
+        # the slot's last segment still waits in the queue: the queue is sent now, from here, so a slot never
+        # has two waiting (a killed worker loses at most one segment's tokens, besides those not cut)
         now = self._last_seq is not None and self.store.waiting(self._last_seq)
         self._last_seq = segment.seq
         self.store.submit(
