@@ -118,7 +118,8 @@ class WorkerProcess:
                 if room <= 0:
                     _wait_any(in_flight, timeout=self.worker.hold_every_s)
                     continue
-                tasks = self._take(room, block=not in_flight)
+                # A burst worker drains what is queued and exits: its empty read must not wait for more.
+                tasks = self._take(room, block=not in_flight and not self.config.burst)
                 if tasks is None:
                     continue  # the server was away; ridden out
                 if not tasks:

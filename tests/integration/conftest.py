@@ -21,20 +21,12 @@ def make_run(client, run_name):
     return make
 
 
-class _DrainWorker(WorkerProcess):
-    """A burst worker whose reads never block: a drain issues its tasks first, so the read that finds none
-    left ends it at once, not after the 0.5 s a worker with nothing in flight waits for a task to come."""
-
-    def _take(self, room: int, *, block: bool):
-        return super()._take(room, block=False)
-
-
 @pytest.fixture
 def drain():
     """Run workers then the assembler to completion, in burst mode."""
 
     def run(client, run, rollout, *, concurrency=4, assembler_config=None):
-        worker = _DrainWorker(
+        worker = WorkerProcess(
             WorkerClient(client, run.keys),
             rollout,
             WorkerConfig(burst=True, concurrency=concurrency),
