@@ -60,18 +60,18 @@ def test_worker_publishes_sample_rejected_and_failed_then_acks(client, make_run,
 def test_a_burst_worker_ends_on_an_empty_read_without_waiting_for_a_task(client, make_run, issuer):
     """`--burst` drains what is queued and exits: the read that finds the queue empty does not block."""
 
-    class Watched(WorkerProcess):
-        blocking: list[bool] = []
+    blocking: list[bool] = []
 
+    class Watched(WorkerProcess):
         def _take(self, room, *, block):
-            self.blocking.append(block)
+            blocking.append(block)
             return super()._take(room, block=block)
 
     run = make_run(n_samples=2)
     issuer(run).issue([{"q": "x"}])
     done = Watched(WorkerClient(client, run.keys), rollout, WorkerConfig(burst=True), n_samples=2).run()
     assert done == 1
-    assert Watched.blocking and not any(Watched.blocking)
+    assert blocking and not any(blocking)
 
 
 def test_async_rollout_functions_are_awaited(client, make_run, issuer):
