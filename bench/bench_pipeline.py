@@ -340,6 +340,7 @@ class Window:
         wait_rewrites(client)
         self.before = self._read()
         self.before["aof"] = cpu_seconds(self.server_pid, children=True)
+        self.commands_before = _command_usec(client)
         self.began = time.time()
 
     def _read(self) -> dict[str, float]:
@@ -358,7 +359,19 @@ class Window:
         # A rewrite finished after the window spent some of its CPU outside the machine's count: the
         # share of others is then a lower bound.
         cpu["others"] = max(0.0, machine - sum(cpu.values())) / (wall * (os.cpu_count() or 1))
+        commands = _command_usec(self.client)
+        self.commands = {
+            name: (calls - self.commands_before.get(name, (0, 0))[0], usec - self.commands_before.get(name, (0, 0))[1])
+            for name, (calls, usec) in commands.items()
+        }
         return cpu
+
+
+def _command_usec(client) -> dict[str, tuple[int, int]]:
+    """Each command's calls and server microseconds so far (``INFO commandstats``; a function's own
+    commands count under their names as well as under FCALL)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for name, v in stats.items()}
 
 
 class ServerBench:
@@ -407,7 +420,13 @@ class ServerBench:
         if acked != total:
             raise RuntimeError(f"the raw consumer acknowledged {acked} of {total} entries")
         seconds = ended - replies["producer"][1]
-        return {"rate": total / seconds, "seconds": seconds, "cpu": cpu, "rewrites": self._rewrites() - rewrites}
+        return {
+            "rate": total / seconds,
+            "seconds": seconds,
+            "cpu": cpu,
+            "rewrites": self._rewrites() - rewrites,
+            "commands": window.commands,
+        }
 
     # -- 1, 3 and 4. the pipeline
 
@@ -464,6 +483,7 @@ class ServerBench:
                 join(procs)
             counts = {k.decode(): int(v) for k, v in self.client.hgetall(run.keys.counts).items()}
             out = self._pipeline_figures(groups, steps, replies, counts, cpu)
+            out["commands"] = window.commands
             out["rewrites"] = self._rewrites() - rewrites
             if paced is not None:
                 out["latency"] = _latencies(replies, seen)
@@ -750,6 +770,22 @@ def _print_summary(cases, pipe, raw, load, groups: int) -> None:
     )
 
 
+def _print_commands(cases, pipe, raw, samples: int, top: int = 14) -> None:
+    """Where the server's time went, by command (a function's own commands are inside FCALL's figure)."""
+    for case in cases:
+        for what, runs in (("pipeline", pipe[case]), ("baseline", raw[case])):
+            commands = runs[0]["commands"]
+            ranked = sorted(commands.items(), key=lambda item: -item[1][1])[:top]
+            print(f"\nserver µs per sample by command, {case[0]} {case[1]} tokens, {what}:")
+            _table(
+                ["command", "calls per sample", "µs per sample", "µs per call"],
+                [
+                    [name, f"{calls / samples:.3f}", f"{usec / samples:.2f}", f"{usec / max(calls, 1):.2f}"]
+                    for name, (calls, usec) in ranked
+                ],
+            )
+
+
 def _print_latency(latency: dict) -> None:
     print(
         f"\n(b) latency, worker paced at {PACED_RATE:,.0f} slots/s, whole pipeline running (ms): group = its last "
@@ -826,6 +862,12 @@ def main(argv: list[str] | None = None) -> int:
         help="where the runs keep payloads (streamgrp.store.payloads): keys (staged with SET, no payload "
         "byte through Lua; this version's default) or stream (through publish.lua's arguments, as "
         "runs of older versions)",
+    )
+    parser.add_argument(
+        "--commands",
+        action="store_true",
+        help="also print the server's microseconds per sample by command (INFO commandstats) in the first "
+        "pipeline and baseline run of each case",
     )
     args = parser.parse_args(argv)
     if args.payload_layout:
@@ -933,6 +975,8 @@ def main(argv: list[str] | None = None) -> int:
         _print_runs(log)
         _print_summary(cases, pipe, raw, load, groups)
         _print_latency(latency)
+        if args.commands:
+            _print_commands(cases, pipe, raw, groups * N_SAMPLES)
         leftover = {kind: bench.client.dbsize() for kind, bench in benches.items()}
         print(
             f"\ntotal wall time {time.monotonic() - wall:.1f}s; 1-min load average {load_before[0]:.2f} before, "

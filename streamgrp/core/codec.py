@@ -35,11 +35,9 @@ Round trips are bit-exact. No pickle. The work per tensor is a constant number o
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import msgspec
-from msgspec import UNSET
 
 from streamgrp.core.digests import (  # noqa: F401 - the digests' names, importable from here as before
     DIGEST_PREFIX,
@@ -48,10 +46,8 @@ from streamgrp.core.digests import (  # noqa: F401 - the digests' names, importa
     combine_digests,
     digest_of,
 )
-from streamgrp.core.entry_decode import (
+from streamgrp.core.entry_decode import (  # noqa: F401 - decode is the codec's, importable from here
     DEFAULT_MAX_ENTRY_BYTES,
-    KIND_KEY,
-    RAW_NAME,
     Fields,
     decode,
     decode_entry,
@@ -60,7 +56,6 @@ from streamgrp.core.entry_decode import (
 )
 from streamgrp.core.entry_fields import BLOB, HEADER
 from streamgrp.core.events import (
-    READABLE_SCHEMAS,
     GroupDecided,
     GroupDiscarded,
     Sample,
@@ -69,9 +64,8 @@ from streamgrp.core.events import (
     SlotResult,
     SlotSegment,
     StepManifest,
-    token_version_fields,
 )
-from streamgrp.core.shown import clip
+from streamgrp.core.payload_check import payload_problem, payload_view  # noqa: F401 - importable from here as before
 from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, importable from here as before
     MAX_HEADER_DEPTH,
     MAX_NDIM,
@@ -84,7 +78,6 @@ from streamgrp.core.tensor_header import (  # noqa: F401 - the header's names, i
     tensor_count,
     with_descriptors,
 )
-from streamgrp.core.value_checks import token_id_problem
 from streamgrp.core.wire import ENCODER, WireEvent, decoder
 from streamgrp.errors import DecodeError
 
@@ -117,9 +110,6 @@ DECODE_REASONS = frozenset(
 #: rewards, payloads, session turns, run settings, training progress) can carry a user's values, and keeps the
 #: check.
 DERIVED: frozenset[type] = frozenset({GroupDecided, StepManifest, GroupDiscarded, SlotSegment})
-_PAYLOAD_VIEW = decoder(header_view(SamplePayload))
-_PAYLOAD_TENSORS = ("token_ids", "loss_mask", "logprobs")
-_PAYLOAD_KIND = KIND_KEY + b'sample_payload"'
 #: How a result leaves out ``reward_pending`` when it is not set (its last field).
 _NOT_PENDING = b',"reward_pending":false}'
 
@@ -216,113 +206,9 @@ def _sample_entries(
     return event, payload, struct_header(event)
 
 
-def payload_problem(
-    fields: Fields | None,
-    result: SlotResult,
-    *,
-    vocab_size: int | None = None,
-    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
-) -> str | None:
-    """What keeps the sample of ``result`` (a schema-2 slot result with a summary) from training, judged by
-    its payload entry's ``fields`` (None: no entry at the result's id); None when nothing does.
-
-    A sample trains only if its payload decodes (its values can train: `streamgrp.core.value_checks`),
-    is the payload of that task and slot, hashes to the digest the summary recorded and agrees with the
-    summary's rows, tokens, version and reward; its token ids are below ``vocab_size`` when given. A
-    publisher that is not streamgrp's worker can write any of these wrong; the assembler asks this of
-    every sample before folding it, so the batcher never places one a trainer would fail on."""
-    summary = result.sample
-    if summary is None:
-        raise ValueError(f"slot {result.slot} of task {result.task_id} is {result.outcome}: it has no payload")
-    if not fields:
-        return "its payload entry is not in the payloads stream (deleted, or never written)"
-    try:
-        payload = decode(fields, max_entry_bytes=max_entry_bytes)
-    except DecodeError as exc:
-        return f"its payload does not decode ({exc.reason}): {exc.detail}"
-    if not isinstance(payload, SamplePayload):
-        return f"the payloads entry at its id is a {payload.kind} event, not a sample_payload"
-    if payload.task_id != result.task_id or payload.slot != result.slot:
-        return f"the payloads entry at its id is slot {payload.slot} of task {clip(payload.task_id, 80)!r}"
-    if entry_digest(fields, like=summary.digest) != summary.digest:
-        return "its payload does not hash to the digest its slot result recorded"
-    sample = payload.sample
-    claimed = (summary.rows, summary.tokens, summary.version)
-    held = (sample.rows, sample.valid_tokens, sample.version)
-    if claimed != held:
-        return (
-            f"its slot result says rows, tokens, version {list(claimed)} but its payload holds {list(held)}; "
-            "publish with streamgrp's worker (or codec.encode_sample), which writes both from one sample"
-        )
-    reward = sum(sample.rewards) / sample.rows
-    if not math.isclose(summary.reward, reward, rel_tol=1e-9, abs_tol=1e-12):
-        return f"its slot result says reward {summary.reward!r} but its payload's rewards average {reward!r}"
-    versions = token_version_fields(sample)
-    told = {name: getattr(summary, name) for name in versions}
-    if told != versions:  # what the batch fold reads of its token versions under --staleness mask
-        return f"its slot result says token versions {_shown(told)} but its payload's give {_shown(versions)}"
-    # Every other value was checked as the payload decoded; the vocabulary is the run's, not the sample's.
-    return None if vocab_size is None else token_id_problem(sample.token_ids.dtype, sample.token_ids.data, vocab_size)
-
-
-def _shown(fields: dict[str, Any]) -> dict[str, Any]:
-    """Fields with the left-out ones (UNSET) shown as None."""
-    return {name: None if value is UNSET else value for name, value in fields.items()}
-
-
 def is_inline_sample(fields: Fields) -> bool:
     """Whether a slot entry is a schema-1 slot result, which carries its sample itself (no payload entry)."""
     try:
         return decode_v1_slot_result(fields).sample is not None
     except DecodeError:
         return False
-
-
-def payload_view(header: Any, blob: Any) -> Any:
-    """The header of a sample payload entry as its compiled view (`header_view` of `SamplePayload`: tensors as
-    descriptors), each descriptor checked against ``blob`` (any buffer: its bytes are not cut, copied or
-    looked at) as `decode` checks them. What a trainer rank reads a payload with: the manifest's checks
-    were made where the sample entered, so it neither rebuilds the `Sample` nor checks its values again.
-    Raises `DecodeError` with the reason `decode` gives the entry, and ``unknown_kind`` for another event; reads
-    every payload `decode` reads."""
-    header = _as_read(header)
-    view = None
-    if header.__class__ is bytes:
-        try:
-            view = _PAYLOAD_VIEW.decode(header)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            pass
-    if view is not None and view.schema_version in READABLE_SCHEMAS:
-        size = len(blob)
-        used = 0
-        sample = view.sample
-        try:
-            for name in _PAYLOAD_TENSORS:
-                used = span(getattr(sample, name).raw, size, used)
-        except DecodeError:
-            used = -1
-        if used == size and header.count(RAW_NAME) == len(_PAYLOAD_TENSORS):
-            return view
-    try:
-        # The refused entry, as a stream read gives it: what is wrong with it.
-        event = decode({HEADER: _as_read(header), BLOB: _as_read(blob)})
-    except DecodeError as exc:
-        if header.__class__ is not bytes or _PAYLOAD_KIND not in header:
-            raise DecodeError("unknown_kind", f"not a sample_payload event ({exc.reason}: {exc.detail})") from None
-        raise
-    if event.__class__ is not SamplePayload:
-        raise DecodeError("unknown_kind", f"a {event.kind} event, not a sample_payload")
-    # A payload the compiled pass refuses but `decode` reads (a key given twice: JSON's last one counts): the
-    # trainer reads what the assembler's check read, as descriptors in the same places.
-    return with_descriptors(event, TENSOR_FIELDS[SamplePayload], [], [0])
-
-
-def _as_read(value: Any) -> Any:
-    """A field's value as bytes, as a stream read gives it: a str (a decode_responses client) as its UTF-8
-    bytes, another buffer as its bytes; anything else as it is (`decode` refuses it: bad_fields)."""
-    if value.__class__ is bytes:
-        return value
-    try:
-        return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else memoryview(value).tobytes()
-    except (TypeError, ValueError):
-        return value

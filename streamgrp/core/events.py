@@ -22,7 +22,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from streamgrp.core import wire
 from streamgrp.core.event_base import READABLE_SCHEMAS, SCHEMA_VERSION
-from streamgrp.core.fresh_tokens import Freshness, check_freshness, group_freshness, sample_freshness, sample_runs
+from streamgrp.core.fresh_tokens import Freshness, check_freshness, group_freshness, version_fields
 from streamgrp.core.generation_events import (
     SessionEnded,
     SessionOpened,
@@ -182,14 +182,8 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
 
 
 def token_version_fields(sample: Sample) -> dict[str, Any]:
-    """A summary's ``newest``, ``whole_version`` and ``fresh_tokens`` of ``sample``: set when its per-token
-    versions reach past its version, left out (UNSET) otherwise."""
-    runs = sample_runs(sample)
-    newest = max(version for version, _ in runs) if runs else -1
-    if runs is None or newest <= sample.version:
-        return {"newest": UNSET, "whole_version": UNSET, "fresh_tokens": UNSET}
-    fresh = sample_freshness(sample, runs)
-    return {"newest": newest, "whole_version": fresh.whole, "fresh_tokens": fresh.tokens}
+    """A summary's ``newest``, ``whole_version`` and ``fresh_tokens`` of ``sample`` (`version_fields`)."""
+    return version_fields(sample.meta, sample.row_lengths, sample.version, sample.loss_mask.data)
 
 
 class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -29,7 +29,17 @@ from msgspec import UNSET, UnsetType
 
 from streamgrp.core.values import Sample
 
-__all__ = ["Freshness", "check_freshness", "group_freshness", "sample_freshness", "sample_runs", "version_runs"]
+__all__ = [
+    "Freshness",
+    "check_freshness",
+    "group_freshness",
+    "meta_runs",
+    "rows_freshness",
+    "sample_freshness",
+    "sample_runs",
+    "version_fields",
+    "version_runs",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,37 +89,58 @@ def version_runs(value: object, total: int) -> tuple[tuple[int, int], ...] | Non
 
 def sample_runs(sample: Sample) -> tuple[tuple[int, int], ...] | None:
     """`version_runs` of ``sample``'s meta."""
-    return version_runs(sample.meta.get("token_versions"), sum(sample.row_lengths)) if sample.meta else None
+    return meta_runs(sample.meta, sample.row_lengths)
+
+
+def meta_runs(meta: dict[str, Any], row_lengths: Sequence[int]) -> tuple[tuple[int, int], ...] | None:
+    """`version_runs` of a sample's ``meta``, whose rows are ``row_lengths`` long."""
+    return version_runs(meta.get("token_versions"), sum(row_lengths)) if meta else None
 
 
 def sample_freshness(sample: Sample, runs: Sequence[tuple[int, int]]) -> Freshness:
-    """The `Freshness` of ``sample``, whose per-token versions are ``runs`` (`sample_runs`), from its loss mask
-    and its rows: counted run by run (a slice of the mask's bytes each), never token by token."""
-    total = sum(sample.row_lengths)
+    """The `Freshness` of ``sample``, whose per-token versions are ``runs`` (`sample_runs`)."""
+    return rows_freshness(sample.row_lengths, sample.version, sample.loss_mask.data, runs)
+
+
+def rows_freshness(
+    row_lengths: Sequence[int], version: int, mask: bytes, runs: Sequence[tuple[int, int]]
+) -> Freshness:
+    """The `Freshness` of a sample of ``row_lengths`` at ``version`` whose loss mask is ``mask`` (one byte a
+    token, bool or uint8: zero is no loss) and per-token versions ``runs``: counted run by run (a slice of the
+    mask's bytes each), never token by token."""
+    total = sum(row_lengths)
     covered = sum(count for _, count in runs)
-    cover = [(sample.version, total - covered), *runs] if covered < total else list(runs)
-    mask = sample.loss_mask.data  # one byte a token (bool or uint8): zero is no loss
+    cover = [(version, total - covered), *runs] if covered < total else list(runs)
     rows: list[dict[int, int]] = []  # per row: version -> its loss tokens at that version
     at, used, start = 0, 0, 0
-    for length in sample.row_lengths:
+    for length in row_lengths:
         row: dict[int, int] = {}
         left = length
         while left:
-            version, count = cover[at]
+            run_version, count = cover[at]
             take = min(left, count - used)
             loss = take - mask[start : start + take].count(0)
             if loss:
-                row[version] = row.get(version, 0) + loss
+                row[run_version] = row.get(run_version, 0) + loss
             start, left, used = start + take, left - take, used + take
             if used == count:
                 at, used = at + 1, 0
         rows.append(row)
-    versions = sorted({version for row in rows for version in row})
-    profile = tuple(
-        (version, max(sum(n for v, n in row.items() if v >= version) for row in rows)) for version in versions
-    )
-    whole = max((min(row) for row in rows if row), default=sample.version)
+    versions = sorted({seen for row in rows for seen in row})
+    profile = tuple((seen, max(sum(n for v, n in row.items() if v >= seen) for row in rows)) for seen in versions)
+    whole = max((min(row) for row in rows if row), default=version)
     return Freshness(whole, profile)
+
+
+def version_fields(meta: dict[str, Any], row_lengths: Sequence[int], version: int, mask: bytes) -> dict[str, Any]:
+    """A summary's ``newest``, ``whole_version`` and ``fresh_tokens`` of a sample (its ``meta``, rows, version
+    and loss mask): set when its per-token versions reach past its version, left out (UNSET) otherwise."""
+    runs = meta_runs(meta, row_lengths)
+    newest = max(seen for seen, _ in runs) if runs else -1
+    if runs is None or newest <= version:
+        return {"newest": UNSET, "whole_version": UNSET, "fresh_tokens": UNSET}
+    fresh = rows_freshness(row_lengths, version, mask, runs)
+    return {"newest": newest, "whole_version": fresh.whole, "fresh_tokens": fresh.tokens}
 
 
 def group_freshness(members: Sequence[Freshness]) -> Freshness:

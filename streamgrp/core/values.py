@@ -107,6 +107,54 @@ class RawArray(Record, frozen=True, kw_only=True):
         return unpacked.tolist()
 
 
+#: A sample's tensors, in the order `layout_problem` takes them, with the dtypes each may have.
+SAMPLE_TENSORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("token_ids", ("int32", "int64")),
+    ("loss_mask", ("bool", "uint8")),
+    ("logprobs", ("float32", "float16", "bfloat16", "float64")),
+)
+
+
+def layout_problem(
+    row_lengths: Sequence[int], rewards: Sequence[float], tensors: Sequence[tuple[str, tuple[int, ...]]]
+) -> str | None:
+    """None when a sample's rows, rewards and tensors fit together, else what does not: at least one row, each of
+    at least one token, one reward per row, and each tensor (``(dtype, shape)`` in `SAMPLE_TENSORS` order) of
+    an allowed dtype and 1-D over all rows. The rules `Sample` is built by, and the assembler's check of a
+    payload it does not rebuild (`streamgrp.core.payload_check`): one definition for both."""
+    if not row_lengths:
+        return "a sample needs at least one row"
+    if any(length < 1 for length in row_lengths):
+        return f"every row needs at least one token, got row_lengths {list(row_lengths)}"
+    if len(rewards) != len(row_lengths):
+        return f"{len(row_lengths)} rows but {len(rewards)} rewards; give one reward per row"
+    total = sum(row_lengths)
+    for (name, allowed), (dtype, shape) in zip(SAMPLE_TENSORS, tensors, strict=True):
+        if dtype not in allowed:
+            return f"{name} must be one of {list(allowed)}, got {dtype}"
+        if shape != (total,):
+            return f"{name} has shape {list(shape)}, expected [{total}] (sum of row_lengths)"
+    return None
+
+
+def values_problem(
+    token_ids: tuple[str, bytes],
+    loss_mask: tuple[str, bytes],
+    logprobs: tuple[str, bytes],
+    rewards: Sequence[float],
+    vocab_size: int | None = None,
+    tolerance: float = LOGPROB_TOLERANCE,
+) -> str | None:
+    """None when every value of a sample (each tensor as ``(dtype, little-endian bytes)``) can train, else the
+    first problem (`streamgrp.core.value_checks`, in this order)."""
+    return (
+        logprob_problem(logprobs[0], logprobs[1], tolerance)
+        or token_id_problem(token_ids[0], token_ids[1], vocab_size)
+        or loss_mask_problem(loss_mask[0], loss_mask[1])
+        or reward_problem(rewards)
+    )
+
+
 class Sample(Record, frozen=True, kw_only=True):
     """One slot's trajectory: one or more rows, stored flat with the length of each row.
 
@@ -127,35 +175,22 @@ class Sample(Record, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         as_tuples(self, "row_lengths", "rewards")
         check_free_form(self.meta, "meta")
-        if not self.row_lengths:
-            raise ValueError("a sample needs at least one row")
-        if any(length < 1 for length in self.row_lengths):
-            raise ValueError(f"every row needs at least one token, got row_lengths {list(self.row_lengths)}")
-        if len(self.rewards) != len(self.row_lengths):
-            raise ValueError(f"{len(self.row_lengths)} rows but {len(self.rewards)} rewards; give one reward per row")
-        total = sum(self.row_lengths)
-        for name, allowed in (
-            ("token_ids", ("int32", "int64")),
-            ("loss_mask", ("bool", "uint8")),
-            ("logprobs", ("float32", "float16", "bfloat16", "float64")),
-        ):
-            tensor: RawArray = getattr(self, name)
-            if tensor.dtype not in allowed:
-                raise ValueError(f"{name} must be one of {list(allowed)}, got {tensor.dtype}")
-            if tensor.shape != (total,):
-                raise ValueError(f"{name} has shape {list(tensor.shape)}, expected [{total}] (sum of row_lengths)")
-        problem = self.value_problem()
+        tensors = (self.token_ids, self.loss_mask, self.logprobs)
+        problem = layout_problem(self.row_lengths, self.rewards, [(t.dtype, t.shape) for t in tensors])
+        problem = problem or self.value_problem()
         if problem is not None:
             raise ValueError(problem)
 
     def value_problem(self, vocab_size: int | None = None, tolerance: float = LOGPROB_TOLERANCE) -> str | None:
         """None when every value can train (`streamgrp.core.value_checks`), else what is wrong: building a
         sample checks this without a vocabulary; a worker checks it again, with the run's ``vocab_size``."""
-        return (
-            logprob_problem(self.logprobs.dtype, self.logprobs.data, tolerance)
-            or token_id_problem(self.token_ids.dtype, self.token_ids.data, vocab_size)
-            or loss_mask_problem(self.loss_mask.dtype, self.loss_mask.data)
-            or reward_problem(self.rewards)
+        return values_problem(
+            (self.token_ids.dtype, self.token_ids.data),
+            (self.loss_mask.dtype, self.loss_mask.data),
+            (self.logprobs.dtype, self.logprobs.data),
+            self.rewards,
+            vocab_size,
+            tolerance,
         )
 
     @property

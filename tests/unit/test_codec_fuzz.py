@@ -8,15 +8,19 @@ must encode again to the same event (what the decoder accepts, the encoder could
 
 from __future__ import annotations
 
+import math
 import random
+import struct
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from malformed import (
+    BLOB,
     MALFORMED,
     VALID,
+    header,
     mutate_entry,
     nested_prompt,
     other,
@@ -26,7 +30,7 @@ from malformed import (
 from tiers import examples
 
 from streamgrp.core import codec
-from streamgrp.core.events import EVENT_TYPES
+from streamgrp.core.events import EVENT_TYPES, SampleSummary, SlotResult
 from streamgrp.errors import DecodeError
 
 SEEDS = range(4)
@@ -176,3 +180,82 @@ def test_the_payload_reader_agrees_with_decode_on_mutated_payloads(seed):
                 assert (raw.dtype, raw.shape) == (tensor.dtype, tensor.shape)
                 assert bytes(memoryview(blob)[raw.offset : raw.offset + raw.nbytes]) == tensor.data
     assert read > 0
+
+
+# ------------------------------------------------------------------------ the assembler's payload check
+
+
+def _deep(levels: int) -> list:
+    value: list = [1]
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+#: Payloads whose values or rows a foreign writer got wrong, beside the byte-level mutations: the rules between
+#: a sample's fields and its values, each of which the check applies to the payload's view, not a `Sample`.
+_VALUE_EDITS = [
+    header(blob=BLOB[:20] + struct.pack("<f", math.nan) + BLOB[24:]),
+    header(blob=BLOB[:24] + struct.pack("<f", 0.5) + BLOB[28:]),
+    header(blob=BLOB[:28] + struct.pack("<f", -math.inf) + BLOB[32:]),
+    header(blob=struct.pack("<i", -1) + BLOB[4:]),
+    header(blob=BLOB[:16] + b"\x00\x02\x01\x01" + BLOB[20:]),
+    header(blob=BLOB[:16] + b"\x00\x00\x00\x00" + BLOB[20:]),
+    header(sample={"row_lengths": [2, 2]}),
+    header(sample={"row_lengths": [2, 2], "rewards": [0.5, 1.0]}),
+    header(sample={"row_lengths": [0, 4], "rewards": [0.5, 1.0]}),
+    header(sample={"row_lengths": [], "rewards": []}),
+    header(sample={"row_lengths": [3]}),
+    header(sample={"meta": {"a": _deep(25)}}),
+    header(sample={"meta": {"token_versions": [[1, 2]]}, "version": 0}),
+]
+
+
+def _summarised(fields, event) -> SlotResult:
+    """A slot result for the payload ``fields`` (decoded as ``event``) that agrees with it in every claim."""
+    summary = SampleSummary.of(event.sample, codec.entry_digest(fields))
+    return SlotResult(task_id=event.task_id, slot=event.slot, outcome="sample", sample=summary)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_payload_check_refuses_exactly_what_decode_refuses(seed):
+    """`codec.payload_problem` judges a payload on its compiled view, never building the `Sample`: it passes every
+    payload `decode` reads (given a slot result that agrees with it) and refuses, as a payload that does not
+    decode, every one `decode` refuses."""
+    rng = random.Random(seed)
+    payloads = [fields for fields in VALID if b'"kind":"sample_payload"' in fields[codec.HEADER]]
+    base = codec.decode(payloads[0])
+    cases = [mutate_entry(rng, rng.choice(payloads)) for _ in range(MUTATIONS_PER_SEED)] + _VALUE_EDITS
+    passed = refused = 0
+    for fields in cases:
+        try:
+            event = codec.decode(fields)
+        except DecodeError:
+            event = None
+        if isinstance(event, codec.SamplePayload):
+            passed += 1
+            assert codec.payload_problem(fields, _summarised(fields, event)) is None, fields
+            continue
+        refused += 1
+        # claims that match the unmutated payload: only the payload itself can be what is wrong
+        problem = codec.payload_problem(fields, _summarised(payloads[0], base))
+        assert problem is not None and problem.startswith(
+            ("its payload does not decode", "the payloads entry at its id is a ")
+        ), (fields, problem)
+    assert passed > 0 and refused > 0
+
+
+def test_the_payload_check_refuses_each_rule_of_a_sample_as_decode_words_it():
+    """Each value or row rule, broken in a payload's bytes or header, is refused naming what broke it."""
+    base = codec.decode(header())
+    claims = _summarised(header(), base)
+    for fields in _VALUE_EDITS:
+        try:
+            codec.decode(fields)
+        except DecodeError as exc:
+            expected = exc.detail.split(" - at ")[0]  # msgspec adds where in the header it looked
+        else:  # a payload decode reads (the last edit: token versions it can only state in meta)
+            assert codec.payload_problem(fields, _summarised(fields, codec.decode(fields))) is None
+            continue
+        problem = codec.payload_problem(fields, claims)
+        assert problem is not None and expected in problem, (problem, expected)
