@@ -59,8 +59,10 @@ BANNED: dict[str, set[str]] = {
     "replay": {"torch", "prometheus_client", "numpy"},
     "__init__": HEAVY,
 }
-#: ``matplotlib`` is optional for ``report --format png`` and torch for rebuilt tensors: both lazily.
-LAZY_OUTSIDE: dict[str, set[str]] = {"replay": {"matplotlib", "torch"}}
+#: ``matplotlib`` is optional for ``report --format png`` and torch for rebuilt tensors: both lazily. The core's
+#: value checks bound token ids against a vocabulary with numpy (pure computation), imported on the first check so
+#: that commands which check no sample do not load it.
+LAZY_OUTSIDE: dict[str, set[str]] = {"replay": {"matplotlib", "torch"}, "core": {"numpy"}}
 
 
 @dataclass(frozen=True)

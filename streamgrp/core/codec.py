@@ -41,10 +41,12 @@ import msgspec
 
 from streamgrp.core.digests import (  # noqa: F401 - the digests' names, importable from here as before
     DIGEST_PREFIX,
+    SHA256_PREFIX,
     UNTAGGED,
     blake2b_digest_of,
     combine_digests,
     digest_of,
+    sha256_digest_of,
 )
 from streamgrp.core.entry_decode import (  # noqa: F401 - decode is the codec's, importable from here
     DEFAULT_MAX_ENTRY_BYTES,

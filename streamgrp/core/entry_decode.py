@@ -15,7 +15,14 @@ from typing import Any
 import msgspec
 import orjson
 
-from streamgrp.core.digests import DIGEST_PREFIX, UNTAGGED, blake2b_digest_of, digest_of
+from streamgrp.core.digests import (
+    DIGEST_PREFIX,
+    SHA256_PREFIX,
+    UNTAGGED,
+    blake2b_digest_of,
+    digest_of,
+    sha256_digest_of,
+)
 from streamgrp.core.entry_fields import BLOB, HEADER, check_size, field, field_items, header_and_blob
 from streamgrp.core.events import EVENT_TYPES, READABLE_SCHEMAS, SCHEMA_VERSION, SlotResult
 from streamgrp.core.legacy import LEGACY_SCHEMA, SlotResultV1
@@ -183,6 +190,8 @@ def entry_digest(fields: Fields, like: str | None = None) -> str:
     header, blob = (field(fields, key) or b"" for key in (HEADER, BLOB))
     header = header.encode() if isinstance(header, str) else header
     blob = blob.encode() if isinstance(blob, str) else blob
-    if like is not None and not like.startswith(DIGEST_PREFIX):
-        return blake2b_digest_of(header, blob)
-    return digest_of(header, blob)
+    if like is None or like.startswith(DIGEST_PREFIX):
+        return digest_of(header, blob)
+    if like.startswith(SHA256_PREFIX):
+        return sha256_digest_of(header, blob)
+    return blake2b_digest_of(header, blob)

@@ -102,9 +102,7 @@ def sample_freshness(sample: Sample, runs: Sequence[tuple[int, int]]) -> Freshne
     return rows_freshness(sample.row_lengths, sample.version, sample.loss_mask.data, runs)
 
 
-def rows_freshness(
-    row_lengths: Sequence[int], version: int, mask: bytes, runs: Sequence[tuple[int, int]]
-) -> Freshness:
+def rows_freshness(row_lengths: Sequence[int], version: int, mask: bytes, runs: Sequence[tuple[int, int]]) -> Freshness:
     """The `Freshness` of a sample of ``row_lengths`` at ``version`` whose loss mask is ``mask`` (one byte a
     token, bool or uint8: zero is no loss) and per-token versions ``runs``: counted run by run (a slice of the
     mask's bytes each), never token by token."""

