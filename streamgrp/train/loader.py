@@ -24,6 +24,7 @@ import torch
 from streamgrp.core import codec
 from streamgrp.core.events import GroupDecided, Sample, ShardGroup, StepManifest
 from streamgrp.core.fresh_tokens import sample_runs, version_runs
+from streamgrp.core.values import SAMPLE_TENSORS, layout_problem
 from streamgrp.errors import DecodeError, DigestMismatch
 from streamgrp.train.batch import Batch, BatchOwner
 from streamgrp.train.shard_tensors import SampleRows, StaleMask, mask_stale, row_runs, shard_tensors
@@ -32,13 +33,6 @@ from streamgrp.train.shard_tensors import SampleRows, StaleMask, mask_stale, row
 #: order, None where an entry is gone: a sequence, or an iterator that yields them as they arrive (each
 #: is checked as it comes). As few round trips as it can.
 EntryFetch = Callable[[str, Sequence[str]], Iterable[Mapping[bytes, bytes] | None]]
-
-_ALLOWED = {
-    "token_ids": ("int32", "int64"),
-    "loss_mask": ("bool", "uint8"),
-    "logprobs": ("float32", "float16", "bfloat16", "float64"),
-}
-_ALLOWED_ITEMS = tuple(_ALLOWED.items())
 
 
 class PayloadError(ValueError):
@@ -207,28 +201,17 @@ def _payload_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> Sam
     if view.task_id != task_id or view.slot != slot:
         raise PayloadError(f"it is the payload of task {view.task_id!r} slot {view.slot!r}")
     sample = view.sample
-    lengths = sample.row_lengths
-    total = 0
-    for n in lengths:
-        if n < 1:
-            raise PayloadError("row_lengths is not a list of positive integers")
-        total += n
-    if not lengths:
-        raise PayloadError("row_lengths is not a list of positive integers")
-    if len(sample.rewards) != len(lengths):
-        raise PayloadError("rewards are not one finite number per row")
-    data: dict[str, tuple[memoryview | bytes, str]] = {}
-    for name, allowed in _ALLOWED_ITEMS:
-        descriptor = getattr(sample, name).raw
-        dtype = descriptor.dtype
-        if dtype not in allowed or descriptor.shape != (total,):
-            raise PayloadError(
-                f"{name} is {dtype!r:.20} {list(descriptor.shape)!r:.40}, not one of {allowed} of [{total}]"
-            )
-        data[name] = (blob[descriptor.offset : descriptor.offset + descriptor.nbytes], dtype)
+    refs = [getattr(sample, name).raw for name, _ in SAMPLE_TENSORS]
+    problem = layout_problem(sample.row_lengths, sample.rewards, [(ref.dtype, ref.shape) for ref in refs])
+    if problem is not None:  # the rules a `Sample` is built by: one definition (streamgrp.core.values)
+        raise PayloadError(problem)
+    data: dict[str, tuple[memoryview | bytes, str]] = {
+        name: (blob[ref.offset : ref.offset + ref.nbytes], ref.dtype) for (name, _), ref in zip(SAMPLE_TENSORS, refs)
+    }
+    total = sum(sample.row_lengths)
     meta = sample.meta
     runs = version_runs(meta.get("token_versions"), total) if meta else None
-    return SampleRows(data, lengths, sample.rewards, sample.version, runs)
+    return SampleRows(data, sample.row_lengths, sample.rewards, sample.version, runs)
 
 
 def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> SampleRows | None:
@@ -245,6 +228,6 @@ def _legacy_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> Samp
 
 def sample_rows(sample: Sample) -> SampleRows:
     """A validated `Sample` as the loader reads it (tests, and schema-1 entries)."""
-    data = {name: (getattr(sample, name).data, getattr(sample, name).dtype) for name in _ALLOWED}
+    data = {name: (getattr(sample, name).data, getattr(sample, name).dtype) for name, _ in SAMPLE_TENSORS}
     runs = sample_runs(sample)
     return SampleRows(data, sample.row_lengths, sample.rewards, sample.version, runs)
