@@ -129,6 +129,8 @@ _PARTITION_KINDS = (
     "segments",
     "payload_keys",
     "payload_staging",
+    "session_turns",
+    "session_staging",
 )
 
 

@@ -64,11 +64,30 @@ def loop_client(client: Any) -> redis.asyncio.Redis | None:
     return redis.asyncio.Redis.from_pool(redis.asyncio.ConnectionPool(connection_class=cls, **kwargs))
 
 
-async def call(client: redis.asyncio.Redis, name: str, keys: list[Any], args: list[Any]) -> Any:
+async def call(
+    client: redis.asyncio.Redis,
+    name: str,
+    keys: list[Any],
+    args: list[Any],
+    *,
+    staging: tuple[str, bytes, int] | None = None,
+) -> Any:
     """``FCALL name`` on ``client``: its reply, a function's error reply raised (`redis.ResponseError`),
-    or `UNANSWERED` (see the module docstring)."""
+    or `UNANSWERED` (see the module docstring). ``staging`` (key, value, time to live in ms): ``SET key value
+    NX PX ttl`` first, in one pipeline with the call (`streamgrp.store.payloads`: bytes the function takes by
+    name, never as an argument)."""
     try:
-        return await client.fcall(name, len(keys), *keys, *args)
+        if staging is None:
+            return await client.fcall(name, len(keys), *keys, *args)
+        pipe = client.pipeline(transaction=False)
+        staged, value, ttl_ms = staging
+        pipe.set(staged, value, nx=True, px=ttl_ms)
+        pipe.fcall(name, len(keys), *keys, *args)
+        replies = await pipe.execute(raise_on_error=False)
+        for reply in replies:  # the staging write's error first (its outage, or a right the user lacks)
+            if isinstance(reply, Exception):
+                raise reply
+        return replies[-1]
     except redis.ResponseError as exc:
         if is_outage(exc) or "function not found" in str(exc).lower():
             return UNANSWERED
