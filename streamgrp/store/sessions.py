@@ -7,7 +7,9 @@ back after a restart:
 - `open_task` (``session_open.lua``): a task's sessions, one per slot, and the task's acknowledgement,
   in one call; from then on the sessions own the task;
 - `record` (``session_turn.lua``): one turn, numbered, before it is answered: a turn the client got an
-  answer for is durable;
+  answer for is durable. In a ``keys`` run (`streamgrp.store.payloads`) its tensors are staged beside the
+  call and renamed to a turn key by it, so they never pass through the function; `load` reads them back
+  with `streamgrp.store.payloads.with_turns`, as every reader of turns does;
 - `end` (``session_end.lua``): the session's end and its slot result (a sample built from the recorded
   turns, a rejection or a failure), in one call; a timeout ends it and publishes nothing.
 

@@ -107,8 +107,8 @@ class RedisSource:
         return stream_key(self.keys, self.partitions, stream)
 
     def with_turns(
-        self, stream: str, entries: Sequence[tuple[str, Mapping[bytes, bytes]]]
-    ) -> Sequence[tuple[str, Mapping[bytes, bytes]]]:
+        self, stream: str, entries: list[tuple[str, dict[bytes, bytes]]]
+    ) -> list[tuple[str, dict[bytes, bytes]]]:
         """A sessions stream's entries with their turns' tensors wherever they live (`payloads.with_turns`);
         any other stream's as they are."""
         if stream.partition("@")[0] != "sessions":
@@ -121,7 +121,7 @@ class RedisSource:
         found = read_entries(self.client, self._key(stream), list(ids))
         if stream.partition("@")[0] == "sessions":
             filled = iter(self.with_turns(stream, [(i, f) for i, f in zip(ids, found) if f is not None]))
-            found = [None if fields is None else dict(next(filled)[1]) for fields in found]
+            found = [None if fields is None else next(filled)[1] for fields in found]
         return found
 
     def scan(self, stream: str, page: int = 2000) -> Iterator[tuple[str, dict[bytes, bytes]]]:
