@@ -236,7 +236,7 @@ def _text_name(name: bytes | str) -> str:
     return name.decode(errors="replace") if isinstance(name, bytes) else name
 
 
-def _same_floor_payload_keys(
+def _unlink_keyed(
     client: redis.Redis,
     keys: RunKeys,
     streams: Mapping[str, str],
@@ -291,7 +291,7 @@ def trim(
         report.skips = record_skips(
             client, keys, streams, over, {name: floor for name, (floor, _) in result.items() if floor != KEEP_ALL}
         )
-    unlinked = _same_floor_payload_keys(client, keys, streams, result, dry_run=dry_run)
+    unlinked = _unlink_keyed(client, keys, streams, result, dry_run=dry_run)
     for name, (floor, why) in result.items():
         if floor == KEEP_ALL:
             report.streams[name] = StreamTrim(name, None, why)

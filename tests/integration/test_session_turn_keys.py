@@ -156,6 +156,7 @@ def test_a_staged_turn_that_is_gone_is_refused_with_nothing_written(client, make
     assert refused.value.code == "ENDED"
 
 
+@pytest.mark.cluster
 def test_a_repeat_after_a_lost_reply_returns_the_first_entry_id(client, make_run, issuer):
     run = make_run(n_samples=1)
     store, session, task_id = _opened(client, run, issuer)
@@ -182,6 +183,7 @@ def test_a_repeat_after_a_lost_reply_returns_the_first_entry_id(client, make_run
     assert refused.value.code == "TURN"
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("layout", ["keys", "stream"])
 def test_reload_inspect_archive_and_retention_see_the_same_turns_in_either_layout(
     client, run_name, issuer, tmp_path, layout
