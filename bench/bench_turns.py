@@ -6,8 +6,10 @@ copied into Lua and XADDed from there) or staged with ``SET NX PX`` beside the c
 Each round opens one session in a fresh run of the layout and records ``--turns`` turns of ``--tokens``
 tokens (prompt and generated ids, the generated tokens' log-probabilities), ``--pipeline`` calls per round
 trip, the calls encoded before the clock starts; the figure is the server's ``used_cpu_sys + used_cpu_user``
-(INFO cpu) over the round, per turn, the median of ``--rounds`` rounds. The server is a fresh local one
-(AOF on, appendfsync everysec) unless ``--url`` names another.
+(INFO cpu) over the round, per turn, the median of ``--rounds`` rounds (the layouts take turns, round by
+round). Then the same turns one call at a time on an event loop, as the gateway records them
+(`SessionStore.record_on_loop`), with this process's CPU per turn beside the server's. The server is a
+fresh local one (AOF on, appendfsync everysec) unless ``--url`` names another.
 
     python bench/bench_turns.py [--tokens 4096] [--turns 1000] [--pipeline 32] [--rounds 5] [--binary PATH]
 """
@@ -15,6 +17,7 @@ trip, the calls encoded before the clock starts; the figure is the server's ``us
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import time
@@ -30,7 +33,7 @@ from streamgrp.config import RunConfig
 from streamgrp.core import codec
 from streamgrp.core.events import RawArray, TurnRecorded
 from streamgrp.services.worker_client import WorkerClient
-from streamgrp.store import payloads
+from streamgrp.store import loop_client, payloads
 from streamgrp.store.connection import connect
 from streamgrp.store.runs import join_run
 from streamgrp.store.scripts import ensure_library
@@ -65,8 +68,8 @@ def turns(session: str, task_id: str, count: int, tokens: int) -> list[TurnRecor
     ]
 
 
-def one_round(client, layout: str, args: argparse.Namespace) -> tuple[float, float]:
-    """(server CPU µs per turn, wall µs per turn) of one round of ``layout`` (``stream``, ``keys`` or ``raw``)."""
+def opened(client, layout: str, args: argparse.Namespace):
+    """A fresh run of ``layout`` with one open session: (run, its store, its turns' calls)."""
     config = RunConfig(n_samples=1, payload_layout="stream" if layout == "stream" else "keys")
     run = join_run(client, f"bench-turns-{uuid.uuid4().hex[:8]}", config)
     TaskIssuer(client, run.keys).issue([{"q": 1}])
@@ -74,7 +77,34 @@ def one_round(client, layout: str, args: argparse.Namespace) -> tuple[float, flo
     store = SessionStore(client, run.partitions, producer="bench")
     session = new_session_id(0)
     store.open_task(0, taken.entry_id, taken.event, [(session, 0, new_key(session))], deadline=None, version=0)
-    calls = [store.record_call(t) for t in turns(session, taken.event.task_id, args.turns, args.tokens)]
+    return run, store, [store.record_call(t) for t in turns(session, taken.event.task_id, args.turns, args.tokens)]
+
+
+def on_loop(client, layout: str, args: argparse.Namespace) -> tuple[float, float]:
+    """(server, gateway-side CPU µs per turn) of one round of ``layout``'s turns recorded as the gateway records
+    them: one `SessionStore.record_on_loop` at a time on an event loop (the call, and in a ``keys`` run the
+    staging write beside it in one pipeline); the gateway side is this process's CPU."""
+    run, store, calls = opened(client, layout, args)
+
+    async def record_all() -> None:
+        aclient = loop_client.loop_client(client)
+        assert aclient is not None, "a cluster client has no loop client"
+        try:
+            for call in calls:
+                assert await store.record_on_loop(aclient, call) is not None
+        finally:
+            await aclient.aclose()
+
+    cpu, own = server_cpu(client), time.process_time()
+    asyncio.run(record_all())
+    cpu, own = server_cpu(client) - cpu, time.process_time() - own
+    drop_run(client, run)
+    return cpu / len(calls) * 1e6, own / len(calls) * 1e6
+
+
+def one_round(client, layout: str, args: argparse.Namespace) -> tuple[float, float]:
+    """(server CPU µs per turn, wall µs per turn) of one round of ``layout`` (``stream``, ``keys`` or ``raw``)."""
+    run, store, calls = opened(client, layout, args)
     name = store._turn.name
     cpu, wall = server_cpu(client), time.perf_counter()
     for start in range(0, len(calls), args.pipeline):
@@ -112,13 +142,25 @@ def main() -> None:
             f"{server_name(client)}; {args.tokens} tokens per turn ({len(blob)} tensor bytes), {args.turns} turns "
             f"per round, {args.pipeline} per round trip, median of {args.rounds} rounds"
         )
-        results = {layout: [one_round(client, layout, args) for _ in range(args.rounds)] for layout in LAYOUTS}
+        results: dict[str, list[tuple[float, float]]] = {layout: [] for layout in LAYOUTS}
+        for _ in range(args.rounds):  # the layouts in turn, round by round: the machine's drift hits each alike
+            for layout in LAYOUTS:
+                results[layout].append(one_round(client, layout, args))
         raw = statistics.median(cpu for cpu, _ in results["raw"])
         print(f"{'layout':<8} {'server CPU µs/turn':>19} {'x raw XADD':>11} {'wall µs/turn':>13}")
         for layout, rounds in results.items():
             cpu = statistics.median(c for c, _ in rounds)
             wall = statistics.median(w for _, w in rounds)
             print(f"{layout:<8} {cpu:>19.1f} {cpu / raw:>11.2f} {wall:>13.1f}")
+        print("one call at a time on an event loop, as the gateway records a turn:")
+        print(f"{'layout':<8} {'server CPU µs/turn':>19} {'gateway CPU µs/turn':>20}")
+        looped: dict[str, list[tuple[float, float]]] = {"stream": [], "keys": []}
+        for _ in range(args.rounds):
+            for layout in looped:
+                looped[layout].append(on_loop(client, layout, args))
+        for layout, rounds in looped.items():
+            cpu, own = statistics.median(c for c, _ in rounds), statistics.median(o for _, o in rounds)
+            print(f"{layout:<8} {cpu:>19.1f} {own:>20.1f}")
     finally:
         client.close()
         if server is not None:
