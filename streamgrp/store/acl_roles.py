@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from streamgrp.store import payloads
 from streamgrp.store.keys import RUNS, RunKeys
 
 __all__ = ["BUILDERS", "ROLES", "RoleAccess"]
@@ -68,11 +69,8 @@ def _turns(k: RunKeys, keyed: bool) -> tuple[tuple[str, ...], tuple[tuple[tuple[
     None in the old layout, whose turns keep their tensors in the sessions stream."""
     if not keyed:
         return (), ()
-    return (k.session_staging, k.session_turns), (
-        (("set",), (k.session_staging,)),
-        (("rename",), (k.session_staging, k.session_turns)),
-        (("persist",), (k.session_turns,)),
-    )
+    staging, turns = payloads.staged_pattern(k.sessions), payloads.turn_pattern(k.sessions)
+    return (staging, turns), ((("set",), (staging,)), (("rename",), (staging, turns)), (("persist",), (turns,)))
 
 
 def _worker(k: RunKeys, keyed: bool) -> RoleAccess:
@@ -119,7 +117,7 @@ def _payload_reads(k: RunKeys, keyed: bool) -> tuple[str, ...]:
 
 def _turn_reads(k: RunKeys, keyed: bool) -> tuple[str, ...]:
     """What a role that reads agent sessions' turns reads beside the sessions stream in a ``keys``-layout run."""
-    return (k.session_turns,) if keyed else ()
+    return (payloads.turn_pattern(k.sessions),) if keyed else ()
 
 
 def _batcher(k: RunKeys, keyed: bool) -> RoleAccess:

@@ -173,17 +173,6 @@ class _FoldLayout:
         return self._key("session:*")
 
     @property
-    def session_turns(self) -> str:
-        """Every turn key of a ``keys``-layout run (``sessions:turn:<entry id>``: a turn's tensors beside its
-        entry, `streamgrp.store.payloads.turn_key`), as an ACL key pattern."""
-        return payloads.turn_pattern(self.sessions)
-
-    @property
-    def session_staging(self) -> str:
-        """The staging keys of turns not recorded yet (``sessions:staged:*``), as an ACL key pattern."""
-        return payloads.staged_pattern(self.sessions)
-
-    @property
     def segments(self) -> str:
         """`SlotSegment` entries: slots' generations in progress, durable before their results, so a worker
         that takes a task over continues each slot from them; written only through ``segment.lua`` by the
