@@ -98,7 +98,7 @@ async def call(
 
 async def _send_together(client: redis.asyncio.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
     """``commands`` in one write on one connection, and their replies in order (an error reply as its
-    exception): a pipeline without redis.asyncio's pipeline object, which cost the gateway about 40 µs of
+    exception): a pipeline without redis.asyncio's pipeline object, which cost the gateway about 30 µs of
     CPU per turn (bench/bench_turns.py). A connection left mid-reply (an error, a cancelled request) is
     dropped, never reused."""
     pool = client.connection_pool

@@ -214,7 +214,7 @@ class SessionStore:
 
     async def record_on_loop(self, aclient: redis.asyncio.Redis, call: TurnCall) -> str | None:
         """`record`'s call (`record_call`) through ``aclient`` (`streamgrp.store.loop_client`) on the event loop
-        (in a ``keys`` run with its staging write, in one pipeline): the turn's entry id, or None when the server
+        (in a ``keys`` run with its staging write, in one write): the turn's entry id, or None when the server
         gave no answer of the function's own (then `record` it the synchronous way: a repeat is answered with
         what the first call did)."""
         try:
