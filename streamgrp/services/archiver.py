@@ -150,8 +150,8 @@ class Archiver:
         advanced: dict[str, str] = {}
         self._caught_up = True
         for name, entries in zip(names, pages):
-            for raw_id, fields in entries:
-                entry_id = entry_id_str(raw_id)
+            # A sessions stream's turns carry their tensors in the archive, wherever the server keeps them.
+            for entry_id, fields in self._server.with_turns(name, [(entry_id_str(i), f) for i, f in entries]):
                 self.writer.append(name, entry_id, fields)
                 advanced[name] = entry_id
             if entries and self._keyed(name.replace("slots", "payloads")):

@@ -19,7 +19,8 @@ below; ``XTRIM key MINID floor`` (exact) removes the entries before it and nothi
     tasks       the workers group's pending and undelivered entries; the tasks of the slot log's kept
                 entries (from the millisecond of the slot log's assembler bound: the assembler checks an
                 issued task against its queue entry, written in the same call just before)
-    sessions    the turns of open agent sessions (a restarted gateway reads them back)
+    sessions    the turns of open agent sessions (a restarted gateway reads them back); keys layout: each
+                trimmed turn entry's turn key (its tensors) UNLINKed before it
     segments    the segments of tasks the workers group holds (pending or undelivered): a worker that
                 takes one over continues its slots from them; each was written while its task was
                 pending, so after the task's entry id (from the millisecond of the tasks' workers bound)
@@ -235,7 +236,7 @@ def _text_name(name: bytes | str) -> str:
     return name.decode(errors="replace") if isinstance(name, bytes) else name
 
 
-def _same_floor_payload_keys(
+def _unlink_keyed(
     client: redis.Redis,
     keys: RunKeys,
     streams: Mapping[str, str],
@@ -243,7 +244,9 @@ def _same_floor_payload_keys(
     *,
     dry_run: bool,
 ) -> dict[str, int]:
-    """Keys layout: slot log and payloads share the lower floor; the going slot entries' payload keys go first."""
+    """Keys layout: slot log and payloads share the lower floor; the going slot entries' payload keys go first,
+    and the going sessions entries' turn keys (`streamgrp.store.payloads.turn_key`) before their entries. Returns
+    the payload keys unlinked per payloads stream (its entries, as the report counts them)."""
     if recorded_layout(client, keys) != payloads.KEYS:
         return {}
     unlinked: dict[str, int] = {}
@@ -252,6 +255,10 @@ def _same_floor_payload_keys(
         result[name] = result[twin] = (floor, _) = min(result[name], result[twin])
         if floor != KEEP_ALL and not dry_run:
             unlinked[twin] = payloads.trim_below(client, streams[name], streams[twin], id_text(floor))
+    for name, (floor, _) in result.items():
+        if name.partition("@")[0] == "sessions" and floor != KEEP_ALL and not dry_run:
+            sessions = streams[name]
+            payloads.trim_below(client, sessions, payloads.turn_prefix(sessions), id_text(floor))
     return unlinked
 
 
@@ -284,7 +291,7 @@ def trim(
         report.skips = record_skips(
             client, keys, streams, over, {name: floor for name, (floor, _) in result.items() if floor != KEEP_ALL}
         )
-    unlinked = _same_floor_payload_keys(client, keys, streams, result, dry_run=dry_run)
+    unlinked = _unlink_keyed(client, keys, streams, result, dry_run=dry_run)
     for name, (floor, why) in result.items():
         if floor == KEEP_ALL:
             report.streams[name] = StreamTrim(name, None, why)

@@ -96,6 +96,9 @@ def access(keys: RunKeys, role: str, partitions: int = 1, layout: str = payloads
                 out += [getattr(part, kinds[key]) for part in parts]
             elif key == keys.pattern:
                 out += [key, keys.partition_pattern]
+            elif (derived := _derived(key, kinds)) is not None:  # a pattern of keys named after a kind's key
+                base, rest = derived
+                out += [getattr(part, kinds[base]) + rest for part in parts]
             else:
                 out.append(key)
         return tuple(dict.fromkeys(out))
@@ -130,6 +133,17 @@ _PARTITION_KINDS = (
     "payload_keys",
     "payload_staging",
 )
+
+
+def _derived(key: str, kinds: dict[str, str]) -> tuple[str, str] | None:
+    """(a kind's key, the rest) of a key pattern built from a partition kind's key and a ``:`` suffix
+    (`streamgrp.store.payloads.turn_pattern`: ``<sessions>:turn:*``), spread like that kind; else None."""
+    base, sep, _ = key.rpartition(":")
+    while sep:
+        if base in kinds:
+            return base, key[len(base) :]
+        base, sep, _ = base.rpartition(":")
+    return None
 
 
 def password_hash(password: str) -> str:

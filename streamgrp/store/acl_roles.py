@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from streamgrp.store import payloads
 from streamgrp.store.keys import RUNS, RunKeys
 
 __all__ = ["BUILDERS", "ROLES", "RoleAccess"]
@@ -61,6 +62,17 @@ def _publishing(k: RunKeys, keyed: bool) -> tuple[tuple[str, ...], tuple[tuple[t
     return (k.payloads,), ((("xadd",), (k.payloads,)), (("xdel",), (k.slots,)))
 
 
+def _turns(k: RunKeys, keyed: bool) -> tuple[tuple[str, ...], tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]]:
+    """The keys the gateway writes for its turns' tensors in a ``keys``-layout run, and the selectors that
+    confine those writes: SET only on the sessions' staging keys, RENAME only from those to turn keys (a
+    selector of its own, so never to or from a payload key), PERSIST only on turn keys (session_turn.lua).
+    None in the old layout, whose turns keep their tensors in the sessions stream."""
+    if not keyed:
+        return (), ()
+    staging, turns = payloads.staged_pattern(k.sessions), payloads.turn_pattern(k.sessions)
+    return (staging, turns), ((("set",), (staging,)), (("rename",), (staging, turns)), (("persist",), (turns,)))
+
+
 def _worker(k: RunKeys, keyed: bool) -> RoleAccess:
     written, payload_writes = _publishing(k, keyed)
     return RoleAccess(
@@ -101,6 +113,11 @@ def _assembler(k: RunKeys, keyed: bool) -> RoleAccess:
 def _payload_reads(k: RunKeys, keyed: bool) -> tuple[str, ...]:
     """What a role that reads payloads reads beside the payloads stream in a ``keys``-layout run (with MGET)."""
     return (k.payload_keys,) if keyed else ()
+
+
+def _turn_reads(k: RunKeys, keyed: bool) -> tuple[str, ...]:
+    """What a role that reads agent sessions' turns reads beside the sessions stream in a ``keys``-layout run."""
+    return (payloads.turn_pattern(k.sessions),) if keyed else ()
 
 
 def _batcher(k: RunKeys, keyed: bool) -> RoleAccess:
@@ -209,8 +226,9 @@ def _archiver(k: RunKeys, keyed: bool) -> RoleAccess:
             k.session_deadlines,
             RUNS,
         ),
-        write=(k.archive, k.follow, *trimmed, *_payload_reads(k, keyed)),  # follow: reads followers' positions,
-        # records their skips; payload keys: read into the archive, unlinked by retention behind it
+        write=(k.archive, k.follow, *trimmed, *_payload_reads(k, keyed), *_turn_reads(k, keyed)),  # follow: reads
+        # followers' positions, records their skips; payload and turn keys: read into the archive, unlinked by
+        # retention behind it
         commands=(
             *_RUN_LOOKUP,
             "get",
@@ -226,7 +244,7 @@ def _archiver(k: RunKeys, keyed: bool) -> RoleAccess:
             "multi",
             "exec",
         ),
-        confined=((("unlink",), _payload_reads(k, keyed)),) if keyed else (),
+        confined=((("unlink",), (*_payload_reads(k, keyed), *_turn_reads(k, keyed))),) if keyed else (),
     )
 
 
@@ -258,6 +276,7 @@ def _inspector(k: RunKeys, keyed: bool) -> RoleAccess:
 
 def _gateway(k: RunKeys, keyed: bool) -> RoleAccess:
     written, payload_writes = _publishing(k, keyed)
+    turn_keys, turn_writes = _turns(k, keyed)
     # Its functions (session_open/turn/end.lua) take the task queue (to acknowledge a task whose sessions
     # they open), the sessions' keys, and the group log and payloads (a session's end publishes its result);
     # online mode takes tasks itself, as a worker does, and dead-letters a task that does not decode.
@@ -273,6 +292,7 @@ def _gateway(k: RunKeys, keyed: bool) -> RoleAccess:
             k.sessions,
             k.session_pattern,
             k.session_deadlines,
+            *turn_keys,
             k.deadletter,
             k.deadlettered,
             k.deadletter_counts,
@@ -281,6 +301,7 @@ def _gateway(k: RunKeys, keyed: bool) -> RoleAccess:
             *_RUN_LOOKUP,
             "get",
             "exists",
+            *(("mget",) if keyed else ()),  # a restarted gateway reads its sessions' turns from their keys
             "hset",
             "hget",
             "hmget",
@@ -296,6 +317,7 @@ def _gateway(k: RunKeys, keyed: bool) -> RoleAccess:
             ((*_TAKE, "xpending"), (k.tasks,)),  # the task queue only, as a worker
             (("xadd",), (k.slots, k.sessions, k.deadletter)),
             *payload_writes,
+            *turn_writes,
         ),
     )
 

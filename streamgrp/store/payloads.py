@@ -17,6 +17,14 @@ its record, `streamgrp.config.RunConfig`):
     The payload is an entry of the payloads stream at its slot entry's id (``h``, ``b``), written by
     ``publish.lua`` and read with XRANGE, exactly as those versions did.
 
+An agent session's turn (`streamgrp.store.sessions`, the sessions stream of a partition) follows the same
+rule. In a ``keys`` run the turn's entry of the sessions stream holds its header only (``h``), and its
+tensors are `frame` d with the header in ``<sessions>:turn:<entry id>``, staged by the gateway as
+``<sessions>:staged:<128-bit hex>`` and renamed there by ``session_turn.lua``; in a ``stream`` run the
+entry holds them (``b``). `with_turns` is the one read of turns that gives every entry its ``b`` again,
+wherever it lives, so the gateway's reload, replay, the inspector and the archive see the entries a
+``stream`` run has.
+
 Either way a reader gets each payload as the fields a payloads-stream entry has (``{b"h": header,
 b"b": blob}``), so replay, verify, the loader and the archive do not know which layout a run has. A payload
 key can be written by a role directly (a worker may RENAME under ``<payloads>:*``), like a stream entry
@@ -28,7 +36,7 @@ from __future__ import annotations
 
 import secrets
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:  # the names module (streamgrp.store.keys) imports this one, and must stay free of redis
@@ -50,8 +58,12 @@ __all__ = [
     "staged_key",
     "staged_pattern",
     "stream",
+    "turn_key",
+    "turn_pattern",
+    "turn_prefix",
     "unframe",
     "unlink",
+    "with_turns",
 ]
 
 #: The run stores each payload in a key of its own (this version's runs).
@@ -67,6 +79,9 @@ STAGED_TTL_MS = 600_000
 READ_CHUNK = 64
 
 _LENGTH = struct.Struct("<I")
+#: What a turn's header holds (`streamgrp.core.generation_events.TurnRecorded`'s kind, as the wire writes it);
+#: inside a string of its ``meta`` the quotes would be escaped, so only a turn's header matches.
+_TURN_KIND = b'"kind":"session_turn"'
 
 
 def key(payloads: str, entry_id: str) -> str:
@@ -87,6 +102,22 @@ def staged_pattern(payloads: str) -> str:
 def pattern(payloads: str) -> str:
     """Every payload key (and staging key) of a partition, as an ACL or SCAN pattern; never the stream itself."""
     return f"{payloads}:*"
+
+
+def turn_prefix(sessions: str) -> str:
+    """The prefix of a ``keys`` run's turn keys of the sessions stream ``sessions`` (`trim_below` takes it)."""
+    return f"{sessions}:turn"
+
+
+def turn_key(sessions: str, entry_id: str) -> str:
+    """The key of the tensors of the turn at entry ``entry_id`` of the sessions stream ``sessions``: named by
+    the entry's id, so retention deletes it with its entry (`trim_below`) and a reader of the stream finds it."""
+    return key(turn_prefix(sessions), entry_id)
+
+
+def turn_pattern(sessions: str) -> str:
+    """Every turn key of a sessions stream, as an ACL or SCAN pattern (never its staging keys or deadlines)."""
+    return f"{sessions}:turn:*"
 
 
 def frame(header: bytes, blob: bytes) -> bytes:
@@ -174,6 +205,27 @@ def stream(
             yield unframe(value, views=views) if value is not None else None
 
 
+def with_turns(
+    client: redis.Redis, sessions: str, entries: Iterable[tuple[str, Mapping[bytes, Any]]]
+) -> list[tuple[str, dict[bytes, Any]]]:
+    """Entries of the sessions stream ``sessions`` (``(id, fields)``, in any order), each turn with its tensors
+    (``b``) wherever they live: a ``keys`` run's turn (a header alone) from its turn key, one MGET per
+    `READ_CHUNK` turns, provided the key holds this entry's header; a ``stream`` run's turn, and every event
+    without tensors, as it is. A turn whose key is gone (deleted by retention with its entry, or never
+    renamed there) stays without ``b``, and does not decode (`streamgrp.errors.DecodeError`, as a trimmed
+    entry's absence): the reader says what that means to it."""
+    out = [(entry_id, dict(fields)) for entry_id, fields in entries]
+    bare = [i for i, (_, fields) in enumerate(out) if b"b" not in fields and _TURN_KIND in (fields.get(b"h") or b"")]
+    for start in range(0, len(bare), READ_CHUNK):
+        chunk = bare[start : start + READ_CHUNK]
+        values = cast("list[bytes | None]", client.mget([turn_key(sessions, out[i][0]) for i in chunk]))
+        for i, value in zip(chunk, values):
+            stored = unframe(value) if value is not None else None
+            if stored is not None and stored[b"h"] == out[i][1][b"h"]:
+                out[i][1][b"b"] = stored[b"b"]
+    return out
+
+
 def entry_fetch(
     client: redis.Redis, stream_key: Callable[[str], str], layout: str, *, retry: Retry | None = None
 ) -> Callable[[str, Sequence[str]], Iterable[dict[bytes, Any] | None]]:
@@ -207,7 +259,8 @@ def unlink(client: redis.Redis, payloads: str, ids: Iterable[str]) -> int:
 
 def trim_below(client: redis.Redis, slots: str, payloads: str, floor: str, *, page: int = 1000) -> int:
     """Delete the payload keys of the slot log's entries before ``floor`` (retention, just before it trims the
-    slot log to that floor; a key outlives its slot entry never). Returns how many keys were there."""
+    slot log to that floor; a key outlives its slot entry never). Returns how many keys were there. A sessions
+    stream's turn keys go the same way: ``trim_below(client, sessions, turn_prefix(sessions), floor)``."""
     removed, start = 0, "-"
     while True:
         entries = cast("list[tuple[bytes, Any]]", client.xrange(slots, start, f"({floor}", count=page))

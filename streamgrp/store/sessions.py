@@ -7,7 +7,9 @@ back after a restart:
 - `open_task` (``session_open.lua``): a task's sessions, one per slot, and the task's acknowledgement,
   in one call; from then on the sessions own the task;
 - `record` (``session_turn.lua``): one turn, numbered, before it is answered: a turn the client got an
-  answer for is durable;
+  answer for is durable. In a ``keys`` run (`streamgrp.store.payloads`) its tensors are staged beside the
+  call and renamed to a turn key by it, so they never pass through the function; `load` reads them back
+  with `streamgrp.store.payloads.with_turns`, as every reader of turns does;
 - `end` (``session_end.lua``): the session's end and its slot result (a sample built from the recorded
   turns, a rejection or a failure), in one call; a timeout ends it and publishes nothing.
 
@@ -99,6 +101,18 @@ class StoredSession:
     turn_count: int = 0
 
 
+@dataclass(frozen=True)
+class TurnCall:
+    """One ``session_turn`` call recording a turn (`SessionStore.record_call`): its keys and arguments, the
+    turn's (header, tensors), and in a ``keys`` run the staging key its framed tensors are SET to (NX, with
+    a time to live) in the same pipeline, before the call; the arguments then carry no tensor byte."""
+
+    keys: list[str]
+    args: list[object]
+    frame: tuple[bytes, bytes]
+    staged: str | None = None
+
+
 class SessionStore:
     """The gateway's reads and writes of sessions; thread-safe (the gateway calls it from a thread pool)."""
 
@@ -167,24 +181,49 @@ class SessionStore:
         return _text(self._call(self._open, keys, args))
 
     def record(self, turn: TurnRecorded) -> str:
-        """Record ``turn`` (numbered from 1, in order) before it is answered; its entry id."""
-        keys, args = self.record_call(turn)
-        return _text(self._call(self._turn, keys, args))
+        """Record ``turn`` (numbered from 1, in order) before it is answered; its entry id. In a ``keys`` run its
+        tensors are staged in the same pipeline (a fresh staging key each attempt: a repeat of a turn recorded
+        already is answered with the first entry id, and the key it staged expires unused)."""
+        call = self.record_call(turn)
+        if call.staged is None:
+            return _text(self._call(self._turn, call.keys, call.args))
+        part = self.part(turn.session)
+        header, blob = call.frame
+        try:
+            reply = payloads.call_staged(
+                self.client,
+                part.sessions,
+                [(header, blob)],
+                lambda staged, pipe: self._turn(keys=[*call.keys[:2], *staged], args=call.args, client=pipe),
+            )
+        except redis.ResponseError as exc:
+            raise self._refusal(exc) from None
+        return _text(reply)
 
-    def record_call(self, turn: TurnRecorded) -> tuple[list[str], list[object]]:
-        """The keys and arguments of ``session_turn`` recording ``turn``: a call to send again as it is."""
+    def record_call(self, turn: TurnRecorded) -> TurnCall:
+        """The call of ``session_turn`` recording ``turn``: one to send again as it is (its staged key too)."""
         fields = codec.encode(turn)
         header, blob = fields[codec.HEADER], fields.get(codec.BLOB, b"")
         digest = hashlib.blake2b(header + b"\0" + blob, digest_size=16).hexdigest()
         part = self.part(turn.session)
-        return [part.session(turn.session), part.sessions], [turn.turn, digest, header, blob]
+        keys = [part.session(turn.session), part.sessions]
+        if self.layout != payloads.KEYS:
+            return TurnCall(keys, [turn.turn, digest, header, blob], (header, blob))
+        staged = payloads.staged_key(part.sessions)
+        return TurnCall([*keys, staged], [turn.turn, digest, header, b""], (header, blob), staged)
 
-    async def record_on_loop(self, aclient: redis.asyncio.Redis, keys: list[str], args: list[object]) -> str | None:
-        """`record`'s call (`record_call`) through ``aclient`` (`streamgrp.store.loop_client`) on the event loop:
-        the turn's entry id, or None when the server gave no answer of the function's own (then `record` it
-        the synchronous way: a repeat is answered with what the first call did)."""
+    async def record_on_loop(self, aclient: redis.asyncio.Redis, call: TurnCall) -> str | None:
+        """`record`'s call (`record_call`) through ``aclient`` (`streamgrp.store.loop_client`) on the event loop
+        (in a ``keys`` run with its staging write, in one write): the turn's entry id, or None when the server
+        gave no answer of the function's own (then `record` it the synchronous way: a repeat is answered with
+        what the first call did)."""
         try:
-            reply = await loop_client.call(aclient, self._turn.name, keys, args)
+            if call.staged is None:
+                reply = await loop_client.call(aclient, self._turn.name, call.keys, call.args)
+            else:
+                value = payloads.frame(*call.frame)
+                staging = (call.staged, value, payloads.STAGED_TTL_MS)
+                reply = await loop_client.call(aclient, self._turn.name, call.keys, call.args, staging=staging)
         except redis.ResponseError as exc:
             raise self._refusal(exc) from None
         return None if reply is loop_client.UNANSWERED else _text(reply)
@@ -306,12 +345,21 @@ class SessionStore:
         count = int(state.get("turns", "0")) if turns else 0
         ids = [state[f"turn:{n}"] for n in range(1, count + 1)]
         recorded: list[TurnRecorded] = []
-        for entry_id, fields in zip(ids, read_entries(self.client, part.sessions, ids)):
+        entries = [(i, f) for i, f in zip(ids, read_entries(self.client, part.sessions, ids)) if f is not None]
+        found = dict(payloads.with_turns(self.client, part.sessions, entries))
+        for entry_id in ids:
+            fields = found.get(entry_id)
             if fields is None:
                 raise SessionRefused(
                     "TRIMMED",
                     f"turn entry {entry_id} of session {session_id} is gone from the "
                     "sessions stream; the session cannot be resumed",
+                )
+            if codec.BLOB not in fields and self.layout == payloads.KEYS:
+                raise SessionRefused(
+                    "TRIMMED",
+                    f"the tensors of turn entry {entry_id} of session {session_id} are gone "
+                    f"({payloads.turn_key(part.sessions, entry_id)}); the session cannot be resumed",
                 )
             event = codec.decode(fields)
             if not isinstance(event, TurnRecorded):

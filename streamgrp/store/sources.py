@@ -106,10 +106,23 @@ class RedisSource:
             return self.keys.control
         return stream_key(self.keys, self.partitions, stream)
 
+    def with_turns(
+        self, stream: str, entries: list[tuple[str, dict[bytes, bytes]]]
+    ) -> list[tuple[str, dict[bytes, bytes]]]:
+        """A sessions stream's entries with their turns' tensors wherever they live (`payloads.with_turns`);
+        any other stream's as they are."""
+        if stream.partition("@")[0] != "sessions":
+            return entries
+        return payloads.with_turns(self.client, self._key(stream), entries)
+
     def __call__(self, stream: str, ids: Sequence[str]) -> list[dict[bytes, bytes] | None]:
         if self._keyed(stream):
             return payloads.read(self.client, self._key(stream), list(ids))
-        return read_entries(self.client, self._key(stream), list(ids))
+        found = read_entries(self.client, self._key(stream), list(ids))
+        if stream.partition("@")[0] == "sessions":
+            filled = iter(self.with_turns(stream, [(i, f) for i, f in zip(ids, found) if f is not None]))
+            found = [None if fields is None else next(filled)[1] for fields in found]
+        return found
 
     def scan(self, stream: str, page: int = 2000) -> Iterator[tuple[str, dict[bytes, bytes]]]:
         """Every entry of ``stream`` in order, read in pages (a keys-layout run's payloads: those of its
@@ -121,7 +134,10 @@ class RedisSource:
             if not entries:
                 return
             ids = [entry_id_str(raw_id) for raw_id, _ in entries]
-            found = payloads.read(self.client, self._key(stream), ids) if keyed else [f for _, f in entries]
+            if keyed:
+                found = payloads.read(self.client, self._key(stream), ids)
+            else:
+                found = [f for _, f in self.with_turns(stream, [(i, f) for i, (_, f) in zip(ids, entries)])]
             for entry_id, fields in zip(ids, found):
                 if fields is not None:
                     yield entry_id, fields
@@ -265,8 +281,7 @@ class FallbackSource:
                 break
             # Whatever the server no longer holds before this page (trimmed) comes from the archive.
             yield from self.archive.scan(stream, after=last, before=entry_id_str(entries[0][0]))
-            for raw_id, fields in entries:
-                yield entry_id_str(raw_id), fields
+            yield from self.server.with_turns(stream, [(entry_id_str(raw_id), fields) for raw_id, fields in entries])
             last = entry_id_str(entries[-1][0])
             start = "(" + last
         yield from self.archive.scan(stream, after=last)

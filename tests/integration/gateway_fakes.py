@@ -36,6 +36,8 @@ from streamgrp.services.gateway.gateway import Gateway
 from streamgrp.services.gateway.server import GatewayServer, serve
 from streamgrp.services.gateway.templates import make_template
 from streamgrp.services.gateway.upstream import Upstream
+from streamgrp.store import payloads
+from streamgrp.store.streams import entry_id_str
 
 #: The control token of the gateways `Running` starts.
 TOKEN = "control-token"
@@ -310,5 +312,7 @@ class Running:
         return reply.json()
 
     def events(self, kind) -> list:
-        decoded = (codec.decode(fields) for _, fields in self.client.xrange(self.run.keys.sessions))
+        sessions = self.run.keys.sessions
+        entries = [(entry_id_str(i), f) for i, f in self.client.xrange(sessions)]
+        decoded = (codec.decode(fields) for _, fields in payloads.with_turns(self.client, sessions, entries))
         return [event for event in decoded if isinstance(event, kind)]

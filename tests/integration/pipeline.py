@@ -25,7 +25,9 @@ from streamgrp.core.events import (
     StepManifest,
     TaskIssued,
 )
+from streamgrp.store import payloads
 from streamgrp.store.keys import ASSEMBLER_GROUP, BATCHER_GROUP, WORKERS_GROUP
+from streamgrp.store.streams import entry_id_str
 
 # A trainer rank that uses only the library: it logs each step it starts and commits.
 TRAINER_SCRIPT = """
@@ -197,7 +199,9 @@ class Pipeline:
 
 
 def events(client, stream, kind) -> list:
-    return [e for e in (codec.decode(fields) for _, fields in client.xrange(stream)) if isinstance(e, kind)]
+    """Every ``kind`` event of ``stream``; a sessions stream's turns with their tensors wherever they live."""
+    entries = payloads.with_turns(client, stream, [(entry_id_str(i), f) for i, f in client.xrange(stream)])
+    return [e for e in (codec.decode(fields) for _, fields in entries) if isinstance(e, kind)]
 
 
 def check_run(client, run, *, prompts: int) -> int:

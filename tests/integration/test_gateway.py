@@ -30,6 +30,7 @@ from streamgrp.services.assembler import Assembler
 from streamgrp.services.gateway.agent import AgentProcess
 from streamgrp.services.retention import SESSION_CLOCK_MARGIN_S, floors, trim
 from streamgrp.services.worker import WorkerClient
+from streamgrp.store import payloads
 from streamgrp.store.runs import join_run
 from streamgrp.store.streams import entry_id_str
 from streamgrp.store.tasks import TaskIssuer
@@ -209,14 +210,29 @@ def test_retention_keeps_the_turns_of_open_sessions_and_trims_ended_ones_behind_
     floors_ = floors(client, keys, everything)
     floor, why = floors_["sessions"]
     assert why == "open agent sessions", floors_
-    kept = [codec.decode(f) for _, f in client.xrange(keys.sessions, f"{floor[0]}-{floor[1]}", "+")]
+    kept = [codec.decode(f) for _, f in _sessions(client, keys, f"{floor[0]}-{floor[1]}")]
     assert {e.task_id for e in kept} == {open_task["task_id"]}  # every event of the open one, none of the other
     assert sum(isinstance(e, TurnRecorded) for e in kept) == 1
+    turn_keys = _turn_keys(client, keys)
+    assert len(turn_keys) == 2  # a keys-layout run: each turn's tensors in a key of its own
     trim(client, keys, everything)
-    assert [codec.decode(f).task_id for _, f in client.xrange(keys.sessions)] == [e.task_id for e in kept]
+    assert [codec.decode(f).task_id for _, f in _sessions(client, keys)] == [e.task_id for e in kept]
+    # The trimmed turn's key went with its entry; the open session's stays (its gateway reads it back).
+    [(kept_id, _)] = [(i, f) for i, f in _sessions(client, keys) if codec.BLOB in f]
+    assert _turn_keys(client, keys) == [payloads.turn_key(keys.sessions, kept_id)]
     for session in open_task["sessions"]:
         gw.end(session["session_id"], reward=None)
     assert floors(client, keys, everything)["sessions"][1] == "archive"
+
+
+def _sessions(client, keys, start: str = "-") -> list:
+    """The sessions stream's entries from ``start``, each turn with its tensors (`payloads.with_turns`)."""
+    entries = [(entry_id_str(i), f) for i, f in client.xrange(keys.sessions, start, "+")]
+    return payloads.with_turns(client, keys.sessions, entries)
+
+
+def _turn_keys(client, keys) -> list[str]:
+    return sorted(k.decode() for k in client.scan_iter(match=payloads.turn_pattern(keys.sessions), count=1000))
 
 
 @pytest.mark.one_server_kind

@@ -16,11 +16,13 @@ from processes import wait_until
 from streamgrp.cli.server import EmbeddedServer
 from streamgrp.config import RunConfig
 from streamgrp.core.events import SessionEnded
+from streamgrp.store import payloads
 from streamgrp.store.acl import password_hash, template_for, user_name
 from streamgrp.store.connection import connect
 from streamgrp.store.keys import RunKeys
 from streamgrp.store.runs import join_run
 from streamgrp.store.scripts import load_library
+from streamgrp.store.sessions import SessionStore
 from streamgrp.store.tasks import TaskIssuer
 
 OPS_ACL = Path(__file__).resolve().parents[2] / "ops" / "acl"
@@ -59,6 +61,8 @@ def test_the_gateway_works_under_its_own_acl_user_and_may_do_nothing_else(kind_b
             for session in (done, later):
                 with openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"]) as chat:
                     chat.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+            # A restarted gateway reads a session's turns back, in a keys-layout run from their turn keys.
+            assert len(SessionStore(client, run.partitions, producer="x").load(done["session_id"]).turns) == 1
             gateway.end(done["session_id"], reward=1.0)
             gateway.end(later["session_id"], reward_pending=True)
             assert gateway.control(f"/sessions/{later['session_id']}/reward", {"reward": 0.5}).status_code == 200
@@ -80,11 +84,22 @@ def test_the_gateway_works_under_its_own_acl_user_and_may_do_nothing_else(kind_b
         assert allowed("XADD", keys.sessions, "*", "h", "x") and allowed(
             "HSET", keys.session("p0-0123456789abcdef"), "a", "b"
         )
+        # A turn's tensors: SET only of a staging key of the sessions stream, RENAME only from one to a turn key.
+        staged, turn = payloads.staged_key(keys.sessions), payloads.turn_key(keys.sessions, "1-0")
+        assert allowed("SET", staged, "x", "NX", "PX", "1000") and allowed("RENAME", staged, turn)
+        assert allowed("PERSIST", turn) and allowed("MGET", turn)
         for command in (
             ("XADD", keys.control, "*", "h", "x"),
             ("XADD", keys.decisions, "*", "h", "x"),
             ("XADD", keys.steps, "*", "h", "x"),
             ("SET", keys.version, "9"),
+            ("SET", payloads.turn_key(keys.sessions, "1-0"), "x"),
+            ("SET", keys.session_deadlines, "x"),
+            ("RENAME", payloads.staged_key(keys.sessions), payloads.key(keys.payloads, "1-0")),
+            ("RENAME", payloads.staged_key(keys.payloads), payloads.turn_key(keys.sessions, "1-0")),
+            ("PERSIST", payloads.staged_key(keys.sessions)),
+            ("UNLINK", payloads.turn_key(keys.sessions, "1-0")),
+            ("DEL", payloads.turn_key(keys.sessions, "1-0")),
             ("HSET", keys.counts, "a", "1"),
             ("XADD", "sg:{other-run}:sessions", "*", "h", "x"),
             ("CONFIG", "GET", "*"),

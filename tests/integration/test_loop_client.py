@@ -52,3 +52,31 @@ def test_what_is_not_the_functions_answer_is_unanswered(client):
             await gone.aclose()
 
     asyncio.run(main())
+
+
+def test_a_staged_call_sends_its_staging_write_first_and_leaves_the_connection_clean(client, run_name):
+    async def main():
+        aclient = _loop_client(client)
+        staged = f"sg:{{{run_name}}}:sessions:staged:{'0' * 32}"
+        try:
+            # The function refuses (no such session) after the staging write: the error is the function's.
+            with pytest.raises(redis.ResponseError, match="UNKNOWN"):
+                await loop_client.call(
+                    aclient,
+                    function_name("session_turn"),
+                    [f"sg:{{{run_name}}}:session:p0-0123456789abcdef", f"sg:{{{run_name}}}:sessions", staged],
+                    [1, "d", b"{}", b""],
+                    staging=(staged, b"value", 60_000),
+                )
+            assert client.get(staged) == b"value" and 0 < client.pttl(staged) <= 60_000
+            # Both replies were read: the next call on the loop's connection gets its own answer.
+            for _ in range(3):
+                assert await loop_client.call(aclient, function_name("version"), [], []) not in (
+                    None,
+                    loop_client.UNANSWERED,
+                )
+        finally:
+            await aclient.aclose()
+            client.delete(staged)
+
+    asyncio.run(main())

@@ -45,3 +45,23 @@ def test_every_key_is_the_runs_own_and_only_the_batcher_writes_control_decisions
 def test_an_unknown_role_names_the_roles():
     with pytest.raises(ValueError, match="worker, assembler"):
         access(RunKeys("r1"), "admin")
+
+
+def test_the_gateway_stages_turns_only_in_a_keys_run_and_each_partition_gets_its_own_turn_keys():
+    from streamgrp.store import payloads
+
+    keys = RunKeys("r1")
+    staged, turns = payloads.staged_pattern(keys.sessions), payloads.turn_pattern(keys.sessions)
+    gateway = access(keys, "gateway")  # `may` compares the rules' key patterns
+    assert gateway.may("set", staged) and not gateway.may("set", turns) and not gateway.may("set", keys.sessions)
+    assert gateway.may("rename", staged) and gateway.may("persist", turns) and not gateway.may("persist", staged)
+    # No selector lets a RENAME move bytes between payload keys and the sessions' keys.
+    assert not any(keys.payload_keys in on and turns in on for commands, on in gateway.confined if "rename" in commands)
+    assert not any(command in ("del", "unlink") for commands, _ in gateway.confined for command in commands)
+    old = access(keys, "gateway", layout="stream")  # its turns keep their tensors in the sessions stream
+    assert not old.may("set", staged) and not old.may("rename", staged) and "mget" not in old.commands
+    spread, archiver = access(keys, "gateway", partitions=3), access(keys, "archiver", partitions=3)
+    for part in keys.partitions(3):
+        assert spread.may("set", payloads.staged_pattern(part.sessions))
+        assert spread.may("persist", payloads.turn_pattern(part.sessions))
+        assert archiver.may("unlink", payloads.turn_pattern(part.sessions))

@@ -261,9 +261,10 @@ class GatewayTurns:
         return turn
 
     async def _record(self, event: TurnRecorded) -> None:
-        """The turn's record: on the event loop (one FCALL, no thread hop per turn) unless the server gave
-        no answer there, then on a thread (which rides outages out; a repeat is answered as the first)."""
-        keys, args = self.store.record_call(event)
+        """The turn's record: on the event loop (one FCALL, in a ``keys`` run with its tensors' staging write in
+        the same write; no thread hop per turn) unless the server gave no answer there, then on a thread (which
+        rides outages out; a repeat is answered as the first)."""
+        call = self.store.record_call(event)
         self._aclient = (loop_client(self.client) or False) if self._aclient is None else self._aclient
-        if self._aclient is False or await self.store.record_on_loop(self._aclient, keys, args) is None:
+        if self._aclient is False or await self.store.record_on_loop(self._aclient, call) is None:
             await self.blocking(self.store.record, event)
