@@ -165,9 +165,7 @@ def _held(fields: Fields, max_entry_bytes: int) -> _Held:
         return _decoded(fields, max_entry_bytes)
     sample = view.sample
     refs = [getattr(sample, name).raw for name in _PAYLOAD_TENSORS]
-    problem = _free_form_problem(sample.meta) or layout_problem(
-        sample.row_lengths, sample.rewards, [(ref.dtype, ref.shape) for ref in refs]
-    )
+    problem = _free_form_problem(sample.meta) or layout_problem(sample.row_lengths, sample.rewards, *refs)
     if problem is not None:
         raise _Refused(f"its payload does not decode (invalid_value): {problem}")
     token_ids, loss_mask, logprobs = [(ref.dtype, bytes(blob[ref.offset : ref.offset + ref.nbytes])) for ref in refs]

@@ -17,7 +17,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -115,25 +115,39 @@ SAMPLE_TENSORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+class Shaped(Protocol):
+    """A tensor's dtype and shape: a `RawArray`, or a header's descriptor of one (`streamgrp.core.tensor_header`)."""
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
 def layout_problem(
-    row_lengths: Sequence[int], rewards: Sequence[float], tensors: Sequence[tuple[str, tuple[int, ...]]]
+    row_lengths: Sequence[int], rewards: Sequence[float], token_ids: Shaped, loss_mask: Shaped, logprobs: Shaped
 ) -> str | None:
     """None when a sample's rows, rewards and tensors fit together, else what does not: at least one row, each of
-    at least one token, one reward per row, and each tensor (``(dtype, shape)`` in `SAMPLE_TENSORS` order) of
-    an allowed dtype and 1-D over all rows. The rules `Sample` is built by, and the assembler's check of a
-    payload it does not rebuild (`streamgrp.core.payload_check`): one definition for both."""
+    at least one token, one reward per row, and each tensor of an allowed dtype (`SAMPLE_TENSORS`) and 1-D over
+    all rows. The rules `Sample` is built by, and those of a payload read without rebuilding it (the
+    assembler's check, `streamgrp.core.payload_check`, and the loader): one definition for all. It runs for
+    every sample in every one of them, so it is written as plain loops."""
     if not row_lengths:
         return "a sample needs at least one row"
-    if any(length < 1 for length in row_lengths):
-        return f"every row needs at least one token, got row_lengths {list(row_lengths)}"
+    total = 0
+    for length in row_lengths:
+        if length < 1:
+            return f"every row needs at least one token, got row_lengths {list(row_lengths)}"
+        total += length
     if len(rewards) != len(row_lengths):
         return f"{len(row_lengths)} rows but {len(rewards)} rewards; give one reward per row"
-    total = sum(row_lengths)
-    for (name, allowed), (dtype, shape) in zip(SAMPLE_TENSORS, tensors, strict=True):
-        if dtype not in allowed:
-            return f"{name} must be one of {list(allowed)}, got {dtype}"
-        if shape != (total,):
-            return f"{name} has shape {list(shape)}, expected [{total}] (sum of row_lengths)"
+    expected = (total,)
+    for (name, allowed), tensor in zip(SAMPLE_TENSORS, (token_ids, loss_mask, logprobs)):
+        if tensor.dtype not in allowed:
+            return f"{name} must be one of {list(allowed)}, got {tensor.dtype}"
+        if tensor.shape != expected:
+            return f"{name} has shape {list(tensor.shape)}, expected [{total}] (sum of row_lengths)"
     return None
 
 
@@ -175,8 +189,7 @@ class Sample(Record, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         as_tuples(self, "row_lengths", "rewards")
         check_free_form(self.meta, "meta")
-        tensors = (self.token_ids, self.loss_mask, self.logprobs)
-        problem = layout_problem(self.row_lengths, self.rewards, [(t.dtype, t.shape) for t in tensors])
+        problem = layout_problem(self.row_lengths, self.rewards, self.token_ids, self.loss_mask, self.logprobs)
         problem = problem or self.value_problem()
         if problem is not None:
             raise ValueError(problem)

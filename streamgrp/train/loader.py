@@ -201,8 +201,8 @@ def _payload_rows(fields: Mapping[bytes, bytes], task_id: str, slot: int) -> Sam
     if view.task_id != task_id or view.slot != slot:
         raise PayloadError(f"it is the payload of task {view.task_id!r} slot {view.slot!r}")
     sample = view.sample
-    refs = [getattr(sample, name).raw for name, _ in SAMPLE_TENSORS]
-    problem = layout_problem(sample.row_lengths, sample.rewards, [(ref.dtype, ref.shape) for ref in refs])
+    refs = (sample.token_ids.raw, sample.loss_mask.raw, sample.logprobs.raw)
+    problem = layout_problem(sample.row_lengths, sample.rewards, *refs)
     if problem is not None:  # the rules a `Sample` is built by: one definition (streamgrp.core.values)
         raise PayloadError(problem)
     data: dict[str, tuple[memoryview | bytes, str]] = {
