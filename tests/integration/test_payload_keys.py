@@ -5,11 +5,11 @@ an older run's record (no layout) is still a stream run."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import redis
+from monitored import commands_until_fcall
 from role_users import refused, role_users  # noqa: F401  (a fixture)
 
 from streamgrp.config import ArchiverConfig, AssemblerConfig, BatcherConfig, RunConfig
@@ -54,29 +54,8 @@ def test_the_publish_call_carries_no_payload_byte(client, make_run, issuer, redi
     [task] = issuer(run).issue([{}])
     worker = WorkerClient(client, run.keys)
     [taken] = worker.take(1, block_ms=None)
-    seen: list[bytes] = []
-    ready = threading.Event()
-
-    ours = run.keys.payloads.encode()
-
-    def watch() -> None:
-        # MONITOR shows every client's commands (the server may be shared with other tests): only this run's.
-        with client.monitor() as monitor:
-            ready.set()
-            for command in monitor.listen():
-                text = command["command"].encode() if isinstance(command["command"], str) else command["command"]
-                if ours not in text:
-                    continue
-                seen.append(text)
-                if text.upper().startswith(b"FCALL "):
-                    return
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    assert ready.wait(5)
-    time.sleep(0.1)  # MONITOR is on before the publish
-    ids = worker.publish_many([(task.task_id, slot, make_sample(tokens=TOKENS)) for slot in range(2)], done=[taken])
-    thread.join(10)
+    with commands_until_fcall(client, run.keys.payloads.encode()) as seen:
+        ids = worker.publish_many([(task.task_id, slot, make_sample(tokens=TOKENS)) for slot in range(2)], done=[taken])
     [call] = [c for c in seen if c.upper().startswith(b"FCALL ")]
     staging = [c for c in seen if c.upper().startswith(b"SET ")]
     assert len(staging) == 2 and all(len(c) > TOKENS * 8 for c in staging)  # the bytes went by SET...

@@ -8,11 +8,11 @@ entry."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
 import redis
+from monitored import commands_until_fcall
 
 from streamgrp.config import ArchiverConfig, RunConfig
 from streamgrp.core import codec
@@ -71,26 +71,8 @@ def test_a_turns_tensors_never_pass_through_the_function_and_live_in_its_turn_ke
     sessions = run.keys.sessions
     turn = _turn(session, task_id, 1, TOKENS)
     fields = codec.encode(turn)
-    seen: list[bytes] = []
-    ready = threading.Event()
-
-    def watch() -> None:
-        with client.monitor() as monitor:  # the server may be shared: this run's commands only
-            ready.set()
-            for command in monitor.listen():
-                text = command["command"]
-                text = text.encode() if isinstance(text, str) else text
-                if sessions.encode() in text:
-                    seen.append(text)
-                    if text.upper().startswith(b"FCALL "):
-                        return
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    assert ready.wait(5)
-    time.sleep(0.1)
-    entry = store.record(turn)
-    thread.join(10)
+    with commands_until_fcall(client, sessions.encode()) as seen:
+        entry = store.record(turn)
     [call] = [c for c in seen if c.upper().startswith(b"FCALL ")]
     assert len(call) < len(fields[codec.HEADER]) + 400  # its header and a digest, never the tensors
     # The stream entry is the header alone; the turn key holds header and tensors, without a time to live.
