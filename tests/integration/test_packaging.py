@@ -3,7 +3,7 @@
 - The wheel (built from a copy of this checkout) installs one top-level package, ``streamgrp``: the
   examples as ``streamgrp.consumers``, the alert rules and the Lua scripts as package data; torch only
   under the ``trainer`` extra, with no upper bound.
-- Every command that should run on the core install runs with torch, numpy, matplotlib and pyarrow
+- Every command that should run on the core install runs with torch, matplotlib and pyarrow
   made impossible to import (a ``sitecustomize`` that puts None in ``sys.modules`` for them), against
   a real server; the commands that need an extra exit 2 naming it.
 - A fresh virtual environment with the wheel and its core dependencies only (slow) runs a role, finds
@@ -32,7 +32,7 @@ from streamgrp.cli.children import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What the core install leaves out; each is an extra's.
-OPTIONAL = ("torch", "numpy", "matplotlib", "pyarrow")
+OPTIONAL = ("torch", "matplotlib", "pyarrow")
 BLOCKER = (
     "import sys\n"
     f"for name in {OPTIONAL!r}:\n"
@@ -149,13 +149,13 @@ def _cli(env: dict[str, str], *args: str, cwd: Path, timeout: float = 60) -> sub
 
 
 @pytest.mark.one_server_kind
-def test_the_core_commands_run_without_torch_numpy_matplotlib_or_pyarrow(redis_url, run_name, tmp_path):
+def test_the_core_commands_run_without_torch_matplotlib_or_pyarrow(redis_url, run_name, tmp_path):
     env = _without_optional(tmp_path)
     probe = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import importlib.util as u, streamgrp.cli.extras as x; print(x.missing('trainer'), u.find_spec('numpy'))",
+            "import importlib.util as u, streamgrp.cli.extras as x; print(x.missing('trainer'), u.find_spec('torch'))",
         ],
         capture_output=True,
         text=True,
@@ -171,7 +171,19 @@ def test_the_core_commands_run_without_torch_numpy_matplotlib_or_pyarrow(redis_u
 
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(f'{{"i": {i}}}\n' for i in range(4)))
-    ok("batcher", "--burst", "--n-samples", "2", "--batch-size", "2", "--dataset", str(dataset))  # creates, issues
+    # creates the run (with a vocabulary: worker and assembler bound the token ids, with numpy) and issues
+    ok(
+        "batcher",
+        "--burst",
+        "--n-samples",
+        "2",
+        "--batch-size",
+        "2",
+        "--vocab-size",
+        "50000",
+        "--dataset",
+        str(dataset),
+    )
     ok("worker", "--burst")
     ok("assembler", "--burst")
     ok("batcher", "--burst", "--dataset", str(dataset))  # writes the steps (the run's dataset: it records it)
