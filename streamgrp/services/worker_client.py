@@ -20,7 +20,7 @@ from streamgrp.core import codec, counters
 from streamgrp.core.events import Sample, SlotResult, TaskIssued
 from streamgrp.core.values import RewardLater
 from streamgrp.errors import ConfigError, DecodeError
-from streamgrp.store import payloads, scripts
+from streamgrp.store import own_connection, payloads, scripts
 from streamgrp.store.connection import wait_for_replicas
 from streamgrp.store.deadletter import DeadLetters
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys, RunKeys, task_partition
@@ -149,6 +149,8 @@ class WorkerClient:
         self.layout = recorded_layout(client, keys)
         self._publish = scripts.register(client, "publish.lua")
         self._publish_keys = scripts.register(client, "publish_staged.lua")
+        #: A single server's publishes go on a connection of the worker's own (`streamgrp.store.own_connection`).
+        self._own = own_connection.for_client(client)
         self._hold = scripts.register(client, "tasks_held.lua")
         for part in self.sources:
             ensure_group(client, part.tasks, WORKERS_GROUP)
@@ -274,8 +276,9 @@ class WorkerClient:
     def _publish_staged(
         self, part: PartitionKeys, head: list[Any], chunk: list[tuple[bytes, bytes, bytes]]
     ) -> list[Any]:
-        """One publish of a keys-layout run: each payload staged and the function that takes them, in one
-        pipeline (`streamgrp.store.payloads.call_staged`); the function's arguments hold no payload byte."""
+        """One publish of a keys-layout run: each payload staged and the function that takes them, in one round
+        trip on the worker's own connection (`streamgrp.store.payloads.call_staged`); the function's arguments
+        hold no payload byte."""
         args = [
             *head,
             *(item for header, payload_header, _ in chunk for item in (header, b"1" if payload_header else b"")),
@@ -284,9 +287,9 @@ class WorkerClient:
             self.client,
             part.payloads,
             [(payload_header, blob) for _, payload_header, blob in chunk if payload_header],
-            lambda staged, pipe: self._publish_keys(
-                keys=[part.slots, part.payloads, part.tasks, *staged], args=args, client=pipe
-            ),
+            self._publish_keys,
+            lambda staged: ([part.slots, part.payloads, part.tasks, *staged], args),
+            own=self._own,
         )
 
     def _publish_stream(

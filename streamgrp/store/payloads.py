@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 if TYPE_CHECKING:  # the names module (streamgrp.store.keys) imports this one, and must stay free of redis
     import redis
 
+    from streamgrp.store.own_connection import OwnConnection
     from streamgrp.store.streams import Retry
 
 __all__ = [
@@ -140,13 +141,21 @@ def unframe(value: bytes | memoryview, *, views: bool = False) -> dict[bytes, An
 
 
 def call_staged(
-    client: redis.Redis, payloads: str, frames: Sequence[tuple[bytes, bytes]], call: Callable[[list[str], Any], None]
+    client: redis.Redis,
+    payloads: str,
+    frames: Sequence[tuple[bytes, bytes]],
+    function: Any,
+    call: Callable[[list[str]], tuple[list[Any], list[Any]]],
+    *,
+    own: OwnConnection | None = None,
 ) -> Any:
-    """Stage each (header, blob) of ``frames`` and queue ``call(staged keys, pipe)`` (the server function that
-    takes them) in one pipeline; returns the function's reply and raises any error reply.
+    """Stage each (header, blob) of ``frames`` and call ``function`` (a registered server function,
+    `streamgrp.store.scripts.register`) with the keys and arguments ``call(staged keys)`` gives, in one round
+    trip; returns the function's reply and raises any error reply. Through ``own`` (a connection of the
+    caller's own, `streamgrp.store.own_connection`: about half the CPU) when given, else a redis-py pipeline.
 
     A server that lost streamgrp's library (restarted empty) gets it again and the payloads are staged afresh;
-    an outage is ridden the same way: a pipeline's replies hold its connection errors instead of raising them,
+    an outage is ridden the same way: the batch's replies hold its connection errors instead of raising them,
     so the client's own riding never sees them. A first attempt whose reply was lost is folded as a duplicate,
     and staged keys the function never took expire."""
     import redis
@@ -154,11 +163,19 @@ def call_staged(
     from streamgrp.store import scripts
     from streamgrp.store.connection import ride
 
+    def send() -> list[Any]:
+        if own is None:
+            pipe = client.pipeline(transaction=False)
+            keys, args = call([stage(pipe, payloads, header, blob) for header, blob in frames])
+            function(keys=keys, args=args, client=pipe)
+            return pipe.execute(raise_on_error=False)
+        staging = [_staging(payloads, header, blob, own.splices) for header, blob in frames]
+        keys, args = call([command[1] for command in staging])
+        return own.execute([*staging, ("FCALL", function.name, len(keys), *keys, *args)])
+
     def attempt() -> Any:
         for retry in range(2):
-            pipe = client.pipeline(transaction=False)
-            call([stage(pipe, payloads, header, blob) for header, blob in frames], pipe)
-            replies = pipe.execute(raise_on_error=False)
+            replies = send()
             reply = replies[-1]
             if isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower() and not retry:
                 scripts.forget_loaded()
@@ -171,6 +188,15 @@ def call_staged(
         raise AssertionError("unreachable")
 
     return ride(client, attempt)
+
+
+def _staging(payloads: str, header: bytes, blob: bytes, splices: bool, ttl_ms: int = STAGED_TTL_MS) -> tuple[Any, ...]:
+    """The staging write of one payload as a command; ``splices``: the connection packs with streamgrp's own
+    packer, which writes the frame's parts into the command without joining them first (`resp.Pieces`)."""
+    from streamgrp.store.resp import Pieces
+
+    value = Pieces((_LENGTH.pack(len(header)), header, blob)) if splices else frame(header, blob)
+    return ("SET", staged_key(payloads), value, "NX", "PX", ttl_ms)
 
 
 def stage(pipe: Any, payloads: str, header: bytes, blob: bytes, *, ttl_ms: int = STAGED_TTL_MS) -> str:

@@ -42,9 +42,8 @@ import redis
 from streamgrp.core import codec
 from streamgrp.core.events import Sample, SlotSegment
 from streamgrp.errors import DecodeError
-from streamgrp.store import scripts
+from streamgrp.store import own_connection, scripts
 from streamgrp.store.keys import WORKERS_GROUP, PartitionKeys
-from streamgrp.store.outage import is_outage
 from streamgrp.store.streams import entry_id_str, range_reply
 
 log = logging.getLogger(__name__)
@@ -167,7 +166,7 @@ class SegmentStore:
         self._queue: deque[tuple[int, str, SlotSegment, Callable[[str | BaseException], None]]] = deque()
         self._waiting: set[int] = set()  # the seq of every segment queued and not yet taken into a batch
         self._flusher: threading.Thread | None = None
-        self._connection: Any = None  # the writes' own connection to a single server (`_pipelined`)
+        self._own = own_connection.for_client(client)  # a single server's batches go here (`_pipelined`)
         self._sending = threading.Lock()  # one batch on the wire at a time: a slot's segments stay in order
         #: Pipelines sent and segments written through them (what the batching achieves: see bench/README.md).
         self.batches = 0
@@ -284,39 +283,19 @@ class SegmentStore:
                 log.exception("a segment write's hook failed")
 
     def _pipelined(self, calls: list[tuple[list[Any], list[Any]]]) -> list[Any]:
-        """The replies to ``calls`` (an error reply as its exception), sent in one round trip. On one server,
-        through a connection of the store's own: the commands packed in one go and each reply read as it is,
-        which costs the worker about half what a redis-py pipeline does (its command stack, the pool and the
-        reply callbacks; `bench/README.md`). A cluster client keeps redis-py's pipeline, which routes each
-        call to its node. Either rides out an outage as the client's pipelines do (`Riding`): the batch is
-        sent again as a whole, and a segment written twice is one segment (`chain_of` skips a repeat)."""
-        if isinstance(self.client, redis.RedisCluster):
+        """The replies to ``calls`` (an error reply as its exception), sent in one round trip: on one server
+        through a connection of the store's own (`streamgrp.store.own_connection`, about half the worker CPU of
+        redis-py's pipeline), on a cluster through redis-py's pipeline, which routes each call to its node.
+        Either rides out an outage as the client's pipelines do (`Riding`): the batch is sent again as a whole,
+        and a segment written twice is one segment (`chain_of` skips a repeat)."""
+        if self._own is None:
             pipe = self.client.pipeline(transaction=False)
             for keys, args in calls:
                 self._write(keys=keys, args=args, client=pipe)
             return pipe.execute(raise_on_error=False)
+        commands = [("FCALL", self._write.name, len(keys), *keys, *args) for keys, args in calls]
         outage = getattr(self.client, "outage", None) if getattr(self.client, "riding", False) else None
-        return self._send_own(calls) if outage is None else outage.call(self._send_own, calls)
-
-    def _send_own(self, calls: list[tuple[list[Any], list[Any]]]) -> list[Any]:
-        if self._connection is None:
-            self._connection = self.client.connection_pool.make_connection()
-        connection = self._connection
-        name = self._write.name
-        connection.send_packed_command(
-            connection.pack_commands([("FCALL", name, len(keys), *keys, *args) for keys, args in calls]),
-            check_health=False,
-        )
-        replies: list[Any] = []
-        for _ in calls:
-            try:
-                replies.append(connection.read_response())
-            except redis.ResponseError as exc:  # one call's error reply: the next replies are still to read
-                replies.append(exc)
-        for reply in replies:  # every reply read: a LOADING or BUSY one is an outage, the batch sent again
-            if isinstance(reply, BaseException) and is_outage(reply):
-                raise reply
-        return replies
+        return self._own.execute(commands) if outage is None else outage.call(self._own.execute, commands)
 
     def chain(self, partition: int, task_entry: str, task_id: str, slot: int, slots: int = 1) -> list[SlotSegment]:
         """The chain of ``slot`` of the task at ``task_entry``, read once for its ``slots`` slots (the first to

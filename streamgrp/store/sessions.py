@@ -194,7 +194,8 @@ class SessionStore:
                 self.client,
                 part.sessions,
                 [(header, blob)],
-                lambda staged, pipe: self._turn(keys=[*call.keys[:2], *staged], args=call.args, client=pipe),
+                self._turn,
+                lambda staged: ([*call.keys[:2], *staged], call.args),
             )
         except redis.ResponseError as exc:
             raise self._refusal(exc) from None
@@ -316,7 +317,8 @@ class SessionStore:
                 self.client,
                 part.payloads,
                 [(header, blob)],
-                lambda staged, pipe: self._end(keys=[*keys, *staged], args=[*args[:5], b"", b"", args[7]], client=pipe),
+                self._end,
+                lambda staged: ([*keys, *staged], [*args[:5], b"", b"", args[7]]),
             )
         except redis.ResponseError as exc:
             raise self._refusal(exc) from None

@@ -69,6 +69,38 @@ def test_the_publish_call_carries_no_payload_byte(client, make_run, issuer, redi
     assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
 
 
+def test_a_workers_publish_on_its_own_connection_rides_a_dropped_connection_and_a_lost_library(
+    client, redis_url, make_run, issuer
+):
+    from streamgrp.store.connection import connect
+
+    run = make_run(n_samples=2)
+    issuer(run).issue([{}, {}, {}])
+    riding = connect(redis_url)  # a role's client: it rides out outages
+    worker = WorkerClient(riding, run.keys)
+    tasks = worker.take(3, block_ms=None)
+
+    def publish(task):
+        return worker.publish_many(
+            [(task.event.task_id, slot, make_sample(tokens=8)) for slot in range(2)], done=[task]
+        )
+
+    ids = publish(tasks[0])
+    own = worker._own.connection  # a single server's publishes go through the worker's own connection
+    host, port = own._sock.getsockname()[:2]
+    assert client.client_kill_filter(addr=f"{host}:{port}") == 1  # it drops (killed by its address only)
+    ids += publish(tasks[1])  # sent again, staged afresh
+    assert riding.outage is not None and riding.outage.count == 1
+    client.function_flush()  # the server lost the library: the publish loads it again
+    ids += publish(tasks[2])
+    stored = payloads.read(client, run.keys.payloads, ids)
+    assert [codec.decode(fields).slot for fields in stored] == [0, 1] * 3
+    # every payload at its slot entry's id; a staged key of the dropped attempt may be left, expiring
+    assert _payload_keys(client, run.keys, staged=False) == sorted(payloads.key(run.keys.payloads, i) for i in ids)
+    assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
+    riding.close()
+
+
 def test_a_staged_payload_that_is_gone_refuses_the_whole_call_writing_nothing(client, make_run, issuer):
     run = make_run(n_samples=2)
     keys = run.keys

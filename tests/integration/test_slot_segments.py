@@ -444,7 +444,7 @@ def test_one_batch_tells_each_slot_its_own_outcome_and_survives_a_lost_library_a
     client.function_flush()  # the server lost the library: the batch's writes load it again and land
     second = write_batch((held, _segment(2, 3, [11])), (held, _segment(3, 4, [12])))
     assert all(isinstance(outcome, str) for outcome in second), second
-    own = store._connection  # a single server's writes go through the store's own connection
+    own = store._own.connection  # a single server's writes go through the store's own connection
     host, port = own._sock.getsockname()[:2]  # it drops (killed by its address only: other tests share the server)
     assert client.client_kill_filter(addr=f"{host}:{port}") == 1
     failed = write_batch((held, _segment(4, 5, [13])))  # a plain client does not ride it: the slot hears of it
@@ -468,7 +468,7 @@ def test_a_riding_clients_segment_writes_are_sent_again_through_a_dropped_connec
     outcomes: list[object] = []
     store.submit(0, held, _segment(0, 0, [7, 8]), outcomes.append)
     store.write_now()
-    host, port = store._connection._sock.getsockname()[:2]
+    host, port = store._own.connection._sock.getsockname()[:2]
     assert client.client_kill_filter(addr=f"{host}:{port}") == 1  # the store's own connection drops
     store.submit(0, held, _segment(1, 2, [9]), outcomes.append)
     store.write_now()

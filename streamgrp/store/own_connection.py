@@ -1,0 +1,65 @@
+"""A batch of commands sent in one write on a connection of the caller's own, each reply read as it comes.
+
+Owns the cheap way to send the hot writes that go as one batch to a single server: a worker's publish (its
+payloads' staging SETs and the publishing call, `streamgrp.store.payloads.call_staged`) and its slot segments
+(`streamgrp.store.segments`). redis-py's pipeline costs about twice the CPU for the same bytes (its command stack,
+the pool's checkout and a callback per reply): 10-12 µs a sample of a worker's publish at 256-1024 tokens
+(`bench/README.md`). A Redis Cluster client has none (`for_client` gives None): its pipeline routes each command
+to its node.
+
+Deliberately ignores outages: the caller rides them as the client's pipelines do (`streamgrp.store.outage`),
+sending the batch again whole, so a batch must be safe to repeat. A LOADING or BUSY reply is raised as the
+outage it is, but only once every reply of the batch is read, so the connection stays in step with the server;
+a dropped connection is reconnected by the next batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from streamgrp.store.outage import is_outage
+
+__all__ = ["OwnConnection", "for_client"]
+
+
+class OwnConnection:
+    """A connection made from a single-server client's pool (its address, credentials and set-up), never
+    returned to it. Thread-safe: one batch on the wire at a time."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        from streamgrp.store.resp import RespPacker
+
+        self.client = client
+        self.connection: Any = None  # made on the first batch
+        #: Whether the connection packs with streamgrp's own packer, which takes an argument as its parts
+        #: (`streamgrp.store.resp.Pieces`); a client made outside `streamgrp.store.connection.connect` may not.
+        self.splices = isinstance(client.connection_pool.connection_kwargs.get("command_packer"), RespPacker)
+        self._lock = threading.Lock()
+
+    def execute(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """The replies to ``commands`` (each a command's arguments), in order; an error reply is its exception,
+        returned, not raised (every other reply of the batch stands)."""
+        with self._lock:
+            if self.connection is None:
+                self.connection = self.client.connection_pool.make_connection()
+            connection = self.connection
+            connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(connection.read_response())
+                except redis.ResponseError as exc:  # one command's error reply: the next replies are still to read
+                    replies.append(exc)
+        for reply in replies:
+            if isinstance(reply, BaseException) and is_outage(reply):
+                raise reply
+        return replies
+
+
+def for_client(client: redis.Redis) -> OwnConnection | None:
+    """An `OwnConnection` of ``client``, or None for a cluster client (which keeps redis-py's pipeline)."""
+    return None if isinstance(client, redis.RedisCluster) else OwnConnection(client)
