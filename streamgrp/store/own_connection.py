@@ -27,8 +27,9 @@ __all__ = ["OwnConnection", "for_client"]
 
 
 class OwnConnection:
-    """A connection made from a single-server client's pool (its address, credentials and set-up), never
-    returned to it. Thread-safe: one batch on the wire at a time."""
+    """A connection taken from a single-server client's pool (its address, credentials and set-up) for this
+    object's life: given back when it is dropped (or `close`d), so the pool's ``disconnect`` (the client's
+    ``close``) also closes it. Thread-safe: one batch on the wire at a time."""
 
     def __init__(self, client: redis.Redis) -> None:
         from streamgrp.store.resp import RespPacker
@@ -45,7 +46,7 @@ class OwnConnection:
         returned, not raised (every other reply of the batch stands)."""
         with self._lock:
             if self.connection is None:
-                self.connection = self.client.connection_pool.make_connection()
+                self.connection = self.client.connection_pool.get_connection()
             connection = self.connection
             connection.send_packed_command(connection.pack_commands(commands), check_health=False)
             replies: list[Any] = []
@@ -58,6 +59,19 @@ class OwnConnection:
             if isinstance(reply, BaseException) and is_outage(reply):
                 raise reply
         return replies
+
+    def close(self) -> None:
+        """Give the connection back to the client's pool (the next batch takes one again)."""
+        with self._lock:
+            connection, self.connection = self.connection, None
+        if connection is not None:
+            self.client.connection_pool.release(connection)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the pool may be gone already
+            pass
 
 
 def for_client(client: redis.Redis) -> OwnConnection | None:
