@@ -170,7 +170,7 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
             version=sample.version,
             reward=sum(sample.rewards) / sample.rows,
             digest=digest,
-            **token_version_fields(sample),
+            **version_fields(sample.meta, sample.row_lengths, sample.version, sample.loss_mask.data),
         )
 
     @property
@@ -179,11 +179,6 @@ class SampleSummary(Record, frozen=True, forbid_unknown_fields=True, kw_only=Tru
         if self.whole_version is UNSET or self.fresh_tokens is UNSET:
             return Freshness.flat(self.version, self.tokens)
         return Freshness(self.whole_version, self.fresh_tokens)
-
-
-def token_version_fields(sample: Sample) -> dict[str, Any]:
-    """A summary's ``newest``, ``whole_version`` and ``fresh_tokens`` of ``sample`` (`version_fields`)."""
-    return version_fields(sample.meta, sample.row_lengths, sample.version, sample.loss_mask.data)
 
 
 class SlotResult(WireEvent, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -35,7 +35,6 @@ __all__ = [
     "group_freshness",
     "meta_runs",
     "rows_freshness",
-    "sample_freshness",
     "sample_runs",
     "version_fields",
     "version_runs",
@@ -95,11 +94,6 @@ def sample_runs(sample: Sample) -> tuple[tuple[int, int], ...] | None:
 def meta_runs(meta: dict[str, Any], row_lengths: Sequence[int]) -> tuple[tuple[int, int], ...] | None:
     """`version_runs` of a sample's ``meta``, whose rows are ``row_lengths`` long."""
     return version_runs(meta.get("token_versions"), sum(row_lengths)) if meta else None
-
-
-def sample_freshness(sample: Sample, runs: Sequence[tuple[int, int]]) -> Freshness:
-    """The `Freshness` of ``sample``, whose per-token versions are ``runs`` (`sample_runs`)."""
-    return rows_freshness(sample.row_lengths, sample.version, sample.loss_mask.data, runs)
 
 
 def rows_freshness(row_lengths: Sequence[int], version: int, mask: bytes, runs: Sequence[tuple[int, int]]) -> Freshness:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -70,19 +71,15 @@ async def call(
     keys: list[Any],
     args: list[Any],
     *,
-    staging: tuple[str, bytes, int] | None = None,
+    staging: Sequence[Any] | None = None,
 ) -> Any:
     """``FCALL name`` on ``client``: its reply, a function's error reply raised (`redis.ResponseError`),
-    or `UNANSWERED` (see the module docstring). ``staging`` (key, value, time to live in ms): ``SET key value
-    NX PX ttl`` first, sent with the call in one write (`streamgrp.store.payloads`: bytes the function takes
-    by name, never as an argument)."""
+    or `UNANSWERED` (see the module docstring). ``staging``: a staging write (`streamgrp.store.payloads.staging`)
+    sent first, with the call in one write (bytes the function takes by name, never as an argument)."""
     try:
         if staging is None:
             return await client.fcall(name, len(keys), *keys, *args)
-        staged, value, ttl_ms = staging
-        replies = await _send_together(
-            client, [("SET", staged, value, "NX", "PX", ttl_ms), ("FCALL", name, len(keys), *keys, *args)]
-        )
+        replies = await _send_together(client, [tuple(staging), ("FCALL", name, len(keys), *keys, *args)])
         for reply in replies:  # the staging write's error first (its outage, or a right the user lacks)
             if isinstance(reply, Exception):
                 raise reply

@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from streamgrp.store.outage import is_outage
+from streamgrp.store.resp import packs_pieces
 
 __all__ = ["OwnConnection", "for_client"]
 
@@ -32,13 +33,10 @@ class OwnConnection:
     ``close``) also closes it. Thread-safe: one batch on the wire at a time."""
 
     def __init__(self, client: redis.Redis) -> None:
-        from streamgrp.store.resp import RespPacker
-
         self.client = client
-        self.connection: Any = None  # made on the first batch
-        #: Whether the connection packs with streamgrp's own packer, which takes an argument as its parts
-        #: (`streamgrp.store.resp.Pieces`); a client made outside `streamgrp.store.connection.connect` may not.
-        self.splices = isinstance(client.connection_pool.connection_kwargs.get("command_packer"), RespPacker)
+        self.connection: Any = None  # taken on the first batch
+        #: Whether a command may take an argument as its parts (`streamgrp.store.resp.packs_pieces`).
+        self.pieces = packs_pieces(client.connection_pool)
         self._lock = threading.Lock()
 
     def execute(self, commands: Sequence[Sequence[Any]]) -> list[Any]:

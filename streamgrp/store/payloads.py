@@ -58,6 +58,7 @@ __all__ = [
     "stage",
     "staged_key",
     "staged_pattern",
+    "staging",
     "stream",
     "turn_key",
     "turn_pattern",
@@ -169,9 +170,9 @@ def call_staged(
             keys, args = call([stage(pipe, payloads, header, blob) for header, blob in frames])
             function(keys=keys, args=args, client=pipe)
             return pipe.execute(raise_on_error=False)
-        staging = [_staging(payloads, header, blob, own.splices) for header, blob in frames]
-        keys, args = call([command[1] for command in staging])
-        return own.execute([*staging, ("FCALL", function.name, len(keys), *keys, *args)])
+        staging_writes = [staging(payloads, header, blob, own.pieces) for header, blob in frames]
+        keys, args = call([command[1] for command in staging_writes])
+        return own.execute([*staging_writes, ("FCALL", function.name, len(keys), *keys, *args)])
 
     def attempt() -> Any:
         for retry in range(2):
@@ -190,27 +191,25 @@ def call_staged(
     return ride(client, attempt)
 
 
-def _staging(payloads: str, header: bytes, blob: bytes, splices: bool, ttl_ms: int = STAGED_TTL_MS) -> tuple[Any, ...]:
-    """The staging write of one payload as a command; ``splices``: the connection packs with streamgrp's own
-    packer, which writes the frame's parts into the command without joining them first (`resp.Pieces`)."""
+def staging(payloads: str, header: bytes, blob: bytes, pieces: bool, ttl_ms: int = STAGED_TTL_MS) -> tuple[Any, ...]:
+    """The staging write of one payload, ``SET <fresh staging key> <frame> NX PX ttl``, as a command's arguments.
+    ``pieces``: the connection packs with streamgrp's own packer (`streamgrp.store.resp.packs_pieces`), which
+    writes the frame's parts into the command without joining them first: a long sample's bytes are copied
+    once in the writer, as when they were a function's argument."""
     from streamgrp.store.resp import Pieces
 
-    value = Pieces((_LENGTH.pack(len(header)), header, blob)) if splices else frame(header, blob)
+    value = Pieces((_LENGTH.pack(len(header)), header, blob)) if pieces else frame(header, blob)
     return ("SET", staged_key(payloads), value, "NX", "PX", ttl_ms)
 
 
 def stage(pipe: Any, payloads: str, header: bytes, blob: bytes, *, ttl_ms: int = STAGED_TTL_MS) -> str:
-    """Queue on ``pipe`` the staging write of one payload; returns its staging key (for the function's KEYS).
-    Through streamgrp's own packer (a single server) the frame is joined only into the command: a long
-    sample's bytes are copied once in the writer, as when they were a function's argument."""
-    from streamgrp.store.resp import Pieces, RespPacker
+    """Queue on ``pipe`` the staging write of one payload (`staging`); returns its staging key (for the
+    function's KEYS)."""
+    from streamgrp.store.resp import packs_pieces
 
-    staged = staged_key(payloads)
-    pool = getattr(pipe, "connection_pool", None)
-    spliced = isinstance(getattr(pool, "connection_kwargs", {}).get("command_packer"), RespPacker)
-    value = Pieces((_LENGTH.pack(len(header)), header, blob)) if spliced else frame(header, blob)
-    pipe.set(staged, value, nx=True, px=ttl_ms)
-    return staged
+    command = staging(payloads, header, blob, packs_pieces(getattr(pipe, "connection_pool", None)), ttl_ms)
+    pipe.execute_command(*command)
+    return command[1]
 
 
 def read(

@@ -73,3 +73,9 @@ class RespPacker:
         if chunks:
             return [*chunks, b"".join(parts)]
         return [b"".join(parts)]
+
+
+def packs_pieces(pool: Any) -> bool:
+    """Whether the connections of ``pool`` pack with `RespPacker`, so an argument may be `Pieces`: those of
+    `streamgrp.store.connection.connect`'s single-server clients; a cluster's, or a client made otherwise, not."""
+    return isinstance(getattr(pool, "connection_kwargs", {}).get("command_packer"), RespPacker)

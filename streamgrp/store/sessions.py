@@ -32,7 +32,7 @@ import secrets
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 import redis.asyncio
@@ -104,13 +104,18 @@ class StoredSession:
 @dataclass(frozen=True)
 class TurnCall:
     """One ``session_turn`` call recording a turn (`SessionStore.record_call`): its keys and arguments, the
-    turn's (header, tensors), and in a ``keys`` run the staging key its framed tensors are SET to (NX, with
-    a time to live) in the same pipeline, before the call; the arguments then carry no tensor byte."""
+    turn's (header, tensors), and in a ``keys`` run the staging write of its framed tensors
+    (`streamgrp.store.payloads.staging`), sent before the call; the arguments then carry no tensor byte."""
 
     keys: list[str]
     args: list[object]
     frame: tuple[bytes, bytes]
-    staged: str | None = None
+    staging: tuple[Any, ...] | None = None
+
+    @property
+    def staged(self) -> str | None:
+        """The staging key (the call's third key), in a ``keys`` run."""
+        return None if self.staging is None else self.staging[1]
 
 
 class SessionStore:
@@ -210,8 +215,9 @@ class SessionStore:
         keys = [part.session(turn.session), part.sessions]
         if self.layout != payloads.KEYS:
             return TurnCall(keys, [turn.turn, digest, header, blob], (header, blob))
-        staged = payloads.staged_key(part.sessions)
-        return TurnCall([*keys, staged], [turn.turn, digest, header, b""], (header, blob), staged)
+        # joined: the loop's connections pack with redis-py's packer (`streamgrp.store.loop_client`)
+        staging = payloads.staging(part.sessions, header, blob, pieces=False)
+        return TurnCall([*keys, staging[1]], [turn.turn, digest, header, b""], (header, blob), staging)
 
     async def record_on_loop(self, aclient: redis.asyncio.Redis, call: TurnCall) -> str | None:
         """`record`'s call (`record_call`) through ``aclient`` (`streamgrp.store.loop_client`) on the event loop
@@ -219,12 +225,7 @@ class SessionStore:
         gave no answer of the function's own (then `record` it the synchronous way: a repeat is answered with
         what the first call did)."""
         try:
-            if call.staged is None:
-                reply = await loop_client.call(aclient, self._turn.name, call.keys, call.args)
-            else:
-                value = payloads.frame(*call.frame)
-                staging = (call.staged, value, payloads.STAGED_TTL_MS)
-                reply = await loop_client.call(aclient, self._turn.name, call.keys, call.args, staging=staging)
+            reply = await loop_client.call(aclient, self._turn.name, call.keys, call.args, staging=call.staging)
         except redis.ResponseError as exc:
             raise self._refusal(exc) from None
         return None if reply is loop_client.UNANSWERED else _text(reply)

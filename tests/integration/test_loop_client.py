@@ -66,7 +66,7 @@ def test_a_staged_call_sends_its_staging_write_first_and_leaves_the_connection_c
                     function_name("session_turn"),
                     [f"sg:{{{run_name}}}:session:p0-0123456789abcdef", f"sg:{{{run_name}}}:sessions", staged],
                     [1, "d", b"{}", b""],
-                    staging=(staged, b"value", 60_000),
+                    staging=("SET", staged, b"value", "NX", "PX", 60_000),
                 )
             assert client.get(staged) == b"value" and 0 < client.pttl(staged) <= 60_000
             # Both replies were read: the next call on the loop's connection gets its own answer.

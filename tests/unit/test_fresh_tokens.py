@@ -13,7 +13,7 @@ from test_token_versions import _batch, _sample
 
 from streamgrp.core import codec
 from streamgrp.core.events import SampleSummary
-from streamgrp.core.fresh_tokens import Freshness, group_freshness, sample_freshness, sample_runs
+from streamgrp.core.fresh_tokens import Freshness, group_freshness, rows_freshness, sample_runs
 from streamgrp.train.shard_tensors import StaleMask, mask_stale
 
 SAMPLES = {
@@ -36,14 +36,14 @@ def test_a_samples_freshness_says_what_the_loaders_mask_leaves_at_every_window_a
     sample = SAMPLES[name]
     runs = sample_runs(sample)
     assert runs is not None
-    fresh = sample_freshness(sample, runs)
+    fresh = rows_freshness(sample.row_lengths, sample.version, sample.loss_mask.data, runs)
     for oldest, min_tokens in itertools.product(range(7), range(1, 12)):
         assert fresh.trains_at(oldest, min_tokens) == _trains(sample, oldest, min_tokens), (oldest, min_tokens, fresh)
 
 
 def test_the_profile_counts_one_rows_loss_tokens_and_the_newest_uncut_row():
     sample = SAMPLES["two turns, the second all newer"]
-    fresh = sample_freshness(sample, sample_runs(sample) or ())
+    fresh = rows_freshness(sample.row_lengths, sample.version, sample.loss_mask.data, sample_runs(sample) or ())
     # row 0: prompt 2 (v1), generated 2 of v1 and 2 of v2; row 1: prompt 2 and 3 generated, all v4
     assert fresh == Freshness(whole=4, tokens=((1, 4), (2, 3), (4, 3)))
     assert fresh.tokens_at(3) == 3 and fresh.tokens_at(5) == 0
