@@ -1,7 +1,8 @@
 """A trainer rank for a real language model served by an inference server
 (``--train-fn streamgrp.consumers.lm_trainer:train``).
 
-Loads the policy the servers serve from its GGUF file in torch (transformers de-quantizes GGUF), and
+Loads the policy the servers serve from its GGUF file in torch (`streamgrp.train.gguf_model` for a plain
+Llama file, in seconds; transformers' GGUF loader for anything else), and
 per step recomputes the log-probability of every completion token the server sampled and reports
 the mismatch with the log-probabilities the server returned: the first check of any RL setup (a
 large mismatch means the trainer is not training the policy that sampled, whatever else is right).
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 
 
 def load_policy(gguf: Path, *, dtype: torch.dtype = torch.float32):
-    """The GGUF's model in torch, from the local file only (no model hub)."""
+    """The GGUF's model in torch, from the local file only (no model hub), in evaluation mode."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF de-quantizing progress bar, one line per tensor in a log
     from transformers import AutoModelForCausalLM
@@ -76,6 +77,11 @@ def load_policy(gguf: Path, *, dtype: torch.dtype = torch.float32):
     gguf = Path(gguf)
     if not gguf.is_file():
         raise FileNotFoundError(f"no GGUF file at {gguf}; give --model-gguf (ops/llama-server.sh unpacks SmolLM2's)")
+    from streamgrp.train.gguf_model import load_llama
+
+    model = load_llama(gguf, dtype=dtype)  # a plain Llama file in seconds; anything else through transformers
+    if model is not None:
+        return model
     return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
 
 

@@ -57,28 +57,36 @@ def finish(writer: Any) -> None:
     writer.close()
 
 
-def write_tiny_gguf(path: Path, *, seed: int = 0) -> Path:
+def write_tiny_gguf(path: Path, *, seed: int = 0, dims: Dims = Dims(), quant: str = "F32", tied: bool = True) -> Path:
+    """A tiny Llama with seeded random weights; ``quant`` names the ggml type of its matrices (norms stay F32,
+    as llama.cpp's converter keeps them); ``tied=False`` adds an output layer of its own."""
     import gguf
 
     generator = torch.Generator().manual_seed(seed)
-    head = HIDDEN // HEADS
-    shapes = {"token_embd.weight": (VOCAB, HIDDEN), "output_norm.weight": (HIDDEN,)}
-    for layer in range(LAYERS):
+    head = dims.hidden // dims.heads
+    shapes = {"token_embd.weight": (dims.vocab, dims.hidden), "output_norm.weight": (dims.hidden,)}
+    if not tied:
+        shapes["output.weight"] = (dims.vocab, dims.hidden)
+    for layer in range(dims.layers):
         shapes |= {
-            f"blk.{layer}.attn_q.weight": (HIDDEN, HIDDEN),
-            f"blk.{layer}.attn_k.weight": (KV_HEADS * head, HIDDEN),
-            f"blk.{layer}.attn_v.weight": (KV_HEADS * head, HIDDEN),
-            f"blk.{layer}.attn_output.weight": (HIDDEN, HIDDEN),
-            f"blk.{layer}.ffn_gate.weight": (FFN, HIDDEN),
-            f"blk.{layer}.ffn_up.weight": (FFN, HIDDEN),
-            f"blk.{layer}.ffn_down.weight": (HIDDEN, FFN),
-            f"blk.{layer}.attn_norm.weight": (HIDDEN,),
-            f"blk.{layer}.ffn_norm.weight": (HIDDEN,),
+            f"blk.{layer}.attn_q.weight": (dims.hidden, dims.hidden),
+            f"blk.{layer}.attn_k.weight": (dims.kv_heads * head, dims.hidden),
+            f"blk.{layer}.attn_v.weight": (dims.kv_heads * head, dims.hidden),
+            f"blk.{layer}.attn_output.weight": (dims.hidden, dims.hidden),
+            f"blk.{layer}.ffn_gate.weight": (dims.ffn, dims.hidden),
+            f"blk.{layer}.ffn_up.weight": (dims.ffn, dims.hidden),
+            f"blk.{layer}.ffn_down.weight": (dims.hidden, dims.ffn),
+            f"blk.{layer}.attn_norm.weight": (dims.hidden,),
+            f"blk.{layer}.ffn_norm.weight": (dims.hidden,),
         }
-    writer = llama_writer(path, gguf.LlamaFileType.ALL_F32)
+    qtype = gguf.GGMLQuantizationType[quant]
+    file_type = gguf.LlamaFileType.ALL_F32 if quant == "F32" else gguf.LlamaFileType[f"MOSTLY_{quant}"]
+    writer = llama_writer(path, file_type, dims)
     for name, shape in shapes.items():
-        scale = 1.0 if name.endswith("norm.weight") else 0.2
-        tensor = torch.ones(shape) if scale == 1.0 else torch.randn(*shape, generator=generator) * scale
-        writer.add_tensor(name, tensor.numpy())
+        if name.endswith("norm.weight"):
+            writer.add_tensor(name, torch.ones(shape).numpy())
+            continue
+        tensor = (torch.randn(*shape, generator=generator) * 0.2).numpy()
+        writer.add_tensor(name, gguf.quants.quantize(tensor, qtype), raw_dtype=None if quant == "F32" else qtype)
     finish(writer)
     return path

@@ -14,6 +14,7 @@ training step is taken, the weights stay the GGUF's and the reward cannot move; 
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -155,7 +156,7 @@ def _children(
             "-np",
             "4",
             "-t",
-            "2",
+            str(_llama_threads()),
             "--poll",
             "0",
             "--no-webui",
@@ -251,3 +252,10 @@ def _format_mismatch(rows: list[dict[str, Any]], lm_lr: float) -> str:
             "--lm-lr 2e-5 trains"
         )
     return "\n".join(lines)
+
+
+def _llama_threads() -> int:
+    """Half the cores for llama-server, the rest for the trainer and the other roles: llama.cpp's threads
+    spin-wait on each other, so one more than the cores left free multiplies generation time (a llama test
+    with one core busy: 42 s at one thread, 257 s at two)."""
+    return max(1, (os.cpu_count() or 2) // 2)

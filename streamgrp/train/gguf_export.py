@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from streamgrp.errors import ConfigError
+from streamgrp.train.gguf_file import GgufField, GgufFile, gguf_package
 
 __all__ = ["GgufTemplate", "OutType", "write_gguf"]
 
@@ -33,19 +34,12 @@ _NOT_COPIED = ("GGUF.", "general.architecture", "general.file_type", "general.qu
 
 
 @dataclass(frozen=True)
-class _Field:
-    key: str
-    value: Any
-    vtype: Any
-    sub_type: Any
-
-
-@dataclass(frozen=True)
 class GgufTemplate:
-    """The source GGUF's metadata and tensor shapes (GGUF names, numpy order), read once per trainer."""
+    """The source GGUF's metadata and tensor shapes (GGUF names, numpy order), read once per trainer
+    (`GgufFile`: values as gguf's writer takes them back)."""
 
     architecture: str
-    fields: tuple[_Field, ...]
+    fields: tuple[GgufField, ...]
     shapes: dict[str, tuple[int, ...]]
     n_head: int
     n_head_kv: int
@@ -53,29 +47,25 @@ class GgufTemplate:
 
     @classmethod
     def read(cls, source: str | os.PathLike[str]) -> GgufTemplate:
-        gguf = _gguf()
-        reader = gguf.GGUFReader(str(source))
-        architecture = reader.fields["general.architecture"].contents()
+        return cls.of(GgufFile(source))
+
+    @classmethod
+    def of(cls, source: GgufFile) -> GgufTemplate:
+        architecture = source.value("general.architecture")
         if architecture != "llama":
             raise ConfigError(
-                f"{source} is a {architecture!r} model; streamgrp writes GGUF for Llama-architecture "
+                f"{source.path} is a {architecture!r} model; streamgrp writes GGUF for Llama-architecture "
                 "models only (SmolLM2, Llama): convert others with llama.cpp's convert_hf_to_gguf.py"
             )
-        fields = []
-        for key, field in reader.fields.items():
-            if key.startswith(_NOT_COPIED):
-                continue
-            vtype = field.types[0]
-            sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-            fields.append(_Field(key, field.contents(), vtype, sub_type))
-        shapes = {tensor.name: tuple(int(n) for n in reversed(tensor.shape.tolist())) for tensor in reader.tensors}
+        fields = tuple(field for key, field in source.fields.items() if not key.startswith(_NOT_COPIED))
+        shapes = {name: tensor.shape for name, tensor in source.tensors.items()}
 
         def number(name: str) -> int:
-            return int(reader.fields[f"{architecture}.{name}"].contents())
+            return int(source.value(f"{architecture}.{name}"))
 
         return cls(
             architecture,
-            tuple(fields),
+            fields,
             shapes,
             number("attention.head_count"),
             number("attention.head_count_kv"),
@@ -84,7 +74,7 @@ class GgufTemplate:
 
     def tensors(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``state`` under GGUF names, in llama.cpp's layout; raises `ConfigError` when it is not this model."""
-        gguf = _gguf()
+        gguf = gguf_package()
         names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, self.block_count)
         out: dict[str, torch.Tensor] = {}
         for name, tensor in state.items():
@@ -111,21 +101,19 @@ class GgufTemplate:
             raise ConfigError(f"the state dict lacks {len(missing)} tensors the source GGUF has (first: {missing[:3]})")
         return out
 
-    def read_state(self, path: str | os.PathLike[str], names: list[str]) -> dict[str, torch.Tensor]:
+    def read_state(self, path: str | os.PathLike[str] | GgufFile, names: list[str]) -> dict[str, torch.Tensor]:
         """A GGUF of this model read back as float32 tensors under transformers' ``names`` (the inverse of
         `tensors`: an F32 file gives back exactly what was written). Names with no tensor in the file (a tied
         output embedding) are left out."""
-        gguf = _gguf()
+        gguf = gguf_package()
         mapping = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, self.block_count)
-        stored = {tensor.name: tensor for tensor in gguf.GGUFReader(str(path)).tensors}
+        stored = path if isinstance(path, GgufFile) else GgufFile(path)
         out: dict[str, torch.Tensor] = {}
         for name in names:
             mapped = mapping.get_name(name, try_suffixes=(".weight", ".bias"))
-            if mapped is None or mapped not in stored:
+            if mapped is None or mapped not in stored.tensors:
                 continue
-            tensor = stored[mapped]
-            data = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype("float32", copy=False)
-            weights = torch.from_numpy(data.reshape(self.shapes[mapped]).copy())
+            weights = torch.from_numpy(stored.float32(mapped).reshape(self.shapes[mapped]).copy())
             if name.endswith("q_proj.weight"):
                 weights = _unpermute(weights, self.n_head)
             elif name.endswith("k_proj.weight"):
@@ -135,13 +123,14 @@ class GgufTemplate:
 
     def write(self, path: str | os.PathLike[str], state: dict[str, torch.Tensor], *, outtype: OutType = "f16") -> None:
         """Write ``state`` to ``path`` as this template's model in ``outtype``, and fsync it."""
-        gguf = _gguf()
+        gguf = gguf_package()
         if outtype not in ("f16", "f32"):
             raise ConfigError(f"GGUF outtype {outtype!r}: write f16 or f32")
         tensors = self.tensors(state)
         writer = gguf.GGUFWriter(str(path), self.architecture, use_temp_file=False)
         for field in self.fields:
-            writer.add_key_value(field.key, field.value, field.vtype, sub_type=field.sub_type)
+            sub_type = None if field.sub_type is None else gguf.GGUFValueType(field.sub_type)
+            writer.add_key_value(field.key, field.value, gguf.GGUFValueType(field.vtype), sub_type=sub_type)
         writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if outtype == "f16" else gguf.LlamaFileType.ALL_F32)
         for name, tensor in tensors.items():
             # As llama.cpp's converter: norms and other 1-D tensors stay F32 whatever the file type.
@@ -171,14 +160,6 @@ def _unpermute(weights: torch.Tensor, heads: int) -> torch.Tensor:
         .swapaxes(1, 2)
         .reshape(weights.shape)
     )
-
-
-def _gguf():
-    try:
-        import gguf
-    except ImportError as exc:
-        raise ConfigError(f"writing GGUF needs the gguf package ({exc}); pip install 'streamgrp[llm]'") from None
-    return gguf
 
 
 def write_gguf(

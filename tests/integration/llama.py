@@ -52,8 +52,10 @@ class LlamaServer:
 
 
 def server_command(binary: str, port: int) -> list[str]:
-    # 4 parallel slots of 1024 tokens each, 2 threads: what two shared cores can give.
-    return [binary, "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "4", "-t", "2", "--no-webui"]
+    # 4 parallel slots of 1024 tokens each, one thread: the suite runs a test on each of two cores, and
+    # llama.cpp's threads spin-wait on each other, so a second thread with the other core busy made a test
+    # 6 times slower (257 s against 42).
+    return [binary, "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "4", "-t", "1", "--no-webui"]
 
 
 def start_llama(

@@ -223,7 +223,7 @@ MULTI_BYTE_PROMPTS = [
     "Send a heart and a smiley emoji.",
     "中国的首都是哪里？请用中文回答。",
 ]
-MULTI_BYTE_SAMPLES, MULTI_BYTE_MAX_TOKENS = 4, 12  # 40 replies: about half hold multi-byte text
+MULTI_BYTE_SAMPLES, MULTI_BYTE_MAX_TOKENS = 10, 12  # 100 replies: about half hold multi-byte text
 #: How far a recorded log-probability may be from llama-server's teacher-forced one, in nats.
 MULTI_BYTE_TOLERANCE = 1e-3
 
