@@ -23,6 +23,11 @@ server; unit and property tests request none of them and stay fast. Tests isolat
 from __future__ import annotations
 
 import os
+
+# One compute thread per process, before anything imports torch (children inherit it): the suite runs a
+# test on each core, and torch's OpenMP threads spin-wait on each other on a machine with no core to spare.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import shutil
 import uuid
 from collections.abc import Callable, Iterator

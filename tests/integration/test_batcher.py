@@ -177,6 +177,7 @@ def test_fast_empty_rounds_do_not_fail_with_the_default_timeout(client, make_run
     assert events(client, run.keys.control, RunTerminated) == []
 
 
+@pytest.mark.one_server_kind  # the stall timer's policy
 def test_a_slow_trainer_is_not_a_stall(client, redis_url, make_run, background):
     # rollouts never reject, the trainer takes 1.5 s a step, and the bounds are 3 rounds and 1 s: every
     # round while the window is full waits for the trainer, and none of them counts as empty

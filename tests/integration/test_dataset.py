@@ -117,6 +117,7 @@ def spanning_rollout(request):
     return sample.replace(meta={"token_versions": runs})
 
 
+@pytest.mark.one_server_kind  # the loader's tensors
 def test_a_dataloader_item_carries_each_tokens_version(client, redis_url, make_run, issuer):
     run = make_run(n_samples=3, dp_size=1, batch_size=2, max_staleness=5)
     make_steps(client, run, groups=2, steps=1, rollout=spanning_rollout)

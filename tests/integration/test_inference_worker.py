@@ -114,6 +114,7 @@ def test_vllm_weight_loading_pauses_reloads_and_always_resumes(tmp_path):
         stop()
 
 
+@pytest.mark.one_server_kind  # the command's wiring
 def test_the_weight_sync_command_in_burst_mode_loads_the_version_and_serves_until_the_run_ends(
     client, make_run, redis_url, tmp_path
 ):

@@ -169,6 +169,7 @@ def _check_trainer_mismatch(client, key) -> None:
         assert 0.0 < step["logprob_abs_diff_mean"] < 0.05 and math.isfinite(step["kl_estimate"])
 
 
+@pytest.mark.one_server_kind  # llama-server's restarts, not the server's semantics
 def test_weight_sync_restarts_llama_server_on_the_new_version(client, make_run, tmp_path):
     """llama.cpp loads no weights over HTTP: weight-sync owns the server and restarts it on the version's
     model.gguf; the alias it serves under is how the adapter's samples learn the new version."""

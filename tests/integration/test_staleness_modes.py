@@ -19,7 +19,7 @@ from streamgrp.config import RunConfig
 from streamgrp.core.events import GroupDecided, GroupDiscarded, RunFinished, StepManifest
 from streamgrp.store.runs import join_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_server_kind]  # the batcher's and loader's policy
 
 HERE = str(Path(__file__).parent)
 ENV = {**CHILD_ENV, "PYTHONPATH": os.pathsep.join([HERE, CHILD_ENV["PYTHONPATH"]])}

@@ -22,6 +22,7 @@ class SlowPublish(WorkerClient):
         return super().publish_many(results, **kwargs)
 
 
+@pytest.mark.one_server_kind  # the worker's rounds
 def test_one_slow_rollout_holds_no_finished_result_past_its_round(client, make_run, issuer):
     run = make_run(n_samples=4)
     tasks = issuer(run).issue([{"i": i} for i in range(3)])
