@@ -44,6 +44,9 @@ SERVER_KINDS = ("valkey", "redis7", "cluster")
 #: Tests marked so test process wiring (the demo, torchrun, replay of a demo run), not what the server
 #: does; they run on the bundled Valkey only, and the server's semantics are tested on both kinds.
 ONE_KIND_MARKER = "one_server_kind"
+#: Tests marked so get a server of their own kind to themselves (``redis_url``, ``client``): they do what would
+#: break tests running beside them on a shared server, such as flushing the function library.
+OWN_SERVER_MARKER = "own_server"
 #: Tests marked so (or in a module marked so) run on the ``cluster`` kind too; no other test does.
 CLUSTER_MARKER = "cluster"
 REQUIRE_CLUSTER_ENV = "STREAMGRP_TEST_REQUIRE_CLUSTER"
@@ -174,10 +177,12 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningS
 
 
 @pytest.fixture
-def redis_url(redis_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> str:
+def redis_url(redis_server: RunningServer, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
     if redis_server.kind == "cluster":
         # What the test starts with --redis-url (roles, CLI commands) reads it and joins the cluster.
         monkeypatch.setenv("STREAMGRP_CLUSTER", "1")
+    if request.node.get_closest_marker(OWN_SERVER_MARKER) is not None:
+        return request.getfixturevalue("server_factory")().url
     return redis_server.url
 
 

@@ -69,6 +69,7 @@ def test_the_publish_call_carries_no_payload_byte(client, make_run, issuer, redi
     assert client.xpending(run.keys.tasks, WORKERS_GROUP)["pending"] == 0
 
 
+@pytest.mark.own_server  # it flushes the function library
 def test_a_workers_publish_on_its_own_connection_rides_a_dropped_connection_and_a_lost_library(
     client, redis_url, make_run, issuer
 ):

@@ -421,6 +421,7 @@ def test_queued_segments_gather_in_one_pipeline_until_a_slot_cuts_a_second_or_wa
     assert slots[1].meta()["segments"] == {"count": 2, "tokens": 2}
 
 
+@pytest.mark.own_server  # it flushes the function library
 def test_one_batch_tells_each_slot_its_own_outcome_and_survives_a_lost_library_and_a_dropped_connection(
     client, make_run, issuer
 ):

@@ -4,6 +4,8 @@ rollout: results that finish while a publish is on the wire used to wait for the
 
 import time
 
+import pytest
+
 from streamgrp.config import WorkerConfig
 from streamgrp.core import codec
 from streamgrp.services.synthetic import make_sample
