@@ -73,6 +73,7 @@ from streamgrp.services import heap
 from streamgrp.services.slot_reader import SlotReader
 from streamgrp.services.slot_screen import dead_letter as _dead_letter
 from streamgrp.services.slot_screen import refuse_unissued, refuse_untrainable
+from streamgrp.store import own_connection
 from streamgrp.store.assembler_store import Acknowledge, AssemblerStore, LateOrUnknown, Record
 from streamgrp.store.lease import Lease, run_while_leased
 from streamgrp.store.run_end import RunEndWatch
@@ -131,6 +132,8 @@ class Assembler:
         #: dead-lettered with their group's decision.
         self._refused: dict[str, tuple[str, Any]] = {}
         self.reader = SlotReader(client, self.keys, config)
+        #: The payloads' reads (every sample's, for its check): one buffer a reply (`own_connection`).
+        self._own = own_connection.for_client(client)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -305,6 +308,7 @@ class Assembler:
                 vocab_size=self.joined_run.config.vocab_size,
                 max_entry_bytes=self.config.max_entry_bytes,
                 layout=self.joined_run.config.payload_layout,
+                own=self._own,
             )
         )
 

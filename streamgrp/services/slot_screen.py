@@ -21,6 +21,7 @@ from streamgrp.core.refusal import TASK_NOT_ISSUED, refused
 from streamgrp.core.shown import show
 from streamgrp.store import payloads as payload_store
 from streamgrp.store.assembler_store import DeadLetter, Record
+from streamgrp.store.own_connection import OwnConnection
 from streamgrp.store.streams import read_entries
 
 # The assembler's logger: these lines are its refusals, found by its name (log filters, caplog).
@@ -76,17 +77,19 @@ def refuse_untrainable(
     vocab_size: int | None,
     max_entry_bytes: int,
     layout: str = payload_store.KEYS,
+    own: OwnConnection | None = None,
 ) -> dict[str, tuple[str, Any]]:
     """Check the payload (of the payloads stream ``payloads``, kept in ``layout``: `streamgrp.store.payloads`)
     of each sample at the indexes ``samples``; a refused one's slot result is replaced in ``decoded`` by a
     failed one saying why. Returns the refused entries: entry id -> (what is wrong, its fields), for the
-    dead letter of its group's commit."""
+    dead letter of its group's commit. ``own``: the reader's own connection for payload keys
+    (`streamgrp.store.own_connection`)."""
     found: dict[str, tuple[str, Any]] = {}
     for start in range(0, len(samples), PAYLOAD_READ_CHUNK):
         chunk = samples[start : start + PAYLOAD_READ_CHUNK]
         ids = [decoded[at][0] for at in chunk]
         read = (
-            payload_store.read(client, payloads, ids, views=True)
+            payload_store.read(client, payloads, ids, views=True, own=own)
             if layout == payload_store.KEYS
             else read_entries(client, payloads, ids)
         )

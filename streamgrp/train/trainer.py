@@ -80,7 +80,7 @@ from streamgrp.train.agreement import GroupVote
 from streamgrp.train.attempt import Attempt
 from streamgrp.train.batch import Batch
 from streamgrp.train.batch_stream import BatchStream
-from streamgrp.train.loader import build_batch
+from streamgrp.train.loader import EntryFetch, build_batch
 from streamgrp.train.step_metrics import checked_metrics
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class TrainerClient:
         self.poll_ms = min(MAX_BLOCK_MS, max(1, int(poll_s * 1000)))
         self.name = name or producer_name("trainer")
         self._commit_script = scripts.register(client, "trainer_commit.lua")
+        self._fetch: EntryFetch | None = None
         self._checkpoint_script = scripts.register(client, "checkpoint_record.lua")
         self._seq = 0
         self._dead_letters = DeadLetters(client, self.keys)
@@ -248,6 +249,17 @@ class TrainerClient:
             elif isinstance(event, RunFinished):
                 self._finished = event
 
+    def _payload_fetch(self) -> EntryFetch:
+        """How this rank reads a step's entries: made once, so its connection's buffers are read into again."""
+        if self._fetch is None:
+            self._fetch = payloads.entry_fetch(
+                self.client,
+                self.joined_run.stream_key,
+                self.joined_run.config.payload_layout,
+                retry=partial(ride, self.client),
+            )
+        return self._fetch
+
     def load(self, manifest: StepManifest, rank: int, world_size: int) -> Batch:
         """Rank ``rank``'s batch of ``manifest``; `RunFailed` when a sample it names is gone or altered (every
         rank that reads it fails the same way, and a restart would meet it again: it needs a person)."""
@@ -256,12 +268,7 @@ class TrainerClient:
                 manifest,
                 rank,
                 world_size,
-                payloads.entry_fetch(
-                    self.client,
-                    self.joined_run.stream_key,
-                    self.joined_run.config.payload_layout,
-                    retry=partial(ride, self.client),
-                ),
+                self._payload_fetch(),
                 run=self.keys.run,
                 client=self,
                 check_digests=self.check_digests,
