@@ -76,6 +76,8 @@ class OwnConnection:
             connection = self.connection
             connection.send_packed_command(connection.pack_command("MGET", *keys), check_health=False)
             try:
+                # Straight from the socket: nothing of an earlier reply waits in redis-py's parser, since every
+                # command on this connection is this object's, and each batch's replies are read whole.
                 reply = _Reply(connection, self._spare())
                 values = reply.bulk_strings(len(keys))
             except BaseException:
