@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     if not args.gguf:
-        raise SystemExit("give --gguf FILE, or eval \"$(ops/llama-server.sh)\" for $SMOLLM2_GGUF")
+        raise SystemExit('give --gguf FILE, or eval "$(ops/llama-server.sh)" for $SMOLLM2_GGUF')
     import tempfile
 
     import torch

@@ -10,8 +10,8 @@ to its node.
 
 And the hot reads, the assembler's and the trainer's payloads (`values`: an MGET): the reply goes from the socket
 into one buffer and each value is a view of it, where hiredis copies each value twice (into its own buffer, then
-into a new `bytes`), and a new `bytes` of 330 KB costs the page faults of fresh memory every time: 232-288 CPU µs
-a 330 KB value through redis-py, 62-89 here (`bench/README.md`).
+into a new `bytes`), and a new `bytes` of 330 KB costs the page faults of fresh memory every time: 217-224 CPU µs
+a 330 KB value through redis-py, 56-78 here (`bench/bench_reads.py`).
 
 Deliberately ignores outages: the caller rides them as the client's pipelines do (`streamgrp.store.outage`),
 sending the batch again whole, so a batch must be safe to repeat. A LOADING or BUSY reply is raised as the
@@ -36,7 +36,8 @@ __all__ = ["OwnConnection", "for_client"]
 class OwnConnection:
     """A connection taken from a single-server client's pool (its address, credentials and set-up) for this
     object's life: given back when it is dropped (or `close`d), so the pool's ``disconnect`` (the client's
-    ``close``) also closes it. Thread-safe: one batch on the wire at a time."""
+    ``close``) also closes it. Thread-safe: one batch on the wire at a time. Keeps the buffers of its last
+    `_KEPT_BUFFERS` replies to read into again (a trainer's at 32k tokens: up to four of 21 MB)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -50,9 +51,7 @@ class OwnConnection:
         """The replies to ``commands`` (each a command's arguments), in order; an error reply is its exception,
         returned, not raised (every other reply of the batch stands)."""
         with self._lock:
-            if self.connection is None:
-                self.connection = self.client.connection_pool.get_connection()
-            connection = self.connection
+            connection = self._taken()
             connection.send_packed_command(connection.pack_commands(commands), check_health=False)
             replies: list[Any] = []
             for _ in commands:
@@ -71,9 +70,7 @@ class OwnConnection:
         connection is closed (the next call opens another) and raised as redis-py's `ConnectionError` or
         `TimeoutError`, outages a caller rides (`streamgrp.store.connection.ride`)."""
         with self._lock:
-            if self.connection is None:
-                self.connection = self.client.connection_pool.get_connection()
-            connection = self.connection
+            connection = self._taken()
             connection.send_packed_command(connection.pack_command("MGET", *keys), check_health=False)
             try:
                 # Straight from the socket: nothing of an earlier reply waits in redis-py's parser, since every
@@ -88,6 +85,12 @@ class OwnConnection:
             if not any(buffer is reply.buffer for buffer in self._buffers):
                 self._buffers = [reply.buffer, *self._buffers][:_KEPT_BUFFERS]
         return values
+
+    def _taken(self) -> Any:
+        """This object's connection, taken from the pool on first use (the lock held)."""
+        if self.connection is None:
+            self.connection = self.client.connection_pool.get_connection()
+        return self.connection
 
     def _spare(self) -> bytearray:
         """A buffer of the last replies of which no view is left (warm memory: no page to fault in, nothing to

@@ -113,7 +113,9 @@ class GgufTemplate:
             mapped = mapping.get_name(name, try_suffixes=(".weight", ".bias"))
             if mapped is None or mapped not in stored.tensors:
                 continue
-            weights = torch.from_numpy(stored.float32(mapped).reshape(self.shapes[mapped]).copy())
+            data = stored.float32(mapped).reshape(self.shapes[mapped])
+            # An F32 tensor is a view of the file's read-only map: copied; a de-quantized one is already new.
+            weights = torch.from_numpy(data if data.flags.writeable else data.copy())
             if name.endswith("q_proj.weight"):
                 weights = _unpermute(weights, self.n_head)
             elif name.endswith("k_proj.weight"):
